@@ -1,0 +1,74 @@
+//! Publishing: `POST /topics/{topic}/events` and `POST /topics/{topic}/events/{eventId}`.
+
+use super::{read_body, AppState};
+use crate::broker::topic_not_found;
+use crate::model::event::{self, PublishInput};
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use tokio::time::Instant;
+
+pub(super) async fn publish(
+    State(s): State<AppState>,
+    Path(topic): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    run(s, topic, None, headers, body).await
+}
+
+pub(super) async fn publish_single(
+    State(s): State<AppState>,
+    Path((topic, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    run(s, topic, Some(id), headers, body).await
+}
+
+async fn run(
+    s: AppState,
+    topic: String,
+    single_id: Option<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let Some(entry) = s.broker.topic(&topic) else {
+        return topic_not_found(&topic).into_response();
+    };
+    let result = async {
+        let limits = &s.broker.config().broker;
+        let bytes = read_body(&headers, body, limits.max_request_body_bytes).await?;
+        let t = entry.topic();
+        let events = event::parse(&PublishInput {
+            schema: t.input_schema,
+            topic: &t.name,
+            headers: &headers,
+            body: &bytes,
+            single_id: single_id.as_deref(),
+            max_events: limits.max_events_per_request,
+        })?;
+        s.broker.publish(&entry, events).await
+    }
+    .await;
+    match result {
+        Ok(()) => {
+            entry.metrics.success_requests.inc();
+            entry
+                .metrics
+                .success_request_latency_ms
+                .observe_ms(started.elapsed().as_millis() as u64);
+            StatusCode::OK.into_response()
+        }
+        Err(e) => {
+            if e.is_user_error() {
+                entry.metrics.user_error_requests.inc();
+            } else {
+                entry.metrics.system_error_requests.inc();
+            }
+            e.into_response()
+        }
+    }
+}

@@ -1,0 +1,41 @@
+//! Health and metrics routes.
+
+use super::AppState;
+use crate::error::ApiError;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::sync::atomic::Ordering;
+
+/// Liveness: the process serves HTTP.
+pub(super) async fn live() -> &'static str {
+    "ok"
+}
+
+/// Readiness: the broker accepts work (503 while shutting down).
+pub(super) async fn ready(State(s): State<AppState>) -> Response {
+    if s.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
+    }
+}
+
+/// Prometheus exposition, when `metrics__reporterType=prometheus`.
+pub(super) async fn metrics(State(s): State<AppState>) -> Response {
+    if !s.metrics_enabled {
+        return ApiError::not_found(
+            "NotFound",
+            "metrics are off (metrics__reporterType=prometheus enables them)",
+        )
+        .into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.broker.render_metrics(),
+    )
+        .into_response()
+}

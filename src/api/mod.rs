@@ -1,0 +1,235 @@
+//! The Event Grid on IoT Edge REST API.
+//!
+//! Layers, outermost first (each request passes them in this order):
+//! 1. [`auth::require`]: the only authentication check (SAS key, then client certificate);
+//! 2. [`api_version`]: `api-version=2019-01-01-preview` everywhere, `2018-01-01` also on publish;
+//! 3. the handler: read the body under the size limit, parse, call the broker, map the result.
+//!
+//! Health routes (`/healthz`, `/readyz`) sit outside both layers: container health checks carry
+//! neither keys nor api-version.
+
+pub mod auth;
+mod events;
+mod health;
+mod subscriptions;
+mod topics;
+
+use crate::broker::Broker;
+use crate::error::ApiError;
+use crate::model::topic::ResourceContext;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, HeaderMap};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::Router;
+use bytes::Bytes;
+use std::sync::Arc;
+
+/// The only api-version the edge API ever had.
+pub const API_VERSION: &str = "2019-01-01-preview";
+/// The cloud data-plane version the official SDKs send when publishing.
+pub const SDK_PUBLISH_API_VERSION: &str = "2018-01-01";
+
+/// Per-connection facts the listener attaches to every request.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnInfo {
+    /// `http` or `https`.
+    pub scheme: &'static str,
+    /// A client certificate was presented and accepted by the TLS verifier.
+    pub client_cert: bool,
+}
+
+/// Shared handler state.
+#[derive(Clone)]
+pub struct AppState {
+    /// The broker.
+    pub broker: Broker,
+    /// `/metrics` is served.
+    pub metrics_enabled: bool,
+    /// Liveness/readiness flag (false while shutting down).
+    pub ready: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl AppState {
+    fn resource_context(&self, headers: &HeaderMap, conn: Option<ConnInfo>) -> ResourceContext {
+        let cfg = self.broker.config();
+        let scheme = conn.map(|c| c.scheme).unwrap_or("http");
+        let host = headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .filter(|h| !h.is_empty())
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                let port = if scheme == "https" {
+                    cfg.inbound.https_port
+                } else {
+                    cfg.inbound.http_port
+                };
+                format!("{}:{port}", cfg.edge.module_id)
+            });
+        ResourceContext {
+            id_prefix: format!(
+                "/iotHubs/{}/devices/{}/modules/{}",
+                cfg.edge.hub_name, cfg.edge.device_id, cfg.edge.module_id
+            ),
+            base_url: format!("{scheme}://{host}"),
+        }
+    }
+}
+
+/// The whole router.
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/topics", get(topics::list))
+        .route("/topics/", get(topics::list))
+        .route(
+            "/topics/{topic}",
+            put(topics::put).get(topics::get).delete(topics::delete),
+        )
+        .route(
+            "/topics/{topic}/eventSubscriptions",
+            get(subscriptions::list),
+        )
+        .route(
+            "/topics/{topic}/eventSubscriptions/",
+            get(subscriptions::list),
+        )
+        .route(
+            "/topics/{topic}/eventSubscriptions/{sub}",
+            put(subscriptions::put)
+                .get(subscriptions::get)
+                .delete(subscriptions::delete),
+        )
+        .route("/topics/{topic}/events", post(events::publish))
+        .route(
+            "/topics/{topic}/events/{event_id}",
+            post(events::publish_single),
+        )
+        .route("/metrics", get(health::metrics))
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(api_version))
+        .layer(middleware::from_fn_with_state(state.clone(), auth::require));
+    Router::new()
+        .route("/healthz", get(health::live))
+        .route("/readyz", get(health::ready))
+        .merge(api)
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("NotFound", "no such route")
+}
+
+async fn method_not_allowed() -> Response {
+    let mut e = ApiError::bad_request(
+        "MethodNotAllowed",
+        "this method is not supported on this route",
+    );
+    e.status = axum::http::StatusCode::METHOD_NOT_ALLOWED;
+    e.into_response()
+}
+
+fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        k.eq_ignore_ascii_case(name).then_some(v)
+    })
+}
+
+/// Enforce `api-version`.
+async fn api_version(req: Request, next: Next) -> Response {
+    let query = req.uri().query().unwrap_or("");
+    let version = query_param(query, "api-version");
+    let is_publish =
+        req.method() == axum::http::Method::POST && req.uri().path().contains("/events");
+    let ok = match version {
+        Some(API_VERSION) => true,
+        Some(SDK_PUBLISH_API_VERSION) => is_publish,
+        _ => false,
+    };
+    if !ok {
+        let expected = if is_publish {
+            format!("{API_VERSION} (or {SDK_PUBLISH_API_VERSION})")
+        } else {
+            API_VERSION.to_string()
+        };
+        return ApiError::bad_request(
+            "InvalidApiVersion",
+            format!("the query parameter api-version={} is required", expected),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// Read a request body up to `limit` bytes: 413 before reading when `Content-Length` is larger,
+/// 413 as soon as a chunked body passes the limit.
+///
+/// # Errors
+/// 413 over the limit; 400 when the body cannot be read.
+pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > limit as u64 {
+            return Err(ApiError::payload_too_large(limit));
+        }
+    }
+    match axum::body::to_bytes(body, limit).await {
+        Ok(b) => Ok(b),
+        Err(e) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                Err(ApiError::payload_too_large(limit))
+            } else {
+                Err(ApiError::bad_request(
+                    "InvalidBody",
+                    "the request body could not be read",
+                ))
+            }
+        }
+    }
+}
+
+/// Management bodies must be JSON when a content type is given.
+fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    match headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    {
+        None => Ok(()),
+        Some(ct) => {
+            let essence = ct
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
+            if essence == "application/json" || essence == "text/json" || essence.ends_with("+json")
+            {
+                Ok(())
+            } else {
+                Err(ApiError::unsupported_media_type(format!(
+                    "Content-Type '{ct}' is not supported; use application/json"
+                )))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::query_param;
+
+    #[test]
+    fn query_params_are_found_case_insensitively() {
+        assert_eq!(query_param("a=1&API-VERSION=x", "api-version"), Some("x"));
+        assert_eq!(query_param("", "api-version"), None);
+    }
+}

@@ -1,0 +1,88 @@
+//! `/topics/{topic}/eventSubscriptions` handlers.
+
+use super::{read_body, require_json, AppState, ConnInfo};
+use crate::broker::{subscription_not_found, topic_not_found};
+use crate::error::ApiError;
+use crate::model::json::parse_body;
+use crate::model::subscription::subscription_resource;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde_json::Value;
+
+type Conn = Option<Extension<ConnInfo>>;
+
+pub(super) async fn put(
+    State(s): State<AppState>,
+    Path((topic, name)): Path<(String, String)>,
+    conn: Conn,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    require_json(&headers)?;
+    let bytes = read_body(
+        &headers,
+        body,
+        s.broker.config().broker.max_request_body_bytes,
+    )
+    .await?;
+    let body = parse_body(&bytes)?;
+    let sub = s.broker.put_subscription(&topic, &name, body)?;
+    Ok(Json(subscription_resource(
+        &sub,
+        &s.resource_context(&headers, conn.map(|c| c.0)),
+    )))
+}
+
+pub(super) async fn get(
+    State(s): State<AppState>,
+    Path((topic, name)): Path<(String, String)>,
+    conn: Conn,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    s.broker
+        .topic(&topic)
+        .ok_or_else(|| topic_not_found(&topic))?;
+    let sub = s
+        .broker
+        .subscription(&topic, &name)
+        .ok_or_else(|| subscription_not_found(&topic, &name))?;
+    Ok(Json(subscription_resource(
+        &sub.shared.config().sub,
+        &s.resource_context(&headers, conn.map(|c| c.0)),
+    )))
+}
+
+pub(super) async fn list(
+    State(s): State<AppState>,
+    Path(topic): Path<String>,
+    conn: Conn,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let entry = s
+        .broker
+        .topic(&topic)
+        .ok_or_else(|| topic_not_found(&topic))?;
+    let ctx = s.resource_context(&headers, conn.map(|c| c.0));
+    let mut subs: Vec<_> = entry
+        .subscriptions()
+        .iter()
+        .map(|e| e.shared.config().sub.clone())
+        .collect();
+    subs.sort_by_key(|s| s.name.to_ascii_lowercase());
+    Ok(Json(Value::Array(
+        subs.iter()
+            .map(|s| subscription_resource(s, &ctx))
+            .collect(),
+    )))
+}
+
+pub(super) async fn delete(
+    State(s): State<AppState>,
+    Path((topic, name)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    s.broker.delete_subscription(&topic, &name)?;
+    Ok(StatusCode::OK.into_response())
+}

@@ -1,0 +1,72 @@
+//! `/topics` handlers.
+
+use super::{read_body, require_json, AppState, ConnInfo};
+use crate::broker::topic_not_found;
+use crate::error::ApiError;
+use crate::model::json::parse_body;
+use crate::model::topic::{topic_resource, Topic};
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde_json::Value;
+
+type Conn = Option<Extension<ConnInfo>>;
+
+pub(super) async fn put(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    conn: Conn,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Value>, ApiError> {
+    require_json(&headers)?;
+    let bytes = read_body(
+        &headers,
+        body,
+        s.broker.config().broker.max_request_body_bytes,
+    )
+    .await?;
+    let topic = Topic::from_put(&name, parse_body(&bytes)?)?;
+    let topic = s.broker.put_topic(topic)?;
+    Ok(Json(topic_resource(
+        &topic,
+        &s.resource_context(&headers, conn.map(|c| c.0)),
+    )))
+}
+
+pub(super) async fn get(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    conn: Conn,
+    headers: HeaderMap,
+) -> Result<Json<Value>, ApiError> {
+    let entry = s
+        .broker
+        .topic(&name)
+        .ok_or_else(|| topic_not_found(&name))?;
+    Ok(Json(topic_resource(
+        &entry.topic(),
+        &s.resource_context(&headers, conn.map(|c| c.0)),
+    )))
+}
+
+pub(super) async fn list(State(s): State<AppState>, conn: Conn, headers: HeaderMap) -> Json<Value> {
+    let ctx = s.resource_context(&headers, conn.map(|c| c.0));
+    Json(Value::Array(
+        s.broker
+            .topics()
+            .iter()
+            .map(|t| topic_resource(&t.topic(), &ctx))
+            .collect(),
+    ))
+}
+
+pub(super) async fn delete(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    s.broker.delete_topic(&name)?;
+    Ok(StatusCode::OK.into_response())
+}

@@ -1,0 +1,778 @@
+//! The broker: topics, subscriptions, and the publish path.
+//!
+//! Publish, in order (a request is accepted whole or rejected whole):
+//! 1. route every event through every subscription's compiled filter;
+//! 2. check each matching in-memory subscription's bound (full → 503 + Retry-After);
+//! 3. append the copies for **persisted** subscriptions to the store and `commit` (group commit);
+//!    only then
+//! 4. push into the in-memory queues and wake the dispatchers, and answer 200.
+//!
+//! Locking: the topic map and each topic's subscription list are copy-on-write snapshots behind
+//! short `RwLock`s; publish clones `Arc`s and touches only the matching subscriptions' queue
+//! mutexes — no lock is held across an await, and nothing global is locked per event.
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::delivery::dispatcher::{self, AbortOnDrop, EngineCtx, SubConfig, SubShared};
+use crate::delivery::queue::{EventData, Pending};
+use crate::delivery::sink::SinkFactory;
+use crate::error::ApiError;
+use crate::metrics::{self, Series, SeriesValue, SubscriptionMetrics, TopicMetrics};
+use crate::model::event::IncomingEvent;
+use crate::model::names;
+use crate::model::subscription::Subscription;
+use crate::model::topic::{EventSchema, Topic};
+use crate::store::{RetryState, Store, StoreError, StoredEvent};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+/// A subscription registered with the broker: shared state plus its task.
+pub struct SubEntry {
+    /// State shared with the dispatcher.
+    pub shared: Arc<SubShared>,
+    _task: AbortOnDrop,
+}
+
+/// A topic and its subscriptions.
+pub struct TopicEntry {
+    topic: RwLock<Topic>,
+    subs: RwLock<Arc<Vec<Arc<SubEntry>>>>,
+    /// Topic metrics.
+    pub metrics: TopicMetrics,
+}
+
+fn read<T: Clone>(l: &RwLock<T>) -> T {
+    l.read().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+fn write<T>(l: &RwLock<T>, v: T) {
+    *l.write().unwrap_or_else(|p| p.into_inner()) = v;
+}
+
+impl TopicEntry {
+    /// The topic.
+    pub fn topic(&self) -> Topic {
+        read(&self.topic)
+    }
+
+    /// Snapshot of the subscriptions.
+    pub fn subscriptions(&self) -> Arc<Vec<Arc<SubEntry>>> {
+        read(&self.subs)
+    }
+}
+
+struct Inner {
+    cfg: Arc<Config>,
+    ctx: Arc<EngineCtx>,
+    sinks: Arc<dyn SinkFactory>,
+    topics: RwLock<Arc<HashMap<String, Arc<TopicEntry>>>>,
+    /// Serialises management operations (create/update/delete); publish never takes it.
+    mgmt: Mutex<()>,
+    seq: AtomicU64,
+}
+
+/// Cheap to clone handle to the broker.
+#[derive(Clone)]
+pub struct Broker {
+    inner: Arc<Inner>,
+}
+
+fn store_err(e: StoreError) -> ApiError {
+    match e {
+        StoreError::Full { .. } => {
+            ApiError::insufficient_storage(e.to_string(), Duration::from_secs(30))
+        }
+        other => ApiError::internal(&other),
+    }
+}
+
+/// A start-up failure.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The store could not be read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A stored record no longer parses.
+    #[error("stored {what} '{name}' is unreadable: {reason}")]
+    Record {
+        /// topic / subscription.
+        what: &'static str,
+        /// Its name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Broker {
+    /// Open the broker on `store`, restoring topics, subscriptions and persisted events.
+    ///
+    /// Must run inside a tokio runtime (it starts one task per subscription).
+    ///
+    /// # Errors
+    /// Unreadable store data: the broker refuses to start rather than start empty.
+    pub fn open(
+        cfg: Arc<Config>,
+        store: Arc<dyn Store>,
+        sinks: Arc<dyn SinkFactory>,
+        clock: Clock,
+    ) -> Result<Self, OpenError> {
+        let snapshot = store.load()?;
+        let ctx = Arc::new(EngineCtx {
+            clock,
+            store: store.clone(),
+            global: Arc::new(Semaphore::new(cfg.broker.max_in_flight_total)),
+            max_in_flight: cfg.broker.max_in_flight_per_subscription,
+            log_success: cfg.broker.log_delivery_success,
+        });
+        let broker = Self {
+            inner: Arc::new(Inner {
+                cfg: cfg.clone(),
+                ctx,
+                sinks,
+                topics: RwLock::new(Arc::new(HashMap::new())),
+                mgmt: Mutex::new(()),
+                seq: AtomicU64::new(snapshot.max_seq + 1),
+            }),
+        };
+        // Stored subscriptions were valid when created; outbound rules may have been tightened
+        // since (e.g. httpsOnly). Load them anyway, with a warning, rather than lose them.
+        let mut lenient = (*cfg).clone();
+        lenient.outbound.webhook_https_only = false;
+        lenient.outbound.eventgrid_https_only = false;
+        lenient.outbound.eventgrid_allow_invalid_hostnames = true;
+        let mut topics = HashMap::new();
+        for rec in snapshot.topics {
+            let name = rec
+                .get("name")
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string();
+            let topic = Topic::from_put(&name, rec).map_err(|e| OpenError::Record {
+                what: "topic",
+                name: name.clone(),
+                reason: e.message,
+            })?;
+            topics.insert(
+                names::key(&topic.name),
+                Arc::new(TopicEntry {
+                    topic: RwLock::new(topic),
+                    subs: RwLock::new(Arc::new(Vec::new())),
+                    metrics: TopicMetrics::default(),
+                }),
+            );
+        }
+        for (topic_name, queue_id, rec) in snapshot.subscriptions {
+            let name = rec
+                .get("name")
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string();
+            let entry = topics
+                .get(&names::key(&topic_name))
+                .ok_or_else(|| OpenError::Record {
+                    what: "subscription",
+                    name: name.clone(),
+                    reason: format!("its topic '{topic_name}' is missing"),
+                })?;
+            let topic = entry.topic();
+            let sub = match Subscription::from_put(&topic, &name, rec.clone(), &cfg) {
+                Ok(s) => s,
+                Err(strict) => {
+                    let s = Subscription::from_put(&topic, &name, rec, &lenient).map_err(|e| {
+                        OpenError::Record {
+                            what: "subscription",
+                            name: name.clone(),
+                            reason: e.message,
+                        }
+                    })?;
+                    tracing::warn!(subscription = %name, reason = %strict.message, "stored subscription no longer meets the current settings; loaded anyway");
+                    s
+                }
+            };
+            let sub_entry = broker.start_subscription(queue_id, sub);
+            if sub_entry.shared.config().sub.persisted {
+                broker.restore_events(&sub_entry.shared)?;
+            }
+            let mut list = (*entry.subscriptions()).clone();
+            list.push(sub_entry);
+            write(&entry.subs, Arc::new(list));
+        }
+        write(&broker.inner.topics, Arc::new(topics));
+        Ok(broker)
+    }
+
+    fn restore_events(&self, shared: &SubShared) -> Result<(), StoreError> {
+        let events = self.inner.ctx.store.pending(shared.queue_id)?;
+        let now_ms = self.inner.ctx.clock.now_ms();
+        let now = Instant::now();
+        let mut q = shared.queue();
+        for e in events {
+            let p = Pending {
+                seq: e.seq,
+                event: Arc::new(EventData {
+                    body: e.body,
+                    id: e.id.into_boxed_str(),
+                }),
+                attempts: e.state.attempts,
+                first_enqueued_ms: e.state.first_enqueued_ms,
+                enqueued_at: now,
+            };
+            if e.state.attempts == 0 {
+                q.push(p);
+            } else {
+                let wait = Duration::from_millis(e.state.due_ms.saturating_sub(now_ms));
+                q.push_recovered_retry(now + wait, p);
+            }
+        }
+        Ok(())
+    }
+
+    fn sub_config(&self, sub: Subscription) -> SubConfig {
+        SubConfig {
+            policy: sub.effective_policy(&self.inner.cfg),
+            caps: sub.batching.caps(&self.inner.cfg),
+            sink: self.inner.sinks.create(&sub),
+            sub,
+        }
+    }
+
+    fn start_subscription(&self, queue_id: u32, sub: Subscription) -> Arc<SubEntry> {
+        let shared = Arc::new(SubShared {
+            queue_id,
+            topic: Arc::from(sub.topic.as_str()),
+            name: Arc::from(sub.name.as_str()),
+            config: RwLock::new(Arc::new(self.sub_config(sub))),
+            queue: Mutex::new(Default::default()),
+            notify: Default::default(),
+            metrics: SubscriptionMetrics::default(),
+        });
+        let task = dispatcher::spawn(shared.clone(), self.inner.ctx.clone());
+        Arc::new(SubEntry {
+            shared,
+            _task: task,
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.inner.cfg
+    }
+
+    fn lock_mgmt(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.inner.mgmt.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Look a topic up (case-insensitively).
+    pub fn topic(&self, name: &str) -> Option<Arc<TopicEntry>> {
+        read(&self.inner.topics).get(&names::key(name)).cloned()
+    }
+
+    /// All topics, sorted by name.
+    pub fn topics(&self) -> Vec<Arc<TopicEntry>> {
+        let mut v: Vec<_> = read(&self.inner.topics).values().cloned().collect();
+        v.sort_by_key(|t| names::key(&t.topic().name));
+        v
+    }
+
+    /// Create or update a topic.
+    ///
+    /// # Errors
+    /// 400 when the schema would change under existing subscriptions or the topic limit is hit.
+    pub fn put_topic(&self, topic: Topic) -> Result<Topic, ApiError> {
+        let _g = self.lock_mgmt();
+        let key = names::key(&topic.name);
+        let map = read(&self.inner.topics);
+        if let Some(existing) = map.get(&key) {
+            let mut current = existing.topic();
+            if current.input_schema != topic.input_schema && !existing.subscriptions().is_empty() {
+                return Err(ApiError::bad_request(
+                    "InvalidSchema",
+                    format!(
+                        "topic '{}' has subscriptions delivering {}; delete them before changing inputSchema",
+                        current.name,
+                        current.input_schema.as_str()
+                    ),
+                ));
+            }
+            current.input_schema = topic.input_schema;
+            self.inner
+                .ctx
+                .store
+                .put_topic(&key, &current.to_record())
+                .map_err(store_err)?;
+            write(&existing.topic, current.clone());
+            return Ok(current);
+        }
+        if map.len() >= self.inner.cfg.broker.max_topics {
+            return Err(ApiError::bad_request(
+                "LimitExceeded",
+                format!(
+                    "at most {} topics (broker__maxTopics)",
+                    self.inner.cfg.broker.max_topics
+                ),
+            ));
+        }
+        self.inner
+            .ctx
+            .store
+            .put_topic(&key, &topic.to_record())
+            .map_err(store_err)?;
+        let mut next = (*map).clone();
+        next.insert(
+            key,
+            Arc::new(TopicEntry {
+                topic: RwLock::new(topic.clone()),
+                subs: RwLock::new(Arc::new(Vec::new())),
+                metrics: TopicMetrics::default(),
+            }),
+        );
+        write(&self.inner.topics, Arc::new(next));
+        Ok(topic)
+    }
+
+    /// Delete a topic and all its subscriptions (their queued events go too).
+    ///
+    /// # Errors
+    /// 404 when the topic does not exist.
+    pub fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
+        let _g = self.lock_mgmt();
+        let key = names::key(name);
+        let map = read(&self.inner.topics);
+        let entry = map
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| topic_not_found(name))?;
+        for sub in entry.subscriptions().iter() {
+            self.inner
+                .ctx
+                .store
+                .delete_subscription(sub.shared.queue_id)
+                .map_err(store_err)?;
+        }
+        self.inner.ctx.store.delete_topic(&key).map_err(store_err)?;
+        write(&entry.subs, Arc::new(Vec::new()));
+        let mut next = (*map).clone();
+        next.remove(&key);
+        write(&self.inner.topics, Arc::new(next));
+        Ok(())
+    }
+
+    /// Create or update a subscription from a PUT body.
+    ///
+    /// # Errors
+    /// 404 for an unknown topic, 400 for an invalid body or a changed persistence policy.
+    pub fn put_subscription(
+        &self,
+        topic_name: &str,
+        name: &str,
+        body: serde_json::Value,
+    ) -> Result<Subscription, ApiError> {
+        let _g = self.lock_mgmt();
+        let entry = self
+            .topic(topic_name)
+            .ok_or_else(|| topic_not_found(topic_name))?;
+        let topic = entry.topic();
+        let sub = Subscription::from_put(&topic, name, body, &self.inner.cfg)?;
+        let subs = entry.subscriptions();
+        let key = names::key(name);
+        if let Some(existing) = subs.iter().find(|s| names::key(&s.shared.name) == key) {
+            let old = existing.shared.config();
+            if old.sub.persisted != sub.persisted {
+                return Err(ApiError::bad_request(
+                    "PersistencePolicyImmutable",
+                    "persistencePolicy cannot be modified once created; delete and re-create the subscription",
+                ));
+            }
+            let mut sub = sub;
+            sub.name = old.sub.name.clone();
+            self.inner
+                .ctx
+                .store
+                .put_subscription(&topic.name, existing.shared.queue_id, &sub.to_record())
+                .map_err(store_err)?;
+            existing.shared.set_config(self.sub_config(sub.clone()));
+            return Ok(sub);
+        }
+        if subs.len() >= self.inner.cfg.broker.max_subscriptions_per_topic {
+            return Err(ApiError::bad_request(
+                "LimitExceeded",
+                format!(
+                    "at most {} subscriptions per topic (broker__maxSubscriptionsPerTopic)",
+                    self.inner.cfg.broker.max_subscriptions_per_topic
+                ),
+            ));
+        }
+        let queue_id = self.inner.ctx.store.next_queue_id().map_err(store_err)?;
+        self.inner
+            .ctx
+            .store
+            .put_subscription(&topic.name, queue_id, &sub.to_record())
+            .map_err(store_err)?;
+        let sub_entry = self.start_subscription(queue_id, sub.clone());
+        let mut list = (*subs).clone();
+        list.push(sub_entry);
+        write(&entry.subs, Arc::new(list));
+        Ok(sub)
+    }
+
+    /// Find a subscription.
+    pub fn subscription(&self, topic: &str, name: &str) -> Option<Arc<SubEntry>> {
+        let key = names::key(name);
+        self.topic(topic)?
+            .subscriptions()
+            .iter()
+            .find(|s| names::key(&s.shared.name) == key)
+            .cloned()
+    }
+
+    /// Delete a subscription: its task and in-flight deliveries stop, its queued events go.
+    ///
+    /// # Errors
+    /// 404 when the topic or subscription does not exist.
+    pub fn delete_subscription(&self, topic: &str, name: &str) -> Result<(), ApiError> {
+        let _g = self.lock_mgmt();
+        let entry = self.topic(topic).ok_or_else(|| topic_not_found(topic))?;
+        let key = names::key(name);
+        let subs = entry.subscriptions();
+        let found = subs
+            .iter()
+            .find(|s| names::key(&s.shared.name) == key)
+            .ok_or_else(|| subscription_not_found(topic, name))?;
+        self.inner
+            .ctx
+            .store
+            .delete_subscription(found.shared.queue_id)
+            .map_err(store_err)?;
+        let list: Vec<_> = subs
+            .iter()
+            .filter(|s| names::key(&s.shared.name) != key)
+            .cloned()
+            .collect();
+        write(&entry.subs, Arc::new(list));
+        Ok(())
+    }
+
+    /// Route and enqueue a validated publish request; returns once every persisted copy is
+    /// durable.
+    ///
+    /// # Errors
+    /// 503 when a matching subscription is full, 507 when the store is full, 500 on store
+    /// failure. Nothing is enqueued in any of these cases.
+    pub async fn publish(
+        &self,
+        entry: &TopicEntry,
+        events: Vec<IncomingEvent>,
+    ) -> Result<(), ApiError> {
+        let subs = entry.subscriptions();
+        entry.metrics.events_received.add(events.len() as u64);
+        if events.is_empty() {
+            return Ok(());
+        }
+        let configs: Vec<_> = subs.iter().map(|s| s.shared.config()).collect();
+        // 1. Route.
+        let mut routes: Vec<Vec<usize>> = vec![Vec::new(); subs.len()];
+        let mut unmatched = 0u64;
+        for (i, ev) in events.iter().enumerate() {
+            let view = ev.view();
+            let mut matched = false;
+            for (j, cfg) in configs.iter().enumerate() {
+                if cfg.sub.filter.as_ref().is_none_or(|f| f.matches(&view)) {
+                    if let Some(r) = routes.get_mut(j) {
+                        r.push(i);
+                    }
+                    matched = true;
+                }
+            }
+            if !matched {
+                unmatched += 1;
+            }
+        }
+        entry.metrics.unmatched_events.add(unmatched);
+        // 2. Bounds of in-memory queues.
+        let max_pending = self.inner.cfg.broker.max_pending_events_per_subscription;
+        for ((sub, cfg), r) in subs.iter().zip(&configs).zip(&routes) {
+            if r.is_empty() || cfg.sub.persisted {
+                continue;
+            }
+            if sub.shared.queue().pending() + r.len() > max_pending {
+                return Err(ApiError::unavailable(
+                    format!(
+                        "subscription '{}' has {} pending events (broker__maxPendingEventsPerSubscription); retry later",
+                        sub.shared.name, max_pending
+                    ),
+                    Duration::from_secs(10),
+                ));
+            }
+        }
+        // Shared payloads, one per matched event, with one sequence number each.
+        let now_ms = self.inner.ctx.clock.now_ms();
+        let now = Instant::now();
+        let mut payloads: Vec<Option<(u64, Arc<EventData>)>> = vec![None; events.len()];
+        for r in &routes {
+            for &i in r {
+                if let (Some(slot), Some(ev)) = (payloads.get_mut(i), events.get(i)) {
+                    if slot.is_none() {
+                        let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+                        *slot = Some((
+                            seq,
+                            Arc::new(EventData {
+                                body: ev.body.clone(),
+                                id: ev.id.clone().into_boxed_str(),
+                            }),
+                        ));
+                    }
+                }
+            }
+        }
+        // 3. Durable copies first.
+        let mut durable = Vec::new();
+        for ((sub, cfg), r) in subs.iter().zip(&configs).zip(&routes) {
+            if !cfg.sub.persisted {
+                continue;
+            }
+            for &i in r {
+                if let Some(Some((seq, data))) = payloads.get(i) {
+                    durable.push((
+                        sub.shared.queue_id,
+                        StoredEvent {
+                            seq: *seq,
+                            id: data.id.to_string(),
+                            body: data.body.clone(),
+                            state: RetryState {
+                                attempts: 0,
+                                first_enqueued_ms: now_ms,
+                                due_ms: 0,
+                            },
+                        },
+                    ));
+                }
+            }
+        }
+        if !durable.is_empty() {
+            let store = &self.inner.ctx.store;
+            store.append(&durable).map_err(store_err)?;
+            store.commit().await.map_err(store_err)?;
+        }
+        // 4. Enqueue and wake.
+        for (sub, r) in subs.iter().zip(&routes) {
+            if r.is_empty() {
+                continue;
+            }
+            {
+                let mut q = sub.shared.queue();
+                for &i in r {
+                    if let Some(Some((seq, data))) = payloads.get(i) {
+                        q.push(Pending {
+                            seq: *seq,
+                            event: data.clone(),
+                            attempts: 0,
+                            first_enqueued_ms: now_ms,
+                            enqueued_at: now,
+                        });
+                    }
+                }
+            }
+            sub.shared.metrics.enqueued.add(r.len() as u64);
+            sub.shared.notify.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Prometheus text exposition of every metric.
+    pub fn render_metrics(&self) -> String {
+        let topics = self.topics();
+        let names: Vec<String> = topics.iter().map(|t| t.topic().name).collect();
+        let mut out = String::with_capacity(4096);
+        type TopicPick = fn(&TopicMetrics) -> SeriesValue<'_>;
+        let topic_families: [(&str, &str, &str, TopicPick); 6] = [
+            (
+                "EventsReceived",
+                "counter",
+                "Events received by the topic",
+                |m| SeriesValue::Number(m.events_received.get()),
+            ),
+            (
+                "UnmatchedEvents",
+                "counter",
+                "Events that matched no subscription and were dropped",
+                |m| SeriesValue::Number(m.unmatched_events.get()),
+            ),
+            (
+                "SuccessRequests",
+                "counter",
+                "Publish requests answered 200",
+                |m| SeriesValue::Number(m.success_requests.get()),
+            ),
+            (
+                "SystemErrorRequests",
+                "counter",
+                "Publish requests that failed in the broker",
+                |m| SeriesValue::Number(m.system_error_requests.get()),
+            ),
+            (
+                "UserErrorRequests",
+                "counter",
+                "Publish requests rejected as invalid",
+                |m| SeriesValue::Number(m.user_error_requests.get()),
+            ),
+            (
+                "SuccessRequestLatencyMs",
+                "histogram",
+                "Latency of successful publish requests (ms)",
+                |m| SeriesValue::Histogram(&m.success_request_latency_ms),
+            ),
+        ];
+        for (name, kind, help, pick) in topic_families {
+            let series: Vec<Series<'_>> = topics
+                .iter()
+                .zip(&names)
+                .map(|(t, n)| Series {
+                    labels: vec![("topic", n.as_str())],
+                    value: pick(&t.metrics),
+                })
+                .collect();
+            metrics::write_family(&mut out, name, kind, help, &series);
+        }
+        let subs: Vec<(String, Arc<SubEntry>)> = topics
+            .iter()
+            .zip(&names)
+            .flat_map(|(t, n)| {
+                t.subscriptions()
+                    .iter()
+                    .map(|s| (n.clone(), s.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        type SubPick = fn(&SubShared) -> u64;
+        let counters: [(&str, &str, SubPick); 7] = [
+            ("DeliverySuccessCounts", "Events delivered", |s| {
+                s.metrics.delivery_success_counts.get()
+            }),
+            (
+                "DeliveryFailureCounts",
+                "Events whose delivery attempt failed",
+                |s| s.metrics.delivery_failure_counts.get(),
+            ),
+            (
+                "DeliveryAttemptsCount",
+                "Delivery attempts (per event)",
+                |s| s.metrics.delivery_attempts_count.get(),
+            ),
+            (
+                "ExpiredCounts",
+                "Events dropped for time to live or max delivery attempts",
+                |s| s.metrics.expired_counts.get(),
+            ),
+            (
+                "gridlet_enqueued_events_total",
+                "Events accepted into the subscription's queue",
+                |s| s.metrics.enqueued.get(),
+            ),
+            (
+                "gridlet_pending_events",
+                "Events accepted and not yet settled",
+                |s| s.queue().pending() as u64,
+            ),
+            (
+                "gridlet_in_flight_requests",
+                "Delivery requests in flight",
+                |s| s.queue().in_flight() as u64,
+            ),
+        ];
+        for (name, help, pick) in counters {
+            let kind = if name.starts_with("gridlet_") && !name.ends_with("_total") {
+                "gauge"
+            } else {
+                "counter"
+            };
+            let series: Vec<Series<'_>> = subs
+                .iter()
+                .map(|(t, s)| Series {
+                    labels: vec![("topic", t.as_str()), ("subscription", &s.shared.name)],
+                    value: SeriesValue::Number(pick(&s.shared)),
+                })
+                .collect();
+            metrics::write_family(&mut out, name, kind, help, &series);
+        }
+        let dropped: Vec<Series<'_>> = subs
+            .iter()
+            .flat_map(|(t, s)| {
+                [
+                    (
+                        "MaxDeliveryAttemptsExceeded",
+                        s.shared.metrics.dropped_max_attempts.get(),
+                    ),
+                    ("TimeToLiveExceeded", s.shared.metrics.dropped_expired.get()),
+                ]
+                .into_iter()
+                .map(move |(reason, v)| Series {
+                    labels: vec![
+                        ("topic", t.as_str()),
+                        ("subscription", &s.shared.name),
+                        ("reason", reason),
+                    ],
+                    value: SeriesValue::Number(v),
+                })
+            })
+            .collect();
+        metrics::write_family(
+            &mut out,
+            "gridlet_dropped_events_total",
+            "counter",
+            "Events dropped undelivered, by reason",
+            &dropped,
+        );
+        type HistPick = fn(&SubscriptionMetrics) -> &crate::metrics::Histogram;
+        let hists: [(&str, &str, HistPick); 3] = [
+            (
+                "DeliverySuccessLatencyMs",
+                "Latency of successful delivery requests (ms)",
+                |m| &m.delivery_success_latency_ms,
+            ),
+            (
+                "DeliveryFailureLatencyMs",
+                "Latency of failed delivery requests (ms)",
+                |m| &m.delivery_failure_latency_ms,
+            ),
+            (
+                "SystemDelayForFirstAttemptMs",
+                "Time from publish to the first delivery attempt (ms)",
+                |m| &m.system_delay_for_first_attempt_ms,
+            ),
+        ];
+        for (name, help, pick) in hists {
+            let series: Vec<Series<'_>> = subs
+                .iter()
+                .map(|(t, s)| Series {
+                    labels: vec![("topic", t.as_str()), ("subscription", &s.shared.name)],
+                    value: SeriesValue::Histogram(pick(&s.shared.metrics)),
+                })
+                .collect();
+            metrics::write_family(&mut out, name, "histogram", help, &series);
+        }
+        out
+    }
+
+    /// The schema a topic accepts, if it exists.
+    pub fn topic_schema(&self, name: &str) -> Option<EventSchema> {
+        self.topic(name).map(|t| t.topic().input_schema)
+    }
+}
+
+/// 404 for a topic.
+pub fn topic_not_found(name: &str) -> ApiError {
+    ApiError::not_found("TopicNotFound", format!("topic '{name}' does not exist"))
+}
+
+/// 404 for a subscription.
+pub fn subscription_not_found(topic: &str, name: &str) -> ApiError {
+    ApiError::not_found(
+        "EventSubscriptionNotFound",
+        format!("event subscription '{name}' does not exist on topic '{topic}'"),
+    )
+}

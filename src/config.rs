@@ -1,0 +1,673 @@
+//! Module configuration: one typed [`Config`] loaded once from the environment.
+//!
+//! The original module read ASP.NET-Core-style settings: hierarchical keys separated by `__`
+//! **or** `:`, keys and boolean/enum values case-insensitive. `envy` cannot do that (it only
+//! lowercases keys, rejects `False`, knows no `:` and no nesting), so this loader normalises keys
+//! against one canonical table ([`SETTINGS`]) and parses each value with a typed parser whose
+//! error names the key and the accepted values. Secrets and URLs keep their case.
+//!
+//! Nothing else in the crate reads the environment: `main` calls [`Config::from_env`] and passes
+//! `Arc<Config>` down.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// One supported setting: canonical key, default (as written in the settings table), meaning.
+pub struct Setting {
+    /// Canonical spelling (`__` separators, original casing).
+    pub key: &'static str,
+    /// Default value as text ("" = unset).
+    pub default: &'static str,
+    /// One-line meaning, used in the README's settings table.
+    pub doc: &'static str,
+}
+
+macro_rules! settings {
+    ($( $key:literal = $default:literal : $doc:literal ;)*) => {
+        /// Every setting gridlet understands, in one place. The README's table lists the same keys
+        /// (a test checks it).
+        pub const SETTINGS: &[Setting] = &[ $( Setting { key: $key, default: $default, doc: $doc } ),* ];
+    };
+}
+
+settings! {
+    "inbound__serverAuth__tlsPolicy" = "strict" : "`strict` HTTPS only, `enabled` HTTP and HTTPS, `disabled` HTTP only";
+    "inbound__serverAuth__serverCert__source" = "IoTEdge" : "server certificate from the IoT Edge workload API; self-signed (kept in the metadata directory) when not running under IoT Edge";
+    "inbound__clientAuth__clientCert__enabled" = "true" : "accept TLS client certificates as authentication";
+    "inbound__clientAuth__clientCert__source" = "IoTEdge" : "client certificates are validated against the IoT Edge trust bundle";
+    "inbound__clientAuth__clientCert__allowUnknownCA" = "true" : "accept client certificates from unknown / self-signed CAs";
+    "inbound__clientAuth__sasKeys__enabled" = "false" : "accept the `aeg-sas-key` header as authentication";
+    "inbound__clientAuth__sasKeys__key1" = "" : "accepted SAS key (secret, never logged)";
+    "inbound__clientAuth__sasKeys__key2" = "" : "second accepted SAS key, for rotation (secret, never logged)";
+    "inbound__httpPort" = "5888" : "plain HTTP port (0 = any free port)";
+    "inbound__httpsPort" = "4438" : "HTTPS port (0 = any free port)";
+    "inbound__bindAddress" = "0.0.0.0" : "address both listeners bind to";
+    "outbound__clientAuth__clientCert__enabled" = "true" : "present the module identity certificate on outgoing calls (needs IoT Edge)";
+    "outbound__clientAuth__clientCert__source" = "IoTEdge" : "identity certificate from the workload API";
+    "outbound__webhook__httpsOnly" = "true" : "only `https://` webhook endpoints may be subscribed";
+    "outbound__webhook__skipServerCertValidation" = "false" : "do not validate webhook server certificates at all";
+    "outbound__webhook__allowUnknownCA" = "true" : "accept self-signed / unknown-CA webhook server certificates";
+    "outbound__eventgrid__httpsOnly" = "true" : "cloud Event Grid destinations must be `https://`";
+    "outbound__eventgrid__allowInvalidHostnames" = "false" : "allow Event Grid destination hosts outside `eventgrid.azure.{net,us,cn}`";
+    "broker__defaultMaxDeliveryAttempts" = "30" : "delivery attempts per event when the subscription sets no `retryPolicy.maxDeliveryAttempts`";
+    "broker__defaultEventTimeToLiveInSeconds" = "7200" : "event time to live when the subscription sets no `retryPolicy.eventExpiryInMinutes`";
+    "broker__defaultMaxBatchSizeInBytes" = "1058576" : "batch byte cap when a subscription sets only `maxEventsPerBatch`";
+    "broker__defaultMaxEventsPerBatch" = "10" : "batch event cap when a subscription sets only `preferredBatchSizeInKilobytes`";
+    "broker__logDeliverySuccess" = "false" : "log every successful delivery (troubleshooting; off keeps the hot path quiet)";
+    "broker__defaultIsPersisted" = "false" : "subscriptions without a `persistencePolicy` keep their events on disk";
+    "broker__maxRequestBodyBytes" = "1058576" : "largest accepted request body; larger gets 413 before the body is read";
+    "broker__maxEventsPerRequest" = "10000" : "most events in one publish request (400 above)";
+    "broker__maxPendingEventsPerSubscription" = "100000" : "pending events one in-memory subscription may hold; a publish that would exceed it gets 503 + Retry-After";
+    "broker__maxTopics" = "1000" : "most topics";
+    "broker__maxSubscriptionsPerTopic" = "100" : "most event subscriptions per topic";
+    "broker__maxInFlightPerSubscription" = "32" : "concurrent delivery requests per subscription (a quarter of them, at least 1, may be retries)";
+    "broker__maxInFlightTotal" = "1024" : "concurrent delivery requests across all subscriptions";
+    "broker__deliveryTimeoutInSeconds" = "60" : "how long a delivery waits for the subscriber's response";
+    "api__deliveryPolicyLimits__maxEventsPerBatch" = "50" : "largest `maxEventsPerBatch` a subscription may set";
+    "api__deliveryPolicyLimits__maxpreferredBatchSizeInKilobytes" = "1033" : "largest `preferredBatchSizeInKilobytes` a subscription may set";
+    "api__deliveryPolicyLimits__maxBatchSizeInBytes" = "1058576" : "largest `approxBatchSizeInBytes` (older twin knob) a subscription may set";
+    "metrics__reporterType" = "none" : "`none`, `prometheus` (serve `/metrics`), `console` (log metrics every 60 s)";
+    "persistence__metadataPath" = "metadataDb" : "directory holding topics, subscriptions and the self-signed certificate";
+    "persistence__eventsPath" = "eventsDb" : "directory holding persisted events";
+}
+
+/// A setting that could not be parsed. Its `Display` is the one line printed at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    key: String,
+    value: String,
+    expected: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid setting {}={:?}: expected {}",
+            self.key, self.value, self.expected
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// `inbound__serverAuth__tlsPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsPolicy {
+    /// HTTPS only.
+    Strict,
+    /// HTTP and HTTPS.
+    Enabled,
+    /// HTTP only.
+    Disabled,
+}
+
+impl TlsPolicy {
+    /// Whether the HTTP listener runs.
+    pub fn http(self) -> bool {
+        matches!(self, Self::Enabled | Self::Disabled)
+    }
+    /// Whether the HTTPS listener runs.
+    pub fn https(self) -> bool {
+        matches!(self, Self::Strict | Self::Enabled)
+    }
+}
+
+/// `metrics__reporterType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsReporter {
+    /// No metrics output.
+    None,
+    /// Prometheus text at `/metrics`.
+    Prometheus,
+    /// Periodic log line.
+    Console,
+}
+
+/// Inbound (server side) settings.
+#[derive(Debug, Clone)]
+pub struct Inbound {
+    /// Which listeners run.
+    pub tls_policy: TlsPolicy,
+    /// Plain HTTP port.
+    pub http_port: u16,
+    /// HTTPS port.
+    pub https_port: u16,
+    /// Bind address of both listeners.
+    pub bind_address: IpAddr,
+    /// Client certificates authenticate.
+    pub client_cert_enabled: bool,
+    /// Client certificates from unknown CAs are accepted.
+    pub client_cert_allow_unknown_ca: bool,
+    /// `aeg-sas-key` authenticates.
+    pub sas_enabled: bool,
+    /// Accepted SAS keys (key1, key2). Secrets: never logged (see [`Config`]'s `Debug`).
+    pub sas_keys: Vec<String>,
+}
+
+/// Outbound (delivery side) settings.
+#[derive(Debug, Clone)]
+pub struct Outbound {
+    /// Present the module identity certificate.
+    pub client_cert_enabled: bool,
+    /// Only https webhooks may be subscribed.
+    pub webhook_https_only: bool,
+    /// Skip webhook certificate validation entirely.
+    pub webhook_skip_server_cert_validation: bool,
+    /// Accept unknown-CA webhook certificates.
+    pub webhook_allow_unknown_ca: bool,
+    /// Only https Event Grid destinations.
+    pub eventgrid_https_only: bool,
+    /// Allow Event Grid destination hosts outside Azure's domains.
+    pub eventgrid_allow_invalid_hostnames: bool,
+}
+
+/// Broker-wide delivery defaults and limits.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    /// Default `maxDeliveryAttempts`.
+    pub default_max_delivery_attempts: u32,
+    /// Default time to live.
+    pub default_event_ttl: Duration,
+    /// Default batch byte cap.
+    pub default_max_batch_size_bytes: usize,
+    /// Default batch event cap.
+    pub default_max_events_per_batch: usize,
+    /// Log every successful delivery.
+    pub log_delivery_success: bool,
+    /// Subscriptions without a persistence policy are persisted.
+    pub default_is_persisted: bool,
+    /// Request body limit.
+    pub max_request_body_bytes: usize,
+    /// Events per publish request.
+    pub max_events_per_request: usize,
+    /// Pending events per in-memory subscription.
+    pub max_pending_events_per_subscription: usize,
+    /// Topic count limit.
+    pub max_topics: usize,
+    /// Subscriptions per topic.
+    pub max_subscriptions_per_topic: usize,
+    /// Concurrent deliveries per subscription.
+    pub max_in_flight_per_subscription: usize,
+    /// Concurrent deliveries in total.
+    pub max_in_flight_total: usize,
+    /// Response timeout of one delivery request.
+    pub delivery_timeout: Duration,
+}
+
+/// Creation-time limits on subscription batching knobs.
+#[derive(Debug, Clone)]
+pub struct ApiLimits {
+    /// Largest `maxEventsPerBatch`.
+    pub max_events_per_batch: u32,
+    /// Largest `preferredBatchSizeInKilobytes`.
+    pub max_preferred_batch_size_kb: u32,
+    /// Largest `approxBatchSizeInBytes`.
+    pub max_batch_size_bytes: u64,
+}
+
+/// Storage locations.
+#[derive(Debug, Clone)]
+pub struct Persistence {
+    /// Metadata directory.
+    pub metadata_path: PathBuf,
+    /// Events directory.
+    pub events_path: PathBuf,
+}
+
+/// The identity IoT Edge gives the module through `IOTEDGE_*` variables; defaults outside IoT Edge.
+#[derive(Debug, Clone)]
+pub struct EdgeEnv {
+    /// First DNS label of `IOTEDGE_IOTHUBHOSTNAME` (for resource ids).
+    pub hub_name: String,
+    /// `IOTEDGE_IOTHUBHOSTNAME`.
+    pub iothub_hostname: Option<String>,
+    /// `IOTEDGE_DEVICEID`.
+    pub device_id: String,
+    /// `IOTEDGE_MODULEID`.
+    pub module_id: String,
+    /// `IOTEDGE_MODULEGENERATIONID`.
+    pub generation_id: Option<String>,
+    /// `IOTEDGE_WORKLOADURI`.
+    pub workload_uri: Option<String>,
+    /// `IOTEDGE_GATEWAYHOSTNAME`.
+    pub gateway_hostname: Option<String>,
+    /// `IOTEDGE_APIVERSION` (workload API version).
+    pub api_version: String,
+}
+
+impl EdgeEnv {
+    /// Whether the module runs under an IoT Edge runtime (a workload socket is given).
+    pub fn is_iot_edge(&self) -> bool {
+        self.workload_uri.is_some()
+    }
+}
+
+/// The whole configuration, parsed and validated.
+#[derive(Clone)]
+pub struct Config {
+    /// Inbound settings.
+    pub inbound: Inbound,
+    /// Outbound settings.
+    pub outbound: Outbound,
+    /// Broker settings.
+    pub broker: Broker,
+    /// API limits.
+    pub api: ApiLimits,
+    /// Metrics reporter.
+    pub metrics: MetricsReporter,
+    /// Storage paths.
+    pub persistence: Persistence,
+    /// IoT Edge identity.
+    pub edge: EdgeEnv,
+    /// Keys that looked like settings but are not known (reported as a warning at start-up).
+    pub unknown_keys: Vec<String>,
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // SAS keys are secrets: show how many there are, never their values.
+        let mut inbound = self.inbound.clone();
+        inbound.sas_keys = inbound.sas_keys.iter().map(|_| "***".to_string()).collect();
+        f.debug_struct("Config")
+            .field("inbound", &inbound)
+            .field("outbound", &self.outbound)
+            .field("broker", &self.broker)
+            .field("api", &self.api)
+            .field("metrics", &self.metrics)
+            .field("persistence", &self.persistence)
+            .field("edge", &self.edge)
+            .finish()
+    }
+}
+
+const SETTING_PREFIXES: &[&str] = &[
+    "inbound__",
+    "outbound__",
+    "broker__",
+    "api__",
+    "metrics__",
+    "persistence__",
+];
+
+/// Normalised settings: canonical key → raw value, plus the `IOTEDGE_*` variables.
+struct Raw {
+    values: HashMap<&'static str, String>,
+    edge: HashMap<String, String>,
+    unknown: Vec<String>,
+}
+
+impl Raw {
+    fn new(vars: impl IntoIterator<Item = (String, String)>) -> Self {
+        let canon: HashMap<String, &'static str> = SETTINGS
+            .iter()
+            .map(|s| (s.key.to_ascii_lowercase(), s.key))
+            .collect();
+        let mut values = HashMap::new();
+        let mut edge = HashMap::new();
+        let mut unknown = Vec::new();
+        for (k, v) in vars {
+            let norm = k.replace(':', "__").to_ascii_lowercase();
+            if let Some(key) = canon.get(&norm) {
+                values.insert(*key, v);
+            } else if norm.starts_with("iotedge_") {
+                edge.insert(norm, v);
+            } else if SETTING_PREFIXES.iter().any(|p| norm.starts_with(p)) {
+                unknown.push(k);
+            }
+        }
+        unknown.sort();
+        Self {
+            values,
+            edge,
+            unknown,
+        }
+    }
+
+    fn text(&self, key: &'static str) -> &str {
+        match self.values.get(key) {
+            Some(v) => v.trim(),
+            None => SETTINGS
+                .iter()
+                .find(|s| s.key == key)
+                .map(|s| s.default)
+                .unwrap_or(""),
+        }
+    }
+
+    fn err(&self, key: &'static str, expected: &str) -> ConfigError {
+        ConfigError {
+            key: key.to_string(),
+            value: self.text(key).to_string(),
+            expected: expected.to_string(),
+        }
+    }
+
+    fn bool(&self, key: &'static str) -> Result<bool, ConfigError> {
+        match self.text(key).to_ascii_lowercase().as_str() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            _ => Err(self.err(key, "true or false")),
+        }
+    }
+
+    fn int(&self, key: &'static str, min: u64, max: u64) -> Result<u64, ConfigError> {
+        // The docs print 1_058_576 for readability; accept underscores.
+        let cleaned: String = self.text(key).chars().filter(|c| *c != '_').collect();
+        match cleaned.parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(n),
+            _ => Err(self.err(key, &format!("a whole number from {min} to {max}"))),
+        }
+    }
+
+    fn choice<T: Copy>(&self, key: &'static str, options: &[(&str, T)]) -> Result<T, ConfigError> {
+        let v = self.text(key);
+        options
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(v))
+            .map(|(_, t)| *t)
+            .ok_or_else(|| {
+                let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+                self.err(key, &format!("one of {}", names.join(", ")))
+            })
+    }
+
+    fn secret(&self, key: &'static str) -> Option<String> {
+        self.values
+            .get(key)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    }
+}
+
+impl Config {
+    /// Load from the process environment.
+    ///
+    /// # Errors
+    /// The first setting that does not parse.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_vars(std::env::vars())
+    }
+
+    /// Load from any list of `KEY=value` pairs (tests pass their own).
+    ///
+    /// # Errors
+    /// The first setting that does not parse, or a combination that cannot work.
+    pub fn from_vars(
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let raw = Raw::new(vars);
+        let u32_max = u64::from(u32::MAX);
+        let tls_policy = raw.choice(
+            "inbound__serverAuth__tlsPolicy",
+            &[
+                ("strict", TlsPolicy::Strict),
+                ("enabled", TlsPolicy::Enabled),
+                ("disabled", TlsPolicy::Disabled),
+            ],
+        )?;
+        raw.choice(
+            "inbound__serverAuth__serverCert__source",
+            &[("IoTEdge", ())],
+        )?;
+        raw.choice(
+            "inbound__clientAuth__clientCert__source",
+            &[("IoTEdge", ())],
+        )?;
+        raw.choice(
+            "outbound__clientAuth__clientCert__source",
+            &[("IoTEdge", ())],
+        )?;
+        let bind_address = raw
+            .text("inbound__bindAddress")
+            .parse::<IpAddr>()
+            .map_err(|_| raw.err("inbound__bindAddress", "an IPv4 or IPv6 address"))?;
+        let sas_enabled = raw.bool("inbound__clientAuth__sasKeys__enabled")?;
+        let sas_keys: Vec<String> = [
+            raw.secret("inbound__clientAuth__sasKeys__key1"),
+            raw.secret("inbound__clientAuth__sasKeys__key2"),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if sas_enabled && sas_keys.is_empty() {
+            return Err(ConfigError {
+                key: "inbound__clientAuth__sasKeys__key1".into(),
+                value: String::new(),
+                expected:
+                    "a key (key1 and/or key2) when inbound__clientAuth__sasKeys__enabled=true"
+                        .into(),
+            });
+        }
+        let inbound = Inbound {
+            tls_policy,
+            http_port: raw.int("inbound__httpPort", 0, 65535)? as u16,
+            https_port: raw.int("inbound__httpsPort", 0, 65535)? as u16,
+            bind_address,
+            client_cert_enabled: raw.bool("inbound__clientAuth__clientCert__enabled")?,
+            client_cert_allow_unknown_ca: raw
+                .bool("inbound__clientAuth__clientCert__allowUnknownCA")?,
+            sas_enabled,
+            sas_keys,
+        };
+        let outbound = Outbound {
+            client_cert_enabled: raw.bool("outbound__clientAuth__clientCert__enabled")?,
+            webhook_https_only: raw.bool("outbound__webhook__httpsOnly")?,
+            webhook_skip_server_cert_validation: raw
+                .bool("outbound__webhook__skipServerCertValidation")?,
+            webhook_allow_unknown_ca: raw.bool("outbound__webhook__allowUnknownCA")?,
+            eventgrid_https_only: raw.bool("outbound__eventgrid__httpsOnly")?,
+            eventgrid_allow_invalid_hostnames: raw
+                .bool("outbound__eventgrid__allowInvalidHostnames")?,
+        };
+        let broker = Broker {
+            default_max_delivery_attempts: raw.int(
+                "broker__defaultMaxDeliveryAttempts",
+                1,
+                u32_max,
+            )? as u32,
+            default_event_ttl: Duration::from_secs(raw.int(
+                "broker__defaultEventTimeToLiveInSeconds",
+                1,
+                u32_max,
+            )?),
+            default_max_batch_size_bytes: raw.int(
+                "broker__defaultMaxBatchSizeInBytes",
+                1,
+                u32_max,
+            )? as usize,
+            default_max_events_per_batch: raw.int("broker__defaultMaxEventsPerBatch", 1, 100_000)?
+                as usize,
+            log_delivery_success: raw.bool("broker__logDeliverySuccess")?,
+            default_is_persisted: raw.bool("broker__defaultIsPersisted")?,
+            max_request_body_bytes: raw.int("broker__maxRequestBodyBytes", 1024, 256 << 20)?
+                as usize,
+            max_events_per_request: raw.int("broker__maxEventsPerRequest", 1, 10_000_000)? as usize,
+            max_pending_events_per_subscription: raw.int(
+                "broker__maxPendingEventsPerSubscription",
+                1,
+                u32_max,
+            )? as usize,
+            max_topics: raw.int("broker__maxTopics", 1, 1_000_000)? as usize,
+            max_subscriptions_per_topic: raw.int("broker__maxSubscriptionsPerTopic", 1, 100_000)?
+                as usize,
+            max_in_flight_per_subscription: raw.int(
+                "broker__maxInFlightPerSubscription",
+                1,
+                10_000,
+            )? as usize,
+            max_in_flight_total: raw.int("broker__maxInFlightTotal", 1, 1_000_000)? as usize,
+            delivery_timeout: Duration::from_secs(raw.int(
+                "broker__deliveryTimeoutInSeconds",
+                1,
+                3600,
+            )?),
+        };
+        let api = ApiLimits {
+            max_events_per_batch: raw.int(
+                "api__deliveryPolicyLimits__maxEventsPerBatch",
+                1,
+                100_000,
+            )? as u32,
+            max_preferred_batch_size_kb: raw.int(
+                "api__deliveryPolicyLimits__maxpreferredBatchSizeInKilobytes",
+                1,
+                1 << 20,
+            )? as u32,
+            max_batch_size_bytes: raw.int(
+                "api__deliveryPolicyLimits__maxBatchSizeInBytes",
+                1,
+                1 << 30,
+            )?,
+        };
+        let metrics = raw.choice(
+            "metrics__reporterType",
+            &[
+                ("none", MetricsReporter::None),
+                ("prometheus", MetricsReporter::Prometheus),
+                ("console", MetricsReporter::Console),
+            ],
+        )?;
+        let persistence = Persistence {
+            metadata_path: PathBuf::from(raw.text("persistence__metadataPath")),
+            events_path: PathBuf::from(raw.text("persistence__eventsPath")),
+        };
+        let edge_var = |name: &str| {
+            raw.edge
+                .get(name)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        let iothub_hostname = edge_var("iotedge_iothubhostname");
+        let edge = EdgeEnv {
+            hub_name: iothub_hostname
+                .as_deref()
+                .and_then(|h| h.split('.').next())
+                .unwrap_or("localhub")
+                .to_string(),
+            iothub_hostname,
+            device_id: edge_var("iotedge_deviceid").unwrap_or_else(|| "localdevice".into()),
+            module_id: edge_var("iotedge_moduleid").unwrap_or_else(|| "gridlet".into()),
+            generation_id: edge_var("iotedge_modulegenerationid"),
+            workload_uri: edge_var("iotedge_workloaduri"),
+            gateway_hostname: edge_var("iotedge_gatewayhostname"),
+            api_version: edge_var("iotedge_apiversion").unwrap_or_else(|| "2019-01-30".into()),
+        };
+        Ok(Self {
+            inbound,
+            outbound,
+            broker,
+            api,
+            metrics,
+            persistence,
+            edge,
+            unknown_keys: raw.unknown,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let c = cfg(&[]).unwrap();
+        assert_eq!(c.inbound.tls_policy, TlsPolicy::Strict);
+        assert!(c.inbound.client_cert_enabled);
+        assert!(c.inbound.client_cert_allow_unknown_ca);
+        assert!(!c.inbound.sas_enabled);
+        assert_eq!(c.inbound.http_port, 5888);
+        assert_eq!(c.inbound.https_port, 4438);
+        assert!(c.outbound.webhook_https_only);
+        assert!(!c.outbound.webhook_skip_server_cert_validation);
+        assert!(c.outbound.webhook_allow_unknown_ca);
+        assert_eq!(c.broker.default_max_delivery_attempts, 30);
+        assert_eq!(c.broker.default_event_ttl, Duration::from_secs(7200));
+        assert_eq!(c.broker.default_max_batch_size_bytes, 1_058_576);
+        assert_eq!(c.broker.default_max_events_per_batch, 10);
+        assert_eq!(c.broker.max_request_body_bytes, 1_058_576);
+        assert_eq!(c.api.max_events_per_batch, 50);
+        assert_eq!(c.api.max_preferred_batch_size_kb, 1033);
+        assert_eq!(c.metrics, MetricsReporter::None);
+        assert_eq!(c.persistence.metadata_path, PathBuf::from("metadataDb"));
+    }
+
+    #[test]
+    fn colon_separators_and_any_case_are_the_same_key() {
+        let c = cfg(&[
+            ("inbound:serverAuth:tlsPolicy", "Enabled"),
+            ("BROKER__DEFAULTEVENTTIMETOLIVEINSECONDS", "1_800"),
+            ("Inbound__ClientAuth:SasKeys__Enabled", "True"),
+            ("inbound__clientAuth__sasKeys__key1", "MixedCaseSecret"),
+            ("metrics:reportertype", "PROMETHEUS"),
+        ])
+        .unwrap();
+        assert_eq!(c.inbound.tls_policy, TlsPolicy::Enabled);
+        assert_eq!(c.broker.default_event_ttl, Duration::from_secs(1800));
+        assert!(c.inbound.sas_enabled);
+        assert_eq!(c.inbound.sas_keys, vec!["MixedCaseSecret".to_string()]);
+        assert_eq!(c.metrics, MetricsReporter::Prometheus);
+    }
+
+    #[test]
+    fn invalid_values_name_the_key_and_the_accepted_values() {
+        let e = cfg(&[("inbound__serverAuth__tlsPolicy", "sometimes")]).unwrap_err();
+        let line = e.to_string();
+        assert!(line.contains("inbound__serverAuth__tlsPolicy"), "{line}");
+        assert!(line.contains("strict, enabled, disabled"), "{line}");
+        let e = cfg(&[("broker__defaultMaxDeliveryAttempts", "lots")]).unwrap_err();
+        assert!(e.to_string().contains("whole number"));
+        let e = cfg(&[("outbound__webhook__httpsOnly", "yes")]).unwrap_err();
+        assert!(e.to_string().contains("true or false"));
+    }
+
+    #[test]
+    fn sas_enabled_without_a_key_is_refused() {
+        let e = cfg(&[("inbound__clientAuth__sasKeys__enabled", "true")]).unwrap_err();
+        assert!(e.to_string().contains("key1"));
+    }
+
+    #[test]
+    fn secrets_never_show_in_debug_output() {
+        let c = cfg(&[
+            ("inbound__clientAuth__sasKeys__enabled", "true"),
+            ("inbound__clientAuth__sasKeys__key1", "topsecret"),
+        ])
+        .unwrap();
+        assert!(!format!("{c:?}").contains("topsecret"));
+    }
+
+    #[test]
+    fn unknown_setting_keys_are_reported() {
+        let c = cfg(&[("broker__defaultMaxDeliveryAtempts", "3"), ("PATH", "/bin")]).unwrap();
+        assert_eq!(
+            c.unknown_keys,
+            vec!["broker__defaultMaxDeliveryAtempts".to_string()]
+        );
+    }
+
+    #[test]
+    fn iot_edge_identity_is_read() {
+        let c = cfg(&[
+            (
+                "IOTEDGE_IOTHUBHOSTNAME",
+                "eg-iot-edge-hub.azure-devices.net",
+            ),
+            ("IOTEDGE_DEVICEID", "eg-edge-device"),
+            ("IOTEDGE_MODULEID", "eventgridmodule"),
+        ])
+        .unwrap();
+        assert_eq!(c.edge.hub_name, "eg-iot-edge-hub");
+        assert_eq!(c.edge.device_id, "eg-edge-device");
+        assert_eq!(c.edge.module_id, "eventgridmodule");
+        assert!(!c.edge.is_iot_edge());
+    }
+}

@@ -1,0 +1,302 @@
+//! One task per subscription: picks batches from its [`SubQueue`], sends them through its
+//! [`Sink`], and applies [`retry::next_step`] to every outcome.
+//!
+//! The task owns its in-flight sends (a `JoinSet`): deleting the subscription aborts the task and
+//! with it every send. Completions are processed by the task itself, so queue state has a single
+//! writer besides `publish` pushing to the ready lane.
+//!
+//! Isolation: a subscription can hold at most `max_in_flight` requests (a quarter of them
+//! retries) and every request also needs a permit from the broker-wide semaphore; a hanging
+//! endpoint therefore ties up only its own slots.
+
+use super::queue::{Batch, Limits, Pending, SubQueue};
+use super::retry::{self, DropReason, Step};
+use super::sink::{DeliveryRequest, Outcome, Sink};
+use crate::clock::Clock;
+use crate::metrics::SubscriptionMetrics;
+use crate::model::subscription::{EffectivePolicy, Subscription};
+use crate::store::{QueueId, RetryState, Store};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+/// Everything about a subscription that a PUT may change, swapped as a whole.
+pub struct SubConfig {
+    /// The subscription as created/updated.
+    pub sub: Subscription,
+    /// Retry limits in force.
+    pub policy: EffectivePolicy,
+    /// Batch caps `(events, bytes)`.
+    pub caps: (usize, usize),
+    /// Where batches go.
+    pub sink: Arc<dyn Sink>,
+}
+
+/// Broker-wide pieces every dispatcher uses.
+pub struct EngineCtx {
+    /// Clock (wall ms for TTL, tokio time for timers).
+    pub clock: Clock,
+    /// Durable copy of persisted subscriptions' events.
+    pub store: Arc<dyn Store>,
+    /// Broker-wide in-flight bound.
+    pub global: Arc<Semaphore>,
+    /// Per-subscription in-flight bound.
+    pub max_in_flight: usize,
+    /// Log each successful delivery.
+    pub log_success: bool,
+}
+
+/// State shared between the broker (publish, API) and the subscription's task.
+pub struct SubShared {
+    /// Store queue id.
+    pub queue_id: QueueId,
+    /// Topic name.
+    pub topic: Arc<str>,
+    /// Subscription name.
+    pub name: Arc<str>,
+    /// Current configuration.
+    pub config: RwLock<Arc<SubConfig>>,
+    /// The queue (short critical sections only, never across an await).
+    pub queue: Mutex<SubQueue>,
+    /// Wakes the task: new events, or a slot freed.
+    pub notify: Notify,
+    /// Metrics.
+    pub metrics: SubscriptionMetrics,
+}
+
+impl SubShared {
+    /// Current configuration snapshot.
+    pub fn config(&self) -> Arc<SubConfig> {
+        match self.config.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Replace the configuration (PUT on an existing subscription).
+    pub fn set_config(&self, c: SubConfig) {
+        let mut g = match self.config.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        *g = Arc::new(c);
+        drop(g);
+        self.notify.notify_one();
+    }
+
+    /// Lock the queue. Every critical section is a few map operations with no await and no
+    /// panic path, so a poisoned lock still holds consistent data.
+    pub fn queue(&self) -> std::sync::MutexGuard<'_, SubQueue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Aborts a task when dropped (every task has an owner).
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Start the subscription's task.
+pub fn spawn(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) -> AbortOnDrop {
+    AbortOnDrop(tokio::spawn(run(shared, ctx)))
+}
+
+type SendResult = (Batch, Outcome, Duration);
+
+async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
+    let mut in_flight: JoinSet<SendResult> = JoinSet::new();
+    loop {
+        // Send everything that can go now.
+        loop {
+            let cfg = shared.config();
+            let lim = Limits {
+                max_events: cfg.caps.0,
+                max_bytes: cfg.caps.1,
+                max_in_flight: ctx.max_in_flight,
+                retry_cap: (ctx.max_in_flight / 4).max(1),
+            };
+            let now_ms = ctx.clock.now_ms();
+            let mut expired = Vec::new();
+            let picked = shared.queue().pick(
+                Instant::now(),
+                &lim,
+                |p| retry::is_expired(&cfg.policy, p.first_enqueued_ms, now_ms),
+                &mut expired,
+            );
+            if !expired.is_empty() {
+                drop_events(&shared, &ctx, expired, DropReason::Expired);
+            }
+            let Some(mut batch) = picked else { break };
+            let Ok(permit) = ctx.global.clone().acquire_owned().await else {
+                return; // semaphore closed: the broker is shutting down
+            };
+            let now = Instant::now();
+            for p in &mut batch.items {
+                if p.attempts == 0 {
+                    let delay = now.saturating_duration_since(p.enqueued_at);
+                    shared
+                        .metrics
+                        .system_delay_for_first_attempt_ms
+                        .observe_ms(delay.as_millis() as u64);
+                }
+                p.attempts += 1;
+            }
+            let req = DeliveryRequest {
+                topic: shared.topic.clone(),
+                subscription: shared.name.clone(),
+                schema: cfg.sub.delivery_schema,
+                events: batch.items.iter().map(|p| p.event.body.clone()).collect(),
+                attempt: batch.items.first().map(|p| p.attempts).unwrap_or(1),
+                batch_id: batch.items.first().map(|p| p.seq).unwrap_or(0),
+            };
+            in_flight.spawn(send(cfg.sink.clone(), req, batch, permit));
+        }
+        let next_due = shared.queue().next_due();
+        tokio::select! {
+            _ = shared.notify.notified() => {}
+            Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
+                match done {
+                    Ok((batch, outcome, latency)) => settle(&shared, &ctx, batch, outcome, latency),
+                    Err(e) if e.is_panic() => tracing::error!(subscription = %shared.name, "delivery task panicked"),
+                    Err(_) => {}
+                }
+            }
+            _ = sleep_until_opt(next_due) => {}
+        }
+    }
+}
+
+async fn sleep_until_opt(due: Option<Instant>) {
+    match due {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn send(
+    sink: Arc<dyn Sink>,
+    req: DeliveryRequest,
+    batch: Batch,
+    permit: OwnedSemaphorePermit,
+) -> SendResult {
+    let started = Instant::now();
+    let outcome = sink.send(&req).await;
+    drop(permit);
+    (batch, outcome, started.elapsed())
+}
+
+/// Apply an attempt's outcome to its batch.
+fn settle(shared: &SubShared, ctx: &EngineCtx, batch: Batch, outcome: Outcome, latency: Duration) {
+    let cfg = shared.config();
+    let m = &shared.metrics;
+    let n = batch.items.len() as u64;
+    m.delivery_attempts_count.add(n);
+    let ms = latency.as_millis() as u64;
+    let persisted = cfg.sub.persisted;
+    if outcome == Outcome::Delivered {
+        m.delivery_success_counts.add(n);
+        m.delivery_success_latency_ms.observe_ms(ms);
+        if ctx.log_success {
+            tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, attempt = batch.items.first().map(|p| p.attempts), latency_ms = ms, "delivered");
+        }
+        if persisted {
+            let seqs: Vec<u64> = batch.items.iter().map(|p| p.seq).collect();
+            if let Err(e) = ctx.store.remove(shared.queue_id, &seqs) {
+                tracing::error!(subscription = %shared.name, error = %e, "could not remove delivered events from the store; they may be delivered again after a restart");
+            }
+        }
+        let mut q = shared.queue();
+        q.finish(batch.retry);
+        q.settle(batch.items.len());
+        drop(q);
+        shared.notify.notify_one();
+        return;
+    }
+    m.delivery_failure_counts.add(n);
+    m.delivery_failure_latency_ms.observe_ms(ms);
+    if let Outcome::Failed { kind, .. } = &outcome {
+        tracing::debug!(topic = %shared.topic, subscription = %shared.name, events = n, failure = %kind, "delivery attempt failed");
+    }
+    let now_ms = ctx.clock.now_ms();
+    let mut retry_items = Vec::new();
+    let mut retry_delay = Duration::ZERO;
+    let mut dropped: Vec<(DropReason, Pending)> = Vec::new();
+    for p in batch.items {
+        match retry::next_step(
+            &cfg.policy,
+            p.attempts,
+            p.first_enqueued_ms,
+            now_ms,
+            &outcome,
+        ) {
+            Step::Retry(d) => {
+                retry_delay = retry_delay.max(d);
+                retry_items.push(p);
+            }
+            Step::Drop(r) => dropped.push((r, p)),
+            Step::Done => {}
+        }
+    }
+    if persisted && !retry_items.is_empty() {
+        let seqs: Vec<u64> = retry_items.iter().map(|p| p.seq).collect();
+        let first = retry_items
+            .iter()
+            .map(|p| p.first_enqueued_ms)
+            .min()
+            .unwrap_or(now_ms);
+        let state = RetryState {
+            attempts: retry_items.first().map(|p| p.attempts).unwrap_or(0),
+            first_enqueued_ms: first,
+            due_ms: now_ms + retry_delay.as_millis() as u64,
+        };
+        if let Err(e) = ctx.store.update(shared.queue_id, &seqs, state) {
+            tracing::error!(subscription = %shared.name, error = %e, "could not persist retry state");
+        }
+    }
+    {
+        let mut q = shared.queue();
+        q.finish(batch.retry);
+        if !retry_items.is_empty() {
+            q.schedule_retry(Instant::now() + retry_delay, retry_items);
+        }
+    }
+    let mut by_reason: Vec<(DropReason, Vec<Pending>)> = Vec::new();
+    for (r, p) in dropped {
+        match by_reason.iter_mut().find(|(x, _)| *x == r) {
+            Some((_, v)) => v.push(p),
+            None => by_reason.push((r, vec![p])),
+        }
+    }
+    for (r, items) in by_reason {
+        drop_events(shared, ctx, items, r);
+    }
+    shared.notify.notify_one();
+}
+
+/// Events leave the queue undelivered: counted, logged, removed from the store.
+fn drop_events(shared: &SubShared, ctx: &EngineCtx, items: Vec<Pending>, reason: DropReason) {
+    if items.is_empty() {
+        return;
+    }
+    let n = items.len();
+    let m = &shared.metrics;
+    m.expired_counts.add(n as u64);
+    match reason {
+        DropReason::MaxAttempts => m.dropped_max_attempts.add(n as u64),
+        DropReason::Expired => m.dropped_expired.add(n as u64),
+    }
+    tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, reason = reason.as_str(), first_event_id = items.first().map(|p| &*p.event.id).unwrap_or(""), "events dropped");
+    if shared.config().sub.persisted {
+        let seqs: Vec<u64> = items.iter().map(|p| p.seq).collect();
+        if let Err(e) = ctx.store.remove(shared.queue_id, &seqs) {
+            tracing::error!(subscription = %shared.name, error = %e, "could not remove dropped events from the store");
+        }
+    }
+    shared.queue().settle(n);
+}

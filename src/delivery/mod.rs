@@ -1,0 +1,27 @@
+//! Delivery: from a subscription's queue to its destination and back.
+//!
+//! ```text
+//! broker::publish ─► SubQueue.ready ─► dispatcher (one task per subscription)
+//!                                        │ pick batch (caps, in-flight budget, retry budget)
+//!                                        ▼
+//!                                   Sink::send ─► WebHook | EventGrid | EdgeHub
+//!                                        │
+//!                                        ▼
+//!                          retry::next_step(policy, attempts, age, outcome)
+//!                             Done ─► store.remove        Retry(d) ─► SubQueue.retry (+ store.update)
+//!                             Drop(reason) ─► metrics, log, store.remove
+//! ```
+//!
+//! * [`sink`]: the `Sink` trait and outcome types (the test seam).
+//! * [`retry`]: the pure schedule/limit decision.
+//! * [`queue`]: ready lane and retry timer map.
+//! * [`dispatcher`]: the per-subscription task.
+//! * [`webhook`]: HTTP destinations.
+//! * [`sinks`]: which sink serves which destination.
+
+pub mod dispatcher;
+pub mod queue;
+pub mod retry;
+pub mod sink;
+pub mod sinks;
+pub mod webhook;

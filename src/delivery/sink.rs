@@ -1,0 +1,136 @@
+//! The seam between the engine and the outside world: a [`Sink`] sends one batch and reports an
+//! [`Outcome`]; it never decides about retries (that is [`super::retry`]'s job).
+
+use crate::model::subscription::Subscription;
+use crate::model::topic::EventSchema;
+use bytes::{BufMut, Bytes, BytesMut};
+use futures_util::future::BoxFuture;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One delivery request: a batch of events for one subscription.
+#[derive(Debug, Clone)]
+pub struct DeliveryRequest {
+    /// Topic name.
+    pub topic: Arc<str>,
+    /// Subscription name.
+    pub subscription: Arc<str>,
+    /// Delivery schema.
+    pub schema: EventSchema,
+    /// The events (each one JSON object's bytes).
+    pub events: Vec<Bytes>,
+    /// 1-based attempt number of this batch.
+    pub attempt: u32,
+    /// A stable id for this batch across its retries (first event's sequence number).
+    pub batch_id: u64,
+}
+
+impl DeliveryRequest {
+    /// The events as one JSON array (the body webhooks always get, even for one event).
+    pub fn json_array(&self) -> Bytes {
+        json_array(&self.events)
+    }
+}
+
+/// Join event objects into a JSON array without re-serialising them.
+pub fn json_array(events: &[Bytes]) -> Bytes {
+    let len: usize = events.iter().map(Bytes::len).sum::<usize>() + events.len() + 2;
+    let mut out = BytesMut::with_capacity(len);
+    out.put_u8(b'[');
+    for (i, e) in events.iter().enumerate() {
+        if i > 0 {
+            out.put_u8(b',');
+        }
+        out.put_slice(e);
+    }
+    out.put_u8(b']');
+    out.freeze()
+}
+
+/// Why an attempt failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The endpoint answered with a non-success status.
+    Status(u16),
+    /// No response within the delivery timeout.
+    Timeout,
+    /// The connection could not be made or broke.
+    Connect,
+    /// The destination type cannot be delivered to from here.
+    Unsupported(String),
+    /// Anything else (TLS, protocol).
+    Other(String),
+}
+
+impl std::fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Status(s) => write!(f, "HTTP {s}"),
+            Self::Timeout => write!(f, "timeout"),
+            Self::Connect => write!(f, "connection failed"),
+            Self::Unsupported(m) => write!(f, "unsupported: {m}"),
+            Self::Other(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+/// The result of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Accepted by the destination (HTTP 200–204, MQTT PUBACK).
+    Delivered,
+    /// Not accepted.
+    Failed {
+        /// Why.
+        kind: FailureKind,
+        /// A `Retry-After` the endpoint asked for.
+        retry_after: Option<Duration>,
+    },
+}
+
+impl Outcome {
+    /// A failure without `Retry-After`.
+    pub fn failed(kind: FailureKind) -> Self {
+        Self::Failed {
+            kind,
+            retry_after: None,
+        }
+    }
+}
+
+/// Sends batches to one destination.
+pub trait Sink: Send + Sync + 'static {
+    /// Send one batch; never panics, every failure is an [`Outcome::Failed`].
+    fn send<'a>(&'a self, req: &'a DeliveryRequest) -> BoxFuture<'a, Outcome>;
+}
+
+/// Builds the sink for a subscription's destination.
+pub trait SinkFactory: Send + Sync + 'static {
+    /// The sink for `sub`. Called when a subscription is created or updated.
+    fn create(&self, sub: &Subscription) -> Arc<dyn Sink>;
+}
+
+/// A sink for destinations this build cannot reach (e.g. Event Hubs without the cloud): every
+/// attempt fails with a clear reason, and the retry policy decides what happens next.
+pub struct UnsupportedSink(pub String);
+
+impl Sink for UnsupportedSink {
+    fn send<'a>(&'a self, _req: &'a DeliveryRequest) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move { Outcome::failed(FailureKind::Unsupported(self.0.clone())) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_array_joins_without_reserialising() {
+        let a = json_array(&[
+            Bytes::from_static(b"{\"a\":1.50}"),
+            Bytes::from_static(b"{}"),
+        ]);
+        assert_eq!(&a[..], b"[{\"a\":1.50},{}]");
+        assert_eq!(&json_array(&[])[..], b"[]");
+    }
+}

@@ -1,0 +1,176 @@
+//! The API's one error type and its only mapping to HTTP.
+//!
+//! Every failure a client can see goes through [`ApiError`], rendered as the documented body
+//! `{"error":{"code":"<status name>","message":"…","details":{"code":"<detail>","message":"…"}}}`
+//! (`details` is an object, as on the edge; `error.message` is added for cloud-style clients).
+//! 5xx bodies never echo internals: the cause is logged, the client gets a generic message.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::time::Duration;
+
+/// An error answered to an API client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable detailed code (`details.code`), e.g. `InvalidDestination`.
+    pub detail: &'static str,
+    /// Human-readable message.
+    pub message: String,
+    /// `Retry-After` seconds, for 503/507.
+    pub retry_after: Option<Duration>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, detail: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            detail,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 400 with a detailed code.
+    pub fn bad_request(detail: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, detail, message)
+    }
+
+    /// 401.
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "Unauthorized",
+            "the request carries no valid aeg-sas-key header or client certificate",
+        )
+    }
+
+    /// 404.
+    pub fn not_found(detail: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, detail, message)
+    }
+
+    /// 413.
+    pub fn payload_too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "PayloadTooLarge",
+            format!("the request body exceeds the limit of {limit} bytes"),
+        )
+    }
+
+    /// 415.
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            message,
+        )
+    }
+
+    /// 503 with `Retry-After`: a bounded queue or resource is full; nothing was accepted.
+    pub fn unavailable(message: impl Into<String>, retry_after: Duration) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            message,
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    /// 507 with `Retry-After`: the event store reached its disk bound; nothing was accepted.
+    pub fn insufficient_storage(message: impl Into<String>, retry_after: Duration) -> Self {
+        let mut e = Self::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "InsufficientStorage",
+            message,
+        );
+        e.retry_after = Some(retry_after);
+        e
+    }
+
+    /// 500. The cause is logged here; the client sees a generic message.
+    pub fn internal(cause: &dyn std::fmt::Display) -> Self {
+        tracing::error!(%cause, "internal error answering a request");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            "the broker failed to process the request; see its log",
+        )
+    }
+
+    /// Whether this is the client's fault (4xx), for the `UserErrorRequests` metric.
+    pub fn is_user_error(&self) -> bool {
+        self.status.is_client_error()
+    }
+
+    /// The documented JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        let code = status_name(self.status);
+        serde_json::json!({
+            "error": {
+                "code": code,
+                "message": self.message,
+                "details": { "code": self.detail, "message": self.message }
+            }
+        })
+    }
+}
+
+/// .NET-style status names, as the original put in `error.code` (`BadRequest`, `NotFound`, …).
+fn status_name(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        405 => "MethodNotAllowed",
+        409 => "Conflict",
+        413 => "PayloadTooLarge",
+        415 => "UnsupportedMediaType",
+        503 => "ServiceUnavailable",
+        507 => "InsufficientStorage",
+        _ => "InternalServerError",
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.detail,
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        if let Some(after) = self.retry_after {
+            if let Ok(v) = HeaderValue::from_str(&after.as_secs().max(1).to_string()) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_the_documented_shape() {
+        let b = ApiError::bad_request("InvalidDestination", "nope").body();
+        assert_eq!(b["error"]["code"], "BadRequest");
+        assert_eq!(b["error"]["details"]["code"], "InvalidDestination");
+        assert_eq!(b["error"]["details"]["message"], "nope");
+    }
+}

@@ -1,0 +1,661 @@
+//! Subscription filters, compiled once when the subscription is created and evaluated per event.
+//!
+//! Semantics (contract §3.2):
+//! * `subjectBeginsWith` / `subjectEndsWith`: plain prefix/suffix; case-insensitive unless
+//!   `isSubjectCaseSensitive`.
+//! * `includedEventTypes`: the event type must be one of them (case-insensitive); absent, empty or
+//!   the legacy `"all"` = every type.
+//! * Advanced filters are AND-ed; the values inside one filter are OR-ed, except `NumberNotIn` and
+//!   `StringNotIn`, which require the value to differ from **all** of them.
+//! * Numbers compare as decimals (no float rounding), strings case-insensitively. A key that is
+//!   missing, of another JSON type, or an **array** makes the filter fail.
+//! * Keys are dotted paths resolved case-insensitively (`Data.Key1` finds `data.key1`).
+//!
+//! Filters are pure: no I/O, no clock. Property tests below check the algebra.
+
+use crate::error::ApiError;
+use crate::model::json::{loose_bool, Obj};
+use rust_decimal::Decimal;
+use serde_json::{json, Map, Value};
+use std::cmp::Ordering;
+use std::str::FromStr;
+
+/// Most advanced filters per subscription.
+pub const MAX_ADVANCED_FILTERS: usize = 25;
+/// Most values in one advanced filter.
+pub const MAX_VALUES: usize = 25;
+/// Longest string value or key.
+pub const MAX_STRING_LEN: usize = 512;
+
+/// The 12 advanced operators of Event Grid on IoT Edge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operator {
+    /// Value is one of the numbers.
+    NumberIn,
+    /// Value is none of the numbers.
+    NumberNotIn,
+    /// `<`.
+    NumberLessThan,
+    /// `>`.
+    NumberGreaterThan,
+    /// `<=`.
+    NumberLessThanOrEquals,
+    /// `>=`.
+    NumberGreaterThanOrEquals,
+    /// Boolean equality.
+    BoolEquals,
+    /// Value is one of the strings.
+    StringIn,
+    /// Value is none of the strings.
+    StringNotIn,
+    /// Value begins with one of the strings.
+    StringBeginsWith,
+    /// Value ends with one of the strings.
+    StringEndsWith,
+    /// Value contains one of the strings.
+    StringContains,
+}
+
+const OPERATORS: &[(&str, Operator)] = &[
+    ("NumberIn", Operator::NumberIn),
+    ("NumberNotIn", Operator::NumberNotIn),
+    ("NumberLessThan", Operator::NumberLessThan),
+    ("NumberGreaterThan", Operator::NumberGreaterThan),
+    ("NumberLessThanOrEquals", Operator::NumberLessThanOrEquals),
+    (
+        "NumberGreaterThanOrEquals",
+        Operator::NumberGreaterThanOrEquals,
+    ),
+    ("BoolEquals", Operator::BoolEquals),
+    ("StringIn", Operator::StringIn),
+    ("StringNotIn", Operator::StringNotIn),
+    ("StringBeginsWith", Operator::StringBeginsWith),
+    ("StringEndsWith", Operator::StringEndsWith),
+    ("StringContains", Operator::StringContains),
+];
+
+impl Operator {
+    fn name(self) -> &'static str {
+        OPERATORS
+            .iter()
+            .find(|(_, o)| *o == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("Unknown")
+    }
+    fn parse(s: &str) -> Option<Self> {
+        OPERATORS
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(s.trim()))
+            .map(|(_, o)| *o)
+    }
+    fn is_multi(self) -> bool {
+        use Operator::*;
+        matches!(
+            self,
+            NumberIn
+                | NumberNotIn
+                | StringIn
+                | StringNotIn
+                | StringBeginsWith
+                | StringEndsWith
+                | StringContains
+        )
+    }
+}
+
+/// A number compared as a decimal; values outside `Decimal`'s range (±7.9e28) fall back to `f64`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Num {
+    /// Exact.
+    Dec(Decimal),
+    /// Out of decimal range.
+    Float(f64),
+}
+
+impl Num {
+    /// Parse a JSON number (its original text, thanks to `arbitrary_precision`).
+    pub fn from_json(n: &serde_json::Number) -> Option<Self> {
+        let text = n.to_string();
+        Decimal::from_str(&text)
+            .or_else(|_| Decimal::from_scientific(&text))
+            .map(Num::Dec)
+            .ok()
+            .or_else(|| n.as_f64().filter(|f| f.is_finite()).map(Num::Float))
+    }
+
+    fn as_f64(self) -> f64 {
+        match self {
+            Num::Dec(d) => d.to_string().parse().unwrap_or(f64::NAN),
+            Num::Float(f) => f,
+        }
+    }
+
+    fn compare(self, other: Num) -> Option<Ordering> {
+        match (self, other) {
+            (Num::Dec(a), Num::Dec(b)) => Some(a.cmp(&b)),
+            (a, b) => a.as_f64().partial_cmp(&b.as_f64()),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Operand {
+    Numbers(Vec<Num>),
+    Bool(bool),
+    /// Lowercased.
+    Strings(Vec<String>),
+}
+
+/// One advanced filter.
+#[derive(Debug, Clone)]
+pub struct AdvancedFilter {
+    operator: Operator,
+    /// As supplied (echoed).
+    key: String,
+    /// Lowercased path segments.
+    path: Vec<String>,
+    operand: Operand,
+    /// The values as supplied, for the echo.
+    echo: Value,
+}
+
+/// A compiled subscription filter.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    subject_begins_with: Option<String>,
+    subject_ends_with: Option<String>,
+    case_sensitive: bool,
+    /// Lowercased; `None` = all.
+    included_event_types: Option<Vec<String>>,
+    /// As supplied, for the echo.
+    included_echo: Option<Vec<String>>,
+    advanced: Vec<AdvancedFilter>,
+}
+
+fn bad_filter(msg: impl Into<String>) -> ApiError {
+    ApiError::bad_request("InvalidFilter", msg.into())
+}
+
+/// Twins encode arrays as JSON strings (`"[\"a\",\"b\"]"`): accept both.
+fn array_or_encoded(v: &Value, field: &str) -> Result<Vec<Value>, ApiError> {
+    match v {
+        Value::Array(a) => Ok(a.clone()),
+        Value::String(s) => match serde_json::from_str::<Value>(s) {
+            Ok(Value::Array(a)) => Ok(crate::model::json::lower_keys(Value::Array(a))
+                .as_array()
+                .cloned()
+                .unwrap_or_default()),
+            _ => Err(bad_filter(format!("{field} must be an array"))),
+        },
+        _ => Err(bad_filter(format!("{field} must be an array"))),
+    }
+}
+
+fn check_len(s: &str, field: &str) -> Result<(), ApiError> {
+    if s.len() > MAX_STRING_LEN {
+        return Err(bad_filter(format!(
+            "{field} is longer than {MAX_STRING_LEN} characters"
+        )));
+    }
+    Ok(())
+}
+
+impl AdvancedFilter {
+    fn parse(v: &Value, i: usize) -> Result<Self, ApiError> {
+        let path = format!("advancedFilters[{i}]");
+        let o = Obj::new(v, "advancedFilters[]")
+            .map_err(|_| bad_filter(format!("{path} must be an object")))?;
+        let op_name = o
+            .str("operatortype")?
+            .ok_or_else(|| bad_filter(format!("{path}.operatorType is required")))?;
+        let operator = Operator::parse(op_name).ok_or_else(|| {
+            let names: Vec<&str> = OPERATORS.iter().map(|(n, _)| *n).collect();
+            bad_filter(format!(
+                "{path}.operatorType '{op_name}' is not one of {}",
+                names.join(", ")
+            ))
+        })?;
+        let key = o
+            .str("key")?
+            .filter(|k| !k.trim().is_empty())
+            .ok_or_else(|| bad_filter(format!("{path}.key is required")))?;
+        check_len(key, &format!("{path}.key"))?;
+        let raw_values: Vec<Value> = if operator.is_multi() {
+            let v = o
+                .get("values")
+                .or_else(|| o.get("value").filter(|v| v.is_array()))
+                .ok_or_else(|| {
+                    bad_filter(format!("{path}.values is required for {}", operator.name()))
+                })?;
+            let vals = array_or_encoded(v, &format!("{path}.values"))?;
+            if vals.is_empty() || vals.len() > MAX_VALUES {
+                return Err(bad_filter(format!(
+                    "{path}.values must hold 1 to {MAX_VALUES} values"
+                )));
+            }
+            vals
+        } else {
+            match o.get("value") {
+                Some(v) => vec![v.clone()],
+                None => match o.get("values").and_then(Value::as_array) {
+                    Some(a) if a.len() == 1 => a.clone(),
+                    _ => {
+                        return Err(bad_filter(format!(
+                            "{path}.value is required for {}",
+                            operator.name()
+                        )))
+                    }
+                },
+            }
+        };
+        use Operator::*;
+        let operand = match operator {
+            NumberIn
+            | NumberNotIn
+            | NumberLessThan
+            | NumberGreaterThan
+            | NumberLessThanOrEquals
+            | NumberGreaterThanOrEquals => {
+                let nums = raw_values
+                    .iter()
+                    .map(|v| match v {
+                        Value::Number(n) => Num::from_json(n),
+                        Value::String(s) => serde_json::from_str::<serde_json::Number>(s.trim())
+                            .ok()
+                            .and_then(|n| Num::from_json(&n)),
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
+                        bad_filter(format!(
+                            "{path} values must be numbers for {}",
+                            operator.name()
+                        ))
+                    })?;
+                Operand::Numbers(nums)
+            }
+            BoolEquals => {
+                Operand::Bool(raw_values.first().and_then(loose_bool).ok_or_else(|| {
+                    bad_filter(format!("{path}.value must be true or false for BoolEquals"))
+                })?)
+            }
+            StringIn | StringNotIn | StringBeginsWith | StringEndsWith | StringContains => {
+                let mut out = Vec::with_capacity(raw_values.len());
+                for v in &raw_values {
+                    let s = v.as_str().ok_or_else(|| {
+                        bad_filter(format!(
+                            "{path} values must be strings for {}",
+                            operator.name()
+                        ))
+                    })?;
+                    check_len(s, &format!("{path}.values"))?;
+                    out.push(s.to_lowercase());
+                }
+                Operand::Strings(out)
+            }
+        };
+        let echo = if operator.is_multi() {
+            Value::Array(raw_values)
+        } else {
+            raw_values.into_iter().next().unwrap_or(Value::Null)
+        };
+        Ok(Self {
+            operator,
+            key: key.to_string(),
+            path: key.split('.').map(str::to_ascii_lowercase).collect(),
+            operand,
+            echo,
+        })
+    }
+
+    fn matches(&self, event: &Map<String, Value>) -> bool {
+        let Some(v) = lookup(event, &self.path) else {
+            return false;
+        };
+        use Operator::*;
+        match (&self.operand, v) {
+            (Operand::Numbers(nums), Value::Number(n)) => {
+                let Some(x) = Num::from_json(n) else {
+                    return false;
+                };
+                let cmp = |y: &Num| x.compare(*y);
+                match self.operator {
+                    NumberIn => nums.iter().any(|y| cmp(y) == Some(Ordering::Equal)),
+                    NumberNotIn => nums.iter().all(|y| cmp(y) != Some(Ordering::Equal)),
+                    NumberLessThan => nums.iter().any(|y| cmp(y) == Some(Ordering::Less)),
+                    NumberGreaterThan => nums.iter().any(|y| cmp(y) == Some(Ordering::Greater)),
+                    NumberLessThanOrEquals => nums
+                        .iter()
+                        .any(|y| matches!(cmp(y), Some(Ordering::Less | Ordering::Equal))),
+                    NumberGreaterThanOrEquals => nums
+                        .iter()
+                        .any(|y| matches!(cmp(y), Some(Ordering::Greater | Ordering::Equal))),
+                    _ => false,
+                }
+            }
+            (Operand::Bool(b), Value::Bool(x)) => b == x,
+            (Operand::Strings(strs), Value::String(s)) => {
+                let s = s.to_lowercase();
+                match self.operator {
+                    StringIn => strs.iter().any(|y| s == *y),
+                    StringNotIn => strs.iter().all(|y| s != *y),
+                    StringBeginsWith => strs.iter().any(|y| s.starts_with(y.as_str())),
+                    StringEndsWith => strs.iter().any(|y| s.ends_with(y.as_str())),
+                    StringContains => strs.iter().any(|y| s.contains(y.as_str())),
+                    _ => false,
+                }
+            }
+            // Missing key, another JSON type, or an array: the filter fails.
+            _ => false,
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        let value_key = if self.operator.is_multi() {
+            "values"
+        } else {
+            "value"
+        };
+        json!({ "operatorType": self.operator.name(), "key": self.key, value_key: self.echo })
+    }
+}
+
+/// Resolve a dotted path, each segment case-insensitively (exact match first).
+fn lookup<'a>(event: &'a Map<String, Value>, path: &[String]) -> Option<&'a Value> {
+    let mut cur = event;
+    let (last, parents) = path.split_last()?;
+    for seg in parents {
+        cur = get_ci(cur, seg)?.as_object()?;
+    }
+    get_ci(cur, last).filter(|v| !v.is_null())
+}
+
+fn get_ci<'a>(m: &'a Map<String, Value>, lower: &str) -> Option<&'a Value> {
+    m.get(lower).or_else(|| {
+        m.iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(lower))
+            .map(|(_, v)| v)
+    })
+}
+
+/// What a filter sees of an event.
+pub struct EventView<'a> {
+    /// The event object.
+    pub object: &'a Map<String, Value>,
+    /// Its subject, if the schema has one.
+    pub subject: Option<&'a str>,
+    /// Its type (`eventType` / CloudEvents `type`).
+    pub event_type: Option<&'a str>,
+}
+
+impl Filter {
+    /// Parse a `filter` object (keys already lowercased).
+    ///
+    /// # Errors
+    /// 400 `InvalidFilter` naming the offending part.
+    pub fn parse(f: &Obj<'_>) -> Result<Self, ApiError> {
+        let subject_begins_with = f.str("subjectbeginswith")?.map(str::to_string);
+        let subject_ends_with = f.str("subjectendswith")?.map(str::to_string);
+        for s in subject_begins_with.iter().chain(subject_ends_with.iter()) {
+            check_len(s, "subject filter")?;
+        }
+        let case_sensitive = f
+            .bool("issubjectcasesensitive", "isSubjectCaseSensitive")?
+            .unwrap_or(false);
+        let types_value = f.get("includedeventtypes").or_else(|| f.get("eventtypes"));
+        let included_echo = match types_value {
+            None => None,
+            Some(v) => {
+                let arr = array_or_encoded(v, "includedEventTypes")?;
+                let mut out = Vec::with_capacity(arr.len());
+                for t in arr {
+                    let s = t.as_str().ok_or_else(|| {
+                        bad_filter("includedEventTypes must be an array of strings")
+                    })?;
+                    check_len(s, "includedEventTypes")?;
+                    out.push(s.to_string());
+                }
+                Some(out)
+            }
+        };
+        let included_event_types = included_echo.as_ref().and_then(|types| {
+            if types.is_empty() || types.iter().any(|t| t.eq_ignore_ascii_case("all")) {
+                None
+            } else {
+                Some(types.iter().map(|t| t.to_lowercase()).collect())
+            }
+        });
+        let advanced = match f.get("advancedfilters") {
+            None => Vec::new(),
+            Some(v) => {
+                let arr = array_or_encoded(v, "advancedFilters")?;
+                if arr.len() > MAX_ADVANCED_FILTERS {
+                    return Err(bad_filter(format!(
+                        "at most {MAX_ADVANCED_FILTERS} advanced filters"
+                    )));
+                }
+                arr.iter()
+                    .enumerate()
+                    .map(|(i, v)| AdvancedFilter::parse(v, i))
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+        };
+        Ok(Self {
+            subject_begins_with,
+            subject_ends_with,
+            case_sensitive,
+            included_event_types,
+            included_echo,
+            advanced,
+        })
+    }
+
+    /// Whether the event passes.
+    pub fn matches(&self, ev: &EventView<'_>) -> bool {
+        if let Some(types) = &self.included_event_types {
+            match ev.event_type {
+                Some(t) => {
+                    let t = t.to_lowercase();
+                    if !types.iter().any(|x| *x == t) {
+                        return false;
+                    }
+                }
+                None => return false,
+            }
+        }
+        if self.subject_begins_with.is_some() || self.subject_ends_with.is_some() {
+            let Some(subject) = ev.subject else {
+                return false;
+            };
+            let ok = if self.case_sensitive {
+                self.subject_begins_with
+                    .as_deref()
+                    .is_none_or(|p| subject.starts_with(p))
+                    && self
+                        .subject_ends_with
+                        .as_deref()
+                        .is_none_or(|p| subject.ends_with(p))
+            } else {
+                let s = subject.to_lowercase();
+                self.subject_begins_with
+                    .as_deref()
+                    .is_none_or(|p| s.starts_with(&p.to_lowercase()))
+                    && self
+                        .subject_ends_with
+                        .as_deref()
+                        .is_none_or(|p| s.ends_with(&p.to_lowercase()))
+            };
+            if !ok {
+                return false;
+            }
+        }
+        self.advanced.iter().all(|a| a.matches(ev.object))
+    }
+
+    /// The filter as echoed (canonical camelCase).
+    pub fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        if let Some(s) = &self.subject_begins_with {
+            m.insert("subjectBeginsWith".into(), json!(s));
+        }
+        if let Some(s) = &self.subject_ends_with {
+            m.insert("subjectEndsWith".into(), json!(s));
+        }
+        m.insert("isSubjectCaseSensitive".into(), json!(self.case_sensitive));
+        if let Some(t) = &self.included_echo {
+            m.insert("includedEventTypes".into(), json!(t));
+        }
+        if !self.advanced.is_empty() {
+            m.insert(
+                "advancedFilters".into(),
+                Value::Array(self.advanced.iter().map(AdvancedFilter::to_json).collect()),
+            );
+        }
+        Value::Object(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::json::lower_keys;
+    use proptest::prelude::*;
+
+    fn filter(v: Value) -> Filter {
+        let v = lower_keys(v);
+        Filter::parse(&Obj::new(&v, "filter").unwrap()).unwrap()
+    }
+
+    fn event(v: &Value) -> EventView<'_> {
+        let o = v.as_object().unwrap();
+        EventView {
+            object: o,
+            subject: o.get("subject").and_then(Value::as_str),
+            event_type: o.get("eventType").and_then(Value::as_str),
+        }
+    }
+
+    fn adv(op: &str, key: &str, vk: &str, v: Value) -> Filter {
+        filter(json!({"advancedFilters":[{"operatorType":op,"key":key,vk:v}]}))
+    }
+
+    #[test]
+    fn checklist_43_semantics() {
+        let ev = json!({"subject":"/blobServices/default/containers/container1/blobs/x","eventType":"Blob",
+                        "data":{"key1":3,"n":4.56,"arr":[1,2],"s":"Hello","b":true}});
+        assert!(
+            adv("StringContains", "Subject", "values", json!(["CONTAINER1"])).matches(&event(&ev))
+        );
+        let cs = filter(json!({"isSubjectCaseSensitive":true,"subjectBeginsWith":"A"}));
+        assert!(!cs.matches(&event(&json!({"subject":"abc"}))));
+        assert!(cs.matches(&event(&json!({"subject":"Abc"}))));
+        let not_in = adv("NumberNotIn", "data.key1", "values", json!([2, 3]));
+        assert!(!not_in.matches(&event(&ev)));
+        assert!(not_in.matches(&event(&json!({"data":{"key1":4}}))));
+        assert!(adv("NumberIn", "data.n", "values", json!([4.56])).matches(&event(&ev)));
+        assert!(!adv("NumberIn", "data.arr", "values", json!([1])).matches(&event(&ev)));
+        assert!(adv("NumberIn", "Data.Key1", "values", json!([3])).matches(&event(&ev)));
+        assert!(adv("BoolEquals", "data.b", "value", json!(true)).matches(&event(&ev)));
+        assert!(adv("StringIn", "data.s", "values", json!(["hello"])).matches(&event(&ev)));
+        assert!(
+            !adv("StringNotIn", "data.s", "values", json!(["x", "HELLO"])).matches(&event(&ev))
+        );
+        assert!(!adv("StringIn", "data.missing", "values", json!(["x"])).matches(&event(&ev)));
+        assert!(!adv("NumberGreaterThan", "data.s", "value", json!(1)).matches(&event(&ev)));
+    }
+
+    #[test]
+    fn decimals_do_not_round_like_floats() {
+        // As f64 these two are the same number; as decimals they differ.
+        let ev: Value = serde_json::from_str(r#"{"data":{"x":0.30000000000000001}}"#).unwrap();
+        let f = |op: &str, vk: &str, v: &str| {
+            filter(
+                serde_json::from_str(&format!(
+                    r#"{{"advancedFilters":[{{"operatorType":"{op}","key":"data.x","{vk}":{v}}}]}}"#
+                ))
+                .unwrap(),
+            )
+        };
+        assert!(!f("NumberIn", "values", "[0.3]").matches(&event(&ev)));
+        assert!(f("NumberGreaterThan", "value", "0.3").matches(&event(&ev)));
+        assert!(f("NumberIn", "values", "[0.30000000000000001]").matches(&event(&ev)));
+    }
+
+    #[test]
+    fn included_event_types_and_twin_encoding() {
+        let f = filter(json!({"includedEventTypes":"[\"et1\",\"ET2\"]"}));
+        assert!(f.matches(&event(&json!({"eventType":"et2"}))));
+        assert!(!f.matches(&event(&json!({"eventType":"et3"}))));
+        let all = filter(json!({"includedEventTypes":["all"]}));
+        assert!(all.matches(&event(&json!({"eventType":"anything"}))));
+        let tw = filter(
+            json!({"advancedFilters":"[{\"value\":true,\"operatorType\":\"BoolEquals\",\"key\":\"data.b\"}]"}),
+        );
+        assert!(tw.matches(&event(&json!({"data":{"b":true}}))));
+    }
+
+    #[test]
+    fn pascal_case_keys_and_unknown_operator() {
+        let f = filter(
+            json!({"advancedFilters":[{"OperatorType":"NumberGreaterThanOrEquals","Key":"Data.Key1","Value":5}]}),
+        );
+        assert!(f.matches(&event(&json!({"data":{"key1":5}}))));
+        let v = lower_keys(
+            json!({"advancedFilters":[{"operatorType":"NumberBetween","key":"a","value":1}]}),
+        );
+        assert!(Filter::parse(&Obj::new(&v, "filter").unwrap()).is_err());
+    }
+
+    #[test]
+    fn echo_reparses_to_the_same_echo() {
+        let f = filter(json!({"subjectBeginsWith":"a","includedEventTypes":["x"],
+            "advancedFilters":[{"operatorType":"StringIn","key":"data.s","values":["A"]},
+                               {"operatorType":"NumberLessThan","key":"data.n","value":10}]}));
+        let again = filter(f.to_json());
+        assert_eq!(f.to_json(), again.to_json());
+    }
+
+    proptest! {
+        /// NotIn is exactly the negation of In for any present number.
+        #[test]
+        fn number_not_in_is_the_negation_of_in(x in -1000i64..1000, vals in proptest::collection::vec(-1000i64..1000, 1..8)) {
+            let ev = json!({"data":{"x":x}});
+            let a = adv("NumberIn", "data.x", "values", json!(vals)).matches(&event(&ev));
+            let b = adv("NumberNotIn", "data.x", "values", json!(vals)).matches(&event(&ev));
+            prop_assert_ne!(a, b);
+        }
+
+        /// Strings compare case-insensitively: changing the event's case never changes the result.
+        #[test]
+        fn string_ops_ignore_case(s in "[a-zA-Z]{0,12}", v in "[a-zA-Z]{1,4}") {
+            for op in ["StringIn", "StringBeginsWith", "StringEndsWith", "StringContains", "StringNotIn"] {
+                let f = adv(op, "data.s", "values", json!([v]));
+                let lower = f.matches(&event(&json!({"data":{"s": s.to_lowercase()}})));
+                let upper = f.matches(&event(&json!({"data":{"s": s.to_uppercase()}})));
+                prop_assert_eq!(lower, upper);
+            }
+        }
+
+        /// Advanced filters AND: the combination matches iff each alone matches.
+        #[test]
+        fn advanced_filters_are_anded(x in -50i64..50, a in -50i64..50, b in -50i64..50) {
+            let ev = json!({"data":{"x":x}});
+            let fa = adv("NumberGreaterThan", "data.x", "value", json!(a)).matches(&event(&ev));
+            let fb = adv("NumberLessThan", "data.x", "value", json!(b)).matches(&event(&ev));
+            let both = filter(json!({"advancedFilters":[
+                {"operatorType":"NumberGreaterThan","key":"data.x","value":a},
+                {"operatorType":"NumberLessThan","key":"data.x","value":b}]})).matches(&event(&ev));
+            prop_assert_eq!(both, fa && fb);
+        }
+
+        /// Any JSON under an advanced key never panics, and arrays never match.
+        #[test]
+        fn arrays_never_match(vals in proptest::collection::vec(-5i64..5, 0..4)) {
+            let ev = json!({"data":{"x": vals}});
+            for (op, vk, v) in [("NumberIn","values",json!([1])),("NumberNotIn","values",json!([1])),
+                                ("StringNotIn","values",json!(["a"])),("BoolEquals","value",json!(true))] {
+                prop_assert!(!adv(op, "data.x", vk, v).matches(&event(&ev)));
+            }
+        }
+    }
+}

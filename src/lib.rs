@@ -1,0 +1,40 @@
+//! # gridlet
+//!
+//! A lightweight, durable event broker that runs as an Azure IoT Edge module: a drop-in
+//! replacement for the retired *Event Grid on IoT Edge* module (same REST API, settings and
+//! deployment shape), with durable queues, delivery resilience and a small footprint.
+//!
+//! Where an event flows (see `docs/ARCHITECTURE.md`):
+//!
+//! ```text
+//! server (listeners, TLS) ─► api (auth, api-version, body limit) ─► model::event (parse, validate)
+//!   ─► broker::publish (filter routing, bounds, store append+commit) ─► delivery::queue
+//!   ─► delivery::dispatcher ─► delivery::sink (webhook, Event Grid, edgeHub)
+//!   ─► delivery::retry::next_step ─► done | retry lane | drop
+//! ```
+//!
+//! * [`config`]: the one typed configuration, from the environment.
+//! * [`api`]: HTTP routes and the single auth check; [`error`]: the only error→HTTP mapping.
+//! * [`model`]: topics, subscriptions, events; [`filter`]: subscription filters.
+//! * [`broker`]: registry and publish path; [`delivery`]: queues, dispatch, retry, sinks.
+//! * [`store`]: storage trait and implementations; [`tls`]: certificates and verifiers.
+//! * [`metrics`]: counters and the Prometheus rendering; [`clock`]: time seam.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod broker;
+pub mod clock;
+pub mod config;
+pub mod delivery;
+pub mod error;
+pub mod filter;
+pub mod metrics;
+pub mod model;
+pub mod server;
+pub mod store;
+pub mod tls;
+
+pub use config::Config;
+pub use server::{Gridlet, Parts};

@@ -1,0 +1,13 @@
+//! The data model: what the API accepts and echoes, and what the engine routes.
+//!
+//! * [`topic`]: schemas and the topic resource.
+//! * [`subscription`]: destinations, retry/batching/persistence policies, the subscription resource.
+//! * [`event`]: publish-request parsing and validation for the three schemas.
+//! * [`json`]: case-insensitive reading of management bodies.
+//! * [`names`]: name rules.
+
+pub mod event;
+pub mod json;
+pub mod names;
+pub mod subscription;
+pub mod topic;

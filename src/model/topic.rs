@@ -1,0 +1,157 @@
+//! Topics: the schema enum and the topic resource.
+
+use super::json::{lower_keys, Obj};
+use super::names;
+use crate::error::ApiError;
+use serde_json::{json, Value};
+
+/// The schema a topic accepts and its subscriptions deliver (no conversion between schemas).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventSchema {
+    /// `EventGridSchema` (the default).
+    EventGrid,
+    /// `CustomEventSchema` (alias `CustomSchema`): any JSON objects, forwarded untouched.
+    Custom,
+    /// `CloudEventSchemaV1_0`.
+    CloudEventV1_0,
+}
+
+impl EventSchema {
+    /// Canonical name, as echoed.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::EventGrid => "EventGridSchema",
+            Self::Custom => "CustomEventSchema",
+            Self::CloudEventV1_0 => "CloudEventSchemaV1_0",
+        }
+    }
+
+    /// Parse any casing of a schema name (and the `CustomSchema` alias).
+    ///
+    /// # Errors
+    /// 400 `InvalidSchema` listing the accepted names.
+    pub fn parse(field: &str, s: &str) -> Result<Self, ApiError> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "eventgridschema" => Ok(Self::EventGrid),
+            "customeventschema" | "customschema" => Ok(Self::Custom),
+            "cloudeventschemav1_0" => Ok(Self::CloudEventV1_0),
+            _ => Err(ApiError::bad_request(
+                "InvalidSchema",
+                format!(
+                    "{field} '{s}' is not supported; use EventGridSchema, CustomEventSchema or CloudEventSchemaV1_0"
+                ),
+            )),
+        }
+    }
+
+    /// Content type of a delivery body in this schema.
+    pub fn delivery_content_type(self) -> &'static str {
+        match self {
+            Self::CloudEventV1_0 => "application/cloudevents-batch+json; charset=utf-8",
+            _ => "application/json; charset=utf-8",
+        }
+    }
+}
+
+/// A topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topic {
+    /// Name as first created (case kept).
+    pub name: String,
+    /// Input schema.
+    pub input_schema: EventSchema,
+}
+
+impl Topic {
+    /// Parse a topic PUT body for the topic named in the URL.
+    ///
+    /// # Errors
+    /// 400 for a bad name, a `name` that differs from the URL, or an unknown schema.
+    pub fn from_put(url_name: &str, body: Value) -> Result<Self, ApiError> {
+        names::validate("topic", url_name)?;
+        let body = lower_keys(body);
+        let root = Obj::new(&body, "")?;
+        if let Some(name) = root.str("name")? {
+            if !name.eq_ignore_ascii_case(url_name) {
+                return Err(ApiError::bad_request(
+                    "NameMismatch",
+                    format!("name '{name}' does not match the topic name '{url_name}' in the URL"),
+                ));
+            }
+        }
+        let input_schema = match root.obj("properties", "properties")? {
+            Some(props) => match props.str("inputschema")? {
+                Some(s) => EventSchema::parse("properties.inputSchema", s)?,
+                None => EventSchema::EventGrid,
+            },
+            None => EventSchema::EventGrid,
+        };
+        Ok(Self {
+            name: url_name.to_string(),
+            input_schema,
+        })
+    }
+
+    /// The stored form (also what the twin and restart read back through [`Topic::from_put`]).
+    pub fn to_record(&self) -> Value {
+        json!({ "name": self.name, "properties": { "inputSchema": self.input_schema.as_str() } })
+    }
+}
+
+/// Where resource ids and endpoints come from.
+#[derive(Debug, Clone)]
+pub struct ResourceContext {
+    /// `/iotHubs/<hub>/devices/<dev>/modules/<mod>`.
+    pub id_prefix: String,
+    /// `<scheme>://<host[:port]>` of the request being answered.
+    pub base_url: String,
+}
+
+/// The topic resource as the API returns it.
+pub fn topic_resource(t: &Topic, ctx: &ResourceContext) -> Value {
+    json!({
+        "id": format!("{}/topics/{}", ctx.id_prefix, t.name),
+        "name": t.name,
+        "type": "Microsoft.EventGrid/topics",
+        "properties": {
+            "endpoint": format!("{}/topics/{}/events?api-version={}", ctx.base_url, t.name, crate::api::API_VERSION),
+            "inputSchema": t.input_schema.as_str(),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_parse_in_any_case_and_alias() {
+        assert_eq!(
+            EventSchema::parse("x", "eventgridschema").unwrap(),
+            EventSchema::EventGrid
+        );
+        assert_eq!(
+            EventSchema::parse("x", "CustomSchema").unwrap(),
+            EventSchema::Custom
+        );
+        assert_eq!(
+            EventSchema::parse("x", "cloudEventSchemaV1_0").unwrap(),
+            EventSchema::CloudEventV1_0
+        );
+        assert!(EventSchema::parse("x", "Foo").is_err());
+    }
+
+    #[test]
+    fn topic_put_defaults_and_checks_the_name() {
+        let t = Topic::from_put("t1", json!({})).unwrap();
+        assert_eq!(t.input_schema, EventSchema::EventGrid);
+        let t = Topic::from_put(
+            "t3",
+            json!({"NAME":"T3","properties":{"inputschema":"customEventSchema"}}),
+        )
+        .unwrap();
+        assert_eq!(t.input_schema, EventSchema::Custom);
+        assert!(Topic::from_put("t3", json!({"name":"other"})).is_err());
+        assert!(Topic::from_put("t3", json!([])).is_err());
+    }
+}

@@ -1,0 +1,298 @@
+//! Start-up and listeners: configuration → TLS material → store → broker → router → sockets.
+//!
+//! Each listener runs its own accept loop. HTTPS connections are handshaken in their own task
+//! (a slow client never stalls accepting); the listener records whether the client presented a
+//! certificate the verifier accepted and attaches it to every request as [`ConnInfo`].
+//! Shutdown (SIGTERM / Ctrl-C): readiness turns false, accept loops stop, in-flight requests get
+//! up to 10 s to finish, then the broker's tasks are dropped.
+
+use crate::api::{self, AppState, ConnInfo};
+use crate::broker::{Broker, OpenError};
+use crate::clock::Clock;
+use crate::config::{Config, MetricsReporter};
+use crate::delivery::sink::SinkFactory;
+use crate::delivery::sinks::DefaultSinks;
+use crate::store::memory::MemoryStore;
+use crate::store::Store;
+use crate::tls::{self, CertStore, ClientCerts, OutboundTls, TlsError};
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+/// Why gridlet could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// TLS material.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// Store or stored records.
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// A listener could not bind.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: SocketAddr,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+/// Replaceable parts (tests inject sinks, stores and clocks).
+#[derive(Default)]
+pub struct Parts {
+    /// Storage; default: in memory.
+    pub store: Option<Arc<dyn Store>>,
+    /// Sinks; default: HTTP client per configuration.
+    pub sinks: Option<Arc<dyn SinkFactory>>,
+    /// Clock; default: system.
+    pub clock: Option<Clock>,
+}
+
+/// A running gridlet.
+pub struct Gridlet {
+    /// The broker.
+    pub broker: Broker,
+    /// Bound HTTP address, if that listener runs.
+    pub http_addr: Option<SocketAddr>,
+    /// Bound HTTPS address, if that listener runs.
+    pub https_addr: Option<SocketAddr>,
+    /// The HTTPS certificate (swapped on renewal).
+    pub certs: Option<Arc<CertStore>>,
+    ready: Arc<AtomicBool>,
+    stop: watch::Sender<bool>,
+    listeners: Vec<JoinHandle<()>>,
+}
+
+/// The outbound TLS settings from configuration (no IoT Edge identity here; see `edge`).
+pub fn outbound_tls(cfg: &Config) -> OutboundTls {
+    OutboundTls {
+        accept_any_server_cert: cfg.outbound.webhook_skip_server_cert_validation
+            || cfg.outbound.webhook_allow_unknown_ca,
+        extra_roots_pem: None,
+        identity: None,
+    }
+}
+
+impl Gridlet {
+    /// Start everything and bind the listeners.
+    ///
+    /// # Errors
+    /// Any start-up failure, with a message naming what to fix.
+    pub async fn start(cfg: Config, parts: Parts) -> Result<Self, StartError> {
+        tls::install_default_provider();
+        let cfg = Arc::new(cfg);
+        let store = parts.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let sinks = match parts.sinks {
+            Some(s) => s,
+            None => Arc::new(DefaultSinks::new(tls::outbound_http_client(
+                &outbound_tls(&cfg),
+                cfg.broker.delivery_timeout,
+            )?)),
+        };
+        let clock = parts.clock.unwrap_or_else(Clock::system);
+        let broker = Broker::open(cfg.clone(), store, sinks, clock)?;
+        let ready = Arc::new(AtomicBool::new(true));
+        let state = AppState {
+            broker: broker.clone(),
+            metrics_enabled: cfg.metrics == MetricsReporter::Prometheus,
+            ready: ready.clone(),
+        };
+        let router = api::router(state);
+        let (stop, stop_rx) = watch::channel(false);
+        let mut listeners = Vec::new();
+        let mut http_addr = None;
+        let mut https_addr = None;
+        let mut certs = None;
+        if cfg.inbound.tls_policy.http() {
+            let (l, addr) = bind(SocketAddr::new(
+                cfg.inbound.bind_address,
+                cfg.inbound.http_port,
+            ))
+            .await?;
+            http_addr = Some(addr);
+            listeners.push(tokio::spawn(accept_loop(
+                l,
+                None,
+                router.clone(),
+                stop_rx.clone(),
+            )));
+        }
+        if cfg.inbound.tls_policy.https() {
+            let store = server_certificate(&cfg)?;
+            let client = client_cert_policy(&cfg);
+            let server_cfg = tls::server_config(store.clone(), client)?;
+            let (l, addr) = bind(SocketAddr::new(
+                cfg.inbound.bind_address,
+                cfg.inbound.https_port,
+            ))
+            .await?;
+            https_addr = Some(addr);
+            certs = Some(store);
+            listeners.push(tokio::spawn(accept_loop(
+                l,
+                Some(TlsAcceptor::from(server_cfg)),
+                router,
+                stop_rx,
+            )));
+        }
+        if cfg.metrics == MetricsReporter::Console {
+            let b = broker.clone();
+            let mut rx = stop.subscribe();
+            listeners.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(60));
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => tracing::info!(target: "gridlet::metrics", "\n{}", b.render_metrics()),
+                        _ = rx.changed() => break,
+                    }
+                }
+            }));
+        }
+        tracing::info!(http = ?http_addr, https = ?https_addr, "gridlet listening");
+        Ok(Self {
+            broker,
+            http_addr,
+            https_addr,
+            certs,
+            ready,
+            stop,
+            listeners,
+        })
+    }
+
+    /// Stop accepting, let in-flight requests finish (up to 10 s), stop delivery tasks.
+    pub async fn shutdown(self) {
+        self.ready.store(false, Ordering::Relaxed);
+        let _ = self.stop.send(true);
+        for l in self.listeners {
+            let _ = l.await;
+        }
+        tracing::info!("gridlet stopped");
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let l = TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { addr, source })?;
+    let local = l
+        .local_addr()
+        .map_err(|source| StartError::Bind { addr, source })?;
+    Ok((l, local))
+}
+
+fn server_certificate(cfg: &Config) -> Result<Arc<CertStore>, StartError> {
+    if cfg.edge.is_iot_edge() {
+        tracing::warn!("IoT Edge workload API certificates are not wired in yet; using a self-signed certificate");
+    }
+    let dir = cfg.persistence.metadata_path.join("tls");
+    let names = vec![
+        "localhost".to_string(),
+        cfg.edge.module_id.clone(),
+        "127.0.0.1".to_string(),
+    ];
+    let (cert, key) = tls::load_or_create_self_signed(&dir, &names)?;
+    Ok(CertStore::new(tls::certified_key(&cert, &key)?))
+}
+
+fn client_cert_policy(cfg: &Config) -> ClientCerts {
+    if !cfg.inbound.client_cert_enabled {
+        ClientCerts::Off
+    } else if cfg.inbound.client_cert_allow_unknown_ca {
+        ClientCerts::AnyCa
+    } else {
+        tracing::warn!("client certificate auth needs the IoT Edge trust bundle to validate against; without IoT Edge no certificate is accepted");
+        ClientCerts::Off
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    router: Router,
+    mut stop: watch::Receiver<bool>,
+) {
+    let graceful = GracefulShutdown::new();
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // EMFILE and friends: back off briefly instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let router = router.clone();
+                let tls = tls.clone();
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    match tls {
+                        None => {
+                            let info = ConnInfo { scheme, client_cert: false };
+                            serve(TokioIo::new(stream), router, info, watcher).await;
+                        }
+                        Some(acceptor) => {
+                            let handshake = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await;
+                            match handshake {
+                                Ok(Ok(tls_stream)) => {
+                                    let client_cert = tls_stream.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
+                                    let info = ConnInfo { scheme, client_cert };
+                                    serve(TokioIo::new(tls_stream), router, info, watcher).await;
+                                }
+                                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                            }
+                        }
+                    }
+                });
+            }
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("in-flight requests did not finish within 10 s");
+    }
+}
+
+async fn serve<I>(
+    io: TokioIo<I>,
+    router: Router,
+    info: ConnInfo,
+    watcher: hyper_util::server::graceful::Watcher,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = router.map_request(move |mut req: axum::http::Request<Incoming>| {
+        req.extensions_mut().insert(info);
+        req
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30))
+        .keep_alive(true)
+        .serve_connection(io, TowerToHyperService::new(svc));
+    if let Err(e) = watcher.watch(conn).await {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}

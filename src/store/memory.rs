@@ -1,0 +1,145 @@
+//! The in-memory store: metadata and events in maps, lost on restart (the original's behaviour).
+
+use super::{QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent};
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+#[derive(Default)]
+struct Inner {
+    topics: BTreeMap<String, (u64, Value)>,
+    subs: BTreeMap<QueueId, (String, Value)>,
+    events: BTreeMap<(QueueId, u64), StoredEvent>,
+    next_queue: QueueId,
+    order: u64,
+    max_seq: u64,
+}
+
+/// Maps behind one mutex; calls are short and never await.
+#[derive(Default)]
+pub struct MemoryStore {
+    inner: Mutex<Inner>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic while holding this lock cannot leave the maps half-written (each call is one
+        // map operation), so a poisoned lock is still consistent.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Store for MemoryStore {
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        let g = self.lock();
+        let mut topics: Vec<_> = g.topics.values().cloned().collect();
+        topics.sort_by_key(|(order, _)| *order);
+        Ok(Snapshot {
+            topics: topics.into_iter().map(|(_, v)| v).collect(),
+            subscriptions: g
+                .subs
+                .iter()
+                .map(|(q, (t, v))| (t.clone(), *q, v.clone()))
+                .collect(),
+            max_seq: g.max_seq,
+        })
+    }
+
+    fn pending(&self, queue: QueueId) -> Result<Vec<StoredEvent>, StoreError> {
+        let g = self.lock();
+        Ok(g.events
+            .range((queue, 0)..=(queue, u64::MAX))
+            .map(|(_, e)| e.clone())
+            .collect())
+    }
+
+    fn put_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
+        let mut g = self.lock();
+        g.order += 1;
+        let order = g.topics.get(key).map(|(o, _)| *o).unwrap_or(g.order);
+        g.topics.insert(key.to_string(), (order, record.clone()));
+        Ok(())
+    }
+
+    fn delete_topic(&self, key: &str) -> Result<(), StoreError> {
+        self.lock().topics.remove(key);
+        Ok(())
+    }
+
+    fn put_subscription(
+        &self,
+        topic: &str,
+        queue: QueueId,
+        record: &Value,
+    ) -> Result<(), StoreError> {
+        self.lock()
+            .subs
+            .insert(queue, (topic.to_string(), record.clone()));
+        Ok(())
+    }
+
+    fn delete_subscription(&self, queue: QueueId) -> Result<(), StoreError> {
+        let mut g = self.lock();
+        g.subs.remove(&queue);
+        let keys: Vec<_> = g
+            .events
+            .range((queue, 0)..=(queue, u64::MAX))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            g.events.remove(&k);
+        }
+        Ok(())
+    }
+
+    fn next_queue_id(&self) -> Result<QueueId, StoreError> {
+        let mut g = self.lock();
+        g.next_queue += 1;
+        Ok(g.next_queue)
+    }
+
+    fn append(&self, items: &[(QueueId, StoredEvent)]) -> Result<(), StoreError> {
+        let mut g = self.lock();
+        for (q, e) in items {
+            g.max_seq = g.max_seq.max(e.seq);
+            g.events.insert((*q, e.seq), e.clone());
+        }
+        Ok(())
+    }
+
+    fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
+        let mut g = self.lock();
+        for s in seqs {
+            if let Some(e) = g.events.get_mut(&(queue, *s)) {
+                e.state = state;
+            }
+        }
+        Ok(())
+    }
+
+    fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
+        let mut g = self.lock();
+        for s in seqs {
+            g.events.remove(&(queue, *s));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn memory_store_passes_the_contract() {
+        super::super::contract::run(&super::MemoryStore::new()).await;
+    }
+}

@@ -1,0 +1,223 @@
+//! Storage behind one trait: topics, subscriptions, and the pending events of **persisted**
+//! subscriptions.
+//!
+//! The delivery engine keeps every subscription's schedule in memory; the store is the durable
+//! copy for persisted subscriptions (and for metadata). The engine's contract with a store:
+//!
+//! 1. `append` + `commit` before a publish is acknowledged (commit is the group-commit point:
+//!    concurrent publishes share one flush);
+//! 2. `update` when an event's retry state changes (attempts, due time), so a restart neither
+//!    retries early nor resets attempts;
+//! 3. `remove` when an event is settled (delivered, dropped, dead-lettered).
+//!
+//! [`memory::MemoryStore`] keeps everything in maps (the default: the original module kept events
+//! in memory). Every implementation passes the same contract tests (`store::contract`).
+
+pub mod memory;
+
+use crate::clock::WallMs;
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+
+/// Identifies a subscription's queue in the store. Assigned when the subscription is created,
+/// never reused while the store lives.
+pub type QueueId = u32;
+
+/// Retry state kept next to each persisted event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryState {
+    /// Attempts made so far.
+    pub attempts: u32,
+    /// When the event was first enqueued (wall ms): TTL counts from here, across restarts.
+    pub first_enqueued_ms: WallMs,
+    /// When the next attempt is due (wall ms); 0 = now.
+    pub due_ms: WallMs,
+}
+
+/// One persisted event of one queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    /// Sequence number (unique per store, increasing).
+    pub seq: u64,
+    /// Event id.
+    pub id: String,
+    /// Delivered bytes.
+    pub body: Bytes,
+    /// Retry state.
+    pub state: RetryState,
+}
+
+/// What a store holds at start-up.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Topic records (`Topic::to_record`), in creation order.
+    pub topics: Vec<Value>,
+    /// `(topic name, queue id, subscription record)`.
+    pub subscriptions: Vec<(String, QueueId, Value)>,
+    /// Highest sequence number ever used (the engine continues above it).
+    pub max_seq: u64,
+}
+
+/// A store failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The configured disk bound is reached; nothing of the failed call was written.
+    #[error("event store is full ({used} of {limit} bytes)")]
+    Full {
+        /// Bytes in use.
+        used: u64,
+        /// Configured limit.
+        limit: u64,
+    },
+    /// The data is unreadable (corruption, wrong format).
+    #[error("event store data is corrupt or unreadable: {0}")]
+    Corrupt(String),
+    /// An I/O or engine error.
+    #[error("event store I/O error: {0}")]
+    Io(String),
+}
+
+/// Storage for metadata and persisted events.
+pub trait Store: Send + Sync + 'static {
+    /// Everything needed to rebuild the broker at start-up.
+    ///
+    /// # Errors
+    /// Corrupt or unreadable data: the broker refuses to start rather than start empty.
+    fn load(&self) -> Result<Snapshot, StoreError>;
+
+    /// Pending events of one queue, in sequence order.
+    ///
+    /// # Errors
+    /// Unreadable data.
+    fn pending(&self, queue: QueueId) -> Result<Vec<StoredEvent>, StoreError>;
+
+    /// Create or replace a topic record.
+    ///
+    /// # Errors
+    /// Write failure.
+    fn put_topic(&self, key: &str, record: &Value) -> Result<(), StoreError>;
+
+    /// Delete a topic record (the caller deletes its subscriptions first).
+    ///
+    /// # Errors
+    /// Write failure.
+    fn delete_topic(&self, key: &str) -> Result<(), StoreError>;
+
+    /// Create or replace a subscription record.
+    ///
+    /// # Errors
+    /// Write failure.
+    fn put_subscription(
+        &self,
+        topic: &str,
+        queue: QueueId,
+        record: &Value,
+    ) -> Result<(), StoreError>;
+
+    /// Delete a subscription record and all its events.
+    ///
+    /// # Errors
+    /// Write failure.
+    fn delete_subscription(&self, queue: QueueId) -> Result<(), StoreError>;
+
+    /// A fresh queue id.
+    ///
+    /// # Errors
+    /// Write failure.
+    fn next_queue_id(&self) -> Result<QueueId, StoreError>;
+
+    /// Append events (one publish request's copies for all its persisted subscriptions),
+    /// atomically: all or none. Durable only after [`Store::commit`].
+    ///
+    /// # Errors
+    /// [`StoreError::Full`] when the disk bound would be exceeded; nothing is written then.
+    fn append(&self, items: &[(QueueId, StoredEvent)]) -> Result<(), StoreError>;
+
+    /// Make everything appended so far durable. Concurrent callers share one flush.
+    fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Rewrite the retry state of events.
+    ///
+    /// # Errors
+    /// Write failure.
+    fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError>;
+
+    /// Remove settled events.
+    ///
+    /// # Errors
+    /// Write failure.
+    fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError>;
+
+    /// Bytes the store occupies (for metrics and the disk bound).
+    fn size_on_disk(&self) -> u64 {
+        0
+    }
+}
+
+/// The contract every store implementation must pass.
+#[cfg(test)]
+pub mod contract {
+    use super::*;
+    use serde_json::json;
+
+    fn ev(seq: u64) -> StoredEvent {
+        StoredEvent {
+            seq,
+            id: format!("e{seq}"),
+            body: Bytes::from(format!("{{\"n\":{seq}}}")),
+            state: RetryState {
+                attempts: 0,
+                first_enqueued_ms: 1000,
+                due_ms: 0,
+            },
+        }
+    }
+
+    /// Run the whole contract against a store.
+    pub async fn run(store: &dyn Store) {
+        let snap = store.load().unwrap();
+        assert!(snap.topics.is_empty() && snap.subscriptions.is_empty());
+
+        store.put_topic("t1", &json!({"name":"t1"})).unwrap();
+        let q = store.next_queue_id().unwrap();
+        let q2 = store.next_queue_id().unwrap();
+        assert_ne!(q, q2, "queue ids are unique");
+        store
+            .put_subscription("t1", q, &json!({"name":"s1"}))
+            .unwrap();
+        store
+            .put_subscription("t1", q2, &json!({"name":"s2"}))
+            .unwrap();
+
+        store
+            .append(&[(q, ev(1)), (q2, ev(1)), (q, ev(2))])
+            .unwrap();
+        store.commit().await.unwrap();
+        assert_eq!(store.pending(q).unwrap(), vec![ev(1), ev(2)]);
+
+        let st = RetryState {
+            attempts: 2,
+            first_enqueued_ms: 1000,
+            due_ms: 61_000,
+        };
+        store.update(q, &[2], st).unwrap();
+        assert_eq!(store.pending(q).unwrap()[1].state, st);
+
+        store.remove(q, &[1]).unwrap();
+        assert_eq!(store.pending(q).unwrap().len(), 1);
+
+        let snap = store.load().unwrap();
+        assert_eq!(snap.topics.len(), 1);
+        assert_eq!(snap.subscriptions.len(), 2);
+        assert!(snap.max_seq >= 2);
+
+        store.delete_subscription(q2).unwrap();
+        assert!(store.pending(q2).unwrap().is_empty());
+        assert_eq!(store.load().unwrap().subscriptions.len(), 1);
+        store.delete_subscription(q).unwrap();
+        store.delete_topic("t1").unwrap();
+        let snap = store.load().unwrap();
+        assert!(snap.topics.is_empty() && snap.subscriptions.is_empty());
+    }
+}
