@@ -337,7 +337,7 @@ impl AdvancedFilter {
             (Operand::Strings(strs), Value::String(s)) => {
                 let s = s.to_lowercase();
                 match self.operator {
-                    StringIn => strs.iter().any(|y| s == *y),
+                    StringIn => strs.contains(&s),
                     StringNotIn => strs.iter().all(|y| s != *y),
                     StringBeginsWith => strs.iter().any(|y| s.starts_with(y.as_str())),
                     StringEndsWith => strs.iter().any(|y| s.ends_with(y.as_str())),
@@ -456,7 +456,7 @@ impl Filter {
             match ev.event_type {
                 Some(t) => {
                     let t = t.to_lowercase();
-                    if !types.iter().any(|x| *x == t) {
+                    if !types.contains(&t) {
                         return false;
                     }
                 }

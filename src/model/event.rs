@@ -107,10 +107,11 @@ fn media(headers: &HeaderMap) -> (Media, Option<String>) {
 /// 400 (or 415 for an unsupported content type) naming the first bad event; nothing is accepted.
 pub fn parse(input: &PublishInput<'_>) -> Result<Vec<IncomingEvent>, ApiError> {
     let (media, content_type) = media(input.headers);
-    if input.schema == EventSchema::CloudEventV1_0 && media == Media::Other
-        || (input.schema == EventSchema::CloudEventV1_0
-            && input.headers.contains_key("ce-specversion"))
-    {
+    // CloudEvents binary mode: attributes in ce-* headers (structured media types win).
+    let binary = input.schema == EventSchema::CloudEventV1_0
+        && (media == Media::Other
+            || (media == Media::Json && input.headers.contains_key("ce-specversion")));
+    if binary {
         return binary_cloud_event(input, content_type.as_deref()).map(|e| vec![e]);
     }
     if media == Media::Other {
@@ -229,12 +230,14 @@ fn event_grid(raw: &RawValue, i: usize, topic: &str) -> Result<IncomingEvent, Ap
     let topic_present = match get_ci(&m, "topic") {
         None => false,
         Some(Value::String(t)) if t.eq_ignore_ascii_case(topic) => true,
-        Some(other) => return Err(bad(
-            "InvalidEvents",
-            format!(
+        Some(other) => {
+            return Err(bad(
+                "InvalidEvents",
+                format!(
                 "event [{i}]: topic {other} does not match the topic '{topic}' it is published to"
             ),
-        )),
+            ))
+        }
     };
     let mv_present = match get_ci(&m, "metadataVersion") {
         None => false,
