@@ -1,0 +1,4 @@
+//! Black-box tests: a real gridlet over HTTP, real webhook receivers.
+
+mod api;
+mod util;
