@@ -1,0 +1,817 @@
+//! `gridlet-bench`: gridlet measured against the physical limit of the machine it runs on.
+//!
+//! ```text
+//! cargo run --release --bin gridlet-bench -- [--scenario a|b|c|d|e|footprint|all] [--quick]
+//! ```
+//!
+//! gridlet runs as a **child process** (the `gridlet` binary next to this one, or `--gridlet
+//! PATH`) on loopback HTTP; a webhook receiver and a keep-alive publisher run in this process.
+//! Every run first measures the **raw loopback limit**: the same publisher posting straight to the
+//! same receiver, no broker. Every throughput is printed also as a ratio of that limit, because
+//! absolute numbers on a shared machine drift while the ratio measured in one run does not (much).
+//!
+//! Scenarios (see `docs/BENCHMARKS.md`):
+//! * a: 1 topic, 1 subscription, 256-byte events, publish batches of 1, batching off; then latency
+//!   at a paced 1,000 events/s;
+//! * b: publish batches of 100, `maxEventsPerBatch` 50;
+//! * c: 10 subscriptions on the topic (fan-out);
+//! * d: as (a) with `broker__defaultIsPersisted=true` (200 only after the store commit);
+//! * e: a backlog of 1,000,000 events behind a stalled subscriber, restart with that backlog, then
+//!   the subscriber comes back and the backlog drains;
+//! * footprint: release binary size, idle RSS, start-up to serving.
+//!
+//! The bench never hangs: every phase has a deadline, a watchdog kills everything after
+//! `--max-seconds`, and every gridlet child is killed on exit (also on panic).
+
+#![forbid(unsafe_code)]
+
+mod child;
+mod net;
+
+use child::{Footprint, Gridlet, Spec};
+use net::{Load, Mode, Published, Receiver};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+const API: &str = "api-version=2019-01-01-preview";
+const TOPIC: &str = "bench";
+
+/// Command-line options.
+#[derive(Debug, Clone)]
+struct Opts {
+    scenarios: Vec<String>,
+    quick: bool,
+    duration: Duration,
+    paced: Duration,
+    conns: usize,
+    backlog: u64,
+    gridlet: Option<PathBuf>,
+    max_seconds: u64,
+}
+
+const USAGE: &str = "usage: gridlet-bench [--scenario a|b|c|d|e|footprint|all (comma list ok)] [--quick]
+                     [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
+                     [--gridlet PATH] [--max-seconds SECS]";
+
+fn parse_args() -> Result<Opts, String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let mut o = Opts {
+        scenarios: vec!["all".into()],
+        quick,
+        duration: Duration::from_secs_f64(if quick { 1.0 } else { 8.0 }),
+        paced: Duration::from_secs_f64(if quick { 1.0 } else { 5.0 }),
+        conns: 8,
+        backlog: if quick { 20_000 } else { 1_000_000 },
+        gridlet: None,
+        max_seconds: 900,
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || it.next().cloned().ok_or(format!("{a} needs a value\n{USAGE}"));
+        let secs = |v: String| {
+            v.parse::<f64>()
+                .ok()
+                .filter(|s| *s > 0.0 && *s < 3600.0)
+                .map(Duration::from_secs_f64)
+                .ok_or(format!("{a}: expected seconds"))
+        };
+        match a.as_str() {
+            "--quick" => {}
+            "--scenario" => {
+                o.scenarios = val()?.split(',').map(|s| s.trim().to_string()).collect();
+            }
+            "--duration" => o.duration = secs(val()?)?,
+            "--paced-seconds" => o.paced = secs(val()?)?,
+            "--conns" => {
+                o.conns = val()?
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1024).contains(n))
+                    .ok_or("--conns: 1..=1024")?
+            }
+            "--backlog" => {
+                o.backlog = val()?
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=100_000_000).contains(n))
+                    .ok_or("--backlog: 1..=100000000")?
+            }
+            "--gridlet" => o.gridlet = Some(PathBuf::from(val()?)),
+            "--max-seconds" => {
+                o.max_seconds = val()?
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or("--max-seconds: a positive number")?
+            }
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            other => return Err(format!("unknown argument {other}\n{USAGE}")),
+        }
+    }
+    let known = ["a", "b", "c", "d", "e", "footprint", "all"];
+    if let Some(bad) = o.scenarios.iter().find(|s| !known.contains(&s.as_str())) {
+        return Err(format!("unknown scenario {bad}\n{USAGE}"));
+    }
+    Ok(o)
+}
+
+fn main() {
+    let opts = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        child::kill_all();
+        default_hook(info);
+    }));
+    let limit = opts.max_seconds;
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(limit));
+        eprintln!("gridlet-bench: watchdog: still running after {limit} s; stopping");
+        child::kill_all();
+        std::process::exit(3);
+    });
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gridlet-bench: runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = rt.block_on(async move {
+        match run(opts).await {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("gridlet-bench: {e}");
+                1
+            }
+        }
+    });
+    rt.shutdown_timeout(Duration::from_secs(1));
+    child::kill_all();
+    std::process::exit(code);
+}
+
+/// One measured run.
+#[derive(Debug, Default, Clone)]
+struct Row {
+    name: String,
+    publish_eps: f64,
+    delivered_eps: f64,
+    /// Latency percentiles (µs): p50, p99, max.
+    lat: Option<(u32, u32, u32)>,
+    peak_rss: u64,
+    cpu_s: f64,
+    disk_per_event: Option<f64>,
+    accepted: u64,
+    delivered: u64,
+    note: String,
+}
+
+struct Bench {
+    opts: Opts,
+    base: Instant,
+    bin: PathBuf,
+    root: PathBuf,
+    rows: Vec<Row>,
+    raw1: f64,
+    extras: Vec<(String, String)>,
+}
+
+async fn run(opts: Opts) -> Result<(), String> {
+    let bin = match &opts.gridlet {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .map_err(|e| format!("current_exe: {e}"))?
+            .with_file_name("gridlet"),
+    };
+    if !bin.is_file() {
+        return Err(format!(
+            "gridlet binary not found at {} (build it with `cargo build --release`, or pass --gridlet PATH)",
+            bin.display()
+        ));
+    }
+    let root = std::env::temp_dir().join(format!("gridlet-bench-{}", std::process::id()));
+    let mut b = Bench {
+        opts,
+        base: Instant::now(),
+        bin,
+        root: root.clone(),
+        rows: Vec::new(),
+        raw1: 0.0,
+        extras: Vec::new(),
+    };
+    let res = b.all().await;
+    let _ = std::fs::remove_dir_all(&root);
+    res
+}
+
+fn wants(o: &Opts, s: &str) -> bool {
+    o.scenarios.iter().any(|x| x == s || x == "all")
+}
+
+impl Bench {
+    async fn all(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        println!(
+            "gridlet-bench: gridlet = {}, {} publisher connections, {:?} per throughput run{}",
+            self.bin.display(),
+            self.opts.conns,
+            self.opts.duration,
+            if self.opts.quick { " (quick)" } else { "" }
+        );
+        println!("machine: {}", machine());
+        self.raw().await?;
+        let o = self.opts.clone();
+        if wants(&o, "a") {
+            self.scenario_a().await?;
+        }
+        if wants(&o, "b") {
+            self.scenario_b().await?;
+        }
+        if wants(&o, "c") {
+            self.scenario_c().await?;
+        }
+        if wants(&o, "d") {
+            self.scenario_d().await?;
+        }
+        if wants(&o, "e") {
+            self.scenario_e().await?;
+        }
+        if wants(&o, "footprint") {
+            self.footprint().await?;
+        }
+        self.summary();
+        println!("total bench time {:.1} s", started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    fn spec(&self, name: &str, extra: &[(&str, &str)]) -> Spec {
+        let mut env: Vec<(String, String)> = vec![(
+            "broker__maxPendingEventsPerSubscription".into(),
+            "100000000".into(),
+        )];
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        Spec {
+            bin: self.bin.clone(),
+            dir: self.root.join(name),
+            env,
+        }
+    }
+
+    fn load(&self, batch: usize, path: &str) -> Load {
+        Load {
+            conns: self.opts.conns,
+            batch,
+            duration: self.opts.duration,
+            max_events: u64::MAX,
+            rate: None,
+            path: path.to_string(),
+        }
+    }
+
+    /// The raw single-hop limit: publisher → receiver, no broker.
+    async fn raw(&mut self) -> Result<(), String> {
+        let rx = Receiver::start(self.base)
+            .await
+            .map_err(|e| format!("receiver: {e}"))?;
+        self.warm_up(&rx, rx.addr, "/raw", 1, 1).await;
+        let r1 = self
+            .measure("raw batch 1", &rx, rx.addr, &self.load(1, "/raw"), 1, None)
+            .await;
+        self.raw1 = r1.delivered_eps.max(1.0);
+        self.print_row(&r1, "publisher → receiver directly, 1 event per request");
+        self.rows.push(r1);
+        let r100 = self
+            .measure(
+                "raw batch 100",
+                &rx,
+                rx.addr,
+                &self.load(100, "/raw"),
+                1,
+                None,
+            )
+            .await;
+        self.print_row(&r100, "publisher → receiver directly, 100 events per request");
+        self.rows.push(r100);
+        Ok(())
+    }
+
+    async fn scenario_a(&mut self) -> Result<(), String> {
+        let rx = Receiver::start(self.base)
+            .await
+            .map_err(|e| format!("receiver: {e}"))?;
+        let g = Gridlet::start(&self.spec("a", &[])).await?;
+        setup(&g, 1, &rx, None).await?;
+        let path = publish_path();
+        self.warm_up(&rx, g.addr, &path, 1, 1).await;
+        let mut r = self
+            .measure("a: 1 sub, batch 1", &rx, g.addr, &self.load(1, &path), 1, Some(&g))
+            .await;
+        r.note = "batching off".into();
+        self.print_row(&r, "1 topic, 1 subscription, publish batches of 1, batching off");
+        self.rows.push(r);
+        // Latency at a paced 1,000 events/s.
+        let mut paced = self.load(1, &path);
+        paced.rate = Some(1000);
+        paced.duration = self.opts.paced;
+        paced.conns = 4;
+        let mut p = self
+            .measure("a: paced 1,000 ev/s", &rx, g.addr, &paced, 1, Some(&g))
+            .await;
+        p.note = "open loop, 4 connections".into();
+        self.print_row(&p, "latency at a paced 1,000 events/s");
+        self.rows.push(p);
+        Ok(())
+    }
+
+    async fn scenario_b(&mut self) -> Result<(), String> {
+        let rx = Receiver::start(self.base)
+            .await
+            .map_err(|e| format!("receiver: {e}"))?;
+        let g = Gridlet::start(&self.spec("b", &[])).await?;
+        setup(&g, 1, &rx, Some(50)).await?;
+        let path = publish_path();
+        self.warm_up(&rx, g.addr, &path, 100, 1).await;
+        let mut r = self
+            .measure(
+                "b: batch 100 / 50",
+                &rx,
+                g.addr,
+                &self.load(100, &path),
+                1,
+                Some(&g),
+            )
+            .await;
+        r.note = "maxEventsPerBatch 50".into();
+        self.print_row(&r, "publish batches of 100, maxEventsPerBatch 50");
+        self.rows.push(r);
+        Ok(())
+    }
+
+    async fn scenario_c(&mut self) -> Result<(), String> {
+        let rx = Receiver::start(self.base)
+            .await
+            .map_err(|e| format!("receiver: {e}"))?;
+        let g = Gridlet::start(&self.spec("c", &[])).await?;
+        setup(&g, 10, &rx, None).await?;
+        let path = publish_path();
+        self.warm_up(&rx, g.addr, &path, 1, 10).await;
+        let mut r = self
+            .measure(
+                "c: fan-out 10",
+                &rx,
+                g.addr,
+                &self.load(1, &path),
+                10,
+                Some(&g),
+            )
+            .await;
+        r.note = "delivered = all 10 copies".into();
+        self.print_row(
+            &r,
+            "10 subscriptions on the topic, publish batches of 1, batching off",
+        );
+        self.rows.push(r);
+        Ok(())
+    }
+
+    async fn scenario_d(&mut self) -> Result<(), String> {
+        let rx = Receiver::start(self.base)
+            .await
+            .map_err(|e| format!("receiver: {e}"))?;
+        let g = Gridlet::start(&self.spec("d", &[("broker__defaultIsPersisted", "true")])).await?;
+        setup(&g, 1, &rx, None).await?;
+        let path = publish_path();
+        self.warm_up(&rx, g.addr, &path, 1, 1).await;
+        let mut r = self
+            .measure("d: persisted", &rx, g.addr, &self.load(1, &path), 1, Some(&g))
+            .await;
+        r.note = "200 after store commit".into();
+        self.print_row(
+            &r,
+            "as (a), broker__defaultIsPersisted=true (200 only after the store commit)",
+        );
+        self.rows.push(r);
+        Ok(())
+    }
+
+    async fn scenario_e(&mut self) -> Result<(), String> {
+        let n = self.opts.backlog;
+        println!("\n== (e) backlog of {n} events behind a stalled subscriber ==");
+        let rx = Receiver::start(self.base)
+            .await
+            .map_err(|e| format!("receiver: {e}"))?;
+        let spec = self.spec(
+            "e",
+            &[
+                ("broker__defaultIsPersisted", "true"),
+                ("broker__deliveryTimeoutInSeconds", "3600"),
+            ],
+        );
+        let g = Gridlet::start(&spec).await?;
+        setup(&g, 1, &rx, Some(50)).await?;
+        let idle = g.sample();
+        rx.set_mode(Mode::Stall);
+        rx.stats.sampling.store(false, Relaxed);
+        let fill = self.fill(&g, n).await;
+        if fill.accepted < n {
+            return Err(format!(
+                "could not queue the backlog: {} of {n} accepted ({})",
+                fill.accepted,
+                fill.first_error.unwrap_or_default()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let queued = g.sample();
+        let disk = g.disk_bytes();
+        let pending = pending_events(&g).await;
+        println!(
+            "  filled {} events in {:.1} s ({:.0} ev/s); gridlet pending {}",
+            fill.accepted,
+            fill.elapsed.as_secs_f64(),
+            fill.accepted as f64 / fill.elapsed.as_secs_f64().max(1e-9),
+            pending.map(|p| p.to_string()).unwrap_or("?".into())
+        );
+        println!(
+            "  with the backlog: RSS {} (idle before {}), peak {}, disk {} = {:.0} bytes/event",
+            mb(queued.rss),
+            mb(idle.rss),
+            mb(queued.hwm),
+            mb(disk),
+            disk as f64 / n as f64
+        );
+        let rss_backlog = queued.rss;
+        // Restart with the backlog.
+        let g = g.restart().await?;
+        let restored = pending_events(&g).await.unwrap_or(0);
+        println!(
+            "  restart to serving: {:.0} ms, backlog restored: {restored} events",
+            ms(g.startup)
+        );
+        let mut note = format!("restart {:.0} ms", ms(g.startup));
+        if restored < n {
+            note.push_str(&format!(
+                ", restored {restored} (store keeps no events across restarts), refilled"
+            ));
+            let again = self.fill(&g, n - restored).await;
+            println!(
+                "  the store lost the backlog at restart; refilled {} events in {:.1} s",
+                again.accepted,
+                again.elapsed.as_secs_f64()
+            );
+        }
+        let before = g.sample();
+        rx.stats.reset();
+        let t0 = Instant::now();
+        let t0_us = net::now_us(self.base);
+        rx.set_mode(Mode::Up);
+        let (delivered, last_us) = wait_delivered(&rx, n, Duration::from_secs(600)).await;
+        let after = g.sample();
+        let drain_s = (last_us.saturating_sub(t0_us)) as f64 / 1e6;
+        let drain_eps = delivered as f64 / drain_s.max(1e-9);
+        println!(
+            "  drain: {delivered} events in {:.2} s = {:.0} ev/s ({:.2} × raw); RSS after drain {}, peak {}; CPU {:.2} s",
+            drain_s,
+            drain_eps,
+            drain_eps / self.raw1,
+            mb(after.rss),
+            mb(after.hwm),
+            after.cpu_s - before.cpu_s
+        );
+        if t0.elapsed() > Duration::from_secs(590) {
+            println!("  (drain stopped at its 600 s deadline)");
+        }
+        self.extras.push((
+            "(e) RSS with the backlog".into(),
+            format!("{} ({} events queued)", mb(rss_backlog), n),
+        ));
+        self.extras.push((
+            "(e) restart to serving with the backlog".into(),
+            format!("{:.0} ms ({restored} events restored)", ms(g.startup)),
+        ));
+        self.rows.push(Row {
+            name: "e: drain 1M backlog".into(),
+            publish_eps: fill.accepted as f64 / fill.elapsed.as_secs_f64().max(1e-9),
+            delivered_eps: drain_eps,
+            lat: None,
+            peak_rss: after.hwm.max(queued.hwm),
+            cpu_s: after.cpu_s - before.cpu_s,
+            disk_per_event: Some(disk as f64 / n as f64),
+            accepted: n,
+            delivered,
+            note,
+        });
+        Ok(())
+    }
+
+    /// Queue `n` events (batches of 100) while the subscriber is stalled.
+    async fn fill(&self, g: &Gridlet, n: u64) -> Published {
+        let load = Load {
+            conns: self.opts.conns,
+            batch: 100,
+            duration: Duration::from_secs(300),
+            max_events: n,
+            rate: None,
+            path: publish_path(),
+        };
+        net::publish(g.addr, &load, self.base).await
+    }
+
+    async fn footprint(&mut self) -> Result<(), String> {
+        println!("\n== footprint ==");
+        let size = std::fs::metadata(&self.bin).map(|m| m.len()).unwrap_or(0);
+        let spec = self.spec("footprint", &[]);
+        let mut starts = Vec::new();
+        let mut idle = Footprint::default();
+        for i in 0..5 {
+            let g = Gridlet::start(&spec).await?;
+            starts.push(g.startup);
+            if i == 0 {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                idle = g.sample();
+            }
+        }
+        let cold = starts.first().copied().unwrap_or_default();
+        let mut warm: Vec<Duration> = starts.iter().skip(1).copied().collect();
+        warm.sort();
+        let median = warm.get(warm.len() / 2).copied().unwrap_or_default();
+        let worst = warm.last().copied().unwrap_or_default();
+        let lines = [
+            ("release binary size".to_string(), mb(size)),
+            (
+                "idle RSS (no topics, 0.5 s after start)".to_string(),
+                format!("{} (peak {})", mb(idle.rss), mb(idle.hwm)),
+            ),
+            (
+                "start-up to serving /healthz, first start".to_string(),
+                format!("{:.1} ms (creates the self-signed certificate)", ms(cold)),
+            ),
+            (
+                "start-up to serving /healthz, later starts".to_string(),
+                format!("median {:.1} ms, max {:.1} ms", ms(median), ms(worst)),
+            ),
+        ];
+        for (k, v) in &lines {
+            println!("  {k:<45} {v}");
+        }
+        self.extras.extend(lines);
+        Ok(())
+    }
+
+    /// A short unmeasured run so connections and pools exist before measuring.
+    async fn warm_up(
+        &self,
+        rx: &Receiver,
+        addr: std::net::SocketAddr,
+        path: &str,
+        batch: usize,
+        fanout: u64,
+    ) {
+        let mut l = self.load(batch, path);
+        l.duration = Duration::from_millis(300);
+        let p = net::publish(addr, &l, self.base).await;
+        wait_delivered(rx, p.accepted * fanout, Duration::from_secs(30)).await;
+    }
+
+    async fn measure(
+        &self,
+        name: &str,
+        rx: &Receiver,
+        addr: std::net::SocketAddr,
+        load: &Load,
+        fanout: u64,
+        g: Option<&Gridlet>,
+    ) -> Row {
+        rx.stats.reset();
+        rx.stats.sampling.store(true, Relaxed);
+        let fp0 = g.map(Gridlet::sample).unwrap_or_default();
+        let t0_us = net::now_us(self.base);
+        let p = net::publish(addr, load, self.base).await;
+        let queued_at_end = (p.accepted * fanout).saturating_sub(rx.stats.events.load(Relaxed));
+        let disk = g.map(Gridlet::disk_bytes).unwrap_or(0);
+        let expected = p.accepted * fanout;
+        let (delivered, last_us) = wait_delivered(rx, expected, Duration::from_secs(120)).await;
+        let fp1 = g.map(Gridlet::sample).unwrap_or_default();
+        let span = last_us.saturating_sub(t0_us) as f64 / 1e6;
+        let mut samples = rx.stats.take_samples();
+        samples.sort_unstable();
+        let pct = |q: f64| -> u32 {
+            let i = ((samples.len() as f64 * q) as usize).min(samples.len().saturating_sub(1));
+            samples.get(i).copied().unwrap_or(0)
+        };
+        let lat = (!samples.is_empty()).then(|| (pct(0.5), pct(0.99), pct(1.0)));
+        let mut note = String::new();
+        if p.rejected > 0 || p.errors > 0 {
+            note = format!(
+                "{} rejected, {} errors: {}",
+                p.rejected,
+                p.errors,
+                p.first_error.clone().unwrap_or_default()
+            );
+        }
+        if delivered < expected {
+            note.push_str(&format!(" only {delivered} of {expected} delivered"));
+        }
+        Row {
+            name: name.to_string(),
+            publish_eps: p.accepted as f64 / p.elapsed.as_secs_f64().max(1e-9),
+            delivered_eps: delivered as f64 / span.max(1e-9),
+            lat,
+            peak_rss: fp1.hwm,
+            cpu_s: fp1.cpu_s - fp0.cpu_s,
+            disk_per_event: (g.is_some() && queued_at_end >= 1000)
+                .then(|| disk as f64 / queued_at_end as f64),
+            accepted: p.accepted,
+            delivered,
+            note,
+        }
+    }
+
+    fn print_row(&self, r: &Row, title: &str) {
+        println!("\n== {} — {title} ==", r.name);
+        let ratio = |v: f64| format!("{:.2} × raw", v / self.raw1);
+        println!(
+            "  publish events/s      {:>12.0}   {}",
+            r.publish_eps,
+            ratio(r.publish_eps)
+        );
+        println!(
+            "  delivered events/s    {:>12.0}   {}",
+            r.delivered_eps,
+            ratio(r.delivered_eps)
+        );
+        println!("  events published/delivered  {} / {}", r.accepted, r.delivered);
+        if let Some((p50, p99, max)) = r.lat {
+            println!(
+                "  latency p50/p99/max   {:.2} / {:.2} / {:.2} ms",
+                p50 as f64 / 1e3,
+                p99 as f64 / 1e3,
+                max as f64 / 1e3
+            );
+        }
+        if r.peak_rss > 0 {
+            println!("  gridlet peak RSS      {}", mb(r.peak_rss));
+            println!("  gridlet CPU           {:.2} s", r.cpu_s);
+        }
+        if let Some(d) = r.disk_per_event {
+            println!("  disk per queued event {d:.0} bytes");
+        }
+        if !r.note.is_empty() {
+            println!("  note: {}", r.note.trim());
+        }
+    }
+
+    fn summary(&self) {
+        println!("\n== summary (markdown) ==\n");
+        println!("| run | publish ev/s | × raw | delivered ev/s | × raw | p50 ms | p99 ms | max ms | gridlet peak RSS | gridlet CPU s | disk B/queued event | note |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+        for r in &self.rows {
+            let (p50, p99, max) = match r.lat {
+                Some((a, b, c)) => (
+                    format!("{:.2}", a as f64 / 1e3),
+                    format!("{:.2}", b as f64 / 1e3),
+                    format!("{:.2}", c as f64 / 1e3),
+                ),
+                None => ("–".into(), "–".into(), "–".into()),
+            };
+            println!(
+                "| {} | {:.0} | {:.2} | {:.0} | {:.2} | {p50} | {p99} | {max} | {} | {} | {} | {} |",
+                r.name,
+                r.publish_eps,
+                r.publish_eps / self.raw1,
+                r.delivered_eps,
+                r.delivered_eps / self.raw1,
+                if r.peak_rss > 0 { mb(r.peak_rss) } else { "–".into() },
+                if r.peak_rss > 0 { format!("{:.2}", r.cpu_s) } else { "–".into() },
+                r.disk_per_event
+                    .map(|d| format!("{d:.0}"))
+                    .unwrap_or("–".into()),
+                r.note.trim()
+            );
+        }
+        if !self.extras.is_empty() {
+            println!("\n| measure | value |\n|---|---|");
+            for (k, v) in &self.extras {
+                println!("| {k} | {v} |");
+            }
+        }
+    }
+}
+
+/// Wait until the receiver counted `expected` events, no progress for 5 s, or `cap`.
+async fn wait_delivered(rx: &Receiver, expected: u64, cap: Duration) -> (u64, u64) {
+    let deadline = Instant::now() + cap;
+    let mut last_seen = rx.stats.events.load(Relaxed);
+    let mut last_progress = Instant::now();
+    loop {
+        let n = rx.stats.events.load(Relaxed);
+        if n >= expected || Instant::now() > deadline {
+            break;
+        }
+        if n != last_seen {
+            last_seen = n;
+            last_progress = Instant::now();
+        } else if last_progress.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    (
+        rx.stats.events.load(Relaxed),
+        rx.stats.last_us.load(Relaxed),
+    )
+}
+
+fn publish_path() -> String {
+    format!("/topics/{TOPIC}/events?{API}")
+}
+
+/// Create the topic and `subs` webhook subscriptions to the receiver.
+async fn setup(
+    g: &Gridlet,
+    subs: usize,
+    rx: &Receiver,
+    max_events_per_batch: Option<u32>,
+) -> Result<(), String> {
+    let (s, b) = net::request(g.addr, "PUT", &format!("/topics/{TOPIC}?{API}"), "{}").await?;
+    if s != 200 {
+        return Err(format!("create topic: HTTP {s}: {b}"));
+    }
+    for i in 0..subs {
+        let mut props = serde_json::json!({"endpointUrl": rx.url(&format!("/s{i}"))});
+        if let (Some(n), Some(p)) = (max_events_per_batch, props.as_object_mut()) {
+            p.insert("maxEventsPerBatch".into(), n.into());
+        }
+        let body = serde_json::json!({"properties": {"destination": {
+            "endpointType": "WebHook", "properties": props}}});
+        let (s, b) = net::request(
+            g.addr,
+            "PUT",
+            &format!("/topics/{TOPIC}/eventSubscriptions/s{i}?{API}"),
+            &body.to_string(),
+        )
+        .await?;
+        if s != 200 {
+            return Err(format!("create subscription: HTTP {s}: {b}"));
+        }
+    }
+    Ok(())
+}
+
+/// `gridlet_pending_events` summed over subscriptions, from `/metrics`.
+async fn pending_events(g: &Gridlet) -> Option<u64> {
+    let (s, text) = net::request(g.addr, "GET", &format!("/metrics?{API}"), "")
+        .await
+        .ok()?;
+    if s != 200 {
+        return None;
+    }
+    Some(
+        text.lines()
+            .filter(|l| l.starts_with("gridlet_pending_events{"))
+            .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<u64>().ok())
+            .sum(),
+    )
+}
+
+fn mb(b: u64) -> String {
+    format!("{:.1} MB", b as f64 / (1024.0 * 1024.0))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(str::trim)
+        .unwrap_or("unknown CPU");
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kb = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    format!(
+        "{cores} CPUs, {model}, {:.1} GiB RAM",
+        mem_kb as f64 / (1024.0 * 1024.0)
+    )
+}
