@@ -178,6 +178,13 @@ impl Gridlet {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
+    /// Lines in its log so far (the hot path should add none at `info`).
+    pub fn log_lines(&self) -> usize {
+        std::fs::read_to_string(self.spec.dir.join("gridlet.log"))
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    }
+
     /// Footprint now.
     pub fn sample(&self) -> Footprint {
         Footprint::of(self.pid)

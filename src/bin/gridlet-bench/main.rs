@@ -48,11 +48,17 @@ struct Opts {
     backlog: u64,
     gridlet: Option<PathBuf>,
     max_seconds: u64,
+    /// How the subscriber is down in (e).
+    down: Mode,
 }
 
 const USAGE: &str = "usage: gridlet-bench [--scenario a|b|c|d|e|footprint|all (comma list ok)] [--quick]
                      [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
-                     [--gridlet PATH] [--max-seconds SECS]";
+                     [--down stall|refuse] [--gridlet PATH] [--max-seconds SECS]
+
+--down (scenario e): stall = the subscriber accepts requests and answers nothing until it comes
+back (the backlog waits in the ready lane); refuse = it answers 503 (every event takes the
+1-minute retry lane, so the drain waits for the retry schedule).";
 
 fn parse_args() -> Result<Opts, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -66,6 +72,7 @@ fn parse_args() -> Result<Opts, String> {
         backlog: if quick { 20_000 } else { 1_000_000 },
         gridlet: None,
         max_seconds: 900,
+        down: Mode::Stall,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -97,6 +104,13 @@ fn parse_args() -> Result<Opts, String> {
                     .ok()
                     .filter(|n| (1..=100_000_000).contains(n))
                     .ok_or("--backlog: 1..=100000000")?
+            }
+            "--down" => {
+                o.down = match val()?.as_str() {
+                    "stall" => Mode::Stall,
+                    "refuse" => Mode::Refuse,
+                    _ => return Err("--down: stall or refuse".into()),
+                }
             }
             "--gridlet" => o.gridlet = Some(PathBuf::from(val()?)),
             "--max-seconds" => {
@@ -174,6 +188,10 @@ struct Row {
     disk_per_event: Option<f64>,
     accepted: u64,
     delivered: u64,
+    /// Lines gridlet logged during the run.
+    log_lines: Option<usize>,
+    /// CPU seconds of this bench process (publisher + receiver) during the run.
+    bench_cpu_s: f64,
     note: String,
 }
 
@@ -407,7 +425,10 @@ impl Bench {
 
     async fn scenario_e(&mut self) -> Result<(), String> {
         let n = self.opts.backlog;
-        println!("\n== (e) backlog of {n} events behind a stalled subscriber ==");
+        println!(
+            "\n== (e) backlog of {n} events behind a down subscriber ({:?}) ==",
+            self.opts.down
+        );
         let rx = Receiver::start(self.base)
             .await
             .map_err(|e| format!("receiver: {e}"))?;
@@ -421,7 +442,7 @@ impl Bench {
         let g = Gridlet::start(&spec).await?;
         setup(&g, 1, &rx, Some(50)).await?;
         let idle = g.sample();
-        rx.set_mode(Mode::Stall);
+        rx.set_mode(self.opts.down);
         rx.stats.sampling.store(false, Relaxed);
         let fill = self.fill(&g, n).await;
         if fill.accepted < n {
@@ -459,11 +480,25 @@ impl Bench {
             ms(g.startup)
         );
         let mut note = format!("restart {:.0} ms", ms(g.startup));
+        let (topic_status, _) =
+            net::request(g.addr, "GET", &format!("/topics/{TOPIC}?{API}"), "").await?;
+        if topic_status == 404 {
+            println!("  the store kept no topics across the restart; re-creating them");
+            setup(&g, 1, &rx, Some(50)).await?;
+        }
         if restored < n {
             note.push_str(&format!(
                 ", restored {restored} (store keeps no events across restarts), refilled"
             ));
             let again = self.fill(&g, n - restored).await;
+            if again.accepted < n - restored {
+                return Err(format!(
+                    "could not refill the backlog: {} of {} accepted ({})",
+                    again.accepted,
+                    n - restored,
+                    again.first_error.unwrap_or_default()
+                ));
+            }
             println!(
                 "  the store lost the backlog at restart; refilled {} events in {:.1} s",
                 again.accepted,
@@ -509,6 +544,8 @@ impl Bench {
             disk_per_event: Some(disk as f64 / n as f64),
             accepted: n,
             delivered,
+            log_lines: None,
+            bench_cpu_s: 0.0,
             note,
         });
         Ok(())
@@ -595,6 +632,8 @@ impl Bench {
         rx.stats.reset();
         rx.stats.sampling.store(true, Relaxed);
         let fp0 = g.map(Gridlet::sample).unwrap_or_default();
+        let log0 = g.map(Gridlet::log_lines);
+        let self0 = Footprint::of(std::process::id());
         let t0_us = net::now_us(self.base);
         let p = net::publish(addr, load, self.base).await;
         let queued_at_end = (p.accepted * fanout).saturating_sub(rx.stats.events.load(Relaxed));
@@ -602,6 +641,7 @@ impl Bench {
         let expected = p.accepted * fanout;
         let (delivered, last_us) = wait_delivered(rx, expected, Duration::from_secs(120)).await;
         let fp1 = g.map(Gridlet::sample).unwrap_or_default();
+        let self1 = Footprint::of(std::process::id());
         let span = last_us.saturating_sub(t0_us) as f64 / 1e6;
         let mut samples = rx.stats.take_samples();
         samples.sort_unstable();
@@ -633,6 +673,8 @@ impl Bench {
                 .then(|| disk as f64 / queued_at_end as f64),
             accepted: p.accepted,
             delivered,
+            log_lines: g.map(Gridlet::log_lines).zip(log0).map(|(b, a)| b.saturating_sub(a)),
+            bench_cpu_s: self1.cpu_s - self0.cpu_s,
             note,
         }
     }
@@ -661,10 +703,24 @@ impl Bench {
         }
         if r.peak_rss > 0 {
             println!("  gridlet peak RSS      {}", mb(r.peak_rss));
-            println!("  gridlet CPU           {:.2} s", r.cpu_s);
+            println!(
+                "  gridlet CPU           {:.2} s = {:.1} µs per delivered event",
+                r.cpu_s,
+                per_event_us(r.cpu_s, r.delivered)
+            );
+        }
+        if r.bench_cpu_s > 0.0 {
+            println!(
+                "  bench CPU             {:.2} s = {:.1} µs per delivered event (publisher + receiver)",
+                r.bench_cpu_s,
+                per_event_us(r.bench_cpu_s, r.delivered)
+            );
         }
         if let Some(d) = r.disk_per_event {
             println!("  disk per queued event {d:.0} bytes");
+        }
+        if let Some(n) = r.log_lines {
+            println!("  gridlet log lines     {n} during the run (RUST_LOG=info)");
         }
         if !r.note.is_empty() {
             println!("  note: {}", r.note.trim());
@@ -673,8 +729,8 @@ impl Bench {
 
     fn summary(&self) {
         println!("\n== summary (markdown) ==\n");
-        println!("| run | publish ev/s | × raw | delivered ev/s | × raw | p50 ms | p99 ms | max ms | gridlet peak RSS | gridlet CPU s | disk B/queued event | note |");
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+        println!("| run | publish ev/s | × raw | delivered ev/s | × raw | p50 ms | p99 ms | max ms | gridlet peak RSS | gridlet CPU s | gridlet CPU µs/event | bench CPU µs/event | disk B/queued event | note |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
         for r in &self.rows {
             let (p50, p99, max) = match r.lat {
                 Some((a, b, c)) => (
@@ -685,7 +741,7 @@ impl Bench {
                 None => ("–".into(), "–".into(), "–".into()),
             };
             println!(
-                "| {} | {:.0} | {:.2} | {:.0} | {:.2} | {p50} | {p99} | {max} | {} | {} | {} | {} |",
+                "| {} | {:.0} | {:.2} | {:.0} | {:.2} | {p50} | {p99} | {max} | {} | {} | {} | {} | {} | {} |",
                 r.name,
                 r.publish_eps,
                 r.publish_eps / self.raw1,
@@ -693,6 +749,16 @@ impl Bench {
                 r.delivered_eps / self.raw1,
                 if r.peak_rss > 0 { mb(r.peak_rss) } else { "–".into() },
                 if r.peak_rss > 0 { format!("{:.2}", r.cpu_s) } else { "–".into() },
+                if r.peak_rss > 0 {
+                    format!("{:.1}", per_event_us(r.cpu_s, r.delivered))
+                } else {
+                    "–".into()
+                },
+                if r.bench_cpu_s > 0.0 {
+                    format!("{:.1}", per_event_us(r.bench_cpu_s, r.delivered))
+                } else {
+                    "–".into()
+                },
                 r.disk_per_event
                     .map(|d| format!("{d:.0}"))
                     .unwrap_or("–".into()),
@@ -782,6 +848,10 @@ async fn pending_events(g: &Gridlet) -> Option<u64> {
             .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<u64>().ok())
             .sum(),
     )
+}
+
+fn per_event_us(cpu_s: f64, events: u64) -> f64 {
+    cpu_s * 1e6 / events.max(1) as f64
 }
 
 fn mb(b: u64) -> String {
