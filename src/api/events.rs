@@ -4,27 +4,29 @@ use super::{read_body, AppState};
 use crate::broker::topic_not_found;
 use crate::model::event::{self, PublishInput};
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use tokio::time::Instant;
 
+// The handlers take the whole request and split it instead of extracting `HeaderMap`: that
+// extractor clones every header map (~1 % of the publish path's CPU in the bench profile).
 pub(super) async fn publish(
     State(s): State<AppState>,
     Path(topic): Path<String>,
-    headers: HeaderMap,
-    body: Body,
+    req: Request,
 ) -> Response {
-    run(s, topic, None, headers, body).await
+    let (parts, body) = req.into_parts();
+    run(s, topic, None, parts.headers, body).await
 }
 
 pub(super) async fn publish_single(
     State(s): State<AppState>,
     Path((topic, id)): Path<(String, String)>,
-    headers: HeaderMap,
-    body: Body,
+    req: Request,
 ) -> Response {
-    run(s, topic, Some(id), headers, body).await
+    let (parts, body) = req.into_parts();
+    run(s, topic, Some(id), parts.headers, body).await
 }
 
 async fn run(

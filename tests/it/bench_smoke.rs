@@ -5,7 +5,7 @@ use std::time::Duration;
 
 #[test]
 fn bench_command_runs_every_scenario_on_a_tiny_load() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gridlet-bench"))
+    let child = Command::new(env!("CARGO_BIN_EXE_gridlet-bench"))
         .args([
             "--quick",
             "--scenario",
@@ -36,14 +36,19 @@ fn bench_command_runs_every_scenario_on_a_tiny_load() {
     let out = match rx.recv_timeout(Duration::from_secs(120)) {
         Ok(out) => out.expect("bench output"),
         Err(_) => {
-            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
             panic!("gridlet-bench did not finish within 120 s");
         }
     };
     let status = out.status;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(status.success(), "bench failed: {status}\n{stdout}\n{stderr}");
+    assert!(
+        status.success(),
+        "bench failed: {status}\n{stdout}\n{stderr}"
+    );
     for needle in [
         "raw batch 1",
         "a: 1 sub, batch 1",

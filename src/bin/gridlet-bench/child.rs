@@ -71,6 +71,24 @@ pub struct Gridlet {
 
 impl Drop for Gridlet {
     fn drop(&mut self) {
+        // SIGTERM first (gridlet's graceful stop; profilers write their output), SIGKILL after 3 s.
+        // Only while the child is unreaped: a reaped pid may already belong to someone else.
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            unregister(self.pid);
+            return;
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         unregister(self.pid);

@@ -52,7 +52,8 @@ struct Opts {
     down: Mode,
 }
 
-const USAGE: &str = "usage: gridlet-bench [--scenario a|b|c|d|e|footprint|all (comma list ok)] [--quick]
+const USAGE: &str =
+    "usage: gridlet-bench [--scenario a|b|c|d|e|footprint|all (comma list ok)] [--quick]
                      [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
                      [--down stall|refuse] [--gridlet PATH] [--max-seconds SECS]
 
@@ -76,7 +77,11 @@ fn parse_args() -> Result<Opts, String> {
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        let mut val = || it.next().cloned().ok_or(format!("{a} needs a value\n{USAGE}"));
+        let mut val = || {
+            it.next()
+                .cloned()
+                .ok_or(format!("{a} needs a value\n{USAGE}"))
+        };
         let secs = |v: String| {
             v.parse::<f64>()
                 .ok()
@@ -319,7 +324,10 @@ impl Bench {
                 None,
             )
             .await;
-        self.print_row(&r100, "publisher → receiver directly, 100 events per request");
+        self.print_row(
+            &r100,
+            "publisher → receiver directly, 100 events per request",
+        );
         self.rows.push(r100);
         Ok(())
     }
@@ -333,10 +341,20 @@ impl Bench {
         let path = publish_path();
         self.warm_up(&rx, g.addr, &path, 1, 1).await;
         let mut r = self
-            .measure("a: 1 sub, batch 1", &rx, g.addr, &self.load(1, &path), 1, Some(&g))
+            .measure(
+                "a: 1 sub, batch 1",
+                &rx,
+                g.addr,
+                &self.load(1, &path),
+                1,
+                Some(&g),
+            )
             .await;
         r.note = "batching off".into();
-        self.print_row(&r, "1 topic, 1 subscription, publish batches of 1, batching off");
+        self.print_row(
+            &r,
+            "1 topic, 1 subscription, publish batches of 1, batching off",
+        );
         self.rows.push(r);
         // Latency at a paced 1,000 events/s.
         let mut paced = self.load(1, &path);
@@ -412,7 +430,14 @@ impl Bench {
         let path = publish_path();
         self.warm_up(&rx, g.addr, &path, 1, 1).await;
         let mut r = self
-            .measure("d: persisted", &rx, g.addr, &self.load(1, &path), 1, Some(&g))
+            .measure(
+                "d: persisted",
+                &rx,
+                g.addr,
+                &self.load(1, &path),
+                1,
+                Some(&g),
+            )
             .await;
         r.note = "200 after store commit".into();
         self.print_row(
@@ -673,7 +698,10 @@ impl Bench {
                 .then(|| disk as f64 / queued_at_end as f64),
             accepted: p.accepted,
             delivered,
-            log_lines: g.map(Gridlet::log_lines).zip(log0).map(|(b, a)| b.saturating_sub(a)),
+            log_lines: g
+                .map(Gridlet::log_lines)
+                .zip(log0)
+                .map(|(b, a)| b.saturating_sub(a)),
             bench_cpu_s: self1.cpu_s - self0.cpu_s,
             note,
         }
@@ -692,7 +720,10 @@ impl Bench {
             r.delivered_eps,
             ratio(r.delivered_eps)
         );
-        println!("  events published/delivered  {} / {}", r.accepted, r.delivered);
+        println!(
+            "  events published/delivered  {} / {}",
+            r.accepted, r.delivered
+        );
         if let Some((p50, p99, max)) = r.lat {
             println!(
                 "  latency p50/p99/max   {:.2} / {:.2} / {:.2} ms",

@@ -368,8 +368,7 @@ pub async fn publish(addr: SocketAddr, load: &Load, base: Instant) -> Published 
                 let period = Duration::from_secs_f64(load.batch as f64 / per_conn);
                 // Stagger the connections so the aggregate is evenly paced.
                 let offset = period.mul_f64(c as f64 / load.conns.max(1) as f64);
-                let mut i =
-                    tokio::time::interval_at(tokio::time::Instant::now() + offset, period);
+                let mut i = tokio::time::interval_at(tokio::time::Instant::now() + offset, period);
                 i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 i
             });
@@ -401,7 +400,10 @@ pub async fn publish(addr: SocketAddr, load: &Load, base: Instant) -> Published 
                         if out.first_error.is_none() {
                             out.first_error = Some(format!(
                                 "HTTP {status}: {}",
-                                String::from_utf8_lossy(&b).chars().take(200).collect::<String>()
+                                String::from_utf8_lossy(&b)
+                                    .chars()
+                                    .take(200)
+                                    .collect::<String>()
                             ));
                         }
                     }
