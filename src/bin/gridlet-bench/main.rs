@@ -50,16 +50,20 @@ struct Opts {
     max_seconds: u64,
     /// How the subscriber is down in (e).
     down: Mode,
+    /// (e) with persisted subscriptions (default) or in-memory ones.
+    e_persisted: bool,
 }
 
 const USAGE: &str =
     "usage: gridlet-bench [--scenario a|b|c|d|e|footprint|all (comma list ok)] [--quick]
                      [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
-                     [--down stall|refuse] [--gridlet PATH] [--max-seconds SECS]
+                     [--down stall|refuse] [--e-in-memory] [--gridlet PATH] [--max-seconds SECS]
 
 --down (scenario e): stall = the subscriber accepts requests and answers nothing until it comes
 back (the backlog waits in the ready lane); refuse = it answers 503 (every event takes the
-1-minute retry lane, so the drain waits for the retry schedule).";
+1-minute retry lane, so the drain waits for the retry schedule).
+--e-in-memory: scenario e with in-memory subscriptions (default: persisted, so the backlog can
+survive the restart).";
 
 fn parse_args() -> Result<Opts, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -74,6 +78,7 @@ fn parse_args() -> Result<Opts, String> {
         gridlet: None,
         max_seconds: 900,
         down: Mode::Stall,
+        e_persisted: true,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -117,6 +122,7 @@ fn parse_args() -> Result<Opts, String> {
                     _ => return Err("--down: stall or refuse".into()),
                 }
             }
+            "--e-in-memory" => o.e_persisted = false,
             "--gridlet" => o.gridlet = Some(PathBuf::from(val()?)),
             "--max-seconds" => {
                 o.max_seconds = val()?
@@ -460,7 +466,14 @@ impl Bench {
         let spec = self.spec(
             "e",
             &[
-                ("broker__defaultIsPersisted", "true"),
+                (
+                    "broker__defaultIsPersisted",
+                    if self.opts.e_persisted {
+                        "true"
+                    } else {
+                        "false"
+                    },
+                ),
                 ("broker__deliveryTimeoutInSeconds", "3600"),
             ],
         );
