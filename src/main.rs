@@ -5,6 +5,14 @@
 use gridlet::{Config, Gridlet, Parts};
 use std::process::ExitCode;
 
+/// mimalloc instead of the platform allocator: glibc's malloc/free were a quarter of the
+/// instructions per delivered event (callgrind, docs/BENCHMARKS.md; musl's are slower still), and
+/// after a 1M-event backlog drains mimalloc gives the memory back (90 MB RSS) where glibc kept
+/// all 700 MB. `.cargo/config.toml` turns off its eager arena commit, which otherwise doubles
+/// idle RSS. Binary only: the library and its tests keep the system allocator.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cfg = match Config::from_env() {
         Ok(c) => c,
