@@ -1,4 +1,6 @@
 //! Black-box tests: a real gridlet over HTTP, real webhook receivers.
 
 mod api;
+mod delivery;
+mod security;
 mod util;
