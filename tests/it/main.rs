@@ -2,5 +2,6 @@
 
 mod api;
 mod delivery;
+mod schedule;
 mod security;
 mod util;

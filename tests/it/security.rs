@@ -10,15 +10,30 @@ async fn default_config_is_https_only_and_needs_a_client_certificate_checklist_5
     let env = vec![
         ("inbound__httpsPort".to_string(), "0".to_string()),
         ("inbound__bindAddress".to_string(), "127.0.0.1".to_string()),
-        ("persistence__metadataPath".to_string(), dir.path().join("m").display().to_string()),
-        ("persistence__eventsPath".to_string(), dir.path().join("e").display().to_string()),
+        (
+            "persistence__metadataPath".to_string(),
+            dir.path().join("m").display().to_string(),
+        ),
+        (
+            "persistence__eventsPath".to_string(),
+            dir.path().join("e").display().to_string(),
+        ),
     ];
-    let g = Gridlet::start(Config::from_vars(env).unwrap(), Parts::default()).await.unwrap();
+    let g = Gridlet::start(Config::from_vars(env).unwrap(), Parts::default())
+        .await
+        .unwrap();
     assert!(g.http_addr.is_none(), "5888 is closed by default");
     let https = g.https_addr.unwrap();
     gridlet::tls::install_default_provider();
-    let client = reqwest::Client::builder().tls_danger_accept_invalid_certs(true).build().unwrap();
-    let r = client.get(format!("https://127.0.0.1:{}/topics?{V}", https.port())).send().await.unwrap();
+    let client = reqwest::Client::builder()
+        .tls_danger_accept_invalid_certs(true)
+        .build()
+        .unwrap();
+    let r = client
+        .get(format!("https://127.0.0.1:{}/topics?{V}", https.port()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
     let b: serde_json::Value = r.json().await.unwrap();
     assert_eq!(b["error"]["code"], "Unauthorized");
@@ -26,8 +41,16 @@ async fn default_config_is_https_only_and_needs_a_client_certificate_checklist_5
     let ck = rcgen::generate_simple_self_signed(vec!["client".to_string()]).unwrap();
     let pem = format!("{}{}", ck.cert.pem(), ck.signing_key.serialize_pem());
     let id = reqwest::Identity::from_pem(pem.as_bytes()).unwrap();
-    let client = reqwest::Client::builder().tls_danger_accept_invalid_certs(true).identity(id).build().unwrap();
-    let r = client.get(format!("https://127.0.0.1:{}/topics?{V}", https.port())).send().await.unwrap();
+    let client = reqwest::Client::builder()
+        .tls_danger_accept_invalid_certs(true)
+        .identity(id)
+        .build()
+        .unwrap();
+    let r = client
+        .get(format!("https://127.0.0.1:{}/topics?{V}", https.port()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     g.shutdown().await;
 }
@@ -58,7 +81,11 @@ async fn sas_keys_checklist_54() {
 
 #[tokio::test]
 async fn tls_policy_picks_the_listeners_checklist_55() {
-    for (policy, http, https) in [("disabled", true, false), ("enabled", true, true), ("strict", false, true)] {
+    for (policy, http, https) in [
+        ("disabled", true, false),
+        ("enabled", true, true),
+        ("strict", false, true),
+    ] {
         let t = start(&[("inbound__serverAuth__tlsPolicy", policy)]).await;
         assert_eq!(t.g.http_addr.is_some(), http, "{policy}");
         assert_eq!(t.g.https_addr.is_some(), https, "{policy}");
@@ -78,12 +105,30 @@ async fn colon_separated_keys_behave_like_double_underscores_checklist_56() {
     ]
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
-    .chain([("persistence__metadataPath".to_string(), dir.path().join("m").display().to_string())])
+    .chain([(
+        "persistence__metadataPath".to_string(),
+        dir.path().join("m").display().to_string(),
+    )])
     .collect();
-    let g = Gridlet::start(Config::from_vars(env).unwrap(), Parts::default()).await.unwrap();
-    let base = format!("http://{}", g.http_addr.expect("HTTP listener from the colon-spelled policy"));
-    let r = reqwest::Client::new().put(format!("{base}/topics/t?{V}")).json(&json!({})).send().await.unwrap();
-    assert_eq!(r.status(), 200, "client certs disabled through the colon spelling");
+    let g = Gridlet::start(Config::from_vars(env).unwrap(), Parts::default())
+        .await
+        .unwrap();
+    let base = format!(
+        "http://{}",
+        g.http_addr
+            .expect("HTTP listener from the colon-spelled policy")
+    );
+    let r = reqwest::Client::new()
+        .put(format!("{base}/topics/t?{V}"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        200,
+        "client certs disabled through the colon spelling"
+    );
     g.shutdown().await;
 }
 
@@ -96,9 +141,19 @@ async fn metrics_are_off_by_default_checklist_62() {
 #[tokio::test]
 async fn health_routes_need_no_auth() {
     let t = start(&[("inbound__clientAuth__clientCert__enabled", "true")]).await;
-    let r = t.client.get(format!("{}/healthz", t.base)).send().await.unwrap();
+    let r = t
+        .client
+        .get(format!("{}/healthz", t.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    let r = t.client.get(format!("{}/readyz", t.base)).send().await.unwrap();
+    let r = t
+        .client
+        .get(format!("{}/readyz", t.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(t.get("/topics").await.0, 401);
 }
