@@ -228,14 +228,9 @@ async fn defaults_attempt_thirteen_times_over_two_hours() {
     h.sub("s", json!({}));
     h.publish(1).await;
     let mut times = Vec::new();
-    loop {
-        match tokio::time::timeout(minutes(24 * 60), h.rx.recv()).await {
-            Ok(Some(a)) => {
-                times.push(a.at.as_secs() / 60);
-                let _ = a.reply.send(fail());
-            }
-            _ => break,
-        }
+    while let Ok(Some(a)) = tokio::time::timeout(minutes(24 * 60), h.rx.recv()).await {
+        times.push(a.at.as_secs() / 60);
+        let _ = a.reply.send(fail());
     }
     assert_eq!(
         times,
