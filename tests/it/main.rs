@@ -2,6 +2,7 @@
 
 mod api;
 mod delivery;
+mod fuzz;
 mod schedule;
 mod security;
 mod util;
