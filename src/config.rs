@@ -680,9 +680,17 @@ mod readme_tests {
     fn readme_lists_every_setting_with_its_default() {
         let readme = include_str!("../README.md");
         for s in super::SETTINGS {
-            let default = if s.default.is_empty() { "—".to_string() } else { format!("`{}`", s.default) };
+            let default = if s.default.is_empty() {
+                "—".to_string()
+            } else {
+                format!("`{}`", s.default)
+            };
             let row = format!("| `{}` | {} |", s.key, default);
-            assert!(readme.contains(&row), "README settings table lacks or misstates {}", s.key);
+            assert!(
+                readme.contains(&row),
+                "README settings table lacks or misstates {}",
+                s.key
+            );
         }
     }
 }

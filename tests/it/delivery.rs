@@ -368,3 +368,52 @@ async fn eventgrid_destination_gets_sas_key_and_topic_rewrite_checklist_51() {
     assert_eq!(r.headers["aeg-sas-key"], "secret-key");
     assert_eq!(r.json()[0]["topic"], "cloudTopic");
 }
+
+#[tokio::test]
+async fn https_webhooks_honour_allow_unknown_ca() {
+    // Default: allowUnknownCA=true — a self-signed subscriber certificate is accepted.
+    let t = start(&[("outbound__webhook__httpsOnly", "true")]).await;
+    let mut rx = https_receiver().await;
+    t.topic("t1").await;
+    t.webhook_sub("t1", "s", &rx.https_url("/s"), json!({}))
+        .await;
+    t.publish("t1", json!([eg_event("1", "s", "e", json!(null))]))
+        .await;
+    assert_eq!(rx.next().await.json()[0]["id"], "1");
+
+    // allowUnknownCA=false: the same subscriber is refused (unknown CA) and the attempt fails.
+    let strict = start(&[("outbound__webhook__allowUnknownCA", "false")]).await;
+    let mut rx2 = https_receiver().await;
+    strict.topic("t1").await;
+    strict
+        .webhook_sub("t1", "s", &rx2.https_url("/s"), json!({}))
+        .await;
+    strict
+        .publish("t1", json!([eg_event("1", "s", "e", json!(null))]))
+        .await;
+    rx2.nothing_within(Duration::from_millis(500)).await;
+    let m = strict.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "DeliveryFailureCounts",
+            "topic=\"t1\",subscription=\"s\""
+        ),
+        Some(1),
+        "{m}"
+    );
+
+    // skipServerCertValidation=true overrides that.
+    let skip = start(&[
+        ("outbound__webhook__allowUnknownCA", "false"),
+        ("outbound__webhook__skipServerCertValidation", "true"),
+    ])
+    .await;
+    let mut rx3 = https_receiver().await;
+    skip.topic("t1").await;
+    skip.webhook_sub("t1", "s", &rx3.https_url("/s"), json!({}))
+        .await;
+    skip.publish("t1", json!([eg_event("1", "s", "e", json!(null))]))
+        .await;
+    assert_eq!(rx3.next().await.json()[0]["id"], "1");
+}

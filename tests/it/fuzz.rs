@@ -22,19 +22,56 @@ impl Rng {
 }
 
 fn random_json(r: &mut Rng, depth: u32) -> Value {
-    let keys = ["id", "subject", "eventType", "eventTime", "dataVersion", "data", "topic", "metadataVersion",
-        "properties", "destination", "endpointType", "endpointUrl", "filter", "advancedFilters", "operatorType",
-        "key", "value", "values", "retryPolicy", "maxEventsPerBatch", "persistencePolicy", "isPersisted", "ZZ"];
+    let keys = [
+        "id",
+        "subject",
+        "eventType",
+        "eventTime",
+        "dataVersion",
+        "data",
+        "topic",
+        "metadataVersion",
+        "properties",
+        "destination",
+        "endpointType",
+        "endpointUrl",
+        "filter",
+        "advancedFilters",
+        "operatorType",
+        "key",
+        "value",
+        "values",
+        "retryPolicy",
+        "maxEventsPerBatch",
+        "persistencePolicy",
+        "isPersisted",
+        "ZZ",
+    ];
     match if depth > 4 { r.below(5) } else { r.below(8) } {
         0 => Value::Null,
         1 => json!(r.below(2) == 0),
         2 => json!(r.next() as i64),
         3 => json!((r.next() % 10_000) as f64 / 7.0),
-        4 => json!(["WebHook", "EdgeHub", "EventGrid", "http://127.0.0.1:9/x", "https://x", "", "NumberIn", "data.a", "1"][r.below(9) as usize]),
+        4 => json!(
+            [
+                "WebHook",
+                "EdgeHub",
+                "EventGrid",
+                "http://127.0.0.1:9/x",
+                "https://x",
+                "",
+                "NumberIn",
+                "data.a",
+                "1"
+            ][r.below(9) as usize]
+        ),
         5 | 6 => {
             let mut m = serde_json::Map::new();
             for _ in 0..r.below(6) {
-                m.insert(keys[r.below(keys.len() as u64) as usize].to_string(), random_json(r, depth + 1));
+                m.insert(
+                    keys[r.below(keys.len() as u64) as usize].to_string(),
+                    random_json(r, depth + 1),
+                );
             }
             Value::Object(m)
         }
@@ -68,14 +105,24 @@ async fn check(t: &TestGridlet, method: reqwest::Method, path: &str, body: Vec<u
         .body(body.clone())
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{what}: request failed ({e}); body {:?}", String::from_utf8_lossy(&body)));
+        .unwrap_or_else(|e| {
+            panic!(
+                "{what}: request failed ({e}); body {:?}",
+                String::from_utf8_lossy(&body)
+            )
+        });
     let status = r.status().as_u16();
     let text = r.text().await.unwrap_or_default();
     if status == 200 {
         return;
     }
-    assert!((400..500).contains(&status), "{what}: status {status} for {:?}: {text}", String::from_utf8_lossy(&body));
-    let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{what}: error body not JSON: {text}"));
+    assert!(
+        (400..500).contains(&status),
+        "{what}: status {status} for {:?}: {text}",
+        String::from_utf8_lossy(&body)
+    );
+    let v: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|_| panic!("{what}: error body not JSON: {text}"));
     assert!(v["error"]["details"]["code"].is_string(), "{what}: {text}");
 }
 
@@ -84,9 +131,23 @@ async fn random_bodies_never_break_the_broker() {
     let t = start(&[]).await;
     let mut rx = Receiver::start().await;
     t.topic("f").await;
-    t.put("/topics/c", json!({"properties":{"inputSchema":"CustomEventSchema"}})).await;
-    t.put("/topics/ce", json!({"properties":{"inputSchema":"CloudEventSchemaV1_0"}})).await;
-    let valid_event = serde_json::to_vec(&json!([eg_event("1", "s", "e", json!({"a":[1,{"b":null}]}))])).unwrap();
+    t.put(
+        "/topics/c",
+        json!({"properties":{"inputSchema":"CustomEventSchema"}}),
+    )
+    .await;
+    t.put(
+        "/topics/ce",
+        json!({"properties":{"inputSchema":"CloudEventSchemaV1_0"}}),
+    )
+    .await;
+    let valid_event = serde_json::to_vec(&json!([eg_event(
+        "1",
+        "s",
+        "e",
+        json!({"a":[1,{"b":null}]})
+    )]))
+    .unwrap();
     let valid_sub = serde_json::to_vec(&json!({"properties":{"destination":{"endpointType":"WebHook","properties":{"endpointUrl":"http://127.0.0.1:9/x","maxEventsPerBatch":5}},
         "filter":{"subjectBeginsWith":"a","advancedFilters":[{"operatorType":"NumberIn","key":"data.a","values":[1,2]}]},
         "retryPolicy":{"maxDeliveryAttempts":3}}}))
@@ -96,18 +157,42 @@ async fn random_bodies_never_break_the_broker() {
         let topic = ["f", "c", "ce"][i % 3];
         let body = match i % 4 {
             0 => serde_json::to_vec(&random_json(&mut r, 0)).unwrap(),
-            1 => serde_json::to_vec(&Value::Array((0..r.below(5)).map(|_| random_json(&mut r, 1)).collect())).unwrap(),
+            1 => serde_json::to_vec(&Value::Array(
+                (0..r.below(5)).map(|_| random_json(&mut r, 1)).collect(),
+            ))
+            .unwrap(),
             _ => mutate(&mut r, valid_event.clone()),
         };
-        check(&t, reqwest::Method::POST, &format!("/topics/{topic}/events"), body, "publish").await;
-        let body = if i % 2 == 0 { serde_json::to_vec(&random_json(&mut r, 0)).unwrap() } else { mutate(&mut r, valid_sub.clone()) };
-        check(&t, reqwest::Method::PUT, &format!("/topics/{topic}/eventSubscriptions/fz{}", i % 7), body, "subscription").await;
+        check(
+            &t,
+            reqwest::Method::POST,
+            &format!("/topics/{topic}/events"),
+            body,
+            "publish",
+        )
+        .await;
+        let body = if i % 2 == 0 {
+            serde_json::to_vec(&random_json(&mut r, 0)).unwrap()
+        } else {
+            mutate(&mut r, valid_sub.clone())
+        };
+        check(
+            &t,
+            reqwest::Method::PUT,
+            &format!("/topics/{topic}/eventSubscriptions/fz{}", i % 7),
+            body,
+            "subscription",
+        )
+        .await;
     }
     // Still delivering.
     for sub in 0..7 {
-        t.delete(&format!("/topics/f/eventSubscriptions/fz{sub}")).await;
+        t.delete(&format!("/topics/f/eventSubscriptions/fz{sub}"))
+            .await;
     }
-    t.webhook_sub("f", "alive", &rx.url("/alive"), json!({})).await;
-    t.publish("f", json!([eg_event("after", "s", "e", json!(null))])).await;
+    t.webhook_sub("f", "alive", &rx.url("/alive"), json!({}))
+        .await;
+    t.publish("f", json!([eg_event("after", "s", "e", json!(null))]))
+        .await;
     assert_eq!(rx.next().await.json()[0]["id"], "after");
 }

@@ -3,6 +3,7 @@
 mod api;
 mod delivery;
 mod fuzz;
+mod process;
 mod schedule;
 mod security;
 mod util;
