@@ -2,4 +2,5 @@
 
 mod api;
 mod edge;
+mod packaging;
 mod util;
