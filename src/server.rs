@@ -101,9 +101,10 @@ impl Gridlet {
         let cfg = Arc::new(cfg);
         let store = parts.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
         let clock = parts.clock.unwrap_or_else(Clock::system);
-        let mut edge = match cfg.edge.is_iot_edge() {
-            true => Some(EdgeRuntime::connect(&cfg, clock).await?),
-            false => None,
+        let mut edge = if cfg.edge.is_iot_edge() {
+            Some(EdgeRuntime::connect(&cfg, clock).await?)
+        } else {
+            None
         };
         let sinks = match parts.sinks {
             Some(s) => s,
