@@ -915,3 +915,30 @@ async fn edgehub_output_and_module_twin_round_trip_through_mosquitto() {
     let expiry: u64 = expiry.parse().unwrap();
     assert!(expiry > now_secs() + 3000 && expiry <= now_secs() + 3600);
 }
+
+#[tokio::test]
+async fn edgehub_failures_follow_the_retry_rules() {
+    let pki = Arc::new(Pki::new());
+    let dir = tempfile::tempdir().unwrap();
+    let wl = Workload::start(dir.path(), pki.clone(), 90 * 86_400).await;
+    // Nothing listens where edgeHub should be.
+    let gateway = format!("localhost:{}", free_port());
+    let t = start_edge(&[], wl.env(Some(&gateway))).await;
+    t.topic("t1").await;
+    let (s, b) = t
+        .put(
+            "/topics/t1/eventSubscriptions/toHub",
+            json!({"properties": {"destination": {"endpointType": "EdgeHub",
+                "properties": {"outputName": "out1"}}}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    t.publish("t1", json!([eg_event("1", "s", "e", json!({}))]))
+        .await;
+    let labels = "topic=\"t1\",subscription=\"toHub\"";
+    wait_for_metric(&t, "DeliveryFailureCounts", labels, 1).await;
+    // Not dropped: the event waits in the retry queue (first retry after one minute).
+    let text = t.metrics().await;
+    assert_eq!(metric(&text, "gridlet_pending_events", labels), Some(1));
+    assert_eq!(metric(&text, "DeliverySuccessCounts", labels), Some(0));
+}
