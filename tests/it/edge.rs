@@ -347,16 +347,15 @@ impl Mosquitto {
             "mosquitto.conf",
             &format!(
                 "user root\npersistence false\nallow_anonymous true\nacl_file {acl}\n\
-                 log_dest file {}\nlog_type all\n\
+                 log_dest stderr\nlog_type all\n\
                  listener {plain_port} 127.0.0.1\n\
-                 listener {tls_port} 127.0.0.1\ncafile {ca}\ncertfile {cert}\nkeyfile {key}\n",
-                log.display()
+                 listener {tls_port} 127.0.0.1\ncafile {ca}\ncertfile {cert}\nkeyfile {key}\n"
             ),
         );
         let child = Command::new(bin)
             .args(["-c", &conf])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
             .spawn()
             .expect("mosquitto starts");
         let m = Self {
@@ -941,4 +940,75 @@ async fn edgehub_failures_follow_the_retry_rules() {
     let text = t.metrics().await;
     assert_eq!(metric(&text, "gridlet_pending_events", labels), Some(1));
     assert_eq!(metric(&text, "DeliverySuccessCounts", labels), Some(0));
+}
+
+#[tokio::test]
+async fn edgehub_connection_renews_its_sas_token_before_expiry() {
+    use gridlet::edge::edgehub::{output_topic, EdgeHub, HubSettings};
+    use gridlet::edge::workload::{ModuleIdentity, WorkloadClient};
+    let pki = Arc::new(Pki::new());
+    let dir = tempfile::tempdir().unwrap();
+    let mosq = Mosquitto::start(dir.path(), &pki).await;
+    let wl = Workload::start(dir.path(), pki.clone(), 90 * 86_400).await;
+    let workload = WorkloadClient::new(
+        &wl.uri,
+        ModuleIdentity {
+            module_id: MODULE.into(),
+            generation_id: "gen-1".into(),
+            api_version: "2019-01-30".into(),
+        },
+    )
+    .unwrap();
+    let tls = rustls::ClientConfig::builder_with_provider(gridlet::tls::provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(pki.roots())
+        .with_no_client_auth();
+    // Tokens live 10 s: renewal (a new token and a new connection) is due after about 8 s.
+    let settings = HubSettings {
+        host: "localhost".into(),
+        port: mosq.tls_port,
+        hub_hostname: HUB.into(),
+        device_id: DEVICE.into(),
+        module_id: MODULE.into(),
+        tls: Some(Arc::new(tls)),
+        token_ttl: Duration::from_secs(10),
+    };
+    let (hub, conn, _twin) = EdgeHub::new(settings, workload, gridlet::clock::Clock::system());
+    let _task = gridlet::delivery::dispatcher::AbortOnDrop(tokio::spawn(conn.run()));
+    let topic = output_topic(DEVICE, MODULE, "o");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut acked_after_renewal = 0;
+    while acked_after_renewal < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no acknowledged publish after a token renewal; mosquitto log:\n{}",
+            mosq.log_text()
+        );
+        let renewed = wl.log.lock().unwrap().signed.len() >= 2;
+        let rx = hub
+            .publish(topic.clone(), Bytes::from_static(b"[]"), QoS::AtLeastOnce)
+            .unwrap();
+        let acked = matches!(
+            tokio::time::timeout(Duration::from_secs(5), rx).await,
+            Ok(Ok(Ok(())))
+        );
+        if acked && renewed {
+            acked_after_renewal += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let signed = wl.log.lock().unwrap().signed.clone();
+    let expiries: Vec<&str> = signed.iter().filter_map(|s| s.split('\n').nth(1)).collect();
+    assert!(expiries.len() >= 2);
+    assert_ne!(
+        expiries.first(),
+        expiries.last(),
+        "a fresh token, not the old one"
+    );
+    assert!(
+        mosq.log_text().matches("New client connected").count() >= 2,
+        "{}",
+        mosq.log_text()
+    );
 }
