@@ -5,7 +5,8 @@
 //!   client id `{device}/{module}`; username `{hub}/{device}/{module}/?api-version=2018-06-30`;
 //!   password a SAS token signed by the workload API ([`super::sas`]). MQTT 3.1.1 cannot
 //!   re-authenticate, so before the token expires the connection is re-made with a fresh one
-//!   (when nothing is in flight, or at the latest shortly before expiry).
+//!   (when nothing is in flight, or at the latest shortly before expiry). Publishes still queued
+//!   at that moment fail as disconnected and are retried like any failed delivery.
 //! * Publish: `devices/{dev}/modules/{mod}/messages/events/%24.on={output}&%24.ct=…&%24.ce=utf-8`,
 //!   QoS 1; success is edgeHub's PUBACK (it acknowledges once the message is stored).
 //!
