@@ -18,6 +18,7 @@
 //! * [`model`]: topics, subscriptions, events; [`filter`]: subscription filters.
 //! * [`broker`]: registry and publish path; [`delivery`]: queues, dispatch, retry, sinks.
 //! * [`store`]: storage trait and implementations; [`tls`]: certificates and verifiers.
+//! * [`edge`]: running as an IoT Edge module (workload API, edgeHub, module twin).
 //! * [`metrics`]: counters and the Prometheus rendering; [`clock`]: time seam.
 
 #![forbid(unsafe_code)]
@@ -32,6 +33,7 @@ pub mod broker;
 pub mod clock;
 pub mod config;
 pub mod delivery;
+pub mod edge;
 pub mod error;
 pub mod filter;
 pub mod metrics;
