@@ -113,14 +113,10 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
     let mut in_flight: JoinSet<SendResult> = JoinSet::new();
     loop {
         // Send everything that can go now.
+        let mut lim;
         loop {
             let cfg = shared.config();
-            let lim = Limits {
-                max_events: cfg.caps.0,
-                max_bytes: cfg.caps.1,
-                max_in_flight: ctx.max_in_flight,
-                retry_cap: (ctx.max_in_flight / 4).max(1),
-            };
+            lim = limits(&cfg, &ctx);
             let now_ms = ctx.clock.now_ms();
             let mut expired = Vec::new();
             let picked = shared.queue().pick(
@@ -157,7 +153,7 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
             };
             in_flight.spawn(send(cfg.sink.clone(), req, batch, permit));
         }
-        let next_due = shared.queue().next_due();
+        let next_due = shared.queue().next_wakeup(&lim);
         tokio::select! {
             _ = shared.notify.notified() => {}
             Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
@@ -169,6 +165,15 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
             }
             _ = sleep_until_opt(next_due) => {}
         }
+    }
+}
+
+fn limits(cfg: &SubConfig, ctx: &EngineCtx) -> Limits {
+    Limits {
+        max_events: cfg.caps.0,
+        max_bytes: cfg.caps.1,
+        max_in_flight: ctx.max_in_flight,
+        retry_cap: (ctx.max_in_flight / 4).max(1),
     }
 }
 

@@ -2,18 +2,31 @@
 
 use super::sink::{Sink, SinkFactory, UnsupportedSink};
 use super::webhook::{TopicRewrite, WebhookSink};
+use crate::edge::edgehub::EdgeHub;
 use crate::model::subscription::{Destination, Subscription};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Builds sinks for subscriptions.
 pub struct DefaultSinks {
     client: reqwest::Client,
+    edgehub: Option<(EdgeHub, Duration)>,
 }
 
 impl DefaultSinks {
     /// Sinks sharing `client` (see [`crate::tls::outbound_http_client`]).
     pub fn new(client: reqwest::Client) -> Self {
-        Self { client }
+        Self {
+            client,
+            edgehub: None,
+        }
+    }
+
+    /// Deliver `EdgeHub` destinations over this connection (under IoT Edge); each attempt waits
+    /// up to `timeout` for edgeHub's acknowledgement.
+    pub fn with_edgehub(mut self, hub: EdgeHub, timeout: Duration) -> Self {
+        self.edgehub = Some((hub, timeout));
+        self
     }
 }
 
@@ -36,9 +49,12 @@ impl SinkFactory for DefaultSinks {
                 Some(sas_key),
                 TopicRewrite::Set(topic_name.clone()),
             )),
-            Destination::EdgeHub { .. } => Arc::new(UnsupportedSink(
-                "EdgeHub destinations need the IoT Edge runtime (IOTEDGE_WORKLOADURI)".into(),
-            )),
+            Destination::EdgeHub { output_name } => match &self.edgehub {
+                Some((hub, timeout)) => Arc::new(hub.sink(output_name, *timeout)),
+                None => Arc::new(UnsupportedSink(
+                    "EdgeHub destinations need the IoT Edge runtime (IOTEDGE_WORKLOADURI)".into(),
+                )),
+            },
             other => Arc::new(UnsupportedSink(format!(
                 "{} destinations are accepted for compatibility but not delivered by this build",
                 other.endpoint_type()
