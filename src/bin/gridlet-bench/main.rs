@@ -548,7 +548,13 @@ impl Bench {
         let t0 = Instant::now();
         let t0_us = net::now_us(self.base);
         rx.set_mode(Mode::Up);
-        let (delivered, last_us) = wait_delivered(&rx, n, Duration::from_secs(600)).await;
+        // A refused backlog sits in the retry lane until its retry is due (a minute in the
+        // original schedule): wait that long for the first delivery before calling it stuck.
+        let idle = match self.opts.down {
+            Mode::Refuse => Duration::from_secs(180),
+            _ => Duration::from_secs(5),
+        };
+        let (delivered, last_us) = wait_delivered(&rx, n, Duration::from_secs(600), idle).await;
         let after = g.sample();
         let drain_s = (last_us.saturating_sub(t0_us)) as f64 / 1e6;
         let drain_eps = delivered as f64 / drain_s.max(1e-9);
@@ -655,7 +661,13 @@ impl Bench {
         let mut l = self.load(batch, path);
         l.duration = Duration::from_millis(300);
         let p = net::publish(addr, &l, self.base).await;
-        wait_delivered(rx, p.accepted * fanout, Duration::from_secs(30)).await;
+        wait_delivered(
+            rx,
+            p.accepted * fanout,
+            Duration::from_secs(30),
+            Duration::from_secs(5),
+        )
+        .await;
     }
 
     async fn measure(
@@ -677,7 +689,13 @@ impl Bench {
         let queued_at_end = (p.accepted * fanout).saturating_sub(rx.stats.events.load(Relaxed));
         let disk = g.map(Gridlet::disk_bytes).unwrap_or(0);
         let expected = p.accepted * fanout;
-        let (delivered, last_us) = wait_delivered(rx, expected, Duration::from_secs(120)).await;
+        let (delivered, last_us) = wait_delivered(
+            rx,
+            expected,
+            Duration::from_secs(120),
+            Duration::from_secs(5),
+        )
+        .await;
         let fp1 = g.map(Gridlet::sample).unwrap_or_default();
         let self1 = Footprint::of(std::process::id());
         let span = last_us.saturating_sub(t0_us) as f64 / 1e6;
@@ -818,8 +836,8 @@ impl Bench {
     }
 }
 
-/// Wait until the receiver counted `expected` events, no progress for 5 s, or `cap`.
-async fn wait_delivered(rx: &Receiver, expected: u64, cap: Duration) -> (u64, u64) {
+/// Wait until the receiver counted `expected` events, no progress for `idle`, or `cap`.
+async fn wait_delivered(rx: &Receiver, expected: u64, cap: Duration, idle: Duration) -> (u64, u64) {
     let deadline = Instant::now() + cap;
     let mut last_seen = rx.stats.events.load(Relaxed);
     let mut last_progress = Instant::now();
@@ -831,7 +849,7 @@ async fn wait_delivered(rx: &Receiver, expected: u64, cap: Duration) -> (u64, u6
         if n != last_seen {
             last_seen = n;
             last_progress = Instant::now();
-        } else if last_progress.elapsed() > Duration::from_secs(5) {
+        } else if last_progress.elapsed() > idle {
             break;
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
