@@ -96,7 +96,8 @@ impl Drop for Gridlet {
 }
 
 impl Gridlet {
-    /// Start gridlet and wait (at most 30 s) until `/healthz` answers 200.
+    /// Start gridlet and wait (at most 120 s: a restart may restore a large backlog) until
+    /// `/healthz` answers 200.
     pub async fn start(spec: &Spec) -> Result<Self, String> {
         let http_port = free_port().map_err(|e| format!("free port: {e}"))?;
         let https_port = free_port().map_err(|e| format!("free port: {e}"))?;
@@ -144,7 +145,7 @@ impl Gridlet {
             http_port,
             https_port,
         };
-        let give_up = started + Duration::from_secs(30);
+        let give_up = started + Duration::from_secs(120);
         loop {
             if let Ok(Some(status)) = g.child.try_wait() {
                 return Err(format!(
@@ -158,7 +159,7 @@ impl Gridlet {
             }
             if Instant::now() > give_up {
                 return Err(format!(
-                    "gridlet did not serve /healthz within 30 s; log:\n{}",
+                    "gridlet did not serve /healthz within 120 s; log:\n{}",
                     g.log_tail()
                 ));
             }
