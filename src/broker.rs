@@ -11,6 +11,8 @@
 //! short `RwLock`s; publish clones `Arc`s and touches only the matching subscriptions' queue
 //! mutexes — no lock is held across an await, and nothing global is locked per event.
 
+mod resilience;
+
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::delivery::dispatcher::{self, AbortOnDrop, EngineCtx, SubConfig, SubShared};
@@ -128,6 +130,11 @@ impl Broker {
             global: Arc::new(Semaphore::new(cfg.broker.max_in_flight_total)),
             max_in_flight: cfg.broker.max_in_flight_per_subscription,
             log_success: cfg.broker.log_delivery_success,
+            health_cfg: cfg.resilience.health.clone(),
+            health: Default::default(),
+            dead_letters: Arc::new(crate::delivery::deadletter::MemoryDeadLetters::new()),
+            dead_letter_capacity: cfg.resilience.dead_letter_capacity,
+            forwarder: crate::delivery::deadletter::Forwarder::start(),
         });
         let broker = Self {
             inner: Arc::new(Inner {
@@ -237,6 +244,8 @@ impl Broker {
             policy: sub.effective_policy(&self.inner.cfg),
             caps: sub.batching.caps(&self.inner.cfg),
             sink: self.inner.sinks.create(&sub),
+            health: self.endpoint_health_for(&sub),
+            dead_letter_sink: self.dead_letter_sink_for(&sub),
             sub,
         }
     }
@@ -353,6 +362,7 @@ impl Broker {
                 .store
                 .delete_subscription(sub.shared.queue_id)
                 .map_err(store_err)?;
+            self.forget_dead_letters(sub.shared.queue_id);
         }
         self.inner.ctx.store.delete_topic(&key).map_err(store_err)?;
         write(&entry.subs, Arc::new(Vec::new()));
@@ -448,6 +458,7 @@ impl Broker {
             .store
             .delete_subscription(found.shared.queue_id)
             .map_err(store_err)?;
+        self.forget_dead_letters(found.shared.queue_id);
         let list: Vec<_> = subs
             .iter()
             .filter(|s| names::key(&s.shared.name) != key)
@@ -708,6 +719,7 @@ impl Broker {
                         s.shared.metrics.dropped_max_attempts.get(),
                     ),
                     ("TimeToLiveExceeded", s.shared.metrics.dropped_expired.get()),
+                    ("DeliveryRefused", s.shared.metrics.dropped_refused.get()),
                 ]
                 .into_iter()
                 .map(move |(reason, v)| Series {
@@ -755,6 +767,7 @@ impl Broker {
                 .collect();
             metrics::write_family(&mut out, name, "histogram", help, &series);
         }
+        self.render_resilience_metrics(&mut out, &subs);
         out
     }
 

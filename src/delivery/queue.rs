@@ -117,6 +117,28 @@ impl SubQueue {
         self.pending = self.pending.saturating_sub(n);
     }
 
+    /// Remove every queued (not in-flight) event for which `expired` holds, from both lanes.
+    /// They stay pending until the caller settles them.
+    pub fn take_expired(&mut self, expired: impl Fn(&Pending) -> bool) -> Vec<Pending> {
+        let mut out = Vec::new();
+        let (gone, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.ready)
+            .into_iter()
+            .partition(|p| expired(p));
+        out.extend(gone);
+        self.ready = keep.into();
+        let keys: Vec<(Instant, u64)> = self.retry.keys().copied().collect();
+        for k in keys {
+            if let Some(items) = self.retry.remove(&k) {
+                let (gone, keep): (Vec<_>, Vec<_>) = items.into_iter().partition(|p| expired(p));
+                out.extend(gone);
+                if !keep.is_empty() {
+                    self.retry.insert(k, keep);
+                }
+            }
+        }
+        out
+    }
+
     /// Take the next batch to send, if a slot is free. Events for which `expired` holds are moved
     /// to `expired_out` instead (the caller settles them).
     pub fn pick(
@@ -250,6 +272,25 @@ mod tests {
         let n = q.pick(now, &lim(1, 100), |_| false, &mut out).unwrap();
         assert!(!n.retry);
         assert_eq!(q.next_due(), Some(now));
+    }
+
+    #[tokio::test]
+    async fn take_expired_sweeps_both_lanes() {
+        let mut q = SubQueue::default();
+        let now = Instant::now();
+        for i in 1..=4 {
+            q.push(p(i, 1));
+        }
+        let mut out = Vec::new();
+        let b = q.pick(now, &lim(2, 100), |_| false, &mut out).unwrap();
+        q.finish(false);
+        q.schedule_retry(now + Duration::from_secs(60), b.items);
+        let gone = q.take_expired(|e| e.seq % 2 == 1);
+        let mut seqs: Vec<u64> = gone.iter().map(|e| e.seq).collect();
+        seqs.sort();
+        assert_eq!(seqs, vec![1, 3]);
+        assert_eq!(q.pending(), 4, "pending until settled");
+        assert!(q.next_due().is_some(), "seq 2 still waits to retry");
     }
 
     #[tokio::test]

@@ -8,34 +8,46 @@ use std::sync::Arc;
 /// Builds sinks for subscriptions.
 pub struct DefaultSinks {
     client: reqwest::Client,
+    boot_id: String,
 }
 
 impl DefaultSinks {
     /// Sinks sharing `client` (see [`crate::tls::outbound_http_client`]).
     pub fn new(client: reqwest::Client) -> Self {
-        Self { client }
+        // A random per-process prefix keeps Standard Webhooks `webhook-id`s unique across
+        // restarts (batch ids are sequence numbers, which restart with a memory store).
+        let mut b = [0u8; 6];
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+        let boot_id = b.iter().map(|x| format!("{x:02x}")).collect();
+        Self { client, boot_id }
     }
 }
 
 impl SinkFactory for DefaultSinks {
     fn create(&self, sub: &Subscription) -> Arc<dyn Sink> {
         match &sub.destination {
-            Destination::WebHook { endpoint_url } => Arc::new(WebhookSink::new(
-                self.client.clone(),
-                endpoint_url.clone(),
-                None,
-                TopicRewrite::None,
-            )),
+            Destination::WebHook { endpoint_url } => Arc::new(
+                WebhookSink::new(
+                    self.client.clone(),
+                    endpoint_url.clone(),
+                    None,
+                    TopicRewrite::None,
+                )
+                .with_options(&sub.delivery, &self.boot_id),
+            ),
             Destination::EventGrid {
                 endpoint_url,
                 sas_key,
                 topic_name,
-            } => Arc::new(WebhookSink::new(
-                self.client.clone(),
-                endpoint_url.clone(),
-                Some(sas_key),
-                TopicRewrite::Set(topic_name.clone()),
-            )),
+            } => Arc::new(
+                WebhookSink::new(
+                    self.client.clone(),
+                    endpoint_url.clone(),
+                    Some(sas_key),
+                    TopicRewrite::Set(topic_name.clone()),
+                )
+                .with_options(&sub.delivery, &self.boot_id),
+            ),
             Destination::EdgeHub { .. } => Arc::new(UnsupportedSink(
                 "EdgeHub destinations need the IoT Edge runtime (IOTEDGE_WORKLOADURI)".into(),
             )),
