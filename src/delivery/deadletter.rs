@@ -112,7 +112,8 @@ impl DeadLetter {
     }
 }
 
-fn rfc3339(ms: WallMs) -> String {
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` of a wall time.
+pub fn rfc3339(ms: WallMs) -> String {
     httpdate_like(ms)
 }
 

@@ -209,3 +209,92 @@ fn parse_header(item: &Value) -> Result<StaticHeader, ApiError> {
         is_secret: p.bool("issecret", "isSecret")?.unwrap_or(false),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::delivery::policy::{ScheduleName, StatusCodePolicy};
+    use crate::model::subscription::Subscription;
+    use crate::model::topic::{EventSchema, Topic};
+    use serde_json::{json, Value};
+
+    fn cfg(pairs: &[(&str, &str)]) -> Config {
+        Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap()
+    }
+
+    fn topic() -> Topic {
+        Topic {
+            name: "t1".into(),
+            input_schema: EventSchema::EventGrid,
+        }
+    }
+
+    fn body(dest_extra: Value, props_extra: Value) -> Value {
+        let mut dp = json!({"endpointUrl": "https://x/hook"});
+        for (k, v) in dest_extra.as_object().unwrap() {
+            dp[k] = v.clone();
+        }
+        let mut p = json!({"destination": {"endpointType": "WebHook", "properties": dp}});
+        for (k, v) in props_extra.as_object().unwrap() {
+            p[k] = v.clone();
+        }
+        json!({ "properties": p })
+    }
+
+    #[test]
+    fn options_parse_echo_and_round_trip() {
+        let c = cfg(&[]);
+        let b = body(
+            json!({"signingSecrets": ["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"],
+                   "deliveryAttributeMappings": [{"name": "X-Tenant", "type": "Static", "properties": {"value": "a", "isSecret": true}}]}),
+            json!({"retryPolicy": {"schedule": "EventGridCloud", "statusCodePolicy": "standard"},
+                   "deadLetterDestination": {"endpointType": "WebHook", "properties": {"endpointUrl": "http://dl/x"}}}),
+        );
+        let s = Subscription::from_put(&topic(), "s", b, &c).unwrap();
+        assert_eq!(s.delivery.signing_secrets.len(), 1);
+        assert_eq!(s.delivery.headers[0].name, "X-Tenant");
+        assert_eq!(s.delivery.dead_letter_url.as_deref(), Some("http://dl/x"));
+        let p = s.effective_policy(&c);
+        assert_eq!(p.schedule, ScheduleName::EventGridCloud);
+        assert_eq!(p.status_codes, StatusCodePolicy::Standard);
+        assert_eq!(p.jitter_percent, 10);
+        let echo = s.properties();
+        assert_eq!(echo["retryPolicy"]["schedule"], "eventGridCloud");
+        assert_eq!(echo["retryPolicy"]["statusCodePolicy"], "standard");
+        assert_eq!(
+            echo["destination"]["properties"]["deliveryAttributeMappings"][0]["properties"]["isSecret"],
+            true
+        );
+        let again = Subscription::from_put(&topic(), "s", s.to_record(), &c).unwrap();
+        assert_eq!(again.properties(), echo);
+        assert!(!format!("{:?}", s.delivery).contains("C2FV"), "secrets stay out of Debug");
+        // Not supplied: not echoed, module defaults apply.
+        let plain = Subscription::from_put(&topic(), "s", body(json!({}), json!({})), &c).unwrap();
+        assert!(plain.properties().get("retryPolicy").is_none());
+        assert!(plain.properties().get("deadLetterDestination").is_none());
+        let m = cfg(&[("broker__retrySchedule", "workfront"), ("broker__statusCodePolicy", "STANDARD")]);
+        assert_eq!(plain.effective_policy(&m).schedule, ScheduleName::Workfront);
+        assert_eq!(plain.effective_policy(&m).status_codes, StatusCodePolicy::Standard);
+        assert_eq!(plain.effective_policy(&c).status_codes, StatusCodePolicy::Original);
+        assert_eq!(plain.effective_policy(&c).jitter_percent, 0);
+    }
+
+    #[test]
+    fn invalid_options_are_refused_with_a_named_field() {
+        let c = cfg(&[]);
+        let cases = [
+            body(json!({"signingSecrets": ["nope"]}), json!({})),
+            body(json!({"deliveryAttributeMappings": [{"name": "aeg-sas-key", "properties": {"value": "x"}}]}), json!({})),
+            body(json!({"deliveryAttributeMappings": [{"name": "X", "type": "Dynamic", "properties": {"sourceField": "data"}}]}), json!({})),
+            body(json!({}), json!({"retryPolicy": {"schedule": "hourly"}})),
+            body(json!({}), json!({"retryPolicy": {"statusCodePolicy": "strict"}})),
+            body(json!({}), json!({"deadLetterDestination": {"endpointType": "StorageBlob", "properties": {}}})),
+        ];
+        for b in cases {
+            let e = Subscription::from_put(&topic(), "s", b.clone(), &c).unwrap_err();
+            assert_eq!(e.status, 400, "{b}");
+        }
+        let edge = json!({"properties": {"destination": {"endpointType": "EdgeHub", "properties": {"outputName": "o", "signingSecrets": ["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"]}}}});
+        assert!(Subscription::from_put(&topic(), "s", edge, &c).is_err());
+    }
+}
