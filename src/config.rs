@@ -606,8 +606,11 @@ impl Config {
                     u64::MAX,
                 )?,
                 freeze_no_success_for: Duration::from_secs(
-                    raw.int("broker__endpointHealth__freezeNoSuccessInHours", 1, 1_000_000)?
-                        * 3600,
+                    raw.int(
+                        "broker__endpointHealth__freezeNoSuccessInHours",
+                        1,
+                        1_000_000,
+                    )? * 3600,
                 ),
                 freeze_any_consecutive_failures: raw.int(
                     "broker__endpointHealth__freezeAnyConsecutiveFailures",

@@ -62,7 +62,12 @@ async fn ids_from_body(
     body: Body,
 ) -> Result<Option<Vec<u64>>, ApiError> {
     require_json(headers)?;
-    let bytes = read_body(headers, body, s.broker.config().broker.max_request_body_bytes).await?;
+    let bytes = read_body(
+        headers,
+        body,
+        s.broker.config().broker.max_request_body_bytes,
+    )
+    .await?;
     let v = parse_body(&bytes)?;
     let Some(ids) = v.get("ids").or(v.get("Ids")) else {
         return Ok(None);
@@ -96,7 +101,10 @@ pub(super) async fn replay_one(
     Path((topic, name, id)): Path<(String, String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let id = id.parse::<u64>().map_err(|_| {
-        ApiError::not_found("DeadLetterNotFound", format!("dead letter '{id}' does not exist"))
+        ApiError::not_found(
+            "DeadLetterNotFound",
+            format!("dead letter '{id}' does not exist"),
+        )
     })?;
     let n = s
         .broker

@@ -56,10 +56,7 @@ pub(super) async fn get(
     // Live state, not part of the stored record: endpoint health and dead letters held.
     if let Some(props) = v.get_mut("properties").and_then(Value::as_object_mut) {
         if let Some(h) = s.broker.endpoint_health(&sub.shared) {
-            props.insert(
-                "endpointHealth".into(),
-                super::deadletters::health_json(&h),
-            );
+            props.insert("endpointHealth".into(), super::deadletters::health_json(&h));
         }
     }
     Ok(Json(v))

@@ -147,23 +147,15 @@ pub trait DeadLetterStore: Send + Sync + 'static {
     ///
     /// # Errors
     /// Write failure.
-    fn put(
-        &self,
-        queue: QueueId,
-        letter: DeadLetter,
-        capacity: usize,
-    ) -> Result<usize, StoreError>;
+    fn put(&self, queue: QueueId, letter: DeadLetter, capacity: usize)
+        -> Result<usize, StoreError>;
 
     /// Up to `limit` letters with id > `after`, oldest first.
     ///
     /// # Errors
     /// Read failure.
-    fn list(
-        &self,
-        queue: QueueId,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<DeadLetter>, StoreError>;
+    fn list(&self, queue: QueueId, after: u64, limit: usize)
+        -> Result<Vec<DeadLetter>, StoreError>;
 
     /// Remove and return the letters with these ids (`None` = all of the queue's).
     ///
@@ -391,10 +383,7 @@ pub mod contract {
         assert_eq!(s.put(1, letter(4), 3).unwrap(), 0);
         assert_eq!(s.put(1, letter(5), 3).unwrap(), 1, "oldest evicted");
         let all = s.list(1, 0, 100).unwrap();
-        assert_eq!(
-            all.iter().map(|l| l.seq).collect::<Vec<_>>(),
-            vec![2, 4, 5]
-        );
+        assert_eq!(all.iter().map(|l| l.seq).collect::<Vec<_>>(), vec![2, 4, 5]);
         assert!(all.windows(2).all(|w| w[0].id < w[1].id));
         let page = s.list(1, all[0].id, 1).unwrap();
         assert_eq!(page.len(), 1);

@@ -139,6 +139,9 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
     let mut in_flight: JoinSet<SendResult> = JoinSet::new();
     // A broker-wide permit acquired while waiting, kept for the next batch.
     let mut spare: Option<OwnedSemaphorePermit> = None;
+    // While sending is held back, expiry is swept at most once per EXPIRY_SWEEP (publishes wake
+    // the task far more often).
+    let mut next_sweep = Instant::now();
     loop {
         let mut wait_permit = false;
         // Sending held back by endpoint health: wake at this time (None = only when notified).
@@ -153,16 +156,20 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
                 .map_or(Admission::Send, |h| h.admit(&ctx.health_cfg, now_ms));
             if let Admission::WaitUntil(_) | Admission::Blocked = admission {
                 // Nothing may go: only let expired events leave.
-                let expired = shared
-                    .queue()
-                    .take_expired(|p| retry::is_expired(&cfg.policy, p.first_enqueued_ms, now_ms));
-                if !expired.is_empty() {
-                    drop_events(&shared, &ctx, expired, DropReason::Expired, None);
+                if Instant::now() >= next_sweep {
+                    next_sweep = Instant::now() + EXPIRY_SWEEP;
+                    let expired = shared.queue().take_expired(|p| {
+                        retry::is_expired(&cfg.policy, p.first_enqueued_ms, now_ms)
+                    });
+                    if !expired.is_empty() {
+                        drop_events(&shared, &ctx, expired, DropReason::Expired, None);
+                    }
                 }
-                let sweep = (shared.queue().pending() > 0).then(|| Instant::now() + EXPIRY_SWEEP);
+                let sweep = (shared.queue().pending() > 0).then_some(next_sweep);
                 held = Some(match admission {
                     Admission::WaitUntil(t) => {
-                        let probe = Instant::now() + Duration::from_millis(t.saturating_sub(now_ms));
+                        let probe =
+                            Instant::now() + Duration::from_millis(t.saturating_sub(now_ms));
                         Some(sweep.map_or(probe, |s| s.min(probe)))
                     }
                     _ => sweep,

@@ -223,7 +223,8 @@ impl Tracker {
         }
         let n = self.window.len();
         let rate_bad = n > cfg.disable_min_attempts as usize
-            && (self.window_failures as u64) * 100 > u64::from(cfg.disable_failure_rate_percent) * n as u64;
+            && (self.window_failures as u64) * 100
+                > u64::from(cfg.disable_failure_rate_percent) * n as u64;
         if self.state == HealthState::Closed
             && (rate_bad || self.consecutive_failures >= cfg.disable_consecutive_failures)
         {

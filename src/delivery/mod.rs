@@ -25,7 +25,7 @@ pub mod health;
 pub mod policy;
 pub mod queue;
 pub mod retry;
-pub mod sink;
 pub mod signing;
+pub mod sink;
 pub mod sinks;
 pub mod webhook;

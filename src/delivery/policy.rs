@@ -280,22 +280,22 @@ mod tests {
             (Standard, st(404), true, retry),
             (Standard, st(500), true, retry),
             (Standard, st(302), true, retry),
-            (Standard, with_ra(429), true, Verdict::Retry { retry_after: ra }),
-            (Standard, with_ra(503), true, Verdict::Retry { retry_after: ra }),
+            (
+                Standard,
+                with_ra(429),
+                true,
+                Verdict::Retry { retry_after: ra },
+            ),
+            (
+                Standard,
+                with_ra(503),
+                true,
+                Verdict::Retry { retry_after: ra },
+            ),
             (Standard, with_ra(500), true, retry),
             (Original, with_ra(429), true, retry),
-            (
-                Standard,
-                Outcome::failed(FailureKind::Timeout),
-                true,
-                retry,
-            ),
-            (
-                Standard,
-                Outcome::failed(FailureKind::Connect),
-                true,
-                retry,
-            ),
+            (Standard, Outcome::failed(FailureKind::Timeout), true, retry),
+            (Standard, Outcome::failed(FailureKind::Connect), true, retry),
         ];
         for (p, o, dl, v) in table {
             assert_eq!(classify(p, &o, dl), v, "{p:?} {o:?} dl={dl}");

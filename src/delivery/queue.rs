@@ -117,16 +117,23 @@ impl SubQueue {
         self.pending = self.pending.saturating_sub(n);
     }
 
-    /// Remove every queued (not in-flight) event for which `expired` holds, from both lanes.
-    /// They stay pending until the caller settles them.
+    /// Remove queued (not in-flight) events for which `expired` holds: the expired head of the
+    /// ready lane (it is in enqueue order, so TTL order; an out-of-order straggler is caught when
+    /// it reaches the head or is picked) and every expired event waiting to retry. They stay
+    /// pending until the caller settles them. Cost: the expired events plus the retry lane.
     pub fn take_expired(&mut self, expired: impl Fn(&Pending) -> bool) -> Vec<Pending> {
         let mut out = Vec::new();
-        let (gone, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.ready)
-            .into_iter()
-            .partition(|p| expired(p));
-        out.extend(gone);
-        self.ready = keep.into();
-        let keys: Vec<(Instant, u64)> = self.retry.keys().copied().collect();
+        while self.ready.front().is_some_and(&expired) {
+            if let Some(p) = self.ready.pop_front() {
+                out.push(p);
+            }
+        }
+        let keys: Vec<(Instant, u64)> = self
+            .retry
+            .iter()
+            .filter(|(_, items)| items.iter().any(&expired))
+            .map(|(k, _)| *k)
+            .collect();
         for k in keys {
             if let Some(items) = self.retry.remove(&k) {
                 let (gone, keep): (Vec<_>, Vec<_>) = items.into_iter().partition(|p| expired(p));
@@ -285,6 +292,7 @@ mod tests {
         let b = q.pick(now, &lim(2, 100), |_| false, &mut out).unwrap();
         q.finish(false);
         q.schedule_retry(now + Duration::from_secs(60), b.items);
+        // Ready lane now holds 3, 4 (head expired: 3); retry lane holds 1, 2 (expired: 1).
         let gone = q.take_expired(|e| e.seq % 2 == 1);
         let mut seqs: Vec<u64> = gone.iter().map(|e| e.seq).collect();
         seqs.sort();

@@ -31,7 +31,10 @@ pub enum SecretError {
 /// # Errors
 /// [`SecretError`] naming what is wrong (never the secret itself).
 pub fn decode_secret(secret: &str) -> Result<Vec<u8>, SecretError> {
-    let b64 = secret.trim().strip_prefix("whsec_").ok_or(SecretError::Prefix)?;
+    let b64 = secret
+        .trim()
+        .strip_prefix("whsec_")
+        .ok_or(SecretError::Prefix)?;
     let bytes = STANDARD.decode(b64).map_err(|_| SecretError::Base64)?;
     if !SECRET_BYTES.contains(&bytes.len()) {
         return Err(SecretError::Length);
@@ -114,7 +117,10 @@ mod tests {
     fn bad_secrets_are_named_not_echoed() {
         assert_eq!(decode_secret("C2FVsBQI").unwrap_err(), SecretError::Prefix);
         assert_eq!(decode_secret("whsec_!!!").unwrap_err(), SecretError::Base64);
-        assert_eq!(decode_secret("whsec_AAAA").unwrap_err(), SecretError::Length);
+        assert_eq!(
+            decode_secret("whsec_AAAA").unwrap_err(),
+            SecretError::Length
+        );
         let s = Signer::new(&[SECRET]).unwrap();
         assert!(!format!("{s:?}").contains("C2FV"));
     }

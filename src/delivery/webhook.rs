@@ -138,8 +138,7 @@ impl Sink for WebhookSink {
                 .header(
                     "aeg-delivery-count",
                     req.attempt.saturating_sub(1).to_string(),
-                )
-                ;
+                );
             for (name, value) in &self.headers {
                 r = r.header(name.clone(), value.clone());
             }

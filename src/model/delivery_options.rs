@@ -80,7 +80,11 @@ impl DeliveryOptions {
     ///
     /// # Errors
     /// 400 naming the field.
-    pub fn parse(props: &Obj<'_>, dest_props: Option<&Obj<'_>>, http: bool) -> Result<Self, ApiError> {
+    pub fn parse(
+        props: &Obj<'_>,
+        dest_props: Option<&Obj<'_>>,
+        http: bool,
+    ) -> Result<Self, ApiError> {
         let mut o = Self::default();
         if let Some(dp) = dest_props {
             if let Some(v) = dp.get("signingsecrets") {
@@ -90,10 +94,16 @@ impl DeliveryOptions {
                 };
                 for s in list {
                     let s = s.as_str().ok_or_else(|| {
-                        bad("InvalidSigningSecret", "destination.properties.signingSecrets must be strings")
+                        bad(
+                            "InvalidSigningSecret",
+                            "destination.properties.signingSecrets must be strings",
+                        )
                     })?;
                     signing::decode_secret(s).map_err(|e| {
-                        bad("InvalidSigningSecret", format!("destination.properties.signingSecrets: {e}"))
+                        bad(
+                            "InvalidSigningSecret",
+                            format!("destination.properties.signingSecrets: {e}"),
+                        )
                     })?;
                     o.signing_secrets.push(s.trim().to_string());
                 }
@@ -147,7 +157,10 @@ impl DeliveryOptions {
                     )
                 })?;
             let parsed = reqwest::Url::parse(url).map_err(|_| {
-                bad("InvalidDeadLetterDestination", "deadLetterDestination endpointUrl must be an absolute URL")
+                bad(
+                    "InvalidDeadLetterDestination",
+                    "deadLetterDestination endpointUrl must be an absolute URL",
+                )
             })?;
             if !matches!(parsed.scheme(), "http" | "https") {
                 return Err(bad(
@@ -186,7 +199,12 @@ impl DeliveryOptions {
 }
 
 fn parse_header(item: &Value) -> Result<StaticHeader, ApiError> {
-    let err = |m: &str| bad("InvalidDeliveryAttributeMapping", format!("deliveryAttributeMappings: {m}"));
+    let err = |m: &str| {
+        bad(
+            "InvalidDeliveryAttributeMapping",
+            format!("deliveryAttributeMappings: {m}"),
+        )
+    };
     let o = Obj::new(item, "deliveryAttributeMappings[]")?;
     let name = o.req_str("name", "name")?.trim().to_string();
     let kind = o.str("type")?.unwrap_or("Static");
@@ -199,9 +217,13 @@ fn parse_header(item: &Value) -> Result<StaticHeader, ApiError> {
     let p = o
         .obj("properties", "deliveryAttributeMappings[].properties")?
         .ok_or_else(|| err("properties.value is required"))?;
-    let value = p.str("value")?.ok_or_else(|| err("properties.value is required"))?;
+    let value = p
+        .str("value")?
+        .ok_or_else(|| err("properties.value is required"))?;
     if reqwest::header::HeaderValue::from_str(value).is_err() {
-        return Err(err(&format!("the value of '{name}' is not a valid header value")));
+        return Err(err(&format!(
+            "the value of '{name}' is not a valid header value"
+        )));
     }
     Ok(StaticHeader {
         name,
@@ -262,20 +284,33 @@ mod tests {
         assert_eq!(echo["retryPolicy"]["schedule"], "eventGridCloud");
         assert_eq!(echo["retryPolicy"]["statusCodePolicy"], "standard");
         assert_eq!(
-            echo["destination"]["properties"]["deliveryAttributeMappings"][0]["properties"]["isSecret"],
+            echo["destination"]["properties"]["deliveryAttributeMappings"][0]["properties"]
+                ["isSecret"],
             true
         );
         let again = Subscription::from_put(&topic(), "s", s.to_record(), &c).unwrap();
         assert_eq!(again.properties(), echo);
-        assert!(!format!("{:?}", s.delivery).contains("C2FV"), "secrets stay out of Debug");
+        assert!(
+            !format!("{:?}", s.delivery).contains("C2FV"),
+            "secrets stay out of Debug"
+        );
         // Not supplied: not echoed, module defaults apply.
         let plain = Subscription::from_put(&topic(), "s", body(json!({}), json!({})), &c).unwrap();
         assert!(plain.properties().get("retryPolicy").is_none());
         assert!(plain.properties().get("deadLetterDestination").is_none());
-        let m = cfg(&[("broker__retrySchedule", "workfront"), ("broker__statusCodePolicy", "STANDARD")]);
+        let m = cfg(&[
+            ("broker__retrySchedule", "workfront"),
+            ("broker__statusCodePolicy", "STANDARD"),
+        ]);
         assert_eq!(plain.effective_policy(&m).schedule, ScheduleName::Workfront);
-        assert_eq!(plain.effective_policy(&m).status_codes, StatusCodePolicy::Standard);
-        assert_eq!(plain.effective_policy(&c).status_codes, StatusCodePolicy::Original);
+        assert_eq!(
+            plain.effective_policy(&m).status_codes,
+            StatusCodePolicy::Standard
+        );
+        assert_eq!(
+            plain.effective_policy(&c).status_codes,
+            StatusCodePolicy::Original
+        );
         assert_eq!(plain.effective_policy(&c).jitter_percent, 0);
     }
 
@@ -284,11 +319,23 @@ mod tests {
         let c = cfg(&[]);
         let cases = [
             body(json!({"signingSecrets": ["nope"]}), json!({})),
-            body(json!({"deliveryAttributeMappings": [{"name": "aeg-sas-key", "properties": {"value": "x"}}]}), json!({})),
-            body(json!({"deliveryAttributeMappings": [{"name": "X", "type": "Dynamic", "properties": {"sourceField": "data"}}]}), json!({})),
+            body(
+                json!({"deliveryAttributeMappings": [{"name": "aeg-sas-key", "properties": {"value": "x"}}]}),
+                json!({}),
+            ),
+            body(
+                json!({"deliveryAttributeMappings": [{"name": "X", "type": "Dynamic", "properties": {"sourceField": "data"}}]}),
+                json!({}),
+            ),
             body(json!({}), json!({"retryPolicy": {"schedule": "hourly"}})),
-            body(json!({}), json!({"retryPolicy": {"statusCodePolicy": "strict"}})),
-            body(json!({}), json!({"deadLetterDestination": {"endpointType": "StorageBlob", "properties": {}}})),
+            body(
+                json!({}),
+                json!({"retryPolicy": {"statusCodePolicy": "strict"}}),
+            ),
+            body(
+                json!({}),
+                json!({"deadLetterDestination": {"endpointType": "StorageBlob", "properties": {}}}),
+            ),
         ];
         for b in cases {
             let e = Subscription::from_put(&topic(), "s", b.clone(), &c).unwrap_err();

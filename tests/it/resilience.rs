@@ -82,7 +82,13 @@ struct ScriptSink {
 impl Sink for ScriptSink {
     fn send<'a>(&'a self, req: &'a DeliveryRequest) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
-            let b = self.script.behaviours.lock().unwrap().get(&self.sub).cloned();
+            let b = self
+                .script
+                .behaviours
+                .lock()
+                .unwrap()
+                .get(&self.sub)
+                .cloned();
             let outcome = b.map_or(Outcome::Delivered, |f| f(req));
             let _ = self.script.tx.send(Attempt {
                 sub: self.sub.clone(),
@@ -106,10 +112,8 @@ impl SinkFactory for Script {
 }
 
 fn config(extra: &[(&str, &str)]) -> Arc<Config> {
-    let mut v: Vec<(String, String)> = vec![(
-        "outbound__webhook__httpsOnly".into(),
-        "false".into(),
-    )];
+    let mut v: Vec<(String, String)> =
+        vec![("outbound__webhook__httpsOnly".into(), "false".into())];
     v.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     Arc::new(Config::from_vars(v).unwrap())
 }
@@ -166,7 +170,10 @@ fn fail(code: u16) -> Outcome {
 }
 
 /// Attempts of `sub` until the sink has been quiet for `quiet` (paused clock: instant).
-async fn attempts_until_quiet(rx: &mut mpsc::UnboundedReceiver<Attempt>, quiet: Duration) -> Vec<Attempt> {
+async fn attempts_until_quiet(
+    rx: &mut mpsc::UnboundedReceiver<Attempt>,
+    quiet: Duration,
+) -> Vec<Attempt> {
     let mut v = Vec::new();
     while let Ok(Some(a)) = tokio::time::timeout(quiet, rx.recv()).await {
         v.push(a);
@@ -307,8 +314,16 @@ async fn retry_after_is_honoured_on_429_and_503_with_a_cap() {
         let a: Vec<Attempt> = v.iter().filter(|a| a.sub == s).cloned().collect();
         offsets(&a)
     };
-    assert_eq!(by("a"), vec![0, 150], "Retry-After beyond the 1-minute queue");
-    assert_eq!(by("c"), vec![0, 300], "capped at broker__retryAfterMaxSeconds");
+    assert_eq!(
+        by("a"),
+        vec![0, 150],
+        "Retry-After beyond the 1-minute queue"
+    );
+    assert_eq!(
+        by("c"),
+        vec![0, 300],
+        "capped at broker__retryAfterMaxSeconds"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -319,7 +334,10 @@ async fn status_code_policy_per_subscription_400_refused_or_retried() {
         &b,
         "t",
         &[
-            ("std", json!({"retryPolicy": {"statusCodePolicy": "standard"}})),
+            (
+                "std",
+                json!({"retryPolicy": {"statusCodePolicy": "standard"}}),
+            ),
             ("orig", json!({"retryPolicy": {"maxDeliveryAttempts": 3}})),
         ],
     );
@@ -378,7 +396,10 @@ async fn endpoint_health_closed_disabled_frozen_reenabled() {
     // Frozen: no attempts for hours, but TTL still applies and events become dead letters.
     let v = attempts_until_quiet(&mut rx, Duration::from_secs(11 * 3600)).await;
     assert!(v.is_empty(), "no attempts while frozen: {v:?}");
-    assert_eq!(b.subscription("t", "s").unwrap().shared.queue().pending(), 0);
+    assert_eq!(
+        b.subscription("t", "s").unwrap().shared.queue().pending(),
+        0
+    );
     let dl = b.dead_letters("t", "s", 0, 1000).unwrap();
     let expired = dl
         .iter()
@@ -388,7 +409,10 @@ async fn endpoint_health_closed_disabled_frozen_reenabled() {
     assert_eq!(dl.len(), 25, "every event accounted for");
     // Re-enabled through the API (the endpoint is fixed meanwhile): deliveries flow again.
     script.set("s", |_| Outcome::Delivered);
-    assert_eq!(b.enable_endpoint("t", "s").unwrap().state.as_str(), "Enabled");
+    assert_eq!(
+        b.enable_endpoint("t", "s").unwrap().state.as_str(),
+        "Enabled"
+    );
     publish_n(&b, "t", 100, 3, "x").await;
     let v = attempts_until_quiet(&mut rx, Duration::from_secs(1)).await;
     assert_eq!(v.len(), 3);
@@ -411,7 +435,7 @@ async fn disabled_endpoint_reenabled_by_a_successful_probe() {
     let n2 = n.clone();
     // 80 % failures.
     script.set("s", move |_| {
-        if n2.fetch_add(1, Ordering::Relaxed) % 5 == 0 {
+        if n2.fetch_add(1, Ordering::Relaxed).is_multiple_of(5) {
             Outcome::Delivered
         } else {
             fail(503)
@@ -421,7 +445,10 @@ async fn disabled_endpoint_reenabled_by_a_successful_probe() {
     publish_n(&b, "t", 0, 12, "x").await;
     attempts_until_quiet(&mut rx, Duration::from_secs(1)).await;
     let e = b.subscription("t", "s").unwrap();
-    assert_eq!(b.endpoint_health(&e.shared).unwrap().state.as_str(), "Disabled");
+    assert_eq!(
+        b.endpoint_health(&e.shared).unwrap().state.as_str(),
+        "Disabled"
+    );
     script.set("s", |_| Outcome::Delivered);
     publish_n(&b, "t", 11, 5, "x").await;
     let v = attempts_within(&mut rx, Duration::from_secs(601)).await;
@@ -429,7 +456,10 @@ async fn disabled_endpoint_reenabled_by_a_successful_probe() {
     assert_eq!(v.len(), 5);
     assert_eq!(v[0].events, 1);
     assert!(v.iter().all(|a| a.at == v[0].at));
-    assert_eq!(b.endpoint_health(&e.shared).unwrap().state.as_str(), "Enabled");
+    assert_eq!(
+        b.endpoint_health(&e.shared).unwrap().state.as_str(),
+        "Enabled"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -462,10 +492,16 @@ async fn chaos_every_event_is_accounted_for() {
     );
     let subs: Vec<(&str, Value)> = vec![
         ("all", json!({})),
-        ("std", json!({"retryPolicy": {"statusCodePolicy": "standard", "schedule": "eventGridCloud"}})),
+        (
+            "std",
+            json!({"retryPolicy": {"statusCodePolicy": "standard", "schedule": "eventGridCloud"}}),
+        ),
         ("a_only", json!({"filter": {"subjectBeginsWith": "a"}})),
-        ("batched", json!({"destination": {"endpointType": "WebHook",
-            "properties": {"endpointUrl": "http://127.0.0.1:9/b", "maxEventsPerBatch": 7}}})),
+        (
+            "batched",
+            json!({"destination": {"endpointType": "WebHook",
+            "properties": {"endpointUrl": "http://127.0.0.1:9/b", "maxEventsPerBatch": 7}}}),
+        ),
         ("dead", json!({"retryPolicy": {"maxDeliveryAttempts": 2}})),
     ];
     setup(&b, "t", &subs);
@@ -491,7 +527,10 @@ async fn chaos_every_event_is_accounted_for() {
     let mut expected: HashMap<&str, u64> = HashMap::new();
     let mut sink_delivered: HashMap<String, u64> = HashMap::new();
     let mut published = 0usize;
-    let check = |b: &Broker, expected: &HashMap<&str, u64>, sink_delivered: &HashMap<String, u64>, final_check: bool| {
+    let check = |b: &Broker,
+                 expected: &HashMap<&str, u64>,
+                 sink_delivered: &HashMap<String, u64>,
+                 final_check: bool| {
         for (name, _) in &subs {
             let e = b.subscription("t", name).unwrap();
             let m = &e.shared.metrics;
@@ -579,8 +618,10 @@ async fn flaky(mode: Mode) -> Flaky {
             Mode::Status(s) => StatusCode::from_u16(s).unwrap().into_response(),
             Mode::StatusRetryAfterSecs(s, secs) => {
                 let mut r = StatusCode::from_u16(s).unwrap().into_response();
-                r.headers_mut()
-                    .insert("retry-after", HeaderValue::from_str(&secs.to_string()).unwrap());
+                r.headers_mut().insert(
+                    "retry-after",
+                    HeaderValue::from_str(&secs.to_string()).unwrap(),
+                );
                 r
             }
             Mode::StatusRetryAfterDate(s, secs) => {
@@ -598,9 +639,7 @@ async fn flaky(mode: Mode) -> Flaky {
             }
         }
     }
-    let app = Router::new()
-        .route("/{*p}", post(handle))
-        .with_state(mode);
+    let app = Router::new().route("/{*p}", post(handle)).with_state(mode);
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let task = tokio::spawn(async move {
@@ -659,7 +698,11 @@ async fn real_receivers_each_status_class_hang_reset_and_retry_after() {
     use gridlet::delivery::policy::Verdict;
     for code in [200u16, 201, 202, 203, 204] {
         let r = flaky(Mode::Status(code)).await;
-        assert_eq!(sink(r.addr).send(&req()).await, Outcome::Delivered, "{code}");
+        assert_eq!(
+            sink(r.addr).send(&req()).await,
+            Outcome::Delivered,
+            "{code}"
+        );
     }
     for (code, verdict) in [
         (400u16, Verdict::Refuse),
@@ -693,7 +736,10 @@ async fn real_receivers_each_status_class_hang_reset_and_retry_after() {
     match classify(&o) {
         Verdict::Retry {
             retry_after: Some(d),
-        } => assert!(d > Duration::from_secs(100) && d <= Duration::from_secs(120), "{d:?}"),
+        } => assert!(
+            d > Duration::from_secs(100) && d <= Duration::from_secs(120),
+            "{d:?}"
+        ),
         other => panic!("{other:?}"),
     }
     let r = flaky(Mode::Hang).await;
@@ -736,7 +782,10 @@ async fn wait_for<F: Fn(&str) -> bool>(t: &TestGridlet, what: &str, f: F) -> Str
         if f(&m) {
             return m;
         }
-        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}:\n{m}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}:\n{m}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -796,7 +845,9 @@ async fn dead_letters_listed_forwarded_and_replayed_end_to_end() {
     // Paging.
     let first_id = v[0]["id"].as_str().unwrap().to_string();
     let (_, page) = t
-        .get(&format!("/topics/t1/eventSubscriptions/s1/deadLetters?after={first_id}&top=1"))
+        .get(&format!(
+            "/topics/t1/eventSubscriptions/s1/deadLetters?after={first_id}&top=1"
+        ))
         .await;
     assert_eq!(page["value"][0]["eventId"], "e2");
     // Replay one by id, then the rest, once the endpoint works again.
@@ -810,7 +861,10 @@ async fn dead_letters_listed_forwarded_and_replayed_end_to_end() {
     assert_eq!((s, r["replayed"].clone()), (200, json!(1)));
     assert_eq!(rx.next().await.json()[0]["id"], "e1");
     let (s, r) = t
-        .post_json("/topics/t1/eventSubscriptions/s1/deadLetters/replay", &json!({}))
+        .post_json(
+            "/topics/t1/eventSubscriptions/s1/deadLetters/replay",
+            &json!({}),
+        )
         .await;
     assert_eq!((s, r["replayed"].clone()), (200, json!(1)));
     assert_eq!(rx.next().await.json()[0]["id"], "e2");
@@ -820,18 +874,30 @@ async fn dead_letters_listed_forwarded_and_replayed_end_to_end() {
         metric(m, "DeliverySuccessCounts", lbl) == Some(2)
     })
     .await;
-    assert_eq!(metric(&m, "gridlet_dead_letters_replayed_total", lbl), Some(2));
+    assert_eq!(
+        metric(&m, "gridlet_dead_letters_replayed_total", lbl),
+        Some(2)
+    );
     assert_eq!(metric(&m, "gridlet_dead_letters", lbl), Some(0));
     assert_eq!(
-        metric(&m, "gridlet_dropped_events_total", &format!("{lbl},reason=\"DeliveryRefused\"")),
+        metric(
+            &m,
+            "gridlet_dropped_events_total",
+            &format!("{lbl},reason=\"DeliveryRefused\"")
+        ),
         Some(1)
     );
     // Unknown ids and subscriptions.
     let (s, _) = t
-        .post_json("/topics/t1/eventSubscriptions/s1/deadLetters/999/replay", &json!({}))
+        .post_json(
+            "/topics/t1/eventSubscriptions/s1/deadLetters/999/replay",
+            &json!({}),
+        )
         .await;
     assert_eq!(s, 404);
-    let (s, _) = t.get("/topics/t1/eventSubscriptions/nope/deadLetters").await;
+    let (s, _) = t
+        .get("/topics/t1/eventSubscriptions/nope/deadLetters")
+        .await;
     assert_eq!(s, 404);
 }
 
@@ -846,14 +912,22 @@ async fn endpoint_health_over_http_disabled_frozen_and_reenabled_through_the_api
     let mut rx = Receiver::start().await;
     rx.respond_with(503);
     t.topic("t1").await;
-    t.webhook_sub("t1", "s1", &rx.url("/h"), json!({"retryPolicy": {"maxDeliveryAttempts": 1}}))
-        .await;
+    t.webhook_sub(
+        "t1",
+        "s1",
+        &rx.url("/h"),
+        json!({"retryPolicy": {"maxDeliveryAttempts": 1}}),
+    )
+    .await;
     let (_, sub) = t.get("/topics/t1/eventSubscriptions/s1").await;
     assert_eq!(sub["properties"]["endpointHealth"]["state"], "Enabled");
     let lbl = "topic=\"t1\",subscription=\"s1\"";
     for i in 0..3 {
-        t.publish("t1", json!([eg_event(&format!("e{i}"), "s", "x", json!({}))]))
-            .await;
+        t.publish(
+            "t1",
+            json!([eg_event(&format!("e{i}"), "s", "x", json!({}))]),
+        )
+        .await;
         rx.next().await;
     }
     wait_for(&t, "disabled", |m| {
@@ -862,26 +936,36 @@ async fn endpoint_health_over_http_disabled_frozen_and_reenabled_through_the_api
     .await;
     let (_, sub) = t.get("/topics/t1/eventSubscriptions/s1").await;
     assert_eq!(sub["properties"]["endpointHealth"]["state"], "Disabled");
-    assert_eq!(sub["properties"]["endpointHealth"]["consecutiveFailures"], 3);
+    assert_eq!(
+        sub["properties"]["endpointHealth"]["consecutiveFailures"],
+        3
+    );
     // The record is not polluted by live state.
     assert!(sub["properties"]["endpointHealth"]["nextProbeTime"].is_string());
     // A new event waits for the probe (≈1 s), which fails: frozen (> 3 consecutive).
-    t.publish("t1", json!([eg_event("p", "s", "x", json!({}))])).await;
+    t.publish("t1", json!([eg_event("p", "s", "x", json!({}))]))
+        .await;
     rx.next().await;
     wait_for(&t, "frozen", |m| {
         metric(m, "gridlet_endpoint_health_state", lbl) == Some(2)
     })
     .await;
-    t.publish("t1", json!([eg_event("w", "s", "x", json!({}))])).await;
+    t.publish("t1", json!([eg_event("w", "s", "x", json!({}))]))
+        .await;
     rx.nothing_within(Duration::from_millis(1500)).await;
     // Re-enabled through the API: the waiting event goes at once.
     rx.respond_with(200);
     let (s, h) = t
-        .post_json("/topics/t1/eventSubscriptions/s1/endpointHealth/enable", &json!({}))
+        .post_json(
+            "/topics/t1/eventSubscriptions/s1/endpointHealth/enable",
+            &json!({}),
+        )
         .await;
     assert_eq!((s, h["state"].clone()), (200, json!("Enabled")));
     assert_eq!(rx.next().await.json()[0]["id"], "w");
-    let (_, h) = t.get("/topics/t1/eventSubscriptions/s1/endpointHealth").await;
+    let (_, h) = t
+        .get("/topics/t1/eventSubscriptions/s1/endpointHealth")
+        .await;
     assert_eq!(h["state"], "Enabled");
 }
 
@@ -918,11 +1002,17 @@ async fn signed_deliveries_and_static_headers() {
         .unwrap()
         .sign(&id, ts, &r.body);
     assert_eq!(h("webhook-signature"), expected);
-    assert_eq!(h("webhook-signature").split(' ').count(), 2, "both secrets sign");
+    assert_eq!(
+        h("webhook-signature").split(' ').count(),
+        2,
+        "both secrets sign"
+    );
     // Unsigned subscriptions carry no signature headers.
-    t.webhook_sub("t1", "s2", &rx.url("/plain"), json!({})).await;
-    t.publish("t1", json!([eg_event("e2", "s", "x", json!({}))])).await;
-    let mut got = vec![rx.next().await, rx.next().await];
+    t.webhook_sub("t1", "s2", &rx.url("/plain"), json!({}))
+        .await;
+    t.publish("t1", json!([eg_event("e2", "s", "x", json!({}))]))
+        .await;
+    let mut got = [rx.next().await, rx.next().await];
     got.sort_by_key(|r| r.path.clone());
     assert_eq!(got[1].path, "/plain");
     assert!(got[1].headers.get("webhook-signature").is_none());
@@ -942,8 +1032,13 @@ async fn hanging_and_resetting_endpoints_do_not_slow_a_healthy_subscription() {
     let mut rx = Receiver::start().await;
     t.topic("t1").await;
     for (i, h) in hang.iter().enumerate() {
-        t.webhook_sub("t1", &format!("hang{i}"), &format!("http://{}/h", h.addr), json!({}))
-            .await;
+        t.webhook_sub(
+            "t1",
+            &format!("hang{i}"),
+            &format!("http://{}/h", h.addr),
+            json!({}),
+        )
+        .await;
     }
     t.webhook_sub("t1", "reset", &format!("http://{reset_addr}/r"), json!({}))
         .await;
@@ -960,10 +1055,18 @@ async fn hanging_and_resetting_endpoints_do_not_slow_a_healthy_subscription() {
         rx.next().await;
     }
     let took = started.elapsed();
-    assert!(took < Duration::from_secs(10), "healthy deliveries took {took:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "healthy deliveries took {took:?}"
+    );
     let m = t.metrics().await;
     let inflight = |s: &str| {
-        metric(&m, "gridlet_in_flight_requests", &format!("topic=\"t1\",subscription=\"{s}\"")).unwrap()
+        metric(
+            &m,
+            "gridlet_in_flight_requests",
+            &format!("topic=\"t1\",subscription=\"{s}\""),
+        )
+        .unwrap()
     };
     for i in 0..3 {
         assert!(inflight(&format!("hang{i}")) <= 4, "per-subscription bound");
