@@ -10,7 +10,12 @@
 //! 127.0.0.1:0, in-memory store, default delivery settings), 4 publishers posting batches of 100
 //! EventGridSchema events, real HTTP receivers. Each phase starts a fresh gridlet; the rate is
 //! the healthy receiver's count over the phase minus a 2 s warm-up. Criterion: the hanging phase
-//! delivers at least 90 % of the alone phase.
+//! delivers at least 90 % of the alone phase (means over the rounds; odd rounds run the phases in
+//! reverse order). `ISO_SKIP_RESET=1` skips the resetting phase.
+//! `broker__maxPendingEventsPerSubscription` is raised to 5,000,000 so the hanging
+//! subscriptions' queues (which receive every event too) never fill during a phase; with the
+//! default 100,000 a full queue makes publishes to the shared topic answer 503 (see
+//! docs/RESILIENCE.md, Isolation).
 
 use axum::http::StatusCode;
 use axum::routing::post;
@@ -231,7 +236,15 @@ async fn main() {
     );
     let mut results: Vec<(Phase, f64)> = Vec::new();
     for round in 1..=rounds {
-        for phase in [Phase::Alone, Phase::Hanging, Phase::Resetting] {
+        let mut phases = vec![Phase::Alone, Phase::Hanging];
+        if std::env::var("ISO_SKIP_RESET").is_err() {
+            phases.push(Phase::Resetting);
+        }
+        // Alternate the order so drift in the machine's load does not favour one phase.
+        if round % 2 == 0 {
+            phases.reverse();
+        }
+        for phase in phases {
             let (rate, published) = run_phase(phase, secs).await;
             println!("round {round} {phase:?}: {rate:.0} events/s delivered to the healthy subscriber ({published} published)");
             results.push((phase, rate));
@@ -245,10 +258,15 @@ async fn main() {
     let hanging = mean(Phase::Hanging);
     let resetting = mean(Phase::Resetting);
     println!(
-        "mean: alone {alone:.0}/s, with 10 hanging {hanging:.0}/s ({:.1} %), with 10 resetting {resetting:.0}/s ({:.1} %)",
-        100.0 * hanging / alone,
-        100.0 * resetting / alone
+        "mean: alone {alone:.0}/s, with 10 hanging {hanging:.0}/s ({:.1} %)",
+        100.0 * hanging / alone
     );
+    if results.iter().any(|r| r.0 == Phase::Resetting) {
+        println!(
+            "mean: with 10 resetting {resetting:.0}/s ({:.1} %)",
+            100.0 * resetting / alone
+        );
+    }
     println!(
         "criterion (hanging >= 90 % of alone): {}",
         if hanging >= 0.9 * alone {

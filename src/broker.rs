@@ -574,7 +574,10 @@ impl Broker {
             if r.is_empty() {
                 continue;
             }
-            {
+            // A dispatcher with every slot taken picks up new events when a send completes:
+            // waking it now would be wasted work (10 hanging endpoints = 10 idle wake-ups per
+            // publish).
+            let slot_free = {
                 let mut q = sub.shared.queue();
                 for &i in r {
                     if let Some(Some((seq, data))) = payloads.get(i) {
@@ -587,9 +590,12 @@ impl Broker {
                         });
                     }
                 }
-            }
+                q.in_flight() < self.inner.ctx.max_in_flight
+            };
             sub.shared.metrics.enqueued.add(r.len() as u64);
-            sub.shared.notify.notify_one();
+            if slot_free {
+                sub.shared.notify.notify_one();
+            }
         }
         Ok(())
     }
