@@ -10,7 +10,7 @@
 //! 127.0.0.1:0, in-memory store, default delivery settings), 4 publishers posting batches of 100
 //! EventGridSchema events, real HTTP receivers. Each phase starts a fresh gridlet; the rate is
 //! the healthy receiver's count over the phase minus a 2 s warm-up. Criterion: the hanging phase
-//! delivers at least 90 % of the alone phase (means over the rounds; odd rounds run the phases in
+//! delivers at least 90 % of the alone phase (means over the rounds; even rounds run the phases in
 //! reverse order). `ISO_SKIP_RESET=1` skips the resetting phase.
 //! `broker__maxPendingEventsPerSubscription` is raised to 5,000,000 so the hanging
 //! subscriptions' queues (which receive every event too) never fill during a phase; with the

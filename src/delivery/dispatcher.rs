@@ -154,7 +154,9 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
                 .health
                 .as_ref()
                 .map_or(Admission::Send, |h| h.admit(&ctx.health_cfg, now_ms));
-            if let Admission::WaitUntil(_) | Admission::Blocked = admission {
+            if let Admission::WaitUntil(_) | Admission::ProbeInFlight | Admission::Blocked =
+                admission
+            {
                 // Nothing may go: only let expired events leave.
                 if Instant::now() >= next_sweep {
                     next_sweep = Instant::now() + EXPIRY_SWEEP;

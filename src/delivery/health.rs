@@ -101,8 +101,10 @@ pub enum Admission {
     /// Yes, one batch as the disabled endpoint's probe: call [`Tracker::start_probe`] once it is
     /// actually sent, and report its outcome with [`Tracker::record`].
     Probe,
-    /// Not before this wall time (disabled; a probe is due then or one is in flight).
+    /// Not before this wall time (disabled; the next probe is due then).
     WaitUntil(WallMs),
+    /// Not until the probe in flight completes (disabled).
+    ProbeInFlight,
     /// Not until re-enabled (frozen).
     Blocked,
 }
@@ -170,7 +172,7 @@ impl Tracker {
             HealthState::Frozen => Admission::Blocked,
             HealthState::Disabled => {
                 if self.probe_in_flight {
-                    Admission::WaitUntil(now_ms.max(self.next_probe_ms))
+                    Admission::ProbeInFlight
                 } else if now_ms < self.next_probe_ms {
                     Admission::WaitUntil(self.next_probe_ms)
                 } else {
@@ -402,7 +404,12 @@ mod tests {
         assert_eq!(t.admit(MIN + 1), Admission::WaitUntil(11 * MIN));
         assert_eq!(t.admit(11 * MIN), Admission::Probe);
         t.start_probe(&c, 11 * MIN);
-        assert!(matches!(t.admit(11 * MIN), Admission::WaitUntil(_)));
+        assert_eq!(t.admit(11 * MIN), Admission::ProbeInFlight);
+        assert_eq!(
+            t.admit(30 * MIN),
+            Admission::ProbeInFlight,
+            "a hanging probe"
+        );
         // A failed probe: next one ten minutes later.
         assert_eq!(t.record(&c, false, 11 * MIN), HealthState::Disabled);
         assert_eq!(t.admit(15 * MIN), Admission::WaitUntil(21 * MIN));
