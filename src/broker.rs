@@ -472,8 +472,9 @@ impl Broker {
     /// durable.
     ///
     /// # Errors
-    /// 503 when a matching subscription is full, 507 when the store is full, 500 on store
-    /// failure. Nothing is enqueued in any of these cases.
+    /// 503 when a matching subscription is full (unless `broker__queueFullPolicy=deadLetter`:
+    /// then that subscription's copies are dead-lettered), 507 when the store is full, 500 on
+    /// store failure. Nothing is enqueued in any of these cases.
     pub async fn publish(
         &self,
         entry: &TopicEntry,
@@ -506,11 +507,18 @@ impl Broker {
         entry.metrics.unmatched_events.add(unmatched);
         // 2. Bounds of in-memory queues.
         let max_pending = self.inner.cfg.broker.max_pending_events_per_subscription;
-        for ((sub, cfg), r) in subs.iter().zip(&configs).zip(&routes) {
+        let overflow_to_dead_letters = self.inner.cfg.resilience.queue_full_policy
+            == crate::delivery::policy::QueueFullPolicy::DeadLetter;
+        let mut full = vec![false; subs.len()];
+        for (((sub, cfg), r), full) in subs.iter().zip(&configs).zip(&routes).zip(&mut full) {
             if r.is_empty() || cfg.sub.persisted {
                 continue;
             }
             if sub.shared.queue().pending() + r.len() > max_pending {
+                if overflow_to_dead_letters {
+                    *full = true;
+                    continue;
+                }
                 return Err(ApiError::unavailable(
                     format!(
                         "subscription '{}' has {} pending events (broker__maxPendingEventsPerSubscription); retry later",
@@ -570,8 +578,12 @@ impl Broker {
             store.commit().await.map_err(store_err)?;
         }
         // 4. Enqueue and wake.
-        for (sub, r) in subs.iter().zip(&routes) {
+        for ((sub, r), full) in subs.iter().zip(&routes).zip(&full) {
             if r.is_empty() {
+                continue;
+            }
+            if *full {
+                self.dead_letter_overflow(&sub.shared, r, &payloads, now_ms, now);
                 continue;
             }
             // A dispatcher with every slot taken picks up new events when a send completes:
@@ -726,6 +738,7 @@ impl Broker {
                     ),
                     ("TimeToLiveExceeded", s.shared.metrics.dropped_expired.get()),
                     ("DeliveryRefused", s.shared.metrics.dropped_refused.get()),
+                    ("QueueFull", s.shared.metrics.dropped_queue_full.get()),
                 ]
                 .into_iter()
                 .map(move |(reason, v)| Series {

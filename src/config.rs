@@ -70,6 +70,7 @@ settings! {
     "broker__retrySchedule" = "original" : "retry schedule when a subscription sets no `retryPolicy.schedule`: `original` (1 min, then every 10 min), `eventGridCloud`, `workfront`";
     "broker__retryJitterPercent" = "10" : "under `standard`, every retry delay is spread by up to this many percent either way (0 = exact)";
     "broker__retryAfterMaxSeconds" = "3600" : "longest `Retry-After` honoured; longer requests are capped";
+    "broker__queueFullPolicy" = "reject" : "when an in-memory subscription holds `broker__maxPendingEventsPerSubscription` events: `reject` the publish with 503 (original), or `deadLetter` that subscription's copies and accept the publish for the others";
     "broker__deadLetter__maxEventsPerSubscription" = "10000" : "dead letters kept per subscription (oldest evicted first); 0 = none kept";
     "broker__endpointHealth__enabled" = "true" : "track each destination URL's health and slow down (disabled) or stop (frozen) deliveries to failing endpoints";
     "broker__endpointHealth__disableFailureRatePercent" = "70" : "an endpoint is disabled when its failure rate exceeds this percentage ...";
@@ -226,6 +227,8 @@ pub struct Resilience {
     pub retry_after_cap: Duration,
     /// Dead letters kept per subscription (0 = none).
     pub dead_letter_capacity: usize,
+    /// Full in-memory queue: reject the publish or dead-letter the copy.
+    pub queue_full_policy: crate::delivery::policy::QueueFullPolicy,
     /// Endpoint health thresholds.
     pub health: crate::delivery::health::HealthConfig,
 }
@@ -578,6 +581,10 @@ impl Config {
                 0,
                 10_000_000,
             )? as usize,
+            queue_full_policy: raw.choice(
+                "broker__queueFullPolicy",
+                &crate::delivery::policy::QueueFullPolicy::ALL,
+            )?,
             health: crate::delivery::health::HealthConfig {
                 enabled: raw.bool("broker__endpointHealth__enabled")?,
                 disable_failure_rate_percent: raw.int(

@@ -98,6 +98,8 @@ pub struct SubscriptionMetrics {
     pub enqueued: Counter,
     /// Events refused for good by the endpoint (400/413 under the `standard` policy).
     pub dropped_refused: Counter,
+    /// Events dead-lettered at publish because the queue was full.
+    pub dropped_queue_full: Counter,
     /// Events kept as dead letters.
     pub dead_lettered: Counter,
     /// Dead letters evicted to stay within the bound.

@@ -43,6 +43,38 @@ impl Broker {
         Some(self.inner.sinks.create(&dl))
     }
 
+    /// A full in-memory subscription's copies of a publish go straight to dead letters
+    /// (`broker__queueFullPolicy = deadLetter`). Counted as enqueued and dropped, so the
+    /// accounting identity holds.
+    pub(super) fn dead_letter_overflow(
+        &self,
+        shared: &SubShared,
+        route: &[usize],
+        payloads: &[Option<(u64, Arc<EventData>)>],
+        now_ms: u64,
+        now: Instant,
+    ) {
+        let items: Vec<Pending> = route
+            .iter()
+            .filter_map(|&i| payloads.get(i).and_then(Option::as_ref))
+            .map(|(seq, data)| Pending {
+                seq: *seq,
+                event: data.clone(),
+                attempts: 0,
+                first_enqueued_ms: now_ms,
+                enqueued_at: now,
+            })
+            .collect();
+        shared.metrics.enqueued.add(items.len() as u64);
+        crate::delivery::dispatcher::dead_letter(
+            shared,
+            &self.inner.ctx,
+            &items,
+            crate::delivery::retry::DropReason::QueueFull,
+            None,
+        );
+    }
+
     pub(super) fn forget_dead_letters(&self, queue: QueueId) {
         if let Err(e) = self.inner.ctx.dead_letters.delete_queue(queue) {
             tracing::error!(error = %e, "could not delete a subscription's dead letters");

@@ -30,6 +30,8 @@ pub enum DeadLetterReason {
     TimeToLiveExceeded,
     /// The endpoint refused it for good (400/413 under the `standard` policy).
     DeliveryRefused,
+    /// The subscription's queue was full at publish (`broker__queueFullPolicy = deadLetter`).
+    QueueFull,
 }
 
 impl DeadLetterReason {
@@ -39,6 +41,7 @@ impl DeadLetterReason {
             Self::MaxDeliveryAttemptsExceeded => "MaxDeliveryAttemptsExceeded",
             Self::TimeToLiveExceeded => "TimeToLiveExceeded",
             Self::DeliveryRefused => "DeliveryRefused",
+            Self::QueueFull => "QueueFull",
         }
     }
 }
@@ -50,6 +53,7 @@ impl From<super::retry::DropReason> for DeadLetterReason {
             DropReason::MaxAttempts => Self::MaxDeliveryAttemptsExceeded,
             DropReason::Expired => Self::TimeToLiveExceeded,
             DropReason::Refused => Self::DeliveryRefused,
+            DropReason::QueueFull => Self::QueueFull,
         }
     }
 }

@@ -377,13 +377,29 @@ fn settle(shared: &SubShared, ctx: &EngineCtx, batch: Batch, outcome: Outcome, l
     shared.notify.notify_one();
 }
 
-/// Events leave the queue undelivered: counted, logged, kept as dead letters (and forwarded to
-/// the dead-letter webhook), removed from the store. `last` is the attempt that decided it, if
-/// any.
+/// Events leave the queue undelivered: dead-lettered ([`dead_letter`]) and settled.
 fn drop_events(
     shared: &SubShared,
     ctx: &EngineCtx,
     items: Vec<Pending>,
+    reason: DropReason,
+    last: Option<&Outcome>,
+) {
+    if items.is_empty() {
+        return;
+    }
+    let n = items.len();
+    dead_letter(shared, ctx, &items, reason, last);
+    shared.queue().settle(n);
+}
+
+/// Events that will not be delivered: counted, logged, kept as dead letters (and forwarded to
+/// the dead-letter webhook), removed from the store. `last` is the attempt that decided it, if
+/// any. The caller settles them in the queue if they were in it.
+pub fn dead_letter(
+    shared: &SubShared,
+    ctx: &EngineCtx,
+    items: &[Pending],
     reason: DropReason,
     last: Option<&Outcome>,
 ) {
@@ -397,6 +413,7 @@ fn drop_events(
         DropReason::MaxAttempts => m.dropped_max_attempts.add(n as u64),
         DropReason::Expired => m.dropped_expired.add(n as u64),
         DropReason::Refused => m.dropped_refused.add(n as u64),
+        DropReason::QueueFull => m.dropped_queue_full.add(n as u64),
     }
     tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, reason = reason.as_str(), first_event_id = items.first().map(|p| &*p.event.id).unwrap_or(""), "events dead-lettered");
     let cfg = shared.config();
@@ -447,5 +464,4 @@ fn drop_events(
             tracing::error!(subscription = %shared.name, error = %e, "could not remove dropped events from the store");
         }
     }
-    shared.queue().settle(n);
 }

@@ -53,6 +53,22 @@ impl StatusCodePolicy {
     }
 }
 
+/// What a publish does when a matching in-memory subscription's queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueueFullPolicy {
+    /// The original: the whole publish is refused with 503 + `Retry-After` (nothing accepted).
+    Reject,
+    /// The full subscription's copies become dead letters (`QueueFull`); the publish succeeds
+    /// for every other subscription, so one dead endpoint cannot stop a shared topic.
+    DeadLetter,
+}
+
+impl QueueFullPolicy {
+    /// Every policy with its wire name.
+    pub const ALL: [(&'static str, Self); 2] =
+        [("reject", Self::Reject), ("deadLetter", Self::DeadLetter)];
+}
+
 /// A named retry schedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ScheduleName {

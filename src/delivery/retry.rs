@@ -30,6 +30,9 @@ pub enum DropReason {
     /// The endpoint refused the event for good (400/413 under the `standard` status-code
     /// policy with a dead-letter destination).
     Refused,
+    /// The subscription's in-memory queue was full at publish (`broker__queueFullPolicy =
+    /// deadLetter`); never attempted.
+    QueueFull,
 }
 
 impl DropReason {
@@ -39,6 +42,7 @@ impl DropReason {
             Self::MaxAttempts => "MaxDeliveryAttemptsExceeded",
             Self::Expired => "TimeToLiveExceeded",
             Self::Refused => "DeliveryRefused",
+            Self::QueueFull => "QueueFull",
         }
     }
 }

@@ -1072,3 +1072,60 @@ async fn hanging_and_resetting_endpoints_do_not_slow_a_healthy_subscription() {
         assert!(inflight(&format!("hang{i}")) <= 4, "per-subscription bound");
     }
 }
+
+#[tokio::test]
+async fn a_full_queue_behind_a_hanging_endpoint_rejects_or_dead_letters_per_policy() {
+    for policy in ["reject", "deadLetter"] {
+        let t = start(&[
+            ("broker__maxPendingEventsPerSubscription", "5"),
+            ("broker__queueFullPolicy", policy),
+        ])
+        .await;
+        let hang = flaky(Mode::Hang).await;
+        let mut rx = Receiver::start().await;
+        t.topic("t1").await;
+        t.webhook_sub("t1", "hang", &format!("http://{}/h", hang.addr), json!({}))
+            .await;
+        t.webhook_sub("t1", "ok", &rx.url("/ok"), json!({})).await;
+        let mut accepted = 0;
+        for i in 0..20 {
+            let (s, _) = t
+                .post_json(
+                    "/topics/t1/events",
+                    &json!([eg_event(&format!("e{i}"), "s", "x", json!({}))]),
+                )
+                .await;
+            if s == 200 {
+                accepted += 1;
+                rx.next().await;
+            } else {
+                assert_eq!(s, 503);
+            }
+        }
+        let (_, dl) = t
+            .get("/topics/t1/eventSubscriptions/hang/deadLetters")
+            .await;
+        let dl = dl["value"].as_array().unwrap().clone();
+        if policy == "reject" {
+            assert_eq!(
+                accepted, 5,
+                "the original: the shared topic stops at the bound"
+            );
+            assert!(dl.is_empty());
+        } else {
+            assert_eq!(accepted, 20, "the healthy subscription keeps receiving");
+            assert_eq!(dl.len(), 15);
+            assert_eq!(dl[0]["reason"], "QueueFull");
+            assert_eq!(dl[0]["deliveryAttempts"], 0);
+            let m = t.metrics().await;
+            assert_eq!(
+                metric(
+                    &m,
+                    "gridlet_dropped_events_total",
+                    "topic=\"t1\",subscription=\"hang\",reason=\"QueueFull\""
+                ),
+                Some(15)
+            );
+        }
+    }
+}
