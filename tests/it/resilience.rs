@@ -1129,3 +1129,153 @@ async fn a_full_queue_behind_a_hanging_endpoint_rejects_or_dead_letters_per_poli
         }
     }
 }
+
+/// A receiver answering from a seeded random stream: 200, 204, 400, 413, 429 (+Retry-After),
+/// 500, 503, or 200 after a 300 ms stall; counts the events it acknowledged with 2xx.
+async fn random_receiver(seed: u64) -> (std::net::SocketAddr, Arc<AtomicU64>) {
+    let rng = Arc::new(Mutex::new(Rng(seed)));
+    let acked = Arc::new(AtomicU64::new(0));
+    let a = acked.clone();
+    let app = Router::new().route(
+        "/{*p}",
+        post(move |body: bytes::Bytes| {
+            let rng = rng.clone();
+            let acked = a.clone();
+            async move {
+                let r = rng.lock().unwrap().next() % 8;
+                let n = serde_json::from_slice::<Vec<Value>>(&body).map_or(0, |v| v.len()) as u64;
+                let status = match r {
+                    0 | 1 => 200,
+                    2 => 204,
+                    3 => 400,
+                    4 => 413,
+                    5 => {
+                        let mut resp = StatusCode::TOO_MANY_REQUESTS.into_response();
+                        resp.headers_mut()
+                            .insert("retry-after", HeaderValue::from_static("1"));
+                        return resp;
+                    }
+                    6 => 500 + (r as u16 % 4),
+                    _ => {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        200
+                    }
+                };
+                if (200..=204).contains(&status) {
+                    acked.fetch_add(n, Ordering::Relaxed);
+                }
+                StatusCode::from_u16(status).unwrap().into_response()
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    (addr, acked)
+}
+
+#[tokio::test]
+async fn chaos_with_real_receivers_failing_randomly() {
+    // TTL 2 s: a failed event's next retry (≥ 10 s away) is past its TTL, so every event
+    // settles after one attempt and the test runs in real time without waiting for schedules
+    // (the paused-clock chaos test covers retries).
+    let t = start(&[
+        ("broker__defaultEventTimeToLiveInSeconds", "2"),
+        ("broker__endpointHealth__enabled", "false"),
+    ])
+    .await;
+    t.topic("t1").await;
+    let mut receivers = Vec::new();
+    let subs = [
+        ("plain", json!({})),
+        (
+            "std",
+            json!({"retryPolicy": {"statusCodePolicy": "standard"}}),
+        ),
+        ("a_only", json!({"filter": {"subjectBeginsWith": "a"}})),
+        (
+            "batched",
+            json!({"retryPolicy": {"statusCodePolicy": "standard", "maxDeliveryAttempts": 1}}),
+        ),
+    ];
+    for (i, (name, extra)) in subs.iter().enumerate() {
+        let (addr, acked) = random_receiver(0xC0FFEE + i as u64).await;
+        let mut extra = extra.clone();
+        let url = format!("http://{addr}/{name}");
+        if *name == "batched" {
+            extra["destination"] = json!({"endpointType": "WebHook",
+                "properties": {"endpointUrl": url, "maxEventsPerBatch": 5}});
+        }
+        t.webhook_sub("t1", name, &url, extra).await;
+        receivers.push((*name, acked));
+    }
+    let mut expected: HashMap<&str, u64> = HashMap::new();
+    for round in 0..30 {
+        let subject = if round % 3 == 0 { "b/1" } else { "a/1" };
+        let evs: Vec<Value> = (0..10)
+            .map(|i| eg_event(&format!("e{round}-{i}"), subject, "x", json!({})))
+            .collect();
+        t.publish("t1", Value::Array(evs)).await;
+        for (name, _) in &subs {
+            if *name != "a_only" || subject.starts_with('a') {
+                *expected.entry(name).or_default() += 10;
+            }
+        }
+    }
+    let pending_zero = |m: &str| {
+        subs.iter().all(|(n, _)| {
+            metric(
+                m,
+                "gridlet_pending_events",
+                &format!("topic=\"t1\",subscription=\"{n}\""),
+            ) == Some(0)
+        })
+    };
+    let m = wait_for(&t, "every event settled", pending_zero).await;
+    for (name, acked) in &receivers {
+        let l = format!("topic=\"t1\",subscription=\"{name}\"");
+        let get = |f: &str| metric(&m, f, &l).unwrap_or(0);
+        let reason = |r: &str| {
+            metric(
+                &m,
+                "gridlet_dropped_events_total",
+                &format!("{l},reason=\"{r}\""),
+            )
+            .unwrap_or(0)
+        };
+        let delivered = get("DeliverySuccessCounts");
+        let dropped = reason("MaxDeliveryAttemptsExceeded")
+            + reason("TimeToLiveExceeded")
+            + reason("DeliveryRefused")
+            + reason("QueueFull");
+        let want = expected[name];
+        assert_eq!(get("gridlet_enqueued_events_total"), want, "{name}");
+        assert_eq!(
+            delivered + dropped,
+            want,
+            "{name}: delivered {delivered} + dead-lettered {dropped}"
+        );
+        assert_eq!(get("gridlet_dead_lettered_events_total"), dropped, "{name}");
+        assert_eq!(
+            acked.load(Ordering::Relaxed),
+            delivered,
+            "{name}: receiver acks = delivered"
+        );
+        assert!(
+            delivered > 0 && dropped > 0,
+            "{name}: a real mix ({delivered}/{dropped})"
+        );
+    }
+    // Under `original`, 400s are retried (then expire); under `standard` they are refused.
+    let refused = |n: &str| {
+        metric(
+            &m,
+            "gridlet_dropped_events_total",
+            &format!("topic=\"t1\",subscription=\"{n}\",reason=\"DeliveryRefused\""),
+        )
+    };
+    assert_eq!(refused("plain"), Some(0));
+    assert!(refused("std").unwrap() > 0);
+}
