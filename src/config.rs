@@ -777,3 +777,26 @@ mod tests {
         assert!(!c.edge.is_iot_edge());
     }
 }
+
+#[cfg(test)]
+mod readme_tests {
+    /// The README's settings table is generated from [`super::SETTINGS`]
+    /// (`scripts/settings-table.py`); this keeps the two from drifting apart.
+    #[test]
+    fn readme_lists_every_setting_with_its_default() {
+        let readme = include_str!("../README.md");
+        for s in super::SETTINGS {
+            let default = if s.default.is_empty() {
+                "—".to_string()
+            } else {
+                format!("`{}`", s.default)
+            };
+            let row = format!("| `{}` | {} |", s.key, default);
+            assert!(
+                readme.contains(&row),
+                "README settings table lacks or misstates {}",
+                s.key
+            );
+        }
+    }
+}

@@ -18,16 +18,22 @@
 //! * [`model`]: topics, subscriptions, events; [`filter`]: subscription filters.
 //! * [`broker`]: registry and publish path; [`delivery`]: queues, dispatch, retry, sinks.
 //! * [`store`]: storage trait and implementations; [`tls`]: certificates and verifiers.
+//! * [`edge`]: running as an IoT Edge module (workload API, edgeHub, module twin).
 //! * [`metrics`]: counters and the Prometheus rendering; [`clock`]: time seam.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
+)]
 
 pub mod api;
 pub mod broker;
 pub mod clock;
 pub mod config;
 pub mod delivery;
+pub mod edge;
 pub mod error;
 pub mod filter;
 pub mod metrics;

@@ -12,6 +12,7 @@ use crate::clock::Clock;
 use crate::config::{Config, MetricsReporter};
 use crate::delivery::sink::SinkFactory;
 use crate::delivery::sinks::DefaultSinks;
+use crate::edge::{EdgeError, EdgeRuntime};
 use crate::store::memory::MemoryStore;
 use crate::store::Store;
 use crate::tls::{self, CertStore, ClientCerts, OutboundTls, TlsError};
@@ -39,6 +40,9 @@ pub enum StartError {
     /// Store or stored records.
     #[error(transparent)]
     Open(#[from] OpenError),
+    /// The IoT Edge workload API or its material.
+    #[error(transparent)]
+    Edge(#[from] EdgeError),
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -73,6 +77,8 @@ pub struct Gridlet {
     ready: Arc<AtomicBool>,
     stop: watch::Sender<bool>,
     listeners: Vec<JoinHandle<()>>,
+    /// Under IoT Edge: owns the edgeHub, twin and certificate-renewal tasks.
+    edge: Option<EdgeRuntime>,
 }
 
 /// The outbound TLS settings from configuration (no IoT Edge identity here; see `edge`).
@@ -94,14 +100,16 @@ impl Gridlet {
         tls::install_default_provider();
         let cfg = Arc::new(cfg);
         let store = parts.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let clock = parts.clock.unwrap_or_else(Clock::system);
+        let mut edge = if cfg.edge.is_iot_edge() {
+            Some(EdgeRuntime::connect(&cfg, clock).await?)
+        } else {
+            None
+        };
         let sinks = match parts.sinks {
             Some(s) => s,
-            None => Arc::new(DefaultSinks::new(tls::outbound_http_client(
-                &outbound_tls(&cfg),
-                cfg.broker.delivery_timeout,
-            )?)),
+            None => Arc::new(default_sinks(&cfg, edge.as_ref())?),
         };
-        let clock = parts.clock.unwrap_or_else(Clock::system);
         let broker = Broker::open(cfg.clone(), store, sinks, clock)?;
         let ready = Arc::new(AtomicBool::new(true));
         let state = AppState {
@@ -130,8 +138,8 @@ impl Gridlet {
             )));
         }
         if cfg.inbound.tls_policy.https() {
-            let store = server_certificate(&cfg)?;
-            let client = client_cert_policy(&cfg);
+            let store = server_certificate(&cfg, edge.as_ref())?;
+            let client = client_cert_policy(&cfg, edge.as_ref())?;
             let server_cfg = tls::server_config(store.clone(), client)?;
             let (l, addr) = bind(SocketAddr::new(
                 cfg.inbound.bind_address,
@@ -160,6 +168,9 @@ impl Gridlet {
                 }
             }));
         }
+        if let Some(e) = edge.as_mut() {
+            e.start(broker.clone(), certs.clone());
+        }
         tracing::info!(http = ?http_addr, https = ?https_addr, "gridlet listening");
         Ok(Self {
             broker,
@@ -169,6 +180,7 @@ impl Gridlet {
             ready,
             stop,
             listeners,
+            edge,
         })
     }
 
@@ -179,6 +191,7 @@ impl Gridlet {
         for l in self.listeners {
             let _ = l.await;
         }
+        drop(self.edge);
         tracing::info!("gridlet stopped");
     }
 }
@@ -193,9 +206,31 @@ async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError>
     Ok((l, local))
 }
 
-fn server_certificate(cfg: &Config) -> Result<Arc<CertStore>, StartError> {
-    if cfg.edge.is_iot_edge() {
-        tracing::warn!("IoT Edge workload API certificates are not wired in yet; using a self-signed certificate");
+/// The production sinks: one HTTP client (under IoT Edge with the trust bundle and the module
+/// identity certificate) and, under IoT Edge, the edgeHub connection.
+fn default_sinks(cfg: &Config, edge: Option<&EdgeRuntime>) -> Result<DefaultSinks, StartError> {
+    let timeout = cfg.broker.delivery_timeout;
+    let Some(edge) = edge else {
+        return Ok(DefaultSinks::new(tls::outbound_http_client(
+            &outbound_tls(cfg),
+            timeout,
+        )?));
+    };
+    let sinks = DefaultSinks::new(edge.outbound_http_client(outbound_tls(cfg), timeout)?);
+    Ok(match edge.edgehub() {
+        Some(hub) => sinks.with_edgehub(hub, timeout),
+        None => sinks,
+    })
+}
+
+/// Under IoT Edge the workload API's certificate (renewed by the runtime); otherwise a
+/// self-signed one kept in the metadata directory.
+fn server_certificate(
+    cfg: &Config,
+    edge: Option<&EdgeRuntime>,
+) -> Result<Arc<CertStore>, StartError> {
+    if let Some(edge) = edge {
+        return Ok(edge.server_cert_store()?);
     }
     let dir = cfg.persistence.metadata_path.join("tls");
     let names = vec![
@@ -207,15 +242,18 @@ fn server_certificate(cfg: &Config) -> Result<Arc<CertStore>, StartError> {
     Ok(CertStore::new(tls::certified_key(&cert, &key)?))
 }
 
-fn client_cert_policy(cfg: &Config) -> ClientCerts {
-    if !cfg.inbound.client_cert_enabled {
+fn client_cert_policy(cfg: &Config, edge: Option<&EdgeRuntime>) -> Result<ClientCerts, StartError> {
+    if let Some(edge) = edge {
+        return Ok(edge.client_certs(cfg)?);
+    }
+    Ok(if !cfg.inbound.client_cert_enabled {
         ClientCerts::Off
     } else if cfg.inbound.client_cert_allow_unknown_ca {
         ClientCerts::AnyCa
     } else {
         tracing::warn!("client certificate auth needs the IoT Edge trust bundle to validate against; without IoT Edge no certificate is accepted");
         ClientCerts::Off
-    }
+    })
 }
 
 async fn accept_loop(

@@ -337,7 +337,18 @@ pub fn outbound_http_client(
     o: &OutboundTls,
     timeout: std::time::Duration,
 ) -> Result<reqwest::Client, TlsError> {
-    let tls = client_config(o)?;
+    http_client(client_config(o)?, timeout)
+}
+
+/// The outbound HTTP client over a prepared rustls configuration (the IoT Edge runtime adds a
+/// renewable identity certificate to it).
+///
+/// # Errors
+/// A client build failure.
+pub fn http_client(
+    tls: rustls::ClientConfig,
+    timeout: std::time::Duration,
+) -> Result<reqwest::Client, TlsError> {
     reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
         .timeout(timeout)

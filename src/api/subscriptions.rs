@@ -53,9 +53,15 @@ pub(super) async fn get(
         &sub.shared.config().sub,
         &s.resource_context(&headers, conn.map(|c| c.0)),
     );
-    // Live state, not part of the stored record: endpoint health and dead letters held.
+    // Live state, not part of the stored record: the destination's health, shown only while it
+    // is disabled or frozen, so a healthy subscription's GET stays identical to its PUT answer
+    // (as the original's). Always available at `.../endpointHealth`.
     if let Some(props) = v.get_mut("properties").and_then(Value::as_object_mut) {
-        if let Some(h) = s.broker.endpoint_health(&sub.shared) {
+        if let Some(h) = s
+            .broker
+            .endpoint_health(&sub.shared)
+            .filter(|h| h.state != crate::delivery::health::HealthState::Closed)
+        {
             props.insert("endpointHealth".into(), super::deadletters::health_json(&h));
         }
     }

@@ -147,8 +147,10 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
         // Sending held back by endpoint health: wake at this time (None = only when notified).
         let mut held: Option<Option<Instant>> = None;
         // Send everything that can go now.
+        let mut lim;
         loop {
             let cfg = shared.config();
+            lim = limits(&cfg, &ctx);
             let now_ms = ctx.clock.now_ms();
             let admission = cfg
                 .health
@@ -188,12 +190,6 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
                     }
                     Err(TryAcquireError::Closed) => return, // the broker is shutting down
                 },
-            };
-            let lim = Limits {
-                max_events: cfg.caps.0,
-                max_bytes: cfg.caps.1,
-                max_in_flight: ctx.max_in_flight,
-                retry_cap: (ctx.max_in_flight / 4).max(1),
             };
             let mut expired = Vec::new();
             let picked = shared.queue().pick(
@@ -240,7 +236,7 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
         // otherwise wake the task in a loop).
         let next_due = match held {
             Some(wake) => wake,
-            None => shared.queue().next_due(),
+            None => shared.queue().next_wakeup(&lim),
         };
         tokio::select! {
             _ = shared.notify.notified() => {}
@@ -259,6 +255,15 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
             }
             _ = sleep_until_opt(next_due) => {}
         }
+    }
+}
+
+fn limits(cfg: &SubConfig, ctx: &EngineCtx) -> Limits {
+    Limits {
+        max_events: cfg.caps.0,
+        max_bytes: cfg.caps.1,
+        max_in_flight: ctx.max_in_flight,
+        retry_cap: (ctx.max_in_flight / 4).max(1),
     }
 }
 

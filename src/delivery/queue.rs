@@ -104,6 +104,16 @@ impl SubQueue {
         self.retry.keys().next().map(|(due, _)| *due)
     }
 
+    /// When the dispatcher should wake for a retry: the earliest due time, but only while a
+    /// retry could actually be sent. With the budget full, a completion (not the timer) is what
+    /// frees a slot; waking for an already-due retry then would spin.
+    pub fn next_wakeup(&self, lim: &Limits) -> Option<Instant> {
+        if self.in_flight >= lim.max_in_flight || self.in_flight_retries >= lim.retry_cap {
+            return None;
+        }
+        self.next_due()
+    }
+
     /// Mark a request finished.
     pub fn finish(&mut self, retry: bool) {
         self.in_flight = self.in_flight.saturating_sub(1);
@@ -279,6 +289,13 @@ mod tests {
         let n = q.pick(now, &lim(1, 100), |_| false, &mut out).unwrap();
         assert!(!n.retry);
         assert_eq!(q.next_due(), Some(now));
+        assert_eq!(
+            q.next_wakeup(&lim(1, 100)),
+            None,
+            "retry budget full: no timer wake-up"
+        );
+        q.finish(true);
+        assert_eq!(q.next_wakeup(&lim(1, 100)), Some(now));
     }
 
     #[tokio::test]

@@ -2,13 +2,16 @@
 
 use super::sink::{Sink, SinkFactory, UnsupportedSink};
 use super::webhook::{TopicRewrite, WebhookSink};
+use crate::edge::edgehub::EdgeHub;
 use crate::model::subscription::{Destination, Subscription};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Builds sinks for subscriptions.
 pub struct DefaultSinks {
     client: reqwest::Client,
     boot_id: String,
+    edgehub: Option<(EdgeHub, Duration)>,
 }
 
 impl DefaultSinks {
@@ -19,7 +22,18 @@ impl DefaultSinks {
         let mut b = [0u8; 6];
         let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
         let boot_id = b.iter().map(|x| format!("{x:02x}")).collect();
-        Self { client, boot_id }
+        Self {
+            client,
+            boot_id,
+            edgehub: None,
+        }
+    }
+
+    /// Deliver `EdgeHub` destinations over this connection (under IoT Edge); each attempt waits
+    /// up to `timeout` for edgeHub's acknowledgement.
+    pub fn with_edgehub(mut self, hub: EdgeHub, timeout: Duration) -> Self {
+        self.edgehub = Some((hub, timeout));
+        self
     }
 }
 
@@ -48,9 +62,12 @@ impl SinkFactory for DefaultSinks {
                 )
                 .with_options(&sub.delivery, &self.boot_id),
             ),
-            Destination::EdgeHub { .. } => Arc::new(UnsupportedSink(
-                "EdgeHub destinations need the IoT Edge runtime (IOTEDGE_WORKLOADURI)".into(),
-            )),
+            Destination::EdgeHub { output_name } => match &self.edgehub {
+                Some((hub, timeout)) => Arc::new(hub.sink(output_name, *timeout)),
+                None => Arc::new(UnsupportedSink(
+                    "EdgeHub destinations need the IoT Edge runtime (IOTEDGE_WORKLOADURI)".into(),
+                )),
+            },
             other => Arc::new(UnsupportedSink(format!(
                 "{} destinations are accepted for compatibility but not delivered by this build",
                 other.endpoint_type()

@@ -544,6 +544,23 @@ mod tests {
         assert_eq!(v["data"]["temp"], 21);
     }
 
+    proptest::proptest! {
+        /// Any bytes, any schema: a clean result or a 4xx, never a panic.
+        #[test]
+        fn parse_never_panics(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400), ce in proptest::prelude::any::<bool>()) {
+            let body = Bytes::from(body);
+            let mut headers = HeaderMap::new();
+            if ce {
+                headers.insert("ce-specversion", HeaderValue::from_static("1.0"));
+            }
+            for schema in [EventSchema::EventGrid, EventSchema::Custom, EventSchema::CloudEventV1_0] {
+                if let Err(e) = parse(&PublishInput { schema, topic: "t", headers: &headers, body: &body, single_id: Some("x"), max_events: 50 }) {
+                    proptest::prop_assert!(e.status.is_client_error());
+                }
+            }
+        }
+    }
+
     #[test]
     fn limits_and_media_types() {
         let many = format!("[{}]", vec!["{}"; 101].join(","));

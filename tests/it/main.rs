@@ -1,5 +1,12 @@
-//! Black-box tests: a real gridlet over HTTP, real webhook receivers.
+//! Black-box tests: a real gridlet over HTTP, real webhook receivers, real protocol peers.
 
 mod api;
+mod delivery;
+mod edge;
+mod fuzz;
+mod packaging;
+mod process;
 mod resilience;
+mod schedule;
+mod security;
 mod util;

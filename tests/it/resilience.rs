@@ -920,7 +920,14 @@ async fn endpoint_health_over_http_disabled_frozen_and_reenabled_through_the_api
     )
     .await;
     let (_, sub) = t.get("/topics/t1/eventSubscriptions/s1").await;
-    assert_eq!(sub["properties"]["endpointHealth"]["state"], "Enabled");
+    assert!(
+        sub["properties"].get("endpointHealth").is_none(),
+        "healthy: GET is the PUT answer"
+    );
+    let (_, h) = t
+        .get("/topics/t1/eventSubscriptions/s1/endpointHealth")
+        .await;
+    assert_eq!(h["state"], "Enabled");
     let lbl = "topic=\"t1\",subscription=\"s1\"";
     for i in 0..3 {
         t.publish(

@@ -293,3 +293,66 @@ pub fn metric(text: &str, name: &str, labels: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(&prefix))
         .and_then(|v| v.trim().parse().ok())
 }
+
+/// A real HTTPS webhook receiver with a self-signed certificate for `localhost`/`127.0.0.1`.
+pub async fn https_receiver() -> Receiver {
+    use hyper_util::rt::TokioIo;
+    gridlet::tls::install_default_provider();
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+            .unwrap();
+    let key = gridlet::tls::certified_key(
+        ck.cert.pem().as_bytes(),
+        ck.signing_key.serialize_pem().as_bytes(),
+    )
+    .unwrap();
+    let store = gridlet::tls::CertStore::new(key);
+    let cfg = gridlet::tls::server_config(store, gridlet::tls::ClientCerts::AnyCa).unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let status = Arc::new(AtomicU16::new(200));
+    let count = Arc::new(AtomicU64::new(0));
+    let state = RxState {
+        tx,
+        status: status.clone(),
+        count: count.clone(),
+    };
+    let app = Router::new()
+        .route("/{*path}", post(record))
+        .route("/", post(record))
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                break;
+            };
+            let acceptor = acceptor.clone();
+            let app = app.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let svc = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    Receiver {
+        addr,
+        rx,
+        status,
+        count,
+        _task: task,
+    }
+}
+
+impl Receiver {
+    /// HTTPS URL for `path` (for receivers from [`https_receiver`]).
+    pub fn https_url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{}", self.addr.port(), path)
+    }
+}

@@ -1,0 +1,381 @@
+//! Module twin management (contract §3.6): topics and subscriptions from desired properties,
+//! the broker's state and errors as reported properties, over the edgeHub connection.
+//!
+//! * On every new MQTT session the full twin is requested (`$iothub/twin/GET/?$rid=`), answered
+//!   on `$iothub/twin/res/{status}/?$rid=…`; desired patches arrive on
+//!   `$iothub/twin/PATCH/properties/desired/?$version=…`.
+//! * `desired.topics.{name}`: topic properties (`{}` or `{"inputSchema": …}`); `null` deletes the
+//!   topic. `desired.eventSubscriptions.{name}`: subscription properties including `topic`;
+//!   arrays may be JSON strings (twins have no arrays). Deleting a subscription through the twin
+//!   is not supported (as in the original): it is reported as an error.
+//! * Everything goes through the broker's own `put_topic`/`put_subscription`, so validation and
+//!   persistence are exactly the REST API's.
+//! * Reported: `topics`, `eventSubscriptions` (every topic/subscription the broker holds, arrays
+//!   as JSON strings, secrets masked) and `errors` (`bootupMessage`, `bootupException`, `topics`,
+//!   `eventSubscriptions`: `HttpStatusCode='…' ErrorCode='…' Message='…'`). Only the difference
+//!   to what was last reported is sent; removed entries are sent as `null`.
+
+use super::edgehub::{EdgeHub, HubMessage};
+use crate::broker::Broker;
+use crate::error::ApiError;
+use crate::model::topic::Topic;
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use tokio::sync::mpsc;
+
+const TWIN_RES: &str = "$iothub/twin/res/";
+const DESIRED_PATCH: &str = "$iothub/twin/PATCH/properties/desired/";
+/// Masked in reported properties: the twin is readable in the cloud.
+const SECRET_KEYS: [&str; 2] = ["sasKey", "connectionString"];
+
+/// Errors from applying desired properties, by name.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct TwinErrors {
+    /// Topic name → error text.
+    pub topics: BTreeMap<String, String>,
+    /// Subscription name → error text.
+    pub subscriptions: BTreeMap<String, String>,
+    /// Set when the desired document itself is unusable.
+    pub bootup_exception: String,
+}
+
+/// The original's error text: `HttpStatusCode='BadRequest' ErrorCode='…' Message='…'`.
+pub fn error_text(e: &ApiError) -> String {
+    let body = e.body();
+    let status = body
+        .pointer("/error/code")
+        .and_then(Value::as_str)
+        .unwrap_or("Error")
+        .to_string();
+    format!(
+        "HttpStatusCode='{status}' ErrorCode='{}' Message='{}'",
+        e.detail, e.message
+    )
+}
+
+fn get_ci<'a>(m: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    m.iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(key))
+        .map(|(_, v)| v)
+}
+
+/// Apply a desired document or patch to the broker. Entries it names have their previous errors
+/// replaced; entries it does not name keep theirs.
+pub fn apply_desired(broker: &Broker, desired: &Value, errors: &mut TwinErrors) {
+    let Some(d) = desired.as_object() else {
+        errors.bootup_exception = "desired properties are not a JSON object".into();
+        return;
+    };
+    let mut deletions = Vec::new();
+    if let Some(topics) = get_ci(d, "topics").and_then(Value::as_object) {
+        for (name, props) in topics.iter().filter(|(k, _)| !k.starts_with('$')) {
+            errors.topics.remove(name);
+            if props.is_null() {
+                deletions.push(name.clone());
+                continue;
+            }
+            let result = Topic::from_put(name, json!({ "properties": props }))
+                .and_then(|t| broker.put_topic(t));
+            match result {
+                Ok(_) => tracing::info!(topic = %name, "topic applied from the module twin"),
+                Err(e) => {
+                    tracing::warn!(topic = %name, error = %e.message, "twin topic rejected");
+                    errors.topics.insert(name.clone(), error_text(&e));
+                }
+            }
+        }
+    }
+    if let Some(subs) = get_ci(d, "eventSubscriptions").and_then(Value::as_object) {
+        for (name, props) in subs.iter().filter(|(k, _)| !k.starts_with('$')) {
+            errors.subscriptions.remove(name);
+            if let Err(e) = apply_subscription(broker, name, props) {
+                tracing::warn!(subscription = %name, error = %e.message, "twin subscription rejected");
+                errors.subscriptions.insert(name.clone(), error_text(&e));
+            } else {
+                tracing::info!(subscription = %name, "subscription applied from the module twin");
+            }
+        }
+    }
+    for name in deletions {
+        match broker.delete_topic(&name) {
+            Ok(()) => tracing::info!(topic = %name, "topic deleted through the module twin"),
+            Err(e) if e.status.as_u16() == 404 => {}
+            Err(e) => {
+                errors.topics.insert(name, error_text(&e));
+            }
+        }
+    }
+}
+
+fn apply_subscription(broker: &Broker, name: &str, props: &Value) -> Result<(), ApiError> {
+    let Some(p) = props.as_object() else {
+        return Err(ApiError::bad_request(
+            "InvalidRequest",
+            "deleting event subscriptions through the module twin is not supported; use the REST API",
+        ));
+    };
+    let topic = get_ci(p, "topic")
+        .or_else(|| get_ci(p, "topicName"))
+        .and_then(Value::as_str)
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "InvalidRequest",
+                "a twin event subscription needs \"topic\" naming its topic",
+            )
+        })?;
+    broker
+        .put_subscription(topic, name, json!({ "properties": props }))
+        .map(|_| ())
+}
+
+/// Twins have no arrays: encode them as JSON strings. Secrets are masked.
+fn twin_safe(v: Value) -> Value {
+    match v {
+        Value::Array(a) => Value::String(Value::Array(a).to_string()),
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, v)| {
+                    if SECRET_KEYS.contains(&k.as_str()) && !v.is_null() {
+                        (k, Value::String("***".into()))
+                    } else {
+                        (k, twin_safe(v))
+                    }
+                })
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+/// The full reported document for the broker's current state.
+pub fn reported(broker: &Broker, errors: &TwinErrors) -> Value {
+    let mut topics = Map::new();
+    let mut subs = Map::new();
+    for t in broker.topics() {
+        let topic = t.topic();
+        topics.insert(
+            topic.name.clone(),
+            json!({ "inputSchema": topic.input_schema.as_str() }),
+        );
+        for s in t.subscriptions().iter() {
+            let cfg = s.shared.config();
+            subs.insert(cfg.sub.name.clone(), twin_safe(cfg.sub.properties()));
+        }
+    }
+    json!({
+        "topics": topics,
+        "eventSubscriptions": subs,
+        "errors": {
+            "bootupMessage": "",
+            "bootupException": errors.bootup_exception,
+            "topics": errors.topics,
+            "eventSubscriptions": errors.subscriptions,
+        }
+    })
+}
+
+/// The JSON merge patch turning `old` into `new` (`null` removes); `None` when equal.
+pub fn diff(old: &Value, new: &Value) -> Option<Value> {
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let mut patch = Map::new();
+            for (k, nv) in n {
+                match o.get(k) {
+                    Some(ov) => {
+                        if let Some(p) = diff(ov, nv) {
+                            patch.insert(k.clone(), p);
+                        }
+                    }
+                    None => {
+                        patch.insert(k.clone(), nv.clone());
+                    }
+                }
+            }
+            for k in o
+                .keys()
+                .filter(|k| !n.contains_key(*k) && !k.starts_with('$'))
+            {
+                patch.insert(k.clone(), Value::Null);
+            }
+            (!patch.is_empty()).then_some(Value::Object(patch))
+        }
+        (o, n) if o == n => None,
+        (_, n) => Some(n.clone()),
+    }
+}
+
+/// `$iothub/twin/res/{status}/?$rid={rid}&…` → (status, rid).
+fn parse_response_topic(topic: &str) -> Option<(u16, String)> {
+    let rest = topic.strip_prefix(TWIN_RES)?;
+    let (status, query) = rest.split_once('/')?;
+    let status = status.parse().ok()?;
+    let rid = query
+        .trim_start_matches('?')
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("$rid="))
+        .unwrap_or_default()
+        .to_string();
+    Some((status, rid))
+}
+
+/// The twin task's state.
+pub struct TwinManager {
+    broker: Broker,
+    hub: EdgeHub,
+    errors: TwinErrors,
+    last_reported: Value,
+    next_rid: u64,
+    pending_get: Option<String>,
+}
+
+impl TwinManager {
+    /// A manager applying the twin to `broker` through `hub`.
+    pub fn new(broker: Broker, hub: EdgeHub) -> Self {
+        Self {
+            broker,
+            hub,
+            errors: TwinErrors::default(),
+            last_reported: json!({}),
+            next_rid: 1,
+            pending_get: None,
+        }
+    }
+
+    fn rid(&mut self) -> String {
+        let r = self.next_rid.to_string();
+        self.next_rid += 1;
+        r
+    }
+
+    fn request_twin(&mut self) {
+        let rid = self.rid();
+        let topic = format!("$iothub/twin/GET/?$rid={rid}");
+        match self.hub.publish_nowait(topic, Bytes::new()) {
+            Ok(()) => self.pending_get = Some(rid),
+            Err(e) => tracing::warn!(error = %e, "cannot request the module twin"),
+        }
+    }
+
+    fn report(&mut self) {
+        let now = reported(&self.broker, &self.errors);
+        let Some(patch) = diff(&self.last_reported, &now) else {
+            return;
+        };
+        let rid = self.rid();
+        let topic = format!("$iothub/twin/PATCH/properties/reported/?$rid={rid}");
+        match self
+            .hub
+            .publish_nowait(topic, Bytes::from(patch.to_string()))
+        {
+            Ok(()) => self.last_reported = now,
+            Err(e) => tracing::warn!(error = %e, "cannot report twin properties"),
+        }
+    }
+
+    /// Handle one message from edgeHub.
+    pub fn handle(&mut self, m: HubMessage) {
+        match m {
+            HubMessage::Connected => self.request_twin(),
+            HubMessage::Publish { topic, payload } => {
+                if let Some((status, rid)) = parse_response_topic(&topic) {
+                    if self.pending_get.as_deref() == Some(rid.as_str()) {
+                        self.pending_get = None;
+                        self.on_full_twin(status, &payload);
+                    } else if !(200..300).contains(&status) {
+                        tracing::warn!(status, rid = %rid, "edgeHub refused a twin request");
+                    }
+                } else if topic.starts_with(DESIRED_PATCH) {
+                    match serde_json::from_slice::<Value>(&payload) {
+                        Ok(patch) => {
+                            apply_desired(&self.broker, &patch, &mut self.errors);
+                            self.report();
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "desired-properties patch is not JSON")
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_full_twin(&mut self, status: u16, payload: &[u8]) {
+        if status != 200 {
+            tracing::warn!(status, "edgeHub refused the module twin request");
+            return;
+        }
+        let twin: Value = match serde_json::from_slice(payload) {
+            Ok(v) => v,
+            Err(e) => {
+                self.errors.bootup_exception = format!("module twin is not JSON: {e}");
+                self.report();
+                return;
+            }
+        };
+        self.errors.bootup_exception.clear();
+        // What the cloud holds now is the base of the next patch.
+        self.last_reported = twin.get("reported").cloned().unwrap_or_else(|| json!({}));
+        if let Some(Value::Object(m)) = &mut Some(&mut self.last_reported) {
+            m.retain(|k, _| !k.starts_with('$'));
+        }
+        let desired = twin.get("desired").cloned().unwrap_or_else(|| json!({}));
+        apply_desired(&self.broker, &desired, &mut self.errors);
+        self.report();
+    }
+
+    /// Serve messages until the connection side goes away.
+    pub async fn run(mut self, mut rx: mpsc::Receiver<HubMessage>) {
+        while let Some(m) = rx.recv().await {
+            self.handle(m);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diff_sends_changes_and_nulls_removed_entries() {
+        let old =
+            json!({"topics": {"a": {"inputSchema": "EventGridSchema"}, "b": {}}, "$version": 3});
+        let new = json!({"topics": {"a": {"inputSchema": "EventGridSchema"}, "c": {}}});
+        assert_eq!(
+            diff(&old, &new),
+            Some(json!({"topics": {"b": null, "c": {}}}))
+        );
+        assert_eq!(diff(&new, &new), None);
+    }
+
+    #[test]
+    fn arrays_become_strings_and_secrets_are_masked() {
+        let v = twin_safe(json!({"filter": {"includedEventTypes": ["a", "b"]},
+            "destination": {"properties": {"sasKey": "s3cret", "topicName": null}}}));
+        assert_eq!(v["filter"]["includedEventTypes"], "[\"a\",\"b\"]");
+        assert_eq!(v["destination"]["properties"]["sasKey"], "***");
+        assert!(v["destination"]["properties"]["topicName"].is_null());
+    }
+
+    #[test]
+    fn response_topics_parse() {
+        assert_eq!(
+            parse_response_topic("$iothub/twin/res/200/?$rid=7"),
+            Some((200, "7".to_string()))
+        );
+        assert_eq!(
+            parse_response_topic("$iothub/twin/res/204/?$rid=8&$version=4"),
+            Some((204, "8".to_string()))
+        );
+        assert_eq!(parse_response_topic("$iothub/twin/PATCH/x"), None);
+    }
+
+    #[test]
+    fn error_text_has_the_original_shape() {
+        let e = ApiError::bad_request("InvalidDestination", "bad url");
+        assert_eq!(
+            error_text(&e),
+            "HttpStatusCode='BadRequest' ErrorCode='InvalidDestination' Message='bad url'"
+        );
+    }
+}

@@ -1,0 +1,233 @@
+//! The IoT Edge packaging files are checked here, since no container engine runs in CI:
+//! `module.json`, `deployment.template.json` (shape, every Env key one gridlet knows, the twin
+//! parses, routes name real outputs, `${MODULES.gridlet}` matches module.json) and the two
+//! Dockerfiles (multi-stage, non-root UID 2000, `/app`, the binary path the build produces, an
+//! arm64 final stage that needs no emulation).
+
+use gridlet::config::{Config, SETTINGS};
+use gridlet::model::subscription::{Destination, Subscription};
+use gridlet::model::topic::Topic;
+use serde_json::Value;
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(name: &str) -> String {
+    std::fs::read_to_string(root().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn json(name: &str) -> Value {
+    serde_json::from_str(&read(name)).unwrap_or_else(|e| panic!("{name} is not JSON: {e}"))
+}
+
+fn module_name_from(module_json: &Value) -> String {
+    let repo = module_json["image"]["repository"].as_str().unwrap();
+    repo.rsplit('/').next().unwrap().to_string()
+}
+
+#[test]
+fn module_json_names_both_platforms_and_the_crate_version() {
+    let m = json("module.json");
+    assert_eq!(m["$schema-version"], "0.0.1");
+    assert_eq!(m["image"]["tag"]["version"], env!("CARGO_PKG_VERSION"));
+    let platforms = m["image"]["tag"]["platforms"].as_object().unwrap();
+    assert_eq!(platforms["amd64"], "./Dockerfile.amd64");
+    assert_eq!(platforms["arm64v8"], "./Dockerfile.arm64v8");
+    for f in platforms.values() {
+        let f = f.as_str().unwrap().trim_start_matches("./");
+        assert!(root().join(f).exists(), "{f} is missing");
+    }
+    assert_eq!(m["image"]["contextPath"], "./");
+    assert_eq!(module_name_from(&m), "gridlet");
+}
+
+#[test]
+fn deployment_template_is_a_working_manifest_for_gridlet() {
+    let m = json("module.json");
+    let name = module_name_from(&m);
+    let d = json("deployment.template.json");
+    let mc = &d["modulesContent"];
+    let agent = &mc["$edgeAgent"]["properties.desired"];
+    assert!(agent["schemaVersion"].is_string());
+    assert_eq!(agent["runtime"]["type"], "docker");
+    for sys in ["edgeAgent", "edgeHub"] {
+        let image = agent["systemModules"][sys]["settings"]["image"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{sys} has no image"));
+        assert!(
+            image.starts_with("mcr.microsoft.com/azureiotedge-"),
+            "{image}"
+        );
+    }
+
+    // The gridlet module: image placeholder, Env, ports, binds.
+    let module = &agent["modules"][&name];
+    assert_eq!(module["type"], "docker");
+    assert_eq!(module["status"], "running");
+    assert_eq!(module["settings"]["image"], format!("${{MODULES.{name}}}"));
+    let create = &module["settings"]["createOptions"];
+    let env: Vec<&str> = create["Env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(!env.is_empty());
+    let known: Vec<String> = SETTINGS
+        .iter()
+        .map(|s| s.key.to_ascii_lowercase())
+        .collect();
+    let mut pairs = Vec::new();
+    for e in &env {
+        let (k, v) = e.split_once('=').unwrap_or_else(|| panic!("{e}: no '='"));
+        let norm = k.replace(':', "__").to_ascii_lowercase();
+        assert!(
+            known.contains(&norm),
+            "Env key {k} is not a gridlet setting"
+        );
+        pairs.push((k.to_string(), v.to_string()));
+    }
+    let cfg = Config::from_vars(pairs).expect("the Env block is a valid configuration");
+    assert!(cfg.unknown_keys.is_empty());
+    let host = &create["HostConfig"];
+    assert_eq!(host["PortBindings"]["4438/tcp"][0]["HostPort"], "4438");
+    let binds: Vec<&str> = host["Binds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for path in ["/app/metadataDb", "/app/eventsDb"] {
+        assert!(
+            binds.iter().any(|b| b.ends_with(&format!(":{path}"))),
+            "no bind for {path}: {binds:?}"
+        );
+    }
+
+    // The module twin's desired properties parse exactly as gridlet will parse them.
+    let desired = &mc[&name]["properties.desired"];
+    let topics = desired["topics"].as_object().expect("desired.topics");
+    let mut outputs = Vec::new();
+    for (sub_name, props) in desired["eventSubscriptions"].as_object().unwrap() {
+        let topic_name = props["topic"].as_str().unwrap();
+        let topic_props = topics
+            .get(topic_name)
+            .unwrap_or_else(|| panic!("{sub_name}: topic {topic_name} is not in desired.topics"));
+        let topic =
+            Topic::from_put(topic_name, serde_json::json!({ "properties": topic_props })).unwrap();
+        let sub = Subscription::from_put(
+            &topic,
+            sub_name,
+            serde_json::json!({ "properties": props }),
+            &cfg,
+        )
+        .unwrap_or_else(|e| panic!("{sub_name}: {}", e.message));
+        if let Destination::EdgeHub { output_name } = sub.destination {
+            outputs.push(output_name);
+        }
+    }
+
+    // Routes start from gridlet's outputs that the twin actually feeds.
+    let routes = mc["$edgeHub"]["properties.desired"]["routes"]
+        .as_object()
+        .unwrap();
+    let prefix = format!("FROM /messages/modules/{name}/outputs/");
+    let mut from_gridlet = 0;
+    for r in routes.values() {
+        let text = r
+            .as_str()
+            .or_else(|| r["route"].as_str())
+            .expect("a route string");
+        if let Some(rest) = text.strip_prefix(&prefix) {
+            let output = rest.split_whitespace().next().unwrap();
+            assert!(
+                output == "*" || outputs.iter().any(|o| o == output),
+                "route {text} names output {output}, which no twin subscription feeds"
+            );
+            from_gridlet += 1;
+        }
+    }
+    assert!(from_gridlet > 0, "no route from a gridlet output");
+}
+
+/// The stages of a Dockerfile: (FROM line, instructions).
+fn stages(text: &str) -> Vec<(String, Vec<String>)> {
+    let joined = text.replace("\\\n", " ");
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for line in joined.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if line.starts_with("FROM ") {
+            out.push((line.to_string(), Vec::new()));
+        } else if let Some((_, ins)) = out.last_mut() {
+            ins.push(line.to_string());
+        }
+    }
+    out
+}
+
+fn check_dockerfile(name: &str, target_dir: &str, final_from: &str) {
+    let text = read(name);
+    let st = stages(&text);
+    assert!(st.len() >= 2, "{name}: multi-stage");
+    let (build_from, build) = st.first().unwrap();
+    assert!(
+        build_from.contains("rust:"),
+        "{name}: builds in the official Rust image"
+    );
+    let build_run = build.join("\n");
+    assert!(
+        build_run.contains("cargo build --release --locked"),
+        "{name}: release build from the lock file"
+    );
+    assert!(
+        build_run.contains(&format!("cp {target_dir}/gridlet /out/gridlet")),
+        "{name}: copies the binary cargo builds ({target_dir})"
+    );
+    let (from, fin) = st.last().unwrap();
+    assert!(from.contains(final_from), "{name}: final image {from}");
+    assert!(
+        fin.iter().any(|l| l == "WORKDIR /app"),
+        "{name}: WORKDIR /app"
+    );
+    assert!(
+        fin.iter().any(|l| l == "USER 2000:2000"),
+        "{name}: runs as UID 2000"
+    );
+    assert!(
+        fin.iter().any(|l| l == "ENTRYPOINT [\"/app/gridlet\"]"),
+        "{name}: entrypoint"
+    );
+    assert!(
+        fin.iter()
+            .any(|l| l.contains("--chown=2000:2000") && l.ends_with("/app/")),
+        "{name}: data directories owned by UID 2000"
+    );
+    assert!(
+        !fin.iter().any(|l| l.starts_with("RUN ")),
+        "{name}: the final stage runs nothing (no emulation needed for foreign platforms)"
+    );
+}
+
+#[test]
+fn dockerfiles_are_multi_stage_slim_and_non_root() {
+    check_dockerfile("Dockerfile.amd64", "target/release", "debian:bookworm-slim");
+    check_dockerfile(
+        "Dockerfile.arm64v8",
+        "target/aarch64-unknown-linux-gnu/release",
+        "arm64v8/debian:bookworm-slim",
+    );
+    let arm = read("Dockerfile.arm64v8");
+    assert!(arm.contains("--target aarch64-unknown-linux-gnu"));
+    // The CI smoke test builds the arm64 binary the same way.
+    let script = read("scripts/arm64-smoke.sh");
+    assert!(script.contains("cargo build --release --locked --target \"$TARGET\" --bin gridlet"));
+    let ignore = read(".dockerignore");
+    assert!(
+        ignore.lines().any(|l| l.trim() == "target"),
+        "build context without target/"
+    );
+}

@@ -1,0 +1,159 @@
+//! Conformance checklist 53–56: listeners, authentication, configuration spelling.
+
+use crate::util::*;
+use gridlet::{Config, Gridlet, Parts};
+use serde_json::json;
+
+#[tokio::test]
+async fn default_config_is_https_only_and_needs_a_client_certificate_checklist_53() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = vec![
+        ("inbound__httpsPort".to_string(), "0".to_string()),
+        ("inbound__bindAddress".to_string(), "127.0.0.1".to_string()),
+        (
+            "persistence__metadataPath".to_string(),
+            dir.path().join("m").display().to_string(),
+        ),
+        (
+            "persistence__eventsPath".to_string(),
+            dir.path().join("e").display().to_string(),
+        ),
+    ];
+    let g = Gridlet::start(Config::from_vars(env).unwrap(), Parts::default())
+        .await
+        .unwrap();
+    assert!(g.http_addr.is_none(), "5888 is closed by default");
+    let https = g.https_addr.unwrap();
+    gridlet::tls::install_default_provider();
+    let client = reqwest::Client::builder()
+        .tls_danger_accept_invalid_certs(true)
+        .build()
+        .unwrap();
+    let r = client
+        .get(format!("https://127.0.0.1:{}/topics?{V}", https.port()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let b: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(b["error"]["code"], "Unauthorized");
+    // With a client certificate (any CA: allowUnknownCA defaults to true) the same call passes.
+    let ck = rcgen::generate_simple_self_signed(vec!["client".to_string()]).unwrap();
+    let pem = format!("{}{}", ck.cert.pem(), ck.signing_key.serialize_pem());
+    let id = reqwest::Identity::from_pem(pem.as_bytes()).unwrap();
+    let client = reqwest::Client::builder()
+        .tls_danger_accept_invalid_certs(true)
+        .identity(id)
+        .build()
+        .unwrap();
+    let r = client
+        .get(format!("https://127.0.0.1:{}/topics?{V}", https.port()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    g.shutdown().await;
+}
+
+#[tokio::test]
+async fn sas_keys_checklist_54() {
+    let t = start(&[
+        ("inbound__clientAuth__sasKeys__enabled", "true"),
+        ("inbound__clientAuth__sasKeys__key1", "k1"),
+        ("inbound__clientAuth__sasKeys__key2", "k2"),
+    ])
+    .await;
+    let get = |key: Option<&'static str>| {
+        let t = &t;
+        async move {
+            let mut r = t.client.put(t.url("/topics/t1")).json(&json!({}));
+            if let Some(k) = key {
+                r = r.header("aeg-sas-key", k);
+            }
+            r.send().await.unwrap().status().as_u16()
+        }
+    };
+    assert_eq!(get(Some("k1")).await, 200);
+    assert_eq!(get(Some("k2")).await, 200);
+    assert_eq!(get(Some("bad")).await, 401);
+    assert_eq!(get(None).await, 401);
+}
+
+#[tokio::test]
+async fn tls_policy_picks_the_listeners_checklist_55() {
+    for (policy, http, https) in [
+        ("disabled", true, false),
+        ("enabled", true, true),
+        ("strict", false, true),
+    ] {
+        let t = start(&[("inbound__serverAuth__tlsPolicy", policy)]).await;
+        assert_eq!(t.g.http_addr.is_some(), http, "{policy}");
+        assert_eq!(t.g.https_addr.is_some(), https, "{policy}");
+    }
+}
+
+#[tokio::test]
+async fn colon_separated_keys_behave_like_double_underscores_checklist_56() {
+    let dir = tempfile::tempdir().unwrap();
+    let env: Vec<(String, String)> = [
+        ("inbound:serverAuth:tlsPolicy", "Enabled"),
+        ("INBOUND:CLIENTAUTH:CLIENTCERT:ENABLED", "False"),
+        ("inbound__httpPort", "0"),
+        ("inbound__httpsPort", "0"),
+        ("inbound:bindAddress", "127.0.0.1"),
+        ("outbound:webhook:httpsOnly", "false"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .chain([(
+        "persistence__metadataPath".to_string(),
+        dir.path().join("m").display().to_string(),
+    )])
+    .collect();
+    let g = Gridlet::start(Config::from_vars(env).unwrap(), Parts::default())
+        .await
+        .unwrap();
+    let base = format!(
+        "http://{}",
+        g.http_addr
+            .expect("HTTP listener from the colon-spelled policy")
+    );
+    let r = reqwest::Client::new()
+        .put(format!("{base}/topics/t?{V}"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        200,
+        "client certs disabled through the colon spelling"
+    );
+    g.shutdown().await;
+}
+
+#[tokio::test]
+async fn metrics_are_off_by_default_checklist_62() {
+    let t = start(&[("metrics__reporterType", "none")]).await;
+    assert_eq!(t.get("/metrics").await.0, 404);
+}
+
+#[tokio::test]
+async fn health_routes_need_no_auth() {
+    let t = start(&[("inbound__clientAuth__clientCert__enabled", "true")]).await;
+    let r = t
+        .client
+        .get(format!("{}/healthz", t.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = t
+        .client
+        .get(format!("{}/readyz", t.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(t.get("/topics").await.0, 401);
+}
