@@ -250,6 +250,33 @@ async fn main() {
             results.push((phase, rate));
         }
     }
+    // Per-round ratio (the phases of a round run back to back, so machine drift hurts less).
+    let rounds_v: Vec<(f64, f64)> = (0..rounds)
+        .filter_map(|r| {
+            let of = |p: Phase| {
+                results
+                    .iter()
+                    .skip(r * (results.len() / rounds.max(1)))
+                    .take(results.len() / rounds.max(1))
+                    .find(|x| x.0 == p)
+                    .map(|x| x.1)
+            };
+            Some((of(Phase::Alone)?, of(Phase::Hanging)?))
+        })
+        .collect();
+    let mut ratios: Vec<f64> = rounds_v.iter().map(|(a, h)| h / a).collect();
+    ratios.sort_by(|a, b| a.total_cmp(b));
+    if let Some(mid) = ratios.get(ratios.len() / 2) {
+        println!(
+            "per-round hanging/alone: {} (median {:.1} %)",
+            ratios
+                .iter()
+                .map(|r| format!("{:.1} %", 100.0 * r))
+                .collect::<Vec<_>>()
+                .join(", "),
+            100.0 * mid
+        );
+    }
     let mean = |p: Phase| {
         let v: Vec<f64> = results.iter().filter(|r| r.0 == p).map(|r| r.1).collect();
         v.iter().sum::<f64>() / v.len().max(1) as f64
