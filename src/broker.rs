@@ -11,6 +11,8 @@
 //! short `RwLock`s; publish clones `Arc`s and touches only the matching subscriptions' queue
 //! mutexes — no lock is held across an await, and nothing global is locked per event.
 
+mod resilience;
+
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::delivery::dispatcher::{self, AbortOnDrop, EngineCtx, SubConfig, SubShared};
@@ -128,6 +130,11 @@ impl Broker {
             global: Arc::new(Semaphore::new(cfg.broker.max_in_flight_total)),
             max_in_flight: cfg.broker.max_in_flight_per_subscription,
             log_success: cfg.broker.log_delivery_success,
+            health_cfg: cfg.resilience.health.clone(),
+            health: Default::default(),
+            dead_letters: Arc::new(crate::delivery::deadletter::MemoryDeadLetters::new()),
+            dead_letter_capacity: cfg.resilience.dead_letter_capacity,
+            forwarder: crate::delivery::deadletter::Forwarder::start(),
         });
         let broker = Self {
             inner: Arc::new(Inner {
@@ -237,6 +244,8 @@ impl Broker {
             policy: sub.effective_policy(&self.inner.cfg),
             caps: sub.batching.caps(&self.inner.cfg),
             sink: self.inner.sinks.create(&sub),
+            health: self.endpoint_health_for(&sub),
+            dead_letter_sink: self.dead_letter_sink_for(&sub),
             sub,
         }
     }
@@ -353,6 +362,7 @@ impl Broker {
                 .store
                 .delete_subscription(sub.shared.queue_id)
                 .map_err(store_err)?;
+            self.forget_dead_letters(sub.shared.queue_id);
         }
         self.inner.ctx.store.delete_topic(&key).map_err(store_err)?;
         write(&entry.subs, Arc::new(Vec::new()));
@@ -448,6 +458,7 @@ impl Broker {
             .store
             .delete_subscription(found.shared.queue_id)
             .map_err(store_err)?;
+        self.forget_dead_letters(found.shared.queue_id);
         let list: Vec<_> = subs
             .iter()
             .filter(|s| names::key(&s.shared.name) != key)
@@ -461,8 +472,9 @@ impl Broker {
     /// durable.
     ///
     /// # Errors
-    /// 503 when a matching subscription is full, 507 when the store is full, 500 on store
-    /// failure. Nothing is enqueued in any of these cases.
+    /// 503 when a matching subscription is full (unless `broker__queueFullPolicy=deadLetter`:
+    /// then that subscription's copies are dead-lettered), 507 when the store is full, 500 on
+    /// store failure. Nothing is enqueued in any of these cases.
     pub async fn publish(
         &self,
         entry: &TopicEntry,
@@ -495,11 +507,18 @@ impl Broker {
         entry.metrics.unmatched_events.add(unmatched);
         // 2. Bounds of in-memory queues.
         let max_pending = self.inner.cfg.broker.max_pending_events_per_subscription;
-        for ((sub, cfg), r) in subs.iter().zip(&configs).zip(&routes) {
+        let overflow_to_dead_letters = self.inner.cfg.resilience.queue_full_policy
+            == crate::delivery::policy::QueueFullPolicy::DeadLetter;
+        let mut full = vec![false; subs.len()];
+        for (((sub, cfg), r), full) in subs.iter().zip(&configs).zip(&routes).zip(&mut full) {
             if r.is_empty() || cfg.sub.persisted {
                 continue;
             }
             if sub.shared.queue().pending() + r.len() > max_pending {
+                if overflow_to_dead_letters {
+                    *full = true;
+                    continue;
+                }
                 return Err(ApiError::unavailable(
                     format!(
                         "subscription '{}' has {} pending events (broker__maxPendingEventsPerSubscription); retry later",
@@ -559,11 +578,18 @@ impl Broker {
             store.commit().await.map_err(store_err)?;
         }
         // 4. Enqueue and wake.
-        for (sub, r) in subs.iter().zip(&routes) {
+        for ((sub, r), full) in subs.iter().zip(&routes).zip(&full) {
             if r.is_empty() {
                 continue;
             }
-            {
+            if *full {
+                self.dead_letter_overflow(&sub.shared, r, &payloads, now_ms, now);
+                continue;
+            }
+            // A dispatcher with every slot taken picks up new events when a send completes:
+            // waking it now would be wasted work (10 hanging endpoints = 10 idle wake-ups per
+            // publish).
+            let slot_free = {
                 let mut q = sub.shared.queue();
                 for &i in r {
                     if let Some(Some((seq, data))) = payloads.get(i) {
@@ -576,9 +602,12 @@ impl Broker {
                         });
                     }
                 }
-            }
+                q.in_flight() < self.inner.ctx.max_in_flight
+            };
             sub.shared.metrics.enqueued.add(r.len() as u64);
-            sub.shared.notify.notify_one();
+            if slot_free {
+                sub.shared.notify.notify_one();
+            }
         }
         Ok(())
     }
@@ -708,6 +737,8 @@ impl Broker {
                         s.shared.metrics.dropped_max_attempts.get(),
                     ),
                     ("TimeToLiveExceeded", s.shared.metrics.dropped_expired.get()),
+                    ("DeliveryRefused", s.shared.metrics.dropped_refused.get()),
+                    ("QueueFull", s.shared.metrics.dropped_queue_full.get()),
                 ]
                 .into_iter()
                 .map(move |(reason, v)| Series {
@@ -755,6 +786,7 @@ impl Broker {
                 .collect();
             metrics::write_family(&mut out, name, "histogram", help, &series);
         }
+        self.render_resilience_metrics(&mut out, &subs);
         out
     }
 

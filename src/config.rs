@@ -66,6 +66,21 @@ settings! {
     "broker__maxInFlightPerSubscription" = "32" : "concurrent delivery requests per subscription (a quarter of them, at least 1, may be retries)";
     "broker__maxInFlightTotal" = "1024" : "concurrent delivery requests across all subscriptions";
     "broker__deliveryTimeoutInSeconds" = "60" : "how long a delivery waits for the subscriber's response";
+    "broker__statusCodePolicy" = "original" : "`original` retries every failure on the schedule; `standard` dead-letters 400/413 at once (with a dead-letter destination), honours `Retry-After` on 429/503 and jitters delays";
+    "broker__retrySchedule" = "original" : "retry schedule when a subscription sets no `retryPolicy.schedule`: `original` (1 min, then every 10 min), `eventGridCloud`, `workfront`";
+    "broker__retryJitterPercent" = "10" : "under `standard`, every retry delay is spread by up to this many percent either way (0 = exact)";
+    "broker__retryAfterMaxSeconds" = "3600" : "longest `Retry-After` honoured; longer requests are capped";
+    "broker__queueFullPolicy" = "reject" : "when an in-memory subscription holds `broker__maxPendingEventsPerSubscription` events: `reject` the publish with 503 (original), or `deadLetter` that subscription's copies and accept the publish for the others";
+    "broker__deadLetter__maxEventsPerSubscription" = "10000" : "dead letters kept per subscription (oldest evicted first); 0 = none kept";
+    "broker__endpointHealth__enabled" = "true" : "track each destination URL's health and slow down (disabled) or stop (frozen) deliveries to failing endpoints";
+    "broker__endpointHealth__disableFailureRatePercent" = "70" : "an endpoint is disabled when its failure rate exceeds this percentage ...";
+    "broker__endpointHealth__disableMinAttempts" = "100" : "... over more than this many recent attempts";
+    "broker__endpointHealth__disableConsecutiveFailures" = "2000" : "an endpoint is disabled after this many consecutive failures";
+    "broker__endpointHealth__probeIntervalInSeconds" = "600" : "a disabled endpoint gets one probe delivery this often; a success re-enables it";
+    "broker__endpointHealth__freezeConsecutiveFailures" = "2000" : "frozen (no attempts until re-enabled through the API) after more consecutive failures than this ...";
+    "broker__endpointHealth__freezeNoSuccessInHours" = "72" : "... with the last success longer ago than this";
+    "broker__endpointHealth__freezeAnyConsecutiveFailures" = "50000" : "frozen after more consecutive failures than this, whenever the last success was";
+    "broker__endpointHealth__windowAttempts" = "1000" : "how many recent attempts the failure rate is computed over";
     "api__deliveryPolicyLimits__maxEventsPerBatch" = "50" : "largest `maxEventsPerBatch` a subscription may set";
     "api__deliveryPolicyLimits__maxpreferredBatchSizeInKilobytes" = "1033" : "largest `preferredBatchSizeInKilobytes` a subscription may set";
     "api__deliveryPolicyLimits__maxBatchSizeInBytes" = "1058576" : "largest `approxBatchSizeInBytes` (older twin knob) a subscription may set";
@@ -198,6 +213,26 @@ pub struct Broker {
     pub delivery_timeout: Duration,
 }
 
+/// Delivery resilience beyond the original: status codes, schedules, dead letters, endpoint
+/// health (see `delivery::policy`, `delivery::deadletter`, `delivery::health`).
+#[derive(Debug, Clone)]
+pub struct Resilience {
+    /// Module default status-code policy.
+    pub status_code_policy: crate::delivery::policy::StatusCodePolicy,
+    /// Module default retry schedule.
+    pub retry_schedule: crate::delivery::policy::ScheduleName,
+    /// Jitter under the `standard` policy (percent either way).
+    pub jitter_percent: u8,
+    /// Cap on honoured `Retry-After`.
+    pub retry_after_cap: Duration,
+    /// Dead letters kept per subscription (0 = none).
+    pub dead_letter_capacity: usize,
+    /// Full in-memory queue: reject the publish or dead-letter the copy.
+    pub queue_full_policy: crate::delivery::policy::QueueFullPolicy,
+    /// Endpoint health thresholds.
+    pub health: crate::delivery::health::HealthConfig,
+}
+
 /// Creation-time limits on subscription batching knobs.
 #[derive(Debug, Clone)]
 pub struct ApiLimits {
@@ -257,6 +292,8 @@ pub struct Config {
     pub broker: Broker,
     /// API limits.
     pub api: ApiLimits,
+    /// Delivery resilience settings.
+    pub resilience: Resilience,
     /// Metrics reporter.
     pub metrics: MetricsReporter,
     /// Storage paths.
@@ -277,6 +314,7 @@ impl fmt::Debug for Config {
             .field("outbound", &self.outbound)
             .field("broker", &self.broker)
             .field("api", &self.api)
+            .field("resilience", &self.resilience)
             .field("metrics", &self.metrics)
             .field("persistence", &self.persistence)
             .field("edge", &self.edge)
@@ -523,6 +561,73 @@ impl Config {
                 1 << 30,
             )?,
         };
+        let resilience = Resilience {
+            status_code_policy: raw.choice(
+                "broker__statusCodePolicy",
+                &crate::delivery::policy::StatusCodePolicy::ALL,
+            )?,
+            retry_schedule: raw.choice(
+                "broker__retrySchedule",
+                &crate::delivery::policy::ScheduleName::ALL,
+            )?,
+            jitter_percent: raw.int("broker__retryJitterPercent", 0, 50)? as u8,
+            retry_after_cap: Duration::from_secs(raw.int(
+                "broker__retryAfterMaxSeconds",
+                0,
+                u32_max,
+            )?),
+            dead_letter_capacity: raw.int(
+                "broker__deadLetter__maxEventsPerSubscription",
+                0,
+                10_000_000,
+            )? as usize,
+            queue_full_policy: raw.choice(
+                "broker__queueFullPolicy",
+                &crate::delivery::policy::QueueFullPolicy::ALL,
+            )?,
+            health: crate::delivery::health::HealthConfig {
+                enabled: raw.bool("broker__endpointHealth__enabled")?,
+                disable_failure_rate_percent: raw.int(
+                    "broker__endpointHealth__disableFailureRatePercent",
+                    1,
+                    100,
+                )? as u32,
+                disable_min_attempts: raw.int(
+                    "broker__endpointHealth__disableMinAttempts",
+                    1,
+                    u32_max,
+                )? as u32,
+                disable_consecutive_failures: raw.int(
+                    "broker__endpointHealth__disableConsecutiveFailures",
+                    1,
+                    u32_max,
+                )?,
+                probe_interval: Duration::from_secs(raw.int(
+                    "broker__endpointHealth__probeIntervalInSeconds",
+                    1,
+                    u32_max,
+                )?),
+                freeze_consecutive_failures: raw.int(
+                    "broker__endpointHealth__freezeConsecutiveFailures",
+                    1,
+                    u64::MAX,
+                )?,
+                freeze_no_success_for: Duration::from_secs(
+                    raw.int(
+                        "broker__endpointHealth__freezeNoSuccessInHours",
+                        1,
+                        1_000_000,
+                    )? * 3600,
+                ),
+                freeze_any_consecutive_failures: raw.int(
+                    "broker__endpointHealth__freezeAnyConsecutiveFailures",
+                    1,
+                    u64::MAX,
+                )?,
+                window_attempts: raw.int("broker__endpointHealth__windowAttempts", 1, 1_000_000)?
+                    as usize,
+            },
+        };
         let metrics = raw.choice(
             "metrics__reporterType",
             &[
@@ -561,6 +666,7 @@ impl Config {
             outbound,
             broker,
             api,
+            resilience,
             metrics,
             persistence,
             edge,

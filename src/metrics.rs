@@ -96,6 +96,16 @@ pub struct SubscriptionMetrics {
     pub dropped_expired: Counter,
     /// Events accepted into this subscription's queue.
     pub enqueued: Counter,
+    /// Events refused for good by the endpoint (400/413 under the `standard` policy).
+    pub dropped_refused: Counter,
+    /// Events dead-lettered at publish because the queue was full.
+    pub dropped_queue_full: Counter,
+    /// Events kept as dead letters.
+    pub dead_lettered: Counter,
+    /// Dead letters evicted to stay within the bound.
+    pub dead_letters_evicted: Counter,
+    /// Dead letters replayed through the API.
+    pub dead_letters_replayed: Counter,
 }
 
 /// One series: label pairs and a value.

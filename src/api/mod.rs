@@ -9,6 +9,7 @@
 //! neither keys nor api-version.
 
 pub mod auth;
+pub mod deadletters;
 mod events;
 mod health;
 mod subscriptions;
@@ -22,7 +23,7 @@ use axum::extract::Request;
 use axum::http::{header, HeaderMap};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 use bytes::Bytes;
 use std::sync::Arc;
@@ -101,6 +102,26 @@ pub fn router(state: AppState) -> Router {
             put(subscriptions::put)
                 .get(subscriptions::get)
                 .delete(subscriptions::delete),
+        )
+        .route(
+            "/topics/{topic}/eventSubscriptions/{sub}/deadLetters",
+            get(deadletters::list).merge(delete(deadletters::purge)),
+        )
+        .route(
+            "/topics/{topic}/eventSubscriptions/{sub}/deadLetters/replay",
+            post(deadletters::replay),
+        )
+        .route(
+            "/topics/{topic}/eventSubscriptions/{sub}/deadLetters/{id}/replay",
+            post(deadletters::replay_one),
+        )
+        .route(
+            "/topics/{topic}/eventSubscriptions/{sub}/endpointHealth",
+            get(deadletters::health),
+        )
+        .route(
+            "/topics/{topic}/eventSubscriptions/{sub}/endpointHealth/enable",
+            post(deadletters::enable),
         )
         .route("/topics/{topic}/events", post(events::publish))
         .route(

@@ -49,10 +49,23 @@ pub(super) async fn get(
         .broker
         .subscription(&topic, &name)
         .ok_or_else(|| subscription_not_found(&topic, &name))?;
-    Ok(Json(subscription_resource(
+    let mut v = subscription_resource(
         &sub.shared.config().sub,
         &s.resource_context(&headers, conn.map(|c| c.0)),
-    )))
+    );
+    // Live state, not part of the stored record: the destination's health, shown only while it
+    // is disabled or frozen, so a healthy subscription's GET stays identical to its PUT answer
+    // (as the original's). Always available at `.../endpointHealth`.
+    if let Some(props) = v.get_mut("properties").and_then(Value::as_object_mut) {
+        if let Some(h) = s
+            .broker
+            .endpoint_health(&sub.shared)
+            .filter(|h| h.state != crate::delivery::health::HealthState::Closed)
+        {
+            props.insert("endpointHealth".into(), super::deadletters::health_json(&h));
+        }
+    }
+    Ok(Json(v))
 }
 
 pub(super) async fn list(

@@ -7,8 +7,16 @@
 //!
 //! Isolation: a subscription can hold at most `max_in_flight` requests (a quarter of them
 //! retries) and every request also needs a permit from the broker-wide semaphore; a hanging
-//! endpoint therefore ties up only its own slots.
+//! endpoint therefore ties up only its own slots. A task waiting for a broker-wide permit keeps
+//! settling its completed sends (the permit wait is one branch of its `select!`).
+//!
+//! Endpoint health ([`super::health`]) gates sending: a disabled endpoint gets one probe batch
+//! per interval, a frozen one nothing; its events still expire by TTL. Events that leave
+//! undelivered become dead letters ([`super::deadletter`]).
 
+use super::deadletter::{DeadLetter, DeadLetterStore, Forward, Forwarder};
+use super::health::{Admission, EndpointHealth, HealthConfig, HealthRegistry};
+use super::policy;
 use super::queue::{Batch, Limits, Pending, SubQueue};
 use super::retry::{self, DropReason, Step};
 use super::sink::{DeliveryRequest, Outcome, Sink};
@@ -18,7 +26,7 @@ use crate::model::subscription::{EffectivePolicy, Subscription};
 use crate::store::{QueueId, RetryState, Store};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
@@ -32,6 +40,10 @@ pub struct SubConfig {
     pub caps: (usize, usize),
     /// Where batches go.
     pub sink: Arc<dyn Sink>,
+    /// The destination URL's health tracker (HTTP destinations, health tracking on).
+    pub health: Option<Arc<EndpointHealth>>,
+    /// Where dead letters are also posted (`deadLetterDestination`).
+    pub dead_letter_sink: Option<Arc<dyn Sink>>,
 }
 
 /// Broker-wide pieces every dispatcher uses.
@@ -46,6 +58,16 @@ pub struct EngineCtx {
     pub max_in_flight: usize,
     /// Log each successful delivery.
     pub log_success: bool,
+    /// Endpoint health thresholds.
+    pub health_cfg: HealthConfig,
+    /// Endpoint health by URL.
+    pub health: HealthRegistry,
+    /// Dead letters.
+    pub dead_letters: Arc<dyn DeadLetterStore>,
+    /// Dead letters kept per subscription.
+    pub dead_letter_capacity: usize,
+    /// Posts dead letters to dead-letter webhooks.
+    pub forwarder: Forwarder,
 }
 
 /// State shared between the broker (publish, API) and the subscription's task.
@@ -109,15 +131,66 @@ pub fn spawn(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) -> AbortOnDrop {
 
 type SendResult = (Batch, Outcome, Duration);
 
+/// While sending is held back (endpoint disabled or frozen), queued events are checked for
+/// expiry this often.
+const EXPIRY_SWEEP: Duration = Duration::from_secs(1);
+
 async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
     let mut in_flight: JoinSet<SendResult> = JoinSet::new();
+    // A broker-wide permit acquired while waiting, kept for the next batch.
+    let mut spare: Option<OwnedSemaphorePermit> = None;
+    // While sending is held back, expiry is swept at most once per EXPIRY_SWEEP (publishes wake
+    // the task far more often).
+    let mut next_sweep = Instant::now();
     loop {
+        let mut wait_permit = false;
+        // Sending held back by endpoint health: wake at this time (None = only when notified).
+        let mut held: Option<Option<Instant>> = None;
         // Send everything that can go now.
         let mut lim;
         loop {
             let cfg = shared.config();
             lim = limits(&cfg, &ctx);
             let now_ms = ctx.clock.now_ms();
+            let admission = cfg
+                .health
+                .as_ref()
+                .map_or(Admission::Send, |h| h.admit(&ctx.health_cfg, now_ms));
+            if let Admission::WaitUntil(_) | Admission::ProbeInFlight | Admission::Blocked =
+                admission
+            {
+                // Nothing may go: only let expired events leave.
+                if Instant::now() >= next_sweep {
+                    next_sweep = Instant::now() + EXPIRY_SWEEP;
+                    let expired = shared.queue().take_expired(|p| {
+                        retry::is_expired(&cfg.policy, p.first_enqueued_ms, now_ms)
+                    });
+                    if !expired.is_empty() {
+                        drop_events(&shared, &ctx, expired, DropReason::Expired, None);
+                    }
+                }
+                let sweep = (shared.queue().pending() > 0).then_some(next_sweep);
+                held = Some(match admission {
+                    Admission::WaitUntil(t) => {
+                        let probe =
+                            Instant::now() + Duration::from_millis(t.saturating_sub(now_ms));
+                        Some(sweep.map_or(probe, |s| s.min(probe)))
+                    }
+                    _ => sweep,
+                });
+                break;
+            }
+            let permit = match spare.take() {
+                Some(p) => p,
+                None => match ctx.global.clone().try_acquire_owned() {
+                    Ok(p) => p,
+                    Err(TryAcquireError::NoPermits) => {
+                        wait_permit = true;
+                        break;
+                    }
+                    Err(TryAcquireError::Closed) => return, // the broker is shutting down
+                },
+            };
             let mut expired = Vec::new();
             let picked = shared.queue().pick(
                 Instant::now(),
@@ -126,11 +199,11 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
                 &mut expired,
             );
             if !expired.is_empty() {
-                drop_events(&shared, &ctx, expired, DropReason::Expired);
+                drop_events(&shared, &ctx, expired, DropReason::Expired, None);
             }
-            let Some(mut batch) = picked else { break };
-            let Ok(permit) = ctx.global.clone().acquire_owned().await else {
-                return; // semaphore closed: the broker is shutting down
+            let Some(mut batch) = picked else {
+                drop(permit);
+                break;
             };
             let now = Instant::now();
             for p in &mut batch.items {
@@ -152,8 +225,19 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
                 batch_id: batch.items.first().map(|p| p.seq).unwrap_or(0),
             };
             in_flight.spawn(send(cfg.sink.clone(), req, batch, permit));
+            if admission == Admission::Probe {
+                if let Some(h) = &cfg.health {
+                    h.start_probe(&ctx.health_cfg, now_ms);
+                }
+                break; // one probe only
+            }
         }
-        let next_due = shared.queue().next_wakeup(&lim);
+        // Retry timers only matter while sending is allowed (a held-back due retry would
+        // otherwise wake the task in a loop).
+        let next_due = match held {
+            Some(wake) => wake,
+            None => shared.queue().next_wakeup(&lim),
+        };
         tokio::select! {
             _ = shared.notify.notified() => {}
             Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
@@ -161,6 +245,12 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
                     Ok((batch, outcome, latency)) => settle(&shared, &ctx, batch, outcome, latency),
                     Err(e) if e.is_panic() => tracing::error!(subscription = %shared.name, "delivery task panicked"),
                     Err(_) => {}
+                }
+            }
+            p = ctx.global.clone().acquire_owned(), if wait_permit => {
+                match p {
+                    Ok(p) => spare = Some(p),
+                    Err(_) => return,
                 }
             }
             _ = sleep_until_opt(next_due) => {}
@@ -204,6 +294,13 @@ fn settle(shared: &SubShared, ctx: &EngineCtx, batch: Batch, outcome: Outcome, l
     m.delivery_attempts_count.add(n);
     let ms = latency.as_millis() as u64;
     let persisted = cfg.sub.persisted;
+    if let Some(h) = &cfg.health {
+        h.record(
+            &ctx.health_cfg,
+            outcome == Outcome::Delivered,
+            ctx.clock.now_ms(),
+        );
+    }
     if outcome == Outcome::Delivered {
         m.delivery_success_counts.add(n);
         m.delivery_success_latency_ms.observe_ms(ms);
@@ -239,6 +336,7 @@ fn settle(shared: &SubShared, ctx: &EngineCtx, batch: Batch, outcome: Outcome, l
             p.first_enqueued_ms,
             now_ms,
             &outcome,
+            policy::jitter_key(p.seq, p.attempts),
         ) {
             Step::Retry(d) => {
                 retry_delay = retry_delay.max(d);
@@ -279,13 +377,37 @@ fn settle(shared: &SubShared, ctx: &EngineCtx, batch: Batch, outcome: Outcome, l
         }
     }
     for (r, items) in by_reason {
-        drop_events(shared, ctx, items, r);
+        drop_events(shared, ctx, items, r, Some(&outcome));
     }
     shared.notify.notify_one();
 }
 
-/// Events leave the queue undelivered: counted, logged, removed from the store.
-fn drop_events(shared: &SubShared, ctx: &EngineCtx, items: Vec<Pending>, reason: DropReason) {
+/// Events leave the queue undelivered: dead-lettered ([`dead_letter`]) and settled.
+fn drop_events(
+    shared: &SubShared,
+    ctx: &EngineCtx,
+    items: Vec<Pending>,
+    reason: DropReason,
+    last: Option<&Outcome>,
+) {
+    if items.is_empty() {
+        return;
+    }
+    let n = items.len();
+    dead_letter(shared, ctx, &items, reason, last);
+    shared.queue().settle(n);
+}
+
+/// Events that will not be delivered: counted, logged, kept as dead letters (and forwarded to
+/// the dead-letter webhook), removed from the store. `last` is the attempt that decided it, if
+/// any. The caller settles them in the queue if they were in it.
+pub fn dead_letter(
+    shared: &SubShared,
+    ctx: &EngineCtx,
+    items: &[Pending],
+    reason: DropReason,
+    last: Option<&Outcome>,
+) {
     if items.is_empty() {
         return;
     }
@@ -295,13 +417,56 @@ fn drop_events(shared: &SubShared, ctx: &EngineCtx, items: Vec<Pending>, reason:
     match reason {
         DropReason::MaxAttempts => m.dropped_max_attempts.add(n as u64),
         DropReason::Expired => m.dropped_expired.add(n as u64),
+        DropReason::Refused => m.dropped_refused.add(n as u64),
+        DropReason::QueueFull => m.dropped_queue_full.add(n as u64),
     }
-    tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, reason = reason.as_str(), first_event_id = items.first().map(|p| &*p.event.id).unwrap_or(""), "events dropped");
-    if shared.config().sub.persisted {
+    tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, reason = reason.as_str(), first_event_id = items.first().map(|p| &*p.event.id).unwrap_or(""), "events dead-lettered");
+    let cfg = shared.config();
+    let now_ms = ctx.clock.now_ms();
+    let (last_status, last_error) = DeadLetter::describe(last);
+    let letters: Vec<DeadLetter> = items
+        .iter()
+        .map(|p| DeadLetter {
+            id: 0,
+            seq: p.seq,
+            event_id: p.event.id.to_string(),
+            body: p.event.body.clone(),
+            reason: reason.into(),
+            last_status,
+            last_error: last_error.clone(),
+            attempts: p.attempts,
+            first_enqueued_ms: p.first_enqueued_ms,
+            dead_lettered_ms: now_ms,
+        })
+        .collect();
+    for l in &letters {
+        match ctx
+            .dead_letters
+            .put(shared.queue_id, l.clone(), ctx.dead_letter_capacity)
+        {
+            Ok(evicted) => {
+                if ctx.dead_letter_capacity > 0 {
+                    m.dead_lettered.inc();
+                }
+                m.dead_letters_evicted.add(evicted as u64);
+            }
+            Err(e) => {
+                tracing::error!(subscription = %shared.name, error = %e, "could not keep a dead letter")
+            }
+        }
+    }
+    if let Some(sink) = &cfg.dead_letter_sink {
+        ctx.forwarder.submit(Forward {
+            sink: sink.clone(),
+            topic: shared.topic.clone(),
+            subscription: shared.name.clone(),
+            letters,
+        });
+    }
+    if cfg.sub.persisted {
         let seqs: Vec<u64> = items.iter().map(|p| p.seq).collect();
         if let Err(e) = ctx.store.remove(shared.queue_id, &seqs) {
             tracing::error!(subscription = %shared.name, error = %e, "could not remove dropped events from the store");
         }
     }
-    shared.queue().settle(n);
 }

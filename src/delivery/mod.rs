@@ -19,9 +19,13 @@
 //! * [`webhook`]: HTTP destinations.
 //! * [`sinks`]: which sink serves which destination.
 
+pub mod deadletter;
 pub mod dispatcher;
+pub mod health;
+pub mod policy;
 pub mod queue;
 pub mod retry;
+pub mod signing;
 pub mod sink;
 pub mod sinks;
 pub mod webhook;

@@ -127,6 +127,35 @@ impl SubQueue {
         self.pending = self.pending.saturating_sub(n);
     }
 
+    /// Remove queued (not in-flight) events for which `expired` holds: the expired head of the
+    /// ready lane (it is in enqueue order, so TTL order; an out-of-order straggler is caught when
+    /// it reaches the head or is picked) and every expired event waiting to retry. They stay
+    /// pending until the caller settles them. Cost: the expired events plus the retry lane.
+    pub fn take_expired(&mut self, expired: impl Fn(&Pending) -> bool) -> Vec<Pending> {
+        let mut out = Vec::new();
+        while self.ready.front().is_some_and(&expired) {
+            if let Some(p) = self.ready.pop_front() {
+                out.push(p);
+            }
+        }
+        let keys: Vec<(Instant, u64)> = self
+            .retry
+            .iter()
+            .filter(|(_, items)| items.iter().any(&expired))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            if let Some(items) = self.retry.remove(&k) {
+                let (gone, keep): (Vec<_>, Vec<_>) = items.into_iter().partition(|p| expired(p));
+                out.extend(gone);
+                if !keep.is_empty() {
+                    self.retry.insert(k, keep);
+                }
+            }
+        }
+        out
+    }
+
     /// Take the next batch to send, if a slot is free. Events for which `expired` holds are moved
     /// to `expired_out` instead (the caller settles them).
     pub fn pick(
@@ -267,6 +296,26 @@ mod tests {
         );
         q.finish(true);
         assert_eq!(q.next_wakeup(&lim(1, 100)), Some(now));
+    }
+
+    #[tokio::test]
+    async fn take_expired_sweeps_both_lanes() {
+        let mut q = SubQueue::default();
+        let now = Instant::now();
+        for i in 1..=4 {
+            q.push(p(i, 1));
+        }
+        let mut out = Vec::new();
+        let b = q.pick(now, &lim(2, 100), |_| false, &mut out).unwrap();
+        q.finish(false);
+        q.schedule_retry(now + Duration::from_secs(60), b.items);
+        // Ready lane now holds 3, 4 (head expired: 3); retry lane holds 1, 2 (expired: 1).
+        let gone = q.take_expired(|e| e.seq % 2 == 1);
+        let mut seqs: Vec<u64> = gone.iter().map(|e| e.seq).collect();
+        seqs.sort();
+        assert_eq!(seqs, vec![1, 3]);
+        assert_eq!(q.pending(), 4, "pending until settled");
+        assert!(q.next_due().is_some(), "seq 2 still waits to retry");
     }
 
     #[tokio::test]

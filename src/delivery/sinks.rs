@@ -10,14 +10,21 @@ use std::time::Duration;
 /// Builds sinks for subscriptions.
 pub struct DefaultSinks {
     client: reqwest::Client,
+    boot_id: String,
     edgehub: Option<(EdgeHub, Duration)>,
 }
 
 impl DefaultSinks {
     /// Sinks sharing `client` (see [`crate::tls::outbound_http_client`]).
     pub fn new(client: reqwest::Client) -> Self {
+        // A random per-process prefix keeps Standard Webhooks `webhook-id`s unique across
+        // restarts (batch ids are sequence numbers, which restart with a memory store).
+        let mut b = [0u8; 6];
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+        let boot_id = b.iter().map(|x| format!("{x:02x}")).collect();
         Self {
             client,
+            boot_id,
             edgehub: None,
         }
     }
@@ -33,22 +40,28 @@ impl DefaultSinks {
 impl SinkFactory for DefaultSinks {
     fn create(&self, sub: &Subscription) -> Arc<dyn Sink> {
         match &sub.destination {
-            Destination::WebHook { endpoint_url } => Arc::new(WebhookSink::new(
-                self.client.clone(),
-                endpoint_url.clone(),
-                None,
-                TopicRewrite::None,
-            )),
+            Destination::WebHook { endpoint_url } => Arc::new(
+                WebhookSink::new(
+                    self.client.clone(),
+                    endpoint_url.clone(),
+                    None,
+                    TopicRewrite::None,
+                )
+                .with_options(&sub.delivery, &self.boot_id),
+            ),
             Destination::EventGrid {
                 endpoint_url,
                 sas_key,
                 topic_name,
-            } => Arc::new(WebhookSink::new(
-                self.client.clone(),
-                endpoint_url.clone(),
-                Some(sas_key),
-                TopicRewrite::Set(topic_name.clone()),
-            )),
+            } => Arc::new(
+                WebhookSink::new(
+                    self.client.clone(),
+                    endpoint_url.clone(),
+                    Some(sas_key),
+                    TopicRewrite::Set(topic_name.clone()),
+                )
+                .with_options(&sub.delivery, &self.boot_id),
+            ),
             Destination::EdgeHub { output_name } => match &self.edgehub {
                 Some((hub, timeout)) => Arc::new(hub.sink(output_name, *timeout)),
                 None => Arc::new(UnsupportedSink(

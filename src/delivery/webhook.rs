@@ -4,8 +4,12 @@
 //! `aeg-event-type: Notification`, `aeg-subscription-name`, `aeg-delivery-count` (attempts before
 //! this one), and for Event Grid `aeg-sas-key`. Redirects are not followed (a 3xx is a failure).
 //! Success is 200–204; the response body is read (up to 64 KiB) so the connection can be reused.
+//! Opt-in per subscription ([`WebhookSink::with_options`]): Standard Webhooks signing headers and
+//! static headers (secret values are marked sensitive and never logged).
 
+use super::signing::Signer;
 use super::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
+use crate::model::delivery_options::DeliveryOptions;
 use crate::model::topic::EventSchema;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -34,6 +38,8 @@ pub struct WebhookSink {
     parsed: Option<reqwest::Url>,
     sas_key: Option<HeaderValue>,
     rewrite: TopicRewrite,
+    signer: Option<(Signer, String)>,
+    headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 // Header names parsed once (`&str` names are validated and copied on every request).
@@ -62,7 +68,32 @@ impl WebhookSink {
             url,
             sas_key,
             rewrite,
+            signer: None,
+            headers: Vec::new(),
         }
+    }
+
+    /// Add a subscription's signing secrets and static headers. `id_prefix` makes
+    /// `webhook-id` unique across restarts (`msg_<prefix>_<batch id>`); invalid secrets or
+    /// headers (already rejected by the API) are skipped.
+    pub fn with_options(mut self, o: &DeliveryOptions, id_prefix: &str) -> Self {
+        if !o.signing_secrets.is_empty() {
+            match Signer::new(&o.signing_secrets) {
+                Ok(s) => self.signer = Some((s, id_prefix.to_string())),
+                Err(e) => tracing::error!(error = %e, "signing disabled: invalid secret"),
+            }
+        }
+        self.headers = o
+            .headers
+            .iter()
+            .filter_map(|h| {
+                let name = HeaderName::from_bytes(h.name.as_bytes()).ok()?;
+                let mut v = HeaderValue::from_str(&h.value).ok()?;
+                v.set_sensitive(h.is_secret);
+                Some((name, v))
+            })
+            .collect();
+        self
     }
 
     fn body(&self, req: &DeliveryRequest) -> Bytes {
@@ -104,6 +135,7 @@ pub fn parse_retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duratio
 impl Sink for WebhookSink {
     fn send<'a>(&'a self, req: &'a DeliveryRequest) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
+            let body = self.body(req);
             let r = match &self.parsed {
                 Some(u) => self.client.post(u.clone()),
                 None => self.client.post(&self.url),
@@ -121,11 +153,29 @@ impl Sink for WebhookSink {
                 .header(
                     &AEG_DELIVERY_COUNT,
                     HeaderValue::from(req.attempt.saturating_sub(1)),
-                )
-                .body(self.body(req));
+                );
+            for (name, value) in &self.headers {
+                r = r.header(name.clone(), value.clone());
+            }
+            if let Some((signer, prefix)) = &self.signer {
+                let id = format!("msg_{prefix}_{}", req.batch_id);
+                // Wall time of this attempt, as the spec asks (seconds).
+                #[allow(clippy::disallowed_methods)]
+                let ts = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let mut sig = HeaderValue::from_str(&signer.sign(&id, ts, &body))
+                    .unwrap_or_else(|_| HeaderValue::from_static(""));
+                sig.set_sensitive(true);
+                r = r
+                    .header("webhook-id", id)
+                    .header("webhook-timestamp", ts.to_string())
+                    .header("webhook-signature", sig);
+            }
             if let Some(k) = &self.sas_key {
                 r = r.header(&AEG_SAS_KEY, k.clone());
             }
+            let r = r.body(body);
             match r.send().await {
                 Ok(mut resp) => {
                     let status = resp.status().as_u16();

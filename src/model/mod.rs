@@ -6,6 +6,7 @@
 //! * [`json`]: case-insensitive reading of management bodies.
 //! * [`names`]: name rules.
 
+pub mod delivery_options;
 pub mod event;
 pub mod json;
 pub mod names;

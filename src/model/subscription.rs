@@ -4,10 +4,12 @@
 //! (which keeps [`Subscription::to_record`]) all go through it, so a stored subscription is
 //! re-validated exactly like a new one.
 
+use super::delivery_options::DeliveryOptions;
 use super::json::{loose_bool, lower_keys, Obj};
 use super::names;
 use super::topic::{EventSchema, ResourceContext, Topic};
 use crate::config::Config;
+use crate::delivery::policy::{ScheduleName, StatusCodePolicy};
 use crate::error::ApiError;
 use crate::filter::Filter;
 use reqwest::Url;
@@ -173,6 +175,10 @@ pub struct RetryPolicy {
     pub event_expiry_in_minutes: Option<u32>,
     /// `maxDeliveryAttempts`.
     pub max_delivery_attempts: Option<u32>,
+    /// `schedule` (gridlet): a named retry schedule.
+    pub schedule: Option<ScheduleName>,
+    /// `statusCodePolicy` (gridlet): which status-code table applies.
+    pub status_code_policy: Option<StatusCodePolicy>,
 }
 
 /// The limits that apply to one subscription: its `retryPolicy` over the module defaults.
@@ -182,6 +188,31 @@ pub struct EffectivePolicy {
     pub max_attempts: u32,
     /// Age after which the event is dropped.
     pub ttl: Duration,
+    /// Retry schedule.
+    pub schedule: ScheduleName,
+    /// Status-code table.
+    pub status_codes: StatusCodePolicy,
+    /// Jitter (percent either way) under the `standard` policy; 0 under `original`.
+    pub jitter_percent: u8,
+    /// Longest `Retry-After` honoured.
+    pub retry_after_cap: Duration,
+    /// A dead-letter destination exists (local store or webhook): 400/413 may be refused.
+    pub dead_letter: bool,
+}
+
+impl EffectivePolicy {
+    /// The original module's behaviour with these limits.
+    pub fn original(max_attempts: u32, ttl: Duration) -> Self {
+        Self {
+            max_attempts,
+            ttl,
+            schedule: ScheduleName::Original,
+            status_codes: StatusCodePolicy::Original,
+            jitter_percent: 0,
+            retry_after_cap: Duration::from_secs(3600),
+            dead_letter: true,
+        }
+    }
 }
 
 /// An event subscription.
@@ -203,6 +234,8 @@ pub struct Subscription {
     pub batching: Batching,
     /// Filter (`None` = every event).
     pub filter: Option<Filter>,
+    /// Signing, static headers, dead-letter webhook.
+    pub delivery: DeliveryOptions,
 }
 
 fn invalid_destination(msg: impl Into<String>) -> ApiError {
@@ -441,6 +474,24 @@ impl Subscription {
                 max_delivery_attempts: rp
                     .int("maxdeliveryattempts", "maxDeliveryAttempts", 1, 1_000_000)?
                     .map(|n| n as u32),
+                schedule: match rp.str("schedule")? {
+                    None => None,
+                    Some(n) => Some(ScheduleName::parse(n).ok_or_else(|| {
+                        ApiError::bad_request(
+                            "InvalidRetryPolicy",
+                            format!("retryPolicy.schedule '{n}' is not one of original, eventGridCloud, workfront"),
+                        )
+                    })?),
+                },
+                status_code_policy: match rp.str("statuscodepolicy")? {
+                    None => None,
+                    Some(n) => Some(StatusCodePolicy::parse(n).ok_or_else(|| {
+                        ApiError::bad_request(
+                            "InvalidRetryPolicy",
+                            format!("retryPolicy.statusCodePolicy '{n}' is not one of original, standard"),
+                        )
+                    })?),
+                },
             }),
         };
         let persisted = match props.get("persistencepolicy") {
@@ -451,6 +502,12 @@ impl Subscription {
             Some(f) => Some(Filter::parse(&f)?),
             None => None,
         };
+        let delivery = DeliveryOptions::parse(
+            &props,
+            dest.obj("properties", "properties.destination.properties")?
+                .as_ref(),
+            destination.url().is_some(),
+        )?;
         Ok(Self {
             name: url_name.to_string(),
             topic: topic.name.clone(),
@@ -460,13 +517,24 @@ impl Subscription {
             destination,
             batching,
             filter,
+            delivery,
         })
     }
 
     /// Limits that apply: `retryPolicy` over the module defaults.
     pub fn effective_policy(&self, cfg: &Config) -> EffectivePolicy {
         let rp = self.retry_policy.clone().unwrap_or_default();
+        let r = &cfg.resilience;
+        let status_codes = rp.status_code_policy.unwrap_or(r.status_code_policy);
         EffectivePolicy {
+            schedule: rp.schedule.unwrap_or(r.retry_schedule),
+            status_codes,
+            jitter_percent: match status_codes {
+                StatusCodePolicy::Original => 0,
+                StatusCodePolicy::Standard => r.jitter_percent,
+            },
+            retry_after_cap: r.retry_after_cap,
+            dead_letter: r.dead_letter_capacity > 0 || self.delivery.dead_letter_url.is_some(),
             max_attempts: rp
                 .max_delivery_attempts
                 .unwrap_or(cfg.broker.default_max_delivery_attempts),
@@ -511,6 +579,7 @@ impl Subscription {
         }
         self.batching.echo(&mut dest_props);
         let mut props = Map::new();
+        self.delivery.echo(&mut dest_props, &mut props);
         props.insert("topic".into(), json!(self.topic));
         props.insert("topicName".into(), json!(self.topic));
         props.insert(
@@ -524,6 +593,12 @@ impl Subscription {
             }
             if let Some(v) = rp.max_delivery_attempts {
                 m.insert("maxDeliveryAttempts".into(), json!(v));
+            }
+            if let Some(v) = rp.schedule {
+                m.insert("schedule".into(), json!(v.as_str()));
+            }
+            if let Some(v) = rp.status_code_policy {
+                m.insert("statusCodePolicy".into(), json!(v.as_str()));
             }
             props.insert("retryPolicy".into(), Value::Object(m));
         }
@@ -699,10 +774,7 @@ mod tests {
         assert_eq!(s.properties(), again.properties());
         assert_eq!(
             s.effective_policy(&c),
-            EffectivePolicy {
-                max_attempts: 3,
-                ttl: Duration::from_secs(1800)
-            }
+            EffectivePolicy::original(3, Duration::from_secs(1800))
         );
     }
 }

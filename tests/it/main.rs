@@ -7,6 +7,7 @@ mod edge;
 mod fuzz;
 mod packaging;
 mod process;
+mod resilience;
 mod schedule;
 mod security;
 mod util;

@@ -1,0 +1,482 @@
+//! Endpoint health per destination URL (Adobe Workfront's rules), as a pure state machine with
+//! the clock passed in (`now_ms`), plus a registry shared by every subscription.
+//!
+//! ```text
+//!            failure rate > 70 % over > 100 attempts,            > 2,000 consecutive failures and
+//!            or 2,000 consecutive failures                       last success > 72 h ago, or
+//!  Closed ───────────────────────────────────────► Disabled ───► > 50,000 consecutive ──► Frozen
+//!    ▲  ▲          (one probe every 10 min)            │                                   │
+//!    │  └──────────────── probe succeeds ──────────────┘                                   │
+//!    └──────────────────────────── re-enabled through the API ─────────────────────────────┘
+//! ```
+//!
+//! * **Closed**: deliveries flow normally.
+//! * **Disabled**: one probe batch every `probe_interval`; its success closes the circuit.
+//! * **Frozen**: no attempts at all until [`EndpointHealth::enable`] (the API).
+//!
+//! While an endpoint is disabled or frozen its events stay queued and still expire by TTL into
+//! dead letters. Thresholds come from [`HealthConfig`] (module settings).
+
+use crate::clock::WallMs;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Thresholds (module configuration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// Health tracking on.
+    pub enabled: bool,
+    /// Disabled when the failure rate exceeds this percentage …
+    pub disable_failure_rate_percent: u32,
+    /// … over more than this many attempts (in the window).
+    pub disable_min_attempts: u32,
+    /// Disabled after this many consecutive failures.
+    pub disable_consecutive_failures: u64,
+    /// A disabled endpoint is probed this often.
+    pub probe_interval: Duration,
+    /// Frozen after more consecutive failures than this …
+    pub freeze_consecutive_failures: u64,
+    /// … with the last success longer ago than this.
+    pub freeze_no_success_for: Duration,
+    /// Frozen after more consecutive failures than this, regardless.
+    pub freeze_any_consecutive_failures: u64,
+    /// Attempts the failure rate is computed over.
+    pub window_attempts: usize,
+}
+
+impl Default for HealthConfig {
+    /// Workfront's numbers.
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            disable_failure_rate_percent: 70,
+            disable_min_attempts: 100,
+            disable_consecutive_failures: 2000,
+            probe_interval: Duration::from_secs(600),
+            freeze_consecutive_failures: 2000,
+            freeze_no_success_for: Duration::from_secs(72 * 3600),
+            freeze_any_consecutive_failures: 50_000,
+            window_attempts: 1000,
+        }
+    }
+}
+
+/// The circuit state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthState {
+    /// Deliveries flow.
+    Closed,
+    /// One probe every interval.
+    Disabled,
+    /// No attempts until re-enabled through the API.
+    Frozen,
+}
+
+impl HealthState {
+    /// Wire / metrics name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Closed => "Enabled",
+            Self::Disabled => "Disabled",
+            Self::Frozen => "Frozen",
+        }
+    }
+
+    /// Gauge value: 0 enabled, 1 disabled, 2 frozen.
+    pub fn gauge(self) -> u64 {
+        match self {
+            Self::Closed => 0,
+            Self::Disabled => 1,
+            Self::Frozen => 2,
+        }
+    }
+}
+
+/// May a batch be sent now?
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Yes.
+    Send,
+    /// Yes, one batch as the disabled endpoint's probe: call [`Tracker::start_probe`] once it is
+    /// actually sent, and report its outcome with [`Tracker::record`].
+    Probe,
+    /// Not before this wall time (disabled; the next probe is due then).
+    WaitUntil(WallMs),
+    /// Not until the probe in flight completes (disabled).
+    ProbeInFlight,
+    /// Not until re-enabled (frozen).
+    Blocked,
+}
+
+/// The pure state machine of one endpoint.
+#[derive(Debug, Clone)]
+pub struct Tracker {
+    state: HealthState,
+    window: VecDeque<bool>,
+    window_failures: usize,
+    consecutive_failures: u64,
+    last_success_ms: WallMs,
+    next_probe_ms: WallMs,
+    probe_in_flight: bool,
+    attempts: u64,
+    failures: u64,
+}
+
+/// A read-only view for the API and metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthSnapshot {
+    /// State.
+    pub state: HealthState,
+    /// Consecutive failures.
+    pub consecutive_failures: u64,
+    /// Failure rate over the window (0–1).
+    pub failure_rate: f64,
+    /// Attempts in the window.
+    pub window_attempts: usize,
+    /// Last success (or when tracking began), wall ms.
+    pub last_success_ms: WallMs,
+    /// Next probe (disabled only), wall ms.
+    pub next_probe_ms: Option<WallMs>,
+    /// Attempts ever recorded.
+    pub attempts: u64,
+    /// Failures ever recorded.
+    pub failures: u64,
+}
+
+impl Tracker {
+    /// A healthy endpoint first seen at `now_ms` (the "last success" clock starts here).
+    pub fn new(now_ms: WallMs) -> Self {
+        Self {
+            state: HealthState::Closed,
+            window: VecDeque::new(),
+            window_failures: 0,
+            consecutive_failures: 0,
+            last_success_ms: now_ms,
+            next_probe_ms: 0,
+            probe_in_flight: false,
+            attempts: 0,
+            failures: 0,
+        }
+    }
+
+    /// Current state.
+    pub fn state(&self) -> HealthState {
+        self.state
+    }
+
+    /// Whether a batch may go now (no side effect).
+    pub fn admit(&self, now_ms: WallMs) -> Admission {
+        match self.state {
+            HealthState::Closed => Admission::Send,
+            HealthState::Frozen => Admission::Blocked,
+            HealthState::Disabled => {
+                if self.probe_in_flight {
+                    Admission::ProbeInFlight
+                } else if now_ms < self.next_probe_ms {
+                    Admission::WaitUntil(self.next_probe_ms)
+                } else {
+                    Admission::Probe
+                }
+            }
+        }
+    }
+
+    /// A probe was sent: no other until it completes, the next not before one interval.
+    pub fn start_probe(&mut self, cfg: &HealthConfig, now_ms: WallMs) {
+        self.probe_in_flight = true;
+        self.next_probe_ms = now_ms + cfg.probe_interval.as_millis() as u64;
+    }
+
+    /// Record an attempt's result; returns the state afterwards.
+    pub fn record(&mut self, cfg: &HealthConfig, success: bool, now_ms: WallMs) -> HealthState {
+        self.attempts += 1;
+        self.probe_in_flight = false;
+        self.window.push_back(success);
+        if !success {
+            self.window_failures += 1;
+        }
+        while self.window.len() > cfg.window_attempts.max(1) {
+            if self.window.pop_front() == Some(false) {
+                self.window_failures = self.window_failures.saturating_sub(1);
+            }
+        }
+        if success {
+            self.consecutive_failures = 0;
+            self.last_success_ms = now_ms;
+            if self.state == HealthState::Disabled {
+                self.reset_window();
+                self.state = HealthState::Closed;
+            }
+            return self.state;
+        }
+        self.failures += 1;
+        self.consecutive_failures += 1;
+        if self.state == HealthState::Frozen {
+            return self.state;
+        }
+        let silent_for = now_ms.saturating_sub(self.last_success_ms);
+        let freeze = (self.consecutive_failures > cfg.freeze_consecutive_failures
+            && silent_for > cfg.freeze_no_success_for.as_millis() as u64)
+            || self.consecutive_failures > cfg.freeze_any_consecutive_failures;
+        if freeze {
+            self.state = HealthState::Frozen;
+            return self.state;
+        }
+        let n = self.window.len();
+        let rate_bad = n > cfg.disable_min_attempts as usize
+            && (self.window_failures as u64) * 100
+                > u64::from(cfg.disable_failure_rate_percent) * n as u64;
+        if self.state == HealthState::Closed
+            && (rate_bad || self.consecutive_failures >= cfg.disable_consecutive_failures)
+        {
+            self.state = HealthState::Disabled;
+            self.next_probe_ms = now_ms + cfg.probe_interval.as_millis() as u64;
+        }
+        self.state
+    }
+
+    /// Re-enable (the API): closed, counters cleared, the "last success" clock restarted.
+    pub fn enable(&mut self, now_ms: WallMs) {
+        self.state = HealthState::Closed;
+        self.consecutive_failures = 0;
+        self.last_success_ms = now_ms;
+        self.probe_in_flight = false;
+        self.reset_window();
+    }
+
+    fn reset_window(&mut self) {
+        self.window.clear();
+        self.window_failures = 0;
+    }
+
+    /// A view for the API and metrics.
+    pub fn snapshot(&self) -> HealthSnapshot {
+        let n = self.window.len();
+        HealthSnapshot {
+            state: self.state,
+            consecutive_failures: self.consecutive_failures,
+            failure_rate: if n == 0 {
+                0.0
+            } else {
+                self.window_failures as f64 / n as f64
+            },
+            window_attempts: n,
+            last_success_ms: self.last_success_ms,
+            next_probe_ms: (self.state == HealthState::Disabled).then_some(self.next_probe_ms),
+            attempts: self.attempts,
+            failures: self.failures,
+        }
+    }
+}
+
+/// One endpoint's tracker, shared by every subscription delivering to its URL.
+#[derive(Debug)]
+pub struct EndpointHealth {
+    /// The destination URL.
+    pub url: String,
+    tracker: Mutex<Tracker>,
+}
+
+impl EndpointHealth {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tracker> {
+        // Every critical section is a few field updates without panics.
+        self.tracker.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// See [`Tracker::admit`].
+    pub fn admit(&self, cfg: &HealthConfig, now_ms: WallMs) -> Admission {
+        if !cfg.enabled {
+            return Admission::Send;
+        }
+        self.lock().admit(now_ms)
+    }
+
+    /// See [`Tracker::start_probe`].
+    pub fn start_probe(&self, cfg: &HealthConfig, now_ms: WallMs) {
+        self.lock().start_probe(cfg, now_ms);
+    }
+
+    /// See [`Tracker::record`]; logs transitions.
+    pub fn record(&self, cfg: &HealthConfig, success: bool, now_ms: WallMs) {
+        if !cfg.enabled {
+            return;
+        }
+        let (before, after) = {
+            let mut t = self.lock();
+            let before = t.state();
+            (before, t.record(cfg, success, now_ms))
+        };
+        if before != after {
+            tracing::warn!(endpoint = %redact_url(&self.url), from = before.as_str(), to = after.as_str(), "endpoint health changed");
+        }
+    }
+
+    /// Re-enable through the API.
+    pub fn enable(&self, now_ms: WallMs) {
+        self.lock().enable(now_ms);
+        tracing::info!(endpoint = %redact_url(&self.url), "endpoint re-enabled through the API");
+    }
+
+    /// Current view.
+    pub fn snapshot(&self) -> HealthSnapshot {
+        self.lock().snapshot()
+    }
+}
+
+/// The URL without query string or user info (query strings often carry keys).
+pub fn redact_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            u.set_query(None);
+            let _ = u.set_password(None);
+            let _ = u.set_username("");
+            u.to_string()
+        }
+        Err(_) => "<invalid url>".into(),
+    }
+}
+
+/// Trackers by destination URL.
+#[derive(Debug, Default)]
+pub struct HealthRegistry {
+    map: Mutex<HashMap<String, Arc<EndpointHealth>>>,
+}
+
+impl HealthRegistry {
+    /// The tracker for `url`, created healthy at `now_ms` when first seen.
+    pub fn get(&self, url: &str, now_ms: WallMs) -> Arc<EndpointHealth> {
+        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry(url.to_string())
+            .or_insert_with(|| {
+                Arc::new(EndpointHealth {
+                    url: url.to_string(),
+                    tracker: Mutex::new(Tracker::new(now_ms)),
+                })
+            })
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: u64 = 60_000;
+    const HOUR: u64 = 60 * MIN;
+
+    fn cfg() -> HealthConfig {
+        HealthConfig::default()
+    }
+
+    #[test]
+    fn failure_rate_over_more_than_100_attempts_disables() {
+        let c = cfg();
+        let mut t = Tracker::new(0);
+        // 100 attempts at 80 % failure: not yet (needs *more than* 100).
+        for i in 0..100 {
+            t.record(&c, i % 5 == 0, 1000);
+        }
+        assert_eq!(t.state(), HealthState::Closed);
+        t.record(&c, false, 1000);
+        assert_eq!(t.state(), HealthState::Disabled);
+        // 70 % exactly does not trip: rate must exceed it.
+        let mut t = Tracker::new(0);
+        for i in 0..110 {
+            t.record(&c, i % 10 < 3, 1000);
+        }
+        assert_eq!(t.state(), HealthState::Closed);
+    }
+
+    #[test]
+    fn closed_disabled_probe_and_reenabled_on_success() {
+        let c = HealthConfig {
+            disable_min_attempts: u32::MAX,
+            ..cfg()
+        };
+        let mut t = Tracker::new(0);
+        for _ in 0..1999 {
+            t.record(&c, false, MIN);
+        }
+        assert_eq!(t.state(), HealthState::Closed);
+        assert_eq!(t.record(&c, false, MIN), HealthState::Disabled);
+        // Nothing until the probe is due, then exactly one probe.
+        assert_eq!(t.admit(MIN + 1), Admission::WaitUntil(11 * MIN));
+        assert_eq!(t.admit(11 * MIN), Admission::Probe);
+        t.start_probe(&c, 11 * MIN);
+        assert_eq!(t.admit(11 * MIN), Admission::ProbeInFlight);
+        assert_eq!(
+            t.admit(30 * MIN),
+            Admission::ProbeInFlight,
+            "a hanging probe"
+        );
+        // A failed probe: next one ten minutes later.
+        assert_eq!(t.record(&c, false, 11 * MIN), HealthState::Disabled);
+        assert_eq!(t.admit(15 * MIN), Admission::WaitUntil(21 * MIN));
+        assert_eq!(t.admit(21 * MIN), Admission::Probe);
+        t.start_probe(&c, 21 * MIN);
+        assert_eq!(t.record(&c, true, 21 * MIN), HealthState::Closed);
+        assert_eq!(t.admit(21 * MIN), Admission::Send);
+        assert_eq!(t.snapshot().consecutive_failures, 0);
+    }
+
+    #[test]
+    fn disabled_then_frozen_after_72_hours_without_success() {
+        let c = cfg();
+        let mut t = Tracker::new(0);
+        for _ in 0..2000 {
+            t.record(&c, false, HOUR);
+        }
+        assert_eq!(t.state(), HealthState::Disabled);
+        // More than 2,000 consecutive failures but the last "success" (start) is 1 h ago.
+        t.record(&c, false, HOUR);
+        assert_eq!(t.state(), HealthState::Disabled);
+        // Probes keep failing; past 72 h the next failure freezes it.
+        assert_eq!(t.record(&c, false, 72 * HOUR), HealthState::Disabled);
+        assert_eq!(t.record(&c, false, 72 * HOUR + 1), HealthState::Frozen);
+        assert_eq!(t.admit(100 * HOUR), Admission::Blocked);
+        // Even a late success (an in-flight request) does not unfreeze it.
+        assert_eq!(t.record(&c, true, 100 * HOUR), HealthState::Frozen);
+        t.enable(101 * HOUR);
+        assert_eq!(t.state(), HealthState::Closed);
+        assert_eq!(t.admit(101 * HOUR), Admission::Send);
+        assert_eq!(t.snapshot().consecutive_failures, 0);
+    }
+
+    #[test]
+    fn more_than_50000_consecutive_failures_freeze_whenever_the_last_success_was() {
+        let c = HealthConfig {
+            disable_consecutive_failures: u64::MAX,
+            disable_min_attempts: u32::MAX,
+            ..cfg()
+        };
+        let mut t = Tracker::new(0);
+        for _ in 0..50_000 {
+            t.record(&c, false, 1);
+        }
+        assert_eq!(t.state(), HealthState::Closed);
+        assert_eq!(t.record(&c, false, 1), HealthState::Frozen);
+    }
+
+    #[test]
+    fn successes_reset_consecutive_failures_and_the_window_slides() {
+        let c = HealthConfig {
+            window_attempts: 200,
+            ..cfg()
+        };
+        let mut t = Tracker::new(0);
+        for _ in 0..150 {
+            t.record(&c, true, 0);
+        }
+        for _ in 0..60 {
+            t.record(&c, false, 0);
+        }
+        // Window of 200: 140 successes, 60 failures = 30 %.
+        let s = t.snapshot();
+        assert_eq!(s.window_attempts, 200);
+        assert!((s.failure_rate - 0.3).abs() < 1e-9);
+        assert_eq!(s.consecutive_failures, 60);
+        t.record(&c, true, 0);
+        assert_eq!(t.snapshot().consecutive_failures, 0);
+    }
+}

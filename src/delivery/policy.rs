@@ -1,0 +1,334 @@
+//! Delivery policy as data: **whether** a failed attempt is retried ([`classify`], the one
+//! status-code table) apart from **when** ([`Schedule::delay_after`], the one schedule function,
+//! plus [`jitter`] and the `Retry-After` cap applied by [`super::retry::next_step`]).
+//!
+//! Two status-code policies:
+//!
+//! | outcome | `original` (default) | `standard` |
+//! |---|---|---|
+//! | 200–204 | delivered | delivered |
+//! | 400, 413 | retried | dead-lettered at once when a dead-letter destination exists, else retried |
+//! | 408, 429, 5xx, other statuses | retried | retried (`Retry-After` honoured on 429/503, capped) |
+//! | timeout, connection error, other | retried | retried |
+//! | delay jitter | none (exact 1-min/10-min queues) | ± `broker__retryJitterPercent` |
+//!
+//! Three named schedules (delay before the next attempt, by attempts made so far):
+//! `original` (1 min, then every 10 min), `eventGridCloud` (10 s, 30 s, 1 m, 5 m, 10 m, 30 m, 1 h,
+//! then hourly) and `workfront` (`((2^n) - 1) * 84800 ms` for retry n = 1..=11, then exhausted).
+//! TTL and `maxDeliveryAttempts` apply on top of every schedule.
+
+use super::sink::{FailureKind, Outcome};
+use std::time::Duration;
+
+/// Which status-code table applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StatusCodePolicy {
+    /// The original module: every failure is retried on the schedule; no `Retry-After`, no
+    /// jitter.
+    Original,
+    /// Event Grid cloud semantics: 400/413 refused when a dead-letter destination exists,
+    /// `Retry-After` honoured on 429/503, jitter on every delay.
+    Standard,
+}
+
+impl StatusCodePolicy {
+    /// Every policy with its wire name.
+    pub const ALL: [(&'static str, Self); 2] =
+        [("original", Self::Original), ("standard", Self::Standard)];
+
+    /// Parse a name (case-insensitive).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(s.trim()))
+            .map(|(_, p)| *p)
+    }
+
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Original => "original",
+            Self::Standard => "standard",
+        }
+    }
+}
+
+/// What a publish does when a matching in-memory subscription's queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueueFullPolicy {
+    /// The original: the whole publish is refused with 503 + `Retry-After` (nothing accepted).
+    Reject,
+    /// The full subscription's copies become dead letters (`QueueFull`); the publish succeeds
+    /// for every other subscription, so one dead endpoint cannot stop a shared topic.
+    DeadLetter,
+}
+
+impl QueueFullPolicy {
+    /// Every policy with its wire name.
+    pub const ALL: [(&'static str, Self); 2] =
+        [("reject", Self::Reject), ("deadLetter", Self::DeadLetter)];
+}
+
+/// A named retry schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScheduleName {
+    /// Immediate, 1-minute queue, then the 10-minute queue (the original module).
+    Original,
+    /// Azure Event Grid (cloud): 10 s, 30 s, 1 m, 5 m, 10 m, 30 m, 1 h, then hourly.
+    EventGridCloud,
+    /// Adobe Workfront: `((2^n) - 1) * 84800 ms` for retry n = 1..=11.
+    Workfront,
+}
+
+impl ScheduleName {
+    /// Every schedule with its wire name.
+    pub const ALL: [(&'static str, Self); 3] = [
+        ("original", Self::Original),
+        ("eventGridCloud", Self::EventGridCloud),
+        ("workfront", Self::Workfront),
+    ];
+
+    /// Parse a name (case-insensitive).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(s.trim()))
+            .map(|(_, p)| *p)
+    }
+
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Original => "original",
+            Self::EventGridCloud => "eventGridCloud",
+            Self::Workfront => "workfront",
+        }
+    }
+
+    /// The schedule's data.
+    pub fn schedule(self) -> Schedule {
+        match self {
+            Self::Original => Schedule {
+                steps: &ORIGINAL_STEPS,
+                then_every: Some(Duration::from_secs(600)),
+            },
+            Self::EventGridCloud => Schedule {
+                steps: &EVENT_GRID_CLOUD_STEPS,
+                then_every: Some(Duration::from_secs(3600)),
+            },
+            Self::Workfront => Schedule {
+                steps: &WORKFRONT_STEPS,
+                then_every: None,
+            },
+        }
+    }
+}
+
+const ORIGINAL_STEPS: [Duration; 1] = [Duration::from_secs(60)];
+
+const EVENT_GRID_CLOUD_STEPS: [Duration; 7] = [
+    Duration::from_secs(10),
+    Duration::from_secs(30),
+    Duration::from_secs(60),
+    Duration::from_secs(300),
+    Duration::from_secs(600),
+    Duration::from_secs(1800),
+    Duration::from_secs(3600),
+];
+
+/// Workfront's base delay.
+const WORKFRONT_UNIT_MS: u64 = 84_800;
+
+const fn workfront(n: u32) -> Duration {
+    Duration::from_millis(((1u64 << n) - 1) * WORKFRONT_UNIT_MS)
+}
+
+const WORKFRONT_STEPS: [Duration; 11] = [
+    workfront(1),
+    workfront(2),
+    workfront(3),
+    workfront(4),
+    workfront(5),
+    workfront(6),
+    workfront(7),
+    workfront(8),
+    workfront(9),
+    workfront(10),
+    workfront(11),
+];
+
+/// A retry schedule: explicit steps, then optionally a fixed interval forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    /// Delay before attempt `i + 2` after `i + 1` attempts failed.
+    pub steps: &'static [Duration],
+    /// Delay once the steps are used up; `None` = the schedule is exhausted.
+    pub then_every: Option<Duration>,
+}
+
+impl Schedule {
+    /// Delay before the next attempt when `attempts_made` (≥ 1) attempts failed; `None` when the
+    /// schedule has no further attempt.
+    pub fn delay_after(&self, attempts_made: u32) -> Option<Duration> {
+        let i = attempts_made.saturating_sub(1) as usize;
+        self.steps.get(i).copied().or(self.then_every)
+    }
+}
+
+/// Whether an attempt's outcome ends delivery, asks for a retry, or refuses the event for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Accepted.
+    Delivered,
+    /// Retry on the schedule; the endpoint may have asked for at least this delay.
+    Retry {
+        /// `Retry-After` to honour (already filtered by the policy).
+        retry_after: Option<Duration>,
+    },
+    /// Will never succeed (400/413 under `standard` with a dead-letter destination).
+    Refuse,
+}
+
+/// The status-code table: the only place that decides *whether* to retry.
+pub fn classify(policy: StatusCodePolicy, outcome: &Outcome, dead_letter: bool) -> Verdict {
+    let (kind, retry_after) = match outcome {
+        Outcome::Delivered => return Verdict::Delivered,
+        Outcome::Failed { kind, retry_after } => (kind, *retry_after),
+    };
+    if policy == StatusCodePolicy::Original {
+        return Verdict::Retry { retry_after: None };
+    }
+    match kind {
+        FailureKind::Status(400 | 413) if dead_letter => Verdict::Refuse,
+        FailureKind::Status(429 | 503) => Verdict::Retry { retry_after },
+        FailureKind::Status(_)
+        | FailureKind::Timeout
+        | FailureKind::Connect
+        | FailureKind::Unsupported(_)
+        | FailureKind::Other(_) => Verdict::Retry { retry_after: None },
+    }
+}
+
+/// `d` spread by ± `percent` %, deterministically from `key` (an event's sequence number and
+/// attempt): no RNG state, so tests and restarts reproduce the same delays, while different
+/// events spread out.
+pub fn jitter(d: Duration, percent: u8, key: u64) -> Duration {
+    if percent == 0 || d.is_zero() {
+        return d;
+    }
+    // splitmix64: a well-mixed 64-bit value from the key.
+    let mut z = key.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    // u in [0, 1) with 53 bits; factor in [1 - p, 1 + p).
+    let u = (z >> 11) as f64 / (1u64 << 53) as f64;
+    let p = f64::from(percent.min(100)) / 100.0;
+    d.mul_f64((1.0 - p) + 2.0 * p * u)
+}
+
+/// The jitter key of one event's `attempts_made`-th failure.
+pub fn jitter_key(seq: u64, attempts_made: u32) -> u64 {
+    seq.rotate_left(17) ^ u64::from(attempts_made)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(code: u16) -> Outcome {
+        Outcome::failed(FailureKind::Status(code))
+    }
+
+    #[test]
+    fn schedules_are_the_documented_data() {
+        let o = ScheduleName::Original.schedule();
+        assert_eq!(o.delay_after(1), Some(Duration::from_secs(60)));
+        assert_eq!(o.delay_after(2), Some(Duration::from_secs(600)));
+        assert_eq!(o.delay_after(29), Some(Duration::from_secs(600)));
+        let eg = ScheduleName::EventGridCloud.schedule();
+        let secs: Vec<u64> = (1..=9)
+            .map(|n| eg.delay_after(n).unwrap().as_secs())
+            .collect();
+        assert_eq!(secs, [10, 30, 60, 300, 600, 1800, 3600, 3600, 3600]);
+        let wf = ScheduleName::Workfront.schedule();
+        assert_eq!(wf.delay_after(1), Some(Duration::from_millis(84_800)));
+        assert_eq!(wf.delay_after(2), Some(Duration::from_millis(254_400)));
+        assert_eq!(
+            wf.delay_after(11),
+            Some(Duration::from_millis(2047 * 84_800))
+        );
+        assert_eq!(wf.delay_after(12), None, "11 retries, then exhausted");
+    }
+
+    #[test]
+    fn names_parse_in_any_case() {
+        assert_eq!(
+            ScheduleName::parse("EVENTGRIDCLOUD"),
+            Some(ScheduleName::EventGridCloud)
+        );
+        assert_eq!(ScheduleName::parse("nope"), None);
+        assert_eq!(
+            StatusCodePolicy::parse("Standard"),
+            Some(StatusCodePolicy::Standard)
+        );
+    }
+
+    #[test]
+    fn the_status_code_table() {
+        use StatusCodePolicy::*;
+        let ra = Some(Duration::from_secs(7));
+        let with_ra = |code| Outcome::Failed {
+            kind: FailureKind::Status(code),
+            retry_after: ra,
+        };
+        let retry = Verdict::Retry { retry_after: None };
+        // (policy, outcome, dead letter exists, verdict)
+        let table: Vec<(StatusCodePolicy, Outcome, bool, Verdict)> = vec![
+            (Standard, Outcome::Delivered, true, Verdict::Delivered),
+            (Original, Outcome::Delivered, true, Verdict::Delivered),
+            (Standard, st(400), true, Verdict::Refuse),
+            (Standard, st(413), true, Verdict::Refuse),
+            (Standard, st(400), false, retry),
+            (Standard, st(413), false, retry),
+            (Original, st(400), true, retry),
+            (Standard, st(408), true, retry),
+            (Standard, st(404), true, retry),
+            (Standard, st(500), true, retry),
+            (Standard, st(302), true, retry),
+            (
+                Standard,
+                with_ra(429),
+                true,
+                Verdict::Retry { retry_after: ra },
+            ),
+            (
+                Standard,
+                with_ra(503),
+                true,
+                Verdict::Retry { retry_after: ra },
+            ),
+            (Standard, with_ra(500), true, retry),
+            (Original, with_ra(429), true, retry),
+            (Standard, Outcome::failed(FailureKind::Timeout), true, retry),
+            (Standard, Outcome::failed(FailureKind::Connect), true, retry),
+        ];
+        for (p, o, dl, v) in table {
+            assert_eq!(classify(p, &o, dl), v, "{p:?} {o:?} dl={dl}");
+        }
+    }
+
+    #[test]
+    fn jitter_is_bounded_deterministic_and_spread() {
+        let d = Duration::from_secs(100);
+        assert_eq!(jitter(d, 0, 42), d);
+        let mut seen = std::collections::HashSet::new();
+        for key in 0..1000u64 {
+            let j = jitter(d, 10, key);
+            assert!(j >= Duration::from_secs(90) && j < Duration::from_secs(110));
+            assert_eq!(j, jitter(d, 10, key));
+            seen.insert(j.as_millis());
+        }
+        assert!(seen.len() > 500, "delays spread out");
+    }
+}

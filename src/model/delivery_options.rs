@@ -1,0 +1,347 @@
+//! A subscription's delivery options beyond the original API (all optional, echoed only when
+//! supplied):
+//!
+//! * `destination.properties.signingSecrets`: `whsec_` secrets (one or more, for rotation):
+//!   deliveries carry Standard Webhooks `webhook-id`/`webhook-timestamp`/`webhook-signature`.
+//! * `destination.properties.deliveryAttributeMappings`: static headers, in the Azure Event Grid
+//!   cloud shape `[{"name": "X-Tenant", "type": "Static", "properties": {"value": "a",
+//!   "isSecret": false}}]`.
+//! * `properties.deadLetterDestination`: `{"endpointType": "WebHook", "properties":
+//!   {"endpointUrl": "…"}}`; dead letters are kept locally and also posted there.
+//!
+//! Secrets never show in `Debug` output or logs.
+
+use super::json::Obj;
+use crate::delivery::signing;
+use crate::error::ApiError;
+use serde_json::{json, Map, Value};
+
+/// Most signing secrets per subscription.
+pub const MAX_SECRETS: usize = 5;
+/// Most static headers per subscription.
+pub const MAX_HEADERS: usize = 10;
+
+/// A static header added to every delivery.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StaticHeader {
+    /// Header name (as given).
+    pub name: String,
+    /// Value.
+    pub value: String,
+    /// The value is a secret (marked sensitive, never logged).
+    pub is_secret: bool,
+}
+
+impl std::fmt::Debug for StaticHeader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = if self.is_secret { "***" } else { &self.value };
+        write!(f, "{}: {v}", self.name)
+    }
+}
+
+/// The options.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct DeliveryOptions {
+    /// `whsec_` secrets; empty = unsigned.
+    pub signing_secrets: Vec<String>,
+    /// Static headers.
+    pub headers: Vec<StaticHeader>,
+    /// Dead-letter webhook URL.
+    pub dead_letter_url: Option<String>,
+}
+
+impl std::fmt::Debug for DeliveryOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeliveryOptions")
+            .field("signing_secrets", &self.signing_secrets.len())
+            .field("headers", &self.headers)
+            .field("dead_letter_url", &self.dead_letter_url)
+            .finish()
+    }
+}
+
+fn bad(detail: &'static str, msg: impl Into<String>) -> ApiError {
+    ApiError::bad_request(detail, msg.into())
+}
+
+/// Header names gridlet sets itself.
+fn reserved(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    matches!(
+        n.as_str(),
+        "content-type" | "content-length" | "host" | "transfer-encoding" | "connection"
+    ) || n.starts_with("aeg-")
+        || n.starts_with("webhook-")
+}
+
+impl DeliveryOptions {
+    /// Parse from the subscription's `properties` and its destination's `properties`
+    /// (lowercased keys). `http` is whether the destination is an HTTP endpoint.
+    ///
+    /// # Errors
+    /// 400 naming the field.
+    pub fn parse(
+        props: &Obj<'_>,
+        dest_props: Option<&Obj<'_>>,
+        http: bool,
+    ) -> Result<Self, ApiError> {
+        let mut o = Self::default();
+        if let Some(dp) = dest_props {
+            if let Some(v) = dp.get("signingsecrets") {
+                let list: Vec<&Value> = match v {
+                    Value::Array(a) => a.iter().collect(),
+                    other => vec![other],
+                };
+                for s in list {
+                    let s = s.as_str().ok_or_else(|| {
+                        bad(
+                            "InvalidSigningSecret",
+                            "destination.properties.signingSecrets must be strings",
+                        )
+                    })?;
+                    signing::decode_secret(s).map_err(|e| {
+                        bad(
+                            "InvalidSigningSecret",
+                            format!("destination.properties.signingSecrets: {e}"),
+                        )
+                    })?;
+                    o.signing_secrets.push(s.trim().to_string());
+                }
+                if o.signing_secrets.len() > MAX_SECRETS {
+                    return Err(bad(
+                        "InvalidSigningSecret",
+                        format!("at most {MAX_SECRETS} signing secrets"),
+                    ));
+                }
+            }
+            if let Some(v) = dp.get("deliveryattributemappings") {
+                let Value::Array(items) = v else {
+                    return Err(bad(
+                        "InvalidDeliveryAttributeMapping",
+                        "destination.properties.deliveryAttributeMappings must be an array",
+                    ));
+                };
+                for item in items {
+                    o.headers.push(parse_header(item)?);
+                }
+                if o.headers.len() > MAX_HEADERS {
+                    return Err(bad(
+                        "InvalidDeliveryAttributeMapping",
+                        format!("at most {MAX_HEADERS} delivery attribute mappings"),
+                    ));
+                }
+            }
+        }
+        if !http && (!o.signing_secrets.is_empty() || !o.headers.is_empty()) {
+            return Err(bad(
+                "InvalidDestination",
+                "signingSecrets and deliveryAttributeMappings apply to WebHook and EventGrid destinations only",
+            ));
+        }
+        if let Some(dl) = props.obj("deadletterdestination", "properties.deadLetterDestination")? {
+            let t = dl.req_str("endpointtype", "endpointType")?;
+            if !t.eq_ignore_ascii_case("webhook") {
+                return Err(bad(
+                    "InvalidDeadLetterDestination",
+                    "properties.deadLetterDestination.endpointType must be WebHook (dead letters are always kept locally too)",
+                ));
+            }
+            let url = dl
+                .obj("properties", "properties.deadLetterDestination.properties")?
+                .and_then(|p| p.str("endpointurl").ok().flatten())
+                .filter(|s| !s.trim().is_empty())
+                .ok_or_else(|| {
+                    bad(
+                        "InvalidDeadLetterDestination",
+                        "properties.deadLetterDestination.properties.endpointUrl is required",
+                    )
+                })?;
+            let parsed = reqwest::Url::parse(url).map_err(|_| {
+                bad(
+                    "InvalidDeadLetterDestination",
+                    "deadLetterDestination endpointUrl must be an absolute URL",
+                )
+            })?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(bad(
+                    "InvalidDeadLetterDestination",
+                    "deadLetterDestination endpointUrl must be http(s)",
+                ));
+            }
+            o.dead_letter_url = Some(url.to_string());
+        }
+        Ok(o)
+    }
+
+    /// Echo into the destination's and the subscription's `properties`.
+    pub fn echo(&self, dest_props: &mut Map<String, Value>, props: &mut Map<String, Value>) {
+        if !self.signing_secrets.is_empty() {
+            dest_props.insert("signingSecrets".into(), json!(self.signing_secrets));
+        }
+        if !self.headers.is_empty() {
+            let m: Vec<Value> = self
+                .headers
+                .iter()
+                .map(|h| {
+                    json!({"name": h.name, "type": "Static",
+                           "properties": {"value": h.value, "isSecret": h.is_secret}})
+                })
+                .collect();
+            dest_props.insert("deliveryAttributeMappings".into(), Value::Array(m));
+        }
+        if let Some(u) = &self.dead_letter_url {
+            props.insert(
+                "deadLetterDestination".into(),
+                json!({"endpointType": "WebHook", "properties": {"endpointUrl": u}}),
+            );
+        }
+    }
+}
+
+fn parse_header(item: &Value) -> Result<StaticHeader, ApiError> {
+    let err = |m: &str| {
+        bad(
+            "InvalidDeliveryAttributeMapping",
+            format!("deliveryAttributeMappings: {m}"),
+        )
+    };
+    let o = Obj::new(item, "deliveryAttributeMappings[]")?;
+    let name = o.req_str("name", "name")?.trim().to_string();
+    let kind = o.str("type")?.unwrap_or("Static");
+    if !kind.eq_ignore_ascii_case("static") {
+        return Err(err("only type Static is supported"));
+    }
+    if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() || reserved(&name) {
+        return Err(err(&format!("'{name}' is not an allowed header name")));
+    }
+    let p = o
+        .obj("properties", "deliveryAttributeMappings[].properties")?
+        .ok_or_else(|| err("properties.value is required"))?;
+    let value = p
+        .str("value")?
+        .ok_or_else(|| err("properties.value is required"))?;
+    if reqwest::header::HeaderValue::from_str(value).is_err() {
+        return Err(err(&format!(
+            "the value of '{name}' is not a valid header value"
+        )));
+    }
+    Ok(StaticHeader {
+        name,
+        value: value.to_string(),
+        is_secret: p.bool("issecret", "isSecret")?.unwrap_or(false),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::delivery::policy::{ScheduleName, StatusCodePolicy};
+    use crate::model::subscription::Subscription;
+    use crate::model::topic::{EventSchema, Topic};
+    use serde_json::{json, Value};
+
+    fn cfg(pairs: &[(&str, &str)]) -> Config {
+        Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap()
+    }
+
+    fn topic() -> Topic {
+        Topic {
+            name: "t1".into(),
+            input_schema: EventSchema::EventGrid,
+        }
+    }
+
+    fn body(dest_extra: Value, props_extra: Value) -> Value {
+        let mut dp = json!({"endpointUrl": "https://x/hook"});
+        for (k, v) in dest_extra.as_object().unwrap() {
+            dp[k] = v.clone();
+        }
+        let mut p = json!({"destination": {"endpointType": "WebHook", "properties": dp}});
+        for (k, v) in props_extra.as_object().unwrap() {
+            p[k] = v.clone();
+        }
+        json!({ "properties": p })
+    }
+
+    #[test]
+    fn options_parse_echo_and_round_trip() {
+        let c = cfg(&[]);
+        let b = body(
+            json!({"signingSecrets": ["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"],
+                   "deliveryAttributeMappings": [{"name": "X-Tenant", "type": "Static", "properties": {"value": "a", "isSecret": true}}]}),
+            json!({"retryPolicy": {"schedule": "EventGridCloud", "statusCodePolicy": "standard"},
+                   "deadLetterDestination": {"endpointType": "WebHook", "properties": {"endpointUrl": "http://dl/x"}}}),
+        );
+        let s = Subscription::from_put(&topic(), "s", b, &c).unwrap();
+        assert_eq!(s.delivery.signing_secrets.len(), 1);
+        assert_eq!(s.delivery.headers[0].name, "X-Tenant");
+        assert_eq!(s.delivery.dead_letter_url.as_deref(), Some("http://dl/x"));
+        let p = s.effective_policy(&c);
+        assert_eq!(p.schedule, ScheduleName::EventGridCloud);
+        assert_eq!(p.status_codes, StatusCodePolicy::Standard);
+        assert_eq!(p.jitter_percent, 10);
+        let echo = s.properties();
+        assert_eq!(echo["retryPolicy"]["schedule"], "eventGridCloud");
+        assert_eq!(echo["retryPolicy"]["statusCodePolicy"], "standard");
+        assert_eq!(
+            echo["destination"]["properties"]["deliveryAttributeMappings"][0]["properties"]
+                ["isSecret"],
+            true
+        );
+        let again = Subscription::from_put(&topic(), "s", s.to_record(), &c).unwrap();
+        assert_eq!(again.properties(), echo);
+        assert!(
+            !format!("{:?}", s.delivery).contains("C2FV"),
+            "secrets stay out of Debug"
+        );
+        // Not supplied: not echoed, module defaults apply.
+        let plain = Subscription::from_put(&topic(), "s", body(json!({}), json!({})), &c).unwrap();
+        assert!(plain.properties().get("retryPolicy").is_none());
+        assert!(plain.properties().get("deadLetterDestination").is_none());
+        let m = cfg(&[
+            ("broker__retrySchedule", "workfront"),
+            ("broker__statusCodePolicy", "STANDARD"),
+        ]);
+        assert_eq!(plain.effective_policy(&m).schedule, ScheduleName::Workfront);
+        assert_eq!(
+            plain.effective_policy(&m).status_codes,
+            StatusCodePolicy::Standard
+        );
+        assert_eq!(
+            plain.effective_policy(&c).status_codes,
+            StatusCodePolicy::Original
+        );
+        assert_eq!(plain.effective_policy(&c).jitter_percent, 0);
+    }
+
+    #[test]
+    fn invalid_options_are_refused_with_a_named_field() {
+        let c = cfg(&[]);
+        let cases = [
+            body(json!({"signingSecrets": ["nope"]}), json!({})),
+            body(
+                json!({"deliveryAttributeMappings": [{"name": "aeg-sas-key", "properties": {"value": "x"}}]}),
+                json!({}),
+            ),
+            body(
+                json!({"deliveryAttributeMappings": [{"name": "X", "type": "Dynamic", "properties": {"sourceField": "data"}}]}),
+                json!({}),
+            ),
+            body(json!({}), json!({"retryPolicy": {"schedule": "hourly"}})),
+            body(
+                json!({}),
+                json!({"retryPolicy": {"statusCodePolicy": "strict"}}),
+            ),
+            body(
+                json!({}),
+                json!({"deadLetterDestination": {"endpointType": "StorageBlob", "properties": {}}}),
+            ),
+        ];
+        for b in cases {
+            let e = Subscription::from_put(&topic(), "s", b.clone(), &c).unwrap_err();
+            assert_eq!(e.status, 400, "{b}");
+        }
+        let edge = json!({"properties": {"destination": {"endpointType": "EdgeHub", "properties": {"outputName": "o", "signingSecrets": ["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"]}}}});
+        assert!(Subscription::from_put(&topic(), "s", edge, &c).is_err());
+    }
+}
