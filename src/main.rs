@@ -8,8 +8,9 @@ use std::process::ExitCode;
 /// mimalloc instead of the platform allocator: glibc's malloc/free were a quarter of the
 /// instructions per delivered event (callgrind, docs/BENCHMARKS.md; musl's are slower still), and
 /// after a 1M-event backlog drains mimalloc gives the memory back (72–459 MB RSS right after,
-/// falling as it purges) where glibc kept all 700 MB. `.cargo/config.toml` turns off its eager arena commit, which otherwise doubles
-/// idle RSS. Binary only: the library and its tests keep the system allocator.
+/// falling as it purges) where glibc kept all 700 MB. `.cargo/config.toml` turns off its eager
+/// arena commit, which otherwise doubles idle RSS. Binary only: the library and its tests keep the
+/// system allocator.
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
