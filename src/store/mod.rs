@@ -14,6 +14,7 @@
 //! in memory). Every implementation passes the same contract tests (`store::contract`).
 
 pub mod memory;
+pub mod sled;
 
 use crate::clock::WallMs;
 use bytes::Bytes;
