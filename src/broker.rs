@@ -210,8 +210,16 @@ impl Broker {
         let events = self.inner.ctx.store.pending(shared.queue_id)?;
         let now_ms = self.inner.ctx.clock.now_ms();
         let now = Instant::now();
+        let policy = shared.config().policy.clone();
+        let mut expired = Vec::new();
         let mut q = shared.queue();
         for e in events {
+            // TTL counts from the first enqueue, across restarts: what expired while gridlet was
+            // down is dropped (and counted) now rather than delivered late.
+            if crate::delivery::retry::is_expired(&policy, e.state.first_enqueued_ms, now_ms) {
+                expired.push(e.seq);
+                continue;
+            }
             let p = Pending {
                 seq: e.seq,
                 event: Arc::new(EventData {
@@ -228,6 +236,14 @@ impl Broker {
                 let wait = Duration::from_millis(e.state.due_ms.saturating_sub(now_ms));
                 q.push_recovered_retry(now + wait, p);
             }
+        }
+        drop(q);
+        if !expired.is_empty() {
+            let n = expired.len() as u64;
+            shared.metrics.expired_counts.add(n);
+            shared.metrics.dropped_expired.add(n);
+            tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, reason = "TimeToLiveExceeded", "stored events expired while gridlet was stopped; dropped");
+            self.inner.ctx.store.remove(shared.queue_id, &expired)?;
         }
         Ok(())
     }
