@@ -238,6 +238,8 @@ impl Broker {
             }
         }
         drop(q);
+        // The dispatcher may already have looked at the empty queue and gone to sleep.
+        shared.notify.notify_one();
         if !expired.is_empty() {
             let n = expired.len() as u64;
             shared.metrics.expired_counts.add(n);

@@ -70,6 +70,7 @@ const ITEM_OVERHEAD: u64 = 48;
 pub const SPACE_FACTOR: u64 = 2;
 const HIGH_WATER_KEY: [u8; 4] = [0xff; 4];
 const META_CACHE_BYTES: u64 = 1 << 20;
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Options of the sled store (from `persistence__*` settings).
 #[derive(Debug, Clone)]
@@ -256,7 +257,12 @@ fn item_cost(value_len: usize) -> u64 {
 }
 
 /// Open one sled database at `<base>/gridlet-v1/<name>`, checking its format marker.
-fn open_db(base: &Path, name: &str, cache: u64, flush_every_ms: u64) -> Result<sled::Db, StoreError> {
+fn open_db(
+    base: &Path,
+    name: &str,
+    cache: u64,
+    flush_every_ms: u64,
+) -> Result<sled::Db, StoreError> {
     let root = base.join(SUBDIR);
     let dir = root.join(name);
     let marker = root.join(format!("{name}.format"));
@@ -277,12 +283,32 @@ fn open_db(base: &Path, name: &str, cache: u64, flush_every_ms: u64) -> Result<s
     // sled panics on some kinds of damage instead of returning an error: turn that into the same
     // clear start-up error (with panic=abort builds the panic message is printed and the process
     // exits, which is still not a silent empty start).
-    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cfg.open()))
-        .map_err(|_| corrupt(&dir, "sled panicked while opening the database (damaged files)"))?;
-    let db = opened.map_err(|e| match e {
-        sled::Error::Io(io) => corrupt(&dir, format!("cannot open the database: {io}")),
-        other => corrupt(&dir, format!("cannot open the database: {other}")),
-    })?;
+    //
+    // sled holds an exclusive lock on its files: a previous instance still shutting down (the same
+    // process in tests, an exiting container in production) gets a few seconds to let go.
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    let db = loop {
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cfg.open()))
+            .map_err(|_| {
+                corrupt(
+                    &dir,
+                    "sled panicked while opening the database (damaged files)",
+                )
+            })?;
+        match opened {
+            Ok(db) => break db,
+            Err(sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(StoreError::Io(format!(
+                        "{}: the database is in use by another process (another gridlet on the same directory?)",
+                        dir.display()
+                    )));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => return Err(corrupt(&dir, format!("cannot open the database: {e}"))),
+        }
+    };
     let marks = db.open_tree("gridlet").map_err(io)?;
     match marks.get(FORMAT_KEY).map_err(|e| corrupt(&dir, e))? {
         Some(v) if v.as_ref() == FORMAT_VERSION => {}
@@ -324,7 +350,12 @@ impl SledStore {
     /// # Errors
     /// [`StoreError::Corrupt`] naming the path when a database cannot be opened or is damaged.
     pub fn open(opts: &SledOptions) -> Result<Self, StoreError> {
-        let meta = open_db(&opts.metadata_path, "meta", META_CACHE_BYTES, opts.flush_every_ms)?;
+        let meta = open_db(
+            &opts.metadata_path,
+            "meta",
+            META_CACHE_BYTES,
+            opts.flush_every_ms,
+        )?;
         let events_db = open_db(
             &opts.events_path,
             "events",
@@ -510,7 +541,10 @@ impl Store for SledStore {
             let (k, v) = item.map_err(io)?;
             let (_, seq) = parse_key(&k).ok_or_else(|| corrupt(&self.paths.1, "bad event key"))?;
             let e = decode_value(seq, &v).ok_or_else(|| {
-                corrupt(&self.paths.1, format!("event {seq} of queue {queue} is unreadable"))
+                corrupt(
+                    &self.paths.1,
+                    format!("event {seq} of queue {queue} is unreadable"),
+                )
             })?;
             out.push(e);
         }
@@ -541,7 +575,9 @@ impl Store for SledStore {
         record: &Value,
     ) -> Result<(), StoreError> {
         let v = json!({"topic": topic, "record": record}).to_string();
-        self.subs.insert(queue.to_be_bytes(), v.as_bytes()).map_err(io)?;
+        self.subs
+            .insert(queue.to_be_bytes(), v.as_bytes())
+            .map_err(io)?;
         self.flush_meta()
     }
 
@@ -740,7 +776,10 @@ mod tests {
         let s = SledStore::open(&opts(dir.path(), 1 << 30)).unwrap();
         let snap = s.load().unwrap();
         assert_eq!(snap.topics, vec![json!({"name":"b"}), json!({"name":"a"})]);
-        assert_eq!(snap.subscriptions, vec![("b".into(), q, json!({"name":"s"}))]);
+        assert_eq!(
+            snap.subscriptions,
+            vec![("b".into(), q, json!({"name":"s"}))]
+        );
         assert_eq!(snap.max_seq, 11);
         assert_eq!(s.pending(q).unwrap(), vec![ev(11, 5)]);
         assert!(s.next_queue_id().unwrap() > q, "queue ids are not reused");
@@ -756,11 +795,19 @@ mod tests {
         s.append(&[(q, ev(1, 1000)), (q, ev(2, 1000))]).unwrap();
         let err = s.append(&[(q, ev(3, 1000))]).unwrap_err();
         assert!(matches!(err, StoreError::Full { .. }), "{err}");
-        assert_eq!(s.pending(q).unwrap().len(), 2, "nothing of the refused call written");
+        assert_eq!(
+            s.pending(q).unwrap().len(),
+            2,
+            "nothing of the refused call written"
+        );
         s.remove(q, &[1]).unwrap();
         s.append(&[(q, ev(3, 1000))]).unwrap();
         s.delete_subscription(q).unwrap();
-        assert_eq!(s.live_bytes(), 0, "deleting a subscription frees its events");
+        assert_eq!(
+            s.live_bytes(),
+            0,
+            "deleting a subscription frees its events"
+        );
     }
 
     #[tokio::test]

@@ -1,4 +1,5 @@
 //! Black-box tests: a real gridlet over HTTP, real webhook receivers.
 
 mod api;
+mod persistence;
 mod util;
