@@ -398,7 +398,7 @@ async fn full_store_answers_507_and_recovers_as_deliveries_free_space() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleting_a_subscription_frees_its_events() {
     let dir = tempfile::tempdir().unwrap();
-    let mut rx = Receiver::start().await;
+    let rx = Receiver::start().await;
     rx.respond_with(500);
     let small = [("persistence__maxDiskBytes", "65536")];
     let n = node(dir.path(), &small, Some(T0)).await;
