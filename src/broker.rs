@@ -773,6 +773,16 @@ impl Broker {
                 .collect();
             metrics::write_family(&mut out, name, "histogram", help, &series);
         }
+        metrics::write_family(
+            &mut out,
+            "gridlet_store_disk_bytes",
+            "gauge",
+            "Bytes the store's files occupy on disk (sled never shrinks them; freed space is reused)",
+            &[Series {
+                labels: vec![],
+                value: SeriesValue::Number(self.inner.ctx.store.size_on_disk()),
+            }],
+        );
         out
     }
 

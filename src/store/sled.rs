@@ -162,6 +162,9 @@ pub struct SledStore {
     events: sled::Tree,
     /// Live bytes of events (keys + values + an estimated per-item overhead).
     live: AtomicU64,
+    /// Highest sequence number among the events found at open. The high-water key can lag behind
+    /// it (concurrent appends write it without coordination), so `load` reports the larger one.
+    scanned_max_seq: AtomicU64,
     /// Highest live-bytes value allowed (`max_disk_bytes / SPACE_FACTOR`).
     live_budget: u64,
     max_disk_bytes: u64,
@@ -384,6 +387,7 @@ impl SledStore {
             events_db,
             events,
             live: AtomicU64::new(0),
+            scanned_max_seq: AtomicU64::new(0),
             live_budget: opts.max_disk_bytes / SPACE_FACTOR,
             max_disk_bytes: opts.max_disk_bytes,
             deleted: RwLock::new(HashSet::new()),
@@ -413,15 +417,17 @@ impl SledStore {
             })
             .collect::<Result<_, StoreError>>()?;
         let mut live = 0u64;
+        let mut max_seq = 0u64;
         let mut orphans: Vec<(QueueId, u64)> = Vec::new();
         for item in self.events.iter() {
             let (k, v) = item.map_err(io)?;
             if k.as_ref() == HIGH_WATER_KEY {
                 continue;
             }
-            let (q, _) = parse_key(&k).ok_or_else(|| corrupt(&self.paths.1, "bad event key"))?;
+            let (q, seq) = parse_key(&k).ok_or_else(|| corrupt(&self.paths.1, "bad event key"))?;
             if known.contains(&q) {
                 live += item_cost(v.len());
+                max_seq = max_seq.max(seq);
             } else {
                 match orphans.last_mut() {
                     Some((oq, n)) if *oq == q => *n += 1,
@@ -438,6 +444,7 @@ impl SledStore {
             self.remove_queue(q)?;
         }
         self.live.store(live, Ordering::Relaxed);
+        self.scanned_max_seq.store(max_seq, Ordering::Relaxed);
         Ok(())
     }
 
@@ -524,10 +531,11 @@ impl Store for SledStore {
             let record = rec.get_mut("record").map(Value::take).unwrap_or_default();
             subscriptions.push((topic, q, record));
         }
-        let max_seq = match self.events.get(HIGH_WATER_KEY).map_err(io)? {
+        let high_water = match self.events.get(HIGH_WATER_KEY).map_err(io)? {
             Some(v) => be::<8>(&v, 0).map(u64::from_be_bytes).unwrap_or(0),
             None => 0,
         };
+        let max_seq = high_water.max(self.scanned_max_seq.load(Ordering::Relaxed));
         Ok(Snapshot {
             topics: topics.into_iter().map(|(_, v)| v).collect(),
             subscriptions,

@@ -364,6 +364,21 @@ async fn full_store_answers_507_and_recovers_as_deliveries_free_space() {
     let body: Value = full.json().await.unwrap();
     assert_eq!(body["error"]["code"], "InsufficientStorage", "{body}");
     assert!(accepted.len() > 10, "{} accepted", accepted.len());
+    let text = n
+        .client
+        .get(n.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let disk: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("gridlet_store_disk_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("store size gauge");
+    assert!(disk > 0);
     // Publishes that do not need the store still work.
     assert_eq!(n.publish("mem", &json!([ev("m1")])).await.status(), 200);
     // Every accepted event has had its first attempt (all failed).
