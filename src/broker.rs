@@ -210,7 +210,7 @@ impl Broker {
         let events = self.inner.ctx.store.pending(shared.queue_id)?;
         let now_ms = self.inner.ctx.clock.now_ms();
         let now = Instant::now();
-        let policy = shared.config().policy.clone();
+        let policy = shared.config().policy;
         let mut expired = Vec::new();
         let mut q = shared.queue();
         for e in events {
