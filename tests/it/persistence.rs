@@ -236,6 +236,31 @@ async fn persisted_events_survive_restart_non_persisted_do_not() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_is_persisted_makes_subscriptions_without_a_policy_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rx = Receiver::start().await;
+    rx.respond_with(500);
+    let all = [("broker__defaultIsPersisted", "true")];
+    let n = node(dir.path(), &all, Some(T0)).await;
+    assert_eq!(n.put("/topics/t1", json!({})).await.0, 200);
+    n.sub("t1", "s1", &rx.url("/p"), json!({})).await;
+    let s1 = n.get("/topics/t1/eventSubscriptions/s1").await;
+    assert_eq!(
+        s1["properties"]["persistencePolicy"]["isPersisted"],
+        json!(true)
+    );
+    assert_eq!(n.publish("t1", &json!([ev("e1")])).await.status(), 200);
+    rx.next().await;
+    n.wait_metric("DeliveryFailureCounts", SUB, 1).await;
+    n.stop().await;
+
+    rx.respond_with(200);
+    let n = node(dir.path(), &all, Some(T0 + 2 * MIN)).await;
+    assert_eq!(rx.next().await.json()[0]["id"], "e1");
+    n.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_state_survives_restart() {
     let dir = tempfile::tempdir().unwrap();
     let mut rx = Receiver::start().await;
