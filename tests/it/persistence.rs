@@ -499,6 +499,7 @@ async fn damaged_metadata_files_are_a_clear_startup_error() {
     let len = std::fs::metadata(&db).unwrap().len() as usize;
     std::fs::write(&db, vec![0xa5u8; len.max(4096)]).unwrap();
     let e = start_err(dir.path()).await;
+    eprintln!("start-up error on a damaged metadata db file: {e}");
     assert!(e.contains("corrupt or unreadable"), "{e}");
     assert!(e.contains("gridlet-v1/meta"), "{e}");
 }
