@@ -205,6 +205,19 @@ async fn metadata_survives_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_keeps_nothing_across_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mem = [("persistence__store", "memory")];
+    let n = node(dir.path(), &mem, None).await;
+    assert_eq!(n.put("/topics/t1", json!({})).await.0, 200);
+    n.stop().await;
+    let n = node(dir.path(), &mem, None).await;
+    assert_eq!(n.get("/topics").await, json!([]));
+    n.stop().await;
+    assert!(!dir.path().join("metadataDb/gridlet-v1").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn persisted_events_survive_restart_non_persisted_do_not() {
     let dir = tempfile::tempdir().unwrap();
     let mut rx = Receiver::start().await;
