@@ -145,6 +145,7 @@ impl Committer {
                 tracing::error!(error = %e, "event store flush failed");
             }
             for w in waiters {
+                // A waiter whose publish request was cancelled is gone; nothing to tell it.
                 let _ = w.send(result.clone());
             }
         }
@@ -193,8 +194,9 @@ fn corrupt(path: &Path, what: impl std::fmt::Display) -> StoreError {
 
 fn event_key(queue: QueueId, seq: u64) -> [u8; 12] {
     let mut k = [0u8; 12];
-    k[..4].copy_from_slice(&queue.to_be_bytes());
-    k[4..].copy_from_slice(&seq.to_be_bytes());
+    let (q, s) = k.split_at_mut(4);
+    q.copy_from_slice(&queue.to_be_bytes());
+    s.copy_from_slice(&seq.to_be_bytes());
     k
 }
 
@@ -250,9 +252,11 @@ pub fn decode_value(seq: u64, v: &[u8]) -> Option<StoredEvent> {
 fn patch_state(v: &[u8], s: RetryState) -> Vec<u8> {
     let mut out = v.to_vec();
     if let Some(h) = out.get_mut(1..21) {
-        h[..4].copy_from_slice(&s.attempts.to_be_bytes());
-        h[4..12].copy_from_slice(&s.first_enqueued_ms.to_be_bytes());
-        h[12..20].copy_from_slice(&s.due_ms.to_be_bytes());
+        let (attempts, rest) = h.split_at_mut(4);
+        let (first, due) = rest.split_at_mut(8);
+        attempts.copy_from_slice(&s.attempts.to_be_bytes());
+        first.copy_from_slice(&s.first_enqueued_ms.to_be_bytes());
+        due.copy_from_slice(&s.due_ms.to_be_bytes());
     }
     out
 }
