@@ -37,7 +37,7 @@
 //! # Disk bound
 //!
 //! sled reuses freed space but never gives it back to the OS, and its files sit at about twice the
-//! live data (measured: 2.06× the counted live bytes in steady fill/drain cycles). So the bound is
+//! live data (measured: 2.09× the counted live bytes in steady fill/drain cycles). So the bound is
 //! enforced here, on live bytes: an append is refused with [`StoreError::Full`] when
 //! `live event bytes × 2.5` would exceed `persistence__maxDiskBytes`.
 //! Deliveries and subscription deletes lower the live bytes, so publishing resumes as the
@@ -67,7 +67,7 @@ const VALUE_VERSION: u8 = 1;
 const HEADER_LEN: usize = 1 + 4 + 8 + 8 + 4;
 /// Estimated per-item cost in sled beyond key and value (node entry, lengths, page headers).
 const ITEM_OVERHEAD: u64 = 48;
-/// Bytes of disk budgeted per counted live byte, in tenths: sled's files measured at up to 2.06×
+/// Bytes of disk budgeted per counted live byte, in tenths: sled's files measured at up to 2.09×
 /// the live bytes (docs/BENCHMARKS.md), plus headroom.
 pub const SPACE_FACTOR_TENTHS: u64 = 25;
 const HIGH_WATER_KEY: [u8; 4] = [0xff; 4];
