@@ -1,10 +1,12 @@
 //! Black-box tests: a real gridlet over HTTP, real webhook receivers, real protocol peers.
 
 mod api;
+mod crash;
 mod delivery;
 mod edge;
 mod fuzz;
 mod packaging;
+mod persistence;
 mod process;
 mod resilience;
 mod schedule;
