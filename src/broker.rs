@@ -217,8 +217,16 @@ impl Broker {
         let events = self.inner.ctx.store.pending(shared.queue_id)?;
         let now_ms = self.inner.ctx.clock.now_ms();
         let now = Instant::now();
+        let policy = shared.config().policy;
+        let mut expired = Vec::new();
         let mut q = shared.queue();
         for e in events {
+            // TTL counts from the first enqueue, across restarts: what expired while gridlet was
+            // down is dropped (and counted) now rather than delivered late.
+            if crate::delivery::retry::is_expired(&policy, e.state.first_enqueued_ms, now_ms) {
+                expired.push(e.seq);
+                continue;
+            }
             let p = Pending {
                 seq: e.seq,
                 event: Arc::new(EventData {
@@ -235,6 +243,16 @@ impl Broker {
                 let wait = Duration::from_millis(e.state.due_ms.saturating_sub(now_ms));
                 q.push_recovered_retry(now + wait, p);
             }
+        }
+        drop(q);
+        // The dispatcher may already have looked at the empty queue and gone to sleep.
+        shared.notify.notify_one();
+        if !expired.is_empty() {
+            let n = expired.len() as u64;
+            shared.metrics.expired_counts.add(n);
+            shared.metrics.dropped_expired.add(n);
+            tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, reason = "TimeToLiveExceeded", "stored events expired while gridlet was stopped; dropped");
+            self.inner.ctx.store.remove(shared.queue_id, &expired)?;
         }
         Ok(())
     }
@@ -787,6 +805,16 @@ impl Broker {
             metrics::write_family(&mut out, name, "histogram", help, &series);
         }
         self.render_resilience_metrics(&mut out, &subs);
+        metrics::write_family(
+            &mut out,
+            "gridlet_store_disk_bytes",
+            "gauge",
+            "Bytes the store's files occupy on disk (sled never shrinks them; freed space is reused)",
+            &[Series {
+                labels: vec![],
+                value: SeriesValue::Number(self.inner.ctx.store.size_on_disk()),
+            }],
+        );
         out
     }
 

@@ -87,6 +87,10 @@ settings! {
     "metrics__reporterType" = "none" : "`none`, `prometheus` (serve `/metrics`), `console` (log metrics every 60 s)";
     "persistence__metadataPath" = "metadataDb" : "directory holding topics, subscriptions and the self-signed certificate";
     "persistence__eventsPath" = "eventsDb" : "directory holding persisted events";
+    "persistence__store" = "sled" : "`sled`: metadata, and the events of persisted subscriptions, on disk (files under `gridlet-v1/`); `memory`: everything in memory, lost on restart";
+    "persistence__maxDiskBytes" = "268435456" : "bound on the event store: persisted publishes get 507 + Retry-After when live event bytes x 2.5 (sled's files measured at ~2x live data) would exceed it; pending events are also held in memory, so this bounds persisted backlogs' RAM too";
+    "persistence__cacheBytes" = "8388608" : "sled page cache of the event store (counts on-disk page bytes; RSS is higher)";
+    "persistence__flushEveryMs" = "1000" : "period of sled's background fsync (`sync_all`): the power-loss window for acknowledged events; 0 = off";
 }
 
 /// A setting that could not be parsed. Its `Display` is the one line printed at start-up.
@@ -244,13 +248,30 @@ pub struct ApiLimits {
     pub max_batch_size_bytes: u64,
 }
 
-/// Storage locations.
+/// `persistence__store`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// sled databases on disk.
+    Sled,
+    /// Maps in memory.
+    Memory,
+}
+
+/// Storage locations and the event store's bounds.
 #[derive(Debug, Clone)]
 pub struct Persistence {
     /// Metadata directory.
     pub metadata_path: PathBuf,
     /// Events directory.
     pub events_path: PathBuf,
+    /// Which store.
+    pub store: StoreKind,
+    /// Disk bound of the event store.
+    pub max_disk_bytes: u64,
+    /// sled page cache of the event store.
+    pub cache_bytes: u64,
+    /// sled's background fsync period (0 = off).
+    pub flush_every_ms: u64,
 }
 
 /// The identity IoT Edge gives the module through `IOTEDGE_*` variables; defaults outside IoT Edge.
@@ -639,6 +660,13 @@ impl Config {
         let persistence = Persistence {
             metadata_path: PathBuf::from(raw.text("persistence__metadataPath")),
             events_path: PathBuf::from(raw.text("persistence__eventsPath")),
+            store: raw.choice(
+                "persistence__store",
+                &[("sled", StoreKind::Sled), ("memory", StoreKind::Memory)],
+            )?,
+            max_disk_bytes: raw.int("persistence__maxDiskBytes", 1 << 16, u64::MAX)?,
+            cache_bytes: raw.int("persistence__cacheBytes", 1 << 16, 1 << 40)?,
+            flush_every_ms: raw.int("persistence__flushEveryMs", 0, 3_600_000)?,
         };
         let edge_var = |name: &str| {
             raw.edge
@@ -704,6 +732,9 @@ mod tests {
         assert_eq!(c.api.max_preferred_batch_size_kb, 1033);
         assert_eq!(c.metrics, MetricsReporter::None);
         assert_eq!(c.persistence.metadata_path, PathBuf::from("metadataDb"));
+        assert_eq!(c.persistence.events_path, PathBuf::from("eventsDb"));
+        assert_eq!(c.persistence.store, StoreKind::Sled);
+        assert_eq!(c.persistence.max_disk_bytes, 256 << 20);
     }
 
     #[test]

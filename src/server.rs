@@ -13,7 +13,6 @@ use crate::config::{Config, MetricsReporter};
 use crate::delivery::sink::SinkFactory;
 use crate::delivery::sinks::DefaultSinks;
 use crate::edge::{EdgeError, EdgeRuntime};
-use crate::store::memory::MemoryStore;
 use crate::store::Store;
 use crate::tls::{self, CertStore, ClientCerts, OutboundTls, TlsError};
 use axum::Router;
@@ -56,7 +55,7 @@ pub enum StartError {
 /// Replaceable parts (tests inject sinks, stores and clocks).
 #[derive(Default)]
 pub struct Parts {
-    /// Storage; default: in memory.
+    /// Storage; default: per `persistence__store` (sled on disk).
     pub store: Option<Arc<dyn Store>>,
     /// Sinks; default: HTTP client per configuration.
     pub sinks: Option<Arc<dyn SinkFactory>>,
@@ -99,7 +98,10 @@ impl Gridlet {
     pub async fn start(cfg: Config, parts: Parts) -> Result<Self, StartError> {
         tls::install_default_provider();
         let cfg = Arc::new(cfg);
-        let store = parts.store.unwrap_or_else(|| Arc::new(MemoryStore::new()));
+        let store = match parts.store {
+            Some(s) => s,
+            None => crate::store::open(&cfg.persistence).map_err(OpenError::from)?,
+        };
         let clock = parts.clock.unwrap_or_else(Clock::system);
         let mut edge = if cfg.edge.is_iot_edge() {
             Some(EdgeRuntime::connect(&cfg, clock).await?)

@@ -10,15 +10,45 @@
 //!    retries early nor resets attempts;
 //! 3. `remove` when an event is settled (delivered, dropped, dead-lettered).
 //!
-//! [`memory::MemoryStore`] keeps everything in maps (the default: the original module kept events
-//! in memory). Every implementation passes the same contract tests (`store::contract`).
+//! [`sled::SledStore`] (the default, `persistence__store=sled`) keeps metadata on disk and the
+//! events of persisted subscriptions on disk; non-persisted subscriptions never reach the store,
+//! so they stay in memory as in the original module. [`memory::MemoryStore`]
+//! (`persistence__store=memory`) keeps everything in maps, lost on restart. Every implementation
+//! passes the same contract tests (`store::contract`).
 
 pub mod memory;
+pub mod sled;
 
 use crate::clock::WallMs;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
+
+/// Open the store the configuration names.
+///
+/// # Errors
+/// The sled databases cannot be opened or are damaged ([`StoreError::Corrupt`] names the path).
+pub fn open(cfg: &crate::config::Persistence) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    match cfg.store {
+        crate::config::StoreKind::Memory => Ok(std::sync::Arc::new(memory::MemoryStore::new())),
+        crate::config::StoreKind::Sled => {
+            let s = sled::SledStore::open(&sled::SledOptions {
+                metadata_path: cfg.metadata_path.clone(),
+                events_path: cfg.events_path.clone(),
+                max_disk_bytes: cfg.max_disk_bytes,
+                cache_bytes: cfg.cache_bytes,
+                flush_every_ms: cfg.flush_every_ms,
+            })?;
+            tracing::info!(
+                metadata = %cfg.metadata_path.display(),
+                events = %cfg.events_path.display(),
+                max_disk_bytes = cfg.max_disk_bytes,
+                "sled store open"
+            );
+            Ok(std::sync::Arc::new(s))
+        }
+    }
+}
 
 /// Identifies a subscription's queue in the store. Assigned when the subscription is created,
 /// never reused while the store lives.

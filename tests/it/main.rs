@@ -2,10 +2,12 @@
 
 mod api;
 mod bench_smoke;
+mod crash;
 mod delivery;
 mod edge;
 mod fuzz;
 mod packaging;
+mod persistence;
 mod process;
 mod resilience;
 mod schedule;

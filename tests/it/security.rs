@@ -105,10 +105,16 @@ async fn colon_separated_keys_behave_like_double_underscores_checklist_56() {
     ]
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
-    .chain([(
-        "persistence__metadataPath".to_string(),
-        dir.path().join("m").display().to_string(),
-    )])
+    .chain([
+        (
+            "persistence__metadataPath".to_string(),
+            dir.path().join("m").display().to_string(),
+        ),
+        (
+            "persistence__eventsPath".to_string(),
+            dir.path().join("e").display().to_string(),
+        ),
+    ])
     .collect();
     let g = Gridlet::start(Config::from_vars(env).unwrap(), Parts::default())
         .await

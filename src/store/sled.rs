@@ -1,0 +1,876 @@
+//! The sled store (sled 0.34.7): metadata in one database, persisted events in another.
+//!
+//! # Layout
+//!
+//! ```text
+//! <persistence__metadataPath>/gridlet-v1/meta/      sled db: trees `topics`, `subs`, `gridlet`
+//! <persistence__metadataPath>/gridlet-v1/meta.format  marker: written once the db is initialised
+//! <persistence__eventsPath>/gridlet-v1/events/      sled db: default tree = the event queues
+//! <persistence__eventsPath>/gridlet-v1/events.format
+//! ```
+//!
+//! The `gridlet-v1/` sub-directory keeps our files apart from anything the original module left in
+//! the same volumes (those are ignored, never read or deleted).
+//!
+//! * `topics`: topic key → `order u64 BE ‖ record JSON` (order = creation order).
+//! * `subs`: `queue_id u32 BE` → `{"topic": name, "record": {...}}`.
+//! * events (default tree): `queue_id u32 BE ‖ seq u64 BE` → [`encode_value`] (a versioned header:
+//!   attempts, first-enqueue ms, due ms, id; then the event bytes). Big-endian keys make a queue
+//!   one contiguous, sequence-ordered range. The key `[0xff; 4]` (queue id `u32::MAX`, never
+//!   handed out) holds the highest sequence number ever appended.
+//!
+//! # Durability (fsync policy)
+//!
+//! * [`Store::commit`] returns once sled's `flush` has written every appended event to the log.
+//!   One dedicated thread (the *committer*) runs the flushes: every `commit` that arrives while a
+//!   flush runs waits for the next one, so concurrent publishes share one flush (group commit).
+//! * On Linux sled's `flush` is `sync_file_range`, **not** `fsync`: an acknowledged event survives
+//!   a crash or kill of the process, but not necessarily a power cut. sled's background flusher
+//!   runs a real `sync_all` every `persistence__flushEveryMs` (default 1000 ms): after that an
+//!   event also survives power loss. `persistence__flushEveryMs=0` turns that backstop off
+//!   (never recommended).
+//! * Retry-state updates and removals are not awaited: they ask the committer for a flush and
+//!   return. A crash can therefore replay an event that was just delivered (a duplicate, as
+//!   at-least-once allows) or an attempt count one step old; never lose an acknowledged event.
+//! * Metadata writes (topics, subscriptions) are flushed before the call returns.
+//!
+//! # Disk bound
+//!
+//! sled reuses freed space but never gives it back to the OS, and its files sit at about twice the
+//! live data (measured: 2.09× the counted live bytes in steady fill/drain cycles). So the bound is
+//! enforced here, on live bytes: an append is refused with [`StoreError::Full`] when
+//! `live event bytes × 2.5` would exceed `persistence__maxDiskBytes`.
+//! Deliveries and subscription deletes lower the live bytes, so publishing resumes as the
+//! backlog drains.
+//!
+//! # Start-up checks
+//!
+//! A database that cannot be opened, or that is empty although its `*.format` marker says it was
+//! initialised, is reported as [`StoreError::Corrupt`] naming the path: gridlet refuses to start
+//! rather than start empty.
+
+use super::{QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent};
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use tokio::sync::oneshot;
+
+/// Directory (under both configured paths) holding gridlet's own files.
+pub const SUBDIR: &str = "gridlet-v1";
+const FORMAT_KEY: &[u8] = b"format";
+const FORMAT_VERSION: &[u8] = b"1";
+const VALUE_VERSION: u8 = 1;
+const HEADER_LEN: usize = 1 + 4 + 8 + 8 + 4;
+/// Estimated per-item cost in sled beyond key and value (node entry, lengths, page headers).
+const ITEM_OVERHEAD: u64 = 48;
+/// Bytes of disk budgeted per counted live byte, in tenths: sled's files measured at up to 2.09×
+/// the live bytes (docs/BENCHMARKS.md), plus headroom.
+pub const SPACE_FACTOR_TENTHS: u64 = 25;
+const HIGH_WATER_KEY: [u8; 4] = [0xff; 4];
+const META_CACHE_BYTES: u64 = 1 << 20;
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Options of the sled store (from `persistence__*` settings).
+#[derive(Debug, Clone)]
+pub struct SledOptions {
+    /// `persistence__metadataPath`.
+    pub metadata_path: PathBuf,
+    /// `persistence__eventsPath`.
+    pub events_path: PathBuf,
+    /// `persistence__maxDiskBytes`: the bound on the events database (see the module docs).
+    pub max_disk_bytes: u64,
+    /// `persistence__cacheBytes`: sled page cache of the events database. Not an RSS bound: sled
+    /// counts on-disk page bytes, real memory use is higher.
+    pub cache_bytes: u64,
+    /// `persistence__flushEveryMs`: period of sled's background `sync_all` (0 = off).
+    pub flush_every_ms: u64,
+}
+
+/// Counters of the group commit (for benchmarks and metrics).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CommitStats {
+    /// `commit` calls answered.
+    pub commits: u64,
+    /// sled flushes run by the committer.
+    pub flushes: u64,
+}
+
+#[derive(Default)]
+struct CommitState {
+    waiters: Vec<oneshot::Sender<Result<(), String>>>,
+    dirty: bool,
+    shutdown: bool,
+    stats: CommitStats,
+}
+
+struct Committer {
+    state: Mutex<CommitState>,
+    wake: Condvar,
+}
+
+impl Committer {
+    fn lock(&self) -> std::sync::MutexGuard<'_, CommitState> {
+        // Every critical section is a few field updates with no panic path.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Ask for a flush without waiting for it.
+    fn nudge(&self) {
+        self.lock().dirty = true;
+        self.wake.notify_one();
+    }
+
+    /// The committer thread: one flush per round, answering every waiter registered before it.
+    fn run(&self, db: sled::Db) {
+        loop {
+            let waiters = {
+                let mut g = self.lock();
+                while g.waiters.is_empty() && !g.dirty && !g.shutdown {
+                    g = self.wake.wait(g).unwrap_or_else(|p| p.into_inner());
+                }
+                if g.shutdown && g.waiters.is_empty() {
+                    break;
+                }
+                g.dirty = false;
+                g.stats.flushes += 1;
+                g.stats.commits += g.waiters.len() as u64;
+                std::mem::take(&mut g.waiters)
+            };
+            let result = db.flush().map(|_| ()).map_err(|e| e.to_string());
+            if let Err(e) = &result {
+                tracing::error!(error = %e, "event store flush failed");
+            }
+            for w in waiters {
+                // A waiter whose publish request was cancelled is gone; nothing to tell it.
+                let _ = w.send(result.clone());
+            }
+        }
+        // Final flush so a clean shutdown leaves nothing to replay.
+        if let Err(e) = db.flush() {
+            tracing::error!(error = %e, "event store flush at shutdown failed");
+        }
+    }
+}
+
+/// Metadata and persisted events in two sled databases. See the module docs.
+pub struct SledStore {
+    meta: sled::Db,
+    topics: sled::Tree,
+    subs: sled::Tree,
+    events_db: sled::Db,
+    events: sled::Tree,
+    /// Live bytes of events (keys + values + an estimated per-item overhead).
+    live: AtomicU64,
+    /// Highest sequence number among the events found at open. The high-water key can lag behind
+    /// it (concurrent appends write it without coordination), so `load` reports the larger one.
+    scanned_max_seq: AtomicU64,
+    /// Highest live-bytes value allowed (`max_disk_bytes / 2.5`).
+    live_budget: u64,
+    max_disk_bytes: u64,
+    /// Queues deleted in this process: appends racing with a delete are dropped. The write lock is
+    /// taken by delete, the read lock by append across check-and-write.
+    deleted: RwLock<HashSet<QueueId>>,
+    /// Serialises `put_topic` order assignment.
+    topic_order: Mutex<()>,
+    committer: Arc<Committer>,
+    committer_thread: Option<std::thread::JoinHandle<()>>,
+    paths: (PathBuf, PathBuf),
+}
+
+fn io(e: sled::Error) -> StoreError {
+    match e {
+        sled::Error::Corruption { .. } => StoreError::Corrupt(e.to_string()),
+        other => StoreError::Io(other.to_string()),
+    }
+}
+
+fn corrupt(path: &Path, what: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{}: {what}", path.display()))
+}
+
+fn event_key(queue: QueueId, seq: u64) -> [u8; 12] {
+    let mut k = [0u8; 12];
+    let (q, s) = k.split_at_mut(4);
+    q.copy_from_slice(&queue.to_be_bytes());
+    s.copy_from_slice(&seq.to_be_bytes());
+    k
+}
+
+fn parse_key(k: &[u8]) -> Option<(QueueId, u64)> {
+    let q: [u8; 4] = k.get(..4)?.try_into().ok()?;
+    let s: [u8; 8] = k.get(4..12)?.try_into().ok()?;
+    (k.len() == 12).then(|| (u32::from_be_bytes(q), u64::from_be_bytes(s)))
+}
+
+/// Encode a stored event's value: `version u8 ‖ attempts u32 ‖ first_enqueued_ms u64 ‖ due_ms
+/// u64 ‖ id_len u32 ‖ id ‖ body` (all big-endian).
+pub fn encode_value(e: &StoredEvent) -> Vec<u8> {
+    let mut v = Vec::with_capacity(HEADER_LEN + e.id.len() + e.body.len());
+    v.push(VALUE_VERSION);
+    v.extend_from_slice(&e.state.attempts.to_be_bytes());
+    v.extend_from_slice(&e.state.first_enqueued_ms.to_be_bytes());
+    v.extend_from_slice(&e.state.due_ms.to_be_bytes());
+    v.extend_from_slice(&(e.id.len() as u32).to_be_bytes());
+    v.extend_from_slice(e.id.as_bytes());
+    v.extend_from_slice(&e.body);
+    v
+}
+
+fn be<const N: usize>(v: &[u8], at: usize) -> Option<[u8; N]> {
+    v.get(at..at + N)?.try_into().ok()
+}
+
+fn decode_state(v: &[u8]) -> Option<RetryState> {
+    if v.first() != Some(&VALUE_VERSION) {
+        return None;
+    }
+    Some(RetryState {
+        attempts: u32::from_be_bytes(be(v, 1)?),
+        first_enqueued_ms: u64::from_be_bytes(be(v, 5)?),
+        due_ms: u64::from_be_bytes(be(v, 13)?),
+    })
+}
+
+/// Decode a value written by [`encode_value`]; `None` when it is not one.
+pub fn decode_value(seq: u64, v: &[u8]) -> Option<StoredEvent> {
+    let state = decode_state(v)?;
+    let id_len = u32::from_be_bytes(be(v, 21)?) as usize;
+    let id = std::str::from_utf8(v.get(HEADER_LEN..HEADER_LEN + id_len)?).ok()?;
+    let body = v.get(HEADER_LEN + id_len..)?;
+    Some(StoredEvent {
+        seq,
+        id: id.to_string(),
+        body: Bytes::copy_from_slice(body),
+        state,
+    })
+}
+
+fn patch_state(v: &[u8], s: RetryState) -> Vec<u8> {
+    let mut out = v.to_vec();
+    if let Some(h) = out.get_mut(1..21) {
+        let (attempts, rest) = h.split_at_mut(4);
+        let (first, due) = rest.split_at_mut(8);
+        attempts.copy_from_slice(&s.attempts.to_be_bytes());
+        first.copy_from_slice(&s.first_enqueued_ms.to_be_bytes());
+        due.copy_from_slice(&s.due_ms.to_be_bytes());
+    }
+    out
+}
+
+fn item_cost(value_len: usize) -> u64 {
+    12 + value_len as u64 + ITEM_OVERHEAD
+}
+
+/// Open one sled database at `<base>/gridlet-v1/<name>`, checking its format marker.
+fn open_db(
+    base: &Path,
+    name: &str,
+    cache: u64,
+    flush_every_ms: u64,
+) -> Result<sled::Db, StoreError> {
+    let root = base.join(SUBDIR);
+    let dir = root.join(name);
+    let marker = root.join(format!("{name}.format"));
+    let initialised = marker.exists();
+    if initialised && !dir.is_dir() {
+        return Err(corrupt(
+            &dir,
+            "the database directory is missing although it was initialised (restore it, or delete the whole gridlet-v1 directory to start empty)",
+        ));
+    }
+    std::fs::create_dir_all(&root).map_err(|e| corrupt(&root, format!("cannot create: {e}")))?;
+    let cfg = sled::Config::new()
+        .path(&dir)
+        .cache_capacity(cache)
+        .mode(sled::Mode::LowSpace)
+        .use_compression(false)
+        .flush_every_ms((flush_every_ms > 0).then_some(flush_every_ms));
+    // sled panics on some kinds of damage instead of returning an error: turn that into the same
+    // clear start-up error (with panic=abort builds the panic message is printed and the process
+    // exits, which is still not a silent empty start).
+    //
+    // sled holds an exclusive lock on its files: a previous instance still shutting down (the same
+    // process in tests, an exiting container in production) gets a few seconds to let go.
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    let db = loop {
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| cfg.open()))
+            .map_err(|_| {
+                corrupt(
+                    &dir,
+                    "sled panicked while opening the database (damaged files)",
+                )
+            })?;
+        match opened {
+            Ok(db) => break db,
+            Err(sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(StoreError::Io(format!(
+                        "{}: the database is in use by another process (another gridlet on the same directory?)",
+                        dir.display()
+                    )));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => return Err(corrupt(&dir, format!("cannot open the database: {e}"))),
+        }
+    };
+    let marks = db.open_tree("gridlet").map_err(io)?;
+    match marks.get(FORMAT_KEY).map_err(|e| corrupt(&dir, e))? {
+        Some(v) if v.as_ref() == FORMAT_VERSION => {}
+        Some(v) => {
+            return Err(corrupt(
+                &dir,
+                format!(
+                    "unsupported format version {:?} (this gridlet reads version 1)",
+                    String::from_utf8_lossy(&v)
+                ),
+            ))
+        }
+        None if initialised => {
+            return Err(corrupt(
+                &dir,
+                "the database is empty although it was initialised: its files are damaged or were replaced (restore them, or delete the whole gridlet-v1 directory to start empty)",
+            ))
+        }
+        None => {
+            marks.insert(FORMAT_KEY, FORMAT_VERSION).map_err(io)?;
+            db.flush().map_err(io)?;
+            write_marker(&marker)?;
+        }
+    }
+    Ok(db)
+}
+
+fn write_marker(path: &Path) -> Result<(), StoreError> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).map_err(|e| corrupt(path, e))?;
+    f.write_all(b"gridlet sled store, format 1\n")
+        .and_then(|_| f.sync_all())
+        .map_err(|e| corrupt(path, e))
+}
+
+impl SledStore {
+    /// Open (or create) both databases.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] naming the path when a database cannot be opened or is damaged.
+    pub fn open(opts: &SledOptions) -> Result<Self, StoreError> {
+        let meta = open_db(
+            &opts.metadata_path,
+            "meta",
+            META_CACHE_BYTES,
+            opts.flush_every_ms,
+        )?;
+        let events_db = open_db(
+            &opts.events_path,
+            "events",
+            opts.cache_bytes,
+            opts.flush_every_ms,
+        )?;
+        let topics = meta.open_tree("topics").map_err(io)?;
+        let subs = meta.open_tree("subs").map_err(io)?;
+        let events: sled::Tree = (*events_db).clone();
+        let committer = Arc::new(Committer {
+            state: Mutex::new(CommitState::default()),
+            wake: Condvar::new(),
+        });
+        let thread = {
+            let c = committer.clone();
+            let db = events_db.clone();
+            std::thread::Builder::new()
+                .name("gridlet-commit".into())
+                .spawn(move || c.run(db))
+                .map_err(|e| StoreError::Io(format!("cannot start the committer thread: {e}")))?
+        };
+        let store = Self {
+            meta,
+            topics,
+            subs,
+            events_db,
+            events,
+            live: AtomicU64::new(0),
+            scanned_max_seq: AtomicU64::new(0),
+            live_budget: opts.max_disk_bytes / SPACE_FACTOR_TENTHS * 10,
+            max_disk_bytes: opts.max_disk_bytes,
+            deleted: RwLock::new(HashSet::new()),
+            topic_order: Mutex::new(()),
+            committer,
+            committer_thread: Some(thread),
+            paths: (opts.metadata_path.clone(), opts.events_path.clone()),
+        };
+        store.scan_events()?;
+        Ok(store)
+    }
+
+    /// Count live bytes and remove events of queues no subscription owns (left by a crash between
+    /// deleting a subscription's record and its events, or by a metadata directory that was reset).
+    fn scan_events(&self) -> Result<(), StoreError> {
+        let known: HashSet<QueueId> = self
+            .subs
+            .iter()
+            .keys()
+            .map(|k| {
+                let k = k.map_err(io)?;
+                let b: [u8; 4] = k
+                    .as_ref()
+                    .try_into()
+                    .map_err(|_| corrupt(&self.paths.0, "bad subscription key"))?;
+                Ok(u32::from_be_bytes(b))
+            })
+            .collect::<Result<_, StoreError>>()?;
+        let mut live = 0u64;
+        let mut max_seq = 0u64;
+        let mut orphans: Vec<(QueueId, u64)> = Vec::new();
+        for item in self.events.iter() {
+            let (k, v) = item.map_err(io)?;
+            if k.as_ref() == HIGH_WATER_KEY {
+                continue;
+            }
+            let (q, seq) = parse_key(&k).ok_or_else(|| corrupt(&self.paths.1, "bad event key"))?;
+            if known.contains(&q) {
+                live += item_cost(v.len());
+                max_seq = max_seq.max(seq);
+            } else {
+                match orphans.last_mut() {
+                    Some((oq, n)) if *oq == q => *n += 1,
+                    _ => orphans.push((q, 1)),
+                }
+            }
+        }
+        for (q, n) in orphans {
+            tracing::warn!(
+                queue = q,
+                events = n,
+                "removing stored events of a subscription that no longer exists"
+            );
+            self.remove_queue(q)?;
+        }
+        self.live.store(live, Ordering::Relaxed);
+        self.scanned_max_seq.store(max_seq, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn remove_queue(&self, queue: QueueId) -> Result<u64, StoreError> {
+        let mut batch = sled::Batch::default();
+        let mut freed = 0u64;
+        for item in self.events.scan_prefix(queue.to_be_bytes()) {
+            let (k, v) = item.map_err(io)?;
+            freed += item_cost(v.len());
+            batch.remove(k);
+        }
+        self.events.apply_batch(batch).map_err(io)?;
+        self.committer.nudge();
+        Ok(freed)
+    }
+
+    fn sub_live(&self, n: u64) {
+        let _ = self
+            .live
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(n))
+            });
+    }
+
+    /// Live event bytes as counted for the disk bound.
+    pub fn live_bytes(&self) -> u64 {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Group-commit counters.
+    pub fn commit_stats(&self) -> CommitStats {
+        self.committer.lock().stats
+    }
+
+    fn flush_meta(&self) -> Result<(), StoreError> {
+        self.meta.flush().map(|_| ()).map_err(io)
+    }
+}
+
+impl Drop for SledStore {
+    fn drop(&mut self) {
+        self.committer.lock().shutdown = true;
+        self.committer.wake.notify_one();
+        if let Some(t) = self.committer_thread.take() {
+            let _ = t.join();
+        }
+        let _ = self.meta.flush();
+    }
+}
+
+impl Store for SledStore {
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        let mut topics = Vec::new();
+        for item in self.topics.iter() {
+            let (k, v) = item.map_err(io)?;
+            let order = be::<8>(&v, 0)
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| corrupt(&self.paths.0, "bad topic record"))?;
+            let rec: Value = v
+                .get(8..)
+                .and_then(|b| serde_json::from_slice(b).ok())
+                .ok_or_else(|| {
+                    corrupt(
+                        &self.paths.0,
+                        format!("topic '{}' is unreadable", String::from_utf8_lossy(&k)),
+                    )
+                })?;
+            topics.push((order, rec));
+        }
+        topics.sort_by_key(|(o, _)| *o);
+        let mut subscriptions = Vec::new();
+        for item in self.subs.iter() {
+            let (k, v) = item.map_err(io)?;
+            let q = be::<4>(&k, 0)
+                .map(u32::from_be_bytes)
+                .ok_or_else(|| corrupt(&self.paths.0, "bad subscription key"))?;
+            let mut rec: Value = serde_json::from_slice(&v)
+                .map_err(|e| corrupt(&self.paths.0, format!("subscription {q}: {e}")))?;
+            let topic = rec
+                .get("topic")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let record = rec.get_mut("record").map(Value::take).unwrap_or_default();
+            subscriptions.push((topic, q, record));
+        }
+        let high_water = match self.events.get(HIGH_WATER_KEY).map_err(io)? {
+            Some(v) => be::<8>(&v, 0).map(u64::from_be_bytes).unwrap_or(0),
+            None => 0,
+        };
+        let max_seq = high_water.max(self.scanned_max_seq.load(Ordering::Relaxed));
+        Ok(Snapshot {
+            topics: topics.into_iter().map(|(_, v)| v).collect(),
+            subscriptions,
+            max_seq,
+        })
+    }
+
+    fn pending(&self, queue: QueueId) -> Result<Vec<StoredEvent>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.events.scan_prefix(queue.to_be_bytes()) {
+            let (k, v) = item.map_err(io)?;
+            let (_, seq) = parse_key(&k).ok_or_else(|| corrupt(&self.paths.1, "bad event key"))?;
+            let e = decode_value(seq, &v).ok_or_else(|| {
+                corrupt(
+                    &self.paths.1,
+                    format!("event {seq} of queue {queue} is unreadable"),
+                )
+            })?;
+            out.push(e);
+        }
+        Ok(out)
+    }
+
+    fn put_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
+        let _g = self.topic_order.lock().unwrap_or_else(|p| p.into_inner());
+        let order = match self.topics.get(key).map_err(io)? {
+            Some(v) => be::<8>(&v, 0).map(u64::from_be_bytes).unwrap_or(0),
+            None => self.meta.generate_id().map_err(io)?,
+        };
+        let mut v = order.to_be_bytes().to_vec();
+        v.extend_from_slice(record.to_string().as_bytes());
+        self.topics.insert(key, v).map_err(io)?;
+        self.flush_meta()
+    }
+
+    fn delete_topic(&self, key: &str) -> Result<(), StoreError> {
+        self.topics.remove(key).map_err(io)?;
+        self.flush_meta()
+    }
+
+    fn put_subscription(
+        &self,
+        topic: &str,
+        queue: QueueId,
+        record: &Value,
+    ) -> Result<(), StoreError> {
+        let v = json!({"topic": topic, "record": record}).to_string();
+        self.subs
+            .insert(queue.to_be_bytes(), v.as_bytes())
+            .map_err(io)?;
+        self.flush_meta()
+    }
+
+    fn delete_subscription(&self, queue: QueueId) -> Result<(), StoreError> {
+        self.deleted
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(queue);
+        // Record first: a crash in between leaves orphan events, removed at the next start.
+        self.subs.remove(queue.to_be_bytes()).map_err(io)?;
+        self.flush_meta()?;
+        let freed = self.remove_queue(queue)?;
+        self.sub_live(freed);
+        Ok(())
+    }
+
+    fn next_queue_id(&self) -> Result<QueueId, StoreError> {
+        let next = self
+            .meta
+            .update_and_fetch(b"next_queue", |old| {
+                let n = old
+                    .and_then(|o| be::<4>(o, 0))
+                    .map(u32::from_be_bytes)
+                    .unwrap_or(0);
+                Some(n.saturating_add(1).to_be_bytes().to_vec())
+            })
+            .map_err(io)?
+            .and_then(|v| be::<4>(&v, 0))
+            .map(u32::from_be_bytes)
+            .ok_or_else(|| StoreError::Io("queue id counter unreadable".into()))?;
+        if next == u32::MAX {
+            return Err(StoreError::Io("queue ids exhausted".into()));
+        }
+        self.flush_meta()?;
+        Ok(next)
+    }
+
+    fn append(&self, items: &[(QueueId, StoredEvent)]) -> Result<(), StoreError> {
+        let deleted = self.deleted.read().unwrap_or_else(|p| p.into_inner());
+        let mut batch = sled::Batch::default();
+        let mut cost = 0u64;
+        let mut max_seq = 0u64;
+        for (q, e) in items {
+            if deleted.contains(q) {
+                continue;
+            }
+            let v = encode_value(e);
+            cost += item_cost(v.len());
+            max_seq = max_seq.max(e.seq);
+            batch.insert(&event_key(*q, e.seq), v);
+        }
+        if cost == 0 {
+            return Ok(());
+        }
+        let budget = self.live_budget;
+        self.live
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                let next = used.saturating_add(cost);
+                (next <= budget).then_some(next)
+            })
+            .map_err(|used| StoreError::Full {
+                used: used.saturating_mul(SPACE_FACTOR_TENTHS) / 10,
+                limit: self.max_disk_bytes,
+            })?;
+        // The high-water mark only grows: appends race, so never lower it.
+        let hw = self
+            .events
+            .get(HIGH_WATER_KEY)
+            .map_err(io)?
+            .and_then(|v| be::<8>(&v, 0))
+            .map(u64::from_be_bytes)
+            .unwrap_or(0);
+        if max_seq > hw {
+            batch.insert(&HIGH_WATER_KEY, &max_seq.to_be_bytes());
+        }
+        if let Err(e) = self.events.apply_batch(batch) {
+            self.sub_live(cost);
+            return Err(io(e));
+        }
+        Ok(())
+    }
+
+    fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut g = self.committer.lock();
+            g.waiters.push(tx);
+        }
+        self.committer.wake.notify_one();
+        Box::pin(async move {
+            match rx.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(StoreError::Io(format!("flush failed: {e}"))),
+                Err(_) => Err(StoreError::Io("the committer stopped".into())),
+            }
+        })
+    }
+
+    fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
+        for s in seqs {
+            // fetch_and_update is atomic: an event removed meanwhile stays removed.
+            self.events
+                .fetch_and_update(event_key(queue, *s), |old| {
+                    old.map(|v| patch_state(v, state))
+                })
+                .map_err(io)?;
+        }
+        self.committer.nudge();
+        Ok(())
+    }
+
+    fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
+        let mut freed = 0u64;
+        for s in seqs {
+            if let Some(v) = self.events.remove(event_key(queue, *s)).map_err(io)? {
+                freed += item_cost(v.len());
+            }
+        }
+        self.sub_live(freed);
+        self.committer.nudge();
+        Ok(())
+    }
+
+    fn size_on_disk(&self) -> u64 {
+        self.meta.size_on_disk().unwrap_or(0) + self.events_db.size_on_disk().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(dir: &Path, max: u64) -> SledOptions {
+        SledOptions {
+            metadata_path: dir.join("m"),
+            events_path: dir.join("e"),
+            max_disk_bytes: max,
+            cache_bytes: 4 << 20,
+            flush_every_ms: 1000,
+        }
+    }
+
+    fn ev(seq: u64, size: usize) -> StoredEvent {
+        StoredEvent {
+            seq,
+            id: format!("id{seq}"),
+            body: Bytes::from(vec![b'x'; size]),
+            state: RetryState {
+                attempts: 0,
+                first_enqueued_ms: 5,
+                due_ms: 0,
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn sled_store_passes_the_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SledStore::open(&opts(dir.path(), 1 << 30)).unwrap();
+        crate::store::contract::run(&s).await;
+    }
+
+    #[test]
+    fn values_round_trip() {
+        let mut e = ev(7, 10);
+        e.state = RetryState {
+            attempts: 3,
+            first_enqueued_ms: 11,
+            due_ms: 99,
+        };
+        let v = encode_value(&e);
+        assert_eq!(decode_value(7, &v), Some(e.clone()));
+        let s = RetryState {
+            attempts: 4,
+            first_enqueued_ms: 11,
+            due_ms: 1234,
+        };
+        assert_eq!(decode_value(7, &patch_state(&v, s)).unwrap().state, s);
+        assert_eq!(decode_value(7, b"\x02garbage"), None);
+    }
+
+    #[tokio::test]
+    async fn everything_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let q;
+        {
+            let s = SledStore::open(&opts(dir.path(), 1 << 30)).unwrap();
+            s.put_topic("b", &json!({"name":"b"})).unwrap();
+            s.put_topic("a", &json!({"name":"a"})).unwrap();
+            q = s.next_queue_id().unwrap();
+            s.put_subscription("b", q, &json!({"name":"s"})).unwrap();
+            s.append(&[(q, ev(10, 5)), (q, ev(11, 5))]).unwrap();
+            s.commit().await.unwrap();
+            s.remove(q, &[10]).unwrap();
+        }
+        let s = SledStore::open(&opts(dir.path(), 1 << 30)).unwrap();
+        let snap = s.load().unwrap();
+        assert_eq!(snap.topics, vec![json!({"name":"b"}), json!({"name":"a"})]);
+        assert_eq!(
+            snap.subscriptions,
+            vec![("b".into(), q, json!({"name":"s"}))]
+        );
+        assert_eq!(snap.max_seq, 11);
+        assert_eq!(s.pending(q).unwrap(), vec![ev(11, 5)]);
+        assert!(s.next_queue_id().unwrap() > q, "queue ids are not reused");
+    }
+
+    #[tokio::test]
+    async fn full_store_refuses_whole_appends_and_recovers_after_removal() {
+        let dir = tempfile::tempdir().unwrap();
+        // Budget: 2 events of ~1 KiB (live bytes × 2.5 ≤ 6000).
+        let s = SledStore::open(&opts(dir.path(), 6000)).unwrap();
+        let q = s.next_queue_id().unwrap();
+        s.put_subscription("t", q, &json!({})).unwrap();
+        s.append(&[(q, ev(1, 1000)), (q, ev(2, 1000))]).unwrap();
+        let err = s.append(&[(q, ev(3, 1000))]).unwrap_err();
+        assert!(matches!(err, StoreError::Full { .. }), "{err}");
+        assert_eq!(
+            s.pending(q).unwrap().len(),
+            2,
+            "nothing of the refused call written"
+        );
+        s.remove(q, &[1]).unwrap();
+        s.append(&[(q, ev(3, 1000))]).unwrap();
+        s.delete_subscription(q).unwrap();
+        assert_eq!(
+            s.live_bytes(),
+            0,
+            "deleting a subscription frees its events"
+        );
+    }
+
+    #[tokio::test]
+    async fn orphan_events_are_removed_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = SledStore::open(&opts(dir.path(), 1 << 30)).unwrap();
+            s.append(&[(42, ev(1, 10))]).unwrap();
+            s.commit().await.unwrap();
+        }
+        let s = SledStore::open(&opts(dir.path(), 1 << 30)).unwrap();
+        assert!(s.pending(42).unwrap().is_empty());
+        assert_eq!(s.live_bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn concurrent_commits_share_flushes() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Arc::new(SledStore::open(&opts(dir.path(), 1 << 30)).unwrap());
+        let q = s.next_queue_id().unwrap();
+        s.put_subscription("t", q, &json!({})).unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..64u64 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                s.append(&[(q, ev(i + 1, 100))]).unwrap();
+                s.commit().await.unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let st = s.commit_stats();
+        assert_eq!(st.commits, 64);
+        assert!(st.flushes <= 64);
+        assert_eq!(s.pending(q).unwrap().len(), 64);
+    }
+
+    #[test]
+    fn damaged_or_replaced_database_is_an_error_not_an_empty_start() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(SledStore::open(&opts(dir.path(), 1 << 30)).unwrap());
+        let db_dir = dir.path().join("e").join(SUBDIR).join("events");
+        std::fs::remove_dir_all(&db_dir).unwrap();
+        std::fs::create_dir_all(&db_dir).unwrap();
+        let err = SledStore::open(&opts(dir.path(), 1 << 30))
+            .err()
+            .expect("refuses to start");
+        assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
+        assert!(err.to_string().contains("events"), "{err}");
+    }
+}
