@@ -285,10 +285,14 @@ impl Bench {
     }
 
     fn spec(&self, name: &str, extra: &[(&str, &str)]) -> Spec {
-        let mut env: Vec<(String, String)> = vec![(
-            "broker__maxPendingEventsPerSubscription".into(),
-            "100000000".into(),
-        )];
+        // Bounds high enough that no measured publish is refused (503 / 507).
+        let mut env: Vec<(String, String)> = vec![
+            (
+                "broker__maxPendingEventsPerSubscription".into(),
+                "100000000".into(),
+            ),
+            ("persistence__maxDiskBytes".into(), "17179869184".into()),
+        ];
         env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         Spec {
             bin: self.bin.clone(),
