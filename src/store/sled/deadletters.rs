@@ -39,6 +39,9 @@ struct Counts {
     per_queue: HashMap<QueueId, usize>,
     /// Highest id handed out (or found at open).
     last_id: u64,
+    /// Queues deleted in this process (ids are never reused): a put racing with the delete of
+    /// its subscription is dropped instead of leaving letters behind.
+    deleted: HashSet<QueueId>,
 }
 
 /// Dead letters in a tree of the events database. See the module docs.
@@ -288,6 +291,9 @@ impl DeadLetterStore for SledDeadLetterStore {
             return Ok(1);
         }
         let mut g = self.lock();
+        if g.deleted.contains(&queue) {
+            return Ok(0);
+        }
         let id = g.last_id + 1;
         letter.id = id;
         let value = encode(&letter);
@@ -365,6 +371,7 @@ impl DeadLetterStore for SledDeadLetterStore {
     }
 
     fn delete_queue(&self, queue: QueueId) -> Result<(), StoreError> {
+        self.lock().deleted.insert(queue);
         let freed = self.remove_range(queue)?;
         self.sub_live(freed);
         Ok(())
@@ -463,5 +470,10 @@ mod tests {
         assert!(before > 0, "letters count in the live bytes");
         d.delete_queue(1).unwrap();
         assert!(s.live_bytes() < before);
+        d.delete_queue(3).unwrap();
+        assert_eq!(s.live_bytes(), 0);
+        // A late put for a deleted subscription (its task still settling) leaves nothing behind.
+        d.put(3, letter(5, None), 10).unwrap();
+        assert_eq!((d.count(3), s.live_bytes()), (0, 0));
     }
 }
