@@ -3,6 +3,7 @@
 mod api;
 mod crash;
 mod delivery;
+mod durable_resilience;
 mod edge;
 mod fuzz;
 mod packaging;
