@@ -74,6 +74,8 @@ struct Inner {
     topics: RwLock<Arc<HashMap<String, Arc<TopicEntry>>>>,
     /// Serialises management operations (create/update/delete); publish never takes it.
     mgmt: Mutex<()>,
+    /// Serialises dead-letter replays of persisted subscriptions (read, persist, then remove).
+    replays: tokio::sync::Mutex<()>,
     seq: AtomicU64,
 }
 
@@ -131,8 +133,12 @@ impl Broker {
             max_in_flight: cfg.broker.max_in_flight_per_subscription,
             log_success: cfg.broker.log_delivery_success,
             health_cfg: cfg.resilience.health.clone(),
-            health: Default::default(),
-            dead_letters: Arc::new(crate::delivery::deadletter::MemoryDeadLetters::new()),
+            // Disabled/frozen endpoints and dead letters live with the store: on disk with sled,
+            // in memory with the memory store.
+            health: crate::delivery::health::HealthRegistry::restore(store.clone())?,
+            dead_letters: store
+                .dead_letters()
+                .unwrap_or_else(|| Arc::new(crate::delivery::deadletter::MemoryDeadLetters::new())),
             dead_letter_capacity: cfg.resilience.dead_letter_capacity,
             forwarder: crate::delivery::deadletter::Forwarder::start(),
         });
@@ -143,6 +149,7 @@ impl Broker {
                 sinks,
                 topics: RwLock::new(Arc::new(HashMap::new())),
                 mgmt: Mutex::new(()),
+                replays: tokio::sync::Mutex::new(()),
                 seq: AtomicU64::new(snapshot.max_seq + 1),
             }),
         };
@@ -210,6 +217,7 @@ impl Broker {
             write(&entry.subs, Arc::new(list));
         }
         write(&broker.inner.topics, Arc::new(topics));
+        broker.inner.ctx.health.prune_unclaimed();
         Ok(broker)
     }
 
@@ -221,12 +229,8 @@ impl Broker {
         let mut expired = Vec::new();
         let mut q = shared.queue();
         for e in events {
-            // TTL counts from the first enqueue, across restarts: what expired while gridlet was
-            // down is dropped (and counted) now rather than delivered late.
-            if crate::delivery::retry::is_expired(&policy, e.state.first_enqueued_ms, now_ms) {
-                expired.push(e.seq);
-                continue;
-            }
+            let expires =
+                crate::delivery::retry::is_expired(&policy, e.state.first_enqueued_ms, now_ms);
             let p = Pending {
                 seq: e.seq,
                 event: Arc::new(EventData {
@@ -237,6 +241,12 @@ impl Broker {
                 first_enqueued_ms: e.state.first_enqueued_ms,
                 enqueued_at: now,
             };
+            // TTL counts from the first enqueue, across restarts: what expired while gridlet was
+            // down is dead-lettered (and counted) now rather than delivered late.
+            if expires {
+                expired.push(p);
+                continue;
+            }
             if e.state.attempts == 0 {
                 q.push(p);
             } else {
@@ -248,11 +258,15 @@ impl Broker {
         // The dispatcher may already have looked at the empty queue and gone to sleep.
         shared.notify.notify_one();
         if !expired.is_empty() {
-            let n = expired.len() as u64;
-            shared.metrics.expired_counts.add(n);
-            shared.metrics.dropped_expired.add(n);
-            tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, reason = "TimeToLiveExceeded", "stored events expired while gridlet was stopped; dropped");
-            self.inner.ctx.store.remove(shared.queue_id, &expired)?;
+            tracing::info!(topic = %shared.topic, subscription = %shared.name, events = expired.len(), reason = "TimeToLiveExceeded", "stored events expired while gridlet was stopped");
+            // Counts them, keeps them as dead letters, then removes them from the store.
+            dispatcher::dead_letter(
+                shared,
+                &self.inner.ctx,
+                &expired,
+                crate::delivery::retry::DropReason::Expired,
+                None,
+            );
         }
         Ok(())
     }

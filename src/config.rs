@@ -71,7 +71,7 @@ settings! {
     "broker__retryJitterPercent" = "10" : "under `standard`, every retry delay is spread by up to this many percent either way (0 = exact)";
     "broker__retryAfterMaxSeconds" = "3600" : "longest `Retry-After` honoured; longer requests are capped";
     "broker__queueFullPolicy" = "reject" : "when an in-memory subscription holds `broker__maxPendingEventsPerSubscription` events: `reject` the publish with 503 (original), or `deadLetter` that subscription's copies and accept the publish for the others";
-    "broker__deadLetter__maxEventsPerSubscription" = "10000" : "dead letters kept per subscription (oldest evicted first); 0 = none kept";
+    "broker__deadLetter__maxEventsPerSubscription" = "10000" : "dead letters kept per subscription (oldest evicted first; on disk with the sled store); 0 = none kept";
     "broker__endpointHealth__enabled" = "true" : "track each destination URL's health and slow down (disabled) or stop (frozen) deliveries to failing endpoints";
     "broker__endpointHealth__disableFailureRatePercent" = "70" : "an endpoint is disabled when its failure rate exceeds this percentage ...";
     "broker__endpointHealth__disableMinAttempts" = "100" : "... over more than this many recent attempts";
@@ -87,8 +87,8 @@ settings! {
     "metrics__reporterType" = "none" : "`none`, `prometheus` (serve `/metrics`), `console` (log metrics every 60 s)";
     "persistence__metadataPath" = "metadataDb" : "directory holding topics, subscriptions and the self-signed certificate";
     "persistence__eventsPath" = "eventsDb" : "directory holding persisted events";
-    "persistence__store" = "sled" : "`sled`: metadata, and the events of persisted subscriptions, on disk (files under `gridlet-v1/`); `memory`: everything in memory, lost on restart";
-    "persistence__maxDiskBytes" = "268435456" : "bound on the event store: persisted publishes get 507 + Retry-After when live event bytes x 2.5 (sled's files measured at ~2x live data) would exceed it; pending events are also held in memory, so this bounds persisted backlogs' RAM too";
+    "persistence__store" = "sled" : "`sled`: metadata, endpoint health, dead letters and the events of persisted subscriptions on disk (files under `gridlet-v1/`); `memory`: everything in memory, lost on restart";
+    "persistence__maxDiskBytes" = "268435456" : "bound on the event store: persisted publishes get 507 + Retry-After when live event and dead-letter bytes x 2.5 (sled's files measured at ~2x live data) would exceed it; pending events are also held in memory, so this bounds persisted backlogs' RAM too";
     "persistence__cacheBytes" = "8388608" : "sled page cache of the event store (counts on-disk page bytes; RSS is higher)";
     "persistence__flushEveryMs" = "1000" : "period of sled's background fsync (`sync_all`): the power-loss window for acknowledged events; 0 = off";
 }

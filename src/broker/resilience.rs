@@ -154,6 +154,10 @@ impl Broker {
     /// time to live), persisted first for persisted subscriptions. `ids` = `None`: all of them.
     /// Returns how many were replayed.
     ///
+    /// For a persisted subscription the letters are read, appended to the event store and
+    /// committed, and only then removed (replays of one broker run one at a time): a crash in
+    /// between leaves a letter that was also re-enqueued (a duplicate), never a lost one.
+    ///
     /// # Errors
     /// 404 for an unknown topic/subscription; 503 when the queue has no room; 507/500 on store
     /// failure (the letters are kept then).
@@ -181,10 +185,17 @@ impl Broker {
                 Duration::from_secs(10),
             ));
         }
-        let letters = ctx
-            .dead_letters
-            .take(shared.queue_id, ids.as_deref())
-            .map_err(store_err)?;
+        let _replaying = if cfg.sub.persisted {
+            Some(self.inner.replays.lock().await)
+        } else {
+            None
+        };
+        let letters = if cfg.sub.persisted {
+            ctx.dead_letters.peek(shared.queue_id, ids.as_deref())
+        } else {
+            ctx.dead_letters.take(shared.queue_id, ids.as_deref())
+        }
+        .map_err(store_err)?;
         if letters.is_empty() {
             return Ok(0);
         }
@@ -222,18 +233,13 @@ impl Broker {
                     )
                 })
                 .collect();
-            let stored = match ctx.store.append(&durable) {
-                Ok(()) => ctx.store.commit().await,
-                Err(e) => Err(e),
-            };
-            if let Err(err) = stored {
-                // Keep them as dead letters rather than lose them.
-                for l in letters {
-                    let _ = ctx
-                        .dead_letters
-                        .put(shared.queue_id, l, ctx.dead_letter_capacity);
-                }
-                return Err(store_err(err));
+            // On failure the letters were never taken: they stay dead letters.
+            ctx.store.append(&durable).map_err(store_err)?;
+            ctx.store.commit().await.map_err(store_err)?;
+            let ids: Vec<u64> = letters.iter().map(|l| l.id).collect();
+            if let Err(e) = ctx.dead_letters.take(shared.queue_id, Some(&ids)) {
+                // The events are queued and durable; the letters stay listed as well.
+                tracing::error!(subscription = %shared.name, error = %e, "replayed dead letters could not be removed");
             }
         }
         let n = items.len();

@@ -2,12 +2,10 @@
 //! (bounded per subscription, oldest evicted first) instead of vanishing; the API lists and
 //! replays them, and a subscription may also forward them to a dead-letter webhook.
 //!
-//! Storage is behind [`DeadLetterStore`]; [`MemoryDeadLetters`] is the default. A durable
-//! implementation (e.g. sled) needs: one ordered tree keyed `(queue_id, dead_letter_id)` holding
-//! the encoded [`DeadLetter`]; a per-queue count (or a range scan) for the bound; `put` must
-//! evict the lowest ids of the queue beyond `capacity` in the same batch as the insert; `take`
-//! removes and returns atomically; `delete_queue` drops the range; ids continue above the
-//! highest stored id after a restart. Every implementation passes [`contract::run`].
+//! Storage is behind [`DeadLetterStore`]: [`MemoryDeadLetters`] with the memory store, the sled
+//! store's `SledDeadLetterStore` (`crate::store::sled`, a tree of the events database) with the
+//! default store, chosen by `Store::dead_letters`. Every implementation passes
+//! `contract::run` (the test-only `contract` module).
 
 use super::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
 use crate::clock::WallMs;
@@ -161,6 +159,13 @@ pub trait DeadLetterStore: Send + Sync + 'static {
     fn list(&self, queue: QueueId, after: u64, limit: usize)
         -> Result<Vec<DeadLetter>, StoreError>;
 
+    /// The letters with these ids (`None` = all of the queue's), oldest first, left in place
+    /// (replay reads them, makes the events durable, and only then takes them).
+    ///
+    /// # Errors
+    /// Read failure.
+    fn peek(&self, queue: QueueId, ids: Option<&[u64]>) -> Result<Vec<DeadLetter>, StoreError>;
+
     /// Remove and return the letters with these ids (`None` = all of the queue's).
     ///
     /// # Errors
@@ -240,6 +245,20 @@ impl DeadLetterStore for MemoryDeadLetters {
                     .collect()
             })
             .unwrap_or_default())
+    }
+
+    fn peek(&self, queue: QueueId, ids: Option<&[u64]>) -> Result<Vec<DeadLetter>, StoreError> {
+        let g = self.lock();
+        let Some(q) = g.letters.get(&queue) else {
+            return Ok(Vec::new());
+        };
+        Ok(match ids {
+            None => q.values().cloned().collect(),
+            Some(ids) => {
+                let wanted: std::collections::BTreeSet<u64> = ids.iter().copied().collect();
+                wanted.iter().filter_map(|id| q.get(id).cloned()).collect()
+            }
+        })
     }
 
     fn take(&self, queue: QueueId, ids: Option<&[u64]>) -> Result<Vec<DeadLetter>, StoreError> {
@@ -393,6 +412,17 @@ pub mod contract {
         assert_eq!(page.len(), 1);
         assert_eq!(page[0].seq, 4);
         assert_eq!(s.count(1), 3);
+        let seen = s
+            .peek(1, Some(&[all[2].id, all[1].id, all[1].id, 999]))
+            .unwrap();
+        assert_eq!(
+            seen.iter().map(|l| l.seq).collect::<Vec<_>>(),
+            vec![4, 5],
+            "by id, once"
+        );
+        assert_eq!(s.peek(1, None).unwrap(), all, "peek leaves them in place");
+        assert_eq!(s.count(1), 3);
+        assert!(s.peek(9, None).unwrap().is_empty());
         let took = s.take(1, Some(&[all[1].id, 999])).unwrap();
         assert_eq!(took.len(), 1);
         assert_eq!(took[0].seq, 4);
@@ -404,6 +434,12 @@ pub mod contract {
         assert_eq!(s.count(2), 0);
         assert_eq!(s.put(3, letter(6), 0).unwrap(), 1, "capacity 0 keeps none");
         assert_eq!(s.count(3), 0);
+        assert_eq!(s.put(3, letter(7), 3).unwrap(), 0);
+        let later = s.list(3, 0, 10).unwrap();
+        assert!(later[0].id > all[2].id, "ids keep increasing");
+        assert_eq!(later[0].body, letter(7).body);
+        assert_eq!(later[0].last_error.as_deref(), Some("HTTP 500"));
+        s.delete_queue(3).unwrap();
     }
 }
 

@@ -16,8 +16,18 @@
 //!
 //! While an endpoint is disabled or frozen its events stay queued and still expire by TTL into
 //! dead letters. Thresholds come from [`HealthConfig`] (module settings).
+//!
+//! **Persistence.** The [`Tracker`] stays pure; [`EndpointHealth`] writes its
+//! [`Tracker::to_record`] to the store (the metadata database with sled) on **state transitions
+//! only** (never per attempt): a disabled or frozen endpoint is stored, a closed one is deleted.
+//! At start [`HealthRegistry::restore`] loads the records and a URL's tracker begins in its stored
+//! state ([`Tracker::from_record`]). Kept: state, consecutive failures at the transition, last
+//! success, next probe, attempt/failure totals. Not kept: the failure-rate window and a probe in
+//! flight.
 
 use crate::clock::WallMs;
+use crate::store::Store;
+use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -250,6 +260,44 @@ impl Tracker {
         self.window_failures = 0;
     }
 
+    /// What survives a restart: `None` when closed (nothing worth keeping), else the state,
+    /// consecutive failures, last success, next probe and totals as JSON.
+    pub fn to_record(&self) -> Option<Value> {
+        (self.state != HealthState::Closed).then(|| {
+            json!({
+                "state": self.state.as_str(),
+                "consecutiveFailures": self.consecutive_failures,
+                "lastSuccessMs": self.last_success_ms,
+                "nextProbeMs": self.next_probe_ms,
+                "attempts": self.attempts,
+                "failures": self.failures,
+            })
+        })
+    }
+
+    /// A tracker in the state of a [`Tracker::to_record`] record (empty window, no probe in
+    /// flight); `None` when the record is not one.
+    pub fn from_record(rec: &Value) -> Option<Self> {
+        let n = |k: &str| rec.get(k).and_then(Value::as_u64);
+        let state = match rec.get("state").and_then(Value::as_str)? {
+            "Disabled" => HealthState::Disabled,
+            "Frozen" => HealthState::Frozen,
+            "Enabled" => HealthState::Closed,
+            _ => return None,
+        };
+        Some(Self {
+            state,
+            window: VecDeque::new(),
+            window_failures: 0,
+            consecutive_failures: n("consecutiveFailures")?,
+            last_success_ms: n("lastSuccessMs")?,
+            next_probe_ms: n("nextProbeMs")?,
+            probe_in_flight: false,
+            attempts: n("attempts").unwrap_or(0),
+            failures: n("failures").unwrap_or(0),
+        })
+    }
+
     /// A view for the API and metrics.
     pub fn snapshot(&self) -> HealthSnapshot {
         let n = self.window.len();
@@ -270,12 +318,23 @@ impl Tracker {
     }
 }
 
+/// Where trackers write their records (the broker's store).
+#[derive(Clone)]
+struct Persist(Arc<dyn Store>);
+
+impl std::fmt::Debug for Persist {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Persist")
+    }
+}
+
 /// One endpoint's tracker, shared by every subscription delivering to its URL.
 #[derive(Debug)]
 pub struct EndpointHealth {
     /// The destination URL.
     pub url: String,
     tracker: Mutex<Tracker>,
+    persist: Option<Persist>,
 }
 
 impl EndpointHealth {
@@ -297,25 +356,39 @@ impl EndpointHealth {
         self.lock().start_probe(cfg, now_ms);
     }
 
-    /// See [`Tracker::record`]; logs transitions.
+    /// See [`Tracker::record`]; logs and persists transitions.
     pub fn record(&self, cfg: &HealthConfig, success: bool, now_ms: WallMs) {
         if !cfg.enabled {
             return;
         }
-        let (before, after) = {
-            let mut t = self.lock();
-            let before = t.state();
-            (before, t.record(cfg, success, now_ms))
-        };
+        let mut t = self.lock();
+        let before = t.state();
+        let after = t.record(cfg, success, now_ms);
         if before != after {
+            // Written under the tracker's lock so that concurrent transitions of one URL reach
+            // the store in order. Transitions are rare (at most one per probe interval once
+            // disabled); the write is one small metadata insert and flush.
+            self.save(&t);
+            drop(t);
             tracing::warn!(endpoint = %redact_url(&self.url), from = before.as_str(), to = after.as_str(), "endpoint health changed");
         }
     }
 
-    /// Re-enable through the API.
+    /// Re-enable through the API (clears the stored record).
     pub fn enable(&self, now_ms: WallMs) {
-        self.lock().enable(now_ms);
+        let mut t = self.lock();
+        t.enable(now_ms);
+        self.save(&t);
+        drop(t);
         tracing::info!(endpoint = %redact_url(&self.url), "endpoint re-enabled through the API");
+    }
+
+    fn save(&self, t: &Tracker) {
+        if let Some(Persist(store)) = &self.persist {
+            if let Err(e) = store.put_endpoint_health(&self.url, t.to_record().as_ref()) {
+                tracing::error!(endpoint = %redact_url(&self.url), error = %e, "could not store the endpoint's health; a restart may forget it");
+            }
+        }
     }
 
     /// Current view.
@@ -341,20 +414,69 @@ pub fn redact_url(url: &str) -> String {
 #[derive(Debug, Default)]
 pub struct HealthRegistry {
     map: Mutex<HashMap<String, Arc<EndpointHealth>>>,
+    /// Records loaded at start and not yet claimed by a subscription.
+    restored: Mutex<HashMap<String, Tracker>>,
+    persist: Option<Persist>,
 }
 
 impl HealthRegistry {
-    /// The tracker for `url`, created healthy at `now_ms` when first seen.
+    /// A registry that keeps disabled/frozen states in `store` and starts from the records
+    /// stored there. Unreadable records are skipped with a warning (the endpoint starts
+    /// healthy).
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    pub fn restore(store: Arc<dyn Store>) -> Result<Self, crate::store::StoreError> {
+        let mut restored = HashMap::new();
+        for (url, rec) in store.endpoint_health()? {
+            match Tracker::from_record(&rec) {
+                Some(t) => {
+                    restored.insert(url, t);
+                }
+                None => {
+                    tracing::warn!(endpoint = %redact_url(&url), "unreadable endpoint health record ignored")
+                }
+            }
+        }
+        Ok(Self {
+            map: Mutex::default(),
+            restored: Mutex::new(restored),
+            persist: Some(Persist(store)),
+        })
+    }
+
+    /// The tracker for `url`: its restored state, or healthy at `now_ms` when first seen.
     pub fn get(&self, url: &str, now_ms: WallMs) -> Arc<EndpointHealth> {
         let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         m.entry(url.to_string())
             .or_insert_with(|| {
+                let restored = self
+                    .restored
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(url);
+                if let Some(t) = &restored {
+                    tracing::info!(endpoint = %redact_url(url), state = t.state().as_str(), "endpoint health restored");
+                }
                 Arc::new(EndpointHealth {
                     url: url.to_string(),
-                    tracker: Mutex::new(Tracker::new(now_ms)),
+                    tracker: Mutex::new(restored.unwrap_or_else(|| Tracker::new(now_ms))),
+                    persist: self.persist.clone(),
                 })
             })
             .clone()
+    }
+
+    /// Delete the stored records no subscription claimed (their URLs are no longer used).
+    pub fn prune_unclaimed(&self) {
+        let left = std::mem::take(&mut *self.restored.lock().unwrap_or_else(|p| p.into_inner()));
+        if let Some(Persist(store)) = &self.persist {
+            for url in left.keys() {
+                if let Err(e) = store.put_endpoint_health(url, None) {
+                    tracing::warn!(endpoint = %redact_url(url), error = %e, "could not delete an unused endpoint health record");
+                }
+            }
+        }
     }
 }
 
@@ -456,6 +578,34 @@ mod tests {
         }
         assert_eq!(t.state(), HealthState::Closed);
         assert_eq!(t.record(&c, false, 1), HealthState::Frozen);
+    }
+
+    #[test]
+    fn records_round_trip_and_closed_keeps_none() {
+        let c = HealthConfig {
+            disable_consecutive_failures: 2,
+            freeze_any_consecutive_failures: 3,
+            ..cfg()
+        };
+        let mut t = Tracker::new(5);
+        assert_eq!(t.to_record(), None);
+        t.record(&c, false, 10);
+        t.record(&c, false, 10);
+        let disabled = Tracker::from_record(&t.to_record().unwrap()).unwrap();
+        assert_eq!(disabled.snapshot().state, HealthState::Disabled);
+        assert_eq!(disabled.admit(10), Admission::WaitUntil(10 + 600_000));
+        assert_eq!(disabled.snapshot().last_success_ms, 5);
+        t.record(&c, false, 10);
+        t.record(&c, false, 10);
+        let rec = t.to_record().unwrap();
+        assert_eq!(rec["state"], "Frozen");
+        let mut back = Tracker::from_record(&rec).unwrap();
+        assert_eq!(back.admit(u64::MAX), Admission::Blocked);
+        assert_eq!(back.snapshot().consecutive_failures, 4);
+        assert_eq!(back.snapshot().attempts, 4);
+        back.enable(20);
+        assert_eq!(back.to_record(), None);
+        assert!(Tracker::from_record(&json!({"state": "Odd"})).is_none());
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod memory;
 pub mod sled;
 
 use crate::clock::WallMs;
+use crate::delivery::deadletter::DeadLetterStore;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
@@ -182,6 +183,29 @@ pub trait Store: Send + Sync + 'static {
     /// Bytes the store occupies (for metrics and the disk bound).
     fn size_on_disk(&self) -> u64 {
         0
+    }
+
+    /// The dead-letter store that lives with this store (sled: a tree of the events database),
+    /// or `None` to keep dead letters in memory.
+    fn dead_letters(&self) -> Option<std::sync::Arc<dyn DeadLetterStore>> {
+        None
+    }
+
+    /// Stored endpoint-health records, `(destination URL, record)` (see
+    /// `delivery::health::Tracker::to_record`).
+    ///
+    /// # Errors
+    /// Unreadable data.
+    fn endpoint_health(&self) -> Result<Vec<(String, Value)>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Keep (`Some`) or forget (`None`) a destination's health record; durable on return.
+    ///
+    /// # Errors
+    /// Write failure.
+    fn put_endpoint_health(&self, _url: &str, _record: Option<&Value>) -> Result<(), StoreError> {
+        Ok(())
     }
 }
 

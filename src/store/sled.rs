@@ -3,9 +3,11 @@
 //! # Layout
 //!
 //! ```text
-//! <persistence__metadataPath>/gridlet-v1/meta/      sled db: trees `topics`, `subs`, `gridlet`
+//! <persistence__metadataPath>/gridlet-v1/meta/      sled db: trees `topics`, `subs`, `health`,
+//!                                                     `gridlet`
 //! <persistence__metadataPath>/gridlet-v1/meta.format  marker: written once the db is initialised
-//! <persistence__eventsPath>/gridlet-v1/events/      sled db: default tree = the event queues
+//! <persistence__eventsPath>/gridlet-v1/events/      sled db: default tree = the event queues,
+//!                                                     tree `deadletters` ([`deadletters`])
 //! <persistence__eventsPath>/gridlet-v1/events.format
 //! ```
 //!
@@ -14,6 +16,8 @@
 //!
 //! * `topics`: topic key → `order u64 BE ‖ record JSON` (order = creation order).
 //! * `subs`: `queue_id u32 BE` → `{"topic": name, "record": {...}}`.
+//! * `health`: destination URL → endpoint-health record JSON (disabled or frozen endpoints only;
+//!   written on state transitions, see `delivery::health`).
 //! * events (default tree): `queue_id u32 BE ‖ seq u64 BE` → [`encode_value`] (a versioned header:
 //!   attempts, first-enqueue ms, due ms, id; then the event bytes). Big-endian keys make a queue
 //!   one contiguous, sequence-ordered range. The key `[0xff; 4]` (queue id `u32::MAX`, never
@@ -32,7 +36,10 @@
 //! * Retry-state updates and removals are not awaited: they ask the committer for a flush and
 //!   return. A crash can therefore replay an event that was just delivered (a duplicate, as
 //!   at-least-once allows) or an attempt count one step old; never lose an acknowledged event.
-//! * Metadata writes (topics, subscriptions) are flushed before the call returns.
+//! * Metadata writes (topics, subscriptions, endpoint-health records) are flushed before the call
+//!   returns.
+//! * Dead letters ([`deadletters`]) follow the retry-state policy: written at once, flush not
+//!   awaited.
 //!
 //! # Disk bound
 //!
@@ -49,7 +56,10 @@
 //! initialised, is reported as [`StoreError::Corrupt`] naming the path: gridlet refuses to start
 //! rather than start empty.
 
+pub mod deadletters;
+
 use super::{QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent};
+use crate::delivery::deadletter::DeadLetterStore;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use serde_json::{json, Value};
@@ -161,10 +171,14 @@ pub struct SledStore {
     meta: sled::Db,
     topics: sled::Tree,
     subs: sled::Tree,
+    /// Endpoint-health records (destination URL → JSON).
+    health: sled::Tree,
     events_db: sled::Db,
     events: sled::Tree,
-    /// Live bytes of events (keys + values + an estimated per-item overhead).
-    live: AtomicU64,
+    /// Live bytes of events and dead letters (keys + values + an estimated per-item overhead).
+    live: Arc<AtomicU64>,
+    /// Dead letters, in a tree of the events database.
+    dead_letters: Arc<deadletters::SledDeadLetterStore>,
     /// Highest sequence number among the events found at open. The high-water key can lag behind
     /// it (concurrent appends write it without coordination), so `load` reports the larger one.
     scanned_max_seq: AtomicU64,
@@ -259,6 +273,21 @@ fn patch_state(v: &[u8], s: RetryState) -> Vec<u8> {
         due.copy_from_slice(&s.due_ms.to_be_bytes());
     }
     out
+}
+
+/// Queue ids that a subscription record owns.
+fn known_queues(subs: &sled::Tree, path: &Path) -> Result<HashSet<QueueId>, StoreError> {
+    subs.iter()
+        .keys()
+        .map(|k| {
+            let k = k.map_err(io)?;
+            let b: [u8; 4] = k
+                .as_ref()
+                .try_into()
+                .map_err(|_| corrupt(path, "bad subscription key"))?;
+            Ok(u32::from_be_bytes(b))
+        })
+        .collect()
 }
 
 fn item_cost(value_len: usize) -> u64 {
@@ -373,6 +402,7 @@ impl SledStore {
         )?;
         let topics = meta.open_tree("topics").map_err(io)?;
         let subs = meta.open_tree("subs").map_err(io)?;
+        let health = meta.open_tree("health").map_err(io)?;
         let events: sled::Tree = (*events_db).clone();
         let committer = Arc::new(Committer {
             state: Mutex::new(CommitState::default()),
@@ -386,13 +416,23 @@ impl SledStore {
                 .spawn(move || c.run(db))
                 .map_err(|e| StoreError::Io(format!("cannot start the committer thread: {e}")))?
         };
+        let live = Arc::new(AtomicU64::new(0));
+        let (dead_letters, dead_letter_bytes) = deadletters::SledDeadLetterStore::open(
+            &events_db,
+            &known_queues(&subs, &opts.metadata_path)?,
+            live.clone(),
+            committer.clone(),
+            opts.events_path.clone(),
+        )?;
         let store = Self {
             meta,
             topics,
             subs,
+            health,
             events_db,
             events,
-            live: AtomicU64::new(0),
+            live,
+            dead_letters: Arc::new(dead_letters),
             scanned_max_seq: AtomicU64::new(0),
             live_budget: opts.max_disk_bytes / SPACE_FACTOR_TENTHS * 10,
             max_disk_bytes: opts.max_disk_bytes,
@@ -403,6 +443,7 @@ impl SledStore {
             paths: (opts.metadata_path.clone(), opts.events_path.clone()),
         };
         store.scan_events()?;
+        store.live.fetch_add(dead_letter_bytes, Ordering::Relaxed);
         Ok(store)
     }
 
@@ -717,6 +758,39 @@ impl Store for SledStore {
 
     fn size_on_disk(&self) -> u64 {
         self.meta.size_on_disk().unwrap_or(0) + self.events_db.size_on_disk().unwrap_or(0)
+    }
+
+    fn dead_letters(&self) -> Option<Arc<dyn DeadLetterStore>> {
+        Some(self.dead_letters.clone())
+    }
+
+    fn endpoint_health(&self) -> Result<Vec<(String, Value)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.health.iter() {
+            let (k, v) = item.map_err(io)?;
+            let url = String::from_utf8(k.to_vec())
+                .map_err(|_| corrupt(&self.paths.0, "bad endpoint-health key"))?;
+            let rec: Value = serde_json::from_slice(&v)
+                .map_err(|e| corrupt(&self.paths.0, format!("endpoint health record: {e}")))?;
+            out.push((url, rec));
+        }
+        Ok(out)
+    }
+
+    fn put_endpoint_health(&self, url: &str, record: Option<&Value>) -> Result<(), StoreError> {
+        match record {
+            Some(r) => self
+                .health
+                .insert(url.as_bytes(), r.to_string().as_bytes())
+                .map(|_| ())
+                .map_err(io)?,
+            None => {
+                if self.health.remove(url.as_bytes()).map_err(io)?.is_none() {
+                    return Ok(()); // nothing stored: no flush needed
+                }
+            }
+        }
+        self.flush_meta()
     }
 }
 

@@ -4,6 +4,7 @@ mod api;
 mod bench_smoke;
 mod crash;
 mod delivery;
+mod durable_resilience;
 mod edge;
 mod fuzz;
 mod packaging;

@@ -1,0 +1,479 @@
+//! Dead letters on disk: the [`DeadLetterStore`] of the sled store.
+//!
+//! One tree `deadletters` of the **events** database (the same `sled::Db` as the event queues,
+//! opened once per process), keyed `queue_id u32 BE ‖ letter id u64 BE` so that a queue's letters
+//! are one contiguous, id-ordered range. The key `[0xff; 4]` holds the highest id ever handed
+//! out: ids keep increasing across restarts even when every letter was replayed or purged.
+//!
+//! * `put` inserts the letter, evicts the queue's lowest ids beyond `capacity` and raises the
+//!   high-water id in **one** sled batch. A per-queue count kept in memory (rebuilt by a scan at
+//!   open) avoids a scan per put.
+//! * `take` and `delete_queue` remove in one batch. Every mutation holds one mutex across its
+//!   sled calls (short, no await), so counts and the tree never disagree.
+//! * Letters count in the store's live bytes, the same accounting as events: they bring the
+//!   disk bound (507 on publish) closer. A put is never refused for the bound (for a persisted
+//!   subscription the event it replaces is removed right after); they are bounded by
+//!   `broker__deadLetter__maxEventsPerSubscription` per subscription.
+//! * Writes are not awaited: they ask the committer for a flush (the same policy as retry-state
+//!   updates). Because letters and events share one sled log, and the dispatcher writes the
+//!   letter **before** removing the event, a crash in between leaves both (the event is retried
+//!   and also listed as a dead letter), never neither.
+//! * Letters of queues that no subscription owns any more are removed at open.
+
+use super::{corrupt, io, item_cost, Committer};
+use crate::delivery::deadletter::{DeadLetter, DeadLetterReason, DeadLetterStore};
+use crate::store::{QueueId, StoreError};
+use bytes::Bytes;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Name of the tree in the events database.
+pub const TREE: &str = "deadletters";
+const HIGH_WATER_KEY: [u8; 4] = [0xff; 4];
+const VERSION: u8 = 1;
+
+#[derive(Default)]
+struct Counts {
+    per_queue: HashMap<QueueId, usize>,
+    /// Highest id handed out (or found at open).
+    last_id: u64,
+    /// Queues deleted in this process (ids are never reused): a put racing with the delete of
+    /// its subscription is dropped instead of leaving letters behind.
+    deleted: HashSet<QueueId>,
+}
+
+/// Dead letters in a tree of the events database. See the module docs.
+pub struct SledDeadLetterStore {
+    tree: sled::Tree,
+    /// The store's live-bytes counter (events and dead letters), for the disk bound.
+    live: Arc<AtomicU64>,
+    committer: Arc<Committer>,
+    counts: Mutex<Counts>,
+    path: PathBuf,
+}
+
+fn key(queue: QueueId, id: u64) -> [u8; 12] {
+    super::event_key(queue, id)
+}
+
+fn reason_code(r: DeadLetterReason) -> u8 {
+    match r {
+        DeadLetterReason::MaxDeliveryAttemptsExceeded => 1,
+        DeadLetterReason::TimeToLiveExceeded => 2,
+        DeadLetterReason::DeliveryRefused => 3,
+        DeadLetterReason::QueueFull => 4,
+    }
+}
+
+fn reason_of(c: u8) -> Option<DeadLetterReason> {
+    Some(match c {
+        1 => DeadLetterReason::MaxDeliveryAttemptsExceeded,
+        2 => DeadLetterReason::TimeToLiveExceeded,
+        3 => DeadLetterReason::DeliveryRefused,
+        4 => DeadLetterReason::QueueFull,
+        _ => return None,
+    })
+}
+
+/// Encode a letter: `version u8 ‖ seq u64 ‖ reason u8 ‖ has_status u8 ‖ status u16 ‖
+/// attempts u32 ‖ first_enqueued_ms u64 ‖ dead_lettered_ms u64 ‖ id_len u32 ‖ event id ‖
+/// has_error u8 ‖ error_len u32 ‖ error ‖ body` (big-endian). The letter id is the key's.
+pub fn encode(l: &DeadLetter) -> Vec<u8> {
+    let err = l.last_error.as_deref().unwrap_or("");
+    let mut v = Vec::with_capacity(48 + l.event_id.len() + err.len() + l.body.len());
+    v.push(VERSION);
+    v.extend_from_slice(&l.seq.to_be_bytes());
+    v.push(reason_code(l.reason));
+    v.push(u8::from(l.last_status.is_some()));
+    v.extend_from_slice(&l.last_status.unwrap_or(0).to_be_bytes());
+    v.extend_from_slice(&l.attempts.to_be_bytes());
+    v.extend_from_slice(&l.first_enqueued_ms.to_be_bytes());
+    v.extend_from_slice(&l.dead_lettered_ms.to_be_bytes());
+    v.extend_from_slice(&(l.event_id.len() as u32).to_be_bytes());
+    v.extend_from_slice(l.event_id.as_bytes());
+    v.push(u8::from(l.last_error.is_some()));
+    v.extend_from_slice(&(err.len() as u32).to_be_bytes());
+    v.extend_from_slice(err.as_bytes());
+    v.extend_from_slice(&l.body);
+    v
+}
+
+struct Reader<'a> {
+    v: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let s = self.v.get(self.at..self.at.checked_add(n)?)?;
+        self.at += n;
+        Some(s)
+    }
+    fn arr<const N: usize>(&mut self) -> Option<[u8; N]> {
+        self.take(N)?.try_into().ok()
+    }
+    fn u8(&mut self) -> Option<u8> {
+        self.arr::<1>().map(|[b]| b)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.arr().map(u32::from_be_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.arr().map(u64::from_be_bytes)
+    }
+    fn string(&mut self) -> Option<String> {
+        let n = self.u32()? as usize;
+        Some(std::str::from_utf8(self.take(n)?).ok()?.to_string())
+    }
+}
+
+/// Decode a value written by [`encode`]; `None` when it is not one.
+pub fn decode(id: u64, v: &[u8]) -> Option<DeadLetter> {
+    let mut r = Reader { v, at: 0 };
+    if r.u8()? != VERSION {
+        return None;
+    }
+    let seq = r.u64()?;
+    let reason = reason_of(r.u8()?)?;
+    let has_status = r.u8()? != 0;
+    let status = r.arr().map(u16::from_be_bytes)?;
+    let attempts = r.u32()?;
+    let first_enqueued_ms = r.u64()?;
+    let dead_lettered_ms = r.u64()?;
+    let event_id = r.string()?;
+    let has_error = r.u8()? != 0;
+    let error = r.string()?;
+    let body = Bytes::copy_from_slice(v.get(r.at..)?);
+    Some(DeadLetter {
+        id,
+        seq,
+        event_id,
+        body,
+        reason,
+        last_status: has_status.then_some(status),
+        last_error: has_error.then_some(error),
+        attempts,
+        first_enqueued_ms,
+        dead_lettered_ms,
+    })
+}
+
+fn parse_key(k: &[u8]) -> Option<(QueueId, u64)> {
+    super::parse_key(k)
+}
+
+impl SledDeadLetterStore {
+    /// Open the tree in `db`, count what it holds and remove the letters of queues not in
+    /// `known`. Returns the store and the live bytes of the letters kept (the caller adds them
+    /// to `live` once its own scan has set it).
+    ///
+    /// # Errors
+    /// Unreadable data ([`StoreError::Corrupt`] naming `path`).
+    pub(super) fn open(
+        db: &sled::Db,
+        known: &HashSet<QueueId>,
+        live: Arc<AtomicU64>,
+        committer: Arc<Committer>,
+        path: PathBuf,
+    ) -> Result<(Self, u64), StoreError> {
+        let tree = db.open_tree(TREE).map_err(io)?;
+        let mut counts = Counts::default();
+        let mut bytes = 0u64;
+        let mut orphans: Vec<QueueId> = Vec::new();
+        for item in tree.iter() {
+            let (k, v) = item.map_err(io)?;
+            if k.as_ref() == HIGH_WATER_KEY {
+                let hw = v
+                    .as_ref()
+                    .try_into()
+                    .map(u64::from_be_bytes)
+                    .map_err(|_| corrupt(&path, "bad dead-letter high-water mark"))?;
+                counts.last_id = counts.last_id.max(hw);
+                continue;
+            }
+            let (q, id) = parse_key(&k).ok_or_else(|| corrupt(&path, "bad dead-letter key"))?;
+            counts.last_id = counts.last_id.max(id);
+            if known.contains(&q) {
+                *counts.per_queue.entry(q).or_default() += 1;
+                bytes += item_cost(v.len());
+            } else if orphans.last() != Some(&q) {
+                orphans.push(q);
+            }
+        }
+        let store = Self {
+            tree,
+            live,
+            committer,
+            counts: Mutex::new(counts),
+            path,
+        };
+        for q in orphans {
+            tracing::warn!(
+                queue = q,
+                "removing dead letters of a subscription that no longer exists"
+            );
+            store.remove_range(q)?;
+        }
+        Ok((store, bytes))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
+        // Each critical section updates the map after a successful sled write; no panic path.
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn sub_live(&self, n: u64) {
+        let _ = self
+            .live
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(n))
+            });
+    }
+
+    fn decode_item(&self, k: &[u8], v: &[u8]) -> Result<DeadLetter, StoreError> {
+        let (_, id) = parse_key(k).ok_or_else(|| corrupt(&self.path, "bad dead-letter key"))?;
+        decode(id, v).ok_or_else(|| corrupt(&self.path, format!("dead letter {id} is unreadable")))
+    }
+
+    /// The letters (with their stored sizes) of `queue` with these ids, or all of them.
+    fn read(
+        &self,
+        queue: QueueId,
+        ids: Option<&[u64]>,
+    ) -> Result<Vec<(DeadLetter, u64)>, StoreError> {
+        let mut out = Vec::new();
+        match ids {
+            None => {
+                for item in self.tree.scan_prefix(queue.to_be_bytes()) {
+                    let (k, v) = item.map_err(io)?;
+                    out.push((self.decode_item(&k, &v)?, item_cost(v.len())));
+                }
+            }
+            Some(ids) => {
+                for id in ids.iter().collect::<BTreeSet<_>>() {
+                    if let Some(v) = self.tree.get(key(queue, *id)).map_err(io)? {
+                        out.push((self.decode_item(&key(queue, *id), &v)?, item_cost(v.len())));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Remove a queue's whole range in one batch; returns the bytes freed.
+    fn remove_range(&self, queue: QueueId) -> Result<u64, StoreError> {
+        let mut g = self.lock();
+        let mut batch = sled::Batch::default();
+        let mut freed = 0u64;
+        for item in self.tree.scan_prefix(queue.to_be_bytes()) {
+            let (k, v) = item.map_err(io)?;
+            freed += item_cost(v.len());
+            batch.remove(k);
+        }
+        self.tree.apply_batch(batch).map_err(io)?;
+        g.per_queue.remove(&queue);
+        drop(g);
+        self.committer.nudge();
+        Ok(freed)
+    }
+}
+
+impl DeadLetterStore for SledDeadLetterStore {
+    fn put(
+        &self,
+        queue: QueueId,
+        mut letter: DeadLetter,
+        capacity: usize,
+    ) -> Result<usize, StoreError> {
+        if capacity == 0 {
+            return Ok(1);
+        }
+        let mut g = self.lock();
+        if g.deleted.contains(&queue) {
+            return Ok(0);
+        }
+        let id = g.last_id + 1;
+        letter.id = id;
+        let value = encode(&letter);
+        let cost = item_cost(value.len());
+        let held = g.per_queue.get(&queue).copied().unwrap_or(0);
+        let evict = (held + 1).saturating_sub(capacity);
+        let mut batch = sled::Batch::default();
+        let mut freed = 0u64;
+        for item in self.tree.scan_prefix(queue.to_be_bytes()).take(evict) {
+            let (k, v) = item.map_err(io)?;
+            freed += item_cost(v.len());
+            batch.remove(k);
+        }
+        batch.insert(&key(queue, id), value);
+        batch.insert(&HIGH_WATER_KEY, &id.to_be_bytes());
+        self.tree.apply_batch(batch).map_err(io)?;
+        g.last_id = id;
+        g.per_queue.insert(queue, held + 1 - evict);
+        drop(g);
+        self.live.fetch_add(cost, Ordering::Relaxed);
+        self.sub_live(freed);
+        self.committer.nudge();
+        Ok(evict)
+    }
+
+    fn list(
+        &self,
+        queue: QueueId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, StoreError> {
+        let Some(from) = after.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for item in self
+            .tree
+            .range(key(queue, from)..=key(queue, u64::MAX))
+            .take(limit)
+        {
+            let (k, v) = item.map_err(io)?;
+            out.push(self.decode_item(&k, &v)?);
+        }
+        Ok(out)
+    }
+
+    fn peek(&self, queue: QueueId, ids: Option<&[u64]>) -> Result<Vec<DeadLetter>, StoreError> {
+        Ok(self.read(queue, ids)?.into_iter().map(|(l, _)| l).collect())
+    }
+
+    fn take(&self, queue: QueueId, ids: Option<&[u64]>) -> Result<Vec<DeadLetter>, StoreError> {
+        let mut g = self.lock();
+        let found = self.read(queue, ids)?;
+        if found.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut batch = sled::Batch::default();
+        let mut freed = 0u64;
+        for (l, cost) in &found {
+            batch.remove(&key(queue, l.id));
+            freed += cost;
+        }
+        self.tree.apply_batch(batch).map_err(io)?;
+        if let Some(n) = g.per_queue.get_mut(&queue) {
+            *n = n.saturating_sub(found.len());
+        }
+        drop(g);
+        self.sub_live(freed);
+        self.committer.nudge();
+        Ok(found.into_iter().map(|(l, _)| l).collect())
+    }
+
+    fn count(&self, queue: QueueId) -> usize {
+        self.lock().per_queue.get(&queue).copied().unwrap_or(0)
+    }
+
+    fn delete_queue(&self, queue: QueueId) -> Result<(), StoreError> {
+        self.lock().deleted.insert(queue);
+        let freed = self.remove_range(queue)?;
+        self.sub_live(freed);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{SledOptions, SledStore};
+    use super::*;
+    use crate::store::Store;
+    use serde_json::json;
+    use std::path::Path;
+
+    fn opts(dir: &Path) -> SledOptions {
+        SledOptions {
+            metadata_path: dir.join("m"),
+            events_path: dir.join("e"),
+            max_disk_bytes: 1 << 30,
+            cache_bytes: 4 << 20,
+            flush_every_ms: 1000,
+        }
+    }
+
+    fn letter(seq: u64, err: Option<&str>) -> DeadLetter {
+        DeadLetter {
+            id: 0,
+            seq,
+            event_id: format!("e{seq}"),
+            body: Bytes::from(format!("{{\"n\":{seq}}}")),
+            reason: DeadLetterReason::DeliveryRefused,
+            last_status: err.map(|_| 400),
+            last_error: err.map(str::to_string),
+            attempts: 2,
+            first_enqueued_ms: 10,
+            dead_lettered_ms: 20,
+        }
+    }
+
+    /// A store whose queues 1, 2 and 3 belong to subscriptions (orphans are removed at open).
+    fn with_queues(dir: &Path) -> SledStore {
+        let s = SledStore::open(&opts(dir)).unwrap();
+        for _ in 0..3 {
+            let q = s.next_queue_id().unwrap();
+            s.put_subscription("t", q, &json!({})).unwrap();
+        }
+        s
+    }
+
+    #[test]
+    fn sled_dead_letters_pass_the_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = with_queues(dir.path());
+        crate::delivery::deadletter::contract::run(s.dead_letters().unwrap().as_ref());
+        assert_eq!(s.live_bytes(), 0, "every letter's bytes given back");
+    }
+
+    #[test]
+    fn values_round_trip() {
+        for l in [letter(7, Some("HTTP 400")), letter(8, None)] {
+            let mut want = l.clone();
+            want.id = 5;
+            assert_eq!(decode(5, &encode(&l)), Some(want));
+        }
+        assert_eq!(decode(1, b"\x02junk"), None);
+        assert_eq!(decode(1, &encode(&letter(1, None))[..20]), None);
+    }
+
+    #[test]
+    fn letters_and_ids_survive_reopen_and_orphans_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let last;
+        {
+            let s = with_queues(dir.path());
+            let d = s.dead_letters().unwrap();
+            d.put(1, letter(1, Some("HTTP 500")), 10).unwrap();
+            d.put(2, letter(2, None), 10).unwrap();
+            let gone = d.put(3, letter(3, None), 10).unwrap();
+            assert_eq!(gone, 0);
+            d.take(3, None).unwrap();
+            last = d.list(2, 0, 10).unwrap()[0].id;
+            s.delete_subscription(2).unwrap(); // record gone, letters left behind (a crash)
+        }
+        let s = SledStore::open(&opts(dir.path())).unwrap();
+        let d = s.dead_letters().unwrap();
+        let kept = d.list(1, 0, 10).unwrap();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].last_error.as_deref(), Some("HTTP 500"));
+        assert_eq!(d.count(1), 1);
+        assert_eq!(d.count(2), 0, "orphan letters removed at open");
+        assert!(d.list(2, 0, 10).unwrap().is_empty());
+        d.put(3, letter(4, None), 10).unwrap();
+        let id = d.list(3, 0, 10).unwrap()[0].id;
+        assert!(id > last + 1, "ids continue above every id ever used: {id}");
+        let before = s.live_bytes();
+        assert!(before > 0, "letters count in the live bytes");
+        d.delete_queue(1).unwrap();
+        assert!(s.live_bytes() < before);
+        d.delete_queue(3).unwrap();
+        assert_eq!(s.live_bytes(), 0);
+        // A late put for a deleted subscription (its task still settling) leaves nothing behind.
+        d.put(3, letter(5, None), 10).unwrap();
+        assert_eq!((d.count(3), s.live_bytes()), (0, 0));
+    }
+}
