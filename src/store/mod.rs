@@ -122,6 +122,29 @@ pub trait Store: Send + Sync + 'static {
     /// Unreadable data.
     fn pending(&self, queue: QueueId) -> Result<Vec<StoredEvent>, StoreError>;
 
+    /// Sequence numbers and retry states of one queue's pending events, in sequence order,
+    /// without their bodies (recovery keeps only these in memory; bodies are read with
+    /// [`Store::get`] when an event enters the delivery window). The sled store answers the
+    /// first call per queue from the scan it made when it opened, so start-up reads the
+    /// database once.
+    ///
+    /// # Errors
+    /// Unreadable data.
+    fn pending_index(&self, queue: QueueId) -> Result<Vec<(u64, RetryState)>, StoreError> {
+        Ok(self
+            .pending(queue)?
+            .into_iter()
+            .map(|e| (e.seq, e.state))
+            .collect())
+    }
+
+    /// Read events of one queue by sequence number, in the order asked; `None` for one that is
+    /// not stored (settled meanwhile).
+    ///
+    /// # Errors
+    /// Unreadable data.
+    fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError>;
+
     /// Create or replace a topic record.
     ///
     /// # Errors
@@ -234,8 +257,17 @@ pub mod contract {
         store.update(q, &[2], st).unwrap();
         assert_eq!(store.pending(q).unwrap()[1].state, st);
 
+        assert_eq!(
+            store.pending_index(q).unwrap(),
+            vec![(1, ev(1).state), (2, st)]
+        );
+        let mut two = ev(2);
+        two.state = st;
+        assert_eq!(store.get(q, &[2, 7, 1]).unwrap(), vec![Some(two), None, Some(ev(1))]);
+
         store.remove(q, &[1]).unwrap();
         assert_eq!(store.pending(q).unwrap().len(), 1);
+        assert_eq!(store.get(q, &[1]).unwrap(), vec![None]);
 
         let snap = store.load().unwrap();
         assert_eq!(snap.topics.len(), 1);
