@@ -200,6 +200,10 @@ impl SubQueue {
         let n = (s.window.events - ready).min(s.seqs.len());
         let out: Vec<u64> = s.seqs.drain(..n).collect();
         s.loading = out.len();
+        if s.seqs.is_empty() && s.seqs.capacity() > s.window.events {
+            // A drained backlog gives its index memory back.
+            s.seqs.shrink_to_fit();
+        }
         out
     }
 

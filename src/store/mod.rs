@@ -2,7 +2,9 @@
 //! subscriptions.
 //!
 //! The delivery engine keeps every subscription's schedule in memory; the store is the durable
-//! copy for persisted subscriptions (and for metadata). The engine's contract with a store:
+//! copy for persisted subscriptions (and for metadata), and it also holds the bodies of a
+//! persisted backlog beyond the in-memory window (the engine keeps only their sequence numbers
+//! and reads them back with [`Store::get`]). The engine's contract with a store:
 //!
 //! 1. `append` + `commit` before a publish is acknowledged (commit is the group-commit point:
 //!    concurrent publishes share one flush);
