@@ -533,7 +533,10 @@ async fn wait_ready(client: &reqwest::Client, base: &str) -> Duration {
         {
             return t.elapsed();
         }
-        assert!(t.elapsed() < Duration::from_secs(120), "gridlet never ready");
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "gridlet never ready"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -664,7 +667,10 @@ async fn backlog(n: u64) {
             break;
         }
         if last_report.elapsed() > Duration::from_secs(10) {
-            println!("    … {left} pending after {:.0} s", t.elapsed().as_secs_f64());
+            println!(
+                "    … {left} pending after {:.0} s",
+                t.elapsed().as_secs_f64()
+            );
             last_report = Instant::now();
         }
         if t.elapsed() > Duration::from_secs(300) {

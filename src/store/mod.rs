@@ -265,7 +265,10 @@ pub mod contract {
         );
         let mut two = ev(2);
         two.state = st;
-        assert_eq!(store.get(q, &[2, 7, 1]).unwrap(), vec![Some(two), None, Some(ev(1))]);
+        assert_eq!(
+            store.get(q, &[2, 7, 1]).unwrap(),
+            vec![Some(two), None, Some(ev(1))]
+        );
 
         store.remove(q, &[1]).unwrap();
         assert_eq!(store.pending(q).unwrap().len(), 1);

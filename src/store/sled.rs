@@ -622,15 +622,17 @@ impl Store for SledStore {
 
     fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
         seqs.iter()
-            .map(|&seq| match self.events.get(event_key(queue, seq)).map_err(io)? {
-                Some(v) => decode_value(seq, &v).map(Some).ok_or_else(|| {
-                    corrupt(
-                        &self.paths.1,
-                        format!("event {seq} of queue {queue} is unreadable"),
-                    )
-                }),
-                None => Ok(None),
-            })
+            .map(
+                |&seq| match self.events.get(event_key(queue, seq)).map_err(io)? {
+                    Some(v) => decode_value(seq, &v).map(Some).ok_or_else(|| {
+                        corrupt(
+                            &self.paths.1,
+                            format!("event {seq} of queue {queue} is unreadable"),
+                        )
+                    }),
+                    None => Ok(None),
+                },
+            )
             .collect()
     }
 

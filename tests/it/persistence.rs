@@ -711,7 +711,11 @@ async fn a_spilled_backlog_resumes_after_restart() {
         .await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while n.queue_counts().0 > 0 {
-        assert!(tokio::time::Instant::now() < deadline, "{:?}", n.queue_counts());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            n.queue_counts()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Requests the first instance had in flight (32 slots, 1 event each) were held by the
@@ -750,7 +754,11 @@ async fn spilled_events_expire_when_they_enter_the_window_and_are_counted() {
     rx.open.send_replace(true);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while n.queue_counts().0 > 0 {
-        assert!(tokio::time::Instant::now() < deadline, "{:?}", n.queue_counts());
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            n.queue_counts()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let delivered = n.metric("DeliverySuccessCounts", SUB).await;
