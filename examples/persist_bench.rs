@@ -12,12 +12,13 @@
 //! 2. bytes on disk per queued event (sled store), after draining, and after refilling;
 //! 3. start-up time with N queued persisted events, and the RSS that costs;
 //! 4. RSS of the release binary, idle and with queued persisted events;
-//! 5. issue 6 scenario (e): N events queued behind a down subscriber (release binary as a child
+//! 4b. issue 6 scenario (e): N events queued behind a down subscriber (release binary as a child
 //!    process): RSS, bytes on disk per event, restart to serving, then the subscriber comes back:
 //!    drain rate and RSS while draining.
 //!
 //! ```text
-//! cargo run --release --example persist_bench -- backlog [N]   # only (5), N defaults to 1,000,000
+//! cargo run --release --example persist_bench -- backlog [N]   # only (4b), N defaults to 1,000,000
+//! cargo run --release --example persist_bench -- memory        # only (3) and (4)
 //! GRIDLET_BIN=/path/to/gridlet cargo run --release --example persist_bench -- backlog
 //!                                                           # (5) against another build
 //! ```
@@ -506,8 +507,9 @@ fn gridlet_bin() -> Option<std::path::PathBuf> {
 }
 
 fn spawn_bin(exe: &Path, dir: &Path, port: u16) -> std::process::Child {
-    std::process::Command::new(exe)
-        .env_clear()
+    let mut cmd = std::process::Command::new(exe);
+    cmd.env_clear();
+    cmd
         .env("inbound__serverAuth__tlsPolicy", "disabled")
         .env("inbound__clientAuth__clientCert__enabled", "false")
         .env("outbound__webhook__httpsOnly", "false")
@@ -515,11 +517,18 @@ fn spawn_bin(exe: &Path, dir: &Path, port: u16) -> std::process::Child {
         .env("inbound__httpPort", port.to_string())
         .env("broker__maxEventsPerRequest", "100000")
         .env("persistence__maxDiskBytes", (16u64 << 30).to_string())
+        .env("metrics__reporterType", "prometheus")
         .env("persistence__metadataPath", dir.join("m"))
         .env("persistence__eventsPath", dir.join("e"))
-        .env("RUST_LOG", "warn")
-        .spawn()
-        .unwrap()
+        .env("RUST_LOG", "warn");
+    // Experiments pass through: MALLOC_ARENA_MAX=2, persistence__cacheBytes=..., etc.
+    for (k, v) in std::env::vars_os() {
+        let k = k.to_string_lossy().to_string();
+        if k.starts_with("MALLOC_") || k.starts_with("persistence__") {
+            cmd.env(k, v);
+        }
+    }
+    cmd.spawn().unwrap()
 }
 
 async fn wait_ready(client: &reqwest::Client, base: &str) -> Duration {
@@ -557,7 +566,7 @@ fn dir_bytes(p: &Path) -> u64 {
 
 async fn pending_metric(client: &reqwest::Client, base: &str) -> u64 {
     let text = client
-        .get(format!("{base}/metrics"))
+        .get(format!("{base}/metrics?{V}"))
         .send()
         .await
         .unwrap()
@@ -701,8 +710,16 @@ async fn main() {
             .get(i + 1)
             .and_then(|v| v.parse().ok())
             .unwrap_or(1_000_000);
-        println!("5. {n} events behind a down subscriber (release binary)");
+        println!("4b. {n} events behind a down subscriber (release binary)");
         backlog(n).await;
+        return;
+    }
+    if args.iter().any(|a| a == "memory") {
+        // Only (3) and (4), full sizes.
+        println!("3. start-up with queued persisted events");
+        startup(1_000_000).await;
+        println!("4. memory of the release binary");
+        binary_rss(200_000).await;
         return;
     }
     let quick = std::env::args().any(|a| a == "quick");
@@ -723,6 +740,6 @@ async fn main() {
     startup(n_start).await;
     println!("4. memory of the release binary");
     binary_rss(n_rss).await;
-    println!("5. events behind a down subscriber (release binary)");
+    println!("4b. events behind a down subscriber (release binary)");
     backlog(if quick { 100_000 } else { 1_000_000 }).await;
 }
