@@ -20,7 +20,7 @@
 //! cargo run --release --example persist_bench -- backlog [N]   # only (4b), N defaults to 1,000,000
 //! cargo run --release --example persist_bench -- memory        # only (3) and (4)
 //! GRIDLET_BIN=/path/to/gridlet cargo run --release --example persist_bench -- backlog
-//!                                                           # (5) against another build
+//!                                                           # (4b) against another build
 //! ```
 
 use gridlet::clock::Clock;
@@ -509,8 +509,7 @@ fn gridlet_bin() -> Option<std::path::PathBuf> {
 fn spawn_bin(exe: &Path, dir: &Path, port: u16) -> std::process::Child {
     let mut cmd = std::process::Command::new(exe);
     cmd.env_clear();
-    cmd
-        .env("inbound__serverAuth__tlsPolicy", "disabled")
+    cmd.env("inbound__serverAuth__tlsPolicy", "disabled")
         .env("inbound__clientAuth__clientCert__enabled", "false")
         .env("outbound__webhook__httpsOnly", "false")
         .env("inbound__bindAddress", "127.0.0.1")

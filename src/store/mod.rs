@@ -143,9 +143,19 @@ pub trait Store: Send + Sync + 'static {
     /// Read events of one queue by sequence number, in the order asked; `None` for one that is
     /// not stored (settled meanwhile).
     ///
+    /// The default reads the whole queue ([`Store::pending`]); stores override it with point
+    /// reads.
+    ///
     /// # Errors
     /// Unreadable data.
-    fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError>;
+    fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
+        let mut all: std::collections::HashMap<u64, StoredEvent> = self
+            .pending(queue)?
+            .into_iter()
+            .map(|e| (e.seq, e))
+            .collect();
+        Ok(seqs.iter().map(|s| all.remove(s)).collect())
+    }
 
     /// Create or replace a topic record.
     ///
