@@ -11,8 +11,8 @@
 //!    and how many commits shared each flush;
 //! 2. bytes on disk per queued event (sled store), after draining, and after refilling;
 //! 3. start-up time with N queued persisted events, and the RSS that costs;
-//! 4. RSS of the release binary, idle and with queued persisted events;
-//! 4b. issue 6 scenario (e): N events queued behind a down subscriber (release binary as a child
+//! 4. RSS of the release binary, idle and with queued persisted events; then (4b, issue 6
+//!    scenario (e)) N events queued behind a down subscriber (release binary as a child
 //!    process): RSS, bytes on disk per event, restart to serving, then the subscriber comes back:
 //!    drain rate and RSS while draining.
 //!
