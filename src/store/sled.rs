@@ -43,6 +43,13 @@
 //! Deliveries and subscription deletes lower the live bytes, so publishing resumes as the
 //! backlog drains.
 //!
+//! # Start-up
+//!
+//! Opening reads the events database once: it counts live bytes (disk bound), removes orphans,
+//! and collects each queue's `(seq, retry state)` index, which answers the first
+//! [`Store::pending_index`] per queue. Bodies are not kept: the engine reads them with
+//! [`Store::get`] as events enter its delivery window.
+//!
 //! # Start-up checks
 //!
 //! A database that cannot be opened, or that is empty although its `*.format` marker says it was
