@@ -776,3 +776,46 @@ async fn spilled_events_expire_when_they_enter_the_window_and_are_counted() {
     assert_eq!(n.metric("ExpiredCounts", SUB).await, expired);
     n.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishing_while_a_spilled_backlog_drains_loses_and_repeats_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Gated::start().await;
+    let n = node(dir.path(), &[], None).await;
+    assert_eq!(n.put("/topics/t1", json!({})).await.0, 200);
+    n.sub(
+        "t1",
+        "s1",
+        &rx.url(),
+        json!({"persistencePolicy": {"isPersisted": true}}),
+    )
+    .await;
+    n.publish_backlog().await;
+    // The subscriber comes back while 4 publishers keep adding 100-event requests: the window
+    // refills, spills and empties again under concurrent pushes.
+    let mut tasks = Vec::new();
+    for w in 0..4 {
+        let (client, url) = (n.client.clone(), n.url("/topics/t1/events"));
+        tasks.push(tokio::spawn(async move {
+            for r in 0..15 {
+                let evs: Vec<Value> = (0..100).map(|i| ev(&format!("c{w}-{r}-{i}"))).collect();
+                let res = client.post(&url).json(&evs).send().await.unwrap();
+                assert_eq!(res.status().as_u16(), 200);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    rx.open.send_replace(true);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let total = BACKLOG + 4 * 15 * 100;
+    rx.wait_distinct(total).await;
+    n.wait_metric("DeliverySuccessCounts", SUB, total as u64)
+        .await;
+    assert_eq!(n.queue_counts(), (0, 0));
+    let dups: Vec<_> = rx.seen().into_iter().filter(|(_, c)| *c != 1).collect();
+    assert!(dups.is_empty(), "delivered more than once: {dups:?}");
+    n.stop().await;
+}
