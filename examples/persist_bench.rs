@@ -11,7 +11,17 @@
 //!    and how many commits shared each flush;
 //! 2. bytes on disk per queued event (sled store), after draining, and after refilling;
 //! 3. start-up time with N queued persisted events, and the RSS that costs;
-//! 4. RSS of the release binary, idle and with queued persisted events.
+//! 4. RSS of the release binary, idle and with queued persisted events; then (4b, issue 6
+//!    scenario (e)) N events queued behind a down subscriber (release binary as a child
+//!    process): RSS, bytes on disk per event, restart to serving, then the subscriber comes back:
+//!    drain rate and RSS while draining.
+//!
+//! ```text
+//! cargo run --release --example persist_bench -- backlog [N]   # only (4b), N defaults to 1,000,000
+//! cargo run --release --example persist_bench -- memory        # only (3) and (4)
+//! GRIDLET_BIN=/path/to/gridlet cargo run --release --example persist_bench -- backlog
+//!                                                           # (4b) against another build
+//! ```
 
 use gridlet::clock::Clock;
 use gridlet::store::sled::{SledOptions, SledStore};
@@ -450,9 +460,267 @@ async fn binary_rss(n: u64) {
     let _ = child.wait();
 }
 
+/// A webhook that holds every request while its gate is closed (a subscriber that is down),
+/// then answers 200 and counts the events.
+struct Gated {
+    addr: std::net::SocketAddr,
+    open: tokio::sync::watch::Sender<bool>,
+    count: Arc<AtomicU64>,
+}
+
+async fn gated() -> Gated {
+    type S = (tokio::sync::watch::Receiver<bool>, Arc<AtomicU64>);
+    async fn h(
+        axum::extract::State((mut gate, count)): axum::extract::State<S>,
+        body: axum::body::Bytes,
+    ) -> axum::http::StatusCode {
+        let _ = gate.wait_for(|o| *o).await;
+        let n = serde_json::from_slice::<Vec<serde::de::IgnoredAny>>(&body)
+            .map(|v| v.len() as u64)
+            .unwrap_or(1);
+        count.fetch_add(n, Ordering::Relaxed);
+        axum::http::StatusCode::OK
+    }
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let count = Arc::new(AtomicU64::new(0));
+    let app = axum::Router::new()
+        .route("/hook", axum::routing::post(h))
+        .with_state((gate, count.clone()));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    Gated { addr, open, count }
+}
+
+fn gridlet_bin() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("GRIDLET_BIN") {
+        return Some(p.into());
+    }
+    std::env::current_exe()
+        .ok()?
+        .parent()
+        .and_then(|p| p.parent())
+        .map(|p| p.join("gridlet"))
+        .filter(|p| p.exists())
+}
+
+fn spawn_bin(exe: &Path, dir: &Path, port: u16) -> std::process::Child {
+    let mut cmd = std::process::Command::new(exe);
+    cmd.env_clear();
+    cmd.env("inbound__serverAuth__tlsPolicy", "disabled")
+        .env("inbound__clientAuth__clientCert__enabled", "false")
+        .env("outbound__webhook__httpsOnly", "false")
+        .env("inbound__bindAddress", "127.0.0.1")
+        .env("inbound__httpPort", port.to_string())
+        .env("broker__maxEventsPerRequest", "100000")
+        .env("persistence__maxDiskBytes", (16u64 << 30).to_string())
+        .env("metrics__reporterType", "prometheus")
+        .env("persistence__metadataPath", dir.join("m"))
+        .env("persistence__eventsPath", dir.join("e"))
+        .env("RUST_LOG", "warn");
+    // Experiments pass through: MALLOC_ARENA_MAX=2, persistence__cacheBytes=..., etc.
+    for (k, v) in std::env::vars_os() {
+        let k = k.to_string_lossy().to_string();
+        if k.starts_with("MALLOC_") || k.starts_with("persistence__") {
+            cmd.env(k, v);
+        }
+    }
+    cmd.spawn().unwrap()
+}
+
+async fn wait_ready(client: &reqwest::Client, base: &str) -> Duration {
+    let t = Instant::now();
+    loop {
+        if client
+            .get(format!("{base}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return t.elapsed();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "gridlet never ready"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn dir_bytes(p: &Path) -> u64 {
+    std::fs::read_dir(p)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+async fn pending_metric(client: &reqwest::Client, base: &str) -> u64 {
+    let text = client
+        .get(format!("{base}/metrics?{V}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find(|l| l.starts_with("gridlet_pending_events{"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 6 scenario (e): `n` persisted events behind a down subscriber, restart, drain.
+async fn backlog(n: u64) {
+    let Some(exe) = gridlet_bin() else {
+        println!("  (skipped: build the binary first: cargo build --release --bin gridlet)");
+        return;
+    };
+    println!("  binary: {}", exe.display());
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let rx = gated().await;
+    let mut child = spawn_bin(&exe, dir.path(), port);
+    let first_start = wait_ready(&client, &base).await;
+    let pid = child.id().to_string();
+    let idle = rss_kib(&pid, "VmRSS:");
+    setup(&client, &base, &format!("http://{}/hook", rx.addr), true).await;
+    let disk0 = dir_bytes(dir.path());
+    // Publish: 4 publishers, 500 events (≈ 290 B each) per request.
+    let t = Instant::now();
+    let per_req = 500u64;
+    let reqs = n / per_req;
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (client, next) = (client.clone(), next.clone());
+        let url = format!("{base}/topics/t/events?{V}");
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= reqs {
+                    break;
+                }
+                let body: Vec<Value> = (0..per_req)
+                    .map(|k| event(&format!("{i:08}-{k:04}-0000-0000-000000000000"), 0, 120))
+                    .collect();
+                let r = client.post(&url).json(&body).send().await.unwrap();
+                assert_eq!(r.status(), 200, "{:?}", r.text().await);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let total = reqs * per_req;
+    let publish_s = t.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let rss = rss_kib(&pid, "VmRSS:");
+    let hwm = rss_kib(&pid, "VmHWM:");
+    let disk = dir_bytes(dir.path());
+    println!(
+        "  {total} events published to a down subscriber in {publish_s:.1} s ({:.0} events/s, 500 per request, 4 publishers); first start {:.0} ms, idle RSS {}",
+        total as f64 / publish_s,
+        first_start.as_secs_f64() * 1000.0,
+        mib(idle * 1024)
+    );
+    println!(
+        "  with the backlog queued: RSS {} (peak while publishing {}); on disk {} = {:.0} B/event",
+        mib(rss * 1024),
+        mib(hwm * 1024),
+        mib(disk),
+        disk.saturating_sub(disk0) as f64 / total as f64
+    );
+    // Restart (SIGKILL: a crash, the harder case) with the backlog.
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut child = spawn_bin(&exe, dir.path(), port);
+    let ready = wait_ready(&client, &base).await;
+    let pid = child.id().to_string();
+    let pending = pending_metric(&client, &base).await;
+    let restart_rss = rss_kib(&pid, "VmRSS:");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    println!(
+        "  restart (after SIGKILL) to serving: {:.2} s from spawn to /readyz answering 200, {pending} pending; RSS {} at ready, {} 1 s later (peak {})",
+        ready.as_secs_f64(),
+        mib(restart_rss * 1024),
+        mib(rss_kib(&pid, "VmRSS:") * 1024),
+        mib(rss_kib(&pid, "VmHWM:") * 1024),
+    );
+    // The subscriber comes back.
+    let before = rx.count.load(Ordering::Relaxed);
+    let t = Instant::now();
+    rx.open.send_replace(true);
+    let mut peak = 0;
+    let mut last_report = Instant::now();
+    loop {
+        peak = peak.max(rss_kib(&pid, "VmRSS:"));
+        let left = pending_metric(&client, &base).await;
+        if left == 0 {
+            break;
+        }
+        if last_report.elapsed() > Duration::from_secs(10) {
+            println!(
+                "    … {left} pending after {:.0} s",
+                t.elapsed().as_secs_f64()
+            );
+            last_report = Instant::now();
+        }
+        if t.elapsed() > Duration::from_secs(300) {
+            println!("    (stopped waiting after 300 s with {left} pending)");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let got = rx.count.load(Ordering::Relaxed) - before;
+    println!(
+        "  subscriber back: {got} events received in {secs:.1} s = {:.0} events/s (1 event per delivery request, 32 in flight); RSS while draining peak {}, after {}; on disk after {}",
+        got as f64 / secs,
+        mib(peak * 1024),
+        mib(rss_kib(&pid, "VmRSS:") * 1024),
+        mib(dir_bytes(dir.path())),
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     gridlet::tls::install_default_provider();
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "backlog") {
+        let n = args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1_000_000);
+        println!("4b. {n} events behind a down subscriber (release binary)");
+        backlog(n).await;
+        return;
+    }
+    if args.iter().any(|a| a == "memory") {
+        // Only (3) and (4), full sizes.
+        println!("3. start-up with queued persisted events");
+        startup(1_000_000).await;
+        println!("4. memory of the release binary");
+        binary_rss(200_000).await;
+        return;
+    }
     let quick = std::env::args().any(|a| a == "quick");
     let (n_tp, n_disk, n_start, n_rss) = if quick {
         (5_000, 20_000, 100_000, 50_000)
@@ -471,4 +739,6 @@ async fn main() {
     startup(n_start).await;
     println!("4. memory of the release binary");
     binary_rss(n_rss).await;
+    println!("4b. events behind a down subscriber (release binary)");
+    backlog(if quick { 100_000 } else { 1_000_000 }).await;
 }

@@ -16,7 +16,7 @@ mod resilience;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::delivery::dispatcher::{self, AbortOnDrop, EngineCtx, SubConfig, SubShared};
-use crate::delivery::queue::{EventData, Pending};
+use crate::delivery::queue::{EventData, Pending, SubQueue, Window};
 use crate::delivery::sink::SinkFactory;
 use crate::error::ApiError;
 use crate::metrics::{self, Series, SeriesValue, SubscriptionMetrics, TopicMetrics};
@@ -221,52 +221,86 @@ impl Broker {
         Ok(broker)
     }
 
+    /// Restore a persisted subscription's queue from the store's index (sequence numbers and
+    /// retry states, no bodies): events waiting for their first attempt are queued by sequence
+    /// number only and enter the delivery window as it drains (their bodies are read then);
+    /// events waiting for a retry are read now and keep their due time.
     fn restore_events(&self, shared: &SubShared) -> Result<(), StoreError> {
-        let events = self.inner.ctx.store.pending(shared.queue_id)?;
+        let store = &self.inner.ctx.store;
+        let index = store.pending_index(shared.queue_id)?;
         let now_ms = self.inner.ctx.clock.now_ms();
         let now = Instant::now();
         let policy = shared.config().policy;
         let mut expired = Vec::new();
-        let mut q = shared.queue();
-        for e in events {
-            let expires =
-                crate::delivery::retry::is_expired(&policy, e.state.first_enqueued_ms, now_ms);
-            let p = Pending {
-                seq: e.seq,
-                event: Arc::new(EventData {
-                    body: e.body,
-                    id: e.id.into_boxed_str(),
-                }),
-                attempts: e.state.attempts,
-                first_enqueued_ms: e.state.first_enqueued_ms,
-                enqueued_at: now,
-            };
-            // TTL counts from the first enqueue, across restarts: what expired while gridlet was
-            // down is dead-lettered (and counted) now rather than delivered late.
-            if expires {
-                expired.push(p);
-                continue;
-            }
-            if e.state.attempts == 0 {
-                q.push(p);
-            } else {
-                let wait = Duration::from_millis(e.state.due_ms.saturating_sub(now_ms));
-                q.push_recovered_retry(now + wait, p);
+        let mut retries = Vec::new();
+        {
+            let mut q = shared.queue();
+            for (seq, state) in index {
+                // TTL counts from the first enqueue, across restarts: what expired while gridlet
+                // was down is dead-lettered (and counted) below rather than delivered late.
+                if crate::delivery::retry::is_expired(&policy, state.first_enqueued_ms, now_ms) {
+                    expired.push(seq);
+                } else if state.attempts == 0 {
+                    q.push_spilled(seq);
+                } else {
+                    retries.push((seq, state));
+                }
             }
         }
-        drop(q);
+        for chunk in retries.chunks(1024) {
+            let seqs: Vec<u64> = chunk.iter().map(|(s, _)| *s).collect();
+            let events = store.get(shared.queue_id, &seqs)?;
+            let mut q = shared.queue();
+            for ((_, state), e) in chunk.iter().zip(events) {
+                let Some(e) = e else { continue };
+                let wait = Duration::from_millis(state.due_ms.saturating_sub(now_ms));
+                q.push_recovered_retry(
+                    now + wait,
+                    Pending {
+                        seq: e.seq,
+                        event: Arc::new(EventData {
+                            body: e.body,
+                            id: e.id.into_boxed_str(),
+                        }),
+                        attempts: state.attempts,
+                        first_enqueued_ms: state.first_enqueued_ms,
+                        enqueued_at: now,
+                    },
+                );
+            }
+        }
         // The dispatcher may already have looked at the empty queue and gone to sleep.
         shared.notify.notify_one();
         if !expired.is_empty() {
+            // TTL counts from the first enqueue, across restarts: what expired while gridlet was
+            // down is dead-lettered (and counted) now rather than delivered late. Bodies are read
+            // in chunks so a large expired backlog never sits in memory at once.
             tracing::info!(topic = %shared.topic, subscription = %shared.name, events = expired.len(), reason = "TimeToLiveExceeded", "stored events expired while gridlet was stopped");
-            // Counts them, keeps them as dead letters, then removes them from the store.
-            dispatcher::dead_letter(
-                shared,
-                &self.inner.ctx,
-                &expired,
-                crate::delivery::retry::DropReason::Expired,
-                None,
-            );
+            for chunk in expired.chunks(1024) {
+                let events = store.get(shared.queue_id, chunk)?;
+                let items: Vec<Pending> = events
+                    .into_iter()
+                    .flatten()
+                    .map(|e| Pending {
+                        seq: e.seq,
+                        event: Arc::new(EventData {
+                            body: e.body,
+                            id: e.id.into_boxed_str(),
+                        }),
+                        attempts: e.state.attempts,
+                        first_enqueued_ms: e.state.first_enqueued_ms,
+                        enqueued_at: now,
+                    })
+                    .collect();
+                // Counts them, keeps them as dead letters, then removes them from the store.
+                dispatcher::dead_letter(
+                    shared,
+                    &self.inner.ctx,
+                    &items,
+                    crate::delivery::retry::DropReason::Expired,
+                    None,
+                );
+            }
         }
         Ok(())
     }
@@ -283,12 +317,18 @@ impl Broker {
     }
 
     fn start_subscription(&self, queue_id: u32, sub: Subscription) -> Arc<SubEntry> {
+        // A persisted subscription's backlog lives in the store; memory holds a window of it.
+        let queue = if sub.persisted {
+            SubQueue::windowed(Window::DEFAULT)
+        } else {
+            SubQueue::default()
+        };
         let shared = Arc::new(SubShared {
             queue_id,
             topic: Arc::from(sub.topic.as_str()),
             name: Arc::from(sub.name.as_str()),
             config: RwLock::new(Arc::new(self.sub_config(sub))),
-            queue: Mutex::new(Default::default()),
+            queue: Mutex::new(queue),
             notify: Default::default(),
             metrics: SubscriptionMetrics::default(),
         });

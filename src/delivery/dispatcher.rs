@@ -17,13 +17,13 @@
 use super::deadletter::{DeadLetter, DeadLetterStore, Forward, Forwarder};
 use super::health::{Admission, EndpointHealth, HealthConfig, HealthRegistry};
 use super::policy;
-use super::queue::{Batch, Limits, Pending, SubQueue};
+use super::queue::{Batch, EventData, Limits, Pending, SubQueue};
 use super::retry::{self, DropReason, Step};
 use super::sink::{DeliveryRequest, Outcome, Sink};
 use crate::clock::Clock;
 use crate::metrics::SubscriptionMetrics;
 use crate::model::subscription::{EffectivePolicy, Subscription};
-use crate::store::{QueueId, RetryState, Store};
+use crate::store::{QueueId, RetryState, Store, StoreError, StoredEvent};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
@@ -143,6 +143,11 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
     // the task far more often).
     let mut next_sweep = Instant::now();
     loop {
+        // A persisted subscription's window ran low: read the next spilled events' bodies.
+        let want = shared.queue().refill_wanted();
+        if !want.is_empty() {
+            refill(&shared, &ctx, want).await;
+        }
         let mut wait_permit = false;
         // Sending held back by endpoint health: wake at this time (None = only when notified).
         let mut held: Option<Option<Instant>> = None;
@@ -255,6 +260,101 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
             }
             _ = sleep_until_opt(next_due) => {}
         }
+    }
+}
+
+/// Events read per sled call batch while refilling a window.
+const REFILL_CHUNK: usize = 64;
+
+/// What a window refill read: events (in the order asked), how many were gone from the store,
+/// and the sequence numbers left unread (over the byte budget).
+type WindowRead = (Vec<StoredEvent>, usize, Vec<u64>);
+
+/// Read spilled events' bodies from the store, stopping once `room` body bytes are read (at
+/// least one event is always read). Runs on a blocking thread.
+fn read_window(
+    store: &dyn Store,
+    queue: QueueId,
+    seqs: &[u64],
+    room: usize,
+) -> Result<WindowRead, StoreError> {
+    let mut out = Vec::with_capacity(seqs.len());
+    let mut missing = 0usize;
+    let mut bytes = 0usize;
+    let mut done = 0usize;
+    for chunk in seqs.chunks(REFILL_CHUNK) {
+        if !out.is_empty() && bytes >= room {
+            break;
+        }
+        for e in store.get(queue, chunk)? {
+            match e {
+                Some(e) => {
+                    bytes += e.body.len();
+                    out.push(e);
+                }
+                None => missing += 1,
+            }
+        }
+        done += chunk.len();
+    }
+    Ok((out, missing, seqs.get(done..).unwrap_or_default().to_vec()))
+}
+
+/// Move spilled events into the window: read their bodies off the async threads, drop the
+/// expired ones (TTL of a spilled event is checked here, when it enters the window), queue the
+/// rest. A read failure puts them back and pauses refills for a second.
+async fn refill(shared: &Arc<SubShared>, ctx: &Arc<EngineCtx>, seqs: Vec<u64>) {
+    let room = shared.queue().window_room_bytes();
+    let store = ctx.store.clone();
+    let queue = shared.queue_id;
+    let asked = seqs.clone();
+    let read =
+        tokio::task::spawn_blocking(move || read_window(store.as_ref(), queue, &seqs, room)).await;
+    let (events, missing, unread) = match read {
+        Ok(Ok(r)) => r,
+        failed => {
+            let why = match failed {
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+                Ok(Ok(_)) => String::new(),
+            };
+            tracing::error!(subscription = %shared.name, error = %why, "could not read queued events from the store; retrying in 1 s");
+            shared.queue().refilled(Vec::new(), asked);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            return;
+        }
+    };
+    let cfg = shared.config();
+    let now_ms = ctx.clock.now_ms();
+    let now = Instant::now();
+    let (expired, ready): (Vec<Pending>, Vec<Pending>) = events
+        .into_iter()
+        .map(|e| {
+            let age = Duration::from_millis(now_ms.saturating_sub(e.state.first_enqueued_ms));
+            Pending {
+                seq: e.seq,
+                event: Arc::new(EventData {
+                    body: e.body,
+                    id: e.id.into_boxed_str(),
+                }),
+                attempts: e.state.attempts,
+                first_enqueued_ms: e.state.first_enqueued_ms,
+                enqueued_at: now.checked_sub(age).unwrap_or(now),
+            }
+        })
+        .partition(|p| retry::is_expired(&cfg.policy, p.first_enqueued_ms, now_ms));
+    {
+        let mut q = shared.queue();
+        q.refilled(ready, unread);
+        q.settle(missing);
+    }
+    if missing > 0 {
+        tracing::warn!(subscription = %shared.name, events = missing, "queued events were no longer in the store; skipped");
+    }
+    if !expired.is_empty() {
+        drop_events(shared, ctx, expired, DropReason::Expired, None);
+        // An expired backlog is walked through window by window without waiting for a send.
+        shared.notify.notify_one();
     }
 }
 

@@ -6,6 +6,13 @@
 //!   their own budget (`retry_cap` of the subscription's in-flight slots), so a backlog of
 //!   failing retries never takes the slots first attempts need.
 //!
+//! * **spilled** (persisted subscriptions only, [`SubQueue::windowed`]): the ready lane of a
+//!   persisted subscription is a bounded *window* ([`Window`]). Events that arrive while it is full
+//!   (or while older events are still spilled) keep only their sequence number here (8 bytes); their
+//!   bodies stay in the store and the dispatcher reads them back, in arrival order, when the window
+//!   runs low ([`SubQueue::refill_wanted`] / [`SubQueue::refilled`]). A million-event backlog behind
+//!   a down subscriber therefore costs about 8 MiB of RAM instead of its bodies.
+//!
 //! Pure data structure: no I/O, no clock reads (the caller passes `now`), no awaits.
 
 use bytes::Bytes;
@@ -59,20 +66,85 @@ pub struct Limits {
     pub retry_cap: usize,
 }
 
+/// Bound of a persisted subscription's in-memory ready lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Events held with their bodies.
+    pub events: usize,
+    /// Body bytes held (a single larger event still enters an empty window).
+    pub bytes: usize,
+}
+
+impl Window {
+    /// The window of every persisted subscription: 2,048 events or 1 MiB of bodies.
+    pub const DEFAULT: Window = Window {
+        events: 2048,
+        bytes: 1 << 20,
+    };
+}
+
+#[derive(Debug)]
+struct Spill {
+    window: Window,
+    /// Sequence numbers of events whose bodies are only in the store, in arrival order.
+    seqs: VecDeque<u64>,
+    /// Events taken by [`SubQueue::refill_wanted`] and not yet handed back.
+    loading: usize,
+}
+
 /// The queue.
 #[derive(Debug, Default)]
 pub struct SubQueue {
     ready: VecDeque<Pending>,
+    ready_bytes: usize,
     retry: BTreeMap<(Instant, u64), Vec<Pending>>,
     in_flight: usize,
     in_flight_retries: usize,
     pending: usize,
+    spill: Option<Spill>,
 }
 
 impl SubQueue {
-    /// Events accepted and not yet settled (ready + waiting to retry + in flight).
+    /// A queue whose ready lane keeps at most `window` in memory; the rest stays in the store
+    /// (persisted subscriptions).
+    pub fn windowed(window: Window) -> Self {
+        Self {
+            spill: Some(Spill {
+                window: Window {
+                    events: window.events.max(2),
+                    bytes: window.bytes.max(1),
+                },
+                seqs: VecDeque::new(),
+                loading: 0,
+            }),
+            ..Self::default()
+        }
+    }
+
+    /// Events accepted and not yet settled (ready + spilled + waiting to retry + in flight).
     pub fn pending(&self) -> usize {
         self.pending
+    }
+
+    /// Events whose bodies are only in the store (not yet in the window).
+    pub fn spilled(&self) -> usize {
+        self.spill.as_ref().map_or(0, |s| s.seqs.len() + s.loading)
+    }
+
+    /// Events in the ready lane (in memory).
+    pub fn ready_len(&self) -> usize {
+        self.ready.len()
+    }
+
+    fn push_ready(&mut self, p: Pending) {
+        self.ready_bytes += p.event.body.len();
+        self.ready.push_back(p);
+    }
+
+    fn pop_ready(&mut self) -> Option<Pending> {
+        let p = self.ready.pop_front()?;
+        self.ready_bytes = self.ready_bytes.saturating_sub(p.event.body.len());
+        Some(p)
     }
 
     /// Requests in flight.
@@ -80,10 +152,82 @@ impl SubQueue {
         self.in_flight
     }
 
-    /// Add a new event to the ready lane.
+    /// Add a new event to the ready lane. A windowed queue whose window is full, or which still
+    /// has spilled events (arrival order is kept), keeps only the sequence number: the body is
+    /// in the store already.
     pub fn push(&mut self, p: Pending) {
-        self.ready.push_back(p);
         self.pending += 1;
+        let (ready, bytes) = (self.ready.len(), self.ready_bytes);
+        if let Some(s) = &mut self.spill {
+            if !s.seqs.is_empty()
+                || s.loading > 0
+                || ready >= s.window.events
+                || (ready > 0 && bytes + p.event.body.len() > s.window.bytes)
+            {
+                s.seqs.push_back(p.seq);
+                return;
+            }
+        }
+        self.push_ready(p);
+    }
+
+    /// Add an event recovered from the store that waits for its first attempt, by sequence
+    /// number only (its body is read when it enters the window). On a queue without a window
+    /// this does nothing but count it: call it only on windowed queues.
+    pub fn push_spilled(&mut self, seq: u64) {
+        if let Some(s) = &mut self.spill {
+            self.pending += 1;
+            s.seqs.push_back(seq);
+        }
+    }
+
+    /// Spilled events the dispatcher should read from the store now: the window is below half
+    /// full, nothing is being read, and events are spilled. The caller reads them and hands
+    /// them back with [`SubQueue::refilled`]; until then they count as pending and new events
+    /// keep spilling behind them.
+    pub fn refill_wanted(&mut self) -> Vec<u64> {
+        let (ready, bytes) = (self.ready.len(), self.ready_bytes);
+        let Some(s) = &mut self.spill else {
+            return Vec::new();
+        };
+        if s.loading > 0
+            || s.seqs.is_empty()
+            || ready >= s.window.events / 2
+            || bytes >= s.window.bytes / 2
+        {
+            return Vec::new();
+        }
+        let n = (s.window.events - ready).min(s.seqs.len());
+        let out: Vec<u64> = s.seqs.drain(..n).collect();
+        s.loading = out.len();
+        if s.seqs.is_empty() && s.seqs.capacity() > s.window.events {
+            // A drained backlog gives its index memory back.
+            s.seqs.shrink_to_fit();
+        }
+        out
+    }
+
+    /// Body bytes the window can take now (for the reader's byte budget).
+    pub fn window_room_bytes(&self) -> usize {
+        self.spill
+            .as_ref()
+            .map_or(0, |s| s.window.bytes.saturating_sub(self.ready_bytes))
+    }
+
+    /// Hand back what [`SubQueue::refill_wanted`] took: `loaded` events enter the ready lane (in
+    /// the given order), `unread` sequence numbers go back to the head of the spilled list
+    /// (over the byte budget, or the read failed). Events that were neither (gone from the
+    /// store, or expired and dropped by the caller) must be settled by the caller.
+    pub fn refilled(&mut self, loaded: Vec<Pending>, unread: Vec<u64>) {
+        if let Some(s) = &mut self.spill {
+            s.loading = 0;
+            for seq in unread.into_iter().rev() {
+                s.seqs.push_front(seq);
+            }
+        }
+        for p in loaded {
+            self.push_ready(p);
+        }
     }
 
     /// Add an event recovered from the store that waits for a retry.
@@ -134,7 +278,7 @@ impl SubQueue {
     pub fn take_expired(&mut self, expired: impl Fn(&Pending) -> bool) -> Vec<Pending> {
         let mut out = Vec::new();
         while self.ready.front().is_some_and(&expired) {
-            if let Some(p) = self.ready.pop_front() {
+            if let Some(p) = self.pop_ready() {
                 out.push(p);
             }
         }
@@ -190,7 +334,7 @@ impl SubQueue {
         let mut bytes = 0usize;
         while let Some(front) = self.ready.front() {
             if expired(front) {
-                if let Some(p) = self.ready.pop_front() {
+                if let Some(p) = self.pop_ready() {
                     expired_out.push(p);
                 }
                 continue;
@@ -200,7 +344,7 @@ impl SubQueue {
                 break;
             }
             bytes += len;
-            if let Some(p) = self.ready.pop_front() {
+            if let Some(p) = self.pop_ready() {
                 items.push(p);
             }
             if items.len() >= lim.max_events {
@@ -338,5 +482,75 @@ mod tests {
                 &mut out
             )
             .is_none());
+    }
+
+    #[tokio::test]
+    async fn a_windowed_queue_spills_past_its_window_and_keeps_arrival_order() {
+        let w = Window {
+            events: 4,
+            bytes: 1 << 20,
+        };
+        let mut q = SubQueue::windowed(w);
+        for i in 1..=10 {
+            q.push(p(i, 10));
+        }
+        assert_eq!(q.pending(), 10);
+        assert_eq!(q.ready_len(), 4);
+        assert_eq!(q.spilled(), 6);
+        assert!(q.refill_wanted().is_empty(), "window still full");
+        let mut out = Vec::new();
+        let b = q
+            .pick(Instant::now(), &lim(3, usize::MAX), |_| false, &mut out)
+            .unwrap();
+        assert_eq!(b.items.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2, 3]);
+        // One left in the window (< half): refill up to the window.
+        let want = q.refill_wanted();
+        assert_eq!(want, vec![5, 6, 7]);
+        assert!(q.refill_wanted().is_empty(), "one read at a time");
+        // New events keep spilling while a read is under way.
+        q.push(p(11, 10));
+        assert_eq!(q.ready_len(), 1);
+        // 7 was over the byte budget: back to the head of the spilled list.
+        q.refilled(vec![p(5, 10), p(6, 10)], vec![7]);
+        assert_eq!(q.spilled(), 5);
+        q.finish(false);
+        q.settle(3);
+        let mut seqs = Vec::new();
+        while let Some(b) = q.pick(Instant::now(), &lim(10, usize::MAX), |_| false, &mut out) {
+            seqs.extend(b.items.iter().map(|e| e.seq));
+            q.finish(false);
+            q.settle(b.items.len());
+            let want = q.refill_wanted();
+            if !want.is_empty() {
+                let loaded = want.iter().map(|s| p(*s, 10)).collect();
+                q.refilled(loaded, Vec::new());
+            }
+        }
+        assert_eq!(seqs, (4..=11).collect::<Vec<_>>());
+        assert_eq!(q.pending(), 0);
+        assert_eq!(q.spilled(), 0);
+        // Empty again: new events go straight to the window.
+        q.push(p(12, 10));
+        assert_eq!((q.ready_len(), q.spilled()), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn the_window_is_bounded_by_bytes_too() {
+        let mut q = SubQueue::windowed(Window {
+            events: 100,
+            bytes: 1000,
+        });
+        q.push(p(1, 2000));
+        assert_eq!(q.ready_len(), 1, "a big event still enters an empty window");
+        q.push(p(2, 10));
+        assert_eq!(q.spilled(), 1);
+        q.push_spilled(3);
+        assert_eq!((q.pending(), q.spilled()), (3, 2));
+        assert_eq!(q.window_room_bytes(), 0);
+        let mut plain = SubQueue::default();
+        for i in 0..10_000 {
+            plain.push(p(i, 100));
+        }
+        assert_eq!(plain.spilled(), 0, "non-persisted queues never spill");
     }
 }

@@ -59,6 +59,14 @@ impl Store for MemoryStore {
             .collect())
     }
 
+    fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
+        let g = self.lock();
+        Ok(seqs
+            .iter()
+            .map(|s| g.events.get(&(queue, *s)).cloned())
+            .collect())
+    }
+
     fn put_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
         let mut g = self.lock();
         g.order += 1;

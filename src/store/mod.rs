@@ -2,7 +2,9 @@
 //! subscriptions.
 //!
 //! The delivery engine keeps every subscription's schedule in memory; the store is the durable
-//! copy for persisted subscriptions (and for metadata). The engine's contract with a store:
+//! copy for persisted subscriptions (and for metadata), and it also holds the bodies of a
+//! persisted backlog beyond the in-memory window (the engine keeps only their sequence numbers
+//! and reads them back with [`Store::get`]). The engine's contract with a store:
 //!
 //! 1. `append` + `commit` before a publish is acknowledged (commit is the group-commit point:
 //!    concurrent publishes share one flush);
@@ -122,6 +124,39 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// Unreadable data.
     fn pending(&self, queue: QueueId) -> Result<Vec<StoredEvent>, StoreError>;
+
+    /// Sequence numbers and retry states of one queue's pending events, in sequence order,
+    /// without their bodies (recovery keeps only these in memory; bodies are read with
+    /// [`Store::get`] when an event enters the delivery window). The sled store answers the
+    /// first call per queue from the scan it made when it opened, so start-up reads the
+    /// database once.
+    ///
+    /// # Errors
+    /// Unreadable data.
+    fn pending_index(&self, queue: QueueId) -> Result<Vec<(u64, RetryState)>, StoreError> {
+        Ok(self
+            .pending(queue)?
+            .into_iter()
+            .map(|e| (e.seq, e.state))
+            .collect())
+    }
+
+    /// Read events of one queue by sequence number, in the order asked; `None` for one that is
+    /// not stored (settled meanwhile).
+    ///
+    /// The default reads the whole queue ([`Store::pending`]); stores override it with point
+    /// reads.
+    ///
+    /// # Errors
+    /// Unreadable data.
+    fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
+        let mut all: std::collections::HashMap<u64, StoredEvent> = self
+            .pending(queue)?
+            .into_iter()
+            .map(|e| (e.seq, e))
+            .collect();
+        Ok(seqs.iter().map(|s| all.remove(s)).collect())
+    }
 
     /// Create or replace a topic record.
     ///
@@ -258,8 +293,20 @@ pub mod contract {
         store.update(q, &[2], st).unwrap();
         assert_eq!(store.pending(q).unwrap()[1].state, st);
 
+        assert_eq!(
+            store.pending_index(q).unwrap(),
+            vec![(1, ev(1).state), (2, st)]
+        );
+        let mut two = ev(2);
+        two.state = st;
+        assert_eq!(
+            store.get(q, &[2, 7, 1]).unwrap(),
+            vec![Some(two), None, Some(ev(1))]
+        );
+
         store.remove(q, &[1]).unwrap();
         assert_eq!(store.pending(q).unwrap().len(), 1);
+        assert_eq!(store.get(q, &[1]).unwrap(), vec![None]);
 
         let snap = store.load().unwrap();
         assert_eq!(snap.topics.len(), 1);

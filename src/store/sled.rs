@@ -50,6 +50,13 @@
 //! Deliveries and subscription deletes lower the live bytes, so publishing resumes as the
 //! backlog drains.
 //!
+//! # Start-up
+//!
+//! Opening reads the events database once: it counts live bytes (disk bound), removes orphans,
+//! and collects each queue's `(seq, retry state)` index, which answers the first
+//! [`Store::pending_index`] per queue. Bodies are not kept: the engine reads them with
+//! [`Store::get`] as events enter its delivery window.
+//!
 //! # Start-up checks
 //!
 //! A database that cannot be opened, or that is empty although its `*.format` marker says it was
@@ -63,9 +70,9 @@ use crate::delivery::deadletter::DeadLetterStore;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use serde_json::{json, Value};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use tokio::sync::oneshot;
 
@@ -193,6 +200,11 @@ pub struct SledStore {
     committer: Arc<Committer>,
     committer_thread: Option<std::thread::JoinHandle<()>>,
     paths: (PathBuf, PathBuf),
+    /// Per queue, the `(seq, retry state)` of every event found by the scan at open: answers
+    /// the first [`Store::pending_index`] of each queue without a second pass over the
+    /// database. A queue's entry is dropped as soon as anything writes to it (it would be stale).
+    recovered: Mutex<HashMap<QueueId, Vec<(u64, RetryState)>>>,
+    has_recovered: AtomicBool,
 }
 
 fn io(e: sled::Error) -> StoreError {
@@ -441,6 +453,8 @@ impl SledStore {
             committer,
             committer_thread: Some(thread),
             paths: (opts.metadata_path.clone(), opts.events_path.clone()),
+            recovered: Mutex::new(HashMap::new()),
+            has_recovered: AtomicBool::new(false),
         };
         store.scan_events()?;
         store.live.fetch_add(dead_letter_bytes, Ordering::Relaxed);
@@ -466,6 +480,7 @@ impl SledStore {
         let mut live = 0u64;
         let mut max_seq = 0u64;
         let mut orphans: Vec<(QueueId, u64)> = Vec::new();
+        let mut index: HashMap<QueueId, Vec<(u64, RetryState)>> = HashMap::new();
         for item in self.events.iter() {
             let (k, v) = item.map_err(io)?;
             if k.as_ref() == HIGH_WATER_KEY {
@@ -475,6 +490,13 @@ impl SledStore {
             if known.contains(&q) {
                 live += item_cost(v.len());
                 max_seq = max_seq.max(seq);
+                let state = decode_state(&v).ok_or_else(|| {
+                    corrupt(
+                        &self.paths.1,
+                        format!("event {seq} of queue {q} is unreadable"),
+                    )
+                })?;
+                index.entry(q).or_default().push((seq, state));
             } else {
                 match orphans.last_mut() {
                     Some((oq, n)) if *oq == q => *n += 1,
@@ -492,7 +514,21 @@ impl SledStore {
         }
         self.live.store(live, Ordering::Relaxed);
         self.scanned_max_seq.store(max_seq, Ordering::Relaxed);
+        self.has_recovered
+            .store(!index.is_empty(), Ordering::Relaxed);
+        *self.recovered.lock().unwrap_or_else(|p| p.into_inner()) = index;
         Ok(())
+    }
+
+    /// Drop the scan-at-open index of `queue` (it is being written to).
+    fn forget_recovered(&self, queue: QueueId) {
+        if self.has_recovered.load(Ordering::Relaxed) {
+            let mut g = self.recovered.lock().unwrap_or_else(|p| p.into_inner());
+            g.remove(&queue);
+            if g.is_empty() {
+                self.has_recovered.store(false, Ordering::Relaxed);
+            }
+        }
     }
 
     fn remove_queue(&self, queue: QueueId) -> Result<u64, StoreError> {
@@ -606,6 +642,48 @@ impl Store for SledStore {
         Ok(out)
     }
 
+    fn pending_index(&self, queue: QueueId) -> Result<Vec<(u64, RetryState)>, StoreError> {
+        if self.has_recovered.load(Ordering::Relaxed) {
+            let mut g = self.recovered.lock().unwrap_or_else(|p| p.into_inner());
+            let found = g.remove(&queue);
+            if g.is_empty() {
+                self.has_recovered.store(false, Ordering::Relaxed);
+            }
+            if let Some(v) = found {
+                return Ok(v);
+            }
+        }
+        let mut out = Vec::new();
+        for item in self.events.scan_prefix(queue.to_be_bytes()) {
+            let (k, v) = item.map_err(io)?;
+            let (_, seq) = parse_key(&k).ok_or_else(|| corrupt(&self.paths.1, "bad event key"))?;
+            let state = decode_state(&v).ok_or_else(|| {
+                corrupt(
+                    &self.paths.1,
+                    format!("event {seq} of queue {queue} is unreadable"),
+                )
+            })?;
+            out.push((seq, state));
+        }
+        Ok(out)
+    }
+
+    fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
+        seqs.iter()
+            .map(
+                |&seq| match self.events.get(event_key(queue, seq)).map_err(io)? {
+                    Some(v) => decode_value(seq, &v).map(Some).ok_or_else(|| {
+                        corrupt(
+                            &self.paths.1,
+                            format!("event {seq} of queue {queue} is unreadable"),
+                        )
+                    }),
+                    None => Ok(None),
+                },
+            )
+            .collect()
+    }
+
     fn put_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
         let _g = self.topic_order.lock().unwrap_or_else(|p| p.into_inner());
         let order = match self.topics.get(key).map_err(io)? {
@@ -637,6 +715,7 @@ impl Store for SledStore {
     }
 
     fn delete_subscription(&self, queue: QueueId) -> Result<(), StoreError> {
+        self.forget_recovered(queue);
         self.deleted
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -679,6 +758,7 @@ impl Store for SledStore {
             if deleted.contains(q) {
                 continue;
             }
+            self.forget_recovered(*q);
             let v = encode_value(e);
             cost += item_cost(v.len());
             max_seq = max_seq.max(e.seq);
@@ -732,6 +812,7 @@ impl Store for SledStore {
     }
 
     fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
+        self.forget_recovered(queue);
         for s in seqs {
             // fetch_and_update is atomic: an event removed meanwhile stays removed.
             self.events
@@ -745,6 +826,7 @@ impl Store for SledStore {
     }
 
     fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
+        self.forget_recovered(queue);
         let mut freed = 0u64;
         for s in seqs {
             if let Some(v) = self.events.remove(event_key(queue, *s)).map_err(io)? {
@@ -869,8 +951,45 @@ mod tests {
             vec![("b".into(), q, json!({"name":"s"}))]
         );
         assert_eq!(snap.max_seq, 11);
+        // The index comes from the scan at open; a write to the queue makes it read afresh.
+        s.append(&[(q, ev(12, 5))]).unwrap();
+        assert_eq!(
+            s.pending_index(q).unwrap(),
+            vec![(11, ev(11, 5).state), (12, ev(12, 5).state)]
+        );
+        s.remove(q, &[12]).unwrap();
         assert_eq!(s.pending(q).unwrap(), vec![ev(11, 5)]);
         assert!(s.next_queue_id().unwrap() > q, "queue ids are not reused");
+    }
+
+    #[tokio::test]
+    async fn the_index_at_open_matches_the_stored_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let q;
+        {
+            let s = SledStore::open(&opts(dir.path(), 1 << 30)).unwrap();
+            q = s.next_queue_id().unwrap();
+            s.put_subscription("t", q, &json!({})).unwrap();
+            s.append(&[(q, ev(1, 5)), (q, ev(2, 5)), (q, ev(3, 5))])
+                .unwrap();
+            s.update(
+                q,
+                &[2],
+                RetryState {
+                    attempts: 2,
+                    first_enqueued_ms: 5,
+                    due_ms: 77,
+                },
+            )
+            .unwrap();
+            s.commit().await.unwrap();
+        }
+        let s = SledStore::open(&opts(dir.path(), 1 << 30)).unwrap();
+        let idx = s.pending_index(q).unwrap();
+        assert_eq!(idx.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(idx[1].1.due_ms, 77);
+        assert_eq!(s.pending_index(q).unwrap(), idx, "a second call scans");
+        assert_eq!(s.get(q, &[3]).unwrap(), vec![Some(ev(3, 5))]);
     }
 
     #[tokio::test]
