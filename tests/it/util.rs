@@ -66,21 +66,34 @@ async fn record(
     StatusCode::from_u16(s.status.load(Ordering::Relaxed)).unwrap_or(StatusCode::OK)
 }
 
+type Recording = (
+    Router,
+    mpsc::UnboundedReceiver<Received>,
+    Arc<AtomicU16>,
+    Arc<AtomicU64>,
+);
+
+/// The router both receivers serve: record every POST, answer the configured status.
+fn recording_app() -> Recording {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let status = Arc::new(AtomicU16::new(200));
+    let count = Arc::new(AtomicU64::new(0));
+    let state = RxState {
+        tx,
+        status: status.clone(),
+        count: count.clone(),
+    };
+    let app = Router::new()
+        .route("/{*path}", post(record))
+        .route("/", post(record))
+        .with_state(state);
+    (app, rx, status, count)
+}
+
 impl Receiver {
     /// Start a receiver answering 200.
     pub async fn start() -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let status = Arc::new(AtomicU16::new(200));
-        let count = Arc::new(AtomicU64::new(0));
-        let state = RxState {
-            tx,
-            status: status.clone(),
-            count: count.clone(),
-        };
-        let app = Router::new()
-            .route("/{*path}", post(record))
-            .route("/", post(record))
-            .with_state(state);
+        let (app, rx, status, count) = recording_app();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let task = tokio::spawn(async move {
@@ -309,18 +322,7 @@ pub async fn https_receiver() -> Receiver {
     let store = gridlet::tls::CertStore::new(key);
     let cfg = gridlet::tls::server_config(store, gridlet::tls::ClientCerts::AnyCa).unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-    let (tx, rx) = mpsc::unbounded_channel();
-    let status = Arc::new(AtomicU16::new(200));
-    let count = Arc::new(AtomicU64::new(0));
-    let state = RxState {
-        tx,
-        status: status.clone(),
-        count: count.clone(),
-    };
-    let app = Router::new()
-        .route("/{*path}", post(record))
-        .route("/", post(record))
-        .with_state(state);
+    let (app, rx, status, count) = recording_app();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
