@@ -4,64 +4,22 @@
 //! A restart is `Gridlet::shutdown` and a new `Gridlet::start` on the same directories; wall
 //! time is moved with `Clock::anchored_at`, never by sleeping.
 
+use crate::node::*;
 use crate::util::*;
-use gridlet::clock::Clock;
-use gridlet::{Config, Gridlet, Parts};
 use serde_json::{json, Value};
-use std::path::Path;
 use std::time::Duration;
 
-const T0: u64 = 1_800_000_000_000;
-const MIN: u64 = 60_000;
-const SUB: &str = r#"topic="t1",subscription="s1""#;
 const S1: &str = "/topics/t1/eventSubscriptions/s1";
 
-struct Node {
-    g: Gridlet,
-    base: String,
-    client: reqwest::Client,
-}
-
-async fn node(dir: &Path, extra: &[(&str, &str)], wall_ms: u64) -> Node {
-    let mut env = base_env(dir);
-    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    let cfg = Config::from_vars(env).expect("valid test config");
-    let parts = Parts {
-        clock: Some(Clock::anchored_at(wall_ms)),
-        ..Parts::default()
-    };
-    let g = Gridlet::start(cfg, parts).await.expect("gridlet starts");
-    let base = format!("http://{}", g.http_addr.expect("http listener"));
-    Node {
-        g,
-        base,
-        client: reqwest::Client::new(),
-    }
-}
-
 impl Node {
-    fn url(&self, path: &str) -> String {
-        format!("{}{}?{}", self.base, path, V)
-    }
-
     async fn send(&self, req: reqwest::RequestBuilder) -> (u16, Value) {
         let r = req.send().await.unwrap();
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
-    async fn put(&self, path: &str, body: Value) -> (u16, Value) {
-        self.send(self.client.put(self.url(path)).json(&body)).await
-    }
-
     async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         self.send(self.client.post(self.url(path)).json(&body))
             .await
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        let (s, v) = self.send(self.client.get(self.url(path))).await;
-        assert_eq!(s, 200, "{v}");
-        v
     }
 
     async fn setup(&self, url: &str, extra: Value) {
@@ -76,7 +34,7 @@ impl Node {
         assert_eq!(s, 200, "{b}");
     }
 
-    async fn publish(&self, id: &str) {
+    async fn publish_one(&self, id: &str) {
         let body = json!([eg_event(id, "s", "t", json!({"n": id}))]);
         let (s, b) = self.post("/topics/t1/events", body).await;
         assert_eq!(s, 200, "{b}");
@@ -97,35 +55,6 @@ impl Node {
                 )
             })
             .collect()
-    }
-
-    async fn metric(&self, name: &str, labels: &str) -> u64 {
-        let text = self
-            .client
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        metric(&text, name, labels).unwrap_or(0)
-    }
-
-    /// Wait until a counter reaches `want` (the effect of something already observed).
-    async fn wait_metric(&self, name: &str, labels: &str, want: u64) {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while self.metric(name, labels).await < want {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{name}{{{labels}}} < {want}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    async fn stop(self) {
-        self.g.shutdown().await;
     }
 }
 
@@ -156,10 +85,10 @@ async fn dead_letters_of_a_persisted_subscription_survive_restarts_and_replay() 
                      "retryPolicy": {"maxDeliveryAttempts": 1}});
 
     // Two events fail their only attempt: dead letters (and gone from the event store).
-    let n = node(dir.path(), &[], T0).await;
+    let n = node(dir.path(), &[], Some(T0)).await;
     n.setup(&rx.url("/p"), sub).await;
-    n.publish("e1").await;
-    n.publish("e2").await;
+    n.publish_one("e1").await;
+    n.publish_one("e2").await;
     receive(&mut rx, 2).await;
     n.wait_metric("gridlet_dead_lettered_events_total", SUB, 2)
         .await;
@@ -168,13 +97,13 @@ async fn dead_letters_of_a_persisted_subscription_survive_restarts_and_replay() 
     n.stop().await;
 
     // After a restart: the same letters (ids, reasons), and the events are not redelivered.
-    let n = node(dir.path(), &[], T0 + MIN).await;
+    let n = node(dir.path(), &[], Some(T0 + MIN)).await;
     assert_eq!(n.dead_letters().await, before);
     assert_eq!(before[0].2, "MaxDeliveryAttemptsExceeded");
     assert_eq!(n.metric("gridlet_dead_letters", SUB).await, 2);
     rx.nothing_within(Duration::from_millis(500)).await;
     // A new dead letter gets a higher id than any before the restart.
-    n.publish("e3").await;
+    n.publish_one("e3").await;
     receive(&mut rx, 1).await;
     n.wait_metric("gridlet_dead_letters", SUB, 3).await;
     let all = n.dead_letters().await;
@@ -194,7 +123,7 @@ async fn dead_letters_of_a_persisted_subscription_survive_restarts_and_replay() 
     n.stop().await;
 
     // The replay's removal is durable too; replay the rest after another restart.
-    let n = node(dir.path(), &[], T0 + 2 * MIN).await;
+    let n = node(dir.path(), &[], Some(T0 + 2 * MIN)).await;
     let left = n.dead_letters().await;
     assert_eq!(
         left.iter().map(|l| l.1.as_str()).collect::<Vec<_>>(),
@@ -209,11 +138,11 @@ async fn dead_letters_of_a_persisted_subscription_survive_restarts_and_replay() 
 
     // Nothing left, nothing delivered twice; ids continue above every id ever used even though
     // no letter is stored any more.
-    let n = node(dir.path(), &[], T0 + 3 * MIN).await;
+    let n = node(dir.path(), &[], Some(T0 + 3 * MIN)).await;
     assert!(n.dead_letters().await.is_empty());
     rx.nothing_within(Duration::from_millis(500)).await;
     rx.respond_with(500);
-    n.publish("e4").await;
+    n.publish_one("e4").await;
     receive(&mut rx, 1).await;
     n.wait_metric("gridlet_dead_letters", SUB, 1).await;
     let last = n.dead_letters().await;
@@ -227,20 +156,20 @@ async fn events_that_expire_while_stopped_become_dead_letters() {
     let dir = tempfile::tempdir().unwrap();
     let mut rx = Receiver::start().await;
     rx.respond_with(500);
-    let n = node(dir.path(), &[], T0).await;
+    let n = node(dir.path(), &[], Some(T0)).await;
     n.setup(
         &rx.url("/p"),
         json!({"persistencePolicy": {"isPersisted": true},
                "retryPolicy": {"eventExpiryInMinutes": 30, "maxDeliveryAttempts": 30}}),
     )
     .await;
-    n.publish("e1").await;
+    n.publish_one("e1").await;
     rx.next().await;
     n.wait_metric("DeliveryFailureCounts", SUB, 1).await;
     n.stop().await;
 
     // 31 minutes later the event is past its TTL: kept as a dead letter, not delivered.
-    let n = node(dir.path(), &[], T0 + 31 * MIN).await;
+    let n = node(dir.path(), &[], Some(T0 + 31 * MIN)).await;
     let dl = n.dead_letters().await;
     assert_eq!(dl.len(), 1);
     assert_eq!(
@@ -250,7 +179,7 @@ async fn events_that_expire_while_stopped_become_dead_letters() {
     rx.nothing_within(Duration::from_millis(500)).await;
     n.stop().await;
     // And it stays one after the next restart.
-    let n = node(dir.path(), &[], T0 + 32 * MIN).await;
+    let n = node(dir.path(), &[], Some(T0 + 32 * MIN)).await;
     assert_eq!(n.dead_letters().await, dl);
     n.stop().await;
 }
@@ -265,7 +194,7 @@ async fn a_frozen_endpoint_stays_frozen_across_restarts_until_enabled() {
         ("broker__endpointHealth__disableConsecutiveFailures", "100"),
         ("broker__endpointHealth__freezeAnyConsecutiveFailures", "2"),
     ];
-    let n = node(dir.path(), &health, T0).await;
+    let n = node(dir.path(), &health, Some(T0)).await;
     n.setup(
         &rx.url("/h"),
         json!({"persistencePolicy": {"isPersisted": true},
@@ -273,18 +202,18 @@ async fn a_frozen_endpoint_stays_frozen_across_restarts_until_enabled() {
     )
     .await;
     for i in 0..3 {
-        n.publish(&format!("f{i}")).await;
+        n.publish_one(&format!("f{i}")).await;
         rx.next().await;
     }
     n.wait_metric("gridlet_endpoint_health_state", SUB, 2).await;
     // A persisted event waits for the frozen endpoint.
-    n.publish("w").await;
+    n.publish_one("w").await;
     rx.nothing_within(Duration::from_millis(300)).await;
     n.stop().await;
 
     // Restarted (the endpoint works again meanwhile): still frozen, nothing is sent.
     rx.respond_with(200);
-    let n = node(dir.path(), &health, T0 + 5 * MIN).await;
+    let n = node(dir.path(), &health, Some(T0 + 5 * MIN)).await;
     let h = n.get(&format!("{S1}/endpointHealth")).await;
     assert_eq!(h["state"], "Frozen", "{h}");
     assert_eq!(h["consecutiveFailures"], 3);
@@ -295,7 +224,7 @@ async fn a_frozen_endpoint_stays_frozen_across_restarts_until_enabled() {
     n.stop().await;
 
     // Still frozen after a second restart; re-enabled through the API: the waiting event goes.
-    let n = node(dir.path(), &health, T0 + 10 * MIN).await;
+    let n = node(dir.path(), &health, Some(T0 + 10 * MIN)).await;
     assert_eq!(
         n.get(&format!("{S1}/endpointHealth")).await["state"],
         "Frozen"
@@ -309,7 +238,7 @@ async fn a_frozen_endpoint_stays_frozen_across_restarts_until_enabled() {
     n.stop().await;
 
     // Re-enabling is durable as well.
-    let n = node(dir.path(), &health, T0 + 11 * MIN).await;
+    let n = node(dir.path(), &health, Some(T0 + 11 * MIN)).await;
     let h = n.get(&format!("{S1}/endpointHealth")).await;
     assert_eq!(h["state"], "Enabled", "{h}");
     assert_eq!(h["consecutiveFailures"], 0);

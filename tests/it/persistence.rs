@@ -4,73 +4,13 @@
 //! Time is driven with the clock seam: the next gridlet starts "later" in wall time
 //! (`Clock::anchored_at`), so queued retries become due (or not) without sleeping.
 
+use crate::node::*;
 use crate::util::*;
-use gridlet::clock::Clock;
-use gridlet::{Config, Gridlet, Parts};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-const T0: u64 = 1_800_000_000_000;
-const MIN: u64 = 60_000;
-
-/// A gridlet on fixed directories that can be stopped and started again.
-struct Node {
-    g: Gridlet,
-    base: String,
-    client: reqwest::Client,
-}
-
-fn config(dir: &Path, extra: &[(&str, &str)]) -> Config {
-    let mut env = base_env(dir);
-    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    Config::from_vars(env).expect("valid test config")
-}
-
-async fn try_node(
-    dir: &Path,
-    extra: &[(&str, &str)],
-    wall_ms: Option<u64>,
-) -> Result<Node, gridlet::server::StartError> {
-    let parts = Parts {
-        clock: wall_ms.map(Clock::anchored_at),
-        ..Parts::default()
-    };
-    let g = Gridlet::start(config(dir, extra), parts).await?;
-    let base = format!("http://{}", g.http_addr.expect("http listener"));
-    Ok(Node {
-        g,
-        base,
-        client: reqwest::Client::new(),
-    })
-}
-
-async fn node(dir: &Path, extra: &[(&str, &str)], wall_ms: Option<u64>) -> Node {
-    try_node(dir, extra, wall_ms).await.expect("gridlet starts")
-}
-
 impl Node {
-    fn url(&self, path: &str) -> String {
-        format!("{}{}?{}", self.base, path, V)
-    }
-
-    async fn put(&self, path: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .client
-            .put(self.url(path))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        let r = self.client.get(self.url(path)).send().await.unwrap();
-        assert_eq!(r.status().as_u16(), 200);
-        r.json().await.unwrap()
-    }
-
     async fn publish(&self, topic: &str, events: &Value) -> reqwest::Response {
         self.client
             .post(self.url(&format!("/topics/{topic}/events")))
@@ -97,40 +37,6 @@ impl Node {
             .await;
         assert_eq!(s, 200, "{b}");
     }
-
-    async fn metric(&self, name: &str, labels: &str) -> u64 {
-        let text = self
-            .client
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        metric(&text, name, labels).unwrap_or(0)
-    }
-
-    /// Wait until a counter reaches `want` (an effect of a delivery the test already observed at
-    /// the receiver; bounded by [`WAIT`]).
-    async fn wait_metric(&self, name: &str, labels: &str, want: u64) {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let v = self.metric(name, labels).await;
-            if v >= want {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{name}{{{labels}}} = {v}, want {want}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    async fn stop(self) {
-        self.g.shutdown().await;
-    }
 }
 
 fn ev(id: &str) -> Value {
@@ -144,8 +50,6 @@ fn without_port(mut v: Value) -> Value {
     }
     v
 }
-
-const SUB: &str = r#"topic="t1",subscription="s1""#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_survives_restart() {
