@@ -11,6 +11,18 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 impl Node {
+    /// Topic `t1` with a persisted webhook subscription `s1` to `url`.
+    async fn persisted_t1_s1(&self, url: &str) {
+        assert_eq!(self.put("/topics/t1", json!({})).await.0, 200);
+        self.sub(
+            "t1",
+            "s1",
+            url,
+            json!({"persistencePolicy": {"isPersisted": true}}),
+        )
+        .await;
+    }
+
     async fn publish(&self, topic: &str, events: &Value) -> reqwest::Response {
         self.client
             .post(self.url(&format!("/topics/{topic}/events")))
@@ -553,14 +565,7 @@ async fn a_backlog_larger_than_the_window_is_delivered_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let rx = Gated::start().await;
     let n = node(dir.path(), &[], None).await;
-    assert_eq!(n.put("/topics/t1", json!({})).await.0, 200);
-    n.sub(
-        "t1",
-        "s1",
-        &rx.url(),
-        json!({"persistencePolicy": {"isPersisted": true}}),
-    )
-    .await;
+    n.persisted_t1_s1(&rx.url()).await;
     n.publish_backlog().await;
     let (pending, spilled) = n.queue_counts();
     assert_eq!(pending, BACKLOG);
@@ -590,14 +595,7 @@ async fn a_spilled_backlog_resumes_after_restart() {
     let dir = tempfile::tempdir().unwrap();
     let rx = Gated::start().await;
     let n = node(dir.path(), &[], None).await;
-    assert_eq!(n.put("/topics/t1", json!({})).await.0, 200);
-    n.sub(
-        "t1",
-        "s1",
-        &rx.url(),
-        json!({"persistencePolicy": {"isPersisted": true}}),
-    )
-    .await;
+    n.persisted_t1_s1(&rx.url()).await;
     n.publish_backlog().await;
     n.stop().await;
 
@@ -686,14 +684,7 @@ async fn publishing_while_a_spilled_backlog_drains_loses_and_repeats_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let rx = Gated::start().await;
     let n = node(dir.path(), &[], None).await;
-    assert_eq!(n.put("/topics/t1", json!({})).await.0, 200);
-    n.sub(
-        "t1",
-        "s1",
-        &rx.url(),
-        json!({"persistencePolicy": {"isPersisted": true}}),
-    )
-    .await;
+    n.persisted_t1_s1(&rx.url()).await;
     n.publish_backlog().await;
     // The subscriber comes back while 4 publishers keep adding 100-event requests: the window
     // refills, spills and empties again under concurrent pushes.
