@@ -648,11 +648,13 @@ async fn spilled_events_expire_when_they_enter_the_window_and_are_counted() {
     n.publish_backlog().await;
     n.stop().await;
 
-    // Restart just before the TTL: nothing expired at start, all queued; a second later the
-    // whole backlog has expired, most of it still spilled in the store.
-    let n = node(dir.path(), &[], Some(T0 + MIN - 500)).await;
+    // Restart 3 s before the TTL (a generous margin for a slow restart): nothing expired at
+    // start, all queued; once that margin has passed the whole backlog has expired, most of it
+    // still spilled in the store. (A real process clock: this crosses one TTL edge, it does not
+    // wait out a retry schedule.)
+    let n = node(dir.path(), &[], Some(T0 + MIN - 3_000)).await;
     assert_eq!(n.queue_counts().0, BACKLOG);
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    tokio::time::sleep(Duration::from_millis(3_100)).await;
     rx.open.send_replace(true);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while n.queue_counts().0 > 0 {
