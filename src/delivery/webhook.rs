@@ -40,6 +40,8 @@ pub struct WebhookSink {
     rewrite: TopicRewrite,
     signer: Option<(Signer, String)>,
     headers: Vec<(HeaderName, HeaderValue)>,
+    /// `aeg-subscription-name` value: a sink serves one subscription, so it is built once.
+    subscription_name: std::sync::OnceLock<HeaderValue>,
 }
 
 // Header names parsed once (`&str` names are validated and copied on every request).
@@ -70,7 +72,17 @@ impl WebhookSink {
             rewrite,
             signer: None,
             headers: Vec::new(),
+            subscription_name: std::sync::OnceLock::new(),
         }
+    }
+
+    fn subscription_header(&self, req: &DeliveryRequest) -> HeaderValue {
+        self.subscription_name
+            .get_or_init(|| {
+                HeaderValue::from_str(&req.subscription.to_ascii_uppercase())
+                    .unwrap_or_else(|_| HeaderValue::from_static(""))
+            })
+            .clone()
     }
 
     /// Add a subscription's signing secrets and static headers. `id_prefix` makes
@@ -146,10 +158,7 @@ impl Sink for WebhookSink {
                     HeaderValue::from_static(req.schema.delivery_content_type()),
                 )
                 .header(&AEG_EVENT_TYPE, HeaderValue::from_static("Notification"))
-                .header(
-                    &AEG_SUBSCRIPTION_NAME,
-                    req.subscription.to_ascii_uppercase(),
-                )
+                .header(&AEG_SUBSCRIPTION_NAME, self.subscription_header(req))
                 .header(
                     &AEG_DELIVERY_COUNT,
                     HeaderValue::from(req.attempt.saturating_sub(1)),

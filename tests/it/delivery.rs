@@ -19,6 +19,8 @@ async fn delivered_body_is_an_array_with_topic_and_metadata_version_checklist_40
         .unwrap()
         .starts_with("application/json"));
     assert_eq!(r.headers["aeg-event-type"], "Notification");
+    assert_eq!(r.headers["aeg-subscription-name"], "S1");
+    assert_eq!(r.headers["aeg-delivery-count"], "0");
     let v = r.json();
     let arr = v.as_array().unwrap();
     assert_eq!(arr.len(), 1);
