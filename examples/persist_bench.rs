@@ -67,6 +67,7 @@ fn opts(dir: &Path, max: u64) -> SledOptions {
         max_disk_bytes: max,
         cache_bytes: 8 << 20,
         flush_every_ms: 1000,
+        checkpoint_every: gridlet::store::sled::CHECKPOINT_EVERY,
     }
 }
 

@@ -646,8 +646,7 @@ impl Broker {
         }
         if !durable.is_empty() {
             let store = &self.inner.ctx.store;
-            store.append(&durable).map_err(store_err)?;
-            store.commit().await.map_err(store_err)?;
+            store.append_commit(durable).await.map_err(store_err)?;
         }
         // 4. Enqueue and wake.
         for ((sub, r), full) in subs.iter().zip(&routes).zip(&full) {

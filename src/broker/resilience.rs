@@ -234,8 +234,7 @@ impl Broker {
                 })
                 .collect();
             // On failure the letters were never taken: they stay dead letters.
-            ctx.store.append(&durable).map_err(store_err)?;
-            ctx.store.commit().await.map_err(store_err)?;
+            ctx.store.append_commit(durable).await.map_err(store_err)?;
             let ids: Vec<u64> = letters.iter().map(|l| l.id).collect();
             if let Err(e) = ctx.dead_letters.take(shared.queue_id, Some(&ids)) {
                 // The events are queued and durable; the letters stay listed as well.

@@ -41,6 +41,7 @@ pub fn open(cfg: &crate::config::Persistence) -> Result<std::sync::Arc<dyn Store
                 max_disk_bytes: cfg.max_disk_bytes,
                 cache_bytes: cfg.cache_bytes,
                 flush_every_ms: cfg.flush_every_ms,
+                checkpoint_every: sled::CHECKPOINT_EVERY,
             })?;
             tracing::info!(
                 metadata = %cfg.metadata_path.display(),
@@ -202,6 +203,22 @@ pub trait Store: Send + Sync + 'static {
 
     /// Make everything appended so far durable. Concurrent callers share one flush.
     fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// [`Store::append`] then [`Store::commit`]: the publish path. Stores override it to write
+    /// the events and make them durable in one step off the caller's thread (the sled store hands
+    /// them to its committer, which journals a whole group with one `fdatasync`).
+    ///
+    /// # Errors
+    /// As [`Store::append`] (nothing written), or the commit failed.
+    fn append_commit(
+        &self,
+        items: Vec<(QueueId, StoredEvent)>,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            self.append(&items)?;
+            self.commit().await
+        })
+    }
 
     /// Rewrite the retry state of events.
     ///

@@ -393,6 +393,7 @@ mod tests {
             max_disk_bytes: 1 << 30,
             cache_bytes: 4 << 20,
             flush_every_ms: 1000,
+            checkpoint_every: crate::store::sled::CHECKPOINT_EVERY,
         }
     }
 
