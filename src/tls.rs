@@ -9,6 +9,7 @@
 //!   server certificate, still verifying the handshake signature; otherwise the Mozilla roots plus
 //!   the IoT Edge trust bundle are used with host-name checks.
 
+use crate::delivery::http::HttpClient;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::pem::PemObject;
@@ -25,7 +26,10 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Install ring as the process default (reqwest's `rustls-no-provider` needs one). Idempotent.
+/// Install ring as the process default. Idempotent. gridlet's own configurations all name ring
+/// explicitly ([`provider`]), so nothing in the binary needs this; it is a safety net for library
+/// code that builds a rustls configuration from the process default (and the tests' reqwest
+/// client, built with `rustls-no-provider`, does need it).
 pub fn install_default_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
@@ -332,32 +336,16 @@ pub fn client_config(o: &OutboundTls) -> Result<rustls::ClientConfig, TlsError> 
 /// The shared outbound HTTP client (connection pool, per-request timeout, no redirects).
 ///
 /// # Errors
-/// TLS material problems or a client build failure.
+/// TLS material problems.
 pub fn outbound_http_client(
     o: &OutboundTls,
     timeout: std::time::Duration,
-) -> Result<reqwest::Client, TlsError> {
-    http_client(client_config(o)?, timeout)
+) -> Result<HttpClient, TlsError> {
+    Ok(http_client(client_config(o)?, timeout))
 }
 
 /// The outbound HTTP client over a prepared rustls configuration (the IoT Edge runtime adds a
 /// renewable identity certificate to it).
-///
-/// # Errors
-/// A client build failure.
-pub fn http_client(
-    tls: rustls::ClientConfig,
-    timeout: std::time::Duration,
-) -> Result<reqwest::Client, TlsError> {
-    reqwest::Client::builder()
-        .tls_backend_preconfigured(tls)
-        .timeout(timeout)
-        .connect_timeout(timeout.min(std::time::Duration::from_secs(10)))
-        .redirect(reqwest::redirect::Policy::none())
-        .pool_idle_timeout(std::time::Duration::from_secs(90))
-        .pool_max_idle_per_host(64)
-        .tcp_nodelay(true)
-        .user_agent(concat!("gridlet/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| TlsError::Material(format!("HTTP client: {e}")))
+pub fn http_client(tls: rustls::ClientConfig, timeout: std::time::Duration) -> HttpClient {
+    HttpClient::new(tls, timeout)
 }

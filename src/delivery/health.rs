@@ -399,7 +399,7 @@ impl EndpointHealth {
 
 /// The URL without query string or user info (query strings often carry keys).
 pub fn redact_url(url: &str) -> String {
-    match reqwest::Url::parse(url) {
+    match url::Url::parse(url) {
         Ok(mut u) => {
             u.set_query(None);
             let _ = u.set_password(None);

@@ -16,12 +16,13 @@
 //! * [`retry`]: the pure schedule/limit decision.
 //! * [`queue`]: ready lane and retry timer map.
 //! * [`dispatcher`]: the per-subscription task.
-//! * [`webhook`]: HTTP destinations.
+//! * [`webhook`]: HTTP destinations, over [`http`] (gridlet's own HTTP/1.1 client).
 //! * [`sinks`]: which sink serves which destination.
 
 pub mod deadletter;
 pub mod dispatcher;
 pub mod health;
+pub mod http;
 pub mod policy;
 pub mod queue;
 pub mod retry;

@@ -1,5 +1,6 @@
 //! The production [`SinkFactory`]: one shared HTTP client for every HTTP destination.
 
+use super::http::HttpClient;
 use super::sink::{Sink, SinkFactory, UnsupportedSink};
 use super::webhook::{TopicRewrite, WebhookSink};
 use crate::edge::edgehub::EdgeHub;
@@ -9,14 +10,14 @@ use std::time::Duration;
 
 /// Builds sinks for subscriptions.
 pub struct DefaultSinks {
-    client: reqwest::Client,
+    client: HttpClient,
     boot_id: String,
     edgehub: Option<(EdgeHub, Duration)>,
 }
 
 impl DefaultSinks {
     /// Sinks sharing `client` (see [`crate::tls::outbound_http_client`]).
-    pub fn new(client: reqwest::Client) -> Self {
+    pub fn new(client: HttpClient) -> Self {
         // A random per-process prefix keeps Standard Webhooks `webhook-id`s unique across
         // restarts (batch ids are sequence numbers, which restart with a memory store).
         let mut b = [0u8; 6];

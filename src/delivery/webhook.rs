@@ -7,18 +7,16 @@
 //! Opt-in per subscription ([`WebhookSink::with_options`]): Standard Webhooks signing headers and
 //! static headers (secret values are marked sensitive and never logged).
 
+use super::http::{Endpoint, HttpClient, HttpError};
 use super::signing::Signer;
 use super::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
 use crate::model::delivery_options::DeliveryOptions;
 use crate::model::topic::EventSchema;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use serde_json::Value;
 use std::time::{Duration, SystemTime};
-
-/// Largest response body read from a subscriber.
-const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
 /// How an Event Grid destination rewrites `topic`.
 #[derive(Debug, Clone)]
@@ -31,11 +29,9 @@ pub enum TopicRewrite {
 
 /// A webhook or Event Grid endpoint.
 pub struct WebhookSink {
-    client: reqwest::Client,
-    url: String,
-    /// `url` parsed once: parsing it per request (IDNA, allocations) was ~3 % of the delivery
-    /// path's CPU. `None` if it does not parse; then each send reports reqwest's error.
-    parsed: Option<reqwest::Url>,
+    /// The URL parsed once (host, connect target, request target). If it does not parse, every
+    /// send fails with that error ([`FailureKind::Other`]).
+    endpoint: Result<Endpoint, HttpError>,
     sas_key: Option<HeaderValue>,
     rewrite: TopicRewrite,
     signer: Option<(Signer, String)>,
@@ -49,11 +45,14 @@ static AEG_EVENT_TYPE: HeaderName = HeaderName::from_static("aeg-event-type");
 static AEG_SUBSCRIPTION_NAME: HeaderName = HeaderName::from_static("aeg-subscription-name");
 static AEG_DELIVERY_COUNT: HeaderName = HeaderName::from_static("aeg-delivery-count");
 static AEG_SAS_KEY: HeaderName = HeaderName::from_static("aeg-sas-key");
+static WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+static WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
+static WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
 
 impl WebhookSink {
     /// A sink posting to `url` through `client`.
     pub fn new(
-        client: reqwest::Client,
+        client: HttpClient,
         url: String,
         sas_key: Option<&str>,
         rewrite: TopicRewrite,
@@ -65,9 +64,7 @@ impl WebhookSink {
                 v
             });
         Self {
-            client,
-            parsed: reqwest::Url::parse(&url).ok(),
-            url,
+            endpoint: client.endpoint(&url),
             sas_key,
             rewrite,
             signer: None,
@@ -147,24 +144,27 @@ pub fn parse_retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duratio
 impl Sink for WebhookSink {
     fn send<'a>(&'a self, req: &'a DeliveryRequest) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
-            let body = self.body(req);
-            let r = match &self.parsed {
-                Some(u) => self.client.post(u.clone()),
-                None => self.client.post(&self.url),
+            let endpoint = match &self.endpoint {
+                Ok(e) => e,
+                Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
             };
-            let mut r = r
-                .header(
-                    CONTENT_TYPE,
-                    HeaderValue::from_static(req.schema.delivery_content_type()),
-                )
-                .header(&AEG_EVENT_TYPE, HeaderValue::from_static("Notification"))
-                .header(&AEG_SUBSCRIPTION_NAME, self.subscription_header(req))
-                .header(
-                    &AEG_DELIVERY_COUNT,
-                    HeaderValue::from(req.attempt.saturating_sub(1)),
-                );
+            let body = self.body(req);
+            let mut h = HeaderMap::with_capacity(8 + self.headers.len());
+            h.append(
+                CONTENT_TYPE,
+                HeaderValue::from_static(req.schema.delivery_content_type()),
+            );
+            h.append(
+                AEG_EVENT_TYPE.clone(),
+                HeaderValue::from_static("Notification"),
+            );
+            h.append(AEG_SUBSCRIPTION_NAME.clone(), self.subscription_header(req));
+            h.append(
+                AEG_DELIVERY_COUNT.clone(),
+                HeaderValue::from(req.attempt.saturating_sub(1)),
+            );
             for (name, value) in &self.headers {
-                r = r.header(name.clone(), value.clone());
+                h.append(name.clone(), value.clone());
             }
             if let Some((signer, prefix)) = &self.signer {
                 let id = format!("msg_{prefix}_{}", req.batch_id);
@@ -176,54 +176,36 @@ impl Sink for WebhookSink {
                 let mut sig = HeaderValue::from_str(&signer.sign(&id, ts, &body))
                     .unwrap_or_else(|_| HeaderValue::from_static(""));
                 sig.set_sensitive(true);
-                r = r
-                    .header("webhook-id", id)
-                    .header("webhook-timestamp", ts.to_string())
-                    .header("webhook-signature", sig);
+                let id =
+                    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static(""));
+                h.append(WEBHOOK_ID.clone(), id);
+                h.append(WEBHOOK_TIMESTAMP.clone(), HeaderValue::from(ts));
+                h.append(WEBHOOK_SIGNATURE.clone(), sig);
             }
             if let Some(k) = &self.sas_key {
-                r = r.header(&AEG_SAS_KEY, k.clone());
+                h.append(AEG_SAS_KEY.clone(), k.clone());
             }
-            let r = r.body(body);
-            match r.send().await {
-                Ok(mut resp) => {
-                    let status = resp.status().as_u16();
-                    // Wall time only to interpret an HTTP-date Retry-After.
-                    #[allow(clippy::disallowed_methods)]
-                    let retry_after = parse_retry_after(resp.headers(), SystemTime::now());
-                    let mut read = 0usize;
-                    while let Ok(Some(chunk)) = resp.chunk().await {
-                        read += chunk.len();
-                        if read > MAX_RESPONSE_BYTES {
-                            break;
-                        }
-                    }
+            match endpoint.post(h, body).await {
+                Ok(resp) => {
+                    let status = resp.status.as_u16();
                     if (200..=204).contains(&status) {
                         Outcome::Delivered
                     } else {
+                        // Wall time only to interpret an HTTP-date Retry-After.
+                        #[allow(clippy::disallowed_methods)]
+                        let retry_after = parse_retry_after(&resp.headers, SystemTime::now());
                         Outcome::Failed {
                             kind: FailureKind::Status(status),
                             retry_after,
                         }
                     }
                 }
-                Err(e) if e.is_timeout() => Outcome::failed(FailureKind::Timeout),
-                Err(e) if e.is_connect() => Outcome::failed(FailureKind::Connect),
-                Err(e) => Outcome::failed(FailureKind::Other(error_chain(&e))),
+                Err(HttpError::Timeout) => Outcome::failed(FailureKind::Timeout),
+                Err(HttpError::Connect(_)) => Outcome::failed(FailureKind::Connect),
+                Err(HttpError::Other(m)) => Outcome::failed(FailureKind::Other(m)),
             }
         })
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 #[cfg(test)]

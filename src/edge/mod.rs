@@ -22,6 +22,7 @@ use crate::broker::Broker;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::delivery::dispatcher::AbortOnDrop;
+use crate::delivery::http::HttpClient;
 use crate::tls::{self, CertStore, ClientCerts, OutboundTls, TlsError};
 use edgehub::{EdgeHub, HubConnection, HubMessage, HubSettings};
 use rustls::client::ResolvesClientCert;
@@ -253,7 +254,7 @@ impl EdgeRuntime {
         &self,
         base: OutboundTls,
         timeout: Duration,
-    ) -> Result<reqwest::Client, EdgeError> {
+    ) -> Result<HttpClient, EdgeError> {
         let o = OutboundTls {
             extra_roots_pem: Some(self.trust_bundle_pem.clone().into_bytes()),
             identity: None,
@@ -263,7 +264,7 @@ impl EdgeRuntime {
         if let Some((store, _)) = &self.identity {
             client_cfg.client_auth_cert_resolver = store.clone();
         }
-        Ok(tls::http_client(client_cfg, timeout)?)
+        Ok(tls::http_client(client_cfg, timeout))
     }
 
     /// The edgeHub connection, when IoT Edge gave enough to make one.

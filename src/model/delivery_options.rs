@@ -156,7 +156,7 @@ impl DeliveryOptions {
                         "properties.deadLetterDestination.properties.endpointUrl is required",
                     )
                 })?;
-            let parsed = reqwest::Url::parse(url).map_err(|_| {
+            let parsed = url::Url::parse(url).map_err(|_| {
                 bad(
                     "InvalidDeadLetterDestination",
                     "deadLetterDestination endpointUrl must be an absolute URL",
@@ -211,7 +211,7 @@ fn parse_header(item: &Value) -> Result<StaticHeader, ApiError> {
     if !kind.eq_ignore_ascii_case("static") {
         return Err(err("only type Static is supported"));
     }
-    if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() || reserved(&name) {
+    if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() || reserved(&name) {
         return Err(err(&format!("'{name}' is not an allowed header name")));
     }
     let p = o
@@ -220,7 +220,7 @@ fn parse_header(item: &Value) -> Result<StaticHeader, ApiError> {
     let value = p
         .str("value")?
         .ok_or_else(|| err("properties.value is required"))?;
-    if reqwest::header::HeaderValue::from_str(value).is_err() {
+    if hyper::header::HeaderValue::from_str(value).is_err() {
         return Err(err(&format!(
             "the value of '{name}' is not a valid header value"
         )));

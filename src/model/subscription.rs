@@ -12,9 +12,9 @@ use crate::config::Config;
 use crate::delivery::policy::{ScheduleName, StatusCodePolicy};
 use crate::error::ApiError;
 use crate::filter::Filter;
-use reqwest::Url;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
+use url::Url;
 
 /// Output batching knobs of a destination, as the subscriber set them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

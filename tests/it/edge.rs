@@ -657,7 +657,13 @@ async fn client_certificates_are_validated_against_the_trust_bundle() {
             extra_roots_pem: None,
             identity,
         };
-        gridlet::tls::outbound_http_client(&o, Duration::from_secs(10)).unwrap()
+        // gridlet's own outbound TLS configuration (identity certificate included), in a
+        // general-purpose client.
+        reqwest::Client::builder()
+            .tls_backend_preconfigured(gridlet::tls::client_config(&o).unwrap())
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap()
     };
     let trusted = pki.issue("publisher", &["publisher"], true);
     let c = client_with(Some((

@@ -1,0 +1,541 @@
+//! gridlet's outbound HTTP/1.1 client for webhook deliveries: hyper's `client::conn::http1`
+//! under a small keep-alive pool per host, TLS by tokio-rustls.
+//!
+//! Built for one job, posting a body to a fixed endpoint, so it does less per request than a
+//! general client: the endpoint URL is parsed once per sink ([`HttpClient::endpoint`]), the
+//! `Host` header and the connect target are prepared then, redirects are never followed (a 3xx is
+//! returned like any status), and the request runs on the caller's task (the connection is
+//! driven by its own task, spawned once per connection).
+//!
+//! * Pool: idle connections per `(scheme, host, port)`, most recently used first, at most
+//!   [`MAX_IDLE_PER_HOST`]; a connection idle for [`IDLE_TIMEOUT`] is closed (checked on checkout
+//!   and by a reaper task every 30 s). A connection goes back to the pool only after the whole
+//!   response body was read.
+//! * A request that a pooled connection did not take (it closed meanwhile) is sent again on the
+//!   next connection; once written it is never repeated.
+//! * Timeouts: one total deadline per request (connect, send, response head and body); connect
+//!   (TCP + TLS + HTTP handshake) also at most `min(timeout, 10 s)`. A deadline that passes while
+//!   the response *body* is read still returns the status (the head arrived in time).
+//! * TCP_NODELAY; `User-Agent: gridlet/<version>` and `Accept: */*` unless the caller set them;
+//!   user info in the URL becomes a (sensitive) `Authorization: Basic` header.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper::header::{HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, HOST, USER_AGENT};
+use hyper::{Method, Request, Response, StatusCode, Uri};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_rustls::TlsConnector;
+
+/// An idle connection is closed after this long.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Idle connections kept per host.
+pub const MAX_IDLE_PER_HOST: usize = 64;
+/// Largest response body read (then the connection is closed instead of reused).
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+/// Upper bound of the connect timeout.
+const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often idle connections are checked for [`IDLE_TIMEOUT`].
+const REAP_EVERY: Duration = Duration::from_secs(30);
+
+static USER_AGENT_VALUE: HeaderValue =
+    HeaderValue::from_static(concat!("gridlet/", env!("CARGO_PKG_VERSION")));
+static ACCEPT_ANY: HeaderValue = HeaderValue::from_static("*/*");
+
+type Sender = http1::SendRequest<Full<Bytes>>;
+
+/// Why a request got no response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HttpError {
+    /// The deadline passed (including the connect timeout).
+    Timeout,
+    /// No connection could be made (resolution, TCP, TLS, HTTP handshake).
+    Connect(String),
+    /// Anything else: an unusable URL, the connection broke during the exchange, a protocol
+    /// error. The message is the error chain (never the URL, which may carry keys).
+    Other(String),
+}
+
+impl std::fmt::Display for HttpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Timeout => write!(f, "timeout"),
+            Self::Connect(m) => write!(f, "connect: {m}"),
+            Self::Other(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl std::error::Error for HttpError {}
+
+/// The head of a response (its body was read and dropped).
+#[derive(Debug)]
+pub struct HttpResponse {
+    /// Status.
+    pub status: StatusCode,
+    /// Headers.
+    pub headers: HeaderMap,
+}
+
+/// The shared outbound client: TLS configuration, timeouts and the connection pools. Cheap to
+/// clone.
+#[derive(Clone)]
+pub struct HttpClient {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpClient")
+            .field("timeout", &self.inner.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    tls: TlsConnector,
+    timeout: Duration,
+    connect_timeout: Duration,
+    hosts: Mutex<HashMap<HostKey, Arc<HostPool>>>,
+    reaper: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct HostKey {
+    https: bool,
+    host: String,
+    port: u16,
+}
+
+#[derive(Default)]
+struct HostPool {
+    /// Most recently returned last.
+    idle: Mutex<Vec<Idle>>,
+}
+
+struct Idle {
+    tx: Sender,
+    since: Instant,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Critical sections are plain Vec/HashMap operations: a poisoned lock holds consistent data.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl HostPool {
+    fn take(&self) -> Option<Sender> {
+        let mut idle = lock(&self.idle);
+        while let Some(i) = idle.pop() {
+            if i.since.elapsed() >= IDLE_TIMEOUT {
+                // Older ones are further down: all expired.
+                idle.clear();
+                return None;
+            }
+            if !i.tx.is_closed() {
+                return Some(i.tx);
+            }
+        }
+        None
+    }
+
+    fn put(&self, tx: Sender) {
+        if tx.is_closed() {
+            return;
+        }
+        let mut idle = lock(&self.idle);
+        if idle.len() < MAX_IDLE_PER_HOST {
+            idle.push(Idle {
+                tx,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    fn reap(&self) {
+        lock(&self.idle).retain(|i| i.since.elapsed() < IDLE_TIMEOUT && !i.tx.is_closed());
+    }
+}
+
+impl Inner {
+    fn reap(&self) {
+        let mut hosts = lock(&self.hosts);
+        hosts.retain(|_, p| {
+            p.reap();
+            // Keep pools an endpoint still refers to or that hold connections.
+            Arc::strong_count(p) > 1 || !lock(&p.idle).is_empty()
+        });
+    }
+
+    /// Start the idle reaper (once, from inside the runtime).
+    fn start_reaper(self: &Arc<Self>) {
+        use std::sync::atomic::Ordering;
+        if self.reaper.load(Ordering::Relaxed) || self.reaper.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let weak: Weak<Inner> = Arc::downgrade(self);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                loop {
+                    tokio::time::sleep(REAP_EVERY).await;
+                    match weak.upgrade() {
+                        Some(inner) => inner.reap(),
+                        None => return,
+                    }
+                }
+            });
+        } else {
+            self.reaper.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+impl HttpClient {
+    /// A client over `tls` (its ALPN should offer `http/1.1` only) with a per-request deadline of
+    /// `timeout`.
+    pub fn new(tls: rustls::ClientConfig, timeout: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                tls: TlsConnector::from(Arc::new(tls)),
+                timeout,
+                connect_timeout: timeout.min(MAX_CONNECT_TIMEOUT),
+                hosts: Mutex::new(HashMap::new()),
+                reaper: std::sync::atomic::AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// The per-request deadline.
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// Prepare posting to `url` (parsed once here).
+    ///
+    /// # Errors
+    /// Not an absolute `http`/`https` URL with a host ([`HttpError::Other`]).
+    pub fn endpoint(&self, url: &str) -> Result<Endpoint, HttpError> {
+        let bad = |m: String| HttpError::Other(format!("invalid endpoint URL: {m}"));
+        let u = url::Url::parse(url).map_err(|e| bad(e.to_string()))?;
+        let https = match u.scheme() {
+            "http" => false,
+            "https" => true,
+            s => return Err(bad(format!("scheme {s} is not supported"))),
+        };
+        let port = u
+            .port_or_known_default()
+            .ok_or_else(|| bad("no port".into()))?;
+        let (host, addr, tls_name): (String, Connect, Option<ServerName<'static>>) = match u.host()
+        {
+            Some(url::Host::Domain(d)) => {
+                let name = if https {
+                    Some(
+                        ServerName::try_from(d.to_string())
+                            .map_err(|e| bad(format!("host name: {e}")))?,
+                    )
+                } else {
+                    None
+                };
+                (d.to_string(), Connect::Name(d.to_string(), port), name)
+            }
+            Some(url::Host::Ipv4(ip)) => (
+                ip.to_string(),
+                Connect::Addr(SocketAddr::new(IpAddr::V4(ip), port)),
+                https.then(|| ServerName::IpAddress(IpAddr::V4(ip).into())),
+            ),
+            Some(url::Host::Ipv6(ip)) => (
+                format!("[{ip}]"),
+                Connect::Addr(SocketAddr::new(IpAddr::V6(ip), port)),
+                https.then(|| ServerName::IpAddress(IpAddr::V6(ip).into())),
+            ),
+            None => return Err(bad("no host".into())),
+        };
+        let host_header = match u.port() {
+            Some(p) => format!("{host}:{p}"),
+            None => host.clone(),
+        };
+        let host_header = HeaderValue::from_str(&host_header).map_err(|e| bad(e.to_string()))?;
+        let path = &u[url::Position::BeforePath..url::Position::AfterQuery];
+        let path = if path.is_empty() { "/" } else { path };
+        let path = Uri::try_from(path).map_err(|e| bad(e.to_string()))?;
+        let auth = basic_auth(&u);
+        let key = HostKey { https, host, port };
+        let pool = lock(&self.inner.hosts).entry(key).or_default().clone();
+        Ok(Endpoint {
+            inner: self.inner.clone(),
+            pool,
+            addr,
+            tls_name,
+            path,
+            host: host_header,
+            auth,
+        })
+    }
+}
+
+/// `user:password@` of a URL as a sensitive `Authorization: Basic` value.
+fn basic_auth(u: &url::Url) -> Option<HeaderValue> {
+    use base64::Engine as _;
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .ok()
+            .map(|c| c.into_owned())
+    };
+    let user = decode(u.username())?;
+    let password = match u.password() {
+        Some(p) => Some(decode(p)?),
+        None => None,
+    };
+    if user.is_empty() && password.is_none() {
+        return None;
+    }
+    let creds = format!("{user}:{}", password.unwrap_or_default());
+    let encoded = base64::engine::general_purpose::STANDARD.encode(creds);
+    let mut v = HeaderValue::from_str(&format!("Basic {encoded}")).ok()?;
+    v.set_sensitive(true);
+    Some(v)
+}
+
+#[derive(Debug, Clone)]
+enum Connect {
+    Addr(SocketAddr),
+    Name(String, u16),
+}
+
+/// One destination URL, prepared: connect target, TLS server name, request target, `Host`.
+pub struct Endpoint {
+    inner: Arc<Inner>,
+    pool: Arc<HostPool>,
+    addr: Connect,
+    tls_name: Option<ServerName<'static>>,
+    /// Origin-form request target (`/path?query`).
+    path: Uri,
+    host: HeaderValue,
+    auth: Option<HeaderValue>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The path and query may carry keys: not shown.
+        f.debug_struct("Endpoint")
+            .field("host", &self.host)
+            .field("tls", &self.tls_name.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Endpoint {
+    /// `POST` `body` with `headers` (plus `Host`, and `User-Agent`/`Accept`/`Authorization`
+    /// unless given), read the response body (up to [`MAX_RESPONSE_BYTES`]) and return the
+    /// response head, all within the client's timeout.
+    ///
+    /// # Errors
+    /// No response head before the deadline, no connection, or a broken exchange.
+    pub async fn post(&self, headers: HeaderMap, body: Bytes) -> Result<HttpResponse, HttpError> {
+        let deadline = Instant::now() + self.inner.timeout;
+        let req = self.request(headers, body);
+        let mut head: Option<HttpResponse> = None;
+        let exchange = async {
+            let (resp, tx) = self.exchange(req).await?;
+            let (parts, body) = resp.into_parts();
+            head = Some(HttpResponse {
+                status: parts.status,
+                headers: parts.headers,
+            });
+            if read_to_end(body).await {
+                self.pool.put(tx);
+                self.inner.start_reaper();
+            }
+            Ok::<(), HttpError>(())
+        };
+        let r = tokio::time::timeout_at(deadline, exchange).await;
+        match (head, r) {
+            (Some(h), _) => Ok(h),
+            (None, Ok(Err(e))) => Err(e),
+            (None, Err(_)) => Err(HttpError::Timeout),
+            (None, Ok(Ok(()))) => Err(HttpError::Other("no response".into())),
+        }
+    }
+
+    fn request(&self, mut headers: HeaderMap, body: Bytes) -> Request<Full<Bytes>> {
+        headers.insert(HOST, self.host.clone());
+        if !headers.contains_key(USER_AGENT) {
+            headers.insert(USER_AGENT, USER_AGENT_VALUE.clone());
+        }
+        if !headers.contains_key(ACCEPT) {
+            headers.insert(ACCEPT, ACCEPT_ANY.clone());
+        }
+        if let Some(a) = &self.auth {
+            if !headers.contains_key(AUTHORIZATION) {
+                headers.insert(AUTHORIZATION, a.clone());
+            }
+        }
+        let mut req = Request::new(Full::new(body));
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = self.path.clone();
+        *req.headers_mut() = headers;
+        req
+    }
+
+    /// Send on a pooled connection if one takes the request, else on a new one.
+    async fn exchange(
+        &self,
+        mut req: Request<Full<Bytes>>,
+    ) -> Result<(Response<Incoming>, Sender), HttpError> {
+        while let Some(mut tx) = self.pool.take() {
+            if tx.ready().await.is_err() {
+                continue; // closed while idle
+            }
+            match tx.try_send_request(req).await {
+                Ok(resp) => return Ok((resp, tx)),
+                Err(mut e) => match e.take_message() {
+                    // Not written: the connection closed under us; try the next one.
+                    Some(r) => req = r,
+                    None => return Err(HttpError::Other(error_chain(e.error()))),
+                },
+            }
+        }
+        let mut tx = self.connect().await?;
+        match tx.try_send_request(req).await {
+            Ok(resp) => Ok((resp, tx)),
+            Err(e) => Err(HttpError::Other(error_chain(e.error()))),
+        }
+    }
+
+    async fn connect(&self) -> Result<Sender, HttpError> {
+        match tokio::time::timeout(self.inner.connect_timeout, self.connect_now()).await {
+            Ok(r) => r,
+            Err(_) => Err(HttpError::Timeout),
+        }
+    }
+
+    async fn connect_now(&self) -> Result<Sender, HttpError> {
+        let conn_err = |e: &dyn std::error::Error| HttpError::Connect(error_chain(e));
+        let tcp = match &self.addr {
+            Connect::Addr(a) => TcpStream::connect(*a).await,
+            Connect::Name(h, p) => TcpStream::connect((h.as_str(), *p)).await,
+        }
+        .map_err(|e| conn_err(&e))?;
+        tcp.set_nodelay(true).map_err(|e| conn_err(&e))?;
+        match &self.tls_name {
+            None => handshake(tcp).await,
+            Some(name) => {
+                let tls = self
+                    .inner
+                    .tls
+                    .connect(name.clone(), tcp)
+                    .await
+                    .map_err(|e| conn_err(&e))?;
+                handshake(tls).await
+            }
+        }
+    }
+}
+
+/// HTTP/1.1 handshake over `io`; the connection is driven by its own task until it closes.
+async fn handshake<T>(io: T) -> Result<Sender, HttpError>
+where
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (tx, conn) = http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| HttpError::Connect(error_chain(&e)))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "outbound connection closed with an error");
+        }
+    });
+    Ok(tx)
+}
+
+/// Read and drop a response body; true if it ended within [`MAX_RESPONSE_BYTES`] without an
+/// error (then the connection can be reused).
+async fn read_to_end(mut body: Incoming) -> bool {
+    let mut read = 0usize;
+    loop {
+        match body.frame().await {
+            None => return true,
+            Some(Ok(f)) => {
+                if let Some(d) = f.data_ref() {
+                    read += d.len();
+                    if read > MAX_RESPONSE_BYTES {
+                        return false;
+                    }
+                }
+            }
+            Some(Err(_)) => return false,
+        }
+    }
+}
+
+/// An error and its sources, `: `-separated.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn client() -> HttpClient {
+        crate::tls::install_default_provider();
+        let cfg = crate::tls::client_config(&crate::tls::OutboundTls {
+            accept_any_server_cert: true,
+            extra_roots_pem: None,
+            identity: None,
+        })
+        .unwrap();
+        HttpClient::new(cfg, Duration::from_secs(1))
+    }
+
+    #[test]
+    fn endpoint_prepares_host_target_and_auth() {
+        let c = client();
+        let e = c.endpoint("http://example.com/a/b?x=1#frag").unwrap();
+        assert_eq!(e.host, "example.com");
+        assert_eq!(e.path, "/a/b?x=1");
+        assert!(e.auth.is_none());
+        assert!(e.tls_name.is_none());
+        let e = c.endpoint("https://u:p%40ss@[::1]:8443").unwrap();
+        assert_eq!(e.host, "[::1]:8443");
+        assert_eq!(e.path, "/");
+        assert!(e.tls_name.is_some());
+        let a = e.auth.clone().unwrap();
+        assert!(a.is_sensitive());
+        // base64("u:p@ss")
+        assert_eq!(a, "Basic dTpwQHNz");
+        let e = c.endpoint("https://127.0.0.1:443/x").unwrap();
+        assert_eq!(e.host, "127.0.0.1");
+        assert!(matches!(
+            c.endpoint("not a url"),
+            Err(HttpError::Other(m)) if m.starts_with("invalid endpoint URL")
+        ));
+        assert!(matches!(
+            c.endpoint("ftp://example.com/"),
+            Err(HttpError::Other(_))
+        ));
+        // Endpoints of one host share a pool.
+        let a = c.endpoint("http://h:81/a").unwrap();
+        let b = c.endpoint("http://h:81/b").unwrap();
+        assert!(Arc::ptr_eq(&a.pool, &b.pool));
+        let d = c.endpoint("https://h:81/a").unwrap();
+        assert!(!Arc::ptr_eq(&a.pool, &d.pool));
+    }
+}
