@@ -90,7 +90,7 @@ settings! {
     "persistence__store" = "sled" : "`sled`: metadata, endpoint health, dead letters and the events of persisted subscriptions on disk (files under `gridlet-v1/`); `memory`: everything in memory, lost on restart";
     "persistence__maxDiskBytes" = "268435456" : "bound on the event store: persisted publishes get 507 + Retry-After when live event and dead-letter bytes x 2.5 (sled's files measured at ~2x live data) would exceed it; bounds disk only: a persisted backlog stays on disk, memory holds a window of 2048 events per subscription";
     "persistence__cacheBytes" = "8388608" : "sled page cache of the event store (counts on-disk page bytes; RSS is higher)";
-    "persistence__flushEveryMs" = "1000" : "period of sled's background fsync (`sync_all`): the power-loss window for acknowledged events; 0 = off";
+    "persistence__flushEveryMs" = "1000" : "period of sled's own background fsync (`sync_all`); acknowledged events are already fsynced by the publish journal and its 200 ms checkpoints; 0 = off";
 }
 
 /// A setting that could not be parsed. Its `Display` is the one line printed at start-up.

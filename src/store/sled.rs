@@ -150,7 +150,7 @@ struct Committer {
 /// records wait for a checkpoint at most (default of [`SledOptions::checkpoint_every`]).
 pub const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 /// A journal this long is checkpointed at once (bounds its disk use and replay time).
-const MAX_JOURNAL_BYTES: u64 = 32 << 20;
+const MAX_JOURNAL_BYTES: u64 = journal::PREALLOCATED_BYTES / 4 * 3;
 /// Key (default tree of the events database) holding the journal sequence number of the last
 /// group applied to sled. Its 4-byte prefix is queue id `u32::MAX`, never handed out.
 const JOURNAL_LSN_KEY: [u8; 5] = [0xff, 0xff, 0xff, 0xff, 0x01];
