@@ -432,6 +432,35 @@ impl Bench {
     }
 
     async fn scenario_d(&mut self) -> Result<(), String> {
+        // The raw durable limit first: the same publisher straight to a receiver that syncs every
+        // body to disk (group commit) before its 200.
+        let dir = self.root.join("raw-durable");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let syncer =
+            net::Syncer::start(&dir.join("sync.bin")).map_err(|e| format!("raw durable: {e}"))?;
+        let raw_rx = Receiver::start_with(self.base, Some(syncer.clone()))
+            .await
+            .map_err(|e| format!("receiver: {e}"))?;
+        self.warm_up(&raw_rx, raw_rx.addr, "/raw", 1, 1).await;
+        let mut rd = self
+            .measure(
+                "raw durable batch 1",
+                &raw_rx,
+                raw_rx.addr,
+                &self.load(1, "/raw"),
+                1,
+                None,
+            )
+            .await;
+        rd.note = "receiver fdatasyncs each body (group commit) before its 200".into();
+        self.print_row(
+            &rd,
+            "publisher → receiver directly, body fdatasynced before the 200 (the durable limit)",
+        );
+        let raw_durable = rd.delivered_eps.max(1.0);
+        self.rows.push(rd);
+        syncer.stop();
+        drop(raw_rx);
         let rx = Receiver::start(self.base)
             .await
             .map_err(|e| format!("receiver: {e}"))?;
@@ -449,7 +478,10 @@ impl Bench {
                 Some(&g),
             )
             .await;
-        r.note = "200 after store commit".into();
+        r.note = format!(
+            "200 after store commit; {:.2} × raw durable",
+            r.delivered_eps / raw_durable
+        );
         self.print_row(
             &r,
             "as (a), broker__defaultIsPersisted=true (200 only after the store commit)",
