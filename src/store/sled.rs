@@ -241,10 +241,12 @@ struct Writer {
     live: Arc<AtomicU64>,
     deleted: Arc<RwLock<HashSet<QueueId>>>,
     journal: journal::Journal,
+    unflushed: Arc<Unflushed>,
     /// sled's data file (`<dir>/db`), `fsync`ed at each checkpoint.
     data_file: PathBuf,
     lsn: u64,
     high_water: u64,
+    checkpointed_high_water: u64,
     last_checkpoint: std::time::Instant,
     checkpoint_every: std::time::Duration,
     /// Unjournaled changes since the last checkpoint.
@@ -252,58 +254,74 @@ struct Writer {
 }
 
 impl Writer {
-    /// Apply a group of publishes to sled, then append it to the journal and `fdatasync`.
-    ///
-    /// The events are inserted one by one, the journal sequence number last, not as one sled
-    /// batch: sled seals and writes its I/O buffer twice per batch (`pin_log`), which cost more
-    /// than the whole journal write. Atomicity is not needed: a crash that leaves part of a group
-    /// in sled, without its sequence number, replays the whole group (same keys, same values).
+    /// Append a group of publishes to the journal and `fdatasync`, then make its events visible
+    /// in the unflushed map (sled gets them at the next checkpoint, if still pending).
     fn write_group(&mut self, appends: &[PendingAppend]) -> Result<(), String> {
         let reserved: u64 = appends.iter().map(|a| a.cost).sum();
+        // Held to the end: a subscription delete waits, then removes these events too.
         let deleted = self.deleted.read().unwrap_or_else(|p| p.into_inner());
         let mut kept = 0u64;
         let mut max_seq = 0u64;
         let mut written: Vec<(QueueId, u64, &[u8])> = Vec::new();
-        let mut failed = None;
         for (q, seq, v) in appends.iter().flat_map(|a| &a.items) {
             if deleted.contains(q) {
                 continue;
-            }
-            if let Err(e) = self.events.insert(event_key(*q, *seq), v.as_slice()) {
-                failed = Some(e.to_string());
-                break;
             }
             kept += item_cost(v.len());
             max_seq = max_seq.max(*seq);
             written.push((*q, *seq, v));
         }
-        // Held until here: a subscription delete waits, so it sees (and removes) these events.
-        drop(deleted);
-        // Items not written (deleted queue, or after a failure) give their bytes back; written
-        // ones stay counted until removed.
-        sub_live(&self.live, reserved.saturating_sub(kept));
-        if let Some(e) = failed {
-            return Err(e);
-        }
         if written.is_empty() {
+            sub_live(&self.live, reserved);
             return Ok(());
         }
         let lsn = self.lsn + 1;
-        if max_seq > self.high_water {
-            self.events
-                .insert(HIGH_WATER_KEY, &max_seq.to_be_bytes())
-                .map_err(|e| e.to_string())?;
-            self.high_water = max_seq;
+        if let Err(e) = self.journal.append(lsn, written.iter().copied()) {
+            sub_live(&self.live, reserved);
+            return Err(e);
         }
-        self.events
-            .insert(JOURNAL_LSN_KEY, &lsn.to_be_bytes())
-            .map_err(|e| e.to_string())?;
         self.lsn = lsn;
-        self.journal.append(lsn, written.into_iter())
+        self.high_water = self.high_water.max(max_seq);
+        // Items of deleted queues give their bytes back; the others stay counted until removed.
+        sub_live(&self.live, reserved.saturating_sub(kept));
+        let mut map = lock_map(&self.unflushed);
+        for (q, seq, v) in written {
+            map.insert((q, seq), v.to_vec());
+        }
+        Ok(())
     }
 
-    /// Make sled durable (flush + `fsync` of its data file), then empty the journal.
+    /// Move the events still pending from the unflushed map into sled, record the journal
+    /// sequence number, make sled durable (flush + `fsync` of its data file), and start the
+    /// journal over.
     fn checkpoint(&mut self) -> Result<(), String> {
+        {
+            // Removals racing with the move are ordered by the map's lock: an event is either
+            // still in the map (its remover takes it from there) or already in sled.
+            let deleted = self.deleted.read().unwrap_or_else(|p| p.into_inner());
+            let keys: Vec<(QueueId, u64)> = lock_map(&self.unflushed).keys().copied().collect();
+            for k in keys {
+                let mut map = lock_map(&self.unflushed);
+                let Some(v) = map.remove(&k) else { continue };
+                if deleted.contains(&k.0) {
+                    sub_live(&self.live, item_cost(v.len()));
+                    continue;
+                }
+                if let Err(e) = self.events.insert(event_key(k.0, k.1), v.as_slice()) {
+                    map.insert(k, v);
+                    return Err(e.to_string());
+                }
+            }
+        }
+        if self.high_water > self.checkpointed_high_water {
+            self.events
+                .insert(HIGH_WATER_KEY, &self.high_water.to_be_bytes())
+                .map_err(|e| e.to_string())?;
+            self.checkpointed_high_water = self.high_water;
+        }
+        self.events
+            .insert(JOURNAL_LSN_KEY, &self.lsn.to_be_bytes())
+            .map_err(|e| e.to_string())?;
         self.db.flush().map_err(|e| e.to_string())?;
         journal::fsync_file(&self.data_file)?;
         self.journal.reset();
@@ -311,6 +329,14 @@ impl Writer {
         self.dirty = false;
         Ok(())
     }
+}
+
+/// Journaled events not in sled yet, by `(queue, seq)` → sled value.
+type Unflushed = Mutex<HashMap<(QueueId, u64), Vec<u8>>>;
+
+fn lock_map(m: &Unflushed) -> std::sync::MutexGuard<'_, HashMap<(QueueId, u64), Vec<u8>>> {
+    // Critical sections are map operations and single sled writes, with no panic path.
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn sub_live(live: &AtomicU64, n: u64) {
@@ -343,6 +369,8 @@ pub struct SledStore {
     /// Queues deleted in this process: appends racing with a delete are dropped. The write lock is
     /// taken by delete, the read lock by append across check-and-write.
     deleted: Arc<RwLock<HashSet<QueueId>>>,
+    /// Journaled events not yet moved into sled (see [`journal`]).
+    unflushed: Arc<Unflushed>,
     /// Serialises `put_topic` order assignment.
     topic_order: Mutex<()>,
     committer: Arc<Committer>,
@@ -615,15 +643,18 @@ impl SledStore {
         });
         let live = Arc::new(AtomicU64::new(0));
         let deleted = Arc::new(RwLock::new(HashSet::new()));
+        let unflushed: Arc<Unflushed> = Arc::default();
         let writer = Writer {
             db: events_db.clone(),
             events: events.clone(),
             live: live.clone(),
             deleted: deleted.clone(),
             journal,
+            unflushed: unflushed.clone(),
             data_file: events_dir.join("events").join("db"),
             lsn,
             high_water,
+            checkpointed_high_water: high_water,
             last_checkpoint: std::time::Instant::now(),
             checkpoint_every: opts.checkpoint_every,
             dirty: false,
@@ -655,6 +686,7 @@ impl SledStore {
             live_budget: opts.max_disk_bytes / SPACE_FACTOR_TENTHS * 10,
             max_disk_bytes: opts.max_disk_bytes,
             deleted,
+            unflushed,
             topic_order: Mutex::new(()),
             committer,
             committer_thread: Some(thread),
@@ -829,7 +861,19 @@ impl Store for SledStore {
     }
 
     fn pending(&self, queue: QueueId) -> Result<Vec<StoredEvent>, StoreError> {
+        // The map's lock keeps a checkpoint from moving events between the two reads.
+        let map = lock_map(&self.unflushed);
         let mut out = Vec::new();
+        for ((q, seq), v) in map.iter() {
+            if *q == queue {
+                out.push(decode_value(*seq, v).ok_or_else(|| {
+                    corrupt(
+                        &self.paths.1,
+                        format!("event {seq} of queue {q} is unreadable"),
+                    )
+                })?);
+            }
+        }
         for item in self.events.scan_prefix(queue.to_be_bytes()) {
             let (k, v) = item.map_err(io)?;
             let (_, seq) = parse_key(&k).ok_or_else(|| corrupt(&self.paths.1, "bad event key"))?;
@@ -841,6 +885,8 @@ impl Store for SledStore {
             })?;
             out.push(e);
         }
+        drop(map);
+        out.sort_by_key(|e| e.seq);
         Ok(out)
     }
 
@@ -855,35 +901,42 @@ impl Store for SledStore {
                 return Ok(v);
             }
         }
-        let mut out = Vec::new();
-        for item in self.events.scan_prefix(queue.to_be_bytes()) {
-            let (k, v) = item.map_err(io)?;
-            let (_, seq) = parse_key(&k).ok_or_else(|| corrupt(&self.paths.1, "bad event key"))?;
-            let state = decode_state(&v).ok_or_else(|| {
-                corrupt(
-                    &self.paths.1,
-                    format!("event {seq} of queue {queue} is unreadable"),
-                )
-            })?;
-            out.push((seq, state));
-        }
-        Ok(out)
+        Ok(self
+            .pending(queue)?
+            .into_iter()
+            .map(|e| (e.seq, e.state))
+            .collect())
     }
 
     fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
-        seqs.iter()
-            .map(
-                |&seq| match self.events.get(event_key(queue, seq)).map_err(io)? {
-                    Some(v) => decode_value(seq, &v).map(Some).ok_or_else(|| {
-                        corrupt(
-                            &self.paths.1,
-                            format!("event {seq} of queue {queue} is unreadable"),
-                        )
-                    }),
-                    None => Ok(None),
-                },
-            )
-            .collect()
+        // An event not in the map is in sled or settled: a checkpoint never moves one back.
+        let from_map: Vec<Option<Vec<u8>>> = {
+            let map = lock_map(&self.unflushed);
+            seqs.iter()
+                .map(|s| map.get(&(queue, *s)).cloned())
+                .collect()
+        };
+        let mut out = Vec::with_capacity(seqs.len());
+        for (&seq, mapped) in seqs.iter().zip(from_map) {
+            let value = match mapped {
+                Some(v) => Some(v),
+                None => self
+                    .events
+                    .get(event_key(queue, seq))
+                    .map_err(io)?
+                    .map(|v| v.to_vec()),
+            };
+            out.push(match value {
+                Some(v) => Some(decode_value(seq, &v).ok_or_else(|| {
+                    corrupt(
+                        &self.paths.1,
+                        format!("event {seq} of queue {queue} is unreadable"),
+                    )
+                })?),
+                None => None,
+            });
+        }
+        Ok(out)
     }
 
     fn put_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
@@ -925,7 +978,14 @@ impl Store for SledStore {
         // Record first: a crash in between leaves orphan events, removed at the next start.
         self.subs.remove(queue.to_be_bytes()).map_err(io)?;
         self.flush_meta()?;
-        let freed = self.remove_queue(queue)?;
+        let mut freed = 0u64;
+        lock_map(&self.unflushed).retain(|(q, _), v| {
+            if *q == queue {
+                freed += item_cost(v.len());
+            }
+            *q != queue
+        });
+        freed += self.remove_queue(queue)?;
         self.sub_live(freed);
         Ok(())
     }
@@ -1060,7 +1120,23 @@ impl Store for SledStore {
 
     fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
         self.forget_recovered(queue);
-        for s in seqs {
+        let in_sled: Vec<u64> = {
+            let mut map = lock_map(&self.unflushed);
+            seqs.iter()
+                .copied()
+                .filter(|s| match map.get_mut(&(queue, *s)) {
+                    Some(v) => {
+                        *v = patch_state(v, state);
+                        false
+                    }
+                    None => true,
+                })
+                .collect()
+        };
+        if in_sled.is_empty() {
+            return Ok(());
+        }
+        for s in &in_sled {
             // fetch_and_update is atomic: an event removed meanwhile stays removed.
             self.events
                 .fetch_and_update(event_key(queue, *s), |old| {
@@ -1075,13 +1151,29 @@ impl Store for SledStore {
     fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
         self.forget_recovered(queue);
         let mut freed = 0u64;
-        for s in seqs {
+        // Events settled before their checkpoint never reach sled.
+        let in_sled: Vec<u64> = {
+            let mut map = lock_map(&self.unflushed);
+            seqs.iter()
+                .copied()
+                .filter(|s| match map.remove(&(queue, *s)) {
+                    Some(v) => {
+                        freed += item_cost(v.len());
+                        false
+                    }
+                    None => true,
+                })
+                .collect()
+        };
+        for s in &in_sled {
             if let Some(v) = self.events.remove(event_key(queue, *s)).map_err(io)? {
                 freed += item_cost(v.len());
             }
         }
         self.sub_live(freed);
-        self.committer.nudge();
+        if !in_sled.is_empty() {
+            self.committer.nudge();
+        }
         Ok(())
     }
 
