@@ -344,7 +344,14 @@ fn fast(input: &PublishInput<'_>, raw: &RawValue) -> Option<IncomingEvent> {
 /// No backslash (escapes: the borrowed pass cannot borrow them, and a `\u` surrogate the full
 /// parse rejects would be skipped unchecked) and well below the full parse's nesting limit (128).
 fn simple_text(text: &[u8]) -> bool {
-    !text.contains(&b'\\') && text.iter().filter(|&&b| b == b'{' || b == b'[').count() < 100
+    let mut opened = 0;
+    for i in memchr::memchr3_iter(b'\\', b'{', b'[', text) {
+        opened += 1;
+        if text.get(i) == Some(&b'\\') || opened >= 100 {
+            return false;
+        }
+    }
+    true
 }
 
 /// `part` (a slice of `whole`) as a `Bytes` sharing `whole`'s buffer.
