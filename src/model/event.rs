@@ -15,7 +15,6 @@ use crate::error::ApiError;
 use crate::filter::{EventView, LazyObject};
 use axum::http::HeaderMap;
 use bytes::Bytes;
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
@@ -266,8 +265,9 @@ const CUSTOM_FIELDS: &[&str] = &["id", "subject", "eventType"];
 const CLOUD_EVENT_FIELDS: &[&str] = &["id", "subject", "type", "source", "specversion"];
 const MAX_FIELDS: usize = 7;
 
-/// Validate and describe one event from a single borrowed pass over its top-level object
-/// (`data` and every other member are skipped, not built). `None` when the event needs the full
+/// Validate and describe one event from a single borrowed pass over its top-level object (a scan
+/// of text serde_json has already validated; `data` and every other member are skipped, not
+/// built). `None` when the event needs the full
 /// parse: it is not a well-formed object of the schema, or it has something the borrowed pass
 /// leaves to the full parse (escapes, deep nesting, nulls, duplicate keys, keys in another
 /// case, non-string values for the fields above). Whatever this accepts, the full parse accepts
@@ -282,8 +282,7 @@ fn fast(input: &PublishInput<'_>, raw: &RawValue) -> Option<IncomingEvent> {
         EventSchema::Custom => CUSTOM_FIELDS,
         EventSchema::CloudEventV1_0 => CLOUD_EVENT_FIELDS,
     };
-    let mut de = serde_json::Deserializer::from_str(text);
-    let fields = TopLevel { names }.deserialize(&mut de).ok()?;
+    let fields = top_level(text, names)?;
     let source = sub_bytes(input.body, text);
     let range = |v: Option<&str>| {
         v.and_then(|v| {
@@ -341,8 +340,8 @@ fn fast(input: &PublishInput<'_>, raw: &RawValue) -> Option<IncomingEvent> {
     })
 }
 
-/// No backslash (escapes: the borrowed pass cannot borrow them, and a `\u` surrogate the full
-/// parse rejects would be skipped unchecked) and well below the full parse's nesting limit (128).
+/// No backslash (so every string ends at the next `"`, and no `\u` surrogate that the full parse
+/// rejects goes unchecked) and well below the full parse's nesting limit (128).
 fn simple_text(text: &[u8]) -> bool {
     let mut opened = 0;
     for i in memchr::memchr3_iter(b'\\', b'{', b'[', text) {
@@ -363,48 +362,103 @@ fn sub_bytes(whole: &Bytes, part: &str) -> Bytes {
     }
 }
 
-/// Deserializes an object's members named in `names` (exact case, string values, each at most
-/// once) into the matching slots, skipping all others; fails on anything else.
-struct TopLevel {
-    names: &'static [&'static str],
-}
-
-impl<'de> DeserializeSeed<'de> for TopLevel {
-    type Value = [Option<&'de str>; MAX_FIELDS];
-
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
+/// Read the members named in `names` (exact case, string values, each at most once) of the JSON
+/// object `text` into the matching slots of the result, skipping all other members. `text` must
+/// be one JSON value that serde_json has already accepted and that holds no backslash (so every
+/// string ends at the next `"`); `None` when it is not an object or a member is not as above.
+fn top_level<'a>(text: &'a str, names: &[&str]) -> Option<[Option<&'a str>; MAX_FIELDS]> {
+    let b = text.as_bytes();
+    let mut out = [None; MAX_FIELDS];
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
     }
-}
-
-impl<'de> Visitor<'de> for TopLevel {
-    type Value = [Option<&'de str>; MAX_FIELDS];
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("an event object")
+    i = skip_ws(b, i + 1);
+    if b.get(i) == Some(&b'}') {
+        return Some(out);
     }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut out = [None; MAX_FIELDS];
-        while let Some(key) = map.next_key::<&'de str>()? {
-            let slot = self
-                .names
-                .iter()
-                .zip(out.iter_mut())
-                .find(|(n, _)| n.eq_ignore_ascii_case(key));
-            match slot {
-                None => {
-                    map.next_value::<IgnoredAny>()?;
+    loop {
+        let (key, next) = string_at(text, i)?;
+        i = skip_ws(b, next);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        let slot = names
+            .iter()
+            .zip(out.iter_mut())
+            .find(|(n, _)| n.eq_ignore_ascii_case(key));
+        i = match slot {
+            None => skip_value(b, i)?,
+            Some((name, slot)) => {
+                if *name != key || slot.is_some() {
+                    return None;
                 }
-                Some((name, slot)) => {
-                    if *name != key || slot.is_some() {
-                        return Err(de::Error::custom("left to the full parse"));
-                    }
-                    *slot = Some(map.next_value::<&'de str>()?);
+                let (value, next) = string_at(text, i)?;
+                *slot = Some(value);
+                next
+            }
+        };
+        i = skip_ws(b, i);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return Some(out),
+            _ => return None,
+        }
+    }
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while let Some(b' ' | b'\t' | b'\n' | b'\r') = b.get(i) {
+        i += 1;
+    }
+    i
+}
+
+/// The string starting with the `"` at `i` (without quotes) and the index after its closing
+/// quote.
+fn string_at(text: &str, i: usize) -> Option<(&str, usize)> {
+    let b = text.as_bytes();
+    if b.get(i) != Some(&b'"') {
+        return None;
+    }
+    let start = i + 1;
+    let len = memchr::memchr(b'"', b.get(start..)?)?;
+    Some((text.get(start..start + len)?, start + len + 1))
+}
+
+/// The index after the value starting at `i`.
+fn skip_value(b: &[u8], mut i: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    loop {
+        match b.get(i) {
+            Some(b'"') => {
+                i += 1;
+                i += memchr::memchr(b'"', b.get(i..)?)? + 1;
+                if depth == 0 {
+                    return Some(i);
                 }
             }
+            Some(b'{' | b'[') => {
+                depth += 1;
+                i += 1;
+            }
+            Some(b'}' | b']') => {
+                // At depth 0 this closes the enclosing object: the (scalar) value ended before.
+                if depth == 0 {
+                    return Some(i);
+                }
+                depth -= 1;
+                i += 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            Some(b',') if depth == 0 => return Some(i),
+            Some(b' ' | b'\t' | b'\n' | b'\r') if depth == 0 => return Some(i),
+            Some(_) => i += 1,
+            None => return (depth == 0).then_some(i),
         }
-        Ok(out)
     }
 }
 
@@ -835,6 +889,13 @@ mod tests {
             EventSchema::EventGrid,
             &EV.replacen('{', "{ ", 1)
         ));
+        let spaced = r#" { "id" : "1" , "x" : [ "]" , { "y" : "}," } ] , "subject" : "s" , "eventType" : "e" , "eventTime" : "t" , "dataVersion" : "1" , "n" : -1.5e3 } "#;
+        assert!(check_same(EventSchema::EventGrid, spaced));
+        assert!(check_same(EventSchema::Custom, r#"{"n":1,"subject":"s"}"#));
+        assert!(check_same(
+            EventSchema::Custom,
+            r#"{"b":true,"eventType":"e","z":null}"#
+        ));
         // Left to the full parse: escapes, deep nesting, nulls, other case, duplicates, errors.
         let deep = EV.replace(
             r#"{"n":1.50}"#,
@@ -870,22 +931,23 @@ mod tests {
         /// Events built from the keys the schemas read (in several cases, repeated) and values
         /// of every kind: the one-pass path never disagrees with the full parse.
         #[test]
-        fn one_pass_never_disagrees(base in 0usize..3, members in proptest::collection::vec((0usize..20, 0usize..14), 0..6)) {
+        fn one_pass_never_disagrees(base in 0usize..3, ws in proptest::prelude::any::<bool>(), members in proptest::collection::vec((0usize..20, 0usize..16), 0..6)) {
             const KEYS: [&str; 20] = ["id", "ID", "subject", "Subject", "eventType", "eventtype",
                 "eventTime", "dataVersion", "topic", "Topic", "metadataVersion", "metadataversion",
                 "type", "source", "specversion", "SpecVersion", "data", "x", "Id", "TYPE"];
-            const VALUES: [&str; 14] = [r#""1""#, r#""1.0""#, r#""t1""#, r#""T1""#, r#""""#,
+            const VALUES: [&str; 16] = [r#"" } , ] { : ""#, r#"{ "a" : [ "}" , 2, { } ] }"#,r#""1""#, r#""1.0""#, r#""t1""#, r#""T1""#, r#""""#,
                 r#""s\u00e9""#, "null", "1", "1.50", r#"{"n":[1,{"m":null}]}"#, "[]", "true",
                 r#""2026-01-01T00:00:00Z""#, r#""/a/b""#];
             // Start from a valid event of some schema (or nothing), then add members.
             const BASES: [&str; 3] = ["",
                 r#""id":"1","subject":"s","eventType":"e","eventTime":"t","dataVersion":"1.0""#,
                 r#""id":"1","source":"/s","type":"t","specversion":"1.0""#];
-            let text = format!("{{{}}}", std::iter::once(BASES[base].to_string())
+            let (colon, comma, brace) = if ws { (" :\t", "\r\n ,  ", " ") } else { (":", ",", "") };
+            let text = format!("{brace}{{{brace}{}{brace}}}{brace}", std::iter::once(BASES[base].to_string())
                 .filter(|b| !b.is_empty())
-                .chain(members.iter().map(|&(k, v)| format!(r#""{}":{}"#, KEYS[k], VALUES[v])))
+                .chain(members.iter().map(|&(k, v)| format!(r#""{}"{colon}{}"#, KEYS[k], VALUES[v])))
                 .collect::<Vec<_>>()
-                .join(","));
+                .join(comma));
             for schema in SCHEMAS {
                 check_same(schema, &text);
             }
