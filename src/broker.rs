@@ -550,7 +550,7 @@ impl Broker {
     pub async fn publish(
         &self,
         entry: &TopicEntry,
-        events: Vec<IncomingEvent>,
+        mut events: Vec<IncomingEvent>,
     ) -> Result<(), ApiError> {
         let subs = entry.subscriptions();
         entry.metrics.events_received.add(events.len() as u64);
@@ -606,14 +606,16 @@ impl Broker {
         let mut payloads: Vec<Option<(u64, Arc<EventData>)>> = vec![None; events.len()];
         for r in &routes {
             for &i in r {
-                if let (Some(slot), Some(ev)) = (payloads.get_mut(i), events.get(i)) {
+                if let (Some(slot), Some(ev)) = (payloads.get_mut(i), events.get_mut(i)) {
                     if slot.is_none() {
                         let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+                        // Moved, not cloned: each event gets one payload, and `events` is not
+                        // read after this.
                         *slot = Some((
                             seq,
                             Arc::new(EventData {
-                                body: ev.body.clone(),
-                                id: ev.id.clone().into_boxed_str(),
+                                body: std::mem::take(&mut ev.body),
+                                id: std::mem::take(&mut ev.id).into_boxed_str(),
                             }),
                         ));
                     }

@@ -378,10 +378,50 @@ fn get_ci<'a>(m: &'a Map<String, Value>, lower: &str) -> Option<&'a Value> {
     })
 }
 
+/// An event's top-level JSON object, for advanced filters.
+///
+/// Publishing validates and routes most events from one borrowed pass over their bytes; the
+/// object is then parsed from those bytes only when an advanced filter first reads it.
+#[derive(Debug)]
+pub struct LazyObject {
+    cell: std::cell::OnceCell<Map<String, Value>>,
+    /// The event's JSON text (empty when the object was given parsed).
+    source: bytes::Bytes,
+}
+
+impl LazyObject {
+    /// An object that is already parsed.
+    pub fn parsed(object: Map<String, Value>) -> Self {
+        Self {
+            cell: std::cell::OnceCell::from(object),
+            source: bytes::Bytes::new(),
+        }
+    }
+
+    /// An object parsed from `source` (a JSON object) on first use.
+    pub fn from_json(source: bytes::Bytes) -> Self {
+        Self {
+            cell: std::cell::OnceCell::new(),
+            source,
+        }
+    }
+
+    /// The JSON text the object is parsed from (empty when it was given parsed).
+    pub fn source(&self) -> &[u8] {
+        &self.source
+    }
+
+    /// The object (empty if the source is not a JSON object, which the publish path rules out).
+    pub fn get(&self) -> &Map<String, Value> {
+        self.cell
+            .get_or_init(|| serde_json::from_slice(&self.source).unwrap_or_default())
+    }
+}
+
 /// What a filter sees of an event.
 pub struct EventView<'a> {
     /// The event object.
-    pub object: &'a Map<String, Value>,
+    pub object: &'a LazyObject,
     /// Its subject, if the schema has one.
     pub subject: Option<&'a str>,
     /// Its type (`eventType` / CloudEvents `type`).
@@ -489,7 +529,7 @@ impl Filter {
                 return false;
             }
         }
-        self.advanced.iter().all(|a| a.matches(ev.object))
+        self.advanced.iter().all(|a| a.matches(ev.object.get()))
     }
 
     /// The filter as echoed (canonical camelCase).
@@ -528,8 +568,10 @@ mod tests {
 
     fn event(v: &Value) -> EventView<'_> {
         let o = v.as_object().unwrap();
+        // Leaked: a test-only view needs an owner for the object it borrows.
+        let object: &'static LazyObject = Box::leak(Box::new(LazyObject::parsed(o.clone())));
         EventView {
-            object: o,
+            object,
             subject: o.get("subject").and_then(Value::as_str),
             event_type: o.get("eventType").and_then(Value::as_str),
         }

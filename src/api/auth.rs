@@ -5,13 +5,11 @@
 //! every request is allowed. Failure is 401 with the documented body. Keys are compared in
 //! constant time and never logged.
 
-use super::{AppState, ConnInfo};
+use super::ConnInfo;
 use crate::config::Inbound;
 use crate::error::ApiError;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::HeaderMap;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 
 /// Header carrying a SAS key.
 pub const SAS_HEADER: &str = "aeg-sas-key";
@@ -42,13 +40,17 @@ pub fn is_authorized(cfg: &Inbound, headers: &HeaderMap, conn: Option<ConnInfo>)
     cfg.client_cert_enabled && conn.is_some_and(|c| c.client_cert)
 }
 
-/// Middleware: 401 unless authenticated.
-pub async fn require(State(state): State<AppState>, req: Request, next: Next) -> Response {
+/// 401 unless the request is authenticated. The API's one layer ([`super::Guard`]) calls this
+/// first on every API route.
+///
+/// # Errors
+/// 401 with the documented body.
+pub fn require(cfg: &Inbound, req: &Request) -> Result<(), ApiError> {
     let conn = req.extensions().get::<ConnInfo>().copied();
-    if is_authorized(&state.broker.config().inbound, req.headers(), conn) {
-        next.run(req).await
+    if is_authorized(cfg, req.headers(), conn) {
+        Ok(())
     } else {
-        ApiError::unauthorized().into_response()
+        Err(ApiError::unauthorized())
     }
 }
 

@@ -1,11 +1,14 @@
 //! The Event Grid on IoT Edge REST API.
 //!
-//! Layers, outermost first (each request passes them in this order):
+//! One layer ([`Guard`], a plain tower service: no boxing per request) runs two checks, in this
+//! order, before any API handler:
 //! 1. [`auth::require`]: the only authentication check (SAS key, then client certificate);
 //! 2. [`api_version`]: `api-version=2019-01-01-preview` everywhere, `2018-01-01` also on publish;
-//! 3. the handler: read the body under the size limit, parse, call the broker, map the result.
 //!
-//! Health routes (`/healthz`, `/readyz`) sit outside both layers: container health checks carry
+//! then the handler reads the body under the size limit, parses, calls the broker and maps the
+//! result.
+//!
+//! Health routes (`/healthz`, `/readyz`) sit outside the layer: container health checks carry
 //! neither keys nor api-version.
 
 pub mod auth;
@@ -21,12 +24,15 @@ use crate::model::topic::ResourceContext;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, HeaderMap};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::Router;
 use bytes::Bytes;
+use futures_util::future::Either;
+use std::convert::Infallible;
+use std::future::{ready, Ready};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 /// The only api-version the edge API ever had.
 pub const API_VERSION: &str = "2019-01-01-preview";
@@ -130,8 +136,9 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/metrics", get(health::metrics))
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn(api_version))
-        .layer(middleware::from_fn_with_state(state.clone(), auth::require));
+        .layer(GuardLayer {
+            broker: state.broker.clone(),
+        });
     Router::new()
         .route("/healthz", get(health::live))
         .route("/readyz", get(health::ready))
@@ -160,8 +167,56 @@ fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
+/// The API routes' layer: [`Guard`] around each route.
+#[derive(Clone)]
+struct GuardLayer {
+    broker: Broker,
+}
+
+impl<S> tower::Layer<S> for GuardLayer {
+    type Service = Guard<S>;
+
+    fn layer(&self, inner: S) -> Guard<S> {
+        Guard {
+            inner,
+            broker: self.broker.clone(),
+        }
+    }
+}
+
+/// Authentication, then api-version, then the route (see the module docs). A hand-written
+/// service rather than two `from_fn` middlewares, which box the inner service and a future per
+/// request each.
+#[derive(Clone)]
+pub struct Guard<S> {
+    inner: S,
+    broker: Broker,
+}
+
+impl<S> tower::Service<Request> for Guard<S>
+where
+    S: tower::Service<Request, Response = Response, Error = Infallible>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Either<Ready<Result<Response, Infallible>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request) -> Self::Future {
+        let checked =
+            auth::require(&self.broker.config().inbound, &req).and_then(|()| api_version(&req));
+        match checked {
+            Ok(()) => Either::Right(self.inner.call(req)),
+            Err(e) => Either::Left(ready(Ok(e.into_response()))),
+        }
+    }
+}
+
 /// Enforce `api-version`.
-async fn api_version(req: Request, next: Next) -> Response {
+fn api_version(req: &Request) -> Result<(), ApiError> {
     let query = req.uri().query().unwrap_or("");
     let version = query_param(query, "api-version");
     let is_publish =
@@ -177,13 +232,12 @@ async fn api_version(req: Request, next: Next) -> Response {
         } else {
             API_VERSION.to_string()
         };
-        return ApiError::bad_request(
+        return Err(ApiError::bad_request(
             "InvalidApiVersion",
             format!("the query parameter api-version={} is required", expected),
-        )
-        .into_response();
+        ));
     }
-    next.run(req).await
+    Ok(())
 }
 
 /// Read a request body up to `limit` bytes: 413 before reading when `Content-Length` is larger,

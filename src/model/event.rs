@@ -4,10 +4,15 @@
 //! (`RawValue` slices); for EventGridSchema the missing `topic` / `metadataVersion` are spliced in
 //! after the opening brace instead of re-serialising, so numbers, key order and whitespace inside
 //! the event reach the subscriber exactly as published.
+//!
+//! Events are validated and routed from **one** borrowed pass over their top-level members
+//! (`fast`); the object that advanced filters read is parsed from the event's bytes only when one
+//! first needs it. Events the one pass leaves alone (escapes, nulls, keys in another case, invalid
+//! events) take the full parse into a `serde_json::Value`, which words every error.
 
 use super::topic::EventSchema;
 use crate::error::ApiError;
-use crate::filter::EventView;
+use crate::filter::{EventView, LazyObject};
 use axum::http::HeaderMap;
 use bytes::Bytes;
 use serde_json::value::RawValue;
@@ -20,22 +25,75 @@ pub struct IncomingEvent {
     pub body: Bytes,
     /// Event id (for logs and dead letters).
     pub id: String,
-    /// The parsed object, used by filters (dropped after routing).
-    pub object: Map<String, Value>,
-    subject_key: Option<&'static str>,
-    type_key: &'static str,
+    /// The event object, used by advanced filters (parsed on first use; dropped after routing).
+    object: LazyObject,
+    /// Where the view finds subject and type.
+    keys: ViewKeys,
+}
+
+/// Where [`IncomingEvent::view`] finds the subject and the type.
+#[derive(Debug)]
+enum ViewKeys {
+    /// Looked up in the parsed object.
+    Object {
+        subject: Option<&'static str>,
+        event_type: &'static str,
+    },
+    /// Byte ranges of the string values inside the event's text (the object's source; the
+    /// one-pass parse).
+    Text {
+        subject: Option<(usize, usize)>,
+        event_type: Option<(usize, usize)>,
+    },
 }
 
 impl IncomingEvent {
     /// The view filters evaluate.
     pub fn view(&self) -> EventView<'_> {
-        EventView {
-            object: &self.object,
-            subject: self
-                .subject_key
-                .and_then(|k| get_ci(&self.object, k))
-                .and_then(Value::as_str),
-            event_type: get_ci(&self.object, self.type_key).and_then(Value::as_str),
+        match &self.keys {
+            ViewKeys::Object {
+                subject,
+                event_type,
+            } => {
+                let m = self.object.get();
+                EventView {
+                    object: &self.object,
+                    subject: subject.and_then(|k| get_ci(m, k)).and_then(Value::as_str),
+                    event_type: get_ci(m, event_type).and_then(Value::as_str),
+                }
+            }
+            ViewKeys::Text {
+                subject,
+                event_type,
+            } => {
+                let text = |r: Option<(usize, usize)>| {
+                    r.and_then(|(a, b)| self.object.source().get(a..b))
+                        .and_then(|b| std::str::from_utf8(b).ok())
+                };
+                EventView {
+                    object: &self.object,
+                    subject: text(*subject),
+                    event_type: text(*event_type),
+                }
+            }
+        }
+    }
+
+    /// An event validated and parsed the old way (its object is already parsed).
+    fn parsed(
+        body: Bytes,
+        id: String,
+        object: Map<String, Value>,
+        event_type: &'static str,
+    ) -> Self {
+        IncomingEvent {
+            body,
+            id,
+            object: LazyObject::parsed(object),
+            keys: ViewKeys::Object {
+                subject: Some("subject"),
+                event_type,
+            },
         }
     }
 }
@@ -177,12 +235,231 @@ pub fn parse(input: &PublishInput<'_>) -> Result<Vec<IncomingEvent>, ApiError> {
     elements
         .into_iter()
         .enumerate()
-        .map(|(i, raw)| match input.schema {
-            EventSchema::EventGrid => event_grid(raw, i, input.topic),
-            EventSchema::Custom => custom(raw, i),
-            EventSchema::CloudEventV1_0 => cloud_event(raw, i),
+        .map(|(i, raw)| {
+            // One pass over the event's top-level fields; anything the fast path does not
+            // accept as is (an error, a null, a key in other case, ...) takes the full parse,
+            // which decides and words every error.
+            if let Some(ev) = fast(input, raw) {
+                return Ok(ev);
+            }
+            match input.schema {
+                EventSchema::EventGrid => event_grid(raw, i, input.topic),
+                EventSchema::Custom => custom(raw, i),
+                EventSchema::CloudEventV1_0 => cloud_event(raw, i),
+            }
         })
         .collect()
+}
+
+/// The top-level string fields the schemas read, in the order [`fast`] destructures them.
+const EVENT_GRID_FIELDS: &[&str] = &[
+    "id",
+    "subject",
+    "eventType",
+    "eventTime",
+    "dataVersion",
+    "topic",
+    "metadataVersion",
+];
+const CUSTOM_FIELDS: &[&str] = &["id", "subject", "eventType"];
+const CLOUD_EVENT_FIELDS: &[&str] = &["id", "subject", "type", "source", "specversion"];
+const MAX_FIELDS: usize = 7;
+
+/// Validate and describe one event from a single borrowed pass over its top-level object (a scan
+/// of text serde_json has already validated; `data` and every other member are skipped, not
+/// built). `None` when the event needs the full
+/// parse: it is not a well-formed object of the schema, or it has something the borrowed pass
+/// leaves to the full parse (escapes, deep nesting, nulls, duplicate keys, keys in another
+/// case, non-string values for the fields above). Whatever this accepts, the full parse accepts
+/// with the same body, id, subject and type.
+fn fast(input: &PublishInput<'_>, raw: &RawValue) -> Option<IncomingEvent> {
+    let text = raw.get();
+    if !simple_text(text.as_bytes()) {
+        return None;
+    }
+    let names = match input.schema {
+        EventSchema::EventGrid => EVENT_GRID_FIELDS,
+        EventSchema::Custom => CUSTOM_FIELDS,
+        EventSchema::CloudEventV1_0 => CLOUD_EVENT_FIELDS,
+    };
+    let fields = top_level(text, names)?;
+    let source = sub_bytes(input.body, text);
+    let range = |v: Option<&str>| {
+        v.and_then(|v| {
+            let start = (v.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+            Some((start, start + v.len()))
+        })
+    };
+    let (id, body, subject, event_type) = match (input.schema, fields) {
+        (
+            EventSchema::EventGrid,
+            [Some(id), subject @ Some(_), event_type @ Some(_), Some(_), Some(_), topic, mv, ..],
+        ) => {
+            let topic_present = match topic {
+                None => false,
+                Some(t) if t.eq_ignore_ascii_case(input.topic) => true,
+                Some(_) => return None,
+            };
+            let mv_present = match mv {
+                None => false,
+                Some("1") => true,
+                Some(_) => return None,
+            };
+            let body = if topic_present && mv_present {
+                Bytes::copy_from_slice(text.as_bytes())
+            } else {
+                splice(text, (!topic_present).then_some(input.topic), !mv_present).ok()?
+            };
+            (id, body, subject, event_type)
+        }
+        (EventSchema::Custom, [id, subject, event_type, ..]) => (
+            id.unwrap_or_default(),
+            Bytes::copy_from_slice(text.as_bytes()),
+            subject,
+            event_type,
+        ),
+        (
+            EventSchema::CloudEventV1_0,
+            [Some(id), subject, event_type @ Some(_), Some(_), Some("1.0"), ..],
+        ) if !id.is_empty() => (
+            id,
+            Bytes::copy_from_slice(text.as_bytes()),
+            subject,
+            event_type,
+        ),
+        _ => return None,
+    };
+    Some(IncomingEvent {
+        body,
+        id: id.to_string(),
+        keys: ViewKeys::Text {
+            subject: range(subject),
+            event_type: range(event_type),
+        },
+        object: LazyObject::from_json(source),
+    })
+}
+
+/// No backslash (so every string ends at the next `"`, and no `\u` surrogate that the full parse
+/// rejects goes unchecked) and well below the full parse's nesting limit (128).
+fn simple_text(text: &[u8]) -> bool {
+    let mut opened = 0;
+    for i in memchr::memchr3_iter(b'\\', b'{', b'[', text) {
+        opened += 1;
+        if text.get(i) == Some(&b'\\') || opened >= 100 {
+            return false;
+        }
+    }
+    true
+}
+
+/// `part` (a slice of `whole`) as a `Bytes` sharing `whole`'s buffer.
+fn sub_bytes(whole: &Bytes, part: &str) -> Bytes {
+    let start = (part.as_ptr() as usize).wrapping_sub(whole.as_ptr() as usize);
+    match start.checked_add(part.len()) {
+        Some(end) if end <= whole.len() => whole.slice(start..end),
+        _ => Bytes::copy_from_slice(part.as_bytes()),
+    }
+}
+
+/// Read the members named in `names` (exact case, string values, each at most once) of the JSON
+/// object `text` into the matching slots of the result, skipping all other members. `text` must
+/// be one JSON value that serde_json has already accepted and that holds no backslash (so every
+/// string ends at the next `"`); `None` when it is not an object or a member is not as above.
+fn top_level<'a>(text: &'a str, names: &[&str]) -> Option<[Option<&'a str>; MAX_FIELDS]> {
+    let b = text.as_bytes();
+    let mut out = [None; MAX_FIELDS];
+    let mut i = skip_ws(b, 0);
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_ws(b, i + 1);
+    if b.get(i) == Some(&b'}') {
+        return Some(out);
+    }
+    loop {
+        let (key, next) = string_at(text, i)?;
+        i = skip_ws(b, next);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        let slot = names
+            .iter()
+            .zip(out.iter_mut())
+            .find(|(n, _)| n.eq_ignore_ascii_case(key));
+        i = match slot {
+            None => skip_value(b, i)?,
+            Some((name, slot)) => {
+                if *name != key || slot.is_some() {
+                    return None;
+                }
+                let (value, next) = string_at(text, i)?;
+                *slot = Some(value);
+                next
+            }
+        };
+        i = skip_ws(b, i);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return Some(out),
+            _ => return None,
+        }
+    }
+}
+
+fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while let Some(b' ' | b'\t' | b'\n' | b'\r') = b.get(i) {
+        i += 1;
+    }
+    i
+}
+
+/// The string starting with the `"` at `i` (without quotes) and the index after its closing
+/// quote.
+fn string_at(text: &str, i: usize) -> Option<(&str, usize)> {
+    let b = text.as_bytes();
+    if b.get(i) != Some(&b'"') {
+        return None;
+    }
+    let start = i + 1;
+    let len = memchr::memchr(b'"', b.get(start..)?)?;
+    Some((text.get(start..start + len)?, start + len + 1))
+}
+
+/// The index after the value starting at `i`.
+fn skip_value(b: &[u8], mut i: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    loop {
+        match b.get(i) {
+            Some(b'"') => {
+                i += 1;
+                i += memchr::memchr(b'"', b.get(i..)?)? + 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            Some(b'{' | b'[') => {
+                depth += 1;
+                i += 1;
+            }
+            Some(b'}' | b']') => {
+                // At depth 0 this closes the enclosing object: the (scalar) value ended before.
+                if depth == 0 {
+                    return Some(i);
+                }
+                depth -= 1;
+                i += 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            Some(b',') if depth == 0 => return Some(i),
+            Some(b' ' | b'\t' | b'\n' | b'\r') if depth == 0 => return Some(i),
+            Some(_) => i += 1,
+            None => return (depth == 0).then_some(i),
+        }
+    }
 }
 
 fn first_byte(b: &[u8]) -> Option<u8> {
@@ -265,22 +542,10 @@ fn event_grid(raw: &RawValue, i: usize, topic: &str) -> Result<IncomingEvent, Ap
         }
         Bytes::from(serde_json::to_vec(&m).map_err(|e| ApiError::internal(&e))?)
     } else {
-        let mut fields = Vec::with_capacity(2);
-        if !topic_present {
-            fields.push(format!("\"topic\":{}", Value::String(topic.to_string())));
-        }
-        if !mv_present {
-            fields.push("\"metadataVersion\":\"1\"".to_string());
-        }
-        splice(raw.get(), &fields.join(","))
+        splice(raw.get(), (!topic_present).then_some(topic), !mv_present)
+            .map_err(|e| ApiError::internal(&e))?
     };
-    Ok(IncomingEvent {
-        body,
-        id,
-        object: m,
-        subject_key: Some("subject"),
-        type_key: "eventType",
-    })
+    Ok(IncomingEvent::parsed(body, id, m, "eventType"))
 }
 
 fn has_null_key(m: &Map<String, Value>, key: &str) -> bool {
@@ -288,21 +553,32 @@ fn has_null_key(m: &Map<String, Value>, key: &str) -> bool {
         .any(|(k, v)| v.is_null() && k.eq_ignore_ascii_case(key))
 }
 
-/// Insert `fields` (already `"k":v,"k2":v2`) right after the object's opening brace.
-fn splice(raw: &str, fields: &str) -> Bytes {
+/// Insert `"topic":<topic>` and/or `"metadataVersion":"1"` right after the object's opening
+/// brace.
+fn splice(raw: &str, topic: Option<&str>, metadata_version: bool) -> serde_json::Result<Bytes> {
+    const MV: &[u8] = br#""metadataVersion":"1""#;
     let t = raw.trim_start();
     let rest = t.strip_prefix('{').unwrap_or(t);
-    let sep = if rest.trim_start().starts_with('}') {
-        ""
+    let sep: &[u8] = if rest.trim_start().starts_with('}') {
+        b""
     } else {
-        ","
+        b","
     };
-    let mut out = String::with_capacity(raw.len() + fields.len() + 2);
-    out.push('{');
-    out.push_str(fields);
-    out.push_str(sep);
-    out.push_str(rest);
-    Bytes::from(out)
+    let mut out = Vec::with_capacity(raw.len() + topic.map_or(0, |t| t.len() + 12) + MV.len() + 2);
+    out.push(b'{');
+    if let Some(topic) = topic {
+        out.extend_from_slice(br#""topic":"#);
+        serde_json::to_writer(&mut out, topic)?;
+        if metadata_version {
+            out.push(b',');
+        }
+    }
+    if metadata_version {
+        out.extend_from_slice(MV);
+    }
+    out.extend_from_slice(sep);
+    out.extend_from_slice(rest.as_bytes());
+    Ok(Bytes::from(out))
 }
 
 fn custom(raw: &RawValue, i: usize) -> Result<IncomingEvent, ApiError> {
@@ -311,13 +587,12 @@ fn custom(raw: &RawValue, i: usize) -> Result<IncomingEvent, ApiError> {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    Ok(IncomingEvent {
-        body: Bytes::copy_from_slice(raw.get().as_bytes()),
+    Ok(IncomingEvent::parsed(
+        Bytes::copy_from_slice(raw.get().as_bytes()),
         id,
-        object: m,
-        subject_key: Some("subject"),
-        type_key: "eventType",
-    })
+        m,
+        "eventType",
+    ))
 }
 
 fn validate_cloud_event(m: &Map<String, Value>, i: usize) -> Result<String, ApiError> {
@@ -345,13 +620,12 @@ fn validate_cloud_event(m: &Map<String, Value>, i: usize) -> Result<String, ApiE
 fn cloud_event(raw: &RawValue, i: usize) -> Result<IncomingEvent, ApiError> {
     let m = object_of(raw, i)?;
     let id = validate_cloud_event(&m, i)?;
-    Ok(IncomingEvent {
-        body: Bytes::copy_from_slice(raw.get().as_bytes()),
+    Ok(IncomingEvent::parsed(
+        Bytes::copy_from_slice(raw.get().as_bytes()),
         id,
-        object: m,
-        subject_key: Some("subject"),
-        type_key: "type",
-    })
+        m,
+        "type",
+    ))
 }
 
 /// CloudEvents HTTP binary mode: attributes in `ce-*` headers, the body is `data`.
@@ -413,13 +687,7 @@ fn binary_cloud_event(
         }
     }
     let body = Bytes::from(serde_json::to_vec(&m).map_err(|e| ApiError::internal(&e))?);
-    Ok(IncomingEvent {
-        body,
-        id,
-        object: m,
-        subject_key: Some("subject"),
-        type_key: "type",
-    })
+    Ok(IncomingEvent::parsed(body, id, m, "type"))
 }
 
 #[cfg(test)]
@@ -557,6 +825,131 @@ mod tests {
                 if let Err(e) = parse(&PublishInput { schema, topic: "t", headers: &headers, body: &body, single_id: Some("x"), max_events: 50 }) {
                     proptest::prop_assert!(e.status.is_client_error());
                 }
+            }
+        }
+    }
+
+    /// The old two-pass path for one element, for comparison with [`fast`].
+    fn full(schema: EventSchema, raw: &RawValue) -> Result<IncomingEvent, ApiError> {
+        match schema {
+            EventSchema::EventGrid => event_grid(raw, 0, "t1"),
+            EventSchema::Custom => custom(raw, 0),
+            EventSchema::CloudEventV1_0 => cloud_event(raw, 0),
+        }
+    }
+
+    /// Whenever the one-pass path accepts an element, the full parse accepts it with the same
+    /// body, id, subject, type and filter object. Returns whether the fast path took it.
+    fn check_same(schema: EventSchema, text: &str) -> bool {
+        let body = Bytes::from(format!("[{text}]"));
+        let Ok(raws) = serde_json::from_slice::<Vec<&RawValue>>(&body) else {
+            return false;
+        };
+        let headers = HeaderMap::new();
+        let input = PublishInput {
+            schema,
+            topic: "t1",
+            headers: &headers,
+            body: &body,
+            single_id: None,
+            max_events: 10,
+        };
+        let Some(f) = fast(&input, raws[0]) else {
+            return false;
+        };
+        let s = full(schema, raws[0]).unwrap_or_else(|e| panic!("{schema:?} {text}: {e:?}"));
+        assert_eq!(f.body, s.body, "{schema:?} {text}");
+        assert_eq!(f.id, s.id, "{schema:?} {text}");
+        let (fv, sv) = (f.view(), s.view());
+        assert_eq!(fv.subject, sv.subject, "{schema:?} {text}");
+        assert_eq!(fv.event_type, sv.event_type, "{schema:?} {text}");
+        assert_eq!(fv.object.get(), sv.object.get(), "{schema:?} {text}");
+        true
+    }
+
+    const SCHEMAS: [EventSchema; 3] = [
+        EventSchema::EventGrid,
+        EventSchema::Custom,
+        EventSchema::CloudEventV1_0,
+    ];
+
+    #[test]
+    fn one_pass_matches_the_full_parse() {
+        assert!(check_same(EventSchema::EventGrid, EV));
+        let both = EV.replacen('{', r#"{"topic":"T1","metadataVersion":"1","#, 1);
+        assert!(check_same(EventSchema::EventGrid, &both));
+        let ce = r#"{"id":"1","source":"/s","type":"t","specversion":"1.0","subject":"x","data":{"x":1}}"#;
+        assert!(check_same(EventSchema::CloudEventV1_0, ce));
+        assert!(check_same(
+            EventSchema::Custom,
+            r#"{"a" : 1.0e2, "subject": "s"}"#
+        ));
+        assert!(check_same(EventSchema::Custom, "{ }"));
+        assert!(check_same(
+            EventSchema::EventGrid,
+            &EV.replacen('{', "{ ", 1)
+        ));
+        let spaced = r#" { "id" : "1" , "x" : [ "]" , { "y" : "}," } ] , "subject" : "s" , "eventType" : "e" , "eventTime" : "t" , "dataVersion" : "1" , "n" : -1.5e3 } "#;
+        assert!(check_same(EventSchema::EventGrid, spaced));
+        assert!(check_same(EventSchema::Custom, r#"{"n":1,"subject":"s"}"#));
+        assert!(check_same(
+            EventSchema::Custom,
+            r#"{"b":true,"eventType":"e","z":null}"#
+        ));
+        // Left to the full parse: escapes, deep nesting, nulls, other case, duplicates, errors.
+        let deep = EV.replace(
+            r#"{"n":1.50}"#,
+            &format!("{}{}", "[".repeat(130), "]".repeat(130)),
+        );
+        for (schema, text) in [
+            (EventSchema::EventGrid, EV.replace(r#""s""#, r#""\u00e9""#)),
+            (EventSchema::EventGrid, deep.clone()),
+            (EventSchema::Custom, deep),
+            (
+                EventSchema::EventGrid,
+                EV.replacen('{', r#"{"topic":null,"#, 1),
+            ),
+            (EventSchema::EventGrid, EV.replace("eventType", "EventType")),
+            (EventSchema::EventGrid, EV.replacen('{', r#"{"id":"0","#, 1)),
+            (
+                EventSchema::EventGrid,
+                EV.replacen('{', r#"{"topic":"t2","#, 1),
+            ),
+            (EventSchema::Custom, r#"{"id":1}"#.to_string()),
+            (EventSchema::Custom, "[1]".to_string()),
+            (EventSchema::CloudEventV1_0, ce.replace("1.0", "0.3")),
+            (
+                EventSchema::CloudEventV1_0,
+                ce.replace(r#""id":"1""#, r#""id":"""#),
+            ),
+        ] {
+            assert!(!check_same(schema, &text), "{schema:?} {text}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Events built from the keys the schemas read (in several cases, repeated) and values
+        /// of every kind: the one-pass path never disagrees with the full parse.
+        #[test]
+        fn one_pass_never_disagrees(base in 0usize..3, ws in proptest::prelude::any::<bool>(), members in proptest::collection::vec((0usize..20, 0usize..16), 0..6)) {
+            const KEYS: [&str; 20] = ["id", "ID", "subject", "Subject", "eventType", "eventtype",
+                "eventTime", "dataVersion", "topic", "Topic", "metadataVersion", "metadataversion",
+                "type", "source", "specversion", "SpecVersion", "data", "x", "Id", "TYPE"];
+            const VALUES: [&str; 16] = [r#"" } , ] { : ""#, r#"{ "a" : [ "}" , 2, { } ] }"#,r#""1""#, r#""1.0""#, r#""t1""#, r#""T1""#, r#""""#,
+                r#""s\u00e9""#, "null", "1", "1.50", r#"{"n":[1,{"m":null}]}"#, "[]", "true",
+                r#""2026-01-01T00:00:00Z""#, r#""/a/b""#];
+            // Start from a valid event of some schema (or nothing), then add members.
+            const BASES: [&str; 3] = ["",
+                r#""id":"1","subject":"s","eventType":"e","eventTime":"t","dataVersion":"1.0""#,
+                r#""id":"1","source":"/s","type":"t","specversion":"1.0""#];
+            let (colon, comma, brace) = if ws { (" :\t", "\r\n ,  ", " ") } else { (":", ",", "") };
+            let text = format!("{brace}{{{brace}{}{brace}}}{brace}", std::iter::once(BASES[base].to_string())
+                .filter(|b| !b.is_empty())
+                .chain(members.iter().map(|&(k, v)| format!(r#""{}"{colon}{}"#, KEYS[k], VALUES[v])))
+                .collect::<Vec<_>>()
+                .join(comma));
+            for schema in SCHEMAS {
+                check_same(schema, &text);
             }
         }
     }
