@@ -228,8 +228,9 @@ impl Committer {
             }
         }
         // Final checkpoint so a clean shutdown leaves nothing to replay.
-        if let Err(e) = w.checkpoint() {
-            tracing::error!(error = %e, "event store checkpoint at shutdown failed");
+        match w.checkpoint().and_then(|()| w.journal.close_clean()) {
+            Ok(()) => {}
+            Err(e) => tracing::error!(error = %e, "event store checkpoint at shutdown failed"),
         }
     }
 }
@@ -1331,9 +1332,9 @@ mod tests {
             s.remove(q, &[1]).unwrap();
             applied = kept[0].lsn;
         }
-        // A clean close checkpoints: nothing in the journal is above what sled holds.
+        // A clean close checkpoints and marks the journal empty: the next start reads nothing.
         let (_, recs) = journal::Journal::open(&jpath).unwrap();
-        assert!(recs.iter().all(|r| r.lsn <= applied));
+        assert!(recs.is_empty());
         // A crash after the checkpoint can leave old records behind (truncation is not synced):
         // they are at or below the applied sequence number and must not resurrect event 1.
         {

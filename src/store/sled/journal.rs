@@ -93,13 +93,16 @@ impl Journal {
             .truncate(false)
             .open(path)
             .map_err(|e| err(path, format!("cannot open the journal: {e}")))?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)
-            .map_err(|e| err(path, format!("cannot read the journal: {e}")))?;
-        let records = parse_records(&bytes);
-        if (bytes.len() as u64) < PREALLOCATED_BYTES {
+        let size = file
+            .metadata()
+            .map_err(|e| err(path, format!("cannot read the journal: {e}")))?
+            .len();
+        // Read record by record, stopping at the first one that is not intact: after a clean
+        // shutdown that is the first header, so start-up does not read the whole file.
+        let records = read_records(&mut std::io::BufReader::new(&file), size);
+        if size < PREALLOCATED_BYTES {
             // First start (or a journal cut short): zero-fill to the working size, once.
-            let zeros = vec![0u8; (PREALLOCATED_BYTES as usize).saturating_sub(bytes.len())];
+            let zeros = vec![0u8; (PREALLOCATED_BYTES - size) as usize];
             file.seek(SeekFrom::End(0))
                 .and_then(|_| file.write_all(&zeros))
                 .and_then(|_| file.sync_all())
@@ -172,6 +175,21 @@ impl Journal {
         Ok(())
     }
 
+    /// After the final checkpoint of a clean shutdown: overwrite the first record header, so the
+    /// next start reads nothing instead of stale records.
+    ///
+    /// # Errors
+    /// Write or sync failure (harmless: the next start reads stale records and skips them).
+    pub fn close_clean(&mut self) -> Result<(), String> {
+        self.file
+            .seek(SeekFrom::Start(0))
+            .and_then(|_| self.file.write_all(&[0u8; RECORD_HEADER]))
+            .and_then(|_| self.file.sync_data())
+            .map_err(|e| err(&self.path, format!("journal write failed: {e}")))?;
+        self.len = RECORD_HEADER as u64;
+        Ok(())
+    }
+
     /// Start over at the beginning of the file after a checkpoint. Nothing is erased: records
     /// left behind are all at or below the checkpointed sequence number, and a reader stops at the
     /// first record that is not intact.
@@ -191,32 +209,50 @@ fn le<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
     b.get(at..at.checked_add(N)?)?.try_into().ok()
 }
 
-/// Intact records from the start of `bytes`, stopping at the first damaged or partial one.
-fn parse_records(bytes: &[u8]) -> Vec<Record> {
+/// Intact records from the start of a journal of `size` bytes, stopping at the first damaged
+/// or partial one.
+fn read_records(r: &mut impl Read, size: u64) -> Vec<Record> {
     let mut out = Vec::new();
-    let mut at = 0usize;
-    while let Some((rec, next)) = parse_record(bytes, at) {
-        out.push(rec);
-        at = next;
+    let mut left = size;
+    let mut header = [0u8; RECORD_HEADER];
+    while left >= RECORD_HEADER as u64 && r.read_exact(&mut header).is_ok() {
+        left -= RECORD_HEADER as u64;
+        let Some((lsn, len, crc)) = parse_header(&header) else {
+            break;
+        };
+        if len as u64 > left {
+            break;
+        }
+        let mut payload = vec![0u8; len];
+        if r.read_exact(&mut payload).is_err() {
+            break;
+        }
+        left -= len as u64;
+        match (record_crc(lsn, &payload) == crc)
+            .then(|| parse_items(&payload))
+            .flatten()
+        {
+            Some(items) => out.push(Record { lsn, items }),
+            None => break,
+        }
     }
     out
 }
 
-fn parse_record(b: &[u8], at: usize) -> Option<(Record, usize)> {
-    if u32::from_le_bytes(le(b, at)?) != MAGIC {
+/// `(lsn, payload length, crc)` of a record header, if it starts a record.
+fn parse_header(h: &[u8]) -> Option<(u64, usize, u32)> {
+    if u32::from_le_bytes(le(h, 0)?) != MAGIC {
         return None;
     }
-    let lsn = u64::from_le_bytes(le(b, at + 4)?);
-    let len = u32::from_le_bytes(le(b, at + 12)?) as usize;
-    let crc = u32::from_le_bytes(le(b, at + 16)?);
-    if len > MAX_RECORD {
-        return None;
-    }
-    let start = at + RECORD_HEADER;
-    let payload = b.get(start..start.checked_add(len)?)?;
-    if record_crc(lsn, payload) != crc {
-        return None;
-    }
+    let len = u32::from_le_bytes(le(h, 12)?) as usize;
+    (len <= MAX_RECORD).then_some((
+        u64::from_le_bytes(le(h, 4)?),
+        len,
+        u32::from_le_bytes(le(h, 16)?),
+    ))
+}
+
+fn parse_items(payload: &[u8]) -> Option<Vec<Item>> {
     let count = u32::from_le_bytes(le(payload, 0)?) as usize;
     let mut items = Vec::with_capacity(count.min(1 << 16));
     let mut p = 4usize;
@@ -228,7 +264,7 @@ fn parse_record(b: &[u8], at: usize) -> Option<(Record, usize)> {
         items.push((q, seq, v.to_vec()));
         p += 16 + vlen;
     }
-    (p == payload.len()).then_some((Record { lsn, items }, start + len))
+    (p == payload.len()).then_some(items)
 }
 
 /// `fsync` a file of sled's (its data file), as sled's background flusher does after a flush.
