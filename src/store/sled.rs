@@ -134,6 +134,9 @@ struct PendingAppend {
 #[derive(Default)]
 struct CommitState {
     appends: Vec<PendingAppend>,
+    /// Events settled since the last journal record: written with the next group, so a crash
+    /// does not bring them back (see [`journal`]).
+    removed: Vec<(QueueId, u64)>,
     waiters: Vec<oneshot::Sender<Result<(), String>>>,
     dirty: bool,
     shutdown: bool,
@@ -171,7 +174,7 @@ impl Committer {
     /// checkpoints (see [`journal`]).
     fn run(&self, mut w: Writer) {
         loop {
-            let (appends, waiters) = {
+            let (appends, waiters, removed) = {
                 let mut g = self.lock();
                 loop {
                     if g.shutdown || !g.appends.is_empty() || !g.waiters.is_empty() {
@@ -199,13 +202,19 @@ impl Committer {
                 w.dirty |= std::mem::take(&mut g.dirty);
                 g.stats.commits += (g.appends.len() + g.waiters.len()) as u64;
                 g.stats.groups += u64::from(!g.appends.is_empty());
+                let removed = if g.appends.is_empty() {
+                    Vec::new()
+                } else {
+                    std::mem::take(&mut g.removed)
+                };
                 (
                     std::mem::take(&mut g.appends),
                     std::mem::take(&mut g.waiters),
+                    removed,
                 )
             };
             if !appends.is_empty() {
-                let result = w.write_group(&appends);
+                let result = w.write_group(&appends, &removed);
                 if let Err(e) = &result {
                     tracing::error!(error = %e, "event journal write failed");
                 }
@@ -217,8 +226,19 @@ impl Committer {
             let due = (w.dirty || !w.journal.is_empty())
                 && w.last_checkpoint.elapsed() >= w.checkpoint_every;
             if due || !waiters.is_empty() || w.journal.len() > MAX_JOURNAL_BYTES {
-                self.lock().stats.flushes += 1;
+                // Removals noted before the checkpoint are made durable by it (sled's) or moot
+                // (events that never reached sled); later ones wait for the next record.
+                let noted = {
+                    let mut g = self.lock();
+                    g.stats.flushes += 1;
+                    g.removed.len()
+                };
                 let result = w.checkpoint();
+                if result.is_ok() {
+                    let mut g = self.lock();
+                    let n = noted.min(g.removed.len());
+                    g.removed.drain(..n);
+                }
                 if let Err(e) = &result {
                     tracing::error!(error = %e, "event store checkpoint failed");
                 }
@@ -257,7 +277,11 @@ struct Writer {
 impl Writer {
     /// Append a group of publishes to the journal and `fdatasync`, then make its events visible
     /// in the unflushed map (sled gets them at the next checkpoint, if still pending).
-    fn write_group(&mut self, appends: &[PendingAppend]) -> Result<(), String> {
+    fn write_group(
+        &mut self,
+        appends: &[PendingAppend],
+        removed: &[(QueueId, u64)],
+    ) -> Result<(), String> {
         let reserved: u64 = appends.iter().map(|a| a.cost).sum();
         // Held to the end: a subscription delete waits, then removes these events too.
         let deleted = self.deleted.read().unwrap_or_else(|p| p.into_inner());
@@ -277,7 +301,7 @@ impl Writer {
             return Ok(());
         }
         let lsn = self.lsn + 1;
-        if let Err(e) = self.journal.append(lsn, written.iter().copied()) {
+        if let Err(e) = self.journal.append(lsn, written.iter().copied(), removed) {
             sub_live(&self.live, reserved);
             return Err(e);
         }
@@ -587,17 +611,33 @@ fn replay_journal(
         .map_or(0, u64::from_be_bytes);
     let mut lsn = applied;
     let mut replayed = 0usize;
+    let mut max_seq = 0u64;
     for r in records.into_iter().filter(|r| r.lsn > applied) {
         let mut batch = sled::Batch::default();
         replayed += r.items.len();
         for (q, seq, v) in r.items {
+            max_seq = max_seq.max(seq);
             batch.insert(&event_key(q, seq), v);
+        }
+        for (q, seq) in r.removed {
+            batch.remove(&event_key(q, seq));
         }
         batch.insert(&JOURNAL_LSN_KEY, &r.lsn.to_be_bytes());
         events.apply_batch(batch).map_err(io)?;
         lsn = lsn.max(r.lsn);
     }
     if lsn > applied {
+        // Sequence numbers of replayed events that were settled stay used.
+        let high_water = events
+            .get(HIGH_WATER_KEY)
+            .map_err(io)?
+            .and_then(|v| be::<8>(&v, 0))
+            .map_or(0, u64::from_be_bytes);
+        if max_seq > high_water {
+            events
+                .insert(HIGH_WATER_KEY, &max_seq.to_be_bytes())
+                .map_err(io)?;
+        }
         tracing::info!(
             events = replayed,
             "replayed acknowledged events from the journal"
@@ -1172,8 +1212,13 @@ impl Store for SledStore {
             }
         }
         self.sub_live(freed);
+        {
+            let mut g = self.committer.lock();
+            g.removed.extend(seqs.iter().map(|s| (queue, *s)));
+            g.dirty |= !in_sled.is_empty();
+        }
         if !in_sled.is_empty() {
-            self.committer.nudge();
+            self.committer.wake.notify_one();
         }
         Ok(())
     }
@@ -1342,20 +1387,32 @@ mod tests {
             j.append(
                 applied,
                 kept[0].items.iter().map(|(q, s, v)| (*q, *s, v.as_slice())),
+                &[],
             )
             .unwrap();
             // An acknowledged group that sled never got (crash before its checkpoint).
             let v = encode_value(&ev(3, 7));
-            j.append(applied + 1, [(q, 3, v.as_slice())].into_iter())
+            j.append(applied + 1, [(q, 3, v.as_slice())].into_iter(), &[])
+                .unwrap();
+            // An acknowledged event delivered before the crash: its removal rode on the next
+            // group and is replayed too (no duplicate).
+            let v6 = encode_value(&ev(6, 7));
+            j.append(applied + 2, [(q, 6, v6.as_slice())].into_iter(), &[])
+                .unwrap();
+            j.append(applied + 3, std::iter::empty(), &[(q, 6)])
                 .unwrap();
         }
         let s = SledStore::open(&opts(dir.path(), 1 << 30)).unwrap();
         assert_eq!(s.pending(q).unwrap(), vec![ev(2, 5), ev(3, 7)]);
-        assert_eq!(s.load().unwrap().max_seq, 3);
+        assert_eq!(
+            s.load().unwrap().max_seq,
+            6,
+            "6 was replayed and removed, not reused"
+        );
         // The next group continues above the replayed sequence number.
         s.append_commit(vec![(q, ev(4, 5))]).await.unwrap();
         let (_, recs) = journal::Journal::open(&jpath).unwrap();
-        assert_eq!(recs.last().map(|r| r.lsn), Some(applied + 2));
+        assert_eq!(recs.last().map(|r| r.lsn), Some(applied + 4));
         // A full store refuses a publish before anything is written.
         drop(s);
         let s = SledStore::open(&opts(dir.path(), 100)).unwrap();

@@ -66,6 +66,9 @@ pub struct Record {
     pub lsn: u64,
     /// The group's events.
     pub items: Vec<Item>,
+    /// Events settled (delivered, dropped, dead-lettered) since the previous record:
+    /// `(queue, seq)`. Replay removes them after applying this record's events.
+    pub removed: Vec<(QueueId, u64)>,
 }
 
 /// The journal file (append-only between checkpoints).
@@ -139,6 +142,7 @@ impl Journal {
         &mut self,
         lsn: u64,
         items: impl Iterator<Item = (QueueId, u64, &'a [u8])>,
+        removed: &[(QueueId, u64)],
     ) -> Result<(), String> {
         self.buf.clear();
         self.buf.extend_from_slice(&MAGIC.to_le_bytes());
@@ -152,6 +156,14 @@ impl Journal {
             self.buf.extend_from_slice(&(v.len() as u32).to_le_bytes());
             self.buf.extend_from_slice(v);
             count += 1;
+        }
+        if !removed.is_empty() {
+            self.buf
+                .extend_from_slice(&(removed.len() as u32).to_le_bytes());
+            for (q, seq) in removed {
+                self.buf.extend_from_slice(&q.to_le_bytes());
+                self.buf.extend_from_slice(&seq.to_le_bytes());
+            }
         }
         let payload_len = (self.buf.len() - RECORD_HEADER) as u32;
         if let Some(c) = self.buf.get_mut(RECORD_HEADER..RECORD_HEADER + 4) {
@@ -229,10 +241,14 @@ fn read_records(r: &mut impl Read, size: u64) -> Vec<Record> {
         }
         left -= len as u64;
         match (record_crc(lsn, &payload) == crc)
-            .then(|| parse_items(&payload))
+            .then(|| parse_payload(&payload))
             .flatten()
         {
-            Some(items) => out.push(Record { lsn, items }),
+            Some((items, removed)) => out.push(Record {
+                lsn,
+                items,
+                removed,
+            }),
             None => break,
         }
     }
@@ -252,7 +268,9 @@ fn parse_header(h: &[u8]) -> Option<(u64, usize, u32)> {
     ))
 }
 
-fn parse_items(payload: &[u8]) -> Option<Vec<Item>> {
+type Removed = Vec<(QueueId, u64)>;
+
+fn parse_payload(payload: &[u8]) -> Option<(Vec<Item>, Removed)> {
     let count = u32::from_le_bytes(le(payload, 0)?) as usize;
     let mut items = Vec::with_capacity(count.min(1 << 16));
     let mut p = 4usize;
@@ -264,7 +282,19 @@ fn parse_items(payload: &[u8]) -> Option<Vec<Item>> {
         items.push((q, seq, v.to_vec()));
         p += 16 + vlen;
     }
-    (p == payload.len()).then_some(items)
+    let mut removed = Vec::new();
+    if p < payload.len() {
+        let n = u32::from_le_bytes(le(payload, p)?) as usize;
+        p += 4;
+        removed.reserve(n.min(1 << 16));
+        for _ in 0..n {
+            let q = u32::from_le_bytes(le(payload, p)?);
+            let seq = u64::from_le_bytes(le(payload, p + 4)?);
+            removed.push((q, seq));
+            p += 12;
+        }
+    }
+    (p == payload.len()).then_some((items, removed))
 }
 
 /// `fsync` a file of sled's (its data file), as sled's background flusher does after a flush.
@@ -288,7 +318,7 @@ mod tests {
     }
 
     fn append(j: &mut Journal, lsn: u64, it: &[Item]) {
-        j.append(lsn, it.iter().map(|(q, s, v)| (*q, *s, v.as_slice())))
+        j.append(lsn, it.iter().map(|(q, s, v)| (*q, *s, v.as_slice())), &[])
             .unwrap();
     }
 
@@ -299,7 +329,8 @@ mod tests {
         let (mut j, recs) = Journal::open(&p).unwrap();
         assert!(recs.is_empty());
         append(&mut j, 1, &items(3));
-        append(&mut j, 2, &items(0));
+        j.append(2, std::iter::empty(), &[(7, 100), (7, 102)])
+            .unwrap();
         append(&mut j, 3, &items(5));
         drop(j);
         let (mut j, recs) = Journal::open(&p).unwrap();
@@ -308,15 +339,18 @@ mod tests {
             vec![
                 Record {
                     lsn: 1,
-                    items: items(3)
+                    items: items(3),
+                    removed: vec![]
                 },
                 Record {
                     lsn: 2,
-                    items: items(0)
+                    items: items(0),
+                    removed: vec![(7, 100), (7, 102)]
                 },
                 Record {
                     lsn: 3,
-                    items: items(5)
+                    items: items(5),
+                    removed: vec![]
                 },
             ]
         );
