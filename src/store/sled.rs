@@ -827,6 +827,15 @@ impl SledStore {
         sub_live(&self.live, n);
     }
 
+    fn state_of(&self, queue: QueueId, seq: u64, v: &[u8]) -> Result<RetryState, StoreError> {
+        decode_state(v).ok_or_else(|| {
+            corrupt(
+                &self.paths.1,
+                format!("event {seq} of queue {queue} is unreadable"),
+            )
+        })
+    }
+
     /// Live event bytes as counted for the disk bound.
     pub fn live_bytes(&self) -> u64 {
         self.live.load(Ordering::Relaxed)
@@ -942,11 +951,22 @@ impl Store for SledStore {
                 return Ok(v);
             }
         }
-        Ok(self
-            .pending(queue)?
-            .into_iter()
-            .map(|e| (e.seq, e.state))
-            .collect())
+        // States only (no bodies): a large backlog is indexed without copying it.
+        let map = lock_map(&self.unflushed);
+        let mut out = Vec::new();
+        for ((q, seq), v) in map.iter() {
+            if *q == queue {
+                out.push((*seq, self.state_of(*q, *seq, v)?));
+            }
+        }
+        for item in self.events.scan_prefix(queue.to_be_bytes()) {
+            let (k, v) = item.map_err(io)?;
+            let (_, seq) = parse_key(&k).ok_or_else(|| corrupt(&self.paths.1, "bad event key"))?;
+            out.push((seq, self.state_of(queue, seq, &v)?));
+        }
+        drop(map);
+        out.sort_by_key(|(seq, _)| *seq);
+        Ok(out)
     }
 
     fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
