@@ -565,7 +565,7 @@ pub fn dead_letter(
     }
     if cfg.sub.persisted {
         let seqs: Vec<u64> = items.iter().map(|p| p.seq).collect();
-        if let Err(e) = ctx.store.remove(shared.queue_id, &seqs) {
+        if let Err(e) = ctx.store.remove_dropped(shared.queue_id, &seqs) {
             tracing::error!(subscription = %shared.name, error = %e, "could not remove dropped events from the store");
         }
     }

@@ -232,6 +232,17 @@ pub trait Store: Send + Sync + 'static {
     /// Write failure.
     fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError>;
 
+    /// Remove events that were just dead-lettered (or dropped). Unlike [`Store::remove`], the
+    /// removal must not become durable before the dead letters written just before it: after a
+    /// crash each event is pending, a dead letter, or both, never neither. The default is
+    /// `remove`, right for stores whose writes become durable in order.
+    ///
+    /// # Errors
+    /// Write failure.
+    fn remove_dropped(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
+        self.remove(queue, seqs)
+    }
+
     /// Bytes the store occupies (for metrics and the disk bound).
     fn size_on_disk(&self) -> u64 {
         0

@@ -827,6 +827,49 @@ impl SledStore {
         sub_live(&self.live, n);
     }
 
+    /// Remove settled events: from the unflushed map, else from sled. `journal_removal`: note
+    /// them for the next journal record (see [`Store::remove_dropped`] for when not to).
+    fn remove_events(
+        &self,
+        queue: QueueId,
+        seqs: &[u64],
+        journal_removal: bool,
+    ) -> Result<(), StoreError> {
+        self.forget_recovered(queue);
+        let mut freed = 0u64;
+        // Events settled before their checkpoint never reach sled.
+        let in_sled: Vec<u64> = {
+            let mut map = lock_map(&self.unflushed);
+            seqs.iter()
+                .copied()
+                .filter(|s| match map.remove(&(queue, *s)) {
+                    Some(v) => {
+                        freed += item_cost(v.len());
+                        false
+                    }
+                    None => true,
+                })
+                .collect()
+        };
+        for s in &in_sled {
+            if let Some(v) = self.events.remove(event_key(queue, *s)).map_err(io)? {
+                freed += item_cost(v.len());
+            }
+        }
+        self.sub_live(freed);
+        {
+            let mut g = self.committer.lock();
+            if journal_removal {
+                g.removed.extend(seqs.iter().map(|s| (queue, *s)));
+            }
+            g.dirty |= !in_sled.is_empty();
+        }
+        if !in_sled.is_empty() {
+            self.committer.wake.notify_one();
+        }
+        Ok(())
+    }
+
     fn state_of(&self, queue: QueueId, seq: u64, v: &[u8]) -> Result<RetryState, StoreError> {
         decode_state(v).ok_or_else(|| {
             corrupt(
@@ -1210,37 +1253,13 @@ impl Store for SledStore {
     }
 
     fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
-        self.forget_recovered(queue);
-        let mut freed = 0u64;
-        // Events settled before their checkpoint never reach sled.
-        let in_sled: Vec<u64> = {
-            let mut map = lock_map(&self.unflushed);
-            seqs.iter()
-                .copied()
-                .filter(|s| match map.remove(&(queue, *s)) {
-                    Some(v) => {
-                        freed += item_cost(v.len());
-                        false
-                    }
-                    None => true,
-                })
-                .collect()
-        };
-        for s in &in_sled {
-            if let Some(v) = self.events.remove(event_key(queue, *s)).map_err(io)? {
-                freed += item_cost(v.len());
-            }
-        }
-        self.sub_live(freed);
-        {
-            let mut g = self.committer.lock();
-            g.removed.extend(seqs.iter().map(|s| (queue, *s)));
-            g.dirty |= !in_sled.is_empty();
-        }
-        if !in_sled.is_empty() {
-            self.committer.wake.notify_one();
-        }
-        Ok(())
+        self.remove_events(queue, seqs, true)
+    }
+
+    fn remove_dropped(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
+        // Not journaled: the dead letters written just before live in sled and become durable at
+        // the next checkpoint; a journaled removal could be replayed without them.
+        self.remove_events(queue, seqs, false)
     }
 
     fn size_on_disk(&self) -> u64 {
@@ -1441,6 +1460,31 @@ mod tests {
             Err(StoreError::Full { .. })
         ));
         assert_eq!(s.pending(q).unwrap().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn delivered_removals_are_journaled_dropped_ones_wait_for_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let jpath = dir.path().join("e").join(SUBDIR).join("events.journal");
+        let o = SledOptions {
+            checkpoint_every: std::time::Duration::from_secs(3600),
+            ..opts(dir.path(), 1 << 30)
+        };
+        let s = SledStore::open(&o).unwrap();
+        let q = s.next_queue_id().unwrap();
+        s.put_subscription("t", q, &json!({"name":"s"})).unwrap();
+        s.append_commit(vec![(q, ev(1, 5)), (q, ev(2, 5))])
+            .await
+            .unwrap();
+        s.remove(q, &[1]).unwrap();
+        // Dead-lettered: its letter is in sled, durable only at the checkpoint; a journaled
+        // removal could be replayed without it (neither pending nor a letter).
+        s.remove_dropped(q, &[2]).unwrap();
+        assert!(s.pending(q).unwrap().is_empty());
+        s.append_commit(vec![(q, ev(3, 5))]).await.unwrap();
+        let (_, recs) = journal::Journal::open(&jpath).unwrap();
+        assert_eq!(recs.len(), 2);
+        assert_eq!(recs[1].removed, vec![(q, 1)]);
     }
 
     #[tokio::test]
