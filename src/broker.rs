@@ -870,6 +870,37 @@ impl Broker {
                 value: SeriesValue::Number(self.inner.ctx.store.size_on_disk()),
             }],
         );
+        if let Some(c) = self.inner.ctx.store.commit_counters() {
+            let counters: [(&str, &str, u64); 3] = [
+                (
+                    "gridlet_store_commits_total",
+                    "Persisted publishes made durable (answered only after their group's sync)",
+                    c.commits,
+                ),
+                (
+                    "gridlet_store_journal_syncs_total",
+                    "Publish-journal writes, one fdatasync each (commits / syncs = events per group commit)",
+                    c.syncs,
+                ),
+                (
+                    "gridlet_store_checkpoints_total",
+                    "Checkpoints: journaled events still pending moved into sled, sled flushed and fsynced",
+                    c.checkpoints,
+                ),
+            ];
+            for (name, help, v) in counters {
+                metrics::write_family(
+                    &mut out,
+                    name,
+                    "counter",
+                    help,
+                    &[Series {
+                        labels: vec![],
+                        value: SeriesValue::Number(v),
+                    }],
+                );
+            }
+        }
         out
     }
 

@@ -93,6 +93,19 @@ pub struct Snapshot {
     pub max_seq: u64,
 }
 
+/// Group-commit counters of a durable store (Prometheus counters
+/// `gridlet_store_commits_total`, `gridlet_store_journal_syncs_total`,
+/// `gridlet_store_checkpoints_total`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CommitCounters {
+    /// Publishes (and explicit commits) made durable.
+    pub commits: u64,
+    /// Journal writes, one `fdatasync` each: `commits ÷ syncs` is the group-commit factor.
+    pub syncs: u64,
+    /// Checkpoints (sled flush + `fsync`).
+    pub checkpoints: u64,
+}
+
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -246,6 +259,11 @@ pub trait Store: Send + Sync + 'static {
     /// Bytes the store occupies (for metrics and the disk bound).
     fn size_on_disk(&self) -> u64 {
         0
+    }
+
+    /// Group-commit counters, for stores that have them (the sled store's journal).
+    fn commit_counters(&self) -> Option<CommitCounters> {
+        None
     }
 
     /// The dead-letter store that lives with this store (sled: a tree of the events database),

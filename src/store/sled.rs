@@ -1270,6 +1270,15 @@ impl Store for SledStore {
         Some(self.dead_letters.clone())
     }
 
+    fn commit_counters(&self) -> Option<super::CommitCounters> {
+        let s = self.commit_stats();
+        Some(super::CommitCounters {
+            commits: s.commits,
+            syncs: s.groups,
+            checkpoints: s.flushes,
+        })
+    }
+
     fn endpoint_health(&self) -> Result<Vec<(String, Value)>, StoreError> {
         let mut out = Vec::new();
         for item in self.health.iter() {

@@ -338,6 +338,20 @@ async fn full_store_answers_507_and_recovers_as_deliveries_free_space() {
         .and_then(|v| v.trim().parse().ok())
         .expect("store size gauge");
     assert!(disk > 0);
+    let counter = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    // Every accepted publish was made durable, by at least one journal sync.
+    assert!(counter("gridlet_store_commits_total ") >= accepted.len() as u64);
+    let syncs = counter("gridlet_store_journal_syncs_total ");
+    assert!(
+        (1..=accepted.len() as u64).contains(&syncs),
+        "{syncs} syncs"
+    );
+    counter("gridlet_store_checkpoints_total ");
     // Publishes that do not need the store still work.
     assert_eq!(n.publish("mem", &json!([ev("m1")])).await.status(), 200);
     // Every accepted event has had its first attempt (all failed).

@@ -478,8 +478,17 @@ impl Bench {
                 Some(&g),
             )
             .await;
+        let per_sync = match (
+            metric(&g, "gridlet_store_commits_total").await,
+            metric(&g, "gridlet_store_journal_syncs_total").await,
+        ) {
+            (Some(c), Some(s)) if s > 0 => {
+                format!("; {:.1} publishes per fdatasync", c as f64 / s as f64)
+            }
+            _ => String::new(),
+        };
         r.note = format!(
-            "200 after store commit; {:.2} × raw durable",
+            "200 after store commit; {:.2} × raw durable{per_sync}",
             r.delivered_eps / raw_durable
         );
         self.print_row(
@@ -933,6 +942,19 @@ async fn setup(
 }
 
 /// `gridlet_pending_events` summed over subscriptions, from `/metrics`.
+/// A metric without labels, read from gridlet's `/metrics`.
+async fn metric(g: &Gridlet, name: &str) -> Option<u64> {
+    let (s, text) = net::request(g.addr, "GET", &format!("/metrics?{API}"), "")
+        .await
+        .ok()?;
+    if s != 200 {
+        return None;
+    }
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 async fn pending_events(g: &Gridlet) -> Option<u64> {
     let (s, text) = net::request(g.addr, "GET", &format!("/metrics?{API}"), "")
         .await
