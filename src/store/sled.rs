@@ -154,6 +154,8 @@ struct Committer {
 pub const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 /// A journal this long is checkpointed at once (bounds its disk use and replay time).
 const MAX_JOURNAL_BYTES: u64 = journal::PREALLOCATED_BYTES / 4 * 3;
+/// Least time between two size-triggered checkpoints (keeps a failing one from running per group).
+const MIN_CHECKPOINT_GAP: std::time::Duration = std::time::Duration::from_millis(10);
 /// Key (default tree of the events database) holding the journal sequence number of the last
 /// group applied to sled. Its 4-byte prefix is queue id `u32::MAX`, never handed out.
 const JOURNAL_LSN_KEY: [u8; 5] = [0xff, 0xff, 0xff, 0xff, 0x01];
@@ -225,7 +227,9 @@ impl Committer {
             }
             let due = (w.dirty || !w.journal.is_empty())
                 && w.last_checkpoint.elapsed() >= w.checkpoint_every;
-            if due || !waiters.is_empty() || w.journal.len() > MAX_JOURNAL_BYTES {
+            let full = w.journal.len() > MAX_JOURNAL_BYTES
+                && w.last_checkpoint.elapsed() >= MIN_CHECKPOINT_GAP;
+            if due || full || !waiters.is_empty() {
                 // Removals noted before the checkpoint are made durable by it (sled's) or moot
                 // (events that never reached sled); later ones wait for the next record.
                 let noted = {
@@ -320,6 +324,9 @@ impl Writer {
     /// sequence number, make sled durable (flush + `fsync` of its data file), and start the
     /// journal over.
     fn checkpoint(&mut self) -> Result<(), String> {
+        // Counted from the attempt: a failing checkpoint (disk full, I/O error) is retried after
+        // the interval, not in a busy loop.
+        self.last_checkpoint = std::time::Instant::now();
         {
             // Removals racing with the move are ordered by the map's lock: an event is either
             // still in the map (its remover takes it from there) or already in sled.
@@ -350,7 +357,6 @@ impl Writer {
         self.db.flush().map_err(|e| e.to_string())?;
         journal::fsync_file(&self.data_file)?;
         self.journal.reset();
-        self.last_checkpoint = std::time::Instant::now();
         self.dirty = false;
         Ok(())
     }
