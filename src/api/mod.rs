@@ -3,7 +3,7 @@
 //! One layer ([`Guard`], a plain tower service: no boxing per request) runs two checks, in this
 //! order, before any API handler:
 //! 1. [`auth::require`]: the only authentication check (SAS key, then client certificate);
-//! 2. [`api_version`]: `api-version=2019-01-01-preview` everywhere, `2018-01-01` also on publish;
+//! 2. `api_version`: `api-version=2019-01-01-preview` everywhere, `2018-01-01` also on publish;
 //!
 //! then the handler reads the body under the size limit, parses, calls the broker and maps the
 //! result.

@@ -15,7 +15,7 @@
 //! takes requests from its channel strictly in order and reports each with
 //! `Outgoing::Publish(pkid)` (or `Outgoing::AwaitAck(pkid)` on an id collision, followed later by
 //! one more `Outgoing::Publish(pkid)` for the same message). So callers enqueue under the
-//! [`Tracker`] lock (a waiter is pushed in the same order as the request), the owner task pops
+//! `Tracker` lock (a waiter is pushed in the same order as the request), the owner task pops
 //! the oldest waiter on each outgoing report and files it under its packet id, and a PUBACK
 //! resolves the oldest waiter filed under that id. When the connection fails, the owner takes the
 //! lock, drains rumqttc's channel and pending list (a clean session would drop them anyway) and

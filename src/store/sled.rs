@@ -9,6 +9,7 @@
 //! <persistence__eventsPath>/gridlet-v1/events/      sled db: default tree = the event queues,
 //!                                                     tree `deadletters` ([`deadletters`])
 //! <persistence__eventsPath>/gridlet-v1/events.format
+//! <persistence__eventsPath>/gridlet-v1/events.journal  the publish journal ([`journal`]), 8 MiB
 //! ```
 //!
 //! The `gridlet-v1/` sub-directory keeps our files apart from anything the original module left in
@@ -21,25 +22,29 @@
 //! * events (default tree): `queue_id u32 BE ‖ seq u64 BE` → [`encode_value`] (a versioned header:
 //!   attempts, first-enqueue ms, due ms, id; then the event bytes). Big-endian keys make a queue
 //!   one contiguous, sequence-ordered range. The key `[0xff; 4]` (queue id `u32::MAX`, never
-//!   handed out) holds the highest sequence number ever appended.
+//!   handed out) holds the highest sequence number ever appended, `[0xff; 4] ‖ 1` the journal
+//!   sequence number of the last checkpoint.
 //!
 //! # Durability (fsync policy)
 //!
-//! * [`Store::commit`] returns once sled's `flush` has written every appended event to the log.
-//!   One dedicated thread (the *committer*) runs the flushes: every `commit` that arrives while a
-//!   flush runs waits for the next one, so concurrent publishes share one flush (group commit).
-//! * On Linux sled's `flush` is `sync_file_range`, **not** `fsync`: an acknowledged event survives
-//!   a crash or kill of the process, but not necessarily a power cut. sled's background flusher
-//!   runs a real `sync_all` every `persistence__flushEveryMs` (default 1000 ms): after that an
-//!   event also survives power loss. `persistence__flushEveryMs=0` turns that backstop off
-//!   (never recommended).
-//! * Retry-state updates and removals are not awaited: they ask the committer for a flush and
-//!   return. A crash can therefore replay an event that was just delivered (a duplicate, as
-//!   at-least-once allows) or an attempt count one step old; never lose an acknowledged event.
+//! * [`Store::append_commit`] (the publish path) returns once the events are in the publish
+//!   journal and `fdatasync`ed: one *committer* thread writes every publish that arrived while the
+//!   previous sync ran as one record (group commit). The events wait in memory (the *unflushed*
+//!   map, readable through every `Store` method) until a checkpoint, every 200 ms while anything
+//!   changed, moves those still pending into sled, flushes sled and `fsync`s its data file; then
+//!   the journal starts over. Events settled before the checkpoint never reach sled. See
+//!   [`journal`] for the protocol and the recovery rule.
+//! * [`Store::append`] + [`Store::commit`] (tests, tools) write sled directly; `commit` runs a
+//!   checkpoint.
+//! * Removals of delivered events ride on the next journal record; removals of dead-lettered
+//!   events ([`Store::remove_dropped`]) and retry-state updates wait for the checkpoint. A crash
+//!   can therefore replay a delivery that had just succeeded (a duplicate, as at-least-once
+//!   allows) or an attempt count one step old; never lose an acknowledged event.
 //! * Metadata writes (topics, subscriptions, endpoint-health records) are flushed before the call
 //!   returns.
-//! * Dead letters ([`deadletters`]) follow the retry-state policy: written at once, flush not
-//!   awaited.
+//! * Dead letters ([`deadletters`]) are written to sled at once and made durable by the next
+//!   checkpoint (not awaited).
+//! * sled's own background `sync_all` (`persistence__flushEveryMs`) still runs on top.
 //!
 //! # Disk bound
 //!
