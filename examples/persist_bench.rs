@@ -8,7 +8,7 @@
 //!
 //! 1. publish→delivery through a real gridlet (HTTP in, HTTP webhook out, sled store) with the
 //!    subscription persisted and not: events/s, publish (ack) latency, publish→delivery latency,
-//!    and how many commits shared each flush;
+//!    and how many commits shared each journal sync;
 //! 2. bytes on disk per queued event (sled store), after draining, and after refilling;
 //! 3. start-up time with N queued persisted events, and the RSS that costs;
 //! 4. RSS of the release binary, idle and with queued persisted events; then (4b, issue 6
@@ -245,13 +245,14 @@ async fn throughput(persisted: bool, n: u64, concurrency: u64) {
     let after = store.commit_stats();
     let mut lat = s.lat_ms.lock().unwrap().clone();
     println!(
-        "  persisted={persisted:<5} {total} events, {concurrency} publishers (1 event/request): {:>7.0} events/s end to end; ack p50 {:.2} ms p99 {:.2} ms; publish->delivery p50 {:.2} ms p99 {:.2} ms; {} commits in {} flushes",
+        "  persisted={persisted:<5} {total} events, {concurrency} publishers (1 event/request): {:>7.0} events/s end to end; ack p50 {:.2} ms p99 {:.2} ms; publish->delivery p50 {:.2} ms p99 {:.2} ms; {} commits in {} journal syncs, {} checkpoints",
         s.count.load(Ordering::Relaxed) as f64 / secs,
         pct(&mut acks, 0.5),
         pct(&mut acks, 0.99),
         pct(&mut lat, 0.5),
         pct(&mut lat, 0.99),
         after.commits - before.commits,
+        after.groups - before.groups,
         after.flushes - before.flushes,
     );
     g.shutdown().await;

@@ -1,41 +1,44 @@
 //! The publish journal: a write-ahead log in front of sled that makes an acknowledged publish
-//! durable with one `write` + `fdatasync` per group commit.
+//! durable with one `pwrite` + `fdatasync` per group commit.
 //!
 //! # Why
 //!
-//! A sled `flush` per group commit costs ≈ 370 µs of CPU on the benchmark VM (it hands the sealed
-//! I/O buffer to sled's thread pool, which wakes its idle threads, then `sync_file_range`s), and it
-//! is not a power-loss barrier (`sync_file_range` does not flush the device cache or file
-//! metadata). Appending the group to this file and `fdatasync`ing it costs ≈ 75 µs of CPU and
-//! *is* a power-loss barrier. sled still receives every event (applied, not flushed) and serves
-//! all reads; the journal only covers the window until the next **checkpoint**.
+//! A sled `flush` per group commit cost ≈ 370 µs of CPU on the benchmark VM (it hands the sealed
+//! I/O buffer to sled's thread pool, which wakes every idle thread, then `sync_file_range`s), and
+//! it is not a power-loss barrier (`sync_file_range` flushes neither the device cache nor file
+//! metadata). Writing the group here and `fdatasync`ing costs ≈ 50–75 µs of CPU and *is* one.
 //!
-//! # Protocol (run by the committer thread, in this order)
+//! # Protocol (the committer thread, `super::Committer`)
 //!
-//! 1. The group's events are applied to sled in one batch that also sets the key `JOURNAL_LSN`
-//!    to the group's log sequence number *L* (atomic with the events).
-//! 2. The group is appended here as one record `L` and the file is `fdatasync`ed; only then are
-//!    the publishers answered.
-//! 3. A checkpoint (every ≈ 200 ms while anything changed, and whenever the journal exceeds its
-//!    size bound) runs sled's `flush` and `fsync`s sled's data file — what sled's own background
-//!    flusher does — and then empties the journal.
+//! 1. A group of publishes (all that arrived while the previous sync ran) gets the next log
+//!    sequence number *L* and is written here as one record, together with the events settled
+//!    (delivered) since the previous record; the file is `fdatasync`ed. Then the events go into
+//!    the store's in-memory *unflushed* map (readable like sled) and the publishers are answered.
+//! 2. A delivered event is removed from the map if it is still there (it never touches sled),
+//!    else from sled; either way its removal rides on the next record.
+//! 3. A **checkpoint** (every ≈ 200 ms while anything changed, and when the journal outgrows its
+//!    preallocated size) moves the events still in the map into sled, sets sled's key
+//!    `JOURNAL_LSN` to the last *L*, flushes sled and `fsync`s its data file (what sled's own
+//!    background flusher does), then writing starts over at the beginning of this file.
 //!
 //! # Recovery
 //!
-//! sled recovers a prefix of its log. If it holds `JOURNAL_LSN = L`, every record `≤ L` is
-//! already in sled, including any later removal of those events (a removal is issued only after
-//! the append was applied, so it comes later in sled's log): those records are skipped. Records
-//! `> L` were acknowledged but are not in sled: they are applied again, then a checkpoint runs.
-//! A journal with no records above `L`, a torn last record (crc mismatch: a group that was never
-//! acknowledged) and stale records left after a non-durable truncation (all `≤ L`) are all
-//! handled by the same rule: read records in file order while they are intact, apply those above
-//! `L`, stop at the first damaged one.
+//! sled recovers a prefix of its log; after a checkpoint it holds `JOURNAL_LSN = L` and every
+//! event of records `≤ L` that was still pending at that checkpoint. Records `≤ L` are therefore
+//! skipped (replaying them would bring back events delivered before the checkpoint). Records
+//! `> L` are applied in order (their events inserted, then their removals applied), then a
+//! checkpoint runs. A torn last record (CRC mismatch: a group that was never acknowledged) and
+//! records left over from an earlier cycle (all `≤ L`, or cut off mid-record) are handled by the
+//! same rule: read records in file order while they are intact, apply those above `L`, stop at
+//! the first damaged one. A clean shutdown overwrites the first header, so the next start reads
+//! nothing.
 //!
 //! # Record format (little-endian)
 //!
 //! ```text
 //! magic u32 = "GJL1" ‖ lsn u64 ‖ payload_len u32 ‖ crc32(lsn ‖ payload) u32 ‖ payload
 //! payload = count u32 ‖ count × (queue u32 ‖ seq u64 ‖ value_len u32 ‖ value)
+//!           [‖ removed u32 ‖ removed × (queue u32 ‖ seq u64)]
 //! ```
 //!
 //! `value` is the sled value ([`super::encode_value`]): the journal replays exactly what sled
