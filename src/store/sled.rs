@@ -181,7 +181,7 @@ impl Committer {
     /// checkpoints (see [`journal`]).
     fn run(&self, mut w: Writer) {
         loop {
-            let (appends, waiters, removed) = {
+            let (mut appends, waiters, removed) = {
                 let mut g = self.lock();
                 loop {
                     if g.shutdown || !g.appends.is_empty() || !g.waiters.is_empty() {
@@ -221,7 +221,7 @@ impl Committer {
                 )
             };
             if !appends.is_empty() {
-                let result = w.write_group(&appends, &removed);
+                let result = w.write_group(&mut appends, &removed);
                 if let Err(e) = &result {
                     tracing::error!(error = %e, "event journal write failed");
                 }
@@ -286,41 +286,41 @@ struct Writer {
 impl Writer {
     /// Append a group of publishes to the journal and `fdatasync`, then make its events visible
     /// in the unflushed map (sled gets them at the next checkpoint, if still pending).
+    /// The events' values move into the map (the publishers' copies are not needed after).
     fn write_group(
         &mut self,
-        appends: &[PendingAppend],
+        appends: &mut [PendingAppend],
         removed: &[(QueueId, u64)],
     ) -> Result<(), String> {
         let reserved: u64 = appends.iter().map(|a| a.cost).sum();
         // Held to the end: a subscription delete waits, then removes these events too.
         let deleted = self.deleted.read().unwrap_or_else(|p| p.into_inner());
-        let mut kept = 0u64;
-        let mut max_seq = 0u64;
-        let mut written: Vec<(QueueId, u64, &[u8])> = Vec::new();
-        for (q, seq, v) in appends.iter().flat_map(|a| &a.items) {
-            if deleted.contains(q) {
-                continue;
-            }
-            kept += item_cost(v.len());
-            max_seq = max_seq.max(*seq);
-            written.push((*q, *seq, v));
+        // Events of subscriptions deleted meanwhile are neither journaled nor kept.
+        for a in appends.iter_mut() {
+            a.items.retain(|(q, _, _)| !deleted.contains(q));
         }
-        if written.is_empty() {
+        let items = || appends.iter().flat_map(|a| &a.items);
+        let kept: u64 = items().map(|(_, _, v)| item_cost(v.len())).sum();
+        if kept == 0 {
             sub_live(&self.live, reserved);
             return Ok(());
         }
         let lsn = self.lsn + 1;
-        if let Err(e) = self.journal.append(lsn, written.iter().copied(), removed) {
+        let written = items().map(|(q, seq, v)| (*q, *seq, v.as_slice()));
+        if let Err(e) = self.journal.append(lsn, written, removed) {
             sub_live(&self.live, reserved);
             return Err(e);
         }
         self.lsn = lsn;
+        let max_seq = items().map(|(_, seq, _)| *seq).max().unwrap_or(0);
         self.high_water = self.high_water.max(max_seq);
         // Items of deleted queues give their bytes back; the others stay counted until removed.
         sub_live(&self.live, reserved.saturating_sub(kept));
         let mut map = lock_map(&self.unflushed);
-        for (q, seq, v) in written {
-            map.insert((q, seq), v.to_vec());
+        for a in appends.iter_mut() {
+            for (q, seq, v) in a.items.drain(..) {
+                map.insert((q, seq), v);
+            }
         }
         Ok(())
     }
@@ -460,6 +460,16 @@ pub fn encode_value(e: &StoredEvent) -> Vec<u8> {
 
 fn be<const N: usize>(v: &[u8], at: usize) -> Option<[u8; N]> {
     v.get(at..at + N)?.try_into().ok()
+}
+
+/// A big-endian `u64` stored under `key` (the high-water mark, the journal sequence number);
+/// 0 when absent.
+fn read_u64(tree: &sled::Tree, key: &[u8]) -> Result<u64, StoreError> {
+    Ok(tree
+        .get(key)
+        .map_err(io)?
+        .and_then(|v| be::<8>(&v, 0))
+        .map_or(0, u64::from_be_bytes))
 }
 
 fn decode_state(v: &[u8]) -> Option<RetryState> {
@@ -615,11 +625,7 @@ fn replay_journal(
 ) -> Result<(journal::Journal, u64), StoreError> {
     let path = dir.join("events.journal");
     let (mut j, records) = journal::Journal::open(&path).map_err(StoreError::Io)?;
-    let applied = events
-        .get(JOURNAL_LSN_KEY)
-        .map_err(io)?
-        .and_then(|v| be::<8>(&v, 0))
-        .map_or(0, u64::from_be_bytes);
+    let applied = read_u64(events, &JOURNAL_LSN_KEY)?;
     let mut lsn = applied;
     let mut replayed = 0usize;
     let mut max_seq = 0u64;
@@ -639,12 +645,7 @@ fn replay_journal(
     }
     if lsn > applied {
         // Sequence numbers of replayed events that were settled stay used.
-        let high_water = events
-            .get(HIGH_WATER_KEY)
-            .map_err(io)?
-            .and_then(|v| be::<8>(&v, 0))
-            .map_or(0, u64::from_be_bytes);
-        if max_seq > high_water {
+        if max_seq > read_u64(events, &HIGH_WATER_KEY)? {
             events
                 .insert(HIGH_WATER_KEY, &max_seq.to_be_bytes())
                 .map_err(io)?;
@@ -684,11 +685,7 @@ impl SledStore {
         let events: sled::Tree = (*events_db).clone();
         let events_dir = opts.events_path.join(SUBDIR);
         let (journal, lsn) = replay_journal(&events_db, &events, &events_dir)?;
-        let high_water = events
-            .get(HIGH_WATER_KEY)
-            .map_err(io)?
-            .and_then(|v| be::<8>(&v, 0))
-            .map_or(0, u64::from_be_bytes);
+        let high_water = read_u64(&events, &HIGH_WATER_KEY)?;
         let committer = Arc::new(Committer {
             state: Mutex::new(CommitState::default()),
             wake: Condvar::new(),
@@ -780,13 +777,10 @@ impl SledStore {
             if known.contains(&q) {
                 live += item_cost(v.len());
                 max_seq = max_seq.max(seq);
-                let state = decode_state(&v).ok_or_else(|| {
-                    corrupt(
-                        &self.paths.1,
-                        format!("event {seq} of queue {q} is unreadable"),
-                    )
-                })?;
-                index.entry(q).or_default().push((seq, state));
+                index
+                    .entry(q)
+                    .or_default()
+                    .push((seq, self.state_of(q, seq, &v)?));
             } else {
                 match orphans.last_mut() {
                     Some((oq, n)) if *oq == q => *n += 1,
@@ -881,13 +875,34 @@ impl SledStore {
         Ok(())
     }
 
+    fn unreadable(&self, queue: QueueId, seq: u64) -> StoreError {
+        corrupt(
+            &self.paths.1,
+            format!("event {seq} of queue {queue} is unreadable"),
+        )
+    }
+
     fn state_of(&self, queue: QueueId, seq: u64, v: &[u8]) -> Result<RetryState, StoreError> {
-        decode_state(v).ok_or_else(|| {
-            corrupt(
-                &self.paths.1,
-                format!("event {seq} of queue {queue} is unreadable"),
-            )
-        })
+        decode_state(v).ok_or_else(|| self.unreadable(queue, seq))
+    }
+
+    fn event_of(&self, queue: QueueId, seq: u64, v: &[u8]) -> Result<StoredEvent, StoreError> {
+        decode_value(seq, v).ok_or_else(|| self.unreadable(queue, seq))
+    }
+
+    /// Count `cost` live bytes against the disk bound, or refuse with [`StoreError::Full`].
+    fn reserve_live(&self, cost: u64) -> Result<(), StoreError> {
+        let budget = self.live_budget;
+        self.live
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                let next = used.saturating_add(cost);
+                (next <= budget).then_some(next)
+            })
+            .map(|_| ())
+            .map_err(|used| StoreError::Full {
+                used: used.saturating_mul(SPACE_FACTOR_TENTHS) / 10,
+                limit: self.max_disk_bytes,
+            })
     }
 
     /// Live event bytes as counted for the disk bound.
@@ -952,10 +967,7 @@ impl Store for SledStore {
             let record = rec.get_mut("record").map(Value::take).unwrap_or_default();
             subscriptions.push((topic, q, record));
         }
-        let high_water = match self.events.get(HIGH_WATER_KEY).map_err(io)? {
-            Some(v) => be::<8>(&v, 0).map(u64::from_be_bytes).unwrap_or(0),
-            None => 0,
-        };
+        let high_water = read_u64(&self.events, &HIGH_WATER_KEY)?;
         let max_seq = high_water.max(self.scanned_max_seq.load(Ordering::Relaxed));
         Ok(Snapshot {
             topics: topics.into_iter().map(|(_, v)| v).collect(),
@@ -970,24 +982,13 @@ impl Store for SledStore {
         let mut out = Vec::new();
         for ((q, seq), v) in map.iter() {
             if *q == queue {
-                out.push(decode_value(*seq, v).ok_or_else(|| {
-                    corrupt(
-                        &self.paths.1,
-                        format!("event {seq} of queue {q} is unreadable"),
-                    )
-                })?);
+                out.push(self.event_of(*q, *seq, v)?);
             }
         }
         for item in self.events.scan_prefix(queue.to_be_bytes()) {
             let (k, v) = item.map_err(io)?;
             let (_, seq) = parse_key(&k).ok_or_else(|| corrupt(&self.paths.1, "bad event key"))?;
-            let e = decode_value(seq, &v).ok_or_else(|| {
-                corrupt(
-                    &self.paths.1,
-                    format!("event {seq} of queue {queue} is unreadable"),
-                )
-            })?;
-            out.push(e);
+            out.push(self.event_of(queue, seq, &v)?);
         }
         drop(map);
         out.sort_by_key(|e| e.seq);
@@ -1042,12 +1043,7 @@ impl Store for SledStore {
                     .map(|v| v.to_vec()),
             };
             out.push(match value {
-                Some(v) => Some(decode_value(seq, &v).ok_or_else(|| {
-                    corrupt(
-                        &self.paths.1,
-                        format!("event {seq} of queue {queue} is unreadable"),
-                    )
-                })?),
+                Some(v) => Some(self.event_of(queue, seq, &v)?),
                 None => None,
             });
         }
@@ -1144,25 +1140,9 @@ impl Store for SledStore {
         if cost == 0 {
             return Ok(());
         }
-        let budget = self.live_budget;
-        self.live
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-                let next = used.saturating_add(cost);
-                (next <= budget).then_some(next)
-            })
-            .map_err(|used| StoreError::Full {
-                used: used.saturating_mul(SPACE_FACTOR_TENTHS) / 10,
-                limit: self.max_disk_bytes,
-            })?;
+        self.reserve_live(cost)?;
         // The high-water mark only grows: appends race, so never lower it.
-        let hw = self
-            .events
-            .get(HIGH_WATER_KEY)
-            .map_err(io)?
-            .and_then(|v| be::<8>(&v, 0))
-            .map(u64::from_be_bytes)
-            .unwrap_or(0);
-        if max_seq > hw {
+        if max_seq > read_u64(&self.events, &HIGH_WATER_KEY)? {
             batch.insert(&HIGH_WATER_KEY, &max_seq.to_be_bytes());
         }
         if let Err(e) = self.events.apply_batch(batch) {
@@ -1200,17 +1180,7 @@ impl Store for SledStore {
             cost += item_cost(v.len());
             encoded.push((*q, e.seq, v));
         }
-        let budget = self.live_budget;
-        let reserved = self
-            .live
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
-                let next = used.saturating_add(cost);
-                (next <= budget).then_some(next)
-            })
-            .map_err(|used| StoreError::Full {
-                used: used.saturating_mul(SPACE_FACTOR_TENTHS) / 10,
-                limit: self.max_disk_bytes,
-            });
+        let reserved = self.reserve_live(cost);
         let (tx, rx) = oneshot::channel();
         if reserved.is_ok() && !encoded.is_empty() {
             self.committer.lock().appends.push(PendingAppend {
@@ -1335,6 +1305,14 @@ mod tests {
         }
     }
 
+    /// No timed checkpoint during a test: the journal keeps what it was given.
+    fn opts_untimed(dir: &Path) -> SledOptions {
+        SledOptions {
+            checkpoint_every: std::time::Duration::from_secs(3600),
+            ..opts(dir, 1 << 30)
+        }
+    }
+
     fn ev(seq: u64, size: usize) -> StoredEvent {
         StoredEvent {
             seq,
@@ -1414,12 +1392,7 @@ mod tests {
         let q;
         let (applied, kept);
         {
-            // No timed checkpoint during the test: the journal keeps the group.
-            let o = SledOptions {
-                checkpoint_every: std::time::Duration::from_secs(3600),
-                ..opts(dir.path(), 1 << 30)
-            };
-            let s = SledStore::open(&o).unwrap();
+            let s = SledStore::open(&opts_untimed(dir.path())).unwrap();
             q = s.next_queue_id().unwrap();
             s.put_subscription("t", q, &json!({"name":"s"})).unwrap();
             s.append_commit(vec![(q, ev(1, 5)), (q, ev(2, 5))])
@@ -1486,11 +1459,7 @@ mod tests {
     async fn delivered_removals_are_journaled_dropped_ones_wait_for_the_checkpoint() {
         let dir = tempfile::tempdir().unwrap();
         let jpath = dir.path().join("e").join(SUBDIR).join("events.journal");
-        let o = SledOptions {
-            checkpoint_every: std::time::Duration::from_secs(3600),
-            ..opts(dir.path(), 1 << 30)
-        };
-        let s = SledStore::open(&o).unwrap();
+        let s = SledStore::open(&opts_untimed(dir.path())).unwrap();
         let q = s.next_queue_id().unwrap();
         s.put_subscription("t", q, &json!({"name":"s"})).unwrap();
         s.append_commit(vec![(q, ev(1, 5)), (q, ev(2, 5))])

@@ -941,29 +941,29 @@ async fn setup(
     Ok(())
 }
 
-/// `gridlet_pending_events` summed over subscriptions, from `/metrics`.
-/// A metric without labels, read from gridlet's `/metrics`.
-async fn metric(g: &Gridlet, name: &str) -> Option<u64> {
+/// gridlet's `/metrics` text.
+async fn metrics_text(g: &Gridlet) -> Option<String> {
     let (s, text) = net::request(g.addr, "GET", &format!("/metrics?{API}"), "")
         .await
         .ok()?;
-    if s != 200 {
-        return None;
-    }
-    text.lines()
+    (s == 200).then_some(text)
+}
+
+/// A metric without labels.
+async fn metric(g: &Gridlet, name: &str) -> Option<u64> {
+    metrics_text(g)
+        .await?
+        .lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// `gridlet_pending_events` summed over subscriptions, from `/metrics`.
 async fn pending_events(g: &Gridlet) -> Option<u64> {
-    let (s, text) = net::request(g.addr, "GET", &format!("/metrics?{API}"), "")
-        .await
-        .ok()?;
-    if s != 200 {
-        return None;
-    }
     Some(
-        text.lines()
+        metrics_text(g)
+            .await?
+            .lines()
             .filter(|l| l.starts_with("gridlet_pending_events{"))
             .filter_map(|l| l.rsplit(' ').next()?.trim().parse::<u64>().ok())
             .sum(),
