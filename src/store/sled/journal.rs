@@ -122,7 +122,7 @@ fn err(path: &Path, what: impl std::fmt::Display) -> String {
 
 /// Open `path` for direct I/O and find the block size it accepts, by reading the first block
 /// (a read has the same alignment rules as a write and cannot harm unreplayed records).
-/// `None` where the file system refuses `O_DIRECT` (tmpfs) or any block size.
+/// `None` where the file system refuses `O_DIRECT` (tmpfs before Linux 6.6) or every block size.
 #[cfg(target_os = "linux")]
 fn open_direct(path: &Path) -> Option<(File, usize)> {
     use std::os::unix::fs::OpenOptionsExt;
@@ -134,11 +134,11 @@ fn open_direct(path: &Path) -> Option<(File, usize)> {
         .ok()?;
     let mut raw = vec![0u8; MEM_ALIGN * 2];
     let at = align_offset(raw.as_ptr() as usize);
-    BLOCKS.into_iter().find_map(|block| {
-        let probe = raw.get_mut(at..at + block)?;
-        file.read_exact_at(probe, 0).ok()?;
-        Some((file.try_clone().ok()?, block))
-    })
+    let block = BLOCKS.into_iter().find(|&block| {
+        raw.get_mut(at..at + block)
+            .is_some_and(|probe| file.read_exact_at(probe, 0).is_ok())
+    })?;
+    Some((file, block))
 }
 
 #[cfg(not(target_os = "linux"))]
