@@ -112,7 +112,7 @@ pub struct Journal {
     len: u64,
     /// The record being built (header, payload, padding).
     buf: Vec<u8>,
-    /// Its copy at a [`MEM_ALIGN`]-aligned address for direct I/O (`dio[dio_at..]`).
+    /// Its copy for direct I/O, starting at the allocation's first [`MEM_ALIGN`]-aligned byte.
     dio: Vec<u8>,
 }
 
