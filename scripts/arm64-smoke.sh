@@ -135,7 +135,7 @@ done
 [ "$(grep -c '"arm64-smoke-1"' "$WORK/received" 2>/dev/null)" -ge 2 ] \
     || fail "the event was not delivered to both subscriptions (in memory and persisted)"
 echo "arm64 smoke: delivered to the in-memory and the persisted subscription: $(head -c 300 "$WORK/received")"
-if grep -q "direct I/O" "$WORK/gridlet.log"; then
+if grep -q "through the page cache" "$WORK/gridlet.log"; then
     echo "arm64 smoke: the journal writes through the page cache here (no O_DIRECT)"
 else
     echo "arm64 smoke: the journal writes with direct I/O"

@@ -180,7 +180,10 @@ impl Journal {
                 .map_err(|e| err(path, format!("cannot prepare the journal: {e}")))?;
         }
         let (direct, block) = match open_direct(path) {
-            Some((f, block)) => (Some(f), block),
+            Some((f, block)) => {
+                tracing::info!(path = %path.display(), block, "the publish journal writes with direct I/O");
+                (Some(f), block)
+            }
             None => {
                 tracing::info!(
                     path = %path.display(),
