@@ -259,9 +259,9 @@ impl Journal {
         if let Some(c) = self.buf.get_mut(RECORD_HEADER_V2..RECORD_HEADER_V2 + 4) {
             c.copy_from_slice(&count.to_le_bytes());
         }
-        let crc = record_crc_v2(
+        let crc = record_crc(
             lsn,
-            stride as u32,
+            Some(stride as u32),
             self.buf.get(RECORD_HEADER_V2..).unwrap_or_default(),
         );
         if let Some(h) = self.buf.get_mut(12..RECORD_HEADER_V2) {
@@ -335,18 +335,14 @@ impl Journal {
     }
 }
 
-fn record_crc(lsn: u64, payload: &[u8]) -> u32 {
+/// A record's checksum. A v2 record's also covers its stride (`Some`), so a damaged stride cannot
+/// shift the reader; v1 records have none.
+fn record_crc(lsn: u64, stride: Option<u32>, payload: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
     h.update(&lsn.to_le_bytes());
-    h.update(payload);
-    h.finalize()
-}
-
-/// The v2 checksum also covers the stride, so a damaged stride cannot shift the reader.
-fn record_crc_v2(lsn: u64, stride: u32, payload: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&lsn.to_le_bytes());
-    h.update(&stride.to_le_bytes());
+    if let Some(stride) = stride {
+        h.update(&stride.to_le_bytes());
+    }
     h.update(payload);
     h.finalize()
 }
@@ -355,9 +351,9 @@ fn le<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
     b.get(at..at.checked_add(N)?)?.try_into().ok()
 }
 
-/// A record header as read: `(lsn, payload length, crc, stride)`; `stride` is `None` for a v1
-/// record (no padding after the payload).
-type Header = (u64, usize, u32, Option<usize>);
+/// The fixed part of a record header: `(lsn, payload length, crc, v2)`; a v2 header goes on
+/// with the record's stride.
+type Header = (u64, usize, u32, bool);
 
 /// Intact records from the start of a journal of `size` bytes, stopping at the first damaged
 /// or partial one. Reads both record versions (a journal left by an older gridlet is replayed).
@@ -367,22 +363,21 @@ fn read_records(r: &mut impl Read, size: u64) -> Vec<Record> {
     let mut header = [0u8; RECORD_HEADER_V2];
     while left >= RECORD_HEADER as u64 && r.read_exact(&mut header[..RECORD_HEADER]).is_ok() {
         left -= RECORD_HEADER as u64;
-        let Some((lsn, len, crc, stride)) = parse_header(&header[..RECORD_HEADER]) else {
+        let Some((lsn, len, crc, v2)) = parse_header(&header[..RECORD_HEADER]) else {
             break;
         };
-        let (stride, header_len) = match stride {
-            None => (RECORD_HEADER + len, RECORD_HEADER),
-            Some(_) => {
-                if left < 4 || r.read_exact(&mut header[RECORD_HEADER..]).is_err() {
-                    break;
-                }
-                left -= 4;
-                let Some(stride) = le::<4>(&header, RECORD_HEADER).map(u32::from_le_bytes) else {
-                    break;
-                };
-                (stride as usize, RECORD_HEADER_V2)
+        // v1: no stride field, no padding.
+        let stride_field = if v2 {
+            if left < 4 || r.read_exact(&mut header[RECORD_HEADER..]).is_err() {
+                break;
             }
+            left -= 4;
+            le::<4>(&header, RECORD_HEADER).map(u32::from_le_bytes)
+        } else {
+            None
         };
+        let header_len = if v2 { RECORD_HEADER_V2 } else { RECORD_HEADER };
+        let stride = stride_field.map_or(header_len + len, |s| s as usize);
         if len as u64 > left || stride < header_len + len {
             break;
         }
@@ -391,11 +386,7 @@ fn read_records(r: &mut impl Read, size: u64) -> Vec<Record> {
             break;
         }
         left -= len as u64;
-        let intact = if header_len == RECORD_HEADER {
-            record_crc(lsn, &payload) == crc
-        } else {
-            record_crc_v2(lsn, stride as u32, &payload) == crc
-        };
+        let intact = record_crc(lsn, stride_field, &payload) == crc;
         match intact.then(|| parse_payload(&payload)).flatten() {
             Some((items, removed)) => out.push(Record {
                 lsn,
@@ -429,7 +420,7 @@ fn parse_header(h: &[u8]) -> Option<Header> {
         u64::from_le_bytes(le(h, 4)?),
         len,
         u32::from_le_bytes(le(h, 16)?),
-        v2.then_some(0),
+        v2,
     ))
 }
 
@@ -538,7 +529,7 @@ mod tests {
             let mut r = MAGIC_V1.to_le_bytes().to_vec();
             r.extend_from_slice(&lsn.to_le_bytes());
             r.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-            r.extend_from_slice(&record_crc(lsn, payload).to_le_bytes());
+            r.extend_from_slice(&record_crc(lsn, None, payload).to_le_bytes());
             r.extend_from_slice(payload);
             r
         };
