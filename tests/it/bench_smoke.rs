@@ -55,6 +55,8 @@ fn bench_command_runs_every_scenario_on_a_tiny_load() {
         "b: batch 100 / 50",
         "c: fan-out 10",
         "d: persisted",
+        "paired with the limit",
+        "paired with raw durable",
         "e: drain",
         "release binary size",
         "summary",

@@ -52,12 +52,22 @@ struct Opts {
     down: Mode,
     /// (e) with persisted subscriptions (default) or in-memory ones.
     e_persisted: bool,
+    /// Paired rounds per throughput scenario (0 = none): see [`Bench::paired`].
+    rounds: u32,
+    /// Length of each slice of a paired round.
+    slice: Duration,
 }
 
 const USAGE: &str =
     "usage: gridlet-bench [--scenario a|b|c|d|e|footprint|all (comma list ok)] [--quick]
                      [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
                      [--down stall|refuse] [--e-in-memory] [--gridlet PATH] [--max-seconds SECS]
+                     [--rounds N] [--slice SECS]
+
+--rounds N (default 4, 0 = off) and --slice SECS (default 2): after its main run, each throughput
+scenario (a, b, c, d) runs N rounds that alternate a SECS slice of the raw batch-1 limit with a
+SECS slice of the scenario (and, in d, of the raw durable limit), and prints its ratio to the
+limit measured seconds apart: the machine's drift moves both sides of that ratio alike.
 
 --down (scenario e): stall = the subscriber accepts requests and answers nothing until it comes
 back (the backlog waits in the ready lane); refuse = it answers 503 (every event takes the
@@ -79,6 +89,8 @@ fn parse_args() -> Result<Opts, String> {
         max_seconds: 900,
         down: Mode::Stall,
         e_persisted: true,
+        rounds: if quick { 1 } else { 4 },
+        slice: Duration::from_secs_f64(if quick { 0.3 } else { 2.0 }),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -123,6 +135,14 @@ fn parse_args() -> Result<Opts, String> {
                 }
             }
             "--e-in-memory" => o.e_persisted = false,
+            "--rounds" => {
+                o.rounds = val()?
+                    .parse()
+                    .ok()
+                    .filter(|n| *n <= 100)
+                    .ok_or("--rounds: 0..=100")?
+            }
+            "--slice" => o.slice = secs(val()?)?,
             "--gridlet" => o.gridlet = Some(PathBuf::from(val()?)),
             "--max-seconds" => {
                 o.max_seconds = val()?
@@ -203,7 +223,54 @@ struct Row {
     log_lines: Option<usize>,
     /// CPU seconds of this bench process (publisher + receiver) during the run.
     bench_cpu_s: f64,
+    /// Delivered events/s against the raw limit(s) measured in alternating slices.
+    paired: Option<Paired>,
     note: String,
+}
+
+/// A scenario's throughput against the limits measured in alternating slices ([`Bench::paired`]).
+#[derive(Debug, Clone)]
+struct Paired {
+    rounds: u32,
+    /// Σ scenario events / Σ scenario seconds ÷ the same over the raw batch-1 slices.
+    raw: f64,
+    /// The lowest and highest single-round ratio.
+    raw_spread: (f64, f64),
+    /// The raw batch-1 slices' rates, lowest and highest (events/s).
+    raw_eps: (f64, f64),
+    /// (d) only: ÷ the raw durable slices, and their spread.
+    durable: Option<(f64, (f64, f64))>,
+}
+
+/// Events and seconds of a series of slices, and each slice's rate.
+#[derive(Default)]
+struct Slices {
+    events: f64,
+    secs: f64,
+    rates: Vec<f64>,
+}
+
+impl Slices {
+    fn add(&mut self, r: &Row) {
+        if r.delivered > 0 && r.delivered_eps > 0.0 {
+            self.events += r.delivered as f64;
+            self.secs += r.delivered as f64 / r.delivered_eps;
+            self.rates.push(r.delivered_eps);
+        }
+    }
+
+    fn rate(&self) -> f64 {
+        self.events / self.secs.max(1e-9)
+    }
+
+    fn min_max(v: impl Iterator<Item = f64>) -> (f64, f64) {
+        v.fold((f64::MAX, 0.0f64), |(lo, hi), x| (lo.min(x), hi.max(x)))
+    }
+
+    /// Per-round ratios of `self` to `limit` (rounds pair up by index).
+    fn ratios(&self, limit: &Slices) -> (f64, f64) {
+        Self::min_max(self.rates.iter().zip(&limit.rates).map(|(a, b)| a / b))
+    }
 }
 
 struct Bench {
@@ -361,6 +428,7 @@ impl Bench {
             )
             .await;
         r.note = "batching off".into();
+        r.paired = self.paired(&rx, &g, &path, (1, 1), None).await;
         self.print_row(
             &r,
             "1 topic, 1 subscription, publish batches of 1, batching off",
@@ -399,6 +467,7 @@ impl Bench {
             )
             .await;
         r.note = "maxEventsPerBatch 50".into();
+        r.paired = self.paired(&rx, &g, &path, (100, 1), None).await;
         self.print_row(&r, "publish batches of 100, maxEventsPerBatch 50");
         self.rows.push(r);
         Ok(())
@@ -423,6 +492,7 @@ impl Bench {
             )
             .await;
         r.note = "delivered = all 10 copies".into();
+        r.paired = self.paired(&rx, &g, &path, (1, 10), None).await;
         self.print_row(
             &r,
             "10 subscriptions on the topic, publish batches of 1, batching off",
@@ -459,8 +529,6 @@ impl Bench {
         );
         let raw_durable = rd.delivered_eps.max(1.0);
         self.rows.push(rd);
-        syncer.stop();
-        drop(raw_rx);
         let rx = Receiver::start(self.base)
             .await
             .map_err(|e| format!("receiver: {e}"))?;
@@ -491,6 +559,10 @@ impl Bench {
             "200 after store commit; {:.2} × raw durable{per_sync}",
             r.delivered_eps / raw_durable
         );
+        // The raw durable receiver stays up for the paired rounds.
+        r.paired = self.paired(&rx, &g, &path, (1, 1), Some(&raw_rx)).await;
+        syncer.stop();
+        drop(raw_rx);
         self.print_row(
             &r,
             "as (a), broker__defaultIsPersisted=true (200 only after the store commit)",
@@ -635,6 +707,7 @@ impl Bench {
             delivered,
             log_lines: None,
             bench_cpu_s: 0.0,
+            paired: None,
             note,
         });
         Ok(())
@@ -779,8 +852,53 @@ impl Bench {
                 .zip(log0)
                 .map(|(b, a)| b.saturating_sub(a)),
             bench_cpu_s: self1.cpu_s - self0.cpu_s,
+            paired: None,
             note,
         }
+    }
+
+    /// The scenario's delivered events/s against the raw limit measured seconds apart:
+    /// `--rounds` rounds, each a `--slice` of the raw batch-1 limit (the publisher straight to
+    /// `rx`, gridlet idle), then, given `durable`, a slice of the raw durable limit, then a slice
+    /// of the scenario. One raw measurement at the start of the bench is a minute away from the
+    /// last scenario; on a shared VM the raw limit moves by a third between such minutes
+    /// (docs/BENCHMARKS.md), and alternating slices put both sides of the ratio in the same
+    /// seconds.
+    async fn paired(
+        &self,
+        rx: &Receiver,
+        g: &Gridlet,
+        path: &str,
+        (batch, fanout): (usize, u64),
+        durable: Option<&Receiver>,
+    ) -> Option<Paired> {
+        let (mut raw, mut dur, mut scen) =
+            (Slices::default(), Slices::default(), Slices::default());
+        for _ in 0..self.opts.rounds {
+            let mut l = self.load(1, "/raw");
+            l.duration = self.opts.slice;
+            raw.add(&self.measure("raw slice", rx, rx.addr, &l, 1, None).await);
+            if let Some(d) = durable {
+                dur.add(
+                    &self
+                        .measure("raw durable slice", d, d.addr, &l, 1, None)
+                        .await,
+                );
+            }
+            let mut l = self.load(batch, path);
+            l.duration = self.opts.slice;
+            scen.add(&self.measure("slice", rx, g.addr, &l, fanout, Some(g)).await);
+        }
+        if raw.rates.is_empty() || scen.rates.is_empty() {
+            return None;
+        }
+        Some(Paired {
+            rounds: self.opts.rounds,
+            raw: scen.rate() / raw.rate(),
+            raw_spread: scen.ratios(&raw),
+            raw_eps: Slices::min_max(raw.rates.iter().copied()),
+            durable: (!dur.rates.is_empty()).then(|| (scen.rate() / dur.rate(), scen.ratios(&dur))),
+        })
     }
 
     fn print_row(&self, r: &Row, title: &str) {
@@ -829,6 +947,21 @@ impl Bench {
         if let Some(n) = r.log_lines {
             println!("  gridlet log lines     {n} during the run (RUST_LOG=info)");
         }
+        if let Some(p) = &r.paired {
+            println!(
+                "  paired with the limit {:.2} × raw: {} rounds of {:.1} s alternating with raw batch 1 (rounds {:.2}–{:.2}; raw slices {:.0}–{:.0} events/s)",
+                p.raw,
+                p.rounds,
+                self.opts.slice.as_secs_f64(),
+                p.raw_spread.0,
+                p.raw_spread.1,
+                p.raw_eps.0,
+                p.raw_eps.1
+            );
+            if let Some((d, (lo, hi))) = p.durable {
+                println!("  paired with raw durable {d:.2} × raw durable (rounds {lo:.2}–{hi:.2})");
+            }
+        }
         if !r.note.is_empty() {
             println!("  note: {}", r.note.trim());
         }
@@ -836,8 +969,8 @@ impl Bench {
 
     fn summary(&self) {
         println!("\n== summary (markdown) ==\n");
-        println!("| run | publish ev/s | × raw | delivered ev/s | × raw | p50 ms | p99 ms | max ms | gridlet peak RSS | gridlet CPU s | gridlet CPU µs/event | bench CPU µs/event | disk B/queued event | note |");
-        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+        println!("| run | publish ev/s | × raw | delivered ev/s | × raw | × raw, paired (rounds) | p50 ms | p99 ms | max ms | gridlet peak RSS | gridlet CPU s | gridlet CPU µs/event | bench CPU µs/event | disk B/queued event | note |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
         for r in &self.rows {
             let (p50, p99, max) = match r.lat {
                 Some((a, b, c)) => (
@@ -848,12 +981,16 @@ impl Bench {
                 None => ("–".into(), "–".into(), "–".into()),
             };
             println!(
-                "| {} | {:.0} | {:.2} | {:.0} | {:.2} | {p50} | {p99} | {max} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {:.0} | {:.2} | {:.0} | {:.2} | {} | {p50} | {p99} | {max} | {} | {} | {} | {} | {} | {} |",
                 r.name,
                 r.publish_eps,
                 r.publish_eps / self.raw1,
                 r.delivered_eps,
                 r.delivered_eps / self.raw1,
+                r.paired.as_ref().map_or("–".into(), |p| format!(
+                    "{:.2} ({:.2}–{:.2})",
+                    p.raw, p.raw_spread.0, p.raw_spread.1
+                )),
                 if r.peak_rss > 0 { mb(r.peak_rss) } else { "–".into() },
                 if r.peak_rss > 0 { format!("{:.2}", r.cpu_s) } else { "–".into() },
                 if r.peak_rss > 0 {
