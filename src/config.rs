@@ -64,7 +64,7 @@ settings! {
     "broker__maxTopics" = "1000" : "most topics";
     "broker__maxSubscriptionsPerTopic" = "100" : "most event subscriptions per topic";
     "broker__maxInFlightPerSubscription" = "32" : "concurrent delivery requests per subscription (a quarter of them, at least 1, may be retries)";
-    "broker__maxInFlightTotal" = "1024" : "concurrent delivery requests across all subscriptions";
+    "broker__maxInFlightTotal" = "1024" : "concurrent delivery requests across all subscriptions (also the idle connections kept per destination host)";
     "broker__deliveryTimeoutInSeconds" = "60" : "how long a delivery waits for the subscriber's response";
     "broker__statusCodePolicy" = "original" : "`original` retries every failure on the schedule; `standard` dead-letters 400/413 at once (with a dead-letter destination), honours `Retry-After` on 429/503 and jitters delays";
     "broker__retrySchedule" = "original" : "retry schedule when a subscription sets no `retryPolicy.schedule`: `original` (1 min, then every 10 min), `eventGridCloud`, `workfront`";

@@ -8,8 +8,10 @@
 //! driven by its own task, spawned once per connection).
 //!
 //! * Pool: idle connections per `(scheme, host, port)`, most recently used first, at most
-//!   [`MAX_IDLE_PER_HOST`]; a connection idle for [`IDLE_TIMEOUT`] is closed (checked on checkout
-//!   and by a reaper task every 30 s). A connection goes back to the pool only after the whole
+//!   [`HttpClient::with_max_idle_per_host`] (the broker sets `broker__maxInFlightTotal`: every
+//!   connection that concurrent deliveries needed stays reusable, so the pool only grows to the
+//!   peak concurrency); a connection idle for [`IDLE_TIMEOUT`] is closed (checked on checkout and
+//!   by a reaper task every 30 s). A connection goes back to the pool only after the whole
 //!   response body was read.
 //! * A request that a pooled connection did not take (it closed meanwhile) is sent again on the
 //!   next connection; once written it is never repeated.
@@ -38,8 +40,13 @@ use tokio_rustls::TlsConnector;
 
 /// An idle connection is closed after this long.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// Idle connections kept per host.
-pub const MAX_IDLE_PER_HOST: usize = 64;
+/// Idle connections kept per host unless [`HttpClient::with_max_idle_per_host`] says otherwise
+/// (the default of `broker__maxInFlightTotal`). A cap below the number of requests in flight to
+/// one host makes the pool close connections that the next deliveries open again: measured with
+/// 10 subscriptions × 32 in flight to one receiver and a cap of 64, 12,000 new TCP connections a
+/// second, the local port range filled with `TIME_WAIT`, and SYNs dropped by the receiver's full
+/// accept queue (1–2 s delivery latency from SYN retransmission).
+pub const DEFAULT_MAX_IDLE_PER_HOST: usize = 1024;
 /// Largest response body read (then the connection is closed instead of reused).
 pub const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 /// Upper bound of the connect timeout.
@@ -107,6 +114,7 @@ struct Inner {
     connect_timeout: Duration,
     hosts: Mutex<HashMap<HostKey, Arc<HostPool>>>,
     reaper: std::sync::atomic::AtomicBool,
+    max_idle_per_host: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -148,12 +156,12 @@ impl HostPool {
         None
     }
 
-    fn put(&self, tx: Sender) {
+    fn put(&self, tx: Sender, max_idle: usize) {
         if tx.is_closed() {
             return;
         }
         let mut idle = lock(&self.idle);
-        if idle.len() < MAX_IDLE_PER_HOST {
+        if idle.len() < max_idle {
             idle.push(Idle {
                 tx,
                 since: Instant::now(),
@@ -210,8 +218,25 @@ impl HttpClient {
                 connect_timeout: timeout.min(MAX_CONNECT_TIMEOUT),
                 hosts: Mutex::new(HashMap::new()),
                 reaper: std::sync::atomic::AtomicBool::new(false),
+                max_idle_per_host: DEFAULT_MAX_IDLE_PER_HOST,
             }),
         }
+    }
+
+    /// Keep at most `n` (at least 1) idle connections per host. Set it to the most requests
+    /// that can be in flight at once (`broker__maxInFlightTotal`); takes effect on a client that
+    /// has not been cloned yet (it is meant for construction), else it is ignored.
+    #[must_use]
+    pub fn with_max_idle_per_host(mut self, n: usize) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.max_idle_per_host = n.max(1);
+        }
+        self
+    }
+
+    /// Idle connections kept per host.
+    pub fn max_idle_per_host(&self) -> usize {
+        self.inner.max_idle_per_host
     }
 
     /// The per-request deadline.
@@ -353,7 +378,7 @@ impl Endpoint {
                 headers: parts.headers,
             });
             if read_to_end(body).await {
-                self.pool.put(tx);
+                self.pool.put(tx, self.inner.max_idle_per_host);
                 self.inner.start_reaper();
             }
             Ok::<(), HttpError>(())

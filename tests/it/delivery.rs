@@ -419,3 +419,93 @@ async fn https_webhooks_honour_allow_unknown_ca() {
         .await;
     assert_eq!(rx3.next().await.json()[0]["id"], "1");
 }
+
+/// A receiver that counts the TCP connections it accepts and answers every request 200 after
+/// `hold` (so concurrent deliveries pile up), with the number of requests answered.
+async fn counting_receiver(
+    hold: Duration,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::sync::Arc;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (accepted, answered) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (acc, ans) = (accepted.clone(), answered.clone());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            acc.fetch_add(1, Relaxed);
+            let ans = ans.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |_req| {
+                    let ans = ans.clone();
+                    async move {
+                        tokio::time::sleep(hold).await;
+                        ans.fetch_add(1, Relaxed);
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                            http_body_util::Empty::<bytes::Bytes>::new(),
+                        ))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, accepted, answered)
+}
+
+/// Subscriptions sharing one endpoint host reuse the pool's connections however many of their
+/// deliveries were in flight at once: the pool keeps up to `broker__maxInFlightTotal` idle
+/// connections per host. (With a cap of 64 below the 96 concurrent deliveries here, every burst
+/// closed and re-opened connections; under load that filled the local port range with
+/// `TIME_WAIT` and overflowed the receiver's accept queue, docs/BENCHMARKS.md.)
+#[tokio::test]
+async fn concurrent_deliveries_to_one_host_reuse_their_connections() {
+    use std::sync::atomic::Ordering::Relaxed;
+    const IN_FLIGHT: u64 = 96;
+    const SUBS: u64 = 6;
+    const PER_BURST: u64 = 200;
+    let t = start(&[("broker__maxInFlightTotal", "96")]).await;
+    let (addr, accepted, answered) = counting_receiver(Duration::from_millis(20)).await;
+    t.topic("t1").await;
+    for s in 0..SUBS {
+        let url = format!("http://{addr}/s{s}");
+        t.webhook_sub("t1", &format!("s{s}"), &url, json!({})).await;
+    }
+    let mut expected = 0;
+    let mut after_first_burst = 0;
+    for burst in 0..3 {
+        let events: Vec<Value> = (0..PER_BURST)
+            .map(|i| eg_event(&format!("{burst}-{i}"), "s", "e", json!(null)))
+            .collect();
+        t.publish("t1", Value::Array(events)).await;
+        expected += PER_BURST * SUBS;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while answered.load(Relaxed) < expected {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "burst {burst}: {} of {expected} delivered",
+                answered.load(Relaxed)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if burst == 0 {
+            after_first_burst = accepted.load(Relaxed);
+        }
+    }
+    let total = accepted.load(Relaxed);
+    assert!(
+        after_first_burst > 64,
+        "the first burst should need more connections than the old idle cap of 64 (got {after_first_burst})"
+    );
+    assert!(
+        total <= IN_FLIGHT,
+        "{total} connections for {expected} deliveries with at most {IN_FLIGHT} in flight: the pool dropped connections it needed again"
+    );
+    assert_eq!(total, after_first_burst, "later bursts opened connections");
+}
