@@ -114,7 +114,7 @@ struct Inner {
     connect_timeout: Duration,
     hosts: Mutex<HashMap<HostKey, Arc<HostPool>>>,
     reaper: std::sync::atomic::AtomicBool,
-    max_idle_per_host: usize,
+    max_idle_per_host: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -218,25 +218,19 @@ impl HttpClient {
                 connect_timeout: timeout.min(MAX_CONNECT_TIMEOUT),
                 hosts: Mutex::new(HashMap::new()),
                 reaper: std::sync::atomic::AtomicBool::new(false),
-                max_idle_per_host: DEFAULT_MAX_IDLE_PER_HOST,
+                max_idle_per_host: std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_IDLE_PER_HOST),
             }),
         }
     }
 
-    /// Keep at most `n` (at least 1) idle connections per host. Set it to the most requests
-    /// that can be in flight at once (`broker__maxInFlightTotal`); takes effect on a client that
-    /// has not been cloned yet (it is meant for construction), else it is ignored.
+    /// Keep at most `n` (at least 1) idle connections per host, for this client and its clones.
+    /// Set it to the most requests that can be in flight at once (`broker__maxInFlightTotal`).
     #[must_use]
-    pub fn with_max_idle_per_host(mut self, n: usize) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.max_idle_per_host = n.max(1);
-        }
+    pub fn with_max_idle_per_host(self, n: usize) -> Self {
+        self.inner
+            .max_idle_per_host
+            .store(n.max(1), std::sync::atomic::Ordering::Relaxed);
         self
-    }
-
-    /// Idle connections kept per host.
-    pub fn max_idle_per_host(&self) -> usize {
-        self.inner.max_idle_per_host
     }
 
     /// The per-request deadline.
@@ -378,7 +372,11 @@ impl Endpoint {
                 headers: parts.headers,
             });
             if read_to_end(body).await {
-                self.pool.put(tx, self.inner.max_idle_per_host);
+                let max_idle = self
+                    .inner
+                    .max_idle_per_host
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                self.pool.put(tx, max_idle);
                 self.inner.start_reaper();
             }
             Ok::<(), HttpError>(())

@@ -242,7 +242,8 @@ struct Paired {
     durable: Option<(f64, (f64, f64))>,
 }
 
-/// Events and seconds of a series of slices, and each slice's rate.
+/// Events and seconds of a series of slices, and each slice's rate (one per round, 0 when the
+/// slice delivered nothing, so rounds stay paired by index).
 #[derive(Default)]
 struct Slices {
     events: f64,
@@ -252,24 +253,34 @@ struct Slices {
 
 impl Slices {
     fn add(&mut self, r: &Row) {
-        if r.delivered > 0 && r.delivered_eps > 0.0 {
+        let delivered = r.delivered > 0 && r.delivered_eps > 0.0;
+        if delivered {
             self.events += r.delivered as f64;
             self.secs += r.delivered as f64 / r.delivered_eps;
-            self.rates.push(r.delivered_eps);
         }
+        self.rates
+            .push(if delivered { r.delivered_eps } else { 0.0 });
     }
 
-    fn rate(&self) -> f64 {
-        self.events / self.secs.max(1e-9)
+    /// Σ events / Σ seconds; `None` when no slice delivered anything.
+    fn rate(&self) -> Option<f64> {
+        (self.secs > 0.0).then(|| self.events / self.secs)
     }
 
     fn min_max(v: impl Iterator<Item = f64>) -> (f64, f64) {
         v.fold((f64::MAX, 0.0f64), |(lo, hi), x| (lo.min(x), hi.max(x)))
     }
 
-    /// Per-round ratios of `self` to `limit` (rounds pair up by index).
+    /// The lowest and highest per-round ratio of `self` to `limit` (rounds whose limit slice
+    /// delivered nothing are left out).
     fn ratios(&self, limit: &Slices) -> (f64, f64) {
-        Self::min_max(self.rates.iter().zip(&limit.rates).map(|(a, b)| a / b))
+        Self::min_max(
+            self.rates
+                .iter()
+                .zip(&limit.rates)
+                .filter(|(_, b)| **b > 0.0)
+                .map(|(a, b)| a / b),
+        )
     }
 }
 
@@ -889,15 +900,13 @@ impl Bench {
             l.duration = self.opts.slice;
             scen.add(&self.measure("slice", rx, g.addr, &l, fanout, Some(g)).await);
         }
-        if raw.rates.is_empty() || scen.rates.is_empty() {
-            return None;
-        }
+        let (scen_rate, raw_rate) = (scen.rate()?, raw.rate()?);
         Some(Paired {
             rounds: self.opts.rounds,
-            raw: scen.rate() / raw.rate(),
+            raw: scen_rate / raw_rate,
             raw_spread: scen.ratios(&raw),
             raw_eps: Slices::min_max(raw.rates.iter().copied()),
-            durable: (!dur.rates.is_empty()).then(|| (scen.rate() / dur.rate(), scen.ratios(&dur))),
+            durable: dur.rate().map(|d| (scen_rate / d, scen.ratios(&dur))),
         })
     }
 
