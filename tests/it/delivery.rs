@@ -471,7 +471,7 @@ async fn concurrent_deliveries_to_one_host_reuse_their_connections() {
     const SUBS: u64 = 6;
     const PER_BURST: u64 = 200;
     let t = start(&[("broker__maxInFlightTotal", "96")]).await;
-    let (addr, accepted, answered) = counting_receiver(Duration::from_millis(20)).await;
+    let (addr, accepted, answered) = counting_receiver(Duration::from_millis(100)).await;
     t.topic("t1").await;
     for s in 0..SUBS {
         let url = format!("http://{addr}/s{s}");
