@@ -212,19 +212,14 @@ async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError>
 /// identity certificate) and, under IoT Edge, the edgeHub connection.
 fn default_sinks(cfg: &Config, edge: Option<&EdgeRuntime>) -> Result<DefaultSinks, StartError> {
     let timeout = cfg.broker.delivery_timeout;
+    let client = match edge {
+        Some(edge) => edge.outbound_http_client(outbound_tls(cfg), timeout)?,
+        None => tls::outbound_http_client(&outbound_tls(cfg), timeout)?,
+    };
     // Every delivery holds one of `maxInFlightTotal` permits, so no more connections than that
     // are ever in use at once: keep them all reusable (see `delivery::http`).
-    let idle = cfg.broker.max_in_flight_total;
-    let Some(edge) = edge else {
-        return Ok(DefaultSinks::new(
-            tls::outbound_http_client(&outbound_tls(cfg), timeout)?.with_max_idle_per_host(idle),
-        ));
-    };
-    let sinks = DefaultSinks::new(
-        edge.outbound_http_client(outbound_tls(cfg), timeout)?
-            .with_max_idle_per_host(idle),
-    );
-    Ok(match edge.edgehub() {
+    let sinks = DefaultSinks::new(client.with_max_idle_per_host(cfg.broker.max_in_flight_total));
+    Ok(match edge.and_then(EdgeRuntime::edgehub) {
         Some(hub) => sinks.with_edgehub(hub, timeout),
         None => sinks,
     })
