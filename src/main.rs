@@ -32,10 +32,12 @@ fn main() -> ExitCode {
     for k in &cfg.unknown_keys {
         tracing::warn!(key = %k, "unknown setting ignored (check its spelling)");
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if cfg.broker.worker_threads > 0 {
+        runtime.worker_threads(cfg.broker.worker_threads);
+    }
+    let rt = match runtime.build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("gridlet: cannot start the async runtime: {e}");

@@ -29,31 +29,37 @@ fn invalid_setting_stops_start_up_with_one_clear_line() {
     );
 }
 
-#[tokio::test]
-async fn sigterm_stops_the_process_cleanly() {
-    let dir = tempfile::tempdir().unwrap();
+/// Start the real binary on a free loopback port with `env` on top of a plain-HTTP local setup,
+/// and wait until it answers a topic PUT.
+async fn start_serving(dir: &std::path::Path, env: &[(&str, &str)]) -> std::process::Child {
     let port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_gridlet"))
-        .current_dir(dir.path())
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_gridlet"));
+    cmd.current_dir(dir)
         .env("inbound__serverAuth__tlsPolicy", "disabled")
         .env("inbound__clientAuth__clientCert__enabled", "false")
         .env("inbound__bindAddress", "127.0.0.1")
         .env("inbound__httpPort", port.to_string())
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::null());
+    let child = cmd.spawn().unwrap();
+    // Run alone, this test must not depend on another having installed rustls' provider.
+    gridlet::tls::install_default_provider();
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{port}/topics/t?{V}");
     let deadline = Instant::now() + WAIT;
     loop {
         if let Ok(r) = client.put(&url).json(&serde_json::json!({})).send().await {
             assert_eq!(r.status(), 200);
-            break;
+            return child;
         }
         assert!(Instant::now() < deadline, "gridlet did not start serving");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Send SIGTERM and wait for the exit status.
+async fn terminate(mut child: std::process::Child) -> std::process::ExitStatus {
     let pid = child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
@@ -61,12 +67,50 @@ async fn sigterm_stops_the_process_cleanly() {
         .unwrap()
         .success());
     let deadline = Instant::now() + WAIT;
-    let status = loop {
+    loop {
         if let Some(s) = child.try_wait().unwrap() {
-            break s;
+            return s;
         }
         assert!(Instant::now() < deadline, "gridlet did not stop on SIGTERM");
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    }
+}
+
+#[tokio::test]
+async fn sigterm_stops_the_process_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let child = start_serving(dir.path(), &[]).await;
+    let status = terminate(child).await;
     assert!(status.success(), "{status:?}");
+}
+
+/// Threads of `pid` whose name is tokio's worker name.
+fn runtime_workers(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "tokio-rt-worker")
+        .count()
+}
+
+#[tokio::test]
+async fn worker_threads_setting_sizes_the_async_runtime() {
+    for n in [1usize, 3] {
+        let dir = tempfile::tempdir().unwrap();
+        let value = n.to_string();
+        let child = start_serving(dir.path(), &[("broker__workerThreads", &value)]).await;
+        let workers = runtime_workers(child.id());
+        let status = terminate(child).await;
+        assert_eq!(workers, n, "broker__workerThreads={n}");
+        assert!(status.success(), "{status:?}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gridlet"))
+        .current_dir(dir.path())
+        .env("broker__workerThreads", "5000")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("broker__workerThreads"), "{err}");
 }
