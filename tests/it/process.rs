@@ -42,20 +42,27 @@ async fn start_serving(dir: &std::path::Path, env: &[(&str, &str)]) -> std::proc
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let child = cmd.spawn().unwrap();
+    let mut child = cmd.spawn().unwrap();
     // Run alone, this test must not depend on another having installed rustls' provider.
     gridlet::tls::install_default_provider();
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{port}/topics/t?{V}");
     let deadline = Instant::now() + WAIT;
-    loop {
+    let serving = loop {
         if let Ok(r) = client.put(&url).json(&serde_json::json!({})).send().await {
-            assert_eq!(r.status(), 200);
-            return child;
+            break r.status() == 200;
         }
-        assert!(Instant::now() < deadline, "gridlet did not start serving");
+        if Instant::now() >= deadline {
+            break false;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    if !serving {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("gridlet did not start serving (or refused the topic PUT)");
     }
+    child
 }
 
 /// Send SIGTERM and wait for the exit status.
@@ -71,7 +78,11 @@ async fn terminate(mut child: std::process::Child) -> std::process::ExitStatus {
         if let Some(s) = child.try_wait().unwrap() {
             return s;
         }
-        assert!(Instant::now() < deadline, "gridlet did not stop on SIGTERM");
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("gridlet did not stop on SIGTERM");
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
