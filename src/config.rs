@@ -66,7 +66,7 @@ settings! {
     "broker__maxInFlightPerSubscription" = "32" : "concurrent delivery requests per subscription (a quarter of them, at least 1, may be retries)";
     "broker__maxInFlightTotal" = "1024" : "concurrent delivery requests across all subscriptions (also the idle connections kept per destination host)";
     "broker__deliveryTimeoutInSeconds" = "60" : "how long a delivery waits for the subscriber's response";
-    "broker__workerThreads" = "0" : "threads of the async runtime; 0 = one per CPU core. `1` keeps gridlet on one core: on a saturated 2-core device it cut the p99 latency from ~10 ms to ~0.4 ms at the same single-event rate, but batched and fan-out peaks drop ~10 % (docs/BENCHMARKS.md)";
+    "broker__workerThreads" = "0" : "threads of the async runtime; 0 = one per CPU core. `1` keeps gridlet on one core: on a saturated 2-core VM its p99 fell from ~10 ms to ~0.4 ms and its CPU per event at 1,000 events/s by a quarter, for 8–13 % less peak throughput (docs/BENCHMARKS.md)";
     "broker__statusCodePolicy" = "original" : "`original` retries every failure on the schedule; `standard` dead-letters 400/413 at once (with a dead-letter destination), honours `Retry-After` on 429/503 and jitters delays";
     "broker__retrySchedule" = "original" : "retry schedule when a subscription sets no `retryPolicy.schedule`: `original` (1 min, then every 10 min), `eventGridCloud`, `workfront`";
     "broker__retryJitterPercent" = "10" : "under `standard`, every retry delay is spread by up to this many percent either way (0 = exact)";
