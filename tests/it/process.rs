@@ -12,21 +12,26 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[test]
-fn invalid_setting_stops_start_up_with_one_clear_line() {
+/// Start the binary with one invalid setting: it must exit with status 2 and print one line,
+/// which is returned.
+fn start_up_error(key: &str, value: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_gridlet"))
         .current_dir(dir.path())
-        .env("inbound__serverAuth__tlsPolicy", "sometimes")
+        .env(key, value)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.contains("inbound__serverAuth__tlsPolicy") && err.contains("strict, enabled, disabled"),
-        "{err}"
-    );
+    assert!(err.contains(key), "{err}");
+    err
+}
+
+#[test]
+fn invalid_setting_stops_start_up_with_one_clear_line() {
+    let err = start_up_error("inbound__serverAuth__tlsPolicy", "sometimes");
+    assert!(err.contains("strict, enabled, disabled"), "{err}");
 }
 
 /// Start the real binary on a free loopback port with `env` on top of a plain-HTTP local setup,
@@ -115,13 +120,6 @@ async fn worker_threads_setting_sizes_the_async_runtime() {
         assert_eq!(workers, n, "broker__workerThreads={n}");
         assert!(status.success(), "{status:?}");
     }
-    let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_gridlet"))
-        .current_dir(dir.path())
-        .env("broker__workerThreads", "5000")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("broker__workerThreads"), "{err}");
+    let err = start_up_error("broker__workerThreads", "5000");
+    assert!(err.contains("from 0 to 1024"), "{err}");
 }
