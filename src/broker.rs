@@ -85,6 +85,27 @@ pub struct Broker {
     inner: Arc<Inner>,
 }
 
+impl Broker {
+    /// Run a management operation (topic and subscription writes, endpoint re-enable) on tokio's
+    /// blocking pool. These write and flush the metadata store, and deleting a persisted
+    /// subscription removes all its events from disk: milliseconds on an SD card, seconds for a
+    /// large backlog. Run on the runtime, two of them at once would hold both workers of a
+    /// 2-core device (the second waits on the management lock), stopping publishes and
+    /// deliveries until the flush ends. Off the runtime they wait without stopping anything.
+    ///
+    /// # Errors
+    /// The operation's own error, or 500 if it panicked.
+    pub async fn manage<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Broker) -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let broker = self.clone();
+        tokio::task::spawn_blocking(move || op(&broker))
+            .await
+            .map_err(|e| ApiError::internal(&e))?
+    }
+}
+
 fn store_err(e: StoreError) -> ApiError {
     match e {
         StoreError::Full { .. } => {

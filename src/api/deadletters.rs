@@ -164,6 +164,9 @@ pub(super) async fn enable(
     State(s): State<AppState>,
     Path((topic, name)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let h = s.broker.enable_endpoint(&topic, &name)?;
+    let h = s
+        .broker
+        .manage(move |b| b.enable_endpoint(&topic, &name))
+        .await?;
     Ok(Json(health_json(&h)))
 }

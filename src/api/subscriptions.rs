@@ -29,7 +29,10 @@ pub(super) async fn put(
     )
     .await?;
     let body = parse_body(&bytes)?;
-    let sub = s.broker.put_subscription(&topic, &name, body)?;
+    let sub = s
+        .broker
+        .manage(move |b| b.put_subscription(&topic, &name, body))
+        .await?;
     Ok(Json(subscription_resource(
         &sub,
         &s.resource_context(&headers, conn.map(|c| c.0)),
@@ -96,6 +99,8 @@ pub(super) async fn delete(
     State(s): State<AppState>,
     Path((topic, name)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    s.broker.delete_subscription(&topic, &name)?;
+    s.broker
+        .manage(move |b| b.delete_subscription(&topic, &name))
+        .await?;
     Ok(StatusCode::OK.into_response())
 }

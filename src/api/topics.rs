@@ -29,7 +29,7 @@ pub(super) async fn put(
     )
     .await?;
     let topic = Topic::from_put(&name, parse_body(&bytes)?)?;
-    let topic = s.broker.put_topic(topic)?;
+    let topic = s.broker.manage(move |b| b.put_topic(topic)).await?;
     Ok(Json(topic_resource(
         &topic,
         &s.resource_context(&headers, conn.map(|c| c.0)),
@@ -67,6 +67,6 @@ pub(super) async fn delete(
     State(s): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
-    s.broker.delete_topic(&name)?;
+    s.broker.manage(move |b| b.delete_topic(&name)).await?;
     Ok(StatusCode::OK.into_response())
 }

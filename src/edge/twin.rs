@@ -324,10 +324,23 @@ impl TwinManager {
         self.report();
     }
 
-    /// Serve messages until the connection side goes away.
+    /// Serve messages until the connection side goes away. Each message is handled on tokio's
+    /// blocking pool: applying desired properties writes and flushes the metadata store (see
+    /// [`Broker::manage`]).
     pub async fn run(mut self, mut rx: mpsc::Receiver<HubMessage>) {
         while let Some(m) = rx.recv().await {
-            self.handle(m);
+            self = match tokio::task::spawn_blocking(move || {
+                self.handle(m);
+                self
+            })
+            .await
+            {
+                Ok(twin) => twin,
+                Err(e) => {
+                    tracing::error!(error = %e, "module twin handler failed; twin updates stop");
+                    return;
+                }
+            };
         }
     }
 }

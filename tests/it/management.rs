@@ -1,0 +1,127 @@
+//! Management writes (topics, subscriptions) flush the metadata store, which can take long on
+//! an SD card. They run off the async runtime, so publishing and delivery keep going meanwhile.
+
+use crate::util::*;
+use futures_util::future::BoxFuture;
+use gridlet::store::memory::MemoryStore;
+use gridlet::store::{QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent};
+use gridlet::Parts;
+use serde_json::{json, Value};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+/// How long a held write waits for the test to release it before going on regardless. The
+/// passing run releases it long before; a broker that blocks its only runtime thread on the write
+/// cannot be released, so the write goes on after this and the test then fails on the order.
+const HOLD_AT_MOST: Duration = Duration::from_secs(10);
+
+/// The memory store, except that writing the subscription record named `held` stops until
+/// the test releases it: a metadata flush on a slow disk, under the test's control.
+struct SlowMetadataStore {
+    inner: MemoryStore,
+    held: &'static str,
+    entered: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    release: Mutex<mpsc::Receiver<()>>,
+}
+
+impl Store for SlowMetadataStore {
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        self.inner.load()
+    }
+    fn pending(&self, queue: QueueId) -> Result<Vec<StoredEvent>, StoreError> {
+        self.inner.pending(queue)
+    }
+    fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
+        self.inner.get(queue, seqs)
+    }
+    fn put_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
+        self.inner.put_topic(key, record)
+    }
+    fn delete_topic(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete_topic(key)
+    }
+    fn put_subscription(
+        &self,
+        topic: &str,
+        queue: QueueId,
+        record: &Value,
+    ) -> Result<(), StoreError> {
+        if record.to_string().contains(self.held) {
+            if let Some(tx) = self.entered.lock().unwrap().take() {
+                let _ = tx.send(());
+            }
+            let _ = self.release.lock().unwrap().recv_timeout(HOLD_AT_MOST);
+        }
+        self.inner.put_subscription(topic, queue, record)
+    }
+    fn delete_subscription(&self, queue: QueueId) -> Result<(), StoreError> {
+        self.inner.delete_subscription(queue)
+    }
+    fn next_queue_id(&self) -> Result<QueueId, StoreError> {
+        self.inner.next_queue_id()
+    }
+    fn append(&self, items: &[(QueueId, StoredEvent)]) -> Result<(), StoreError> {
+        self.inner.append(items)
+    }
+    fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.commit()
+    }
+    fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
+        self.inner.update(queue, seqs, state)
+    }
+    fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
+        self.inner.remove(queue, seqs)
+    }
+}
+
+/// One runtime thread, as `broker__workerThreads=1` runs gridlet: a management write that
+/// blocked it would stop everything else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_slow_subscription_write_does_not_stall_publishing_or_delivery() {
+    let (entered_tx, entered) = tokio::sync::oneshot::channel();
+    let (release, release_rx) = mpsc::channel();
+    let store = Arc::new(SlowMetadataStore {
+        inner: MemoryStore::new(),
+        held: "held-subscriber",
+        entered: Mutex::new(Some(entered_tx)),
+        release: Mutex::new(release_rx),
+    });
+    let t = start_with(
+        &[],
+        Parts {
+            store: Some(store),
+            ..Parts::default()
+        },
+    )
+    .await;
+    let mut rx = Receiver::start().await;
+    t.topic("t").await;
+    t.webhook_sub("t", "live", &rx.url("/live"), json!({}))
+        .await;
+
+    // A subscription PUT whose metadata write is held.
+    let body = json!({"properties": {"destination": {"endpointType": "WebHook",
+        "properties": {"endpointUrl": rx.url("/held-subscriber")}}}});
+    let put = tokio::spawn(
+        t.client
+            .put(t.url("/topics/t/eventSubscriptions/slow"))
+            .json(&body)
+            .send(),
+    );
+    entered.await.expect("the subscription write started");
+
+    // Meanwhile: publish, and the live subscription's event is delivered.
+    t.publish("t", json!([eg_event("e1", "s", "type", json!({}))]))
+        .await;
+    let got = rx.next().await;
+    assert_eq!(got.json()[0]["id"], "e1");
+    assert!(
+        !put.is_finished(),
+        "the publish had to wait for the held subscription write"
+    );
+
+    release.send(()).unwrap();
+    assert_eq!(put.await.unwrap().unwrap().status(), 200);
+    let (s, _) = t.get("/topics/t/eventSubscriptions/slow").await;
+    assert_eq!(s, 200);
+}
