@@ -335,6 +335,10 @@ pub struct EndpointHealth {
     pub url: String,
     tracker: Mutex<Tracker>,
     persist: Option<Persist>,
+    /// Held while a transition is written: taken before the tracker's lock is released, so
+    /// transitions of one URL reach the store in order, while deliveries recording outcomes
+    /// (the tracker's lock only) do not wait for the write.
+    saving: Mutex<()>,
 }
 
 impl EndpointHealth {
@@ -365,11 +369,9 @@ impl EndpointHealth {
         let before = t.state();
         let after = t.record(cfg, success, now_ms);
         if before != after {
-            // Written under the tracker's lock so that concurrent transitions of one URL reach
-            // the store in order. Transitions are rare (at most one per probe interval once
-            // disabled); the write is one small metadata insert and flush.
-            self.save(&t);
-            drop(t);
+            // Transitions are rare (at most one per probe interval once disabled); the write is
+            // one small metadata insert and flush.
+            self.save(t);
             tracing::warn!(endpoint = %redact_url(&self.url), from = before.as_str(), to = after.as_str(), "endpoint health changed");
         }
     }
@@ -378,22 +380,41 @@ impl EndpointHealth {
     pub fn enable(&self, now_ms: WallMs) {
         let mut t = self.lock();
         t.enable(now_ms);
-        self.save(&t);
-        drop(t);
+        self.save(t);
         tracing::info!(endpoint = %redact_url(&self.url), "endpoint re-enabled through the API");
     }
 
-    fn save(&self, t: &Tracker) {
-        if let Some(Persist(store)) = &self.persist {
-            if let Err(e) = store.put_endpoint_health(&self.url, t.to_record().as_ref()) {
-                tracing::error!(endpoint = %redact_url(&self.url), error = %e, "could not store the endpoint's health; a restart may forget it");
-            }
+    /// Write the tracker's record and release its lock first: the metadata flush can take
+    /// milliseconds on an SD card, and on a runtime worker it runs through `block_in_place`, so
+    /// that worker's other tasks move to another thread instead of waiting.
+    fn save(&self, t: std::sync::MutexGuard<'_, Tracker>) {
+        let Some(Persist(store)) = &self.persist else {
+            return;
+        };
+        let record = t.to_record();
+        let _in_order = self.saving.lock().unwrap_or_else(|p| p.into_inner());
+        drop(t);
+        let written = off_runtime_thread(|| store.put_endpoint_health(&self.url, record.as_ref()));
+        if let Err(e) = written {
+            tracing::error!(endpoint = %redact_url(&self.url), error = %e, "could not store the endpoint's health; a restart may forget it");
         }
     }
 
     /// Current view.
     pub fn snapshot(&self) -> HealthSnapshot {
         self.lock().snapshot()
+    }
+}
+
+/// Run a blocking call without holding up a runtime worker: on a multi-thread runtime
+/// `block_in_place` (which just runs it on a blocking-pool thread); elsewhere (a current-thread
+/// runtime, or none) directly.
+fn off_runtime_thread<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
     }
 }
 
@@ -462,6 +483,7 @@ impl HealthRegistry {
                     url: url.to_string(),
                     tracker: Mutex::new(restored.unwrap_or_else(|| Tracker::new(now_ms))),
                     persist: self.persist.clone(),
+                    saving: Mutex::new(()),
                 })
             })
             .clone()

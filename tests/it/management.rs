@@ -1,5 +1,6 @@
-//! Management writes (topics, subscriptions) flush the metadata store, which can take long on
-//! an SD card. They run off the async runtime, so publishing and delivery keep going meanwhile.
+//! Metadata writes (topics, subscriptions, endpoint-health transitions) flush the metadata
+//! store, which can take long on an SD card. They do not hold up the async runtime, so publishing
+//! and delivery keep going meanwhile.
 
 use crate::util::*;
 use futures_util::future::BoxFuture;
@@ -7,6 +8,7 @@ use gridlet::store::memory::MemoryStore;
 use gridlet::store::{QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent};
 use gridlet::Parts;
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -15,13 +17,57 @@ use std::time::Duration;
 /// cannot be released, so the write goes on after this and the test then fails on the order.
 const HOLD_AT_MOST: Duration = Duration::from_secs(10);
 
-/// The memory store, except that writing the subscription record named `held` stops until
-/// the test releases it: a metadata flush on a slow disk, under the test's control.
+/// Which metadata write the store holds.
+#[derive(Clone, Copy, PartialEq)]
+enum Write {
+    Subscription,
+    EndpointHealth,
+}
+
+/// The memory store, except that one kind of metadata write mentioning `held` (a subscription
+/// record, or an endpoint-health record of a URL) stops until the test releases it: a metadata
+/// flush on a slow disk, under the test's control.
 struct SlowMetadataStore {
     inner: MemoryStore,
+    kind: Write,
     held: &'static str,
     entered: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     release: Mutex<mpsc::Receiver<()>>,
+    /// Set once the held write went through.
+    done: AtomicBool,
+}
+
+impl SlowMetadataStore {
+    fn new(
+        kind: Write,
+        held: &'static str,
+    ) -> (
+        Arc<Self>,
+        tokio::sync::oneshot::Receiver<()>,
+        mpsc::Sender<()>,
+    ) {
+        let (entered_tx, entered) = tokio::sync::oneshot::channel();
+        let (release, release_rx) = mpsc::channel();
+        let store = Arc::new(Self {
+            inner: MemoryStore::new(),
+            kind,
+            held,
+            entered: Mutex::new(Some(entered_tx)),
+            release: Mutex::new(release_rx),
+            done: AtomicBool::new(false),
+        });
+        (store, entered, release)
+    }
+
+    fn hold_if_mentioned(&self, kind: Write, text: &str) {
+        if kind == self.kind && text.contains(self.held) {
+            if let Some(tx) = self.entered.lock().unwrap().take() {
+                let _ = tx.send(());
+            }
+            let _ = self.release.lock().unwrap().recv_timeout(HOLD_AT_MOST);
+            self.done.store(true, Ordering::SeqCst);
+        }
+    }
 }
 
 impl Store for SlowMetadataStore {
@@ -46,12 +92,7 @@ impl Store for SlowMetadataStore {
         queue: QueueId,
         record: &Value,
     ) -> Result<(), StoreError> {
-        if record.to_string().contains(self.held) {
-            if let Some(tx) = self.entered.lock().unwrap().take() {
-                let _ = tx.send(());
-            }
-            let _ = self.release.lock().unwrap().recv_timeout(HOLD_AT_MOST);
-        }
+        self.hold_if_mentioned(Write::Subscription, &record.to_string());
         self.inner.put_subscription(topic, queue, record)
     }
     fn delete_subscription(&self, queue: QueueId) -> Result<(), StoreError> {
@@ -72,24 +113,21 @@ impl Store for SlowMetadataStore {
     fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
         self.inner.remove(queue, seqs)
     }
+    fn put_endpoint_health(&self, url: &str, record: Option<&Value>) -> Result<(), StoreError> {
+        self.hold_if_mentioned(Write::EndpointHealth, url);
+        self.inner.put_endpoint_health(url, record)
+    }
 }
 
 /// One runtime thread, as `broker__workerThreads=1` runs gridlet: a management write that
 /// blocked it would stop everything else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_slow_subscription_write_does_not_stall_publishing_or_delivery() {
-    let (entered_tx, entered) = tokio::sync::oneshot::channel();
-    let (release, release_rx) = mpsc::channel();
-    let store = Arc::new(SlowMetadataStore {
-        inner: MemoryStore::new(),
-        held: "held-subscriber",
-        entered: Mutex::new(Some(entered_tx)),
-        release: Mutex::new(release_rx),
-    });
+    let (store, entered, release) = SlowMetadataStore::new(Write::Subscription, "held-subscriber");
     let t = start_with(
         &[],
         Parts {
-            store: Some(store),
+            store: Some(store.clone()),
             ..Parts::default()
         },
     )
@@ -116,7 +154,7 @@ async fn a_slow_subscription_write_does_not_stall_publishing_or_delivery() {
     let got = rx.next().await;
     assert_eq!(got.json()[0]["id"], "e1");
     assert!(
-        !put.is_finished(),
+        !store.done.load(Ordering::SeqCst) && !put.is_finished(),
         "the publish had to wait for the held subscription write"
     );
 
@@ -124,4 +162,50 @@ async fn a_slow_subscription_write_does_not_stall_publishing_or_delivery() {
     assert_eq!(put.await.unwrap().unwrap().status(), 200);
     let (s, _) = t.get("/topics/t/eventSubscriptions/slow").await;
     assert_eq!(s, 200);
+}
+
+/// An endpoint turning unhealthy writes its new state; on one runtime thread, that write must
+/// not stop another subscription's publishes and deliveries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_slow_endpoint_health_write_does_not_stall_other_deliveries() {
+    let (store, entered, release) = SlowMetadataStore::new(Write::EndpointHealth, "held-endpoint");
+    let t = start_with(
+        &[("broker__endpointHealth__disableConsecutiveFailures", "1")],
+        Parts {
+            store: Some(store.clone()),
+            ..Parts::default()
+        },
+    )
+    .await;
+    let mut failing = Receiver::start().await;
+    failing.respond_with(503);
+    let mut healthy = Receiver::start().await;
+    t.topic("bad").await;
+    t.topic("good").await;
+    let once = json!({"retryPolicy": {"maxDeliveryAttempts": 1}});
+    t.webhook_sub("bad", "s", &failing.url("/held-endpoint"), once)
+        .await;
+    t.webhook_sub("good", "s", &healthy.url("/ok"), json!({}))
+        .await;
+
+    // Failures until the endpoint is disabled (at the first or the second, whichever the
+    // threshold counts); writing that transition is held.
+    for i in 0..2 {
+        t.publish(
+            "bad",
+            json!([eg_event(&format!("b{i}"), "s", "type", json!({}))]),
+        )
+        .await;
+    }
+    failing.next().await;
+    entered.await.expect("the endpoint-health write started");
+
+    t.publish("good", json!([eg_event("g1", "s", "type", json!({}))]))
+        .await;
+    assert_eq!(healthy.next().await.json()[0]["id"], "g1");
+    assert!(
+        !store.done.load(Ordering::SeqCst),
+        "the other subscription's delivery had to wait for the held health write"
+    );
+    release.send(()).unwrap();
 }
