@@ -672,6 +672,11 @@ impl Bench {
             );
         }
         let before = g.sample();
+        println!(
+            "  restarted with the backlog, before the drain: RSS {} (peak {})",
+            mb(before.rss),
+            mb(before.hwm)
+        );
         rx.stats.reset();
         let t0 = Instant::now();
         let t0_us = net::now_us(self.base);
