@@ -163,6 +163,9 @@ struct Committer {
 pub const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 /// A journal this long is checkpointed at once (bounds its disk use and replay time).
 const MAX_JOURNAL_BYTES: u64 = journal::PREALLOCATED_BYTES / 4 * 3;
+/// Events removed per sled batch when a whole queue goes (see `SledStore::remove_queue`): a
+/// batch's memory grows far beyond its keys (≈ 7.6 KB per removed event, measured).
+const REMOVE_BATCH: usize = 256;
 /// Least time between two size-triggered checkpoints (keeps a failing one from running per group).
 const MIN_CHECKPOINT_GAP: std::time::Duration = std::time::Duration::from_millis(10);
 /// Key (default tree of the events database) holding the journal sequence number of the last
@@ -823,15 +826,31 @@ impl SledStore {
         }
     }
 
+    /// Remove every stored event of `queue`, in batches of [`REMOVE_BATCH`]. Atomicity is not
+    /// needed (the queue's record is gone first, and what a crash leaves is removed at the next
+    /// start), and one batch of a whole backlog is not affordable: deleting a subscription with
+    /// 1,000,000 stored events in one batch took 7.6 GB of RSS and 35 s; in batches of 256 it
+    /// stays within the RSS it started at and takes 6 s (`examples/delete_mem.rs`).
     fn remove_queue(&self, queue: QueueId) -> Result<u64, StoreError> {
-        let mut batch = sled::Batch::default();
         let mut freed = 0u64;
-        for item in self.events.scan_prefix(queue.to_be_bytes()) {
-            let (k, v) = item.map_err(io)?;
-            freed += item_cost(v.len());
-            batch.remove(k);
+        loop {
+            let mut batch = sled::Batch::default();
+            let mut n = 0;
+            for item in self
+                .events
+                .scan_prefix(queue.to_be_bytes())
+                .take(REMOVE_BATCH)
+            {
+                let (k, v) = item.map_err(io)?;
+                freed += item_cost(v.len());
+                batch.remove(k);
+                n += 1;
+            }
+            if n == 0 {
+                break;
+            }
+            self.events.apply_batch(batch).map_err(io)?;
         }
-        self.events.apply_batch(batch).map_err(io)?;
         self.committer.nudge();
         Ok(freed)
     }
@@ -1544,6 +1563,39 @@ mod tests {
             0,
             "deleting a subscription frees its events"
         );
+    }
+
+    #[tokio::test]
+    async fn deleting_a_subscription_removes_more_events_than_one_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let n = REMOVE_BATCH as u64 * 3 + 7;
+        let (q, other) = {
+            let s = SledStore::open(&opts(dir.path(), 1 << 30)).unwrap();
+            let q = s.next_queue_id().unwrap();
+            let other = s.next_queue_id().unwrap();
+            s.put_subscription("t", q, &json!({})).unwrap();
+            s.put_subscription("t", other, &json!({})).unwrap();
+            // Most in sled (a checkpoint at close), the last ones still in the journal's map.
+            s.append(&(1..=n).map(|i| (q, ev(i, 10))).collect::<Vec<_>>())
+                .unwrap();
+            s.append(&[(other, ev(n + 1, 10))]).unwrap();
+            s.commit().await.unwrap();
+            (q, other)
+        };
+        let s = SledStore::open(&opts(dir.path(), 1 << 30)).unwrap();
+        s.append_commit(vec![(q, ev(n + 2, 10))]).await.unwrap();
+        assert_eq!(s.pending(q).unwrap().len(), n as usize + 1);
+        s.delete_subscription(q).unwrap();
+        assert!(s.pending(q).unwrap().is_empty());
+        assert_eq!(
+            s.pending(other).unwrap().len(),
+            1,
+            "other queues keep theirs"
+        );
+        drop(s);
+        let s = SledStore::open(&opts(dir.path(), 1 << 30)).unwrap();
+        assert!(s.pending(q).unwrap().is_empty(), "gone after a restart too");
+        assert_eq!(s.pending(other).unwrap().len(), 1);
     }
 
     #[tokio::test]
