@@ -273,7 +273,7 @@ impl SledDeadLetterStore {
             for item in self
                 .tree
                 .scan_prefix(queue.to_be_bytes())
-                .take(super::REMOVE_BATCH)
+                .take(super::SLED_BATCH)
             {
                 let (k, v) = item.map_err(io)?;
                 freed += item_cost(v.len());
