@@ -26,8 +26,8 @@
 //! sled recovers a prefix of its log; after a checkpoint it holds `JOURNAL_LSN = L` and every
 //! event of records `≤ L` that was still pending at that checkpoint. Records `≤ L` are therefore
 //! skipped (replaying them would bring back events delivered before the checkpoint). Records
-//! `> L` are applied in order (their events inserted, then their removals applied), then a
-//! checkpoint runs. A torn last record (CRC mismatch: a group that was never acknowledged) and
+//! `> L` are applied in order (their events inserted, then their removals applied, in bounded
+//! sled batches with the record's `L` in its last one), then a checkpoint runs. A torn last record (CRC mismatch: a group that was never acknowledged) and
 //! records left over from an earlier cycle (all `≤ L`, or cut off mid-record) are handled by the
 //! same rule: read records in file order while they are intact, apply those above `L`, stop at
 //! the first damaged one. A clean shutdown overwrites the first header, so the next start reads
