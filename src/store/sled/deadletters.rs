@@ -262,29 +262,10 @@ impl SledDeadLetterStore {
         Ok(out)
     }
 
-    /// Remove a queue's whole range, in bounded batches (see `SledStore::remove_queue` for why
-    /// not one); returns the bytes freed.
+    /// Remove a queue's whole range (see [`super::remove_prefix`]); returns the bytes freed.
     fn remove_range(&self, queue: QueueId) -> Result<u64, StoreError> {
         let mut g = self.lock();
-        let mut freed = 0u64;
-        loop {
-            let mut batch = sled::Batch::default();
-            let mut n = 0;
-            for item in self
-                .tree
-                .scan_prefix(queue.to_be_bytes())
-                .take(super::SLED_BATCH)
-            {
-                let (k, v) = item.map_err(io)?;
-                freed += item_cost(v.len());
-                batch.remove(k);
-                n += 1;
-            }
-            if n == 0 {
-                break;
-            }
-            self.tree.apply_batch(batch).map_err(io)?;
-        }
+        let freed = super::remove_prefix(&self.tree, queue)?;
         g.per_queue.remove(&queue);
         drop(g);
         self.committer.nudge();
