@@ -162,6 +162,9 @@ impl Broker {
                 .unwrap_or_else(|| Arc::new(crate::delivery::deadletter::MemoryDeadLetters::new())),
             dead_letter_capacity: cfg.resilience.dead_letter_capacity,
             forwarder: crate::delivery::deadletter::Forwarder::start(),
+            pending_bytes: Arc::new(crate::delivery::queue::PendingBytes::new(
+                cfg.broker.max_pending_bytes,
+            )),
         });
         let broker = Self {
             inner: Arc::new(Inner {
@@ -279,10 +282,11 @@ impl Broker {
                     now + wait,
                     Pending {
                         seq: e.seq,
-                        event: Arc::new(EventData {
-                            body: e.body,
-                            id: e.id.into_boxed_str(),
-                        }),
+                        event: Arc::new(EventData::new(
+                            e.body,
+                            e.id.into_boxed_str(),
+                            Some(&self.inner.ctx.pending_bytes),
+                        )),
                         attempts: state.attempts,
                         first_enqueued_ms: state.first_enqueued_ms,
                         enqueued_at: now,
@@ -304,10 +308,11 @@ impl Broker {
                     .flatten()
                     .map(|e| Pending {
                         seq: e.seq,
-                        event: Arc::new(EventData {
-                            body: e.body,
-                            id: e.id.into_boxed_str(),
-                        }),
+                        event: Arc::new(EventData::new(
+                            e.body,
+                            e.id.into_boxed_str(),
+                            Some(&self.inner.ctx.pending_bytes),
+                        )),
                         attempts: e.state.attempts,
                         first_enqueued_ms: e.state.first_enqueued_ms,
                         enqueued_at: now,
@@ -621,6 +626,43 @@ impl Broker {
                 ));
             }
         }
+        // Bytes held in memory for delivery, all subscriptions together. Only a publish that
+        // reaches an in-memory subscription is refused: persisted subscriptions hold a bounded
+        // window in memory and are bounded on disk.
+        let mut matched = vec![false; events.len()];
+        for &i in routes.iter().flatten() {
+            if let Some(m) = matched.get_mut(i) {
+                *m = true;
+            }
+        }
+        let size = |e: &IncomingEvent| (e.body.len() + e.id.len()) as u64;
+        let matched_bytes: u64 = events
+            .iter()
+            .zip(&matched)
+            .filter(|(_, m)| **m)
+            .map(|(e, _)| size(e))
+            .sum();
+        let to_memory = configs
+            .iter()
+            .zip(&routes)
+            .any(|(cfg, r)| !r.is_empty() && !cfg.sub.persisted);
+        let pending_bytes = &self.inner.ctx.pending_bytes;
+        if to_memory && pending_bytes.would_exceed(matched_bytes) {
+            return Err(ApiError::unavailable(
+                format!(
+                    "gridlet holds {} of the {} bytes of undelivered events broker__maxPendingBytes allows in memory; retry later",
+                    pending_bytes.used(),
+                    pending_bytes.limit()
+                ),
+                Duration::from_secs(10),
+            ));
+        }
+        // Event bodies can be slices of the request's buffer, which then stays in memory while
+        // any of them is queued. When filters matched less than half of the request, the matched
+        // bodies are copied out, so the buffer goes with the request and what is counted is at
+        // least half of what is held.
+        let request_bytes: u64 = events.iter().map(size).sum();
+        let copy_out = matched_bytes * 2 < request_bytes;
         // Shared payloads, one per matched event, with one sequence number each.
         let now_ms = self.inner.ctx.clock.now_ms();
         let now = Instant::now();
@@ -632,12 +674,18 @@ impl Broker {
                         let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
                         // Moved, not cloned: each event gets one payload, and `events` is not
                         // read after this.
+                        let body = if copy_out {
+                            bytes::Bytes::copy_from_slice(&ev.body)
+                        } else {
+                            std::mem::take(&mut ev.body)
+                        };
                         *slot = Some((
                             seq,
-                            Arc::new(EventData {
-                                body: std::mem::take(&mut ev.body),
-                                id: std::mem::take(&mut ev.id).into_boxed_str(),
-                            }),
+                            Arc::new(EventData::new(
+                                body,
+                                std::mem::take(&mut ev.id).into_boxed_str(),
+                                Some(pending_bytes),
+                            )),
                         ));
                     }
                 }

@@ -61,6 +61,7 @@ settings! {
     "broker__maxRequestBodyBytes" = "1058576" : "largest accepted request body; larger gets 413 before the body is read";
     "broker__maxEventsPerRequest" = "10000" : "most events in one publish request (400 above)";
     "broker__maxPendingEventsPerSubscription" = "100000" : "pending events one in-memory subscription may hold; a publish that would exceed it gets 503 + Retry-After";
+    "broker__maxPendingBytes" = "268435456" : "bytes of undelivered events gridlet holds in memory, all subscriptions together (each event counted once, however many subscriptions share it; persisted subscriptions count their in-memory window); a publish to an in-memory subscription that would exceed it gets 503 + Retry-After; 0 = no limit";
     "broker__maxTopics" = "1000" : "most topics";
     "broker__maxSubscriptionsPerTopic" = "100" : "most event subscriptions per topic";
     "broker__maxInFlightPerSubscription" = "32" : "concurrent delivery requests per subscription (a quarter of them, at least 1, may be retries)";
@@ -206,6 +207,8 @@ pub struct Broker {
     pub max_events_per_request: usize,
     /// Pending events per in-memory subscription.
     pub max_pending_events_per_subscription: usize,
+    /// Event payload bytes held in memory, all subscriptions (0 = no limit).
+    pub max_pending_bytes: u64,
     /// Topic count limit.
     pub max_topics: usize,
     /// Subscriptions per topic.
@@ -553,6 +556,7 @@ impl Config {
                 1,
                 u32_max,
             )? as usize,
+            max_pending_bytes: raw.int("broker__maxPendingBytes", 0, u64::MAX)?,
             max_topics: raw.int("broker__maxTopics", 1, 1_000_000)? as usize,
             max_subscriptions_per_topic: raw.int("broker__maxSubscriptionsPerTopic", 1, 100_000)?
                 as usize,

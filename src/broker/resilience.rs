@@ -205,10 +205,11 @@ impl Broker {
             .iter()
             .map(|l| Pending {
                 seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
-                event: Arc::new(EventData {
-                    body: l.body.clone(),
-                    id: l.event_id.clone().into_boxed_str(),
-                }),
+                event: Arc::new(EventData::new(
+                    l.body.clone(),
+                    l.event_id.clone().into_boxed_str(),
+                    Some(&ctx.pending_bytes),
+                )),
                 attempts: 0,
                 first_enqueued_ms: now_ms,
                 enqueued_at: now,
@@ -313,6 +314,16 @@ impl Broker {
                 .collect();
             metrics::write_family(out, name, kind, help, &series);
         }
+        metrics::write_family(
+            out,
+            "gridlet_pending_event_bytes",
+            "gauge",
+            "Bytes of undelivered events held in memory, all subscriptions (limit: broker__maxPendingBytes)",
+            &[Series {
+                labels: Vec::new(),
+                value: SeriesValue::Number(ctx.pending_bytes.used()),
+            }],
+        );
         let stats = &ctx.forwarder.stats;
         metrics::write_family(
             out,

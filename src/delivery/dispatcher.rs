@@ -68,6 +68,8 @@ pub struct EngineCtx {
     pub dead_letter_capacity: usize,
     /// Posts dead letters to dead-letter webhooks.
     pub forwarder: Forwarder,
+    /// Event payload bytes held in memory (`broker__maxPendingBytes`).
+    pub pending_bytes: Arc<super::queue::PendingBytes>,
 }
 
 /// State shared between the broker (publish, API) and the subscription's task.
@@ -333,10 +335,11 @@ async fn refill(shared: &Arc<SubShared>, ctx: &Arc<EngineCtx>, seqs: Vec<u64>) {
             let age = Duration::from_millis(now_ms.saturating_sub(e.state.first_enqueued_ms));
             Pending {
                 seq: e.seq,
-                event: Arc::new(EventData {
-                    body: e.body,
-                    id: e.id.into_boxed_str(),
-                }),
+                event: Arc::new(EventData::new(
+                    e.body,
+                    e.id.into_boxed_str(),
+                    Some(&ctx.pending_bytes),
+                )),
                 attempts: e.state.attempts,
                 first_enqueued_ms: e.state.first_enqueued_ms,
                 enqueued_at: now.checked_sub(age).unwrap_or(now),

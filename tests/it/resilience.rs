@@ -1137,6 +1137,77 @@ async fn a_full_queue_behind_a_hanging_endpoint_rejects_or_dead_letters_per_poli
     }
 }
 
+#[tokio::test]
+async fn the_memory_budget_refuses_publishes_for_in_memory_subscriptions_until_bytes_are_freed() {
+    let t = start(&[("broker__maxPendingBytes", "20000")]).await;
+    let hang = flaky(Mode::Hang).await;
+    let mut rx = Receiver::start().await;
+    t.topic("t1").await;
+    t.topic("t2").await;
+    t.webhook_sub("t1", "hang", &format!("http://{}/h", hang.addr), json!({}))
+        .await;
+    t.webhook_sub(
+        "t2",
+        "kept",
+        &format!("http://{}/h", hang.addr),
+        json!({"persistencePolicy": {"isPersisted": true}}),
+    )
+    .await;
+    let big = "x".repeat(4000);
+    let event = |i: usize| json!([eg_event(&format!("e{i}"), "s", "x", json!({ "pad": big }))]);
+    // Undelivered events pile up behind the hanging endpoint until about 20 KB are held.
+    let mut accepted = 0;
+    let mut refused = None;
+    for i in 0..20 {
+        let r = t
+            .client
+            .post(t.url("/topics/t1/events"))
+            .json(&event(i))
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            accepted += 1;
+        } else {
+            refused = Some(r);
+            break;
+        }
+    }
+    assert!(
+        (4..=5).contains(&accepted),
+        "{accepted} events of ~4 KB accepted"
+    );
+    let r = refused.expect("a publish was refused");
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "10");
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("broker__maxPendingBytes"),
+        "{body}"
+    );
+    let held: u64 = t
+        .metrics()
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix("gridlet_pending_event_bytes "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("the gauge is exported");
+    assert!((16_000..=20_000).contains(&held), "{held} bytes held");
+    // A persisted subscription is bounded on disk instead: its publishes still go through.
+    let (s, b) = t.post_json("/topics/t2/events", &event(100)).await;
+    assert_eq!(s, 200, "{b}");
+
+    // Deleting the stuck subscription frees its events; publishing works again.
+    let (s, _) = t.delete("/topics/t1/eventSubscriptions/hang").await;
+    assert_eq!(s, 200);
+    t.webhook_sub("t1", "ok", &rx.url("/ok"), json!({})).await;
+    t.publish("t1", event(200)).await;
+    assert_eq!(rx.next().await.json()[0]["id"], "e200");
+}
+
 /// A receiver answering from a seeded random stream: 200, 204, 400, 413, 429 (+Retry-After),
 /// 500, 503, or 200 after a 300 ms stall; counts the events it acknowledged with 2xx.
 async fn random_receiver(seed: u64) -> (std::net::SocketAddr, Arc<AtomicU64>) {
