@@ -86,8 +86,8 @@ pub struct Broker {
 }
 
 impl Broker {
-    /// Run a management operation (topic and subscription writes, endpoint re-enable) on tokio's
-    /// blocking pool. These write and flush the metadata store, and deleting a persisted
+    /// Run a management operation (topic and subscription writes, endpoint re-enable, dead-letter
+    /// purge) on tokio's blocking pool. These write and flush the metadata store, and deleting a persisted
     /// subscription removes all its events from disk: milliseconds on an SD card, seconds for a
     /// large backlog. Run on the runtime, two of them at once would hold both workers of a
     /// 2-core device (the second waits on the management lock), stopping publishes and

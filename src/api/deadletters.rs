@@ -126,7 +126,10 @@ pub(super) async fn purge(
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
     let ids = ids_from_body(&s, &headers, body).await?;
-    let n = s.broker.purge_dead_letters(&topic, &name, ids.as_deref())?;
+    let n = s
+        .broker
+        .manage(move |b| b.purge_dead_letters(&topic, &name, ids.as_deref()))
+        .await?;
     Ok(Json(json!({ "deleted": n })))
 }
 

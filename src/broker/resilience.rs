@@ -190,14 +190,37 @@ impl Broker {
         } else {
             None
         };
-        let letters = if cfg.sub.persisted {
-            ctx.dead_letters.peek(shared.queue_id, ids.as_deref())
-        } else {
-            ctx.dead_letters.take(shared.queue_id, ids.as_deref())
-        }
-        .map_err(store_err)?;
+        let mut letters = ctx
+            .dead_letters
+            .peek(shared.queue_id, ids.as_deref())
+            .map_err(store_err)?;
         if letters.is_empty() {
             return Ok(0);
+        }
+        if !cfg.sub.persisted {
+            // Replayed into memory: within `broker__maxPendingBytes`, like a publish.
+            let bytes: u64 = letters
+                .iter()
+                .map(|l| (l.body.len() + l.event_id.len()) as u64)
+                .sum();
+            if ctx.pending_bytes.would_exceed(bytes) {
+                return Err(ApiError::unavailable(
+                    format!(
+                        "replaying {bytes} bytes would pass broker__maxPendingBytes ({} of {} bytes of undelivered events in memory); replay fewer or later",
+                        ctx.pending_bytes.used(),
+                        ctx.pending_bytes.limit()
+                    ),
+                    Duration::from_secs(10),
+                ));
+            }
+            let ids: Vec<u64> = letters.iter().map(|l| l.id).collect();
+            letters = ctx
+                .dead_letters
+                .take(shared.queue_id, Some(&ids))
+                .map_err(store_err)?;
+            if letters.is_empty() {
+                return Ok(0);
+            }
         }
         let now_ms = ctx.clock.now_ms();
         let now = Instant::now();

@@ -1208,6 +1208,58 @@ async fn the_memory_budget_refuses_publishes_for_in_memory_subscriptions_until_b
     assert_eq!(rx.next().await.json()[0]["id"], "e200");
 }
 
+#[tokio::test]
+async fn a_dead_letter_replay_into_memory_stays_within_the_memory_budget() {
+    let t = start(&[("broker__maxPendingBytes", "10000")]).await;
+    let mut rx = Receiver::start().await;
+    rx.respond_with(500);
+    t.topic("t1").await;
+    t.webhook_sub(
+        "t1",
+        "s1",
+        &rx.url("/s1"),
+        json!({"retryPolicy": {"maxDeliveryAttempts": 1}}),
+    )
+    .await;
+    let big = "x".repeat(4000);
+    for i in 0..3 {
+        t.publish(
+            "t1",
+            json!([eg_event(&format!("e{i}"), "s", "x", json!({ "pad": big }))]),
+        )
+        .await;
+        rx.next().await;
+    }
+    let lbl = "topic=\"t1\",subscription=\"s1\"";
+    wait_for(&t, "three dead letters", |m| {
+        metric(m, "gridlet_dead_lettered_events_total", lbl) == Some(3)
+    })
+    .await;
+    rx.respond_with(200);
+    // All three (~12 KB) would pass the 10 KB bound: refused, and nothing is taken.
+    let (s, r) = t
+        .post_json(
+            "/topics/t1/eventSubscriptions/s1/deadLetters/replay",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(s, 503, "{r}");
+    assert!(r.to_string().contains("broker__maxPendingBytes"), "{r}");
+    let (_, list) = t.get("/topics/t1/eventSubscriptions/s1/deadLetters").await;
+    let list = list["value"].as_array().unwrap().clone();
+    assert_eq!(list.len(), 3, "a refused replay keeps every letter");
+    // One of them fits.
+    let id = list[0]["id"].as_str().unwrap();
+    let (s, r) = t
+        .post_json(
+            &format!("/topics/t1/eventSubscriptions/s1/deadLetters/{id}/replay"),
+            &json!({}),
+        )
+        .await;
+    assert_eq!((s, r["replayed"].clone()), (200, json!(1)));
+    assert_eq!(rx.next().await.json()[0]["id"], "e0");
+}
+
 /// A receiver answering from a seeded random stream: 200, 204, 400, 413, 429 (+Retry-After),
 /// 500, 503, or 200 after a 300 ms stall; counts the events it acknowledged with 2xx.
 async fn random_receiver(seed: u64) -> (std::net::SocketAddr, Arc<AtomicU64>) {
