@@ -587,7 +587,11 @@ impl Broker {
         // 1. Route.
         let mut routes: Vec<Vec<usize>> = vec![Vec::new(); subs.len()];
         let mut unmatched = 0u64;
+        // Bytes of the whole request and of the events that go anywhere (for the memory bound).
+        let (mut request_bytes, mut matched_bytes) = (0u64, 0u64);
         for (i, ev) in events.iter().enumerate() {
+            let size = crate::delivery::queue::payload_size(&ev.body, &ev.id);
+            request_bytes += size;
             let view = ev.view();
             let mut matched = false;
             for (j, cfg) in configs.iter().enumerate() {
@@ -598,7 +602,9 @@ impl Broker {
                     matched = true;
                 }
             }
-            if !matched {
+            if matched {
+                matched_bytes += size;
+            } else {
                 unmatched += 1;
             }
         }
@@ -629,19 +635,6 @@ impl Broker {
         // Bytes held in memory for delivery, all subscriptions together. Only a publish that
         // reaches an in-memory subscription is refused: persisted subscriptions hold a bounded
         // window in memory and are bounded on disk.
-        let mut matched = vec![false; events.len()];
-        for &i in routes.iter().flatten() {
-            if let Some(m) = matched.get_mut(i) {
-                *m = true;
-            }
-        }
-        let size = |e: &IncomingEvent| (e.body.len() + e.id.len()) as u64;
-        let matched_bytes: u64 = events
-            .iter()
-            .zip(&matched)
-            .filter(|(_, m)| **m)
-            .map(|(e, _)| size(e))
-            .sum();
         let to_memory = configs
             .iter()
             .zip(&routes)
@@ -661,7 +654,6 @@ impl Broker {
         // any of them is queued. When filters matched less than half of the request, the matched
         // bodies are copied out, so the buffer goes with the request and what is counted is at
         // least half of what is held.
-        let request_bytes: u64 = events.iter().map(size).sum();
         let copy_out = matched_bytes * 2 < request_bytes;
         // Shared payloads, one per matched event, with one sequence number each.
         let now_ms = self.inner.ctx.clock.now_ms();

@@ -201,7 +201,7 @@ impl Broker {
             // Replayed into memory: within `broker__maxPendingBytes`, like a publish.
             let bytes: u64 = letters
                 .iter()
-                .map(|l| (l.body.len() + l.event_id.len()) as u64)
+                .map(|l| crate::delivery::queue::payload_size(&l.body, &l.event_id))
                 .sum();
             if ctx.pending_bytes.would_exceed(bytes) {
                 return Err(ApiError::unavailable(

@@ -55,6 +55,12 @@ impl PendingBytes {
     }
 }
 
+/// What an event with `body` and `id` counts for in [`PendingBytes`]: the bound is checked with
+/// this before payloads exist, so it must be what [`EventData`] charges.
+pub fn payload_size(body: &[u8], id: &str) -> u64 {
+    (body.len() + id.len()) as u64
+}
+
 /// The payload shared by every subscription an event was routed to. Its bytes count in the
 /// broker's [`PendingBytes`] while it lives.
 #[derive(Debug)]
@@ -80,9 +86,9 @@ impl EventData {
         data
     }
 
-    /// The bytes it counts for: body and id.
+    /// The bytes it counts for (see [`payload_size`]).
     pub fn size(&self) -> u64 {
-        (self.body.len() + self.id.len()) as u64
+        payload_size(&self.body, &self.id)
     }
 }
 
