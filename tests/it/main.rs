@@ -7,6 +7,7 @@ mod delivery;
 mod durable_resilience;
 mod edge;
 mod fuzz;
+mod layering;
 mod management;
 mod node;
 mod packaging;
