@@ -582,7 +582,7 @@ mod tests {
     }
 
     #[test]
-    fn checklist_43_semantics() {
+    fn compat_43_filter_semantics() {
         let ev = json!({"subject":"/blobServices/default/containers/container1/blobs/x","eventType":"Blob",
                         "data":{"key1":3,"n":4.56,"arr":[1,2],"s":"Hello","b":true}});
         assert!(

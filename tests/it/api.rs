@@ -1,4 +1,4 @@
-//! Conformance checklist 1–39 (contract §10): topics, subscriptions, publishing.
+//! docs/COMPATIBILITY.md behaviours 1–39: topics, subscriptions, publishing.
 
 use crate::util::*;
 use serde_json::{json, Value};
@@ -29,7 +29,7 @@ async fn smoke_create_subscribe_publish_deliver() {
 }
 
 #[tokio::test]
-async fn topics_checklist_1_to_10() {
+async fn topics_compat_1_to_10() {
     let t = start(&[
         ("IOTEDGE_MODULEID", "eventgridmodule"),
         ("IOTEDGE_IOTHUBHOSTNAME", "hub1.azure-devices.net"),
@@ -139,7 +139,7 @@ async fn topics_checklist_1_to_10() {
 }
 
 #[tokio::test]
-async fn api_version_is_required_checklist_11() {
+async fn api_version_is_required_compat_11() {
     let t = start(&[]).await;
     t.topic("t1").await;
     let base = &t.base;
@@ -164,7 +164,7 @@ async fn api_version_is_required_checklist_11() {
 }
 
 #[tokio::test]
-async fn endpoint_reflects_the_request_scheme_checklist_12() {
+async fn endpoint_reflects_the_request_scheme_compat_12() {
     let t = start(&[]).await;
     let https = t.https_base.clone().unwrap();
     let r = t
@@ -181,7 +181,7 @@ async fn endpoint_reflects_the_request_scheme_checklist_12() {
 }
 
 #[tokio::test]
-async fn subscriptions_checklist_13_to_20() {
+async fn subscriptions_compat_13_to_20() {
     let t = start(&[("outbound__webhook__httpsOnly", "true")]).await;
     t.topic("t1").await;
     // 13
@@ -253,7 +253,7 @@ async fn subscriptions_checklist_13_to_20() {
 }
 
 #[tokio::test]
-async fn http_webhooks_allowed_when_https_only_is_off_checklist_14() {
+async fn http_webhooks_allowed_when_https_only_is_off_compat_14() {
     let t = start(&[("outbound__webhook__httpsOnly", "false")]).await;
     t.topic("t1").await;
     let (s, _) = t.put("/topics/t1/eventSubscriptions/s2", json!({"properties":{"destination":{"endpointType":"WebHook","properties":{"endpointUrl":"http://subscriber:8080"}}}})).await;
@@ -261,7 +261,7 @@ async fn http_webhooks_allowed_when_https_only_is_off_checklist_14() {
 }
 
 #[tokio::test]
-async fn destinations_checklist_21_to_26() {
+async fn destinations_compat_21_to_26() {
     let t = start(&[]).await;
     t.topic("t1").await;
     let put = |name: &str, props: Value| {
@@ -477,7 +477,7 @@ async fn destinations_checklist_21_to_26() {
 }
 
 #[tokio::test]
-async fn subscription_get_list_delete_checklist_27_28() {
+async fn subscription_get_list_delete_compat_27_28() {
     let t = start(&[]).await;
     t.topic("t1").await;
     let created = t
@@ -500,7 +500,7 @@ async fn subscription_get_list_delete_checklist_27_28() {
 }
 
 #[tokio::test]
-async fn publishing_checklist_29_to_38() {
+async fn publishing_compat_29_to_38() {
     let t = start(&[("broker__maxRequestBodyBytes", "4096")]).await;
     t.topic("t1").await;
     let ok = eg_event("1", "s", "e", json!({"a":1}));
@@ -613,7 +613,7 @@ async fn publishing_checklist_29_to_38() {
 }
 
 #[tokio::test]
-async fn cloud_events_checklist_39() {
+async fn cloud_events_compat_39() {
     let t = start(&[]).await;
     let mut rx = Receiver::start().await;
     let (s, _) = t

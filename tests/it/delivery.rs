@@ -1,11 +1,11 @@
-//! Conformance checklist 40–50: delivery to real webhook receivers.
+//! docs/COMPATIBILITY.md behaviours 40–50: delivery to real webhook receivers.
 
 use crate::util::*;
 use serde_json::{json, Value};
 use std::time::Duration;
 
 #[tokio::test]
-async fn delivered_body_is_an_array_with_topic_and_metadata_version_checklist_40() {
+async fn delivered_body_is_an_array_with_topic_and_metadata_version_compat_40() {
     let t = start(&[]).await;
     let mut rx = Receiver::start().await;
     t.topic("t1").await;
@@ -48,7 +48,7 @@ async fn delivered_body_is_an_array_with_topic_and_metadata_version_checklist_40
 }
 
 #[tokio::test]
-async fn fan_out_to_every_subscription_checklist_41() {
+async fn fan_out_to_every_subscription_compat_41() {
     let t = start(&[]).await;
     let mut a = Receiver::start().await;
     let mut b = Receiver::start().await;
@@ -64,7 +64,7 @@ async fn fan_out_to_every_subscription_checklist_41() {
 }
 
 #[tokio::test]
-async fn filters_route_events_checklist_42_43() {
+async fn filters_route_events_compat_42_43() {
     let t = start(&[]).await;
     let mut rx = Receiver::start().await;
     t.topic("t1").await;
@@ -141,7 +141,7 @@ async fn filters_route_events_checklist_42_43() {
 }
 
 #[tokio::test]
-async fn unmatched_events_are_counted_checklist_42() {
+async fn unmatched_events_are_counted_compat_42() {
     let t = start(&[]).await;
     t.topic("t1").await;
     t.webhook_sub(
@@ -169,7 +169,7 @@ async fn unmatched_events_are_counted_checklist_42() {
 }
 
 #[tokio::test]
-async fn success_means_no_redelivery_and_failure_is_counted_checklist_44() {
+async fn success_means_no_redelivery_and_failure_is_counted_compat_44() {
     let t = start(&[]).await;
     let mut ok = Receiver::start().await;
     let mut bad = Receiver::start().await;
@@ -216,7 +216,7 @@ async fn success_means_no_redelivery_and_failure_is_counted_checklist_44() {
 }
 
 #[tokio::test]
-async fn batching_off_sends_one_event_per_request_checklist_48() {
+async fn batching_off_sends_one_event_per_request_compat_48() {
     let t = start(&[]).await;
     let mut rx = Receiver::start().await;
     t.topic("t1").await;
@@ -237,7 +237,7 @@ async fn batching_off_sends_one_event_per_request_checklist_48() {
 }
 
 #[tokio::test]
-async fn batches_respect_max_events_checklist_49() {
+async fn batches_respect_max_events_compat_49() {
     let t = start(&[]).await;
     let mut rx = Receiver::start().await;
     t.topic("t1").await;
@@ -266,7 +266,7 @@ async fn batches_respect_max_events_checklist_49() {
 }
 
 #[tokio::test]
-async fn failed_batches_are_retried_whole_checklist_49() {
+async fn failed_batches_are_retried_whole_compat_49() {
     // Paused-clock proof of the whole-batch retry lives in `schedule`; here the real HTTP path:
     // a failing receiver sees a batch, and the batch is counted as failed as a unit.
     let t = start(&[]).await;
@@ -306,7 +306,7 @@ async fn failed_batches_are_retried_whole_checklist_49() {
 }
 
 #[tokio::test]
-async fn batches_stay_near_the_preferred_size_checklist_50() {
+async fn batches_stay_near_the_preferred_size_compat_50() {
     let t = start(&[]).await;
     let mut rx = Receiver::start().await;
     t.topic("t1").await;
@@ -347,7 +347,7 @@ async fn deleting_a_subscription_stops_its_deliveries() {
 }
 
 #[tokio::test]
-async fn eventgrid_destination_gets_sas_key_and_topic_rewrite_checklist_51() {
+async fn eventgrid_destination_gets_sas_key_and_topic_rewrite_compat_51() {
     let t = start(&[
         ("outbound__eventgrid__allowInvalidHostnames", "true"),
         ("outbound__eventgrid__httpsOnly", "false"),

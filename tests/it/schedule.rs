@@ -1,4 +1,4 @@
-//! Retry schedules on tokio's paused clock (checklist 44–47, 49): no sleeping, no sockets.
+//! Retry schedules on tokio's paused clock (docs/COMPATIBILITY.md behaviours 44–47, 49): no sleeping, no sockets.
 //!
 //! The broker runs with a channel-backed sink: each attempt arrives here with its virtual time,
 //! and the test answers it. Paused time auto-advances to the next timer whenever every task is
@@ -172,7 +172,7 @@ fn metric(text: &str, name: &str, sub: &str) -> u64 {
 }
 
 #[tokio::test(start_paused = true)]
-async fn failure_retries_after_one_minute_then_every_ten_minutes_checklist_44() {
+async fn failure_retries_after_one_minute_then_every_ten_minutes_compat_44() {
     let mut h = Harness::new(&[]);
     h.sub("s", json!({}));
     h.publish(1).await;
@@ -197,7 +197,7 @@ async fn failure_retries_after_one_minute_then_every_ten_minutes_checklist_44() 
 }
 
 #[tokio::test(start_paused = true)]
-async fn max_delivery_attempts_caps_the_attempts_checklist_45() {
+async fn max_delivery_attempts_caps_the_attempts_compat_45() {
     let mut h = Harness::new(&[]);
     h.sub("s", json!({"retryPolicy":{"maxDeliveryAttempts":2}}));
     h.publish(1).await;
@@ -211,7 +211,7 @@ async fn max_delivery_attempts_caps_the_attempts_checklist_45() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn no_attempt_after_the_time_to_live_checklist_46() {
+async fn no_attempt_after_the_time_to_live_compat_46() {
     let mut h = Harness::new(&[]);
     h.sub("s", json!({"retryPolicy":{"eventExpiryInMinutes":1}}));
     h.publish(1).await;
@@ -239,7 +239,7 @@ async fn defaults_attempt_thirteen_times_over_two_hours() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn module_default_max_attempts_applies_checklist_47() {
+async fn module_default_max_attempts_applies_compat_47() {
     let mut h = Harness::new(&[("broker__defaultMaxDeliveryAttempts", "3")]);
     h.sub("s", json!({}));
     h.publish(1).await;
@@ -250,7 +250,7 @@ async fn module_default_max_attempts_applies_checklist_47() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_failed_batch_is_retried_as_a_unit_checklist_49() {
+async fn a_failed_batch_is_retried_as_a_unit_compat_49() {
     let mut h = Harness::new(&[]);
     h.sub("s", json!({"destination":{"endpointType":"WebHook","properties":{"endpointUrl":"https://x","maxEventsPerBatch":3}}}));
     h.publish(3).await;

@@ -1,11 +1,11 @@
-//! Conformance checklist 53–56: listeners, authentication, configuration spelling.
+//! docs/COMPATIBILITY.md behaviours 53–56: listeners, authentication, configuration spelling.
 
 use crate::util::*;
 use gridlet::{Config, Gridlet, Parts};
 use serde_json::json;
 
 #[tokio::test]
-async fn default_config_is_https_only_and_needs_a_client_certificate_checklist_53() {
+async fn default_config_is_https_only_and_needs_a_client_certificate_compat_53() {
     let dir = tempfile::tempdir().unwrap();
     let env = vec![
         ("inbound__httpsPort".to_string(), "0".to_string()),
@@ -56,7 +56,7 @@ async fn default_config_is_https_only_and_needs_a_client_certificate_checklist_5
 }
 
 #[tokio::test]
-async fn sas_keys_checklist_54() {
+async fn sas_keys_compat_54() {
     let t = start(&[
         ("inbound__clientAuth__sasKeys__enabled", "true"),
         ("inbound__clientAuth__sasKeys__key1", "k1"),
@@ -80,7 +80,7 @@ async fn sas_keys_checklist_54() {
 }
 
 #[tokio::test]
-async fn tls_policy_picks_the_listeners_checklist_55() {
+async fn tls_policy_picks_the_listeners_compat_55() {
     for (policy, http, https) in [
         ("disabled", true, false),
         ("enabled", true, true),
@@ -93,7 +93,7 @@ async fn tls_policy_picks_the_listeners_checklist_55() {
 }
 
 #[tokio::test]
-async fn colon_separated_keys_behave_like_double_underscores_checklist_56() {
+async fn colon_separated_keys_behave_like_double_underscores_compat_56() {
     let dir = tempfile::tempdir().unwrap();
     let env: Vec<(String, String)> = [
         ("inbound:serverAuth:tlsPolicy", "Enabled"),
@@ -139,7 +139,7 @@ async fn colon_separated_keys_behave_like_double_underscores_checklist_56() {
 }
 
 #[tokio::test]
-async fn metrics_are_off_by_default_checklist_62() {
+async fn metrics_are_off_by_default_compat_62() {
     let t = start(&[("metrics__reporterType", "none")]).await;
     assert_eq!(t.get("/metrics").await.0, 404);
 }
