@@ -87,7 +87,7 @@ impl DeadLetter {
         match outcome {
             Some(Outcome::Failed { kind, .. }) => (
                 match kind {
-                    FailureKind::Status(s) => Some(*s),
+                    FailureKind::Status(s) | FailureKind::Service { status: s, .. } => Some(*s),
                     _ => None,
                 },
                 Some(kind.to_string()),

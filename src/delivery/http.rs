@@ -84,14 +84,20 @@ impl std::fmt::Display for HttpError {
 
 impl std::error::Error for HttpError {}
 
-/// The head of a response (its body was read and dropped).
+/// The head of a response; its body was read and dropped, except the start of an error body.
 #[derive(Debug)]
 pub struct HttpResponse {
     /// Status.
     pub status: StatusCode,
     /// Headers.
     pub headers: HeaderMap,
+    /// For a status of 300 or more, the first [`ERROR_BODY_BYTES`] of the body (the service's
+    /// error text, for logs and dead letters); empty otherwise.
+    pub error_body: Bytes,
 }
+
+/// How much of an error response's body is kept ([`HttpResponse::error_body`]).
+pub const ERROR_BODY_BYTES: usize = 1024;
 
 /// The shared outbound client: TLS configuration, timeouts and the connection pools. Cheap to
 /// clone.
@@ -361,17 +367,40 @@ impl Endpoint {
     /// # Errors
     /// No response head before the deadline, no connection, or a broken exchange.
     pub async fn post(&self, headers: HeaderMap, body: Bytes) -> Result<HttpResponse, HttpError> {
+        self.send(Method::POST, headers, body).await
+    }
+
+    /// [`Endpoint::post`] with another method (`PUT` of a blob).
+    ///
+    /// # Errors
+    /// As [`Endpoint::post`].
+    pub async fn send(
+        &self,
+        method: Method,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<HttpResponse, HttpError> {
         let deadline = Instant::now() + self.inner.timeout;
-        let req = self.request(headers, body);
+        let req = self.request(method, headers, body);
         let mut head: Option<HttpResponse> = None;
         let exchange = async {
             let (resp, tx) = self.exchange(req).await?;
             let (parts, body) = resp.into_parts();
+            let keep = if parts.status.as_u16() >= 300 {
+                ERROR_BODY_BYTES
+            } else {
+                0
+            };
             head = Some(HttpResponse {
                 status: parts.status,
                 headers: parts.headers,
+                error_body: Bytes::new(),
             });
-            if read_to_end(body).await {
+            let (complete, kept) = read_to_end(body, keep).await;
+            if let Some(h) = head.as_mut() {
+                h.error_body = kept;
+            }
+            if complete {
                 let max_idle = self
                     .inner
                     .max_idle_per_host
@@ -390,7 +419,7 @@ impl Endpoint {
         }
     }
 
-    fn request(&self, mut headers: HeaderMap, body: Bytes) -> Request<Full<Bytes>> {
+    fn request(&self, method: Method, mut headers: HeaderMap, body: Bytes) -> Request<Full<Bytes>> {
         headers.insert(HOST, self.host.clone());
         if !headers.contains_key(USER_AGENT) {
             headers.insert(USER_AGENT, USER_AGENT_VALUE.clone());
@@ -404,7 +433,7 @@ impl Endpoint {
             }
         }
         let mut req = Request::new(Full::new(body));
-        *req.method_mut() = Method::POST;
+        *req.method_mut() = method;
         *req.uri_mut() = self.path.clone();
         *req.headers_mut() = headers;
         req
@@ -481,22 +510,27 @@ where
     Ok(tx)
 }
 
-/// Read and drop a response body; true if it ended within [`MAX_RESPONSE_BYTES`] without an
-/// error (then the connection can be reused).
-async fn read_to_end(mut body: Incoming) -> bool {
+/// Read a response body, keeping its first `keep` bytes; true if it ended within
+/// [`MAX_RESPONSE_BYTES`] without an error (then the connection can be reused).
+async fn read_to_end(mut body: Incoming, keep: usize) -> (bool, Bytes) {
     let mut read = 0usize;
+    let mut kept = Vec::new();
     loop {
         match body.frame().await {
-            None => return true,
+            None => return (true, kept.into()),
             Some(Ok(f)) => {
                 if let Some(d) = f.data_ref() {
                     read += d.len();
+                    if kept.len() < keep {
+                        let n = d.len().min(keep - kept.len());
+                        kept.extend_from_slice(d.get(..n).unwrap_or_default());
+                    }
                     if read > MAX_RESPONSE_BYTES {
-                        return false;
+                        return (false, kept.into());
                     }
                 }
             }
-            Some(Err(_)) => return false,
+            Some(Err(_)) => return (false, kept.into()),
         }
     }
 }

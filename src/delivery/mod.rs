@@ -18,7 +18,9 @@
 //! * [`dispatcher`]: the per-subscription task.
 //! * [`webhook`]: HTTP destinations, over [`http`] (gridlet's own HTTP/1.1 client).
 //! * [`sinks`]: which sink serves which destination.
+//! * [`azure`]: Event Hubs, Service Bus, Storage queue and blob dead-letter sinks.
 
+pub mod azure;
 pub mod deadletter;
 pub mod dispatcher;
 pub mod health;

@@ -10,6 +10,8 @@
 //! | 400, 413 | retried | dead-lettered at once when a dead-letter destination exists, else retried |
 //! | 408, 429, 5xx, other statuses | retried | retried (`Retry-After` honoured on 429/503, capped) |
 //! | timeout, connection error, other | retried | retried |
+//! | Azure service 429/500/503 | retried, `Retry-After` honoured (capped) | the same |
+//! | event too large for the destination | dead-lettered at once | the same |
 //! | delay jitter | none (exact 1-min/10-min queues) | ± `broker__retryJitterPercent` |
 //!
 //! Three named schedules (delay before the next attempt, by attempts made so far):
@@ -195,13 +197,28 @@ pub fn classify(policy: StatusCodePolicy, outcome: &Outcome, dead_letter: bool) 
         Outcome::Delivered => return Verdict::Delivered,
         Outcome::Failed { kind, retry_after } => (kind, *retry_after),
     };
+    match kind {
+        // Never deliverable, whatever the policy.
+        FailureKind::TooLarge(_) => return Verdict::Refuse,
+        // Azure services ask for a delay when throttling or busy: honoured under every policy.
+        FailureKind::Service {
+            status: 429 | 500 | 503,
+            ..
+        } => return Verdict::Retry { retry_after },
+        _ => {}
+    }
     if policy == StatusCodePolicy::Original {
         return Verdict::Retry { retry_after: None };
     }
     match kind {
-        FailureKind::Status(400 | 413) if dead_letter => Verdict::Refuse,
+        FailureKind::Status(400 | 413)
+        | FailureKind::Service {
+            status: 400 | 413, ..
+        } if dead_letter => Verdict::Refuse,
         FailureKind::Status(429 | 503) => Verdict::Retry { retry_after },
         FailureKind::Status(_)
+        | FailureKind::Service { .. }
+        | FailureKind::TooLarge(_)
         | FailureKind::Timeout
         | FailureKind::Connect
         | FailureKind::Unsupported(_)
@@ -238,6 +255,20 @@ mod tests {
 
     fn st(code: u16) -> Outcome {
         Outcome::failed(FailureKind::Status(code))
+    }
+
+    fn svc(status: u16, retry_after: Option<Duration>) -> Outcome {
+        Outcome::Failed {
+            kind: FailureKind::Service {
+                status,
+                message: "AuthorizationFailure".into(),
+            },
+            retry_after,
+        }
+    }
+
+    fn too_large() -> Outcome {
+        Outcome::failed(FailureKind::TooLarge("event e1 is 70000 bytes".into()))
     }
 
     #[test]
@@ -312,6 +343,31 @@ mod tests {
             (Original, with_ra(429), true, retry),
             (Standard, Outcome::failed(FailureKind::Timeout), true, retry),
             (Standard, Outcome::failed(FailureKind::Connect), true, retry),
+            // Azure destinations: the service's Retry-After on 429/500/503 under both
+            // policies; an event too large for the destination is refused under both.
+            (
+                Original,
+                svc(429, ra),
+                false,
+                Verdict::Retry { retry_after: ra },
+            ),
+            (
+                Original,
+                svc(500, ra),
+                true,
+                Verdict::Retry { retry_after: ra },
+            ),
+            (
+                Standard,
+                svc(503, ra),
+                true,
+                Verdict::Retry { retry_after: ra },
+            ),
+            (Original, svc(403, ra), true, retry),
+            (Standard, svc(404, ra), true, retry),
+            (Standard, svc(400, None), true, Verdict::Refuse),
+            (Original, too_large(), false, Verdict::Refuse),
+            (Standard, too_large(), false, Verdict::Refuse),
         ];
         for (p, o, dl, v) in table {
             assert_eq!(classify(p, &o, dl), v, "{p:?} {o:?} dl={dl}");

@@ -52,6 +52,17 @@ pub fn json_array(events: &[Bytes]) -> Bytes {
 pub enum FailureKind {
     /// The endpoint answered with a non-success status.
     Status(u16),
+    /// An Azure service answered with a non-success status and said why (its error text, kept
+    /// for the log and the dead letter; never a secret: services do not echo keys).
+    Service {
+        /// HTTP status.
+        status: u16,
+        /// The service's error text (trimmed, at most a few hundred characters).
+        message: String,
+    },
+    /// The event can never be delivered to this destination (e.g. larger than a Storage queue
+    /// message can hold): refused at once under every status-code policy.
+    TooLarge(String),
     /// No response within the delivery timeout.
     Timeout,
     /// The connection could not be made or broke.
@@ -66,6 +77,9 @@ impl std::fmt::Display for FailureKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Status(s) => write!(f, "HTTP {s}"),
+            Self::Service { status, message } if message.is_empty() => write!(f, "HTTP {status}"),
+            Self::Service { status, message } => write!(f, "HTTP {status}: {message}"),
+            Self::TooLarge(m) => write!(f, "too large: {m}"),
             Self::Timeout => write!(f, "timeout"),
             Self::Connect => write!(f, "connection failed"),
             Self::Unsupported(m) => write!(f, "unsupported: {m}"),

@@ -5,7 +5,9 @@
 //! * [`event`]: publish-request parsing and validation for the three schemas.
 //! * [`json`]: case-insensitive reading of management bodies.
 //! * [`names`]: name rules.
+//! * [`azure`]: Azure connection strings and storage resource names.
 
+pub mod azure;
 pub mod delivery_options;
 pub mod event;
 pub mod json;

@@ -1,0 +1,112 @@
+//! Azure destinations over their documented HTTPS REST interfaces: Event Hubs, Service Bus
+//! queues and topics ([`messaging`]), Storage queues and blob dead letters ([`storage`]).
+//!
+//! They are ordinary [`super::sink::Sink`]s: the dispatcher batches, budgets, retries,
+//! dead-letters and measures them exactly as it does webhooks. Each sink only sends and reports
+//! one [`Outcome`] per delivery batch, mapped from the service's answer by [`outcome`]:
+//!
+//! | answer | outcome |
+//! |---|---|
+//! | 200–204 (201 is the services' success) | delivered |
+//! | 401, 403, 404 | failed with the service's error text (a configuration fault: logged at warn, kept in the dead letter, counted by endpoint health) |
+//! | 413 | the sink splits the batch and sends the halves; a single event is [`FailureKind::TooLarge`] (dead-lettered at once) |
+//! | 429, 500, 503 | failed, `Retry-After` honoured ([`super::policy::classify`]) |
+//! | other statuses | failed with the error text |
+//! | timeout, connection error | failed, retried |
+//!
+//! A batch that needs several requests (split by size, or one Put Message per event) is
+//! delivered when every request succeeded; otherwise it is retried whole, so events a service
+//! already accepted may arrive again (at-least-once, as with webhooks).
+
+pub mod messaging;
+pub mod sas;
+pub mod sharedkey;
+pub mod storage;
+
+use super::http::{HttpError, HttpResponse};
+use super::sink::{FailureKind, Outcome};
+use super::webhook::parse_retry_after;
+use std::time::SystemTime;
+
+/// Longest service error text kept (characters).
+const MAX_ERROR_TEXT: usize = 300;
+
+/// Wall time, Unix seconds (token expiry, `x-ms-date`).
+pub fn wall_now() -> SystemTime {
+    // Tokens and Shared Key dates are wall-clock by definition.
+    #[allow(clippy::disallowed_methods)]
+    SystemTime::now()
+}
+
+/// Unix seconds of [`wall_now`].
+pub fn unix_now() -> u64 {
+    wall_now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The outcome of one request to an Azure service. `what` names the destination in the log.
+pub fn outcome(r: Result<HttpResponse, HttpError>, what: &str) -> Outcome {
+    match r {
+        Ok(resp) => {
+            let status = resp.status.as_u16();
+            if (200..=204).contains(&status) {
+                return Outcome::Delivered;
+            }
+            let message = error_text(&resp.error_body);
+            if matches!(status, 401 | 403 | 404) {
+                tracing::warn!(destination = what, status, error = %message, "Azure destination refused the request: check the connection string and the entity");
+            }
+            Outcome::Failed {
+                kind: FailureKind::Service { status, message },
+                retry_after: parse_retry_after(&resp.headers, wall_now()),
+            }
+        }
+        Err(HttpError::Timeout) => Outcome::failed(FailureKind::Timeout),
+        Err(HttpError::Connect(_)) => Outcome::failed(FailureKind::Connect),
+        Err(HttpError::Other(m)) => Outcome::failed(FailureKind::Other(m)),
+    }
+}
+
+/// The readable part of an error body: Azure answers XML (`<Error><Code>…</Code><Message>…`
+/// for Storage, `<Error><Code>401</Code><Detail>…` for Service Bus); the tags' text is joined
+/// and cut to [`MAX_ERROR_TEXT`] characters.
+pub fn error_text(body: &[u8]) -> String {
+    let s = String::from_utf8_lossy(body);
+    let mut out = String::new();
+    let mut in_tag = false;
+    for c in s.chars() {
+        match c {
+            '<' => {
+                in_tag = true;
+                if !out.ends_with(' ') && !out.is_empty() {
+                    out.push(' ');
+                }
+            }
+            '>' => in_tag = false,
+            c if !in_tag => out.push(if c.is_whitespace() { ' ' } else { c }),
+            _ => {}
+        }
+    }
+    let mut t: String = out.split_whitespace().collect::<Vec<_>>().join(" ");
+    if let Some((i, _)) = t.char_indices().nth(MAX_ERROR_TEXT) {
+        t.truncate(i);
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_text_keeps_the_words_of_an_xml_error() {
+        let b = b"<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>AuthenticationFailed</Code><Message>Server failed to authenticate the request.\nRequestId:1</Message></Error>";
+        assert_eq!(
+            error_text(b),
+            "AuthenticationFailed Server failed to authenticate the request. RequestId:1"
+        );
+        assert_eq!(error_text(b"plain words"), "plain words");
+        assert_eq!(error_text(&[b'x'; 5000]).len(), MAX_ERROR_TEXT);
+    }
+}

@@ -1,0 +1,319 @@
+//! Azure Storage: queue messages ([`StorageQueueSink`]) and dead letters as blobs
+//! ([`BlobDeadLetterSink`]), authorised with Shared Key ([`super::sharedkey`]).
+//!
+//! * **Put Message**: `POST {queueEndpoint}/{queue}/messages` with
+//!   `<QueueMessage><MessageText>…</MessageText></QueueMessage>`; one message per event (a
+//!   message holds at most [`MAX_MESSAGE_BYTES`] of text, so events are never packed together).
+//!   The text is the event's JSON, base64-encoded by default (what Azure Functions' queue
+//!   trigger and the SDKs' base64 policy read) or XML-escaped plain text. An event whose text
+//!   would exceed the limit is [`FailureKind::TooLarge`] (dead-lettered at once) and nothing of
+//!   its batch is sent. A batch's messages go out at most [`PARALLEL_PUTS`] at a time.
+//! * **Put Blob**: `PUT {blobEndpoint}/{container}/{topic}/{subscription}/{time}-{batch}-{n}-{eventId}.json`
+//!   (`x-ms-blob-type: BlockBlob`, `application/json`) with the dead letter's JSON (event,
+//!   reason, last status and error, attempts, times). Names start with the dead-letter time in
+//!   fixed width (`20261124T120000123Z`), so a listing sorts by time. The container must exist
+//!   (as with Event Grid in the cloud).
+
+use super::sharedkey::{SharedKey, Signed, VERSION};
+use crate::delivery::http::{Endpoint, HttpClient, HttpError};
+use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
+use crate::model::azure::StorageConn;
+use base64::Engine as _;
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use hyper::Method;
+
+/// Largest message text Azure Storage queues accept (64 KiB).
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// Put Message requests of one batch in flight at once.
+pub const PARALLEL_PUTS: usize = 16;
+
+static X_MS_DATE: HeaderName = HeaderName::from_static("x-ms-date");
+static X_MS_VERSION: HeaderName = HeaderName::from_static("x-ms-version");
+static X_MS_BLOB_TYPE: HeaderName = HeaderName::from_static("x-ms-blob-type");
+const XML: &str = "application/xml";
+const JSON: &str = "application/json";
+
+/// How an event becomes a queue message's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageEncoding {
+    /// base64 of the event's JSON (the default).
+    Base64,
+    /// The event's JSON, XML-escaped.
+    Text,
+}
+
+impl MessageEncoding {
+    /// Parse a `messageEncoding` value (case-insensitive).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "base64" => Some(Self::Base64),
+            "text" => Some(Self::Text),
+            _ => None,
+        }
+    }
+
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Base64 => "base64",
+            Self::Text => "text",
+        }
+    }
+
+    /// The message text of `event`.
+    pub fn text(self, event: &[u8]) -> String {
+        match self {
+            Self::Base64 => base64::engine::general_purpose::STANDARD.encode(event),
+            Self::Text => xml_escape(&String::from_utf8_lossy(event)),
+        }
+    }
+}
+
+fn xml_escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        match c {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+/// A signed storage request's fixed parts.
+struct Signer {
+    key: Option<SharedKey>,
+}
+
+impl Signer {
+    /// Headers for `method` on `url_path` with a body of `len` bytes of `content_type`.
+    fn headers(
+        &self,
+        method: &str,
+        url_path: &str,
+        len: usize,
+        content_type: &'static str,
+        blob: bool,
+    ) -> HeaderMap {
+        let date = httpdate::fmt_http_date(super::wall_now());
+        let mut ms: Vec<(&str, &str)> = vec![("x-ms-date", &date), ("x-ms-version", VERSION)];
+        if blob {
+            ms.push(("x-ms-blob-type", "BlockBlob"));
+        }
+        let mut h = HeaderMap::with_capacity(6);
+        h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        if let Ok(v) = HeaderValue::from_str(&date) {
+            h.insert(X_MS_DATE.clone(), v);
+        }
+        h.insert(X_MS_VERSION.clone(), HeaderValue::from_static(VERSION));
+        if blob {
+            h.insert(
+                X_MS_BLOB_TYPE.clone(),
+                HeaderValue::from_static("BlockBlob"),
+            );
+        }
+        if let Some(k) = &self.key {
+            let signed = Signed {
+                method,
+                path: url_path,
+                query: &[],
+                content_length: len,
+                content_type,
+                ms_headers: &ms,
+            };
+            if let Some(a) = k.authorization(&signed) {
+                h.insert(AUTHORIZATION, a);
+            }
+        }
+        h
+    }
+}
+
+fn url_path(url: &str) -> String {
+    url::Url::parse(url).map_or_else(|_| "/".into(), |u| u.path().to_string())
+}
+
+/// One Storage queue.
+pub struct StorageQueueSink {
+    endpoint: Result<Endpoint, HttpError>,
+    path: String,
+    signer: Signer,
+    encoding: MessageEncoding,
+    what: String,
+}
+
+impl StorageQueueSink {
+    /// A sink putting messages into `queue` of `conn`'s account.
+    pub fn new(
+        client: &HttpClient,
+        conn: &StorageConn,
+        queue: &str,
+        encoding: MessageEncoding,
+    ) -> Self {
+        let url = format!("{}/{queue}/messages", conn.queue_endpoint);
+        Self {
+            endpoint: client.endpoint(&url),
+            path: url_path(&url),
+            signer: Signer {
+                key: SharedKey::new(&conn.account, &conn.key),
+            },
+            encoding,
+            what: format!("StorageQueue {queue}"),
+        }
+    }
+
+    async fn put(&self, endpoint: &Endpoint, text: &str) -> Outcome {
+        let body = Bytes::from(format!(
+            "<QueueMessage><MessageText>{text}</MessageText></QueueMessage>"
+        ));
+        let h = self
+            .signer
+            .headers("POST", &self.path, body.len(), XML, false);
+        super::outcome(endpoint.send(Method::POST, h, body).await, &self.what)
+    }
+}
+
+impl Sink for StorageQueueSink {
+    fn send<'a>(&'a self, req: &'a DeliveryRequest) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            let endpoint = match &self.endpoint {
+                Ok(e) => e,
+                Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
+            };
+            let texts: Vec<String> = req.events.iter().map(|e| self.encoding.text(e)).collect();
+            if let Some((i, t)) = texts
+                .iter()
+                .enumerate()
+                .find(|(_, t)| t.len() > MAX_MESSAGE_BYTES)
+            {
+                return Outcome::failed(FailureKind::TooLarge(format!(
+                    "event {} of the batch is {} bytes as {} message text; a Storage queue message holds at most {MAX_MESSAGE_BYTES}",
+                    i + 1,
+                    t.len(),
+                    self.encoding.as_str()
+                )));
+            }
+            for chunk in texts.chunks(PARALLEL_PUTS) {
+                let puts = chunk.iter().map(|t| self.put(endpoint, t));
+                let results = futures_util::future::join_all(puts).await;
+                if let Some(failed) = results.into_iter().find(|o| *o != Outcome::Delivered) {
+                    return failed;
+                }
+            }
+            Outcome::Delivered
+        })
+    }
+}
+
+/// Dead letters as blobs in one container.
+pub struct BlobDeadLetterSink {
+    client: HttpClient,
+    /// `{blobEndpoint}/{container}`.
+    base: String,
+    signer: Signer,
+    what: String,
+}
+
+impl BlobDeadLetterSink {
+    /// A sink writing into `container` of `conn`'s account.
+    pub fn new(client: &HttpClient, conn: &StorageConn, container: &str) -> Self {
+        Self {
+            client: client.clone(),
+            base: format!("{}/{container}", conn.blob_endpoint),
+            signer: Signer {
+                key: SharedKey::new(&conn.account, &conn.key),
+            },
+            what: format!("StorageBlob {container}"),
+        }
+    }
+}
+
+/// `{topic}/{subscription}/{time}-{batch}-{n}-{eventId}.json` for a dead letter's JSON, each
+/// segment URL-encoded.
+pub fn blob_name(topic: &str, subscription: &str, batch: u64, n: usize, letter: &[u8]) -> String {
+    let v: serde_json::Value = serde_json::from_slice(letter).unwrap_or_default();
+    let time: String = v
+        .get("deadLetteredTime")
+        .and_then(|t| t.as_str())
+        .unwrap_or("")
+        .chars()
+        .filter(|c| c.is_ascii_digit())
+        .collect();
+    // YYYYMMDDHHMMSSmmm → YYYYMMDDTHHMMSSmmmZ.
+    let time = match (time.get(..8), time.get(8..)) {
+        (Some(d), Some(t)) if time.len() == 17 => format!("{d}T{t}Z"),
+        _ => "00000000T000000000Z".to_string(),
+    };
+    let id = v.get("eventId").and_then(|t| t.as_str()).unwrap_or("");
+    format!(
+        "{}/{}/{time}-{batch:020}-{n:04}-{}.json",
+        super::sas::encode(topic),
+        super::sas::encode(subscription),
+        super::sas::encode(id)
+    )
+}
+
+impl Sink for BlobDeadLetterSink {
+    fn send<'a>(&'a self, req: &'a DeliveryRequest) -> BoxFuture<'a, Outcome> {
+        Box::pin(async move {
+            for (n, letter) in req.events.iter().enumerate() {
+                let name = blob_name(&req.topic, &req.subscription, req.batch_id, n, letter);
+                let url = format!("{}/{name}", self.base);
+                let endpoint = match self.client.endpoint(&url) {
+                    Ok(e) => e,
+                    Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
+                };
+                let h = self
+                    .signer
+                    .headers("PUT", &url_path(&url), letter.len(), JSON, true);
+                let o = super::outcome(
+                    endpoint.send(Method::PUT, h, letter.clone()).await,
+                    &self.what,
+                );
+                if o != Outcome::Delivered {
+                    return o;
+                }
+            }
+            Outcome::Delivered
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_text_is_base64_or_escaped_text() {
+        assert_eq!(MessageEncoding::Base64.text(b"{\"a\":1}"), "eyJhIjoxfQ==");
+        assert_eq!(
+            MessageEncoding::Text.text(b"{\"a\":\"<&>\"}"),
+            "{\"a\":\"&lt;&amp;&gt;\"}"
+        );
+        assert_eq!(
+            MessageEncoding::parse("BASE64"),
+            Some(MessageEncoding::Base64)
+        );
+        assert_eq!(MessageEncoding::parse("xml"), None);
+    }
+
+    #[test]
+    fn blob_names_sort_by_dead_letter_time() {
+        let l = |t: &str, id: &str| {
+            serde_json::json!({"deadLetteredTime": t, "eventId": id})
+                .to_string()
+                .into_bytes()
+        };
+        let a = blob_name("t", "s", 7, 0, &l("2026-11-24T09:59:59.999Z", "e/1"));
+        let b = blob_name("t", "s", 3, 0, &l("2026-11-24T10:00:00.000Z", "e2"));
+        assert_eq!(
+            a,
+            "t/s/20261124T095959999Z-00000000000000000007-0000-e%2F1.json"
+        );
+        assert!(a < b);
+    }
+}
