@@ -39,12 +39,15 @@ if [ "${1:-}" = "--symbols" ]; then
   target=target/deny-symbols
   CARGO_TARGET_DIR=$target RUSTFLAGS="-C symbol-mangling-version=v0" CARGO_PROFILE_RELEASE_STRIP=false \
     cargo build --release --locked --quiet --bin gridlet
-  # v0 symbols carry the crate's disambiguator: `Cs<hash>_13rustls_webpki`. Map each to a version
-  # through the rlib that defines it.
-  for rlib in "$target"/release/deps/librustls_webpki-*.rlib; do
-    version=$(strings "$rlib" | grep -o 'rustls-webpki-0\.[0-9]*\.[0-9]*' | head -1)
-    disamb=$(nm "$rlib" 2>/dev/null | grep -o 'Cs[0-9A-Za-z_]*_13rustls_webpki' | sort | uniq -c | sort -rn | head -1 | awk '{print $2}')
-    linked=$(nm "$target/release/gridlet" | grep -c "$disamb" || true)
-    echo "$version: $linked functions linked"
+  # v0 symbols carry the crate instance's disambiguator (`Cs<hash>_6webpki`, rustls-webpki's lib
+  # name is `webpki`); the dep-info file next to each rlib says which version it was built from.
+  for dep in "$target"/release/deps/webpki-*.d; do
+    version=$(head -1 "$dep" | grep -o 'rustls-webpki-0\.[0-9]*\.[0-9]*' | head -1)
+    rlib="$target/release/deps/lib$(basename "${dep%.d}").rlib"
+    disamb=$(nm "$rlib" 2>/dev/null | grep -oE 'Cs[0-9A-Za-z_]+_6webpki' | sort | uniq -c | sort -rn | head -1 | awk '{print $2}')
+    echo "-- $version: symbols of this crate instance in target/deny-symbols/release/gridlet"
+    syms=$(nm "$target/release/gridlet" | awk '{print $NF}' | grep -F "$disamb" | c++filt)
+    echo "   $(printf "%s\n" "$syms" | grep -c .) functions, e.g.:"
+    printf "%s\n" "$syms" | head -4 | cut -c1-160 | sed "s/^/   /"
   done
 fi

@@ -1,6 +1,6 @@
 //! Subscription filters, compiled once when the subscription is created and evaluated per event.
 //!
-//! Semantics (contract §3.2):
+//! Semantics (docs/COMPATIBILITY.md §3.2):
 //! * `subjectBeginsWith` / `subjectEndsWith`: plain prefix/suffix; case-insensitive unless
 //!   `isSubjectCaseSensitive`.
 //! * `includedEventTypes`: the event type must be one of them (case-insensitive); absent, empty or

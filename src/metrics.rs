@@ -56,7 +56,7 @@ impl Histogram {
     }
 }
 
-/// Per-topic metrics (contract §8).
+/// Per-topic metrics (docs/COMPATIBILITY.md §8).
 #[derive(Debug, Default)]
 pub struct TopicMetrics {
     /// Events accepted by publish requests.
@@ -73,7 +73,7 @@ pub struct TopicMetrics {
     pub success_request_latency_ms: Histogram,
 }
 
-/// Per-subscription metrics (contract §8, plus gridlet's drop accounting).
+/// Per-subscription metrics (docs/COMPATIBILITY.md §8, plus gridlet's drop accounting).
 #[derive(Debug, Default)]
 pub struct SubscriptionMetrics {
     /// Events delivered.

@@ -1,4 +1,4 @@
-//! Authentication: the one place it is decided (contract §5).
+//! Authentication: the one place it is decided (docs/COMPATIBILITY.md §5.1).
 //!
 //! Order: the `aeg-sas-key` header is checked first (when SAS keys are enabled), then the TLS
 //! client certificate (when certificate auth is enabled); either suffices. With both disabled

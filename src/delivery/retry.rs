@@ -1,5 +1,5 @@
 //! What happens after an attempt: a pure function of the policy, the attempt count, the event's
-//! age and the outcome. Every rule of the contract's §4 is a table-driven test below.
+//! age and the outcome. Every rule of docs/COMPATIBILITY.md §4 (schedule §4.2, limits §4.3) is a table-driven test below.
 //!
 //! The original's schedule: attempt 1 immediately; on failure into the **1-minute queue**
 //! (attempt 2 one minute later); then the **10-minute queue** (every ten minutes) until success,

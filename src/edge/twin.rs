@@ -1,4 +1,4 @@
-//! Module twin management (contract §3.6): topics and subscriptions from desired properties,
+//! Module twin management (docs/COMPATIBILITY.md §3.6): topics and subscriptions from desired properties,
 //! the broker's state and errors as reported properties, over the edgeHub connection.
 //!
 //! * On every new MQTT session the full twin is requested (`$iothub/twin/GET/?$rid=`), answered

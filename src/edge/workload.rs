@@ -1,6 +1,6 @@
 //! Client for the IoT Edge workload API (edgelet), HTTP/1.1 over the module's Unix socket.
 //!
-//! Routes (contract §5, `dependencies.md` §1.3), all with `?api-version=`:
+//! Routes (docs/COMPATIBILITY.md §7), all with `?api-version=`:
 //! * `GET  /trust-bundle` → `{"certificate": "<PEM certs>"}`
 //! * `POST /modules/{mod}/genid/{gen}/certificate/server` `{"commonName","expiration"}` →
 //!   `201 {"certificate","privateKey":{"type":"key","bytes"},"expiration"}`

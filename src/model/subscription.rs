@@ -67,7 +67,7 @@ impl Batching {
     }
 
     /// Effective caps `(events, bytes)`: batching off is one event per request; with only one knob
-    /// set the other comes from the module defaults (contract §4.4).
+    /// set the other comes from the module defaults (docs/COMPATIBILITY.md §4.4).
     pub fn caps(&self, cfg: &Config) -> (usize, usize) {
         if !self.is_on() {
             return (1, usize::MAX);
@@ -395,7 +395,7 @@ impl Subscription {
     /// Parse a subscription PUT body for `topic`, named `url_name` in the URL.
     ///
     /// # Errors
-    /// 400 with a detailed code for every rule of the contract (§1.6, §3).
+    /// 400 with a detailed code for every rule of docs/COMPATIBILITY.md §3.
     pub fn from_put(
         topic: &Topic,
         url_name: &str,
