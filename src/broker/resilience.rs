@@ -27,12 +27,15 @@ impl Broker {
         if !ctx.health_cfg.enabled {
             return None;
         }
-        let url = sub.destination.url()?;
-        Some(ctx.health.get(url, ctx.clock.now_ms()))
+        let key = sub.destination.health_key()?;
+        Some(ctx.health.get(&key, ctx.clock.now_ms()))
     }
 
     /// The sink posting to `sub`'s dead-letter webhook, through the same sink factory.
     pub(super) fn dead_letter_sink_for(&self, sub: &Subscription) -> Option<Arc<dyn Sink>> {
+        if sub.delivery.dead_letter_blob.is_some() {
+            return self.inner.sinks.dead_letter_blob(sub);
+        }
         let url = sub.delivery.dead_letter_url.as_ref()?;
         let mut dl = sub.clone();
         dl.destination = Destination::WebHook {

@@ -296,6 +296,35 @@ impl StorageConn {
     }
 }
 
+/// How an event becomes a queue message's text.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MessageEncoding {
+    /// base64 of the event's JSON (the default).
+    #[default]
+    Base64,
+    /// The event's JSON, XML-escaped.
+    Text,
+}
+
+impl MessageEncoding {
+    /// Parse a `messageEncoding` value (case-insensitive).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "base64" => Some(Self::Base64),
+            "text" => Some(Self::Text),
+            _ => None,
+        }
+    }
+
+    /// Wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Base64 => "base64",
+            Self::Text => "text",
+        }
+    }
+}
+
 /// Storage queue naming rules: 3–63 characters, lowercase letters, digits and single hyphens,
 /// beginning and ending with a letter or digit.
 ///

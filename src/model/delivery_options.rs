@@ -7,10 +7,13 @@
 //!   cloud shape `[{"name": "X-Tenant", "type": "Static", "properties": {"value": "a",
 //!   "isSecret": false}}]`.
 //! * `properties.deadLetterDestination`: `{"endpointType": "WebHook", "properties":
-//!   {"endpointUrl": "…"}}`; dead letters are kept locally and also posted there.
+//!   {"endpointUrl": "…"}}`, or `{"endpointType": "StorageBlob", "properties":
+//!   {"connectionString": "…", "blobContainerName": "…"}}` (Event Grid cloud's shape); dead
+//!   letters are kept locally and also posted / written there.
 //!
 //! Secrets never show in `Debug` output or logs.
 
+use super::azure;
 use super::json::Obj;
 use crate::delivery::signing;
 use crate::error::ApiError;
@@ -48,6 +51,25 @@ pub struct DeliveryOptions {
     pub headers: Vec<StaticHeader>,
     /// Dead-letter webhook URL.
     pub dead_letter_url: Option<String>,
+    /// Dead-letter blob container.
+    pub dead_letter_blob: Option<BlobContainer>,
+}
+
+/// A blob container dead letters are written to.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BlobContainer {
+    /// Storage account connection string (secret).
+    pub connection_string: String,
+    /// Container name (naming rules checked).
+    pub container: String,
+}
+
+impl std::fmt::Debug for BlobContainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlobContainer")
+            .field("container", &self.container)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for DeliveryOptions {
@@ -56,6 +78,7 @@ impl std::fmt::Debug for DeliveryOptions {
             .field("signing_secrets", &self.signing_secrets.len())
             .field("headers", &self.headers)
             .field("dead_letter_url", &self.dead_letter_url)
+            .field("dead_letter_blob", &self.dead_letter_blob)
             .finish()
     }
 }
@@ -140,10 +163,14 @@ impl DeliveryOptions {
         }
         if let Some(dl) = props.obj("deadletterdestination", "properties.deadLetterDestination")? {
             let t = dl.req_str("endpointtype", "endpointType")?;
+            if t.eq_ignore_ascii_case("storageblob") {
+                o.dead_letter_blob = Some(parse_blob(&dl)?);
+                return Ok(o);
+            }
             if !t.eq_ignore_ascii_case("webhook") {
                 return Err(bad(
                     "InvalidDeadLetterDestination",
-                    "properties.deadLetterDestination.endpointType must be WebHook (dead letters are always kept locally too)",
+                    "properties.deadLetterDestination.endpointType must be WebHook or StorageBlob (dead letters are always kept locally too)",
                 ));
             }
             let url = dl
@@ -189,6 +216,13 @@ impl DeliveryOptions {
                 .collect();
             dest_props.insert("deliveryAttributeMappings".into(), Value::Array(m));
         }
+        if let Some(b) = &self.dead_letter_blob {
+            props.insert(
+                "deadLetterDestination".into(),
+                json!({"endpointType": "StorageBlob", "properties": {
+                    "connectionString": b.connection_string, "blobContainerName": b.container}}),
+            );
+        }
         if let Some(u) = &self.dead_letter_url {
             props.insert(
                 "deadLetterDestination".into(),
@@ -196,6 +230,32 @@ impl DeliveryOptions {
             );
         }
     }
+}
+
+fn parse_blob(dl: &Obj<'_>) -> Result<BlobContainer, ApiError> {
+    let err = |m: String| bad("InvalidDeadLetterDestination", m);
+    let p = dl
+        .obj("properties", "properties.deadLetterDestination.properties")?
+        .ok_or_else(|| err("properties.deadLetterDestination.properties is required".into()))?;
+    let field = |key: &str, name: &str| -> Result<String, ApiError> {
+        p.str(key)?
+            .filter(|s| !s.trim().is_empty())
+            .map(str::to_string)
+            .ok_or_else(|| {
+                err(format!(
+                    "properties.deadLetterDestination.properties.{name} is required"
+                ))
+            })
+    };
+    let container = field("blobcontainername", "blobContainerName")?;
+    azure::check_container_name(&container).map_err(|e| err(e.to_string()))?;
+    let connection_string = field("connectionstring", "connectionString")?;
+    azure::StorageConn::parse(&connection_string)
+        .map_err(|e| err(format!("deadLetterDestination connectionString: {e}")))?;
+    Ok(BlobContainer {
+        connection_string,
+        container,
+    })
 }
 
 fn parse_header(item: &Value) -> Result<StaticHeader, ApiError> {

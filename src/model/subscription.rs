@@ -4,6 +4,7 @@
 //! (which keeps [`Subscription::to_record`]) all go through it, so a stored subscription is
 //! re-validated exactly like a new one.
 
+use super::azure::{check_queue_name, MessageEncoding, MessagingConn, StorageConn};
 use super::delivery_options::DeliveryOptions;
 use super::json::{loose_bool, lower_keys, Obj};
 use super::names;
@@ -119,27 +120,29 @@ pub enum Destination {
         /// Rewrites every EventGridSchema event's `topic`; `None` nulls it.
         topic_name: Option<String>,
     },
-    /// Azure Event Hubs (accepted for compatibility; delivery needs the cloud).
+    /// Azure Event Hubs (batch send over REST).
     EventHub {
         /// Entity-level connection string (secret).
         connection_string: String,
     },
-    /// Azure Service Bus queue (accepted for compatibility).
+    /// Azure Service Bus queue.
     ServiceBusQueue {
         /// Entity-level connection string (secret).
         connection_string: String,
     },
-    /// Azure Service Bus topic (accepted for compatibility).
+    /// Azure Service Bus topic.
     ServiceBusTopic {
         /// Entity-level connection string (secret).
         connection_string: String,
     },
-    /// Azure Storage queue (accepted for compatibility).
+    /// Azure Storage queue (one Put Message per event).
     StorageQueue {
-        /// Queue name.
+        /// Queue name (Storage naming rules, checked).
         queue_name: String,
         /// Account-level connection string (secret).
         connection_string: String,
+        /// `messageEncoding`; `None` = not supplied (base64).
+        message_encoding: Option<MessageEncoding>,
     },
 }
 
@@ -154,6 +157,28 @@ impl Destination {
             Self::ServiceBusQueue { .. } => "ServiceBusQueue",
             Self::ServiceBusTopic { .. } => "ServiceBusTopic",
             Self::StorageQueue { .. } => "StorageQueue",
+        }
+    }
+
+    /// What endpoint health is tracked by: the URL for HTTP destinations, the entity's URL (no
+    /// credentials) for Azure ones; `None` for EdgeHub.
+    pub fn health_key(&self) -> Option<String> {
+        match self {
+            Self::EventHub { connection_string }
+            | Self::ServiceBusQueue { connection_string }
+            | Self::ServiceBusTopic { connection_string } => {
+                MessagingConn::parse(connection_string)
+                    .ok()
+                    .map(|c| c.resource_uri())
+            }
+            Self::StorageQueue {
+                queue_name,
+                connection_string,
+                ..
+            } => StorageConn::parse(connection_string)
+                .ok()
+                .map(|c| format!("{}/{queue_name}", c.queue_endpoint)),
+            _ => self.url().map(str::to_string),
         }
     }
 
@@ -277,16 +302,19 @@ fn parse_destination(
         }
         None => None,
     };
+    // Connection strings are parsed here so a bad one is a 400 naming the part, never a
+    // delivery-time surprise.
     let conn = |key: &str, display: &str, entity: bool| -> Result<String, ApiError> {
         let cs = props
             .str(key)?
             .filter(|s| !s.trim().is_empty())
             .ok_or_else(|| invalid_destination(format!("{display} is required")))?;
-        if entity && !cs.to_ascii_lowercase().contains("entitypath=") {
-            return Err(invalid_destination(format!(
-                "{display} must be entity-specific (contain EntityPath)"
-            )));
-        }
+        let checked = if entity {
+            MessagingConn::parse(cs).map(|_| ())
+        } else {
+            StorageConn::parse(cs).map(|_| ())
+        };
+        checked.map_err(|e| invalid_destination(format!("{display}: {e}")))?;
         Ok(cs.to_string())
     };
     let d = match endpoint_type.to_ascii_lowercase().as_str() {
@@ -358,14 +386,24 @@ fn parse_destination(
         "servicebustopic" => Destination::ServiceBusTopic {
             connection_string: conn("connectionstring", "connectionString", true)?,
         },
-        "storagequeue" => Destination::StorageQueue {
-            queue_name: props
+        "storagequeue" => {
+            let queue_name = props
                 .str("queuename")?
                 .filter(|s| !s.trim().is_empty())
-                .ok_or_else(|| invalid_destination("queueName is required for StorageQueue destinations"))?
-                .to_string(),
-            connection_string: conn("connectionstring", "connectionString", false)?,
-        },
+                .ok_or_else(|| invalid_destination("queueName is required for StorageQueue destinations"))?;
+            check_queue_name(queue_name).map_err(|e| invalid_destination(e.to_string()))?;
+            let message_encoding = match props.str("messageencoding")? {
+                None => None,
+                Some(v) => Some(MessageEncoding::parse(v).ok_or_else(|| {
+                    invalid_destination("messageEncoding must be base64 or text")
+                })?),
+            };
+            Destination::StorageQueue {
+                queue_name: queue_name.to_string(),
+                connection_string: conn("connectionstring", "connectionString", false)?,
+                message_encoding,
+            }
+        }
         other => {
             return Err(invalid_destination(format!(
                 "endpointType '{other}' is not supported; use WebHook, EdgeHub, EventGrid, EventHub, ServiceBusQueue, ServiceBusTopic or StorageQueue"
@@ -534,7 +572,9 @@ impl Subscription {
                 StatusCodePolicy::Standard => r.jitter_percent,
             },
             retry_after_cap: r.retry_after_cap,
-            dead_letter: r.dead_letter_capacity > 0 || self.delivery.dead_letter_url.is_some(),
+            dead_letter: r.dead_letter_capacity > 0
+                || self.delivery.dead_letter_url.is_some()
+                || self.delivery.dead_letter_blob.is_some(),
             max_attempts: rp
                 .max_delivery_attempts
                 .unwrap_or(cfg.broker.default_max_delivery_attempts),
@@ -572,9 +612,13 @@ impl Subscription {
             Destination::StorageQueue {
                 queue_name,
                 connection_string,
+                message_encoding,
             } => {
                 dest_props.insert("queueName".into(), json!(queue_name));
                 dest_props.insert("connectionString".into(), json!(connection_string));
+                if let Some(e) = message_encoding {
+                    dest_props.insert("messageEncoding".into(), json!(e.as_str()));
+                }
             }
         }
         self.batching.echo(&mut dest_props);

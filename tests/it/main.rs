@@ -1,6 +1,7 @@
 //! Black-box tests: a real gridlet over HTTP, real webhook receivers, real protocol peers.
 
 mod api;
+mod azure;
 mod bench_smoke;
 mod crash;
 mod delivery;

@@ -309,6 +309,19 @@ pub fn metric(text: &str, name: &str, labels: &str) -> Option<u64> {
 
 /// A real HTTPS webhook receiver with a self-signed certificate for `localhost`/`127.0.0.1`.
 pub async fn https_receiver() -> Receiver {
+    let (app, rx, status, count) = recording_app();
+    let (port, task) = serve_https(app).await;
+    Receiver {
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        rx,
+        status,
+        count,
+        _task: task,
+    }
+}
+
+/// Serve `app` over HTTPS (self-signed for `localhost`/`127.0.0.1`) on a free 127.0.0.1 port.
+pub async fn serve_https(app: Router) -> (u16, tokio::task::JoinHandle<()>) {
     use hyper_util::rt::TokioIo;
     gridlet::tls::install_default_provider();
     let ck =
@@ -322,7 +335,6 @@ pub async fn https_receiver() -> Receiver {
     let store = gridlet::tls::CertStore::new(key);
     let cfg = gridlet::tls::server_config(store, gridlet::tls::ClientCerts::AnyCa).unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
-    let (app, rx, status, count) = recording_app();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
@@ -343,13 +355,7 @@ pub async fn https_receiver() -> Receiver {
             });
         }
     });
-    Receiver {
-        addr,
-        rx,
-        status,
-        count,
-        _task: task,
-    }
+    (addr.port(), task)
 }
 
 impl Receiver {

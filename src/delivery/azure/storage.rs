@@ -17,7 +17,7 @@
 use super::sharedkey::{SharedKey, Signed, VERSION};
 use crate::delivery::http::{Endpoint, HttpClient, HttpError};
 use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
-use crate::model::azure::StorageConn;
+use crate::model::azure::{MessageEncoding, StorageConn};
 use base64::Engine as _;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -35,39 +35,11 @@ static X_MS_BLOB_TYPE: HeaderName = HeaderName::from_static("x-ms-blob-type");
 const XML: &str = "application/xml";
 const JSON: &str = "application/json";
 
-/// How an event becomes a queue message's text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MessageEncoding {
-    /// base64 of the event's JSON (the default).
-    Base64,
-    /// The event's JSON, XML-escaped.
-    Text,
-}
-
-impl MessageEncoding {
-    /// Parse a `messageEncoding` value (case-insensitive).
-    pub fn parse(s: &str) -> Option<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "base64" => Some(Self::Base64),
-            "text" => Some(Self::Text),
-            _ => None,
-        }
-    }
-
-    /// Wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Base64 => "base64",
-            Self::Text => "text",
-        }
-    }
-
-    /// The message text of `event`.
-    pub fn text(self, event: &[u8]) -> String {
-        match self {
-            Self::Base64 => base64::engine::general_purpose::STANDARD.encode(event),
-            Self::Text => xml_escape(&String::from_utf8_lossy(event)),
-        }
+/// The message text of `event` in `encoding`.
+pub fn message_text(encoding: MessageEncoding, event: &[u8]) -> String {
+    match encoding {
+        MessageEncoding::Base64 => base64::engine::general_purpose::STANDARD.encode(event),
+        MessageEncoding::Text => xml_escape(&String::from_utf8_lossy(event)),
     }
 }
 
@@ -184,7 +156,11 @@ impl Sink for StorageQueueSink {
                 Ok(e) => e,
                 Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
             };
-            let texts: Vec<String> = req.events.iter().map(|e| self.encoding.text(e)).collect();
+            let texts: Vec<String> = req
+                .events
+                .iter()
+                .map(|e| message_text(self.encoding, e))
+                .collect();
             if let Some((i, t)) = texts
                 .iter()
                 .enumerate()
@@ -289,9 +265,12 @@ mod tests {
 
     #[test]
     fn message_text_is_base64_or_escaped_text() {
-        assert_eq!(MessageEncoding::Base64.text(b"{\"a\":1}"), "eyJhIjoxfQ==");
         assert_eq!(
-            MessageEncoding::Text.text(b"{\"a\":\"<&>\"}"),
+            message_text(MessageEncoding::Base64, b"{\"a\":1}"),
+            "eyJhIjoxfQ=="
+        );
+        assert_eq!(
+            message_text(MessageEncoding::Text, b"{\"a\":\"<&>\"}"),
             "{\"a\":\"&lt;&amp;&gt;\"}"
         );
         assert_eq!(
