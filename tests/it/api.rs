@@ -421,7 +421,8 @@ async fn destinations_compat_21_to_26() {
             "{et}"
         );
     }
-    assert_eq!(put("sq", json!({"destination":{"endpointType":"storageQueue","properties":{"queueName":"q","connectionString":"DefaultEndpointsProtocol=https;AccountName=a;AccountKey=k"}}})).await.0, 200);
+    // Storage naming rules (3-63 characters) and a base64 account key are checked.
+    assert_eq!(put("sq", json!({"destination":{"endpointType":"storageQueue","properties":{"queueName":"queue1","connectionString":"DefaultEndpointsProtocol=https;AccountName=a;AccountKey=a2V5"}}})).await.0, 200);
     assert_eq!(put("sq2", json!({"destination":{"endpointType":"storageQueue","properties":{"connectionString":"x"}}})).await.0, 400);
     // 25: all 12 operators, PascalCase and camelCase
     let ops = [
