@@ -10,10 +10,13 @@
 //! first needs it. Events the one pass leaves alone (escapes, nulls, keys in another case, invalid
 //! events) take the full parse into a `serde_json::Value`, which words every error.
 
+mod binary;
+
 use super::topic::EventSchema;
 use crate::error::ApiError;
 use crate::filter::{EventView, LazyObject};
 use axum::http::HeaderMap;
+use binary::binary_cloud_event;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -626,68 +629,6 @@ fn cloud_event(raw: &RawValue, i: usize) -> Result<IncomingEvent, ApiError> {
         m,
         "type",
     ))
-}
-
-/// CloudEvents HTTP binary mode: attributes in `ce-*` headers, the body is `data`.
-fn binary_cloud_event(
-    input: &PublishInput<'_>,
-    content_type: Option<&str>,
-) -> Result<IncomingEvent, ApiError> {
-    if !input.headers.contains_key("ce-specversion") {
-        return Err(ApiError::unsupported_media_type(
-            "a CloudEvents topic takes application/cloudevents+json, application/cloudevents-batch+json, application/json, or binary mode (ce-* headers)",
-        ));
-    }
-    let mut m = Map::new();
-    for (name, value) in input.headers {
-        if let Some(attr) = name.as_str().strip_prefix("ce-") {
-            let v = value
-                .to_str()
-                .map_err(|_| bad("InvalidEvents", format!("header {name} is not valid text")))?;
-            m.insert(attr.to_string(), Value::String(v.to_string()));
-        }
-    }
-    if !m.contains_key("id") {
-        if let Some(id) = input.single_id {
-            m.insert("id".into(), Value::String(id.to_string()));
-        }
-    }
-    let id = validate_cloud_event(&m, 0)?;
-    if let Some(ct) = content_type {
-        m.insert("datacontenttype".into(), Value::String(ct.to_string()));
-    }
-    let is_json = content_type
-        .map(|c| {
-            let e = c
-                .split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase();
-            e == "application/json" || e == "text/json" || e.ends_with("+json")
-        })
-        .unwrap_or(false);
-    if !input.body.is_empty() {
-        if is_json {
-            let data: Value = serde_json::from_slice(input.body).map_err(|e| {
-                bad(
-                    "InvalidJson",
-                    format!("the binary-mode body is not valid JSON: {e}"),
-                )
-            })?;
-            m.insert("data".into(), data);
-        } else if let Ok(text) = std::str::from_utf8(input.body) {
-            m.insert("data".into(), Value::String(text.to_string()));
-        } else {
-            use base64::Engine;
-            m.insert(
-                "data_base64".into(),
-                Value::String(base64::engine::general_purpose::STANDARD.encode(input.body)),
-            );
-        }
-    }
-    let body = Bytes::from(serde_json::to_vec(&m).map_err(|e| ApiError::internal(&e))?);
-    Ok(IncomingEvent::parsed(body, id, m, "type"))
 }
 
 #[cfg(test)]

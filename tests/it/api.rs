@@ -739,3 +739,57 @@ async fn bad_input_never_hurts_other_topics() {
         .await;
     assert_eq!(rx.next().await.json()[0]["id"], "1");
 }
+
+/// The CloudEvents Python SDK's `to_binary(CloudEvent(attrs, {"message": ...}))` as `requests`
+/// sends it: every attribute in a `ce-*` header (a generated UUID id, an ISO 8601 time with
+/// microseconds and offset), the dict serialized by `json.dumps` (a space after each `:` and
+/// `,`), and no Content-Type at all, because no datacontenttype was set. An unspecified content
+/// type means application/json: the receiver gets the JSON value as `data`; a body that is not
+/// JSON travels as `data_base64`.
+#[tokio::test]
+async fn cloud_events_binary_mode_without_content_type_delivers_json_data() {
+    let t = start(&[]).await;
+    let mut rx = Receiver::start().await;
+    let (s, _) = t
+        .put(
+            "/topics/ce",
+            json!({"properties":{"inputSchema":"CloudEventSchemaV1_0"}}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    t.webhook_sub("ce", "s", &rx.url("/ce"), json!({})).await;
+    let sdk_post = |id: &'static str, body: &'static [u8]| {
+        t.client
+            .post(t.url("/topics/ce/events"))
+            .header("ce-specversion", "1.0")
+            .header("ce-id", id)
+            .header("ce-source", "https://example.com/event-producer")
+            .header("ce-type", "com.example.sampletype1")
+            .header("ce-time", "2026-11-24T11:52:53.123456+00:00")
+            .body(body)
+            .send()
+    };
+    let r = sdk_post(
+        "0b6f3c52-6a59-4c8e-a1d4-9f1e2c3b4a5d",
+        br#"{"message": "Hello World!", "n": [1, 2]}"#,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let e = rx.next().await.json()[0].clone();
+    assert_eq!(e["id"], "0b6f3c52-6a59-4c8e-a1d4-9f1e2c3b4a5d");
+    assert_eq!(
+        e["data"],
+        json!({"message": "Hello World!", "n": [1, 2]}),
+        "{e}"
+    );
+    assert!(e.get("data_base64").is_none(), "{e}");
+    assert_eq!(e["time"], "2026-11-24T11:52:53.123456+00:00");
+
+    // Not JSON, no Content-Type: the bytes, base64-encoded.
+    let r = sdk_post("raw-1", b"\x00\x01not json").await.unwrap();
+    assert_eq!(r.status(), 200);
+    let e = rx.next().await.json()[0].clone();
+    assert_eq!(e["data_base64"], "AAFub3QganNvbg==", "{e}");
+    assert!(e.get("data").is_none(), "{e}");
+}
