@@ -86,6 +86,7 @@ settings! {
     "api__deliveryPolicyLimits__maxEventsPerBatch" = "50" : "largest `maxEventsPerBatch` a subscription may set";
     "api__deliveryPolicyLimits__maxpreferredBatchSizeInKilobytes" = "1033" : "largest `preferredBatchSizeInKilobytes` a subscription may set";
     "api__deliveryPolicyLimits__maxBatchSizeInBytes" = "1058576" : "largest `approxBatchSizeInBytes` (older twin knob) a subscription may set";
+    "api__filterLimits__maxIncludedEventTypes" = "256" : "most entries in a subscription's `filter.includedEventTypes` (400 above); matched in constant time, this bounds the memory of one subscription's type set";
     "metrics__reporterType" = "none" : "`none`, `prometheus` (serve `/metrics`), `console` (log metrics every 60 s)";
     "persistence__metadataPath" = "metadataDb" : "directory holding topics, subscriptions and the self-signed certificate";
     "persistence__eventsPath" = "eventsDb" : "directory holding persisted events";
@@ -252,6 +253,8 @@ pub struct ApiLimits {
     pub max_preferred_batch_size_kb: u32,
     /// Largest `approxBatchSizeInBytes`.
     pub max_batch_size_bytes: u64,
+    /// Most entries in `filter.includedEventTypes`.
+    pub max_included_event_types: usize,
 }
 
 /// `persistence__store`.
@@ -589,6 +592,11 @@ impl Config {
                 1,
                 1 << 30,
             )?,
+            max_included_event_types: raw.int(
+                "api__filterLimits__maxIncludedEventTypes",
+                1,
+                100_000,
+            )? as usize,
         };
         let resilience = Resilience {
             status_code_policy: raw.choice(

@@ -17,7 +17,9 @@ use crate::error::ApiError;
 use crate::model::json::{loose_bool, Obj};
 use rust_decimal::Decimal;
 use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 use std::cmp::Ordering;
+use std::collections::HashSet;
 use std::str::FromStr;
 
 /// Most advanced filters per subscription.
@@ -165,8 +167,9 @@ pub struct Filter {
     subject_begins_with: Option<String>,
     subject_ends_with: Option<String>,
     case_sensitive: bool,
-    /// Lowercased; `None` = all.
-    included_event_types: Option<Vec<String>>,
+    /// Lowercased; `None` = all. A hash set: routing asks it once per event and subscription,
+    /// so a long list costs a hash, not a scan (the list is capped at creation too).
+    included_event_types: Option<HashSet<String>>,
     /// As supplied, for the echo.
     included_echo: Option<Vec<String>>,
     advanced: Vec<AdvancedFilter>,
@@ -428,12 +431,22 @@ pub struct EventView<'a> {
     pub event_type: Option<&'a str>,
 }
 
+/// `s` lowercased, without a copy when it already is (the common case for event types).
+fn lowercase(s: &str) -> Cow<'_, str> {
+    if s.bytes().all(|b| b.is_ascii() && !b.is_ascii_uppercase()) {
+        Cow::Borrowed(s)
+    } else {
+        Cow::Owned(s.to_lowercase())
+    }
+}
+
 impl Filter {
-    /// Parse a `filter` object (keys already lowercased).
+    /// Parse a `filter` object (keys already lowercased); `includedEventTypes` may hold at most
+    /// `max_types` entries.
     ///
     /// # Errors
     /// 400 `InvalidFilter` naming the offending part.
-    pub fn parse(f: &Obj<'_>) -> Result<Self, ApiError> {
+    pub fn parse(f: &Obj<'_>, max_types: usize) -> Result<Self, ApiError> {
         let subject_begins_with = f.str("subjectbeginswith")?.map(str::to_string);
         let subject_ends_with = f.str("subjectendswith")?.map(str::to_string);
         for s in subject_begins_with.iter().chain(subject_ends_with.iter()) {
@@ -447,6 +460,12 @@ impl Filter {
             None => None,
             Some(v) => {
                 let arr = array_or_encoded(v, "includedEventTypes")?;
+                if arr.len() > max_types {
+                    return Err(bad_filter(format!(
+                        "includedEventTypes holds {} entries; at most {max_types} are allowed (api__filterLimits__maxIncludedEventTypes)",
+                        arr.len()
+                    )));
+                }
                 let mut out = Vec::with_capacity(arr.len());
                 for t in arr {
                     let s = t.as_str().ok_or_else(|| {
@@ -493,14 +512,11 @@ impl Filter {
     /// Whether the event passes.
     pub fn matches(&self, ev: &EventView<'_>) -> bool {
         if let Some(types) = &self.included_event_types {
-            match ev.event_type {
-                Some(t) => {
-                    let t = t.to_lowercase();
-                    if !types.contains(&t) {
-                        return false;
-                    }
-                }
-                None => return false,
+            let Some(t) = ev.event_type else {
+                return false;
+            };
+            if !types.contains(lowercase(t).as_ref()) {
+                return false;
             }
         }
         if self.subject_begins_with.is_some() || self.subject_ends_with.is_some() {
@@ -563,7 +579,7 @@ mod tests {
 
     fn filter(v: Value) -> Filter {
         let v = lower_keys(v);
-        Filter::parse(&Obj::new(&v, "filter").unwrap()).unwrap()
+        Filter::parse(&Obj::new(&v, "filter").unwrap(), 256).unwrap()
     }
 
     fn event(v: &Value) -> EventView<'_> {
@@ -624,6 +640,32 @@ mod tests {
     }
 
     #[test]
+    fn included_event_types_are_capped_and_hashed() {
+        let types = |n: usize| -> Vec<String> { (0..n).map(|i| format!("Type.{i}")).collect() };
+        let parse = |n: usize, max: usize| {
+            let v = json!({"includedeventtypes": types(n)});
+            Filter::parse(&Obj::new(&v, "filter").unwrap(), max)
+        };
+        let e = parse(4, 3).unwrap_err();
+        assert!(e.to_string().contains("at most 3"), "{e}");
+        let f = parse(3, 3).unwrap();
+        // The set routing asks: one hash lookup per event, whatever the list's length.
+        let set: &HashSet<String> = f.included_event_types.as_ref().unwrap();
+        assert!(set.contains("type.2"));
+        let object = LazyObject::parsed(Map::new());
+        let view = |t: &'static str| EventView {
+            subject: None,
+            event_type: Some(t),
+            object: &object,
+        };
+        assert!(f.matches(&view("TYPE.2")));
+        assert!(f.matches(&view("type.0")));
+        assert!(!f.matches(&view("type.3")));
+        // The echo keeps the list as supplied.
+        assert_eq!(f.to_json()["includedEventTypes"], json!(types(3)));
+    }
+
+    #[test]
     fn included_event_types_and_twin_encoding() {
         let f = filter(json!({"includedEventTypes":"[\"et1\",\"ET2\"]"}));
         assert!(f.matches(&event(&json!({"eventType":"et2"}))));
@@ -645,7 +687,7 @@ mod tests {
         let v = lower_keys(
             json!({"advancedFilters":[{"operatorType":"NumberBetween","key":"a","value":1}]}),
         );
-        assert!(Filter::parse(&Obj::new(&v, "filter").unwrap()).is_err());
+        assert!(Filter::parse(&Obj::new(&v, "filter").unwrap(), 256).is_err());
     }
 
     #[test]

@@ -537,7 +537,7 @@ impl Subscription {
             None => cfg.broker.default_is_persisted,
         };
         let filter = match props.obj("filter", "properties.filter")? {
-            Some(f) => Some(Filter::parse(&f)?),
+            Some(f) => Some(Filter::parse(&f, cfg.api.max_included_event_types)?),
             None => None,
         };
         let delivery = DeliveryOptions::parse(

@@ -793,3 +793,123 @@ async fn cloud_events_binary_mode_without_content_type_delivers_json_data() {
     assert_eq!(e["data_base64"], "AAFub3QganNvbg==", "{e}");
     assert!(e.get("data").is_none(), "{e}");
 }
+
+/// Measurement, not a check (run by hand with `--ignored --nocapture`): one worst-case publish
+/// (a request of `broker__maxEventsPerRequest` events whose type no filter includes, to
+/// `SUBS` subscriptions that each include `TYPES` event types) while `/healthz` is polled every
+/// 10 ms. Prints how long the publish took and the slowest `/healthz` answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+#[ignore = "measurement; prints numbers"]
+async fn measure_included_event_types_worst_case() {
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let (subs, types) = (env("SUBS", 100), env("TYPES", 256));
+    let t = start(&[]).await;
+    let rx = Receiver::start().await;
+    t.topic("w").await;
+    let list: Vec<String> = (0..types)
+        .map(|i| format!("com.example.type-{i:06}"))
+        .collect();
+    for s in 0..subs {
+        t.webhook_sub(
+            "w",
+            &format!("s{s}"),
+            &rx.url("/w"),
+            json!({"filter": {"includedEventTypes": list}}),
+        )
+        .await;
+    }
+    // As many events as fit in the largest accepted body (1,058,576 bytes by default).
+    let event = |i: usize| {
+        json!({"id": format!("{i}"), "subject": "s", "eventType": "com.example.type-999999",
+               "eventTime": "2017-08-10T21:03:07Z", "dataVersion": "1", "data": 0})
+    };
+    let per_event = serde_json::to_vec(&event(99_999)).unwrap().len() + 1;
+    let events: Vec<Value> = (0..(1_058_000 / per_event).min(10_000))
+        .map(event)
+        .collect();
+    let body = serde_json::to_vec(&events).unwrap();
+    println!("request body {} bytes, {} events", body.len(), events.len());
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe = {
+        let (client, url, done) = (
+            t.client.clone(),
+            format!("{}/healthz", t.base),
+            done.clone(),
+        );
+        tokio::spawn(async move {
+            // The longest time between two answers: a stalled runtime delays the probe's own
+            // timer too, so the gap, not one request's latency, shows the stall.
+            let (mut worst, mut last) = (std::time::Duration::ZERO, std::time::Instant::now());
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = client.get(&url).send().await;
+                worst = worst.max(last.elapsed());
+                last = std::time::Instant::now();
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            worst
+        })
+    };
+    // One runtime worker, as with `broker__workerThreads=1`: while a publish routes on it,
+    // nothing else on the runtime runs.
+    let at = std::time::Instant::now();
+    let publishes: Vec<_> = (0..1)
+        .map(|_| {
+            t.client
+                .post(t.url("/topics/w/events"))
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+        })
+        .collect();
+    let r = futures_util::future::join_all(publishes)
+        .await
+        .pop()
+        .unwrap()
+        .unwrap();
+    let took = at.elapsed();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let worst = probe.await.unwrap();
+    println!(
+        "subs={subs} types={types}: publish {} after {took:?}; longest gap between /healthz answers {worst:?} (10 ms poll)",
+        r.status()
+    );
+}
+
+/// `includedEventTypes` is capped (`api__filterLimits__maxIncludedEventTypes`): one past it gets
+/// 400 InvalidFilter in the documented error body, the cap itself is accepted and matches
+/// case-insensitively.
+#[tokio::test]
+async fn included_event_types_are_capped() {
+    let t = start(&[("api__filterLimits__maxIncludedEventTypes", "5")]).await;
+    let mut rx = Receiver::start().await;
+    t.topic("t").await;
+    let types = |n: usize| -> Vec<String> { (0..n).map(|i| format!("T.{i}")).collect() };
+    let sub = |n: usize| {
+        json!({"properties": {
+            "destination": {"endpointType": "WebHook", "properties": {"endpointUrl": rx.url("/t")}},
+            "filter": {"includedEventTypes": types(n)}}})
+    };
+    let (s, b) = t.put("/topics/t/eventSubscriptions/big", sub(6)).await;
+    assert_eq!(s, 400, "{b}");
+    assert_error_body(&b);
+    assert_eq!(b["error"]["code"], "BadRequest", "{b}");
+    assert!(b.to_string().contains("at most 5"), "{b}");
+    let (s, b) = t.put("/topics/t/eventSubscriptions/ok", sub(5)).await;
+    assert_eq!(s, 200, "{b}");
+    t.publish(
+        "t",
+        json!([
+            eg_event("a", "s", "t.4", json!({})),
+            eg_event("b", "s", "t.5", json!({}))
+        ]),
+    )
+    .await;
+    let got = rx.next().await.json();
+    assert_eq!(got.as_array().map(Vec::len), Some(1), "{got}");
+    assert_eq!(got[0]["id"], "a");
+}
