@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::delivery::dispatcher::{self, AbortOnDrop, EngineCtx, SubConfig, SubShared};
 use crate::delivery::queue::{EventData, Pending, SubQueue, Window};
 use crate::delivery::sink::SinkFactory;
+use crate::delivery::sinks::DESTINATIONS;
 use crate::error::ApiError;
 use crate::metrics::{self, Series, SeriesValue, SubscriptionMetrics, TopicMetrics};
 use crate::model::event::IncomingEvent;
@@ -218,16 +219,16 @@ impl Broker {
                     reason: format!("its topic '{topic_name}' is missing"),
                 })?;
             let topic = entry.topic();
-            let sub = match Subscription::from_put(&topic, &name, rec.clone(), &cfg) {
+            let sub = match Subscription::from_put(&topic, &name, rec.clone(), &cfg, &DESTINATIONS)
+            {
                 Ok(s) => s,
                 Err(strict) => {
-                    let s = Subscription::from_put(&topic, &name, rec, &lenient).map_err(|e| {
-                        OpenError::Record {
+                    let s = Subscription::from_put(&topic, &name, rec, &lenient, &DESTINATIONS)
+                        .map_err(|e| OpenError::Record {
                             what: "subscription",
                             name: name.clone(),
                             reason: e.message,
-                        }
-                    })?;
+                        })?;
                     tracing::warn!(subscription = %name, reason = %strict.message, "stored subscription no longer meets the current settings; loaded anyway");
                     s
                 }
@@ -485,7 +486,7 @@ impl Broker {
             .topic(topic_name)
             .ok_or_else(|| topic_not_found(topic_name))?;
         let topic = entry.topic();
-        let sub = Subscription::from_put(&topic, name, body, &self.inner.cfg)?;
+        let sub = Subscription::from_put(&topic, name, body, &self.inner.cfg, &DESTINATIONS)?;
         let subs = entry.subscriptions();
         let key = names::key(name);
         if let Some(existing) = subs.iter().find(|s| names::key(&s.shared.name) == key) {

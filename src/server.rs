@@ -242,7 +242,7 @@ fn default_sinks(cfg: &Config, edge: Option<&EdgeRuntime>) -> Result<DefaultSink
     // are ever in use at once: keep them all reusable (see `delivery::http`).
     let sinks = DefaultSinks::new(client.with_max_idle_per_host(cfg.broker.max_in_flight_total));
     Ok(match edge.and_then(EdgeRuntime::edgehub) {
-        Some(hub) => sinks.with_edgehub(hub, timeout),
+        Some(hub) => sinks.with_module_outputs(Arc::new(hub), timeout),
         None => sinks,
     })
 }

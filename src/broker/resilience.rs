@@ -10,7 +10,7 @@ use crate::delivery::sink::Sink;
 use crate::error::ApiError;
 use crate::metrics::{self, Series, SeriesValue};
 use crate::model::delivery_options::DeliveryOptions;
-use crate::model::subscription::{Destination, Subscription};
+use crate::model::subscription::Subscription;
 use crate::store::{QueueId, RetryState, StoredEvent};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -28,19 +28,13 @@ impl Broker {
             return None;
         }
         let key = sub.destination.health_key()?;
-        Some(ctx.health.get(&key, ctx.clock.now_ms()))
+        Some(ctx.health.get(key, ctx.clock.now_ms()))
     }
 
-    /// The sink posting to `sub`'s dead-letter webhook, through the same sink factory.
+    /// The sink sending to `sub`'s dead-letter destination, through the same sink factory.
     pub(super) fn dead_letter_sink_for(&self, sub: &Subscription) -> Option<Arc<dyn Sink>> {
-        if sub.delivery.dead_letter_blob.is_some() {
-            return self.inner.sinks.dead_letter_blob(sub);
-        }
-        let url = sub.delivery.dead_letter_url.as_ref()?;
         let mut dl = sub.clone();
-        dl.destination = Destination::WebHook {
-            endpoint_url: url.clone(),
-        };
+        dl.destination = sub.delivery.dead_letter.clone()?;
         dl.delivery = DeliveryOptions::default();
         dl.batching = Default::default();
         Some(self.inner.sinks.create(&dl))

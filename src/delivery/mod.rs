@@ -17,7 +17,8 @@
 //! * [`queue`]: ready lane and retry timer map.
 //! * [`dispatcher`]: the per-subscription task.
 //! * [`webhook`]: HTTP destinations, over [`http`] (gridlet's own HTTP/1.1 client).
-//! * [`sinks`]: which sink serves which destination.
+//! * [`sinks`]: the destination types (one file each) and the registry that parses them and
+//!   builds their sinks.
 //! * [`azure`]: Event Hubs, Service Bus, Storage queue and blob dead-letter sinks.
 
 pub mod azure;

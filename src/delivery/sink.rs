@@ -122,11 +122,6 @@ pub trait Sink: Send + Sync + 'static {
 pub trait SinkFactory: Send + Sync + 'static {
     /// The sink for `sub`. Called when a subscription is created or updated.
     fn create(&self, sub: &Subscription) -> Arc<dyn Sink>;
-
-    /// The sink writing `sub`'s dead letters to a blob container, when it names one.
-    fn dead_letter_blob(&self, _sub: &Subscription) -> Option<Arc<dyn Sink>> {
-        None
-    }
 }
 
 /// A sink for destinations this build cannot reach (e.g. Event Hubs without the cloud): every

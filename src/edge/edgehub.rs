@@ -26,6 +26,7 @@ use super::sas::{self, SasToken};
 use super::workload::{encode, WorkloadClient};
 use crate::clock::Clock;
 use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
+use crate::delivery::sinks::edgehub::ModuleOutputs;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use rumqttc::{
@@ -297,7 +298,8 @@ impl EdgeHub {
         }
     }
 
-    /// The sink for subscriptions delivering to module output `output`.
+    /// The sink for subscriptions delivering to module output `output` (also reached through
+    /// [`ModuleOutputs`], the seam the server plugs edgeHub into delivery with).
     pub fn sink(&self, output: &str, timeout: Duration) -> EdgeHubSink {
         EdgeHubSink {
             hub: self.clone(),
@@ -441,6 +443,12 @@ impl HubConnection {
 fn log_connection_error(e: &ConnectionError) {
     // ConnectionError never carries the credentials.
     tracing::warn!(error = %e, "edgeHub connection failed; reconnecting");
+}
+
+impl ModuleOutputs for EdgeHub {
+    fn output_sink(&self, output: &str, timeout: Duration) -> std::sync::Arc<dyn Sink> {
+        std::sync::Arc::new(self.sink(output, timeout))
+    }
 }
 
 /// Delivers batches to a module output (`endpointType: EdgeHub`).

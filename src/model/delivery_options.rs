@@ -6,15 +6,15 @@
 //! * `destination.properties.deliveryAttributeMappings`: static headers, in the Azure Event Grid
 //!   cloud shape `[{"name": "X-Tenant", "type": "Static", "properties": {"value": "a",
 //!   "isSecret": false}}]`.
-//! * `properties.deadLetterDestination`: `{"endpointType": "WebHook", "properties":
-//!   {"endpointUrl": "…"}}`, or `{"endpointType": "StorageBlob", "properties":
-//!   {"connectionString": "…", "blobContainerName": "…"}}` (Event Grid cloud's shape); dead
-//!   letters are kept locally and also posted / written there.
+//! * `properties.deadLetterDestination`: a destination whose type can take dead letters (e.g.
+//!   `{"endpointType": "WebHook", "properties": {"endpointUrl": "…"}}`), parsed by the same
+//!   destination registry; dead letters are kept locally and also sent there.
 //!
 //! Secrets never show in `Debug` output or logs.
 
-use super::azure;
+use super::destination::{Destination, DestinationTypes, Role};
 use super::json::Obj;
+use crate::config::Config;
 use crate::delivery::signing;
 use crate::error::ApiError;
 use serde_json::{json, Map, Value};
@@ -49,27 +49,8 @@ pub struct DeliveryOptions {
     pub signing_secrets: Vec<String>,
     /// Static headers.
     pub headers: Vec<StaticHeader>,
-    /// Dead-letter webhook URL.
-    pub dead_letter_url: Option<String>,
-    /// Dead-letter blob container.
-    pub dead_letter_blob: Option<BlobContainer>,
-}
-
-/// A blob container dead letters are written to.
-#[derive(Clone, PartialEq, Eq)]
-pub struct BlobContainer {
-    /// Storage account connection string (secret).
-    pub connection_string: String,
-    /// Container name (naming rules checked).
-    pub container: String,
-}
-
-impl std::fmt::Debug for BlobContainer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BlobContainer")
-            .field("container", &self.container)
-            .finish_non_exhaustive()
-    }
+    /// Where dead letters are also sent (`deadLetterDestination`).
+    pub dead_letter: Option<Destination>,
 }
 
 impl std::fmt::Debug for DeliveryOptions {
@@ -77,8 +58,7 @@ impl std::fmt::Debug for DeliveryOptions {
         f.debug_struct("DeliveryOptions")
             .field("signing_secrets", &self.signing_secrets.len())
             .field("headers", &self.headers)
-            .field("dead_letter_url", &self.dead_letter_url)
-            .field("dead_letter_blob", &self.dead_letter_blob)
+            .field("dead_letter", &self.dead_letter)
             .finish()
     }
 }
@@ -99,7 +79,8 @@ fn reserved(name: &str) -> bool {
 
 impl DeliveryOptions {
     /// Parse from the subscription's `properties` and its destination's `properties`
-    /// (lowercased keys). `http` is whether the destination is an HTTP endpoint.
+    /// (lowercased keys). `http` is whether the destination takes webhook options; the
+    /// dead-letter destination is parsed by `types`.
     ///
     /// # Errors
     /// 400 naming the field.
@@ -107,6 +88,8 @@ impl DeliveryOptions {
         props: &Obj<'_>,
         dest_props: Option<&Obj<'_>>,
         http: bool,
+        cfg: &Config,
+        types: &dyn DestinationTypes,
     ) -> Result<Self, ApiError> {
         let mut o = Self::default();
         if let Some(dp) = dest_props {
@@ -163,45 +146,25 @@ impl DeliveryOptions {
         }
         if let Some(dl) = props.obj("deadletterdestination", "properties.deadLetterDestination")? {
             let t = dl.req_str("endpointtype", "endpointType")?;
-            if t.eq_ignore_ascii_case("storageblob") {
-                o.dead_letter_blob = Some(parse_blob(&dl)?);
-                return Ok(o);
-            }
-            if !t.eq_ignore_ascii_case("webhook") {
-                return Err(bad(
-                    "InvalidDeadLetterDestination",
-                    "properties.deadLetterDestination.endpointType must be WebHook or StorageBlob (dead letters are always kept locally too)",
-                ));
-            }
-            let url = dl
-                .obj("properties", "properties.deadLetterDestination.properties")?
-                .and_then(|p| p.str("endpointurl").ok().flatten())
-                .filter(|s| !s.trim().is_empty())
-                .ok_or_else(|| {
-                    bad(
-                        "InvalidDeadLetterDestination",
-                        "properties.deadLetterDestination.properties.endpointUrl is required",
-                    )
-                })?;
-            let parsed = url::Url::parse(url).map_err(|_| {
-                bad(
-                    "InvalidDeadLetterDestination",
-                    "deadLetterDestination endpointUrl must be an absolute URL",
-                )
-            })?;
-            if !matches!(parsed.scheme(), "http" | "https") {
-                return Err(bad(
-                    "InvalidDeadLetterDestination",
-                    "deadLetterDestination endpointUrl must be http(s)",
-                ));
-            }
-            o.dead_letter_url = Some(url.to_string());
+            let empty = Value::Object(Map::new());
+            let dl_props =
+                match dl.obj("properties", "properties.deadLetterDestination.properties")? {
+                    Some(p) => p,
+                    None => Obj::new(&empty, "properties.deadLetterDestination.properties")?,
+                };
+            o.dead_letter = Some(types.parse(t, &dl_props, cfg, Role::DeadLetter)?);
         }
         Ok(o)
     }
 
-    /// Echo into the destination's and the subscription's `properties`.
-    pub fn echo(&self, dest_props: &mut Map<String, Value>, props: &mut Map<String, Value>) {
+    /// Echo into the destination's and the subscription's `properties` (the caller masks the
+    /// destination's secrets; the dead-letter destination's are masked here when `masked`).
+    pub fn echo(
+        &self,
+        dest_props: &mut Map<String, Value>,
+        props: &mut Map<String, Value>,
+        masked: bool,
+    ) {
         if !self.signing_secrets.is_empty() {
             dest_props.insert("signingSecrets".into(), json!(self.signing_secrets));
         }
@@ -216,46 +179,10 @@ impl DeliveryOptions {
                 .collect();
             dest_props.insert("deliveryAttributeMappings".into(), Value::Array(m));
         }
-        if let Some(b) = &self.dead_letter_blob {
-            props.insert(
-                "deadLetterDestination".into(),
-                json!({"endpointType": "StorageBlob", "properties": {
-                    "connectionString": b.connection_string, "blobContainerName": b.container}}),
-            );
-        }
-        if let Some(u) = &self.dead_letter_url {
-            props.insert(
-                "deadLetterDestination".into(),
-                json!({"endpointType": "WebHook", "properties": {"endpointUrl": u}}),
-            );
+        if let Some(d) = &self.dead_letter {
+            props.insert("deadLetterDestination".into(), d.to_json(masked));
         }
     }
-}
-
-fn parse_blob(dl: &Obj<'_>) -> Result<BlobContainer, ApiError> {
-    let err = |m: String| bad("InvalidDeadLetterDestination", m);
-    let p = dl
-        .obj("properties", "properties.deadLetterDestination.properties")?
-        .ok_or_else(|| err("properties.deadLetterDestination.properties is required".into()))?;
-    let field = |key: &str, name: &str| -> Result<String, ApiError> {
-        p.str(key)?
-            .filter(|s| !s.trim().is_empty())
-            .map(str::to_string)
-            .ok_or_else(|| {
-                err(format!(
-                    "properties.deadLetterDestination.properties.{name} is required"
-                ))
-            })
-    };
-    let container = field("blobcontainername", "blobContainerName")?;
-    azure::check_container_name(&container).map_err(|e| err(e.to_string()))?;
-    let connection_string = field("connectionstring", "connectionString")?;
-    azure::StorageConn::parse(&connection_string)
-        .map_err(|e| err(format!("deadLetterDestination connectionString: {e}")))?;
-    Ok(BlobContainer {
-        connection_string,
-        container,
-    })
 }
 
 fn parse_header(item: &Value) -> Result<StaticHeader, ApiError> {
@@ -296,6 +223,7 @@ fn parse_header(item: &Value) -> Result<StaticHeader, ApiError> {
 mod tests {
     use crate::config::Config;
     use crate::delivery::policy::{ScheduleName, StatusCodePolicy};
+    use crate::model::destination::testing::TestTypes;
     use crate::model::subscription::Subscription;
     use crate::model::topic::{EventSchema, Topic};
     use serde_json::{json, Value};
@@ -332,10 +260,13 @@ mod tests {
             json!({"retryPolicy": {"schedule": "EventGridCloud", "statusCodePolicy": "standard"},
                    "deadLetterDestination": {"endpointType": "WebHook", "properties": {"endpointUrl": "http://dl/x"}}}),
         );
-        let s = Subscription::from_put(&topic(), "s", b, &c).unwrap();
+        let s = Subscription::from_put(&topic(), "s", b, &c, &TestTypes).unwrap();
         assert_eq!(s.delivery.signing_secrets.len(), 1);
         assert_eq!(s.delivery.headers[0].name, "X-Tenant");
-        assert_eq!(s.delivery.dead_letter_url.as_deref(), Some("http://dl/x"));
+        assert_eq!(
+            s.delivery.dead_letter.as_ref().and_then(|d| d.url()),
+            Some("http://dl/x")
+        );
         let p = s.effective_policy(&c);
         assert_eq!(p.schedule, ScheduleName::EventGridCloud);
         assert_eq!(p.status_codes, StatusCodePolicy::Standard);
@@ -348,14 +279,16 @@ mod tests {
                 ["isSecret"],
             true
         );
-        let again = Subscription::from_put(&topic(), "s", s.to_record(), &c).unwrap();
+        let again = Subscription::from_put(&topic(), "s", s.to_record(), &c, &TestTypes).unwrap();
         assert_eq!(again.properties(), echo);
         assert!(
             !format!("{:?}", s.delivery).contains("C2FV"),
             "secrets stay out of Debug"
         );
         // Not supplied: not echoed, module defaults apply.
-        let plain = Subscription::from_put(&topic(), "s", body(json!({}), json!({})), &c).unwrap();
+        let plain =
+            Subscription::from_put(&topic(), "s", body(json!({}), json!({})), &c, &TestTypes)
+                .unwrap();
         assert!(plain.properties().get("retryPolicy").is_none());
         assert!(plain.properties().get("deadLetterDestination").is_none());
         let m = cfg(&[
@@ -398,10 +331,10 @@ mod tests {
             ),
         ];
         for b in cases {
-            let e = Subscription::from_put(&topic(), "s", b.clone(), &c).unwrap_err();
+            let e = Subscription::from_put(&topic(), "s", b.clone(), &c, &TestTypes).unwrap_err();
             assert_eq!(e.status, 400, "{b}");
         }
         let edge = json!({"properties": {"destination": {"endpointType": "EdgeHub", "properties": {"outputName": "o", "signingSecrets": ["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"]}}}});
-        assert!(Subscription::from_put(&topic(), "s", edge, &c).is_err());
+        assert!(Subscription::from_put(&topic(), "s", edge, &c, &TestTypes).is_err());
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod azure;
 pub mod delivery_options;
+pub mod destination;
 pub mod event;
 pub mod json;
 pub mod names;

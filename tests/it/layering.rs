@@ -40,7 +40,6 @@ const LAYERS: &[(&str, u8)] = &[
 const BEING_REMOVED: &[(&str, &str)] = &[
     ("broker", "error"),
     ("config", "delivery"),
-    ("delivery", "edge"),
     ("filter", "error"),
     ("filter", "model"),
     ("model", "api"),

@@ -5,7 +5,8 @@
 //! arm64 final stage that needs no emulation).
 
 use gridlet::config::{Config, SETTINGS};
-use gridlet::model::subscription::{Destination, Subscription};
+use gridlet::delivery::sinks::DESTINATIONS;
+use gridlet::model::subscription::Subscription;
 use gridlet::model::topic::Topic;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -122,10 +123,13 @@ fn deployment_template_is_a_working_manifest_for_gridlet() {
             sub_name,
             serde_json::json!({ "properties": props }),
             &cfg,
+            &DESTINATIONS,
         )
         .unwrap_or_else(|e| panic!("{sub_name}: {}", e.message));
-        if let Destination::EdgeHub { output_name } = sub.destination {
-            outputs.push(output_name);
+        if sub.destination.endpoint_type() == "EdgeHub" {
+            let props = sub.properties();
+            let output = &props["destination"]["properties"]["outputName"];
+            outputs.push(output.as_str().unwrap_or_default().to_string());
         }
     }
 

@@ -1,0 +1,259 @@
+//! Every destination type behind one seam: each type is one file here implementing
+//! [`DestinationKind`] (its `endpointType` names, how it parses and validates its properties,
+//! its secrets, health key, whether it can take dead letters, how it builds its [`Sink`]), and
+//! one line in [`DESTINATIONS`]. Nothing else in the code lists destination types: the
+//! subscription parser, error messages, GET/twin masking, endpoint health and the sink factory
+//! all ask the registry or the parsed [`Destination`]. Recipe: `docs/ADDING_A_DESTINATION.md`.
+//!
+//! Destinations served by a component outside delivery (edgeHub's module outputs) are
+//! plugged in by the server through [`DefaultSinks::with_module_outputs`]: delivery never
+//! imports `edge`.
+
+pub mod edgehub;
+pub mod eventgrid;
+pub mod messaging;
+pub mod storageblob;
+pub mod storagequeue;
+pub mod webhook;
+
+use super::http::HttpClient;
+use super::sink::{Sink, SinkFactory, UnsupportedSink};
+use crate::config::Config;
+use crate::model::destination::{Destination, DestinationError, DestinationTypes, Role};
+use crate::model::json::Obj;
+use crate::model::subscription::Subscription;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use url::Url;
+
+/// The destination types of this build, in the order error messages list them.
+pub static DESTINATIONS: Registry = Registry {
+    kinds: &[
+        &webhook::WebHook,
+        &edgehub::EdgeHub,
+        &eventgrid::EventGrid,
+        &messaging::EVENT_HUB,
+        &messaging::SERVICE_BUS_QUEUE,
+        &messaging::SERVICE_BUS_TOPIC,
+        &storagequeue::StorageQueue,
+        &storageblob::StorageBlob,
+    ],
+};
+
+/// One destination type.
+pub trait DestinationKind: Send + Sync + 'static {
+    /// `endpointType` values accepted (any case); the first is canonical (echoed, metrics).
+    fn names(&self) -> &'static [&'static str];
+    /// Parse and validate the destination's `properties` (lowercased keys). Batching knobs and
+    /// `eventDeliverySchema` are read by the subscription parser; webhook options by
+    /// `DeliveryOptions` when the parsed value says it takes them.
+    ///
+    /// # Errors
+    /// 400 through [`ParseContext::invalid`], naming the field.
+    fn parse(
+        &self,
+        props: &Obj<'_>,
+        ctx: &ParseContext<'_>,
+    ) -> Result<Destination, DestinationError>;
+    /// Whether it can be a subscription's `destination`.
+    fn delivery(&self) -> bool {
+        true
+    }
+    /// Whether it can be a `deadLetterDestination`.
+    fn dead_letter(&self) -> bool {
+        false
+    }
+    /// The sink delivering to `sub.destination` (a value this type parsed).
+    fn sink(&self, sub: &Subscription, ctx: &SinkContext) -> Arc<dyn Sink>;
+    /// A valid `properties` object with every secret property set, delivering to `base` (an
+    /// `http://host:port` receiver; the secrets test runs every type through GET, the twin and
+    /// the logs with it).
+    fn example(&self, base: &str) -> Value;
+}
+
+/// What a type's parser gets besides its properties.
+pub struct ParseContext<'a> {
+    /// Module settings (https-only rules, denied address ranges, limits).
+    pub cfg: &'a Config,
+    /// Destination or dead-letter destination.
+    pub role: Role,
+}
+
+impl ParseContext<'_> {
+    /// The documented 400 for this role, with `msg` naming the field.
+    pub fn invalid(&self, msg: impl Into<String>) -> DestinationError {
+        self.role.invalid(msg)
+    }
+
+    /// A required, non-blank string property (`key` lowercase, `display` as documented).
+    ///
+    /// # Errors
+    /// 400 naming `display`.
+    pub fn required<'p>(
+        &self,
+        props: &Obj<'p>,
+        key: &str,
+        display: &str,
+    ) -> Result<&'p str, DestinationError> {
+        props
+            .str(key)?
+            .filter(|s| !s.trim().is_empty())
+            .ok_or_else(|| self.invalid(format!("{display} is required")))
+    }
+
+    /// The rules every outbound URL meets: absolute `http(s)` with a host, `https` when
+    /// `https_only` (the setting named `setting`) is on.
+    ///
+    /// # Errors
+    /// 400 naming `display`.
+    pub fn outbound_url(
+        &self,
+        raw: &str,
+        display: &str,
+        https_only: bool,
+        setting: &str,
+    ) -> Result<Url, DestinationError> {
+        let url = Url::parse(raw)
+            .map_err(|_| self.invalid(format!("{display} must be an absolute URL")))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err(self.invalid(format!("{display} must be an absolute http(s) URL")));
+        }
+        if https_only && url.scheme() != "https" {
+            return Err(self.invalid(format!("{display} must be https while {setting}=true")));
+        }
+        Ok(url)
+    }
+}
+
+/// What sink builders share.
+pub struct SinkContext {
+    /// The outbound HTTP client (one pool for every HTTP destination).
+    pub client: HttpClient,
+    /// A random per-process id: Standard Webhooks `webhook-id`s stay unique across restarts
+    /// (batch ids are sequence numbers, which restart with a memory store).
+    pub boot_id: String,
+    /// edgeHub's module outputs with the time each attempt waits for an acknowledgement
+    /// (under IoT Edge).
+    pub module_outputs: Option<(Arc<dyn edgehub::ModuleOutputs>, Duration)>,
+}
+
+/// The destination types, looked up by `endpointType`.
+pub struct Registry {
+    kinds: &'static [&'static dyn DestinationKind],
+}
+
+impl Registry {
+    /// Every type.
+    pub fn kinds(&self) -> &'static [&'static dyn DestinationKind] {
+        self.kinds
+    }
+
+    /// The type named `endpoint_type` (any case, any of its names).
+    pub fn find(&self, endpoint_type: &str) -> Option<&'static dyn DestinationKind> {
+        self.kinds.iter().copied().find(|k| {
+            k.names()
+                .iter()
+                .any(|n| n.eq_ignore_ascii_case(endpoint_type))
+        })
+    }
+
+    fn list(&self, role: Role) -> String {
+        let names: Vec<&str> = self
+            .kinds
+            .iter()
+            .filter(|k| match role {
+                Role::Delivery => k.delivery(),
+                Role::DeadLetter => k.dead_letter(),
+            })
+            .filter_map(|k| k.names().first().copied())
+            .collect();
+        match names.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+            Some((last, _)) => (*last).to_string(),
+            None => String::new(),
+        }
+    }
+}
+
+impl DestinationTypes for Registry {
+    fn parse(
+        &self,
+        endpoint_type: &str,
+        props: &Obj<'_>,
+        cfg: &Config,
+        role: Role,
+    ) -> Result<Destination, DestinationError> {
+        let kind = self.find(endpoint_type).filter(|k| match role {
+            Role::Delivery => k.delivery(),
+            Role::DeadLetter => k.dead_letter(),
+        });
+        let Some(kind) = kind else {
+            let what = match role {
+                Role::Delivery => "",
+                Role::DeadLetter => {
+                    " as a dead-letter destination (dead letters are always kept locally too)"
+                }
+            };
+            return Err(role.invalid(format!(
+                "endpointType '{endpoint_type}' is not supported{what}; use {}",
+                self.list(role)
+            )));
+        };
+        kind.parse(props, &ParseContext { cfg, role })
+    }
+}
+
+/// The production [`SinkFactory`]: every type's sink over one shared context.
+pub struct DefaultSinks {
+    ctx: SinkContext,
+}
+
+impl DefaultSinks {
+    /// Sinks sharing `client` (see [`crate::tls::outbound_http_client`]).
+    pub fn new(client: HttpClient) -> Self {
+        let mut b = [0u8; 6];
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+        Self {
+            ctx: SinkContext {
+                client,
+                boot_id: b.iter().map(|x| format!("{x:02x}")).collect(),
+                module_outputs: None,
+            },
+        }
+    }
+
+    /// Deliver `EdgeHub` destinations to these module outputs (under IoT Edge); each attempt
+    /// waits up to `timeout` for the acknowledgement.
+    pub fn with_module_outputs(
+        mut self,
+        outputs: Arc<dyn edgehub::ModuleOutputs>,
+        timeout: Duration,
+    ) -> Self {
+        self.ctx.module_outputs = Some((outputs, timeout));
+        self
+    }
+}
+
+impl SinkFactory for DefaultSinks {
+    fn create(&self, sub: &Subscription) -> Arc<dyn Sink> {
+        match DESTINATIONS.find(sub.destination.endpoint_type()) {
+            Some(kind) => kind.sink(sub, &self.ctx),
+            None => Arc::new(UnsupportedSink(format!(
+                "{} destinations are not known to this build",
+                sub.destination.endpoint_type()
+            ))),
+        }
+    }
+}
+
+/// An [`UnsupportedSink`] for a value a type's builder did not recognise (never expected: the
+/// registry hands each type only values it parsed).
+pub(crate) fn mismatched(endpoint_type: &str) -> Arc<dyn Sink> {
+    Arc::new(UnsupportedSink(format!(
+        "internal error: the {endpoint_type} destination could not be built"
+    )))
+}
+
+#[cfg(test)]
+mod tests;

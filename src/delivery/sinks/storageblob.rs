@@ -1,0 +1,100 @@
+//! `endpointType: StorageBlob`, as a `deadLetterDestination` only (Event Grid cloud's shape):
+//! each dead letter is written as a time-sorted blob
+//! ([`crate::delivery::azure::storage::BlobDeadLetterSink`]).
+//!
+//! Properties: `blobContainerName` (required, container naming rules), `connectionString`
+//! (required, account-level; parsed at PUT; secret: its key and signature parts). Health: not
+//! tracked (dead-letter forwarding has its own retries).
+
+use super::storagequeue::{account_example, SECRETS};
+use super::{DestinationKind, ParseContext, SinkContext};
+use crate::delivery::azure::storage::BlobDeadLetterSink;
+use crate::delivery::sink::Sink;
+use crate::model::azure::{check_container_name, StorageConn};
+use crate::model::destination::{Destination, DestinationError, DestinationSpec, SecretProperty};
+use crate::model::json::Obj;
+use crate::model::subscription::Subscription;
+use serde_json::{json, Map, Value};
+use std::any::Any;
+use std::sync::Arc;
+
+/// The type.
+pub struct StorageBlob;
+
+/// A parsed StorageBlob dead-letter destination.
+#[derive(Debug)]
+pub struct StorageBlobDestination {
+    container: String,
+    connection_string: String,
+    conn: StorageConn,
+    /// `{blob endpoint}/{container}`: SSRF checks.
+    container_url: String,
+}
+
+impl DestinationSpec for StorageBlobDestination {
+    fn echo(&self, props: &mut Map<String, Value>) {
+        props.insert("connectionString".into(), json!(self.connection_string));
+        props.insert("blobContainerName".into(), json!(self.container));
+    }
+    fn secrets(&self) -> &'static [SecretProperty] {
+        &SECRETS
+    }
+    fn url(&self) -> Option<&str> {
+        Some(&self.container_url)
+    }
+    fn health_key(&self) -> Option<&str> {
+        None
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl DestinationKind for StorageBlob {
+    fn names(&self) -> &'static [&'static str] {
+        &["StorageBlob"]
+    }
+
+    fn parse(
+        &self,
+        props: &Obj<'_>,
+        ctx: &ParseContext<'_>,
+    ) -> Result<Destination, DestinationError> {
+        let container = ctx.required(props, "blobcontainername", "blobContainerName")?;
+        check_container_name(container).map_err(|e| ctx.invalid(e.to_string()))?;
+        let cs = ctx.required(props, "connectionstring", "connectionString")?;
+        let conn =
+            StorageConn::parse(cs).map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
+        Ok(Destination::new(
+            "StorageBlob",
+            StorageBlobDestination {
+                container_url: format!("{}/{container}", conn.blob_endpoint),
+                container: container.to_string(),
+                connection_string: cs.to_string(),
+                conn,
+            },
+        ))
+    }
+
+    fn delivery(&self) -> bool {
+        false
+    }
+
+    fn dead_letter(&self) -> bool {
+        true
+    }
+
+    fn sink(&self, sub: &Subscription, ctx: &SinkContext) -> Arc<dyn Sink> {
+        let Some(d) = sub.destination.spec::<StorageBlobDestination>() else {
+            return super::mismatched("StorageBlob");
+        };
+        Arc::new(BlobDeadLetterSink::new(&ctx.client, &d.conn, &d.container))
+    }
+
+    fn example(&self, base: &str) -> Value {
+        json!({
+            "blobContainerName": "deadletters",
+            "connectionString": account_example(base, "storageblob"),
+        })
+    }
+}

@@ -1,0 +1,121 @@
+//! Each destination type's parsing rules, through the real registry.
+
+use super::DESTINATIONS;
+use crate::config::Config;
+use crate::model::subscription::Subscription;
+use crate::model::topic::{EventSchema, Topic};
+use serde_json::{json, Value};
+
+fn cfg(pairs: &[(&str, &str)]) -> Config {
+    Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap()
+}
+
+fn topic() -> Topic {
+    Topic {
+        name: "t1".into(),
+        input_schema: EventSchema::EventGrid,
+    }
+}
+
+fn put(
+    body: Value,
+    c: &Config,
+) -> Result<Subscription, crate::model::destination::DestinationError> {
+    Subscription::from_put(&topic(), "s", body, c, &DESTINATIONS)
+}
+
+fn webhook(url: &str) -> Value {
+    json!({"properties":{"destination":{"endpointType":"WebHook","properties":{"endpointUrl":url}}}})
+}
+
+#[test]
+fn webhook_https_only_is_enforced_by_default() {
+    let c = cfg(&[]);
+    assert!(put(webhook("https://subscriber:4430"), &c).is_ok());
+    let e = put(webhook("http://subscriber:8080"), &c).unwrap_err();
+    assert_eq!(e.detail, "InvalidDestination");
+    let c = cfg(&[("outbound__webhook__httpsOnly", "false")]);
+    assert!(put(webhook("http://subscriber:8080"), &c).is_ok());
+    assert!(put(webhook("/relative"), &c).is_err());
+}
+
+#[test]
+fn eventgrid_destination_rules() {
+    let c = cfg(&[]);
+    let eg = |url: &str, key: Option<&str>| json!({"properties":{"destination":{"endpointType":"eventGrid","properties":{"endpointUrl":url,"sasKey":key}}}});
+    let good = "https://x.westus2-1.eventgrid.azure.net/api/events?api-version=2018-01-01";
+    assert!(put(eg(good, Some("k")), &c).is_ok());
+    assert!(put(eg(good, None), &c).is_err());
+    for bad in [
+        "https://x.eventgrid.azure.net/foo?api-version=2018-01-01",
+        "https://x.eventgrid.azure.net/api/events",
+        "https://example.com/api/events?api-version=2018-01-01",
+        "http://x.eventgrid.azure.net/api/events?api-version=2018-01-01",
+    ] {
+        let e = put(eg(bad, Some("k")), &c).unwrap_err();
+        assert_eq!(e.detail, "InvalidDestination", "{bad}");
+    }
+    let c = cfg(&[("outbound__eventgrid__allowInvalidHostnames", "true")]);
+    assert!(put(
+        eg(
+            "https://example.com/api/events?api-version=2018-01-01",
+            Some("k")
+        ),
+        &c
+    )
+    .is_ok());
+}
+
+#[test]
+fn unknown_types_are_refused_with_the_registry_list() {
+    let c = cfg(&[]);
+    let b = json!({"properties":{"destination":{"endpointType":"Kafka","properties":{}}}});
+    let e = put(b, &c).unwrap_err();
+    assert_eq!(e.detail, "InvalidDestination");
+    assert!(
+        e.message.contains("use WebHook, EdgeHub, EventGrid, EventHub, ServiceBusQueue, ServiceBusTopic or StorageQueue"),
+        "{}",
+        e.message
+    );
+    let mut b = webhook("https://x/hook");
+    b["properties"]["deadLetterDestination"] =
+        json!({"endpointType": "EdgeHub", "properties": {"outputName": "o"}});
+    let e = put(b, &c).unwrap_err();
+    assert_eq!(e.detail, "InvalidDeadLetterDestination");
+    assert!(
+        e.message.ends_with("use WebHook or StorageBlob"),
+        "{}",
+        e.message
+    );
+}
+
+#[test]
+fn every_example_parses_and_round_trips() {
+    let c = cfg(&[
+        ("outbound__webhook__httpsOnly", "false"),
+        ("outbound__eventgrid__httpsOnly", "false"),
+        ("outbound__eventgrid__allowInvalidHostnames", "true"),
+    ]);
+    for kind in DESTINATIONS.kinds() {
+        let name = kind.names()[0];
+        let dest = json!({"endpointType": name.to_ascii_lowercase(),
+            "properties": kind.example("http://127.0.0.1:9")});
+        let b = if kind.delivery() {
+            json!({"properties":{"destination": dest}})
+        } else {
+            let mut b = webhook("https://x/hook");
+            b["properties"]["deadLetterDestination"] = dest;
+            b
+        };
+        let s = put(b, &c).unwrap_or_else(|e| panic!("{name}: {}", e.message));
+        let d = if kind.delivery() {
+            &s.destination
+        } else {
+            s.delivery.dead_letter.as_ref().unwrap()
+        };
+        assert_eq!(d.endpoint_type(), name);
+        let again = put(s.to_record(), &c).unwrap();
+        assert_eq!(again.properties(), s.properties(), "{name}");
+        assert_eq!(again.destination, s.destination);
+    }
+}

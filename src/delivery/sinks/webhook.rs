@@ -1,0 +1,126 @@
+//! `endpointType: WebHook`: an HTTP(S) POST of the events as a JSON array
+//! ([`crate::delivery::webhook::WebhookSink`]).
+//!
+//! Properties: `endpointUrl` (required; https unless `outbound__webhook__httpsOnly=false`);
+//! webhook options (`signingSecrets`, `deliveryAttributeMappings`). Secrets: the URL's
+//! credentials, the signing secrets, `isSecret` header values. Health: by URL. Can take dead
+//! letters (the batch of dead letters is POSTed as a JSON array).
+
+use super::{mismatched, DestinationKind, ParseContext, SinkContext};
+use crate::delivery::sink::Sink;
+use crate::delivery::webhook::{TopicRewrite, WebhookSink};
+use crate::model::destination::{
+    Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
+};
+use crate::model::json::Obj;
+use crate::model::subscription::Subscription;
+use serde_json::{json, Map, Value};
+use std::any::Any;
+use std::sync::Arc;
+
+/// The secret properties of HTTP destinations that take webhook options.
+pub(super) const HTTP_SECRETS: [SecretProperty; 3] = [
+    SecretProperty::new("endpointUrl", SecretKind::Url),
+    SecretProperty::new("signingSecrets", SecretKind::Whole),
+    SecretProperty::new("deliveryAttributeMappings", SecretKind::AttributeMappings),
+];
+
+/// The type.
+pub struct WebHook;
+
+/// A parsed WebHook destination.
+#[derive(Debug)]
+pub struct WebHookDestination {
+    /// Absolute URL.
+    pub endpoint_url: String,
+}
+
+impl DestinationSpec for WebHookDestination {
+    fn echo(&self, props: &mut Map<String, Value>) {
+        props.insert("endpointUrl".into(), json!(self.endpoint_url));
+    }
+    fn secrets(&self) -> &'static [SecretProperty] {
+        &HTTP_SECRETS
+    }
+    fn url(&self) -> Option<&str> {
+        Some(&self.endpoint_url)
+    }
+    fn webhook_options(&self) -> bool {
+        true
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl DestinationKind for WebHook {
+    fn names(&self) -> &'static [&'static str] {
+        &["WebHook"]
+    }
+
+    fn parse(
+        &self,
+        props: &Obj<'_>,
+        ctx: &ParseContext<'_>,
+    ) -> Result<Destination, DestinationError> {
+        let raw = ctx.required(props, "endpointurl", "EndpointUrl")?;
+        ctx.outbound_url(
+            raw,
+            "EndpointUrl",
+            ctx.cfg.outbound.webhook_https_only,
+            "outbound__webhook__httpsOnly",
+        )?;
+        Ok(Destination::new(
+            "WebHook",
+            WebHookDestination {
+                endpoint_url: raw.to_string(),
+            },
+        ))
+    }
+
+    fn dead_letter(&self) -> bool {
+        true
+    }
+
+    fn sink(&self, sub: &Subscription, ctx: &SinkContext) -> Arc<dyn Sink> {
+        let Some(d) = sub.destination.spec::<WebHookDestination>() else {
+            return mismatched("WebHook");
+        };
+        Arc::new(
+            WebhookSink::new(
+                ctx.client.clone(),
+                d.endpoint_url.clone(),
+                None,
+                TopicRewrite::None,
+            )
+            .with_options(&sub.delivery, &ctx.boot_id),
+        )
+    }
+
+    fn example(&self, base: &str) -> Value {
+        json!({
+            "endpointUrl": with_credentials(base, "/hook?code=webhook-url-code-secret"),
+            "signingSecrets": ["whsec_d2ViaG9vay1zaWduaW5nLXNlY3JldC0wMTIzNDU2Nzg5"],
+            "deliveryAttributeMappings": [
+                {"name": "X-Api-Key", "type": "Static",
+                 "properties": {"value": "webhook-header-secret", "isSecret": true}},
+                {"name": "X-Tenant", "type": "Static",
+                 "properties": {"value": "tenant-a", "isSecret": false}}
+            ]
+        })
+    }
+}
+
+/// `base` with user `gridlet`, a password and `path_and_query` (for examples).
+pub(super) fn with_credentials(base: &str, path_and_query: &str) -> String {
+    let rest = base
+        .strip_prefix("http://")
+        .or_else(|| base.strip_prefix("https://"))
+        .unwrap_or(base);
+    let scheme = if base.starts_with("https://") {
+        "https"
+    } else {
+        "http"
+    };
+    format!("{scheme}://gridlet:url-password-secret@{rest}{path_and_query}")
+}

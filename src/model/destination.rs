@@ -1,0 +1,507 @@
+//! A subscription's destination as the model sees it: an opaque, parsed value ([`Destination`])
+//! that knows its `endpointType`, how it echoes its properties, which of them are secret, and
+//! the URL it delivers to (if any).
+//!
+//! The destination types themselves live in `delivery::sinks` (one file each, one registry);
+//! the model only sees them through [`DestinationSpec`] (a parsed value) and [`DestinationTypes`]
+//! (the parser), so the model never depends on delivery.
+//!
+//! Secrets: every destination declares its secret properties ([`SecretProperty`]); the stored
+//! record keeps them, every output meant for people or the cloud (GET, the module twin, logs)
+//! goes through [`mask_properties`] or [`mask_url`]. A masked value is `null` (as Event Grid
+//! cloud returns the value of an `isSecret` delivery attribute), or, for URLs and connection
+//! strings, the same text with only the secret parts replaced by `***`.
+
+use super::json::Obj;
+use crate::config::Config;
+use crate::error::ApiError;
+use serde_json::{Map, Value};
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+/// A bad destination (400 with the documented body naming the field). The destination types in
+/// `delivery::sinks` name it through this alias so they depend on the model, not on the API's
+/// error layer; when the model gets its own validation error type (issue 13, model -> error),
+/// this alias becomes that type and the types do not change.
+pub type DestinationError = ApiError;
+
+/// How a secret property is masked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretKind {
+    /// The whole value (string, array, object) is secret: masked as `null`.
+    Whole,
+    /// A URL: its password (or a lone user name) and key-bearing query values are secret.
+    Url,
+    /// A `Key=Value;…` connection string: key, signature and password parts are secret.
+    ConnectionString,
+    /// `deliveryAttributeMappings`: the `value` of each item marked `isSecret: true`.
+    AttributeMappings,
+}
+
+/// One secret property of a destination's `properties` (its echoed, camelCase name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SecretProperty {
+    /// The property name as echoed, e.g. `sasKey`.
+    pub name: &'static str,
+    /// How it is masked.
+    pub kind: SecretKind,
+}
+
+impl SecretProperty {
+    /// A secret property.
+    pub const fn new(name: &'static str, kind: SecretKind) -> Self {
+        Self { name, kind }
+    }
+}
+
+/// A parsed destination of one type (implemented next to the type in `delivery::sinks`).
+pub trait DestinationSpec: fmt::Debug + Send + Sync + 'static {
+    /// Echo the properties as stored (secrets in clear; [`mask_properties`] masks them).
+    fn echo(&self, props: &mut Map<String, Value>);
+    /// The secret properties among those [`DestinationSpec::echo`] writes.
+    fn secrets(&self) -> &'static [SecretProperty];
+    /// The URL deliveries go to (HTTP destinations); logs show it through [`mask_url`].
+    fn url(&self) -> Option<&str> {
+        None
+    }
+    /// What endpoint health is tracked by (`None`: not tracked).
+    fn health_key(&self) -> Option<&str> {
+        self.url()
+    }
+    /// Whether `signingSecrets` and `deliveryAttributeMappings` apply (HTTP POSTs of events).
+    fn webhook_options(&self) -> bool {
+        false
+    }
+    /// For the type's own sink builder to get its concrete value back.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A destination: its canonical `endpointType` and its parsed properties.
+#[derive(Clone)]
+pub struct Destination {
+    endpoint_type: &'static str,
+    spec: Arc<dyn DestinationSpec>,
+}
+
+impl fmt::Debug for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The masked echo: `Debug` output ends up in logs.
+        write!(
+            f,
+            "{} {}",
+            self.endpoint_type,
+            Value::Object(self.properties(true))
+        )
+    }
+}
+
+impl PartialEq for Destination {
+    fn eq(&self, other: &Self) -> bool {
+        self.endpoint_type == other.endpoint_type
+            && self.properties(false) == other.properties(false)
+    }
+}
+
+impl Eq for Destination {}
+
+impl Destination {
+    /// Wrap a parsed value of type `endpoint_type` (canonical name).
+    pub fn new(endpoint_type: &'static str, spec: impl DestinationSpec) -> Self {
+        Self {
+            endpoint_type,
+            spec: Arc::new(spec),
+        }
+    }
+
+    /// Canonical `endpointType`.
+    pub fn endpoint_type(&self) -> &'static str {
+        self.endpoint_type
+    }
+
+    /// The parsed value as its concrete type (for the type's sink builder).
+    pub fn spec<T: DestinationSpec>(&self) -> Option<&T> {
+        self.spec.as_any().downcast_ref::<T>()
+    }
+
+    /// The URL deliveries go to, for HTTP destinations (SSRF checks, logs through [`mask_url`]).
+    pub fn url(&self) -> Option<&str> {
+        self.spec.url()
+    }
+
+    /// What endpoint health is tracked by (`None`: not tracked).
+    pub fn health_key(&self) -> Option<&str> {
+        self.spec.health_key()
+    }
+
+    /// Whether `signingSecrets` and `deliveryAttributeMappings` apply.
+    pub fn webhook_options(&self) -> bool {
+        self.spec.webhook_options()
+    }
+
+    /// The secret properties of this destination.
+    pub fn secrets(&self) -> &'static [SecretProperty] {
+        self.spec.secrets()
+    }
+
+    /// The properties, secrets masked when `masked`.
+    pub fn properties(&self, masked: bool) -> Map<String, Value> {
+        let mut m = Map::new();
+        self.spec.echo(&mut m);
+        if masked {
+            mask_properties(&mut m, self.secrets());
+        }
+        m
+    }
+
+    /// `{"endpointType": …, "properties": …}`, secrets masked when `masked`.
+    pub fn to_json(&self, masked: bool) -> Value {
+        let mut m = Map::new();
+        m.insert("endpointType".into(), Value::from(self.endpoint_type));
+        m.insert("properties".into(), Value::Object(self.properties(masked)));
+        Value::Object(m)
+    }
+}
+
+/// What a destination is parsed for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `properties.destination`.
+    Delivery,
+    /// `properties.deadLetterDestination`.
+    DeadLetter,
+}
+
+impl Role {
+    /// The documented 400 for a bad destination of this role, naming the field in `msg`.
+    pub fn invalid(self, msg: impl Into<String>) -> ApiError {
+        match self {
+            Self::Delivery => ApiError::bad_request(
+                "InvalidDestination",
+                format!(
+                    "EventSubscription.Properties.Destination failed validation. Reason: {}",
+                    msg.into()
+                ),
+            ),
+            Self::DeadLetter => ApiError::bad_request(
+                "InvalidDeadLetterDestination",
+                format!(
+                    "EventSubscription.Properties.DeadLetterDestination failed validation. Reason: {}",
+                    msg.into()
+                ),
+            ),
+        }
+    }
+}
+
+/// The destination types a build knows (`delivery::sinks::Registry` in production).
+pub trait DestinationTypes: Sync {
+    /// Parse `props` (lowercased keys) as a destination of `endpoint_type` (any case) for `role`.
+    ///
+    /// # Errors
+    /// 400 ([`Role::invalid`]) naming the bad field, or listing the accepted types.
+    fn parse(
+        &self,
+        endpoint_type: &str,
+        props: &Obj<'_>,
+        cfg: &Config,
+        role: Role,
+    ) -> Result<Destination, ApiError>;
+}
+
+/// Mask `secrets` in `props` (echoed names) in place.
+pub fn mask_properties(props: &mut Map<String, Value>, secrets: &[SecretProperty]) {
+    for s in secrets {
+        let Some(v) = props.get_mut(s.name) else {
+            continue;
+        };
+        match (s.kind, &*v) {
+            (_, Value::Null) => {}
+            (SecretKind::Url, Value::String(u)) => *v = Value::String(mask_url(u)),
+            (SecretKind::ConnectionString, Value::String(c)) => {
+                *v = Value::String(mask_connection_string(c))
+            }
+            (SecretKind::AttributeMappings, Value::Array(_)) => mask_attribute_values(v),
+            _ => *v = Value::Null,
+        }
+    }
+}
+
+fn mask_attribute_values(v: &mut Value) {
+    let Value::Array(items) = v else { return };
+    for item in items {
+        let Some(p) = item.get_mut("properties").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        let secret = p
+            .get("isSecret")
+            .is_some_and(|s| s.as_bool() == Some(true) || s.as_str() == Some("true"));
+        if secret {
+            p.insert("value".into(), Value::Null);
+        }
+    }
+}
+
+const MASK: &str = "***";
+
+/// Query parameter names that carry credentials (substring match, lowercase): Azure SAS
+/// (`sig`, `sv`…`&sig`), Functions (`code`), API keys, tokens, passwords.
+const SECRET_QUERY_PARTS: [&str; 9] = [
+    "sig",
+    "key",
+    "code",
+    "token",
+    "secret",
+    "pass",
+    "pwd",
+    "auth",
+    "credential",
+];
+
+fn secret_name(name: &str, parts: &[&str]) -> bool {
+    let n = name.to_ascii_lowercase();
+    parts.iter().any(|p| n.contains(p))
+}
+
+/// `url` with its password (or a lone user name) and key-bearing query values replaced by `***`;
+/// anything that does not parse as a URL is masked whole.
+pub fn mask_url(url: &str) -> String {
+    let Ok(mut u) = url::Url::parse(url) else {
+        return MASK.into();
+    };
+    if u.password().is_some() {
+        let _ = u.set_password(Some(MASK));
+    } else if !u.username().is_empty() {
+        let _ = u.set_username(MASK);
+    }
+    if let Some(q) = u.query().map(str::to_string) {
+        let masked: Vec<String> = q
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, _)) if secret_name(k, &SECRET_QUERY_PARTS) => format!("{k}={MASK}"),
+                _ => pair.to_string(),
+            })
+            .collect();
+        u.set_query(Some(&masked.join("&")));
+    }
+    u.to_string()
+}
+
+/// A `Key=Value;…` connection string with key, signature and password values replaced by `***`
+/// (`SharedAccessKeyName`, `Endpoint`, `EntityPath`, `AccountName` stay readable).
+pub fn mask_connection_string(cs: &str) -> String {
+    cs.split(';')
+        .map(|part| match part.split_once('=') {
+            Some((k, _)) => {
+                let n = k.trim().to_ascii_lowercase();
+                let secret = (n.contains("key") && !n.ends_with("keyname"))
+                    || secret_name(&n, &["signature", "secret", "password", "pwd", "token"]);
+                if secret {
+                    format!("{k}={MASK}")
+                } else {
+                    part.to_string()
+                }
+            }
+            None => part.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// The secret text in `props` (echoed names) that masking hides: what must never appear in GET
+/// output, the twin or logs.
+pub fn secret_fragments(props: &Map<String, Value>, secrets: &[SecretProperty]) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in secrets {
+        let Some(v) = props.get(s.name) else { continue };
+        match (s.kind, v) {
+            (SecretKind::Url, Value::String(u)) => url_fragments(u, &mut out),
+            (SecretKind::ConnectionString, Value::String(c)) => {
+                for part in c.split(';') {
+                    if let Some((_, val)) = part.split_once('=') {
+                        if mask_connection_string(part) != part {
+                            out.push(val.to_string());
+                        }
+                    }
+                }
+            }
+            (SecretKind::AttributeMappings, Value::Array(items)) => {
+                for item in items {
+                    let p = item.get("properties");
+                    let secret = p
+                        .and_then(|p| p.get("isSecret"))
+                        .is_some_and(|s| s.as_bool() == Some(true) || s.as_str() == Some("true"));
+                    if let (true, Some(Value::String(val))) =
+                        (secret, p.and_then(|p| p.get("value")))
+                    {
+                        out.push(val.clone());
+                    }
+                }
+            }
+            (_, v) => string_leaves(v, &mut out),
+        }
+    }
+    out.retain(|f| !f.is_empty());
+    out
+}
+
+fn url_fragments(url: &str, out: &mut Vec<String>) {
+    let Ok(u) = url::Url::parse(url) else {
+        out.push(url.to_string());
+        return;
+    };
+    match u.password() {
+        Some(p) => out.push(p.to_string()),
+        None => out.push(u.username().to_string()),
+    }
+    for pair in u.query().unwrap_or_default().split('&') {
+        if let Some((k, v)) = pair.split_once('=') {
+            if secret_name(k, &SECRET_QUERY_PARTS) {
+                out.push(v.to_string());
+            }
+        }
+    }
+}
+
+fn string_leaves(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(a) => a.iter().for_each(|v| string_leaves(v, out)),
+        Value::Object(m) => m.values().for_each(|v| string_leaves(v, out)),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! A stand-in registry for model tests (the real types live in `delivery::sinks`): a
+    //! `WebHook` with `endpointUrl` (secret as a URL) and an `EdgeHub` with `outputName`.
+    use super::*;
+
+    const HOOK_SECRETS: [SecretProperty; 3] = [
+        SecretProperty::new("endpointUrl", SecretKind::Url),
+        SecretProperty::new("signingSecrets", SecretKind::Whole),
+        SecretProperty::new("deliveryAttributeMappings", SecretKind::AttributeMappings),
+    ];
+
+    #[derive(Debug)]
+    struct Hook(String);
+    impl DestinationSpec for Hook {
+        fn echo(&self, props: &mut Map<String, Value>) {
+            props.insert("endpointUrl".into(), Value::from(self.0.clone()));
+        }
+        fn secrets(&self) -> &'static [SecretProperty] {
+            &HOOK_SECRETS
+        }
+        fn url(&self) -> Option<&str> {
+            Some(&self.0)
+        }
+        fn webhook_options(&self) -> bool {
+            true
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    #[derive(Debug)]
+    struct Output(String);
+    impl DestinationSpec for Output {
+        fn echo(&self, props: &mut Map<String, Value>) {
+            props.insert("outputName".into(), Value::from(self.0.clone()));
+        }
+        fn secrets(&self) -> &'static [SecretProperty] {
+            &[]
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    /// The test registry.
+    pub struct TestTypes;
+
+    impl DestinationTypes for TestTypes {
+        fn parse(
+            &self,
+            endpoint_type: &str,
+            props: &Obj<'_>,
+            _cfg: &Config,
+            role: Role,
+        ) -> Result<Destination, ApiError> {
+            match endpoint_type.to_ascii_lowercase().as_str() {
+                "webhook" => {
+                    let u = props
+                        .str("endpointurl")?
+                        .ok_or_else(|| role.invalid("EndpointUrl is required"))?;
+                    Ok(Destination::new("WebHook", Hook(u.to_string())))
+                }
+                "edgehub" if role == Role::Delivery => {
+                    let o = props
+                        .str("outputname")?
+                        .ok_or_else(|| role.invalid("outputName is required"))?;
+                    Ok(Destination::new("EdgeHub", Output(o.to_string())))
+                }
+                other => Err(role.invalid(format!("endpointType '{other}' is not supported"))),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn urls_keep_everything_but_their_credentials() {
+        assert_eq!(
+            mask_url("https://user:pw@h.example/p?api-version=1&code=abc&sv=2020&sig=xyz"),
+            "https://user:***@h.example/p?api-version=1&code=***&sv=2020&sig=***"
+        );
+        assert_eq!(mask_url("https://tok@h.example/"), "https://***@h.example/");
+        assert_eq!(mask_url("https://h.example/x"), "https://h.example/x");
+        assert_eq!(mask_url("not a url"), "***");
+    }
+
+    #[test]
+    fn connection_strings_keep_their_names() {
+        assert_eq!(
+            mask_connection_string(
+                "Endpoint=sb://ns/;SharedAccessKeyName=send;SharedAccessKey=abc=;EntityPath=hub"
+            ),
+            "Endpoint=sb://ns/;SharedAccessKeyName=send;SharedAccessKey=***;EntityPath=hub"
+        );
+        assert_eq!(
+            mask_connection_string("AccountName=a;AccountKey=k==;SharedAccessSignature=sv=1&sig=2"),
+            "AccountName=a;AccountKey=***;SharedAccessSignature=***"
+        );
+    }
+
+    #[test]
+    fn properties_are_masked_by_declaration() {
+        let mut p = json!({
+            "sasKey": "k", "signingSecrets": ["whsec_a"], "topicName": null, "other": "x",
+            "deliveryAttributeMappings": [
+                {"name": "A", "properties": {"value": "open", "isSecret": false}},
+                {"name": "B", "properties": {"value": "hidden", "isSecret": true}}]
+        });
+        let secrets = [
+            SecretProperty::new("sasKey", SecretKind::Whole),
+            SecretProperty::new("signingSecrets", SecretKind::Whole),
+            SecretProperty::new("topicName", SecretKind::Whole),
+            SecretProperty::new("deliveryAttributeMappings", SecretKind::AttributeMappings),
+        ];
+        let Value::Object(m) = &mut p else { panic!() };
+        mask_properties(m, &secrets);
+        assert_eq!(
+            p,
+            json!({
+                "sasKey": null, "signingSecrets": null, "topicName": null, "other": "x",
+                "deliveryAttributeMappings": [
+                    {"name": "A", "properties": {"value": "open", "isSecret": false}},
+                    {"name": "B", "properties": {"value": null, "isSecret": true}}]
+            })
+        );
+    }
+}
