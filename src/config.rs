@@ -42,6 +42,8 @@ settings! {
     "inbound__clientAuth__sasKeys__enabled" = "false" : "accept the `aeg-sas-key` header as authentication";
     "inbound__clientAuth__sasKeys__key1" = "" : "accepted SAS key (secret, never logged)";
     "inbound__clientAuth__sasKeys__key2" = "" : "second accepted SAS key, for rotation (secret, never logged)";
+    "inbound__clientAuth__sasKeys__publishOnlyKeys" = "" : "comma-separated SAS keys that may only publish (`POST .../events`); anything else gets 403 (secret, never logged; needs `sasKeys__enabled`). Beyond the original, opt-in";
+    "inbound__clientAuth__clientCert__adminIdentities" = "" : "comma-separated client identities (the subject CN of the client certificate: the module id of an IoT Edge module identity certificate) that may manage topics and subscriptions; other accepted certificates may only publish. Empty: every accepted certificate is administrator (the original's behaviour)";
     "inbound__httpPort" = "5888" : "plain HTTP port (0 = any free port)";
     "inbound__httpsPort" = "4438" : "HTTPS port (0 = any free port)";
     "inbound__bindAddress" = "0.0.0.0" : "address both listeners bind to";
@@ -168,6 +170,10 @@ pub struct Inbound {
     pub sas_enabled: bool,
     /// Accepted SAS keys (key1, key2). Secrets: never logged (see [`Config`]'s `Debug`).
     pub sas_keys: Vec<String>,
+    /// SAS keys that may only publish. Secrets, like `sas_keys`.
+    pub publish_only_sas_keys: Vec<String>,
+    /// Client-certificate identities (subject CN) that may manage; empty = every certificate.
+    pub admin_identities: Vec<String>,
 }
 
 /// Outbound (delivery side) settings.
@@ -339,6 +345,11 @@ impl fmt::Debug for Config {
         // SAS keys are secrets: show how many there are, never their values.
         let mut inbound = self.inbound.clone();
         inbound.sas_keys = inbound.sas_keys.iter().map(|_| "***".to_string()).collect();
+        inbound.publish_only_sas_keys = inbound
+            .publish_only_sas_keys
+            .iter()
+            .map(|_| "***".to_string())
+            .collect();
         f.debug_struct("Config")
             .field("inbound", &inbound)
             .field("outbound", &self.outbound)
@@ -451,6 +462,16 @@ impl Raw {
     }
 }
 
+/// The non-empty, trimmed items of a comma-separated setting.
+fn comma_list(v: Option<&str>) -> Vec<String> {
+    v.unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
 impl Config {
     /// Load from the process environment.
     ///
@@ -501,7 +522,11 @@ impl Config {
         .into_iter()
         .flatten()
         .collect();
-        if sas_enabled && sas_keys.is_empty() {
+        let publish_only_sas_keys = comma_list(
+            raw.secret("inbound__clientAuth__sasKeys__publishOnlyKeys")
+                .as_deref(),
+        );
+        if sas_enabled && sas_keys.is_empty() && publish_only_sas_keys.is_empty() {
             return Err(ConfigError {
                 key: "inbound__clientAuth__sasKeys__key1".into(),
                 value: String::new(),
@@ -520,6 +545,10 @@ impl Config {
                 .bool("inbound__clientAuth__clientCert__allowUnknownCA")?,
             sas_enabled,
             sas_keys,
+            publish_only_sas_keys,
+            admin_identities: comma_list(Some(
+                raw.text("inbound__clientAuth__clientCert__adminIdentities"),
+            )),
         };
         let outbound = Outbound {
             client_cert_enabled: raw.bool("outbound__clientAuth__clientCert__enabled")?,

@@ -307,15 +307,19 @@ async fn accept_loop(
                 tokio::spawn(async move {
                     match tls {
                         None => {
-                            let info = ConnInfo { scheme, client_cert: false };
+                            let info = ConnInfo { scheme, client_cert: false, client_identity: None };
                             serve(TokioIo::new(stream), router, info, watcher).await;
                         }
                         Some(acceptor) => {
                             let handshake = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await;
                             match handshake {
                                 Ok(Ok(tls_stream)) => {
-                                    let client_cert = tls_stream.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
-                                    let info = ConnInfo { scheme, client_cert };
+                                    let first = tls_stream.get_ref().1.peer_certificates().and_then(|c| c.first());
+                                    let info = ConnInfo {
+                                        scheme,
+                                        client_cert: first.is_some(),
+                                        client_identity: first.and_then(|c| tls::common_name(c)).map(Arc::from),
+                                    };
                                     serve(TokioIo::new(tls_stream), router, info, watcher).await;
                                 }
                                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
@@ -346,7 +350,7 @@ async fn serve<I>(
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let svc = router.map_request(move |mut req: axum::http::Request<Incoming>| {
-        req.extensions_mut().insert(info);
+        req.extensions_mut().insert(info.clone());
         req
     });
     let conn = hyper::server::conn::http1::Builder::new()

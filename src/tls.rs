@@ -9,6 +9,10 @@
 //!   server certificate, still verifying the handshake signature; otherwise the Mozilla roots plus
 //!   the IoT Edge trust bundle are used with host-name checks.
 
+mod identity;
+
+pub use identity::common_name;
+
 use crate::delivery::http::HttpClient;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};

@@ -1,18 +1,38 @@
-//! Authentication: the one place it is decided (docs/COMPATIBILITY.md §5.1).
+//! Authentication and authorization: the one place both are decided.
 //!
-//! Order: the `aeg-sas-key` header is checked first (when SAS keys are enabled), then the TLS
-//! client certificate (when certificate auth is enabled); either suffices. With both disabled
-//! every request is allowed. Failure is 401 with the documented body. Keys are compared in
-//! constant time and never logged.
+//! Who is calling ([`authenticate`]): the `aeg-sas-key` header is checked first (when SAS keys
+//! are enabled), then the TLS client certificate (when certificate auth is enabled). With both
+//! disabled every request is an administrator (the original's behaviour). No accepted
+//! credential: 401 with the documented body. Keys are compared in constant time and never
+//! logged.
+//!
+//! What they may do ([`Role`]), an opt-in split beyond the original:
+//! * `key1`/`key2`: administrator;
+//! * `inbound__clientAuth__sasKeys__publishOnlyKeys`: publisher;
+//! * a client certificate: administrator when `inbound__clientAuth__clientCert__adminIdentities`
+//!   is empty (the default) or lists its subject CN, publisher otherwise.
+//!
+//! A publisher may only publish (`POST /topics/{topic}/events[/{id}]`); any other API route
+//! answers 403 `Forbidden` with the documented body. When a request carries several credentials
+//! the strongest counts.
 
 use super::ConnInfo;
 use crate::config::Inbound;
 use crate::error::ApiError;
 use axum::extract::Request;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Method, StatusCode};
 
 /// Header carrying a SAS key.
 pub const SAS_HEADER: &str = "aeg-sas-key";
+
+/// What an authenticated caller may do. Ordered: the stronger role compares greater.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// Publish events, nothing else.
+    Publisher,
+    /// Everything: topics, subscriptions, dead letters, metrics, publishing.
+    Admin,
+}
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
@@ -21,36 +41,93 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Whether a request with these headers on this connection is authenticated.
-pub fn is_authorized(cfg: &Inbound, headers: &HeaderMap, conn: Option<ConnInfo>) -> bool {
+/// Every key is compared (no early exit on a match), so timing shows neither which key matched
+/// nor how many there are before it.
+fn any_key_matches(given: &[u8], keys: &[String]) -> bool {
+    keys.iter()
+        .fold(false, |hit, k| constant_time_eq(given, k.as_bytes()) | hit)
+}
+
+/// The caller's role, or `None` when no credential is accepted.
+pub fn authenticate(cfg: &Inbound, headers: &HeaderMap, conn: Option<&ConnInfo>) -> Option<Role> {
     if !cfg.sas_enabled && !cfg.client_cert_enabled {
-        return true;
+        return Some(Role::Admin);
     }
+    let mut role = None;
     if cfg.sas_enabled {
         if let Some(given) = headers.get(SAS_HEADER) {
-            if cfg
-                .sas_keys
-                .iter()
-                .any(|k| constant_time_eq(given.as_bytes(), k.as_bytes()))
-            {
-                return true;
+            if any_key_matches(given.as_bytes(), &cfg.sas_keys) {
+                return Some(Role::Admin);
+            }
+            if any_key_matches(given.as_bytes(), &cfg.publish_only_sas_keys) {
+                role = Some(Role::Publisher);
             }
         }
     }
-    cfg.client_cert_enabled && conn.is_some_and(|c| c.client_cert)
+    if cfg.client_cert_enabled {
+        if let Some(conn) = conn.filter(|c| c.client_cert) {
+            let listed = conn.client_identity.as_deref().is_some_and(|id| {
+                cfg.admin_identities
+                    .iter()
+                    .any(|a| a.eq_ignore_ascii_case(id))
+            });
+            let cert_role = if cfg.admin_identities.is_empty() || listed {
+                Role::Admin
+            } else {
+                Role::Publisher
+            };
+            role = role.max(Some(cert_role));
+        }
+    }
+    role
 }
 
-/// 401 unless the request is authenticated. The API's one layer ([`super::Guard`]) calls this
-/// first on every API route.
+/// Whether this request is a publish (`POST /topics/{topic}/events` or `.../events/{id}`).
+fn is_publish(req: &Request) -> bool {
+    if req.method() != Method::POST {
+        return false;
+    }
+    let mut segments = req.uri().path().trim_start_matches('/').split('/');
+    matches!(
+        (
+            segments.next(),
+            segments.next(),
+            segments.next(),
+            segments.next(),
+            segments.next()
+        ),
+        (
+            Some("topics"),
+            Some(_),
+            Some("events"),
+            None | Some(_),
+            None
+        )
+    )
+}
+
+/// 403 for a publisher on anything but publishing.
+fn forbidden() -> ApiError {
+    ApiError {
+        status: StatusCode::FORBIDDEN,
+        detail: "Forbidden",
+        message: "this credential may only publish events (POST /topics/{topic}/events)".into(),
+        retry_after: None,
+    }
+}
+
+/// 401 unless the request is authenticated; 403 when its credential may not use this route.
+/// The API's one layer ([`super::Guard`]) calls this first on every API route.
 ///
 /// # Errors
-/// 401 with the documented body.
+/// 401 or 403 with the documented body.
 pub fn require(cfg: &Inbound, req: &Request) -> Result<(), ApiError> {
-    let conn = req.extensions().get::<ConnInfo>().copied();
-    if is_authorized(cfg, req.headers(), conn) {
-        Ok(())
-    } else {
-        Err(ApiError::unauthorized())
+    let conn = req.extensions().get::<ConnInfo>();
+    match authenticate(cfg, req.headers(), conn) {
+        None => Err(ApiError::unauthorized()),
+        Some(Role::Admin) => Ok(()),
+        Some(Role::Publisher) if is_publish(req) => Ok(()),
+        Some(Role::Publisher) => Err(forbidden()),
     }
 }
 
@@ -59,6 +136,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use axum::http::HeaderValue;
+    use std::sync::Arc;
 
     fn inbound(pairs: &[(&str, &str)]) -> Inbound {
         Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
@@ -74,20 +152,22 @@ mod tests {
         h
     }
 
-    const HTTPS_CERT: Option<ConnInfo> = Some(ConnInfo {
-        scheme: "https",
-        client_cert: true,
-    });
-    const HTTPS_NONE: Option<ConnInfo> = Some(ConnInfo {
-        scheme: "https",
-        client_cert: false,
-    });
+    fn https(cert: Option<&str>) -> ConnInfo {
+        ConnInfo {
+            scheme: "https",
+            client_cert: cert.is_some(),
+            client_identity: cert.filter(|c| !c.is_empty()).map(Arc::from),
+        }
+    }
 
     #[test]
     fn defaults_need_a_client_certificate() {
         let c = inbound(&[]);
-        assert!(!is_authorized(&c, &headers(None), HTTPS_NONE));
-        assert!(is_authorized(&c, &headers(None), HTTPS_CERT));
+        assert_eq!(authenticate(&c, &headers(None), Some(&https(None))), None);
+        assert_eq!(
+            authenticate(&c, &headers(None), Some(&https(Some("any")))),
+            Some(Role::Admin)
+        );
     }
 
     #[test]
@@ -97,15 +177,76 @@ mod tests {
             ("inbound__clientAuth__sasKeys__key1", "k1"),
             ("inbound__clientAuth__sasKeys__key2", "k2"),
         ]);
-        assert!(is_authorized(&c, &headers(Some("k1")), HTTPS_NONE));
-        assert!(is_authorized(&c, &headers(Some("k2")), HTTPS_NONE));
-        assert!(!is_authorized(&c, &headers(Some("bad")), HTTPS_NONE));
-        assert!(is_authorized(&c, &headers(Some("bad")), HTTPS_CERT));
+        let none = https(None);
+        assert_eq!(
+            authenticate(&c, &headers(Some("k1")), Some(&none)),
+            Some(Role::Admin)
+        );
+        assert_eq!(
+            authenticate(&c, &headers(Some("k2")), Some(&none)),
+            Some(Role::Admin)
+        );
+        assert_eq!(authenticate(&c, &headers(Some("bad")), Some(&none)), None);
+        let cert = https(Some("m"));
+        assert_eq!(
+            authenticate(&c, &headers(Some("bad")), Some(&cert)),
+            Some(Role::Admin)
+        );
     }
 
     #[test]
     fn all_off_allows_everything() {
         let c = inbound(&[("inbound__clientAuth__clientCert__enabled", "false")]);
-        assert!(is_authorized(&c, &headers(None), None));
+        assert_eq!(authenticate(&c, &headers(None), None), Some(Role::Admin));
+    }
+
+    #[test]
+    fn publish_only_keys_and_admin_identities() {
+        let c = inbound(&[
+            ("inbound__clientAuth__sasKeys__enabled", "true"),
+            ("inbound__clientAuth__sasKeys__key1", "admin"),
+            ("inbound__clientAuth__sasKeys__publishOnlyKeys", "p1, p2"),
+            (
+                "inbound__clientAuth__clientCert__adminIdentities",
+                "ops,Manager",
+            ),
+        ]);
+        let none = https(None);
+        let role = |key: Option<&str>, conn: &ConnInfo| authenticate(&c, &headers(key), Some(conn));
+        assert_eq!(role(Some("p2"), &none), Some(Role::Publisher));
+        assert_eq!(role(Some("admin"), &none), Some(Role::Admin));
+        assert_eq!(role(Some("p3"), &none), None);
+        assert_eq!(role(None, &https(Some("sensor"))), Some(Role::Publisher));
+        assert_eq!(role(None, &https(Some("manager"))), Some(Role::Admin));
+        assert_eq!(role(None, &https(Some(""))), Some(Role::Publisher));
+        // The strongest credential counts.
+        assert_eq!(role(Some("p1"), &https(Some("ops"))), Some(Role::Admin));
+    }
+
+    #[test]
+    fn publishers_may_only_publish() {
+        let req = |m: Method, path: &str| {
+            axum::http::Request::builder()
+                .method(m)
+                .uri(path)
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        assert!(is_publish(&req(
+            Method::POST,
+            "/topics/t/events?api-version=x"
+        )));
+        assert!(is_publish(&req(Method::POST, "/topics/t/events/id1")));
+        assert!(!is_publish(&req(Method::PUT, "/topics/t")));
+        assert!(!is_publish(&req(Method::GET, "/topics/t/events")));
+        assert!(!is_publish(&req(
+            Method::POST,
+            "/topics/events/eventSubscriptions/s/deadLetters/replay"
+        )));
+        assert!(!is_publish(&req(
+            Method::POST,
+            "/topics/t/eventSubscriptions/s/deadLetters/replay"
+        )));
+        assert!(!is_publish(&req(Method::POST, "/topics/t/events/id/x")));
     }
 }

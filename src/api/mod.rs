@@ -40,12 +40,14 @@ pub const API_VERSION: &str = "2019-01-01-preview";
 pub const SDK_PUBLISH_API_VERSION: &str = "2018-01-01";
 
 /// Per-connection facts the listener attaches to every request.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ConnInfo {
     /// `http` or `https`.
     pub scheme: &'static str,
     /// A client certificate was presented and accepted by the TLS verifier.
     pub client_cert: bool,
+    /// That certificate's identity (subject CN), when it has one.
+    pub client_identity: Option<Arc<str>>,
 }
 
 /// Shared handler state.
@@ -60,7 +62,7 @@ pub struct AppState {
 }
 
 impl AppState {
-    fn resource_context(&self, headers: &HeaderMap, conn: Option<ConnInfo>) -> ResourceContext {
+    fn resource_context(&self, headers: &HeaderMap, conn: Option<&ConnInfo>) -> ResourceContext {
         let cfg = self.broker.config();
         let scheme = conn.map(|c| c.scheme).unwrap_or("http");
         let host = headers

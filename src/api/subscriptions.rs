@@ -35,7 +35,7 @@ pub(super) async fn put(
         .await?;
     Ok(Json(subscription_resource(
         &sub,
-        &s.resource_context(&headers, conn.map(|c| c.0)),
+        &s.resource_context(&headers, conn.as_ref().map(|c| &c.0)),
     )))
 }
 
@@ -54,7 +54,7 @@ pub(super) async fn get(
         .ok_or_else(|| subscription_not_found(&topic, &name))?;
     let mut v = subscription_resource(
         &sub.shared.config().sub,
-        &s.resource_context(&headers, conn.map(|c| c.0)),
+        &s.resource_context(&headers, conn.as_ref().map(|c| &c.0)),
     );
     // Live state, not part of the stored record: the destination's health, shown only while it
     // is disabled or frozen, so a healthy subscription's GET stays identical to its PUT answer
@@ -81,7 +81,7 @@ pub(super) async fn list(
         .broker
         .topic(&topic)
         .ok_or_else(|| topic_not_found(&topic))?;
-    let ctx = s.resource_context(&headers, conn.map(|c| c.0));
+    let ctx = s.resource_context(&headers, conn.as_ref().map(|c| &c.0));
     let mut subs: Vec<_> = entry
         .subscriptions()
         .iter()

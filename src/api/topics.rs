@@ -32,7 +32,7 @@ pub(super) async fn put(
     let topic = s.broker.manage(move |b| b.put_topic(topic)).await?;
     Ok(Json(topic_resource(
         &topic,
-        &s.resource_context(&headers, conn.map(|c| c.0)),
+        &s.resource_context(&headers, conn.as_ref().map(|c| &c.0)),
     )))
 }
 
@@ -48,12 +48,12 @@ pub(super) async fn get(
         .ok_or_else(|| topic_not_found(&name))?;
     Ok(Json(topic_resource(
         &entry.topic(),
-        &s.resource_context(&headers, conn.map(|c| c.0)),
+        &s.resource_context(&headers, conn.as_ref().map(|c| &c.0)),
     )))
 }
 
 pub(super) async fn list(State(s): State<AppState>, conn: Conn, headers: HeaderMap) -> Json<Value> {
-    let ctx = s.resource_context(&headers, conn.map(|c| c.0));
+    let ctx = s.resource_context(&headers, conn.as_ref().map(|c| &c.0));
     Json(Value::Array(
         s.broker
             .topics()

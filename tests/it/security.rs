@@ -163,3 +163,112 @@ async fn health_routes_need_no_auth() {
     assert_eq!(r.status(), 200);
     assert_eq!(t.get("/topics").await.0, 401);
 }
+
+/// A publish-only SAS key (`inbound__clientAuth__sasKeys__publishOnlyKeys`) publishes, and gets
+/// 403 Forbidden in the documented error body on everything else; key1 stays administrator.
+#[tokio::test]
+async fn publish_only_sas_keys_may_only_publish() {
+    let t = start(&[
+        ("inbound__clientAuth__sasKeys__enabled", "true"),
+        ("inbound__clientAuth__sasKeys__key1", "admin-key"),
+        (
+            "inbound__clientAuth__sasKeys__publishOnlyKeys",
+            "pub-a,pub-b",
+        ),
+    ])
+    .await;
+    let mut rx = Receiver::start().await;
+    let send = |r: reqwest::RequestBuilder, key: &'static str| async move {
+        let r = r.header("aeg-sas-key", key).send().await.unwrap();
+        let status = r.status().as_u16();
+        (
+            status,
+            r.json::<serde_json::Value>().await.unwrap_or_default(),
+        )
+    };
+    let put_topic = |name: &str| {
+        t.client
+            .put(t.url(&format!("/topics/{name}")))
+            .json(&json!({}))
+    };
+    let (s, b) = send(put_topic("t1"), "pub-a").await;
+    assert_eq!(s, 403, "{b}");
+    assert_eq!(b["error"]["code"], "Forbidden", "{b}");
+    assert_eq!(b["error"]["details"]["code"], "Forbidden", "{b}");
+    assert!(b["error"]["details"]["message"].is_string(), "{b}");
+    assert_eq!(send(put_topic("t1"), "admin-key").await.0, 200);
+    let sub = json!({"properties": {"destination": {"endpointType": "WebHook",
+        "properties": {"endpointUrl": rx.url("/p")}}}});
+    let put_sub = || {
+        t.client
+            .put(t.url("/topics/t1/eventSubscriptions/s"))
+            .json(&sub)
+    };
+    assert_eq!(send(put_sub(), "pub-b").await.0, 403);
+    assert_eq!(send(put_sub(), "admin-key").await.0, 200);
+    for path in [
+        "/topics",
+        "/topics/t1",
+        "/topics/t1/eventSubscriptions/s",
+        "/metrics",
+    ] {
+        assert_eq!(
+            send(t.client.get(t.url(path)), "pub-a").await.0,
+            403,
+            "{path}"
+        );
+    }
+    assert_eq!(
+        send(t.client.delete(t.url("/topics/t1")), "pub-a").await.0,
+        403
+    );
+    let events = json!([eg_event("e1", "s", "t", json!({}))]);
+    let publish = t.client.post(t.url("/topics/t1/events")).json(&events);
+    assert_eq!(send(publish, "pub-b").await.0, 200);
+    assert_eq!(rx.next().await.json()[0]["id"], "e1");
+    let publish = t.client.post(t.url("/topics/t1/events")).json(&events);
+    assert_eq!(send(publish, "unknown").await.0, 401);
+}
+
+/// With `inbound__clientAuth__clientCert__adminIdentities` set, a client certificate whose
+/// subject CN (the module id of an IoT Edge identity certificate) is listed manages; any other
+/// accepted certificate may only publish.
+#[tokio::test]
+async fn only_listed_certificate_identities_manage() {
+    let t = start(&[
+        ("inbound__clientAuth__clientCert__enabled", "true"),
+        (
+            "inbound__clientAuth__clientCert__adminIdentities",
+            "opsmodule",
+        ),
+    ])
+    .await;
+    let https = t.https_base.clone().unwrap();
+    let client_as = |cn: &str| {
+        let mut params = rcgen::CertificateParams::new(vec![cn.to_string()]).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let pem = format!("{}{}", cert.pem(), key.serialize_pem());
+        reqwest::Client::builder()
+            .tls_danger_accept_invalid_certs(true)
+            .identity(reqwest::Identity::from_pem(pem.as_bytes()).unwrap())
+            .build()
+            .unwrap()
+    };
+    let (ops, sensor) = (client_as("opsmodule"), client_as("sensor"));
+    let topic = format!("{https}/topics/t1?{V}");
+    let r = sensor.put(&topic).json(&json!({})).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    let r = ops.put(&topic).json(&json!({})).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let events = json!([eg_event("e1", "s", "t", json!({}))]);
+    let publish = format!("{https}/topics/t1/events?{V}");
+    let r = sensor.post(&publish).json(&events).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    // No certificate at all: 401, as before.
+    let r = t.client.post(&publish).json(&events).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+}
