@@ -11,7 +11,7 @@
 //! * Everything goes through the broker's own `put_topic`/`put_subscription`, so validation and
 //!   persistence are exactly the REST API's.
 //! * Reported: `topics`, `eventSubscriptions` (every topic/subscription the broker holds, arrays
-//!   as JSON strings, secrets masked) and `errors` (`bootupMessage`, `bootupException`, `topics`,
+//!   as JSON strings, every secret a destination declares masked) and `errors` (`bootupMessage`, `bootupException`, `topics`,
 //!   `eventSubscriptions`: `HttpStatusCode='…' ErrorCode='…' Message='…'`). Only the difference
 //!   to what was last reported is sent; removed entries are sent as `null`.
 
@@ -26,8 +26,6 @@ use tokio::sync::mpsc;
 
 const TWIN_RES: &str = "$iothub/twin/res/";
 const DESIRED_PATCH: &str = "$iothub/twin/PATCH/properties/desired/";
-/// Masked in reported properties: the twin is readable in the cloud.
-const SECRET_KEYS: [&str; 2] = ["sasKey", "connectionString"];
 
 /// Errors from applying desired properties, by name.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -129,21 +127,13 @@ fn apply_subscription(broker: &Broker, name: &str, props: &Value) -> Result<(), 
         .map(|_| ())
 }
 
-/// Twins have no arrays: encode them as JSON strings. Secrets are masked.
+/// Twins have no arrays: encode them as JSON strings. Apply to properties whose secrets are
+/// already masked ([`crate::model::subscription::Subscription::public_properties`]): once an
+/// array is a string, its secrets can no longer be found.
 fn twin_safe(v: Value) -> Value {
     match v {
         Value::Array(a) => Value::String(Value::Array(a).to_string()),
-        Value::Object(m) => Value::Object(
-            m.into_iter()
-                .map(|(k, v)| {
-                    if SECRET_KEYS.contains(&k.as_str()) && !v.is_null() {
-                        (k, Value::String("***".into()))
-                    } else {
-                        (k, twin_safe(v))
-                    }
-                })
-                .collect(),
-        ),
+        Value::Object(m) => Value::Object(m.into_iter().map(|(k, v)| (k, twin_safe(v))).collect()),
         other => other,
     }
 }
@@ -160,7 +150,7 @@ pub fn reported(broker: &Broker, errors: &TwinErrors) -> Value {
         );
         for s in t.subscriptions().iter() {
             let cfg = s.shared.config();
-            subs.insert(cfg.sub.name.clone(), twin_safe(cfg.sub.properties()));
+            subs.insert(cfg.sub.name.clone(), twin_safe(cfg.sub.public_properties()));
         }
     }
     json!({
@@ -362,12 +352,13 @@ mod tests {
     }
 
     #[test]
-    fn arrays_become_strings_and_secrets_are_masked() {
+    fn arrays_become_strings() {
+        // Secrets are masked before (`public_properties`; tests/it/secrets.rs checks the twin).
         let v = twin_safe(json!({"filter": {"includedEventTypes": ["a", "b"]},
-            "destination": {"properties": {"sasKey": "s3cret", "topicName": null}}}));
+            "destination": {"properties": {"sasKey": null, "topicName": "t"}}}));
         assert_eq!(v["filter"]["includedEventTypes"], "[\"a\",\"b\"]");
-        assert_eq!(v["destination"]["properties"]["sasKey"], "***");
-        assert!(v["destination"]["properties"]["topicName"].is_null());
+        assert!(v["destination"]["properties"]["sasKey"].is_null());
+        assert_eq!(v["destination"]["properties"]["topicName"], "t");
     }
 
     #[test]

@@ -263,18 +263,36 @@ fn secret_name(name: &str, parts: &[&str]) -> bool {
     parts.iter().any(|p| n.contains(p))
 }
 
-/// `url` with its password (or a lone user name) and key-bearing query values replaced by `***`;
-/// anything that does not parse as a URL is masked whole.
+/// `url` with its password (or a lone user name) and key-bearing query values replaced by `***`,
+/// the rest of the text unchanged; anything that does not parse as a URL is masked whole.
 pub fn mask_url(url: &str) -> String {
-    let Ok(mut u) = url::Url::parse(url) else {
+    if url::Url::parse(url).is_err() {
         return MASK.into();
-    };
-    if u.password().is_some() {
-        let _ = u.set_password(Some(MASK));
-    } else if !u.username().is_empty() {
-        let _ = u.set_username(MASK);
     }
-    if let Some(q) = u.query().map(str::to_string) {
+    let (rest, fragment) = match url.split_once('#') {
+        Some((r, f)) => (r, Some(f)),
+        None => (url, None),
+    };
+    let (head, query) = match rest.split_once('?') {
+        Some((h, q)) => (h, Some(q)),
+        None => (rest, None),
+    };
+    let mut out = match head.split_once("://") {
+        Some((scheme, after)) => {
+            let end = after.find('/').unwrap_or(after.len());
+            let (authority, path) = after.split_at(end);
+            let authority = match authority.rsplit_once('@') {
+                Some((userinfo, host)) => match userinfo.split_once(':') {
+                    Some((user, _)) => format!("{user}:{MASK}@{host}"),
+                    None => format!("{MASK}@{host}"),
+                },
+                None => authority.to_string(),
+            };
+            format!("{scheme}://{authority}{path}")
+        }
+        None => head.to_string(),
+    };
+    if let Some(q) = query {
         let masked: Vec<String> = q
             .split('&')
             .map(|pair| match pair.split_once('=') {
@@ -282,9 +300,14 @@ pub fn mask_url(url: &str) -> String {
                 _ => pair.to_string(),
             })
             .collect();
-        u.set_query(Some(&masked.join("&")));
+        out.push('?');
+        out.push_str(&masked.join("&"));
     }
-    u.to_string()
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    out
 }
 
 /// A `Key=Value;…` connection string with key, signature and password values replaced by `***`
@@ -461,6 +484,7 @@ mod tests {
         );
         assert_eq!(mask_url("https://tok@h.example/"), "https://***@h.example/");
         assert_eq!(mask_url("https://h.example/x"), "https://h.example/x");
+        assert_eq!(mask_url("https://h.example:4430"), "https://h.example:4430");
         assert_eq!(mask_url("not a url"), "***");
     }
 

@@ -430,7 +430,7 @@ pub fn subscription_resource(s: &Subscription, ctx: &ResourceContext) -> Value {
         "id": format!("{}/topics/{}/eventSubscriptions/{}", ctx.id_prefix, s.topic, s.name),
         "name": s.name,
         "type": "Microsoft.EventGrid/eventSubscriptions",
-        "properties": s.properties(),
+        "properties": s.public_properties(),
     })
 }
 

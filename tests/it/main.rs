@@ -16,5 +16,6 @@ mod persistence;
 mod process;
 mod resilience;
 mod schedule;
+mod secrets;
 mod security;
 mod util;
