@@ -47,6 +47,10 @@ settings! {
     "inbound__httpPort" = "5888" : "plain HTTP port (0 = any free port)";
     "inbound__httpsPort" = "4438" : "HTTPS port (0 = any free port)";
     "inbound__bindAddress" = "0.0.0.0" : "address both listeners bind to";
+    "inbound__maxConnections" = "1024" : "open client connections, both listeners together; past it new connections wait in the listen backlog (not accepted) until one closes";
+    "inbound__idleTimeoutInSeconds" = "30" : "a connection with no request in progress (never sent one, idle between keep-alive requests, or slow to send its headers) is closed after this long";
+    "inbound__requestBodyTimeoutInSeconds" = "60" : "a request body must arrive within this long of being read; slower gets 408 and the connection closes";
+    "inbound__responseWriteTimeoutInSeconds" = "30" : "a connection whose client reads none of a pending response for this long is closed";
     "outbound__clientAuth__clientCert__enabled" = "true" : "present the module identity certificate on outgoing calls (needs IoT Edge)";
     "outbound__clientAuth__clientCert__source" = "IoTEdge" : "identity certificate from the workload API";
     "outbound__webhook__httpsOnly" = "true" : "only `https://` webhook endpoints may be subscribed";
@@ -162,6 +166,14 @@ pub struct Inbound {
     pub https_port: u16,
     /// Bind address of both listeners.
     pub bind_address: IpAddr,
+    /// Open client connections, both listeners together.
+    pub max_connections: usize,
+    /// Close a connection with no request in progress after this long.
+    pub idle_timeout: Duration,
+    /// A request body must arrive within this long of being read.
+    pub body_timeout: Duration,
+    /// Close a connection whose client reads nothing of a pending response for this long.
+    pub write_timeout: Duration,
     /// Client certificates authenticate.
     pub client_cert_enabled: bool,
     /// Client certificates from unknown CAs are accepted.
@@ -540,6 +552,22 @@ impl Config {
             http_port: raw.int("inbound__httpPort", 0, 65535)? as u16,
             https_port: raw.int("inbound__httpsPort", 0, 65535)? as u16,
             bind_address,
+            max_connections: raw.int("inbound__maxConnections", 1, 1_000_000)? as usize,
+            idle_timeout: Duration::from_secs(raw.int(
+                "inbound__idleTimeoutInSeconds",
+                1,
+                86_400,
+            )?),
+            body_timeout: Duration::from_secs(raw.int(
+                "inbound__requestBodyTimeoutInSeconds",
+                1,
+                86_400,
+            )?),
+            write_timeout: Duration::from_secs(raw.int(
+                "inbound__responseWriteTimeoutInSeconds",
+                1,
+                86_400,
+            )?),
             client_cert_enabled: raw.bool("inbound__clientAuth__clientCert__enabled")?,
             client_cert_allow_unknown_ca: raw
                 .bool("inbound__clientAuth__clientCert__allowUnknownCA")?,

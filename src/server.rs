@@ -1,12 +1,15 @@
 //! Start-up and listeners: configuration → TLS material → store → broker → router → sockets.
 //!
-//! Each listener runs its own accept loop. HTTPS connections are handshaken in their own task
-//! (a slow client never stalls accepting); the listener records whether the client presented a
-//! certificate the verifier accepted and attaches it to every request as [`ConnInfo`].
+//! [`run`] / [`Gridlet::start_on`] take bound [`Listeners`] (tests and embedders bind
+//! `127.0.0.1:0`); [`Gridlet::start`] binds what the configuration asks for. Each listener runs
+//! its own accept loop ([`conn`]: the connection cap, idle, body and write timeouts, the TLS
+//! handshake, and the client identity attached to every request as [`crate::api::ConnInfo`]).
 //! Shutdown (SIGTERM / Ctrl-C): readiness turns false, accept loops stop, in-flight requests get
 //! up to 10 s to finish, then the broker's tasks are dropped.
 
-use crate::api::{self, AppState, ConnInfo};
+mod conn;
+
+use crate::api::{self, AppState};
 use crate::broker::{Broker, OpenError};
 use crate::clock::Clock;
 use crate::config::{Config, MetricsReporter};
@@ -15,11 +18,7 @@ use crate::delivery::sinks::DefaultSinks;
 use crate::edge::{EdgeError, EdgeRuntime};
 use crate::store::Store;
 use crate::tls::{self, CertStore, ClientCerts, OutboundTls, TlsError};
-use axum::Router;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
+use conn::{accept_loop, ConnLimits};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -28,7 +27,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
-use tower::ServiceExt;
 
 /// Why gridlet could not start.
 #[derive(Debug, thiserror::Error)]
@@ -90,12 +88,74 @@ pub fn outbound_tls(cfg: &Config) -> OutboundTls {
     }
 }
 
+/// The sockets gridlet serves on, bound by the caller (tests and embedders bind `127.0.0.1:0`;
+/// [`Listeners::bind`] binds what the configuration asks for).
+#[derive(Default)]
+pub struct Listeners {
+    /// Plain HTTP.
+    pub http: Option<TcpListener>,
+    /// HTTPS.
+    pub https: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Bind the listeners `inbound__serverAuth__tlsPolicy` turns on, at `inbound__bindAddress`
+    /// and the configured ports.
+    ///
+    /// # Errors
+    /// A port that cannot be bound.
+    pub async fn bind(cfg: &Config) -> Result<Self, StartError> {
+        let at = |port| SocketAddr::new(cfg.inbound.bind_address, port);
+        Ok(Self {
+            http: match cfg.inbound.tls_policy.http() {
+                true => Some(bind(at(cfg.inbound.http_port)).await?),
+                false => None,
+            },
+            https: match cfg.inbound.tls_policy.https() {
+                true => Some(bind(at(cfg.inbound.https_port)).await?),
+                false => None,
+            },
+        })
+    }
+}
+
+/// Serve on `listeners` until `shutdown` completes, then stop (see [`Gridlet::shutdown`]): the
+/// whole server as one call, mini-redis style.
+///
+/// # Errors
+/// Any start-up failure.
+pub async fn run(
+    cfg: Config,
+    parts: Parts,
+    listeners: Listeners,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), StartError> {
+    let gridlet = Gridlet::start_on(cfg, parts, listeners).await?;
+    shutdown.await;
+    gridlet.shutdown().await;
+    Ok(())
+}
+
 impl Gridlet {
-    /// Start everything and bind the listeners.
+    /// Bind the configured listeners and start.
     ///
     /// # Errors
     /// Any start-up failure, with a message naming what to fix.
     pub async fn start(cfg: Config, parts: Parts) -> Result<Self, StartError> {
+        let listeners = Listeners::bind(&cfg).await?;
+        Self::start_on(cfg, parts, listeners).await
+    }
+
+    /// Start everything and serve on the given listeners (each only when the TLS policy turns
+    /// it on; a listener the policy turns off is dropped).
+    ///
+    /// # Errors
+    /// Any start-up failure, with a message naming what to fix.
+    pub async fn start_on(
+        cfg: Config,
+        parts: Parts,
+        listeners: Listeners,
+    ) -> Result<Self, StartError> {
         tls::install_default_provider();
         let cfg = Arc::new(cfg);
         let store = match parts.store {
@@ -115,61 +175,34 @@ impl Gridlet {
         };
         let broker = on_exiting_thread(|| Broker::open(cfg.clone(), store, sinks, clock))?;
         let ready = Arc::new(AtomicBool::new(true));
-        let state = AppState {
+        let router = api::router(AppState {
             broker: broker.clone(),
             metrics_enabled: cfg.metrics == MetricsReporter::Prometheus,
             ready: ready.clone(),
-        };
-        let router = api::router(state);
+        });
         let (stop, stop_rx) = watch::channel(false);
-        let mut listeners = Vec::new();
-        let mut http_addr = None;
-        let mut https_addr = None;
-        let mut certs = None;
-        if cfg.inbound.tls_policy.http() {
-            let (l, addr) = bind(SocketAddr::new(
-                cfg.inbound.bind_address,
-                cfg.inbound.http_port,
-            ))
-            .await?;
-            http_addr = Some(addr);
-            listeners.push(tokio::spawn(accept_loop(
-                l,
-                None,
-                router.clone(),
-                stop_rx.clone(),
-            )));
+        let limits = ConnLimits::new(&cfg.inbound);
+        let mut tasks = Vec::new();
+        let (mut http_addr, mut https_addr, mut certs) = (None, None, None);
+        if let Some(l) = listeners.http.filter(|_| cfg.inbound.tls_policy.http()) {
+            http_addr = Some(local_addr(&l)?);
+            let serve = accept_loop(l, None, router.clone(), limits.clone(), stop_rx.clone());
+            tasks.push(tokio::spawn(serve));
         }
-        if cfg.inbound.tls_policy.https() {
+        if let Some(l) = listeners.https.filter(|_| cfg.inbound.tls_policy.https()) {
             let store = server_certificate(&cfg, edge.as_ref())?;
             let client = client_cert_policy(&cfg, edge.as_ref())?;
-            let server_cfg = tls::server_config(store.clone(), client)?;
-            let (l, addr) = bind(SocketAddr::new(
-                cfg.inbound.bind_address,
-                cfg.inbound.https_port,
-            ))
-            .await?;
-            https_addr = Some(addr);
+            let acceptor = TlsAcceptor::from(tls::server_config(store.clone(), client)?);
+            https_addr = Some(local_addr(&l)?);
             certs = Some(store);
-            listeners.push(tokio::spawn(accept_loop(
-                l,
-                Some(TlsAcceptor::from(server_cfg)),
-                router,
-                stop_rx,
-            )));
+            let serve = accept_loop(l, Some(acceptor), router, limits, stop_rx);
+            tasks.push(tokio::spawn(serve));
         }
         if cfg.metrics == MetricsReporter::Console {
-            let b = broker.clone();
-            let mut rx = stop.subscribe();
-            listeners.push(tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(60));
-                loop {
-                    tokio::select! {
-                        _ = tick.tick() => tracing::info!(target: "gridlet::metrics", "\n{}", b.render_metrics()),
-                        _ = rx.changed() => break,
-                    }
-                }
-            }));
+            tasks.push(tokio::spawn(console_metrics(
+                broker.clone(),
+                stop.subscribe(),
+            )));
         }
         if let Some(e) = edge.as_mut() {
             e.start(broker.clone(), certs.clone());
@@ -182,7 +215,7 @@ impl Gridlet {
             certs,
             ready,
             stop,
-            listeners,
+            listeners: tasks,
             edge,
         })
     }
@@ -196,6 +229,17 @@ impl Gridlet {
         }
         drop(self.edge);
         tracing::info!("gridlet stopped");
+    }
+}
+
+/// `broker__metrics=console`: the metrics text in the log every 60 s.
+async fn console_metrics(broker: Broker, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => tracing::info!(target: "gridlet::metrics", "\n{}", broker.render_metrics()),
+            _ = stop.changed() => break,
+        }
     }
 }
 
@@ -220,14 +264,17 @@ fn on_exiting_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     })
 }
 
-async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
-    let l = TcpListener::bind(addr)
+async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
         .await
-        .map_err(|source| StartError::Bind { addr, source })?;
-    let local = l
-        .local_addr()
-        .map_err(|source| StartError::Bind { addr, source })?;
-    Ok((l, local))
+        .map_err(|source| StartError::Bind { addr, source })
+}
+
+fn local_addr(l: &TcpListener) -> Result<SocketAddr, StartError> {
+    l.local_addr().map_err(|source| StartError::Bind {
+        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+        source,
+    })
 }
 
 /// The production sinks: one HTTP client (under IoT Edge with the trust bundle and the module
@@ -278,87 +325,4 @@ fn client_cert_policy(cfg: &Config, edge: Option<&EdgeRuntime>) -> Result<Client
         tracing::warn!("client certificate auth needs the IoT Edge trust bundle to validate against; without IoT Edge no certificate is accepted");
         ClientCerts::Off
     })
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    tls: Option<TlsAcceptor>,
-    router: Router,
-    mut stop: watch::Receiver<bool>,
-) {
-    let graceful = GracefulShutdown::new();
-    let scheme = if tls.is_some() { "https" } else { "http" };
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        // EMFILE and friends: back off briefly instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let router = router.clone();
-                let tls = tls.clone();
-                let watcher = graceful.watcher();
-                tokio::spawn(async move {
-                    match tls {
-                        None => {
-                            let info = ConnInfo { scheme, client_cert: false, client_identity: None };
-                            serve(TokioIo::new(stream), router, info, watcher).await;
-                        }
-                        Some(acceptor) => {
-                            let handshake = tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await;
-                            match handshake {
-                                Ok(Ok(tls_stream)) => {
-                                    let first = tls_stream.get_ref().1.peer_certificates().and_then(|c| c.first());
-                                    let info = ConnInfo {
-                                        scheme,
-                                        client_cert: first.is_some(),
-                                        client_identity: first.and_then(|c| tls::common_name(c)).map(Arc::from),
-                                    };
-                                    serve(TokioIo::new(tls_stream), router, info, watcher).await;
-                                }
-                                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                            }
-                        }
-                    }
-                });
-            }
-            _ = stop.changed() => break,
-        }
-    }
-    drop(listener);
-    if tokio::time::timeout(Duration::from_secs(10), graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("in-flight requests did not finish within 10 s");
-    }
-}
-
-async fn serve<I>(
-    io: TokioIo<I>,
-    router: Router,
-    info: ConnInfo,
-    watcher: hyper_util::server::graceful::Watcher,
-) where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let svc = router.map_request(move |mut req: axum::http::Request<Incoming>| {
-        req.extensions_mut().insert(info.clone());
-        req
-    });
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
-        .keep_alive(true)
-        .serve_connection(io, TowerToHyperService::new(svc));
-    if let Err(e) = watcher.watch(conn).await {
-        tracing::debug!(error = %e, "connection ended with an error");
-    }
 }

@@ -12,6 +12,7 @@
 //! neither keys nor api-version.
 
 pub mod auth;
+pub mod body;
 pub mod deadletters;
 mod events;
 mod health;
@@ -243,10 +244,11 @@ fn api_version(req: &Request) -> Result<(), ApiError> {
 }
 
 /// Read a request body up to `limit` bytes: 413 before reading when `Content-Length` is larger,
-/// 413 as soon as a chunked body passes the limit.
+/// 413 as soon as a chunked body passes the limit, 408 when it does not arrive in time
+/// ([`body::DeadlineBody`]).
 ///
 /// # Errors
-/// 413 over the limit; 400 when the body cannot be read.
+/// 413 over the limit; 408 past the body deadline; 400 when the body cannot be read.
 pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
     if let Some(len) = headers
         .get(header::CONTENT_LENGTH)
@@ -262,8 +264,17 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
         Err(e) => {
             let too_large = std::error::Error::source(&e)
                 .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            let timed_out = std::iter::successors(std::error::Error::source(&e), |s| s.source())
+                .find_map(|s| s.downcast_ref::<body::BodyTimedOut>());
             if too_large {
                 Err(ApiError::payload_too_large(limit))
+            } else if let Some(t) = timed_out {
+                Err(ApiError {
+                    status: axum::http::StatusCode::REQUEST_TIMEOUT,
+                    detail: "RequestTimeout",
+                    message: t.to_string(),
+                    retry_after: None,
+                })
             } else {
                 Err(ApiError::bad_request(
                     "InvalidBody",

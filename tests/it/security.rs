@@ -272,3 +272,110 @@ async fn only_listed_certificate_identities_manage() {
     let r = t.client.post(&publish).json(&events).send().await.unwrap();
     assert_eq!(r.status(), 401);
 }
+
+/// Open `n` TCP connections to `addr` that never send a byte.
+async fn idle_sockets(addr: std::net::SocketAddr, n: usize) -> Vec<tokio::net::TcpStream> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    v
+}
+
+/// Whether the server has closed `s` (a read returns end-of-file at once).
+async fn closed_by_server(s: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut b = [0u8; 1];
+    matches!(
+        tokio::time::timeout(std::time::Duration::from_millis(50), s.read(&mut b)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+/// 3,000 idle sockets (never sending a byte) against the default cap of 1,024 connections and a
+/// 1 s idle timeout: the server closes them, and meanwhile publishing, delivery and `/healthz`
+/// on fresh connections go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_idle_sockets_leave_publishing_and_health_alone() {
+    let t = start(&[("inbound__idleTimeoutInSeconds", "1")]).await;
+    let mut rx = Receiver::start().await;
+    t.topic("t").await;
+    t.webhook_sub("t", "s", &rx.url("/s"), json!({})).await;
+    let addr = t.g.http_addr.unwrap();
+    let mut idle = idle_sockets(addr, 3_000).await;
+    // Fresh connections for every request, as a health probe or a new publisher would make.
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    for i in 0..3 {
+        let r = tokio::time::timeout(WAIT, fresh.get(format!("{}/healthz", t.base)).send())
+            .await
+            .expect("/healthz answers within the wait")
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let events = json!([eg_event(&format!("e{i}"), "s", "t", json!({}))]);
+        let r = tokio::time::timeout(
+            WAIT,
+            fresh.post(t.url("/topics/t/events")).json(&events).send(),
+        )
+        .await
+        .expect("a publish is answered within the wait")
+        .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(rx.next().await.json()[0]["id"], format!("e{i}"));
+    }
+    // The idle ones were closed by the server, not left to pile up.
+    let mut still_open = 0;
+    for s in idle.iter_mut().take(1_024) {
+        if !closed_by_server(s).await {
+            still_open += 1;
+        }
+    }
+    assert_eq!(still_open, 0, "the first 1,024 idle sockets are closed");
+}
+
+/// `inbound__maxConnections`: past the cap a new connection is not served until one of the
+/// open ones closes (here: the idle ones, at the idle timeout).
+#[tokio::test]
+async fn connections_past_the_cap_wait_for_a_free_slot() {
+    let t = start(&[
+        ("inbound__maxConnections", "2"),
+        ("inbound__idleTimeoutInSeconds", "1"),
+    ])
+    .await;
+    let mut idle = idle_sockets(t.g.http_addr.unwrap(), 2).await;
+    let r = tokio::time::timeout(WAIT, t.client.get(format!("{}/healthz", t.base)).send())
+        .await
+        .expect("served once a slot frees")
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // It was served only after both idle connections had been closed.
+    for s in &mut idle {
+        assert!(closed_by_server(s).await);
+    }
+}
+
+/// A client that sends its headers and then trickles (here: stops sending) its body gets 408 at
+/// `inbound__requestBodyTimeoutInSeconds` and the connection ends.
+#[tokio::test]
+async fn a_slow_body_is_cut_at_the_body_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let t = start(&[("inbound__requestBodyTimeoutInSeconds", "1")]).await;
+    t.topic("t").await;
+    let mut s = tokio::net::TcpStream::connect(t.g.http_addr.unwrap())
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /topics/t/events?{V} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[{{\"id\":"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(WAIT, s.read_to_end(&mut response))
+        .await
+        .expect("the server answers and closes within the wait")
+        .unwrap();
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("RequestTimeout"), "{text}");
+}

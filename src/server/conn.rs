@@ -1,0 +1,243 @@
+//! Client connections: accepting under a cap, and the limits every connection lives under.
+//!
+//! * **Cap** (`inbound__maxConnections`, both listeners together): each connection holds a
+//!   permit from one semaphore from accept to close. Past the cap the accept loop stops
+//!   accepting: new connections wait in the kernel's listen backlog (they are not refused) and
+//!   are accepted as others close. Idle connections close by themselves (next point), so a table
+//!   full of idle sockets empties within the idle timeout.
+//! * **Idle** (`inbound__idleTimeoutInSeconds`): hyper's header-read timer runs whenever the
+//!   connection waits for a request head: a connection that never sends one, one that sits idle
+//!   between keep-alive requests, and a slow header sender are all closed after it.
+//! * **Body** (`inbound__requestBodyTimeoutInSeconds`): [`DeadlineBody`] (408 past it).
+//! * **Write** (`inbound__responseWriteTimeoutInSeconds`): [`StallTimeout`] closes a connection
+//!   whose socket accepts none of a pending response for that long.
+//! * **TLS handshake**: 10 s.
+//!
+//! Stopping: the accept loop ends on the stop signal; open connections are closed gracefully
+//! (in-flight requests finish) within [`GRACE`].
+
+use crate::api::body::DeadlineBody;
+use crate::api::ConnInfo;
+use crate::config::Inbound;
+use crate::tls;
+use axum::body::Body;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use hyper_util::service::TowerToHyperService;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::time::Sleep;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+/// How long in-flight requests get to finish once the listeners stop.
+pub const GRACE: Duration = Duration::from_secs(10);
+/// How long a TLS handshake may take.
+const HANDSHAKE: Duration = Duration::from_secs(10);
+
+/// The limits of [`accept_loop`], from `inbound__*`.
+#[derive(Clone)]
+pub struct ConnLimits {
+    /// One permit per open connection, shared by both listeners.
+    pub permits: Arc<Semaphore>,
+    /// No request in progress for this long: closed.
+    pub idle: Duration,
+    /// Request body deadline.
+    pub body: Duration,
+    /// Response write stall deadline.
+    pub write: Duration,
+}
+
+impl ConnLimits {
+    /// From the inbound settings.
+    pub fn new(cfg: &Inbound) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(cfg.max_connections)),
+            idle: cfg.idle_timeout,
+            body: cfg.body_timeout,
+            write: cfg.write_timeout,
+        }
+    }
+}
+
+/// Accept connections until `stop` fires, then close them gracefully within [`GRACE`].
+pub async fn accept_loop(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    router: Router,
+    limits: ConnLimits,
+    mut stop: watch::Receiver<bool>,
+) {
+    let graceful = GracefulShutdown::new();
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    loop {
+        // A permit first: past the cap nothing is accepted until a connection closes.
+        let permit = tokio::select! {
+            p = limits.permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = stop.changed() => break,
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.changed() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let (router, tls, limits) = (router.clone(), tls.clone(), limits.clone());
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let stream = StallTimeout::new(stream, limits.write);
+            let Some(acceptor) = tls else {
+                let info = ConnInfo {
+                    scheme,
+                    client_cert: false,
+                    client_identity: None,
+                };
+                return serve(stream, router, info, &limits, watcher).await;
+            };
+            match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
+                Ok(Ok(tls_stream)) => {
+                    let first = tls_stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first());
+                    let info = ConnInfo {
+                        scheme,
+                        client_cert: first.is_some(),
+                        client_identity: first.and_then(|c| tls::common_name(c)).map(Arc::from),
+                    };
+                    serve(tls_stream, router, info, &limits, watcher).await;
+                }
+                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(GRACE, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("in-flight requests did not finish within {GRACE:?}");
+    }
+}
+
+async fn serve<I>(io: I, router: Router, info: ConnInfo, limits: &ConnLimits, watcher: Watcher)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let body_timeout = limits.body;
+    let svc = router.map_request(move |req: axum::http::Request<Incoming>| {
+        let mut req = req.map(|b| Body::new(DeadlineBody::new(b, body_timeout)));
+        req.extensions_mut().insert(info.clone());
+        req
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.idle)
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(io), TowerToHyperService::new(svc));
+    if let Err(e) = watcher.watch(conn).await {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+/// A socket whose writes fail with `TimedOut` once one has stayed pending (the client reads
+/// nothing) for the deadline. The timer runs only while a write is pending.
+pub struct StallTimeout<I> {
+    inner: I,
+    deadline: Duration,
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl<I> StallTimeout<I> {
+    fn new(inner: I, deadline: Duration) -> Self {
+        Self {
+            inner,
+            deadline,
+            stalled: None,
+        }
+    }
+
+    /// Pass `res` through; while it is pending, fail once the stall outlasts the deadline.
+    fn watch<T>(&mut self, cx: &mut Context<'_>, res: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if res.is_ready() {
+            self.stalled = None;
+            return res;
+        }
+        let deadline = self.deadline;
+        let stalled = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(deadline)));
+        match stalled.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client read nothing of the response in time",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for StallTimeout<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for StallTimeout<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let res = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch(cx, res)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let res = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.watch(cx, res)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let res = Pin::new(&mut self.inner).poll_flush(cx);
+        self.watch(cx, res)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
