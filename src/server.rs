@@ -2,7 +2,7 @@
 //!
 //! [`run`] / [`Gridlet::start_on`] take bound [`Listeners`] (tests and embedders bind
 //! `127.0.0.1:0`); [`Gridlet::start`] binds what the configuration asks for. Each listener runs
-//! its own accept loop ([`conn`]: the connection cap, idle, body and write timeouts, the TLS
+//! its own accept loop (`server/conn.rs`: the connection cap, idle, body and write timeouts, the TLS
 //! handshake, and the client identity attached to every request as [`crate::api::ConnInfo`]).
 //! Shutdown (SIGTERM / Ctrl-C): readiness turns false, accept loops stop, in-flight requests get
 //! up to 10 s to finish, then the broker's tasks are dropped.
