@@ -184,6 +184,8 @@ impl Broker {
         lenient.outbound.webhook_https_only = false;
         lenient.outbound.eventgrid_https_only = false;
         lenient.outbound.eventgrid_allow_invalid_hostnames = true;
+        // Still refused at connect time (the HTTP client checks the resolved address).
+        lenient.outbound.denied_ranges = Vec::new();
         let mut topics = HashMap::new();
         for rec in snapshot.topics {
             let name = rec

@@ -58,6 +58,7 @@ settings! {
     "outbound__webhook__allowUnknownCA" = "true" : "accept self-signed / unknown-CA webhook server certificates";
     "outbound__eventgrid__httpsOnly" = "true" : "cloud Event Grid destinations must be `https://`";
     "outbound__eventgrid__allowInvalidHostnames" = "false" : "allow Event Grid destination hosts outside `eventgrid.azure.{net,us,cn}`";
+    "outbound__deniedAddressRanges" = "169.254.0.0/16,fe80::/10" : "address ranges (CIDR, comma-separated) no destination may reach: refused at subscription time for an address in the URL, and at connect time for the resolved address; the default denies link-local (cloud metadata services); empty denies none";
     "broker__defaultMaxDeliveryAttempts" = "30" : "delivery attempts per event when the subscription sets no `retryPolicy.maxDeliveryAttempts`";
     "broker__defaultEventTimeToLiveInSeconds" = "7200" : "event time to live when the subscription sets no `retryPolicy.eventExpiryInMinutes`";
     "broker__defaultMaxBatchSizeInBytes" = "1058576" : "batch byte cap when a subscription sets only `maxEventsPerBatch`";
@@ -203,6 +204,63 @@ pub struct Outbound {
     pub eventgrid_https_only: bool,
     /// Allow Event Grid destination hosts outside Azure's domains.
     pub eventgrid_allow_invalid_hostnames: bool,
+    /// Address ranges no destination may reach (checked on the resolved address).
+    pub denied_ranges: Vec<IpRange>,
+}
+
+/// An address range in CIDR notation (`169.254.0.0/16`, `fe80::/10`; a bare address is one
+/// host). IPv4-mapped IPv6 addresses match as their IPv4 address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpRange {
+    net: std::net::IpAddr,
+    prefix: u8,
+}
+
+impl IpRange {
+    /// Parse `a.b.c.d/n`, `x::y/n` or a bare address.
+    pub fn parse(s: &str) -> Option<Self> {
+        let (addr, prefix) = match s.trim().split_once('/') {
+            Some((a, p)) => (a, Some(p.trim().parse::<u8>().ok()?)),
+            None => (s.trim(), None),
+        };
+        let net: std::net::IpAddr = addr.trim().parse().ok()?;
+        let max = if net.is_ipv4() { 32 } else { 128 };
+        let prefix = prefix.unwrap_or(max);
+        (prefix <= max).then_some(Self { net, prefix })
+    }
+
+    /// Whether `ip` is in the range.
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        let bits = |n: u32, width: u32| -> u128 {
+            if n == 0 {
+                0
+            } else {
+                (u128::MAX << (128 - n)) >> (128 - width)
+            }
+        };
+        match (self.net, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let m = bits(u32::from(self.prefix), 32);
+                u128::from(u32::from(n)) & m == u128::from(u32::from(a)) & m
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let m = bits(u32::from(self.prefix), 128);
+                u128::from(n) & m == u128::from(a) & m
+            }
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for IpRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.net, self.prefix)
+    }
 }
 
 /// Broker-wide delivery defaults and limits.
@@ -587,6 +645,17 @@ impl Config {
             eventgrid_https_only: raw.bool("outbound__eventgrid__httpsOnly")?,
             eventgrid_allow_invalid_hostnames: raw
                 .bool("outbound__eventgrid__allowInvalidHostnames")?,
+            denied_ranges: comma_list(Some(raw.text("outbound__deniedAddressRanges")))
+                .iter()
+                .map(|r| {
+                    IpRange::parse(r).ok_or_else(|| {
+                        raw.err(
+                            "outbound__deniedAddressRanges",
+                            "comma-separated CIDR ranges, e.g. 169.254.0.0/16,fe80::/10",
+                        )
+                    })
+                })
+                .collect::<Result<_, _>>()?,
         };
         let broker = Broker {
             default_max_delivery_attempts: raw.int(
@@ -837,6 +906,40 @@ mod tests {
         assert!(e.to_string().contains("whole number"));
         let e = cfg(&[("outbound__webhook__httpsOnly", "yes")]).unwrap_err();
         assert!(e.to_string().contains("true or false"));
+    }
+
+    #[test]
+    fn denied_address_ranges_parse_and_match() {
+        let c = cfg(&[]).unwrap();
+        let denied = |ip: &str| {
+            let ip: std::net::IpAddr = ip.parse().unwrap();
+            c.outbound.denied_ranges.iter().any(|r| r.contains(ip))
+        };
+        assert!(denied("169.254.169.254"));
+        assert!(denied("fe80::1"));
+        assert!(denied("::ffff:169.254.0.1"));
+        assert!(!denied("10.0.0.1") && !denied("127.0.0.1") && !denied("192.168.1.1"));
+        let c = cfg(&[(
+            "outbound__deniedAddressRanges",
+            " 127.0.0.0/8 , ::1,10.1.2.3",
+        )])
+        .unwrap();
+        assert_eq!(c.outbound.denied_ranges.len(), 3);
+        assert!(c.outbound.denied_ranges[0].contains("127.9.9.9".parse().unwrap()));
+        assert!(c.outbound.denied_ranges[2].contains("10.1.2.3".parse().unwrap()));
+        assert!(!c.outbound.denied_ranges[2].contains("10.1.2.4".parse().unwrap()));
+        assert!(cfg(&[("outbound__deniedAddressRanges", "")])
+            .unwrap()
+            .outbound
+            .denied_ranges
+            .is_empty());
+        for bad in ["169.254.0.0/33", "fe80::/129", "localhost", "1.2.3.4/x"] {
+            let e = cfg(&[("outbound__deniedAddressRanges", bad)]).unwrap_err();
+            assert!(
+                e.to_string().contains("outbound__deniedAddressRanges"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

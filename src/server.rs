@@ -287,7 +287,10 @@ fn default_sinks(cfg: &Config, edge: Option<&EdgeRuntime>) -> Result<DefaultSink
     };
     // Every delivery holds one of `maxInFlightTotal` permits, so no more connections than that
     // are ever in use at once: keep them all reusable (see `delivery::http`).
-    let sinks = DefaultSinks::new(client.with_max_idle_per_host(cfg.broker.max_in_flight_total));
+    let client = client
+        .with_max_idle_per_host(cfg.broker.max_in_flight_total)
+        .with_denied_ranges(cfg.outbound.denied_ranges.clone());
+    let sinks = DefaultSinks::new(client);
     Ok(match edge.and_then(EdgeRuntime::edgehub) {
         Some(hub) => sinks.with_module_outputs(Arc::new(hub), timeout),
         None => sinks,

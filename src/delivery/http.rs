@@ -21,6 +21,7 @@
 //! * TCP_NODELAY; `User-Agent: gridlet/<version>` and `Accept: */*` unless the caller set them;
 //!   user info in the URL becomes a (sensitive) `Authorization: Basic` header.
 
+use crate::config::IpRange;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -121,6 +122,8 @@ struct Inner {
     hosts: Mutex<HashMap<HostKey, Arc<HostPool>>>,
     reaper: std::sync::atomic::AtomicBool,
     max_idle_per_host: std::sync::atomic::AtomicUsize,
+    /// Address ranges no connection may reach (`outbound__deniedAddressRanges`), set once.
+    denied: std::sync::OnceLock<Vec<IpRange>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -225,6 +228,7 @@ impl HttpClient {
                 hosts: Mutex::new(HashMap::new()),
                 reaper: std::sync::atomic::AtomicBool::new(false),
                 max_idle_per_host: std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_IDLE_PER_HOST),
+                denied: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -236,6 +240,15 @@ impl HttpClient {
         self.inner
             .max_idle_per_host
             .store(n.max(1), std::sync::atomic::Ordering::Relaxed);
+        self
+    }
+
+    /// Never connect to an address in `ranges` (for this client and its clones; set once, the
+    /// first call wins). Checked on the resolved address of every connection, so a host name
+    /// that resolves into a denied range is refused too.
+    #[must_use]
+    pub fn with_denied_ranges(self, ranges: Vec<IpRange>) -> Self {
+        let _ = self.inner.denied.set(ranges);
         self
     }
 
@@ -473,11 +486,14 @@ impl Endpoint {
 
     async fn connect_now(&self) -> Result<Sender, HttpError> {
         let conn_err = |e: &dyn std::error::Error| HttpError::Connect(error_chain(e));
-        let tcp = match &self.addr {
-            Connect::Addr(a) => TcpStream::connect(*a).await,
-            Connect::Name(h, p) => TcpStream::connect((h.as_str(), *p)).await,
-        }
-        .map_err(|e| conn_err(&e))?;
+        let addrs: Vec<SocketAddr> = match &self.addr {
+            Connect::Addr(a) => vec![*a],
+            Connect::Name(h, p) => tokio::net::lookup_host((h.as_str(), *p))
+                .await
+                .map_err(|e| conn_err(&e))?
+                .collect(),
+        };
+        let tcp = self.connect_allowed(&addrs).await?;
         tcp.set_nodelay(true).map_err(|e| conn_err(&e))?;
         match &self.tls_name {
             None => handshake(tcp).await,
@@ -491,6 +507,29 @@ impl Endpoint {
                 handshake(tls).await
             }
         }
+    }
+}
+
+impl Endpoint {
+    /// Connect to the first address of `addrs` outside the denied ranges that accepts.
+    async fn connect_allowed(&self, addrs: &[SocketAddr]) -> Result<TcpStream, HttpError> {
+        let denied = self.inner.denied.get().map_or(&[][..], Vec::as_slice);
+        let mut last = None;
+        for a in addrs {
+            if let Some(r) = denied.iter().find(|r| r.contains(a.ip())) {
+                last.get_or_insert(HttpError::Other(format!(
+                    "the destination's address {} is in the denied range {r} (outbound__deniedAddressRanges)",
+                    a.ip()
+                )));
+                continue;
+            }
+            match TcpStream::connect(*a).await {
+                Ok(tcp) => return Ok(tcp),
+                Err(e) => last = Some(HttpError::Connect(error_chain(&e))),
+            }
+        }
+        Err(last
+            .unwrap_or_else(|| HttpError::Connect("the host name resolved to no address".into())))
     }
 }
 

@@ -11,6 +11,7 @@ mod fuzz;
 mod layering;
 mod management;
 mod node;
+mod outbound;
 mod packaging;
 mod persistence;
 mod process;

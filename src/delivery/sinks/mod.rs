@@ -103,7 +103,8 @@ impl ParseContext<'_> {
     }
 
     /// The rules every outbound URL meets: absolute `http(s)` with a host, `https` when
-    /// `https_only` (the setting named `setting`) is on.
+    /// `https_only` (the setting named `setting`) is on, no address in a denied range
+    /// ([`ParseContext::check_address`]).
     ///
     /// # Errors
     /// 400 naming `display`.
@@ -122,7 +123,33 @@ impl ParseContext<'_> {
         if https_only && url.scheme() != "https" {
             return Err(self.invalid(format!("{display} must be https while {setting}=true")));
         }
+        self.check_address(&url, display)?;
         Ok(url)
+    }
+
+    /// Refuse a URL whose host is an address in `outbound__deniedAddressRanges` (host names are
+    /// checked on their resolved address at connect time, by the HTTP client).
+    ///
+    /// # Errors
+    /// 400 naming `display` and the range.
+    pub fn check_address(&self, url: &Url, display: &str) -> Result<(), DestinationError> {
+        let ip: std::net::IpAddr = match url.host() {
+            Some(url::Host::Ipv4(a)) => a.into(),
+            Some(url::Host::Ipv6(a)) => a.into(),
+            _ => return Ok(()),
+        };
+        match self
+            .cfg
+            .outbound
+            .denied_ranges
+            .iter()
+            .find(|r| r.contains(ip))
+        {
+            Some(r) => Err(self.invalid(format!(
+                "{display} address {ip} is in the denied range {r} (outbound__deniedAddressRanges)"
+            ))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -200,7 +227,13 @@ impl DestinationTypes for Registry {
                 self.list(role)
             )));
         };
-        kind.parse(props, &ParseContext { cfg, role })
+        let ctx = ParseContext { cfg, role };
+        let d = kind.parse(props, &ctx)?;
+        // Every type's outbound URL, whether or not its parser checked it.
+        if let Some(url) = d.url().and_then(|u| Url::parse(u).ok()) {
+            ctx.check_address(&url, "the destination URL")?;
+        }
+        Ok(d)
     }
 }
 
