@@ -163,6 +163,7 @@ impl Broker {
                 .unwrap_or_else(|| Arc::new(crate::delivery::deadletter::MemoryDeadLetters::new())),
             dead_letter_capacity: cfg.resilience.dead_letter_capacity,
             forwarder: crate::delivery::deadletter::Forwarder::start(),
+            drain: Default::default(),
             pending_bytes: Arc::new(crate::delivery::queue::PendingBytes::new(
                 cfg.broker.max_pending_bytes,
             )),
@@ -366,6 +367,25 @@ impl Broker {
             shared,
             _task: task,
         })
+    }
+
+    /// Shutdown drain: every subscription stops sending new attempts, finishes and settles its
+    /// in-flight ones, and ends; waits up to `within` for that. Returns the number of
+    /// subscriptions still running when the time ran out (their attempts are then abandoned:
+    /// persisted events are redelivered after the restart).
+    pub async fn drain(&self, within: Duration) -> usize {
+        let ctx = &self.inner.ctx;
+        ctx.drain.start();
+        for topic in self.topics() {
+            for sub in topic.subscriptions().iter() {
+                sub.shared.notify.notify_one();
+            }
+        }
+        let deadline = Instant::now() + within;
+        while ctx.drain.running() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        ctx.drain.running()
     }
 
     /// The configuration in force.

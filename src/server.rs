@@ -220,12 +220,23 @@ impl Gridlet {
         })
     }
 
-    /// Stop accepting, let in-flight requests finish (up to 10 s), stop delivery tasks.
+    /// Stop: readiness turns false, the listeners stop accepting and in-flight requests finish
+    /// (up to 10 s), then in-flight deliveries complete and are settled
+    /// (`broker__shutdownDrainTimeoutInSeconds`; nothing new is sent), then every task stops.
     pub async fn shutdown(self) {
         self.ready.store(false, Ordering::Relaxed);
         let _ = self.stop.send(true);
         for l in self.listeners {
             let _ = l.await;
+        }
+        let within = self.broker.config().broker.shutdown_drain;
+        let left = self.broker.drain(within).await;
+        if left > 0 {
+            tracing::warn!(
+                subscriptions = left,
+                ?within,
+                "deliveries still in flight at the end of the shutdown drain were abandoned"
+            );
         }
         drop(self.edge);
         tracing::info!("gridlet stopped");

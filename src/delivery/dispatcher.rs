@@ -70,6 +70,51 @@ pub struct EngineCtx {
     pub forwarder: Forwarder,
     /// Event payload bytes held in memory (`broker__maxPendingBytes`).
     pub pending_bytes: Arc<super::queue::PendingBytes>,
+    /// Shutdown drain.
+    pub drain: Drain,
+}
+
+/// The shutdown drain. Once [`Drain::start`]ed, every subscription task sends nothing new,
+/// waits for its in-flight attempts, settles them (acknowledged events leave the store), and
+/// ends; [`Drain::running`] counts the tasks not yet ended.
+#[derive(Debug, Default)]
+pub struct Drain {
+    started: std::sync::atomic::AtomicBool,
+    running: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drain {
+    /// Stop sending; tasks end once their in-flight attempts are settled (each task must also
+    /// be woken through its `notify`).
+    pub fn start(&self) {
+        self.started
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Subscription tasks still running.
+    pub fn running(&self) -> usize {
+        self.running.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn started(&self) -> bool {
+        self.started.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Counts a running subscription task in [`Drain::running`] until dropped (ended or aborted).
+struct Running(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Running {
+    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// State shared between the broker (publish, API) and the subscription's task.
@@ -128,7 +173,11 @@ impl Drop for AbortOnDrop {
 
 /// Start the subscription's task.
 pub fn spawn(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) -> AbortOnDrop {
-    AbortOnDrop(tokio::spawn(run(shared, ctx)))
+    let running = Running::new(&ctx.drain.running);
+    AbortOnDrop(tokio::spawn(async move {
+        let _running = running;
+        run(shared, ctx).await
+    }))
 }
 
 type SendResult = (Batch, Outcome, Duration);
@@ -145,6 +194,17 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
     // the task far more often).
     let mut next_sweep = Instant::now();
     loop {
+        if ctx.drain.started() {
+            // Shutting down: start nothing, settle what is in flight, then end.
+            match in_flight.join_next().await {
+                Some(Ok((batch, outcome, latency))) => {
+                    settle(&shared, &ctx, batch, outcome, latency)
+                }
+                Some(Err(_)) => {}
+                None => return,
+            }
+            continue;
+        }
         // A persisted subscription's window ran low: read the next spilled events' bodies.
         let want = shared.queue().refill_wanted();
         if !want.is_empty() {

@@ -913,3 +913,40 @@ async fn included_event_types_are_capped() {
     assert_eq!(got.as_array().map(Vec::len), Some(1), "{got}");
     assert_eq!(got[0]["id"], "a");
 }
+
+/// The server seam: `server::run` serves on listeners the caller bound and returns once the
+/// shutdown future completes.
+#[tokio::test]
+async fn run_serves_on_given_listeners_until_shutdown() {
+    gridlet::tls::install_default_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = gridlet::Config::from_vars(base_env(dir.path())).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let listeners = gridlet::server::Listeners {
+        http: Some(listener),
+        https: None,
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(gridlet::server::run(
+        cfg,
+        gridlet::Parts::default(),
+        listeners,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let r = reqwest::get(format!("http://{addr}/healthz"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    stop.send(()).unwrap();
+    tokio::time::timeout(WAIT, server)
+        .await
+        .expect("run returns after the shutdown future")
+        .unwrap()
+        .unwrap();
+    assert!(reqwest::get(format!("http://{addr}/healthz"))
+        .await
+        .is_err());
+}

@@ -134,3 +134,82 @@ async fn worker_threads_setting_sizes_the_async_runtime() {
     let err = start_up_error("broker__workerThreads", "5000");
     assert!(err.contains("from 0 to 1024"), "{err}");
 }
+
+/// A webhook receiver that takes `delay` to answer 200, reporting each request when it arrives
+/// and counting the answers it completed.
+async fn slow_receiver(
+    delay: Duration,
+) -> (
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = answered.clone();
+    let app = axum::Router::new().route(
+        "/{*path}",
+        axum::routing::post(move || {
+            let (tx, counter) = (tx.clone(), counter.clone());
+            async move {
+                let _ = tx.send(());
+                tokio::time::sleep(delay).await;
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/slow", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, rx, answered)
+}
+
+/// SIGTERM while a delivery to a slow receiver is in flight: the delivery completes within the
+/// shutdown drain (the receiver answers 200 to a live connection and gridlet settles it), so
+/// after a restart the persisted event is not delivered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_deliveries_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("outbound__webhook__httpsOnly", "false"),
+        ("broker__defaultIsPersisted", "true"),
+    ];
+    let (url, mut arrived, answered) = slow_receiver(Duration::from_millis(1500)).await;
+    let (child, base) = start_serving(dir.path(), &env).await;
+    let client = reqwest::Client::new();
+    let put = |path: String, body: serde_json::Value| {
+        let req = client.put(format!("{base}{path}?{V}")).json(&body);
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(put("/topics/t".into(), serde_json::json!({})).await, 200);
+    let sub = serde_json::json!({"properties": {"destination": {"endpointType": "WebHook",
+        "properties": {"endpointUrl": url}}}});
+    assert_eq!(put("/topics/t/eventSubscriptions/s".into(), sub).await, 200);
+    let events = serde_json::json!([{"id": "e1", "subject": "s", "eventType": "t",
+        "eventTime": "2017-08-10T21:03:07+00:00", "dataVersion": "1", "data": {}}]);
+    let r = client
+        .post(format!("{base}/topics/t/events?{V}"))
+        .json(&events)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    tokio::time::timeout(WAIT, arrived.recv())
+        .await
+        .expect("the delivery reaches the receiver")
+        .unwrap();
+    let status = terminate(child).await;
+    assert!(status.success(), "{status:?}");
+    assert_eq!(answered.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Restarted on the same directories: the acknowledged event is not delivered again.
+    let (child, _) = start_serving(dir.path(), &env).await;
+    let again = tokio::time::timeout(Duration::from_secs(3), arrived.recv()).await;
+    let _ = terminate(child).await;
+    assert!(
+        again.is_err(),
+        "the event was delivered again after the restart"
+    );
+}
