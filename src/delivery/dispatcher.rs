@@ -458,11 +458,7 @@ fn settle(shared: &SubShared, ctx: &EngineCtx, batch: Batch, outcome: Outcome, l
     let ms = latency.as_millis() as u64;
     let persisted = cfg.sub.persisted;
     if let Some(h) = &cfg.health {
-        h.record(
-            &ctx.health_cfg,
-            outcome == Outcome::Delivered,
-            ctx.clock.now_ms(),
-        );
+        h.record_outcome(&ctx.health_cfg, &outcome, ctx.clock.now_ms());
     }
     if outcome == Outcome::Delivered {
         m.delivery_success_counts.add(n);

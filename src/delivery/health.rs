@@ -14,6 +14,13 @@
 //! * **Disabled**: one probe batch every `probe_interval`; its success closes the circuit.
 //! * **Frozen**: no attempts at all until [`EndpointHealth::enable`] (the API).
 //!
+//! **What counts** ([`verdict`]): only what says something about the endpoint. Success counts
+//! as up; transport errors, timeouts, 5xx, 429, 408, 3xx (redirects are not followed) and the
+//! configuration faults 401/403/404/405/410 count as down. Refusals of particular events (every
+//! other 4xx: 400, 409, 413, 415, 422 ..., and an event too large for the destination) count
+//! neither way: one subscription whose events a receiver refuses cannot disable a URL other
+//! subscriptions deliver to (a probe answered that way just ends the probe).
+//!
 //! While an endpoint is disabled or frozen its events stay queued and still expire by TTL into
 //! dead letters. Thresholds come from [`HealthConfig`] (module settings).
 //!
@@ -25,6 +32,7 @@
 //! success, next probe, attempt/failure totals. Not kept: the failure-rate window and a probe in
 //! flight.
 
+use super::sink::{FailureKind, Outcome};
 use crate::clock::WallMs;
 use crate::store::Store;
 use serde_json::{json, Value};
@@ -154,6 +162,37 @@ pub struct HealthSnapshot {
     pub failures: u64,
 }
 
+/// What an attempt says about its endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The endpoint works.
+    Up,
+    /// The endpoint (or its configuration) fails.
+    Down,
+    /// Nothing about the endpoint: the events were refused.
+    Neither,
+}
+
+/// The health rule (see the module documentation).
+pub fn verdict(outcome: &Outcome) -> Verdict {
+    let kind = match outcome {
+        Outcome::Delivered => return Verdict::Up,
+        Outcome::Failed { kind, .. } => kind,
+    };
+    match kind {
+        FailureKind::Status(s) | FailureKind::Service { status: s, .. } => match *s {
+            401 | 403 | 404 | 405 | 408 | 410 | 429 => Verdict::Down,
+            400..=499 => Verdict::Neither,
+            _ => Verdict::Down,
+        },
+        FailureKind::TooLarge(_) => Verdict::Neither,
+        FailureKind::Timeout
+        | FailureKind::Connect
+        | FailureKind::Unsupported(_)
+        | FailureKind::Other(_) => Verdict::Down,
+    }
+}
+
 impl Tracker {
     /// A healthy endpoint first seen at `now_ms` (the "last success" clock starts here).
     pub fn new(now_ms: WallMs) -> Self {
@@ -196,6 +235,12 @@ impl Tracker {
     pub fn start_probe(&mut self, cfg: &HealthConfig, now_ms: WallMs) {
         self.probe_in_flight = true;
         self.next_probe_ms = now_ms + cfg.probe_interval.as_millis() as u64;
+    }
+
+    /// An attempt that said nothing about the endpoint ([`Verdict::Neither`]) completed: it
+    /// only ends a probe in flight (the next one is due at the usual interval).
+    pub fn record_neither(&mut self) {
+        self.probe_in_flight = false;
     }
 
     /// Record an attempt's result; returns the state afterwards.
@@ -360,6 +405,15 @@ impl EndpointHealth {
         self.lock().start_probe(cfg, now_ms);
     }
 
+    /// Record an attempt's outcome by its [`verdict`].
+    pub fn record_outcome(&self, cfg: &HealthConfig, outcome: &Outcome, now_ms: WallMs) {
+        match verdict(outcome) {
+            Verdict::Up => self.record(cfg, true, now_ms),
+            Verdict::Down => self.record(cfg, false, now_ms),
+            Verdict::Neither => self.lock().record_neither(),
+        }
+    }
+
     /// See [`Tracker::record`]; logs and persists transitions.
     pub fn record(&self, cfg: &HealthConfig, success: bool, now_ms: WallMs) {
         if !cfg.enabled {
@@ -505,6 +559,42 @@ impl HealthRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_what_concerns_the_endpoint_counts() {
+        let failed = |k: FailureKind| Outcome::failed(k);
+        assert_eq!(verdict(&Outcome::Delivered), Verdict::Up);
+        for s in [500, 502, 503, 429, 408, 401, 403, 404, 410, 301] {
+            assert_eq!(
+                verdict(&failed(FailureKind::Status(s))),
+                Verdict::Down,
+                "{s}"
+            );
+        }
+        for k in [
+            FailureKind::Timeout,
+            FailureKind::Connect,
+            FailureKind::Other("tls".into()),
+        ] {
+            assert_eq!(verdict(&failed(k)), Verdict::Down);
+        }
+        for s in [400, 409, 413, 415, 422] {
+            assert_eq!(
+                verdict(&failed(FailureKind::Status(s))),
+                Verdict::Neither,
+                "{s}"
+            );
+        }
+        let service = FailureKind::Service {
+            status: 413,
+            message: String::new(),
+        };
+        assert_eq!(verdict(&failed(service)), Verdict::Neither);
+        assert_eq!(
+            verdict(&failed(FailureKind::TooLarge("64 KiB".into()))),
+            Verdict::Neither
+        );
+    }
 
     const MIN: u64 = 60_000;
     const HOUR: u64 = 60 * MIN;
