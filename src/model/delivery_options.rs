@@ -79,7 +79,7 @@ fn reserved(name: &str) -> bool {
 
 impl DeliveryOptions {
     /// Parse from the subscription's `properties` and its destination's `properties`
-    /// (lowercased keys). `http` is whether the destination takes webhook options; the
+    /// (lowercased keys) for `destination` (which says whether it takes webhook options); the
     /// dead-letter destination is parsed by `types`.
     ///
     /// # Errors
@@ -87,7 +87,7 @@ impl DeliveryOptions {
     pub fn parse(
         props: &Obj<'_>,
         dest_props: Option<&Obj<'_>>,
-        http: bool,
+        destination: &Destination,
         cfg: &Config,
         types: &dyn DestinationTypes,
     ) -> Result<Self, ApiError> {
@@ -138,10 +138,15 @@ impl DeliveryOptions {
                 }
             }
         }
-        if !http && (!o.signing_secrets.is_empty() || !o.headers.is_empty()) {
+        if !destination.webhook_options()
+            && (!o.signing_secrets.is_empty() || !o.headers.is_empty())
+        {
             return Err(bad(
                 "InvalidDestination",
-                "signingSecrets and deliveryAttributeMappings apply to WebHook and EventGrid destinations only",
+                format!(
+                    "signingSecrets and deliveryAttributeMappings do not apply to {} destinations",
+                    destination.endpoint_type()
+                ),
             ));
         }
         if let Some(dl) = props.obj("deadletterdestination", "properties.deadLetterDestination")? {

@@ -322,7 +322,7 @@ impl Subscription {
             &props,
             dest.obj("properties", "properties.destination.properties")?
                 .as_ref(),
-            destination.webhook_options(),
+            &destination,
             cfg,
             types,
         )?;
