@@ -74,6 +74,7 @@ settings! {
     "broker__maxInFlightPerSubscription" = "32" : "concurrent delivery requests per subscription (a quarter of them, at least 1, may be retries)";
     "broker__maxInFlightTotal" = "1024" : "concurrent delivery requests across all subscriptions (also the idle connections kept per destination host)";
     "broker__deliveryTimeoutInSeconds" = "60" : "how long a delivery waits for the subscriber's response";
+    "broker__restartClockAllowanceInSeconds" = "3600" : "after a restart, the downtime counts toward event age (TTL) and retry delays for at most this long, so a clock that jumped forward (NTP after a boot without an RTC) does not expire a backlog, and one that jumped back does not stall retries; gridlet's clock resumes from the last run's heartbeat (docs/SECURITY.md, src/clock.rs)";
     "broker__shutdownDrainTimeoutInSeconds" = "8" : "on SIGTERM, deliveries in flight get this long to complete and be settled (nothing new is sent); keep it below the container's stop grace period (Docker's default is 10 s before SIGKILL; a longer `StopTimeout` in the module's createOptions allows a longer drain); 0 = abandon them (persisted events are redelivered after the restart)";
     "broker__workerThreads" = "0" : "threads of the async runtime; 0 = one per CPU core. `1` keeps gridlet on one core: on a saturated 2-core VM its p99 fell from ~10 ms to ~0.4 ms and its CPU per event at 1,000 events/s by a quarter, for 8–13 % less peak throughput (docs/BENCHMARKS.md)";
     "broker__statusCodePolicy" = "original" : "`original` retries every failure on the schedule; `standard` dead-letters 400/413 at once (with a dead-letter destination), honours `Retry-After` on 429/503 and jitters delays";
@@ -299,6 +300,8 @@ pub struct Broker {
     pub delivery_timeout: Duration,
     /// On shutdown, in-flight deliveries get this long to complete.
     pub shutdown_drain: Duration,
+    /// Downtime counted toward age and delays across a restart, at most.
+    pub restart_clock_allowance: Duration,
     /// Async runtime worker threads (0 = one per core); read by `main` before the runtime starts.
     pub worker_threads: usize,
 }
@@ -707,6 +710,11 @@ impl Config {
                 "broker__shutdownDrainTimeoutInSeconds",
                 0,
                 3600,
+            )?),
+            restart_clock_allowance: Duration::from_secs(raw.int(
+                "broker__restartClockAllowanceInSeconds",
+                0,
+                100 * 365 * 86_400,
             )?),
             worker_threads: raw.int("broker__workerThreads", 0, 1024)? as usize,
         };

@@ -57,8 +57,12 @@ pub struct Parts {
     pub store: Option<Arc<dyn Store>>,
     /// Sinks; default: HTTP client per configuration.
     pub sinks: Option<Arc<dyn SinkFactory>>,
-    /// Clock; default: system.
+    /// Clock, used as given (tests drive time through it); default: resumed from the wall time
+    /// and the last run's heartbeat (see [`crate::clock`]).
     pub clock: Option<Clock>,
+    /// The wall time read at start when `clock` is not given; default: the system's (tests
+    /// simulate a clock that jumped between two runs).
+    pub wall_ms: Option<crate::clock::WallMs>,
 }
 
 /// A running gridlet.
@@ -163,7 +167,11 @@ impl Gridlet {
             None => on_exiting_thread(|| crate::store::open(&cfg.persistence))
                 .map_err(OpenError::from)?,
         };
-        let clock = parts.clock.unwrap_or_else(Clock::system);
+        let heartbeat = heartbeat_dir(&cfg);
+        let clock = match parts.clock {
+            Some(c) => c,
+            None => resume_clock(&cfg, parts.wall_ms, heartbeat.as_deref()),
+        };
         let mut edge = if cfg.edge.is_iot_edge() {
             Some(EdgeRuntime::connect(&cfg, clock).await?)
         } else {
@@ -197,6 +205,9 @@ impl Gridlet {
             certs = Some(store);
             let serve = accept_loop(l, Some(acceptor), router, limits, stop_rx);
             tasks.push(tokio::spawn(serve));
+        }
+        if let Some(dir) = heartbeat.clone() {
+            tasks.push(tokio::spawn(heartbeats(dir, clock, stop.subscribe())));
         }
         if cfg.metrics == MetricsReporter::Console {
             tasks.push(tokio::spawn(console_metrics(
@@ -240,6 +251,57 @@ impl Gridlet {
         }
         drop(self.edge);
         tracing::info!("gridlet stopped");
+    }
+}
+
+/// Where the clock's heartbeat lives: the metadata directory, with the sled store only (the
+/// memory store keeps no times across a restart).
+fn heartbeat_dir(cfg: &Config) -> Option<std::path::PathBuf> {
+    (cfg.persistence.store == crate::config::StoreKind::Sled)
+        .then(|| cfg.persistence.metadata_path.clone())
+}
+
+/// The clock of this run: the wall time clamped by the last run's heartbeat (the restart rule
+/// in [`crate::clock`]), logged when the two differ.
+fn resume_clock(
+    cfg: &Config,
+    wall_ms: Option<crate::clock::WallMs>,
+    heartbeat: Option<&std::path::Path>,
+) -> Clock {
+    let wall = wall_ms.unwrap_or_else(crate::clock::system_wall_ms);
+    let last = heartbeat.and_then(crate::clock::read_heartbeat);
+    let allowance = cfg.broker.restart_clock_allowance;
+    let (clock, start) = Clock::resume(wall, last, allowance);
+    if start != wall {
+        tracing::warn!(
+            wall_ms = wall,
+            last_run_ms = last,
+            resumed_at_ms = start,
+            allowance_s = allowance.as_secs(),
+            "the wall clock is behind the last run's, or ahead of it by more than the restart allowance: event ages and retry delays continue from the last run (at most the allowance of downtime counted)"
+        );
+    }
+    clock
+}
+
+/// Write the clock's time to the heartbeat file every [`crate::clock::HEARTBEAT_EVERY`] and
+/// once more when stopping.
+async fn heartbeats(dir: std::path::PathBuf, clock: Clock, mut stop: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(crate::clock::HEARTBEAT_EVERY);
+    loop {
+        let stopping = tokio::select! {
+            _ = tick.tick() => false,
+            _ = stop.changed() => true,
+        };
+        let (dir, now) = (dir.clone(), clock.now_ms());
+        let written =
+            tokio::task::spawn_blocking(move || crate::clock::write_heartbeat(&dir, now)).await;
+        if let Ok(Err(e)) = written {
+            tracing::warn!(error = %e, "cannot write the clock heartbeat");
+        }
+        if stopping {
+            break;
+        }
     }
 }
 

@@ -730,3 +730,71 @@ async fn publishing_while_a_spilled_backlog_drains_loses_and_repeats_nothing() {
     assert!(dups.is_empty(), "delivered more than once: {dups:?}");
     n.stop().await;
 }
+
+/// One run of gridlet on `dir` whose wall clock reads `wall_ms` at start (the clock then resumes
+/// under the restart rule, as in production: only the system time read is replaced).
+async fn run_at_wall(dir: &Path, wall_ms: u64) -> gridlet::Gridlet {
+    let mut env = base_env(dir);
+    env.push(("broker__defaultIsPersisted".into(), "true".into()));
+    let parts = gridlet::Parts {
+        wall_ms: Some(wall_ms),
+        ..gridlet::Parts::default()
+    };
+    gridlet::Gridlet::start(gridlet::Config::from_vars(env).unwrap(), parts)
+        .await
+        .unwrap()
+}
+
+/// First run at wall time `T0`: a persisted subscription whose receiver fails the first attempt,
+/// so one event waits for its retry (due 1 min later) when the run stops.
+async fn one_event_waiting_for_a_retry(dir: &Path, rx: &mut Receiver) {
+    let g = run_at_wall(dir, T0).await;
+    let base = format!("http://{}", g.http_addr.unwrap());
+    let client = reqwest::Client::new();
+    let put = |path: &str, body: Value| client.put(format!("{base}{path}?{V}")).json(&body).send();
+    assert_eq!(put("/topics/t1", json!({})).await.unwrap().status(), 200);
+    let sub = json!({"properties": {"destination": {"endpointType": "WebHook",
+        "properties": {"endpointUrl": rx.url("/clock")}}}});
+    let r = put("/topics/t1/eventSubscriptions/s1", sub).await.unwrap();
+    assert_eq!(r.status(), 200);
+    rx.respond_with(500);
+    let events = json!([eg_event("e1", "s", "t", json!({}))]);
+    let r = client
+        .post(format!("{base}/topics/t1/events?{V}"))
+        .json(&events)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(rx.next().await.json()[0]["id"], "e1");
+    g.shutdown().await;
+    rx.respond_with(200);
+}
+
+/// NTP moves the wall clock forward by 3 days between two runs (TTL 2 h): the event waiting for
+/// its retry is not expired by the jump; the downtime counts for at most the allowance (1 h).
+#[tokio::test]
+async fn a_forward_clock_jump_across_a_restart_does_not_expire_the_backlog() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rx = Receiver::start().await;
+    one_event_waiting_for_a_retry(dir.path(), &mut rx).await;
+    let g = run_at_wall(dir.path(), T0 + 3 * 24 * 60 * MIN).await;
+    // Due (1 h of downtime counted > the 1 min retry delay), not expired (1 h < 2 h TTL).
+    assert_eq!(rx.next().await.json()[0]["id"], "e1");
+    g.shutdown().await;
+}
+
+/// A device boots 5 days in the past: the retry is not held back by 5 days; the clock resumes
+/// from the last run's heartbeat (here written as 2 min after the failure, as a run that went on
+/// for 2 more minutes would have left it).
+#[tokio::test]
+async fn a_backward_clock_jump_across_a_restart_does_not_stall_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rx = Receiver::start().await;
+    one_event_waiting_for_a_retry(dir.path(), &mut rx).await;
+    let metadata = dir.path().join("metadataDb");
+    gridlet::clock::write_heartbeat(&metadata, T0 + 2 * MIN).unwrap();
+    let g = run_at_wall(dir.path(), T0 - 5 * 24 * 60 * MIN).await;
+    assert_eq!(rx.next().await.json()[0]["id"], "e1");
+    g.shutdown().await;
+}
