@@ -29,6 +29,10 @@ fn main() -> ExitCode {
         )
         .with_target(false)
         .init();
+    if let Err(line) = data_dirs_writable(&cfg) {
+        eprintln!("gridlet: {line}");
+        return ExitCode::from(1);
+    }
     for k in &cfg.unknown_keys {
         tracing::warn!(key = %k, "unknown setting ignored (check its spelling)");
     }
@@ -45,6 +49,9 @@ fn main() -> ExitCode {
         }
     };
     rt.block_on(async move {
+        // Listen for SIGTERM before anything is served: a signal that arrives while start-up
+        // finishes must stop gridlet cleanly, not kill it with the default action.
+        let shutdown = shutdown_signal();
         let gridlet = match Gridlet::start(cfg, Parts::default()).await {
             Ok(g) => g,
             Err(e) => {
@@ -52,32 +59,68 @@ fn main() -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        shutdown_signal().await;
+        shutdown.await;
         tracing::info!("shutting down");
         gridlet.shutdown().await;
         ExitCode::SUCCESS
     })
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+/// The data directories are often host directories bind-mounted into the container, and the
+/// module runs as UID 2000: when one is not writable for this process, say in one line what to
+/// change on the host, instead of a store error that reads like corruption.
+fn data_dirs_writable(cfg: &Config) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    if cfg.persistence.store == gridlet::config::StoreKind::Memory {
+        return Ok(());
+    }
+    let dirs = [
+        (&cfg.persistence.metadata_path, "persistence__metadataPath"),
+        (&cfg.persistence.events_path, "persistence__eventsPath"),
+    ];
+    for (dir, setting) in dirs {
+        let probe = dir.join(".gridlet-write-check");
+        let result = std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(&probe, b""))
+            .and_then(|()| std::fs::remove_file(&probe));
+        match result {
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                // /proc/self belongs to the process's effective user.
+                let uid = std::fs::metadata("/proc/self").map_or(2000, |m| m.uid());
+                return Err(format!(
+                    "cannot write {} ({setting}) as UID {uid}: give the directory to that user \
+                     on the host, e.g. `sudo chown -R {uid}:{uid} <the host directory mounted there>`",
+                    dir.display()
+                ));
             }
-            Err(_) => std::future::pending::<()>().await,
+            // Anything else (a file in the way, a full disk) is reported by the store as it opens.
+            _ => {}
         }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+    }
+    Ok(())
+}
+
+/// Resolves on SIGTERM (how IoT Edge and container runtimes stop a module) or Ctrl-C. The
+/// handlers are installed when this is called, not when the future is first polled.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let ctrl_c = tokio::signal::ctrl_c();
+    async move {
+        #[cfg(unix)]
+        let term = async {
+            match term {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! {
+            r = ctrl_c => if r.is_err() { std::future::pending::<()>().await },
+            _ = term => {},
+        }
     }
 }

@@ -213,3 +213,43 @@ async fn sigterm_lets_in_flight_deliveries_finish() {
         "the event was delivered again after the restart"
     );
 }
+
+/// A data directory the process cannot write (a host directory bind-mounted without write access
+/// for UID 2000) stops start-up with one line that says what to chown, not a store error that
+/// reads like corruption. As root (CI) the binary runs as UID 2000 through `setpriv`, since root
+/// writes anywhere; otherwise the directory is made read-only.
+#[test]
+fn unwritable_data_directory_says_what_to_chown() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let meta = dir.path().join("meta");
+    let events = dir.path().join("events");
+    std::fs::create_dir(&meta).unwrap();
+    std::fs::create_dir(&events).unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&events, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+    let mut cmd = if root {
+        std::os::unix::fs::chown(&meta, Some(2000), Some(2000)).unwrap();
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid", "2000", "--regid", "2000", "--clear-groups"])
+            .arg(env!("CARGO_BIN_EXE_gridlet"));
+        c
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_gridlet"))
+    };
+    let out = cmd
+        .current_dir(dir.path())
+        .env("inbound__serverAuth__tlsPolicy", "disabled")
+        .env("inbound__httpPort", "0")
+        .env("persistence__metadataPath", &meta)
+        .env("persistence__eventsPath", &events)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("persistence__eventsPath"), "{err}");
+    assert!(err.contains("chown -R"), "{err}");
+    assert!(!err.contains("corrupt"), "{err}");
+}
