@@ -379,3 +379,37 @@ async fn a_slow_body_is_cut_at_the_body_timeout() {
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("RequestTimeout"), "{text}");
 }
+
+/// A client that pipelines requests and never reads the responses: once its socket accepts
+/// nothing more for `inbound__responseWriteTimeoutInSeconds`, gridlet drops the connection (the
+/// client's next writes fail) instead of holding it forever.
+#[tokio::test]
+async fn a_client_that_never_reads_is_dropped_at_the_write_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let t = start(&[
+        ("inbound__responseWriteTimeoutInSeconds", "1"),
+        ("inbound__idleTimeoutInSeconds", "60"),
+    ])
+    .await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut s = socket.connect(t.g.http_addr.unwrap()).await.unwrap();
+    let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n".repeat(1_000);
+    let writer = async {
+        loop {
+            if let Err(e) = s.write_all(&request).await {
+                return e;
+            }
+        }
+    };
+    let e = tokio::time::timeout(WAIT, writer)
+        .await
+        .expect("the server drops the connection within the wait");
+    assert!(
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        ),
+        "{e}"
+    );
+}
