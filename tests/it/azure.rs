@@ -64,6 +64,7 @@ impl Drop for Azurite {
 
 impl Azurite {
     pub async fn start() -> Self {
+        gridlet::tls::install_default_provider();
         let bin = azurite_binary().expect(
             "Azurite is not installed: these tests use the real Azure Storage emulator. \
              Run scripts/test.sh (it installs `azurite@3` with npm under ~/.cache/gridlet/azurite).",
@@ -869,4 +870,170 @@ async fn bus_429_and_503_are_retried_not_dead_lettered() {
     assert_eq!(evs[0]["id"], "r0");
     let (_, b) = t.get("/topics/t/eventSubscriptions/s/deadLetters").await;
     assert_eq!(b["value"].as_array().map(Vec::len), Some(0), "{b}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Crash: persisted Azure subscriptions survive SIGKILL.
+
+struct Proc {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn spawn_gridlet(dir: &std::path::Path, client: &reqwest::Client, cycle: usize) -> Proc {
+    let http = free_port();
+    let https = free_port();
+    let log_path = dir.join(format!("gridlet-{cycle}.log"));
+    let child = Command::new(env!("CARGO_BIN_EXE_gridlet"))
+        .env_clear()
+        .envs([
+            ("inbound__serverAuth__tlsPolicy", "enabled"),
+            ("inbound__clientAuth__clientCert__enabled", "false"),
+            ("inbound__bindAddress", "127.0.0.1"),
+            ("broker__retrySchedule", "eventGridCloud"),
+            ("RUST_LOG", "warn"),
+        ])
+        .env("inbound__httpPort", http.to_string())
+        .env("inbound__httpsPort", https.to_string())
+        .env("persistence__metadataPath", dir.join("metadataDb"))
+        .env("persistence__eventsPath", dir.join("eventsDb"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(std::fs::File::create(&log_path).unwrap()))
+        .spawn()
+        .unwrap();
+    let p = Proc {
+        child,
+        base: format!("http://127.0.0.1:{http}"),
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = client.get(format!("{}/readyz", p.base)).send().await;
+        if matches!(&r, Ok(r) if r.status().is_success()) {
+            return p;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gridlet did not start: {}",
+            std::fs::read_to_string(&log_path).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Publish 4-event requests until the process dies; the ids of every request answered 200.
+async fn publish_until_killed(client: reqwest::Client, url: String, tag: String) -> Vec<String> {
+    let mut acked = Vec::new();
+    for n in 0.. {
+        let ids: Vec<String> = (0..4).map(|k| format!("{tag}-{n}-{k}")).collect();
+        let body: Vec<Value> = ids
+            .iter()
+            .map(|id| eg_event(id, "s", "t", json!({"pad": "x".repeat(100)})))
+            .collect();
+        match client.post(&url).json(&body).send().await {
+            Ok(r) if r.status().as_u16() == 200 => acked.extend(ids),
+            Ok(r) => panic!("publish answered {}", r.status()),
+            Err(_) => break,
+        }
+    }
+    acked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persisted_azure_subscriptions_lose_no_acknowledged_event_across_sigkill() {
+    let az = Azurite::start().await;
+    az.create_queue("crash").await;
+    let mut bus = StrictBus::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let mut acked = std::collections::HashSet::new();
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos() as u64;
+    eprintln!("azure crash test seed {seed}");
+    const CYCLES: usize = 4;
+    for cycle in 0..CYCLES {
+        let mut p = spawn_gridlet(dir.path(), &client, cycle).await;
+        if cycle == 0 {
+            let put = |path: &str, body: Value| {
+                client
+                    .put(format!("{}{path}?{}", p.base, crate::util::V))
+                    .json(&body)
+                    .send()
+            };
+            assert_eq!(put("/topics/t", json!({})).await.unwrap().status(), 200);
+            for (name, dest) in [
+                ("queue", storage_queue(&az.connection_string(), "crash")),
+                (
+                    "hub",
+                    json!({"endpointType": "EventHub", "properties": {
+                        "connectionString": bus.connection_string("hub1", BUS_KEY)}}),
+                ),
+            ] {
+                let sub = json!({"properties": {"destination": dest,
+                    "persistencePolicy": {"isPersisted": true},
+                    "deliveryPolicy": {"maxEventsPerBatch": 8}}});
+                let r = put(&format!("/topics/t/eventSubscriptions/{name}"), sub)
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+            }
+        }
+        let url = format!("{}/topics/t/events?{}", p.base, crate::util::V);
+        let tasks: Vec<_> = (0..2)
+            .map(|w| {
+                tokio::spawn(publish_until_killed(
+                    client.clone(),
+                    url.clone(),
+                    format!("c{cycle}w{w}"),
+                ))
+            })
+            .collect();
+        let wait = 200 + (seed.rotate_left(cycle as u32 * 7) % 600);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        p.child.kill().unwrap(); // SIGKILL
+        p.child.wait().unwrap();
+        for t in tasks {
+            acked.extend(t.await.unwrap());
+        }
+    }
+    assert!(acked.len() > 40, "published too little: {}", acked.len());
+    // A last run without a kill delivers whatever was still pending.
+    let _p = spawn_gridlet(dir.path(), &client, CYCLES).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut in_queue = std::collections::HashSet::new();
+    let mut in_hub = std::collections::HashSet::new();
+    loop {
+        for m in az.take_messages("crash").await {
+            in_queue.insert(decode_b64_event(&m)["id"].as_str().unwrap().to_string());
+        }
+        while let Ok((_, evs)) = bus.rx.try_recv() {
+            in_hub.extend(evs.iter().map(|e| e["id"].as_str().unwrap().to_string()));
+        }
+        let lost_q = acked.iter().filter(|id| !in_queue.contains(*id)).count();
+        let lost_h = acked.iter().filter(|id| !in_hub.contains(*id)).count();
+        if lost_q == 0 && lost_h == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "of {} acknowledged events, {lost_q} never reached the Storage queue and {lost_h} never reached the event hub",
+            acked.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "azure crash: {} acknowledged over {CYCLES} kills, all delivered to both destinations",
+        acked.len()
+    );
 }
