@@ -1,7 +1,7 @@
 //! `gridlet-bench`: gridlet measured against the physical limit of the machine it runs on.
 //!
 //! ```text
-//! cargo run --release --bin gridlet-bench -- [--scenario a|b|c|d|e|footprint|all] [--quick]
+//! cargo run --release --bin gridlet-bench -- [--scenario a|b|c|d|e|footprint|azure|all] [--quick]
 //! ```
 //!
 //! gridlet runs as a **child process** (the `gridlet` binary next to this one, or `--gridlet
@@ -18,13 +18,16 @@
 //! * d: as (a) with `broker__defaultIsPersisted=true` (200 only after the store commit);
 //! * e: a backlog of 1,000,000 events behind a stalled subscriber, restart with that backlog, then
 //!   the subscriber comes back and the backlog drains;
-//! * footprint: release binary size, idle RSS, start-up to serving.
+//! * footprint: release binary size, idle RSS, start-up to serving;
+//! * azure (opt-in, not in `all`): delivery to a Storage queue in Azurite beside webhook
+//!   delivery, with the raw Azurite limit ([`azure`]).
 //!
 //! The bench never hangs: every phase has a deadline, a watchdog kills everything after
 //! `--max-seconds`, and every gridlet child is killed on exit (also on panic).
 
 #![forbid(unsafe_code)]
 
+mod azure;
 mod child;
 mod net;
 
@@ -59,7 +62,7 @@ struct Opts {
 }
 
 const USAGE: &str =
-    "usage: gridlet-bench [--scenario a|b|c|d|e|footprint|all (comma list ok)] [--quick]
+    "usage: gridlet-bench [--scenario a|b|c|d|e|footprint|azure|all (comma list ok)] [--quick]
                      [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
                      [--down stall|refuse] [--e-in-memory] [--gridlet PATH] [--max-seconds SECS]
                      [--rounds N] [--slice SECS]
@@ -155,7 +158,7 @@ fn parse_args() -> Result<Opts, String> {
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
     }
-    let known = ["a", "b", "c", "d", "e", "footprint", "all"];
+    let known = ["a", "b", "c", "d", "e", "footprint", "azure", "all"];
     if let Some(bad) = o.scenarios.iter().find(|s| !known.contains(&s.as_str())) {
         return Err(format!("unknown scenario {bad}\n{USAGE}"));
     }
@@ -356,6 +359,10 @@ impl Bench {
         }
         if wants(&o, "footprint") {
             self.footprint().await?;
+        }
+        // Opt-in: needs Azurite, so `all` leaves it out.
+        if o.scenarios.iter().any(|s| s == "azure") {
+            self.scenario_azure().await?;
         }
         self.summary();
         println!("total bench time {:.1} s", started.elapsed().as_secs_f64());
