@@ -338,6 +338,17 @@ async fn storage_queue_gets_every_event_once_as_base64_messages() {
     )
     .await;
     assert_eq!(s, 200, "{b}");
+    // The account key is a secret: GET and the PUT answer show it masked.
+    let (_, got) = t.get("/topics/t/eventSubscriptions/q").await;
+    let cs = got["properties"]["destination"]["properties"]["connectionString"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        cs.contains("AccountKey=***") && !cs.contains(DEV_KEY),
+        "{cs}"
+    );
+    assert!(!b.to_string().contains(DEV_KEY), "{b}");
     t.publish("t", events("e", 25)).await;
     t.publish("t", events("f", 15)).await;
     let texts = az.wait_messages("events", 40).await;
