@@ -285,22 +285,44 @@ fn resume_clock(
 }
 
 /// Write the clock's time to the heartbeat file every [`crate::clock::HEARTBEAT_EVERY`] and
-/// once more when stopping.
+/// once more when stopping (waiting for that last write). The writes run on a thread of their
+/// own (`gridlet-clock`), so the runtime never waits on the file system, and the blocking pool
+/// (whose threads share the runtime workers' name) is not used for them.
 async fn heartbeats(dir: std::path::PathBuf, clock: Clock, mut stop: watch::Receiver<bool>) {
+    type Beat = (
+        crate::clock::WallMs,
+        Option<tokio::sync::oneshot::Sender<()>>,
+    );
+    let (tx, rx) = std::sync::mpsc::channel::<Beat>();
+    let writer = std::thread::Builder::new()
+        .name("gridlet-clock".into())
+        .spawn(move || {
+            for (ms, done) in rx {
+                if let Err(e) = crate::clock::write_heartbeat(&dir, ms) {
+                    tracing::warn!(error = %e, "cannot write the clock heartbeat");
+                }
+                if let Some(done) = done {
+                    let _ = done.send(());
+                }
+            }
+        });
+    if let Err(e) = writer {
+        tracing::warn!(error = %e, "cannot start the clock heartbeat thread");
+        return;
+    }
     let mut tick = tokio::time::interval(crate::clock::HEARTBEAT_EVERY);
     loop {
-        let stopping = tokio::select! {
-            _ = tick.tick() => false,
-            _ = stop.changed() => true,
-        };
-        let (dir, now) = (dir.clone(), clock.now_ms());
-        let written =
-            tokio::task::spawn_blocking(move || crate::clock::write_heartbeat(&dir, now)).await;
-        if let Ok(Err(e)) = written {
-            tracing::warn!(error = %e, "cannot write the clock heartbeat");
-        }
-        if stopping {
-            break;
+        tokio::select! {
+            _ = tick.tick() => {
+                let _ = tx.send((clock.now_ms(), None));
+            }
+            _ = stop.changed() => {
+                let (done, written) = tokio::sync::oneshot::channel();
+                if tx.send((clock.now_ms(), Some(done))).is_ok() {
+                    let _ = written.await;
+                }
+                break;
+            }
         }
     }
 }
