@@ -1,16 +1,12 @@
-//! The broker: topics, subscriptions, and the publish path.
-//!
-//! Publish, in order (a request is accepted whole or rejected whole):
-//! 1. route every event through every subscription's compiled filter;
-//! 2. check each matching in-memory subscription's bound (full → 503 + Retry-After);
-//! 3. append the copies for **persisted** subscriptions to the store and `commit` (group commit);
-//!    only then
-//! 4. push into the in-memory queues and wake the dispatchers, and answer 200.
+//! The broker: topics, subscriptions, and the publish path ([`publish`]: route → admit →
+//! persist → enqueue, cancel-safe).
 //!
 //! Locking: the topic map and each topic's subscription list are copy-on-write snapshots behind
 //! short `RwLock`s; publish clones `Arc`s and touches only the matching subscriptions' queue
 //! mutexes — no lock is held across an await, and nothing global is locked per event.
 
+mod publish;
+mod replay;
 mod resilience;
 
 use crate::clock::Clock;
@@ -21,13 +17,12 @@ use crate::delivery::sink::SinkFactory;
 use crate::delivery::sinks::DESTINATIONS;
 use crate::error::ApiError;
 use crate::metrics::{self, Series, SeriesValue, SubscriptionMetrics, TopicMetrics};
-use crate::model::event::IncomingEvent;
 use crate::model::names;
 use crate::model::subscription::Subscription;
 use crate::model::topic::{EventSchema, Topic};
-use crate::store::{RetryState, Store, StoreError, StoredEvent};
+use crate::store::{Store, StoreError};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -586,186 +581,6 @@ impl Broker {
             .cloned()
             .collect();
         write(&entry.subs, Arc::new(list));
-        Ok(())
-    }
-
-    /// Route and enqueue a validated publish request; returns once every persisted copy is
-    /// durable.
-    ///
-    /// # Errors
-    /// 503 when a matching subscription is full (unless `broker__queueFullPolicy=deadLetter`:
-    /// then that subscription's copies are dead-lettered), 507 when the store is full, 500 on
-    /// store failure. Nothing is enqueued in any of these cases.
-    pub async fn publish(
-        &self,
-        entry: &TopicEntry,
-        mut events: Vec<IncomingEvent>,
-    ) -> Result<(), ApiError> {
-        let subs = entry.subscriptions();
-        entry.metrics.events_received.add(events.len() as u64);
-        if events.is_empty() {
-            return Ok(());
-        }
-        let configs: Vec<_> = subs.iter().map(|s| s.shared.config()).collect();
-        // 1. Route.
-        let mut routes: Vec<Vec<usize>> = vec![Vec::new(); subs.len()];
-        let mut unmatched = 0u64;
-        // Bytes of the whole request and of the events that go anywhere (for the memory bound).
-        let (mut request_bytes, mut matched_bytes) = (0u64, 0u64);
-        for (i, ev) in events.iter().enumerate() {
-            let size = crate::delivery::queue::payload_size(&ev.body, &ev.id);
-            request_bytes += size;
-            let view = ev.view();
-            let mut matched = false;
-            for (j, cfg) in configs.iter().enumerate() {
-                if cfg.sub.filter.as_ref().is_none_or(|f| f.matches(&view)) {
-                    if let Some(r) = routes.get_mut(j) {
-                        r.push(i);
-                    }
-                    matched = true;
-                }
-            }
-            if matched {
-                matched_bytes += size;
-            } else {
-                unmatched += 1;
-            }
-        }
-        entry.metrics.unmatched_events.add(unmatched);
-        // 2. Bounds of in-memory queues.
-        let max_pending = self.inner.cfg.broker.max_pending_events_per_subscription;
-        let overflow_to_dead_letters = self.inner.cfg.resilience.queue_full_policy
-            == crate::delivery::policy::QueueFullPolicy::DeadLetter;
-        let mut full = vec![false; subs.len()];
-        for (((sub, cfg), r), full) in subs.iter().zip(&configs).zip(&routes).zip(&mut full) {
-            if r.is_empty() || cfg.sub.persisted {
-                continue;
-            }
-            if sub.shared.queue().pending() + r.len() > max_pending {
-                if overflow_to_dead_letters {
-                    *full = true;
-                    continue;
-                }
-                return Err(ApiError::unavailable(
-                    format!(
-                        "subscription '{}' has {} pending events (broker__maxPendingEventsPerSubscription); retry later",
-                        sub.shared.name, max_pending
-                    ),
-                    Duration::from_secs(10),
-                ));
-            }
-        }
-        // Bytes held in memory for delivery, all subscriptions together. Only a publish that
-        // reaches an in-memory subscription is refused: persisted subscriptions hold a bounded
-        // window in memory and are bounded on disk.
-        let to_memory = configs
-            .iter()
-            .zip(&routes)
-            .any(|(cfg, r)| !r.is_empty() && !cfg.sub.persisted);
-        let pending_bytes = &self.inner.ctx.pending_bytes;
-        if to_memory && pending_bytes.would_exceed(matched_bytes) {
-            return Err(ApiError::unavailable(
-                format!(
-                    "gridlet holds {} of the {} bytes of undelivered events broker__maxPendingBytes allows in memory; retry later",
-                    pending_bytes.used(),
-                    pending_bytes.limit()
-                ),
-                Duration::from_secs(10),
-            ));
-        }
-        // Event bodies can be slices of the request's buffer, which then stays in memory while
-        // any of them is queued. When filters matched less than half of the request, the matched
-        // bodies are copied out, so the buffer goes with the request and what is counted is at
-        // least half of what is held.
-        let copy_out = matched_bytes * 2 < request_bytes;
-        // Shared payloads, one per matched event, with one sequence number each.
-        let now_ms = self.inner.ctx.clock.now_ms();
-        let now = Instant::now();
-        let mut payloads: Vec<Option<(u64, Arc<EventData>)>> = vec![None; events.len()];
-        for r in &routes {
-            for &i in r {
-                if let (Some(slot), Some(ev)) = (payloads.get_mut(i), events.get_mut(i)) {
-                    if slot.is_none() {
-                        let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
-                        // Moved, not cloned: each event gets one payload, and `events` is not
-                        // read after this.
-                        let body = if copy_out {
-                            bytes::Bytes::copy_from_slice(&ev.body)
-                        } else {
-                            std::mem::take(&mut ev.body)
-                        };
-                        *slot = Some((
-                            seq,
-                            Arc::new(EventData::new(
-                                body,
-                                std::mem::take(&mut ev.id).into_boxed_str(),
-                                Some(pending_bytes),
-                            )),
-                        ));
-                    }
-                }
-            }
-        }
-        // 3. Durable copies first.
-        let mut durable = Vec::new();
-        for ((sub, cfg), r) in subs.iter().zip(&configs).zip(&routes) {
-            if !cfg.sub.persisted {
-                continue;
-            }
-            for &i in r {
-                if let Some(Some((seq, data))) = payloads.get(i) {
-                    durable.push((
-                        sub.shared.queue_id,
-                        StoredEvent {
-                            seq: *seq,
-                            id: data.id.to_string(),
-                            body: data.body.clone(),
-                            state: RetryState {
-                                attempts: 0,
-                                first_enqueued_ms: now_ms,
-                                due_ms: 0,
-                            },
-                        },
-                    ));
-                }
-            }
-        }
-        if !durable.is_empty() {
-            let store = &self.inner.ctx.store;
-            store.append_commit(durable).await.map_err(store_err)?;
-        }
-        // 4. Enqueue and wake.
-        for ((sub, r), full) in subs.iter().zip(&routes).zip(&full) {
-            if r.is_empty() {
-                continue;
-            }
-            if *full {
-                self.dead_letter_overflow(&sub.shared, r, &payloads, now_ms, now);
-                continue;
-            }
-            // A dispatcher with every slot taken picks up new events when a send completes:
-            // waking it now would be wasted work (10 hanging endpoints = 10 idle wake-ups per
-            // publish).
-            let slot_free = {
-                let mut q = sub.shared.queue();
-                for &i in r {
-                    if let Some(Some((seq, data))) = payloads.get(i) {
-                        q.push(Pending {
-                            seq: *seq,
-                            event: data.clone(),
-                            attempts: 0,
-                            first_enqueued_ms: now_ms,
-                            enqueued_at: now,
-                        });
-                    }
-                }
-                q.in_flight() < self.inner.ctx.max_in_flight
-            };
-            sub.shared.metrics.enqueued.add(r.len() as u64);
-            if slot_free {
-                sub.shared.notify.notify_one();
-            }
-        }
         Ok(())
     }
 

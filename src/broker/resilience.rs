@@ -1,5 +1,5 @@
 //! The broker's resilience operations: endpoint health per subscription, dead letters (list,
-//! replay, purge), dead-letter webhooks, and their metrics. Kept apart from the publish path.
+//! purge; replay is in `replay.rs`), dead-letter webhooks, and their metrics. Kept apart from the publish path.
 
 use super::{store_err, subscription_not_found, topic_not_found, Broker, SubEntry};
 use crate::delivery::deadletter::DeadLetter;
@@ -11,10 +11,8 @@ use crate::error::ApiError;
 use crate::metrics::{self, Series, SeriesValue};
 use crate::model::delivery_options::DeliveryOptions;
 use crate::model::subscription::Subscription;
-use crate::store::{QueueId, RetryState, StoredEvent};
-use std::sync::atomic::Ordering;
+use crate::store::QueueId;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::time::Instant;
 
 /// Most dead letters one list call returns.
@@ -78,7 +76,7 @@ impl Broker {
         }
     }
 
-    fn entry(&self, topic: &str, name: &str) -> Result<Arc<SubEntry>, ApiError> {
+    pub(super) fn entry(&self, topic: &str, name: &str) -> Result<Arc<SubEntry>, ApiError> {
         self.topic(topic).ok_or_else(|| topic_not_found(topic))?;
         self.subscription(topic, name)
             .ok_or_else(|| subscription_not_found(topic, name))
@@ -144,135 +142,6 @@ impl Broker {
             .take(e.shared.queue_id, ids)
             .map_err(store_err)?
             .len();
-        Ok(n)
-    }
-
-    /// Put dead letters back into the subscription's queue as new events (fresh attempts and
-    /// time to live), persisted first for persisted subscriptions. `ids` = `None`: all of them.
-    /// Returns how many were replayed.
-    ///
-    /// For a persisted subscription the letters are read, appended to the event store and
-    /// committed, and only then removed (replays of one broker run one at a time): a crash in
-    /// between leaves a letter that was also re-enqueued (a duplicate), never a lost one.
-    ///
-    /// # Errors
-    /// 404 for an unknown topic/subscription; 503 when the queue has no room; 507/500 on store
-    /// failure (the letters are kept then).
-    pub async fn replay_dead_letters(
-        &self,
-        topic: &str,
-        name: &str,
-        ids: Option<Vec<u64>>,
-    ) -> Result<usize, ApiError> {
-        let e = self.entry(topic, name)?;
-        let shared = &e.shared;
-        let ctx = &self.inner.ctx;
-        let cfg = shared.config();
-        let wanted = match &ids {
-            Some(v) => v.len(),
-            None => ctx.dead_letters.count(shared.queue_id),
-        };
-        let max_pending = self.inner.cfg.broker.max_pending_events_per_subscription;
-        if !cfg.sub.persisted && shared.queue().pending() + wanted > max_pending {
-            return Err(ApiError::unavailable(
-                format!(
-                    "subscription '{}' has no room for {wanted} more events (broker__maxPendingEventsPerSubscription); replay fewer or later",
-                    shared.name
-                ),
-                Duration::from_secs(10),
-            ));
-        }
-        let _replaying = if cfg.sub.persisted {
-            Some(self.inner.replays.lock().await)
-        } else {
-            None
-        };
-        let mut letters = ctx
-            .dead_letters
-            .peek(shared.queue_id, ids.as_deref())
-            .map_err(store_err)?;
-        if letters.is_empty() {
-            return Ok(0);
-        }
-        if !cfg.sub.persisted {
-            // Replayed into memory: within `broker__maxPendingBytes`, like a publish.
-            let bytes: u64 = letters
-                .iter()
-                .map(|l| crate::delivery::queue::payload_size(&l.body, &l.event_id))
-                .sum();
-            if ctx.pending_bytes.would_exceed(bytes) {
-                return Err(ApiError::unavailable(
-                    format!(
-                        "replaying {bytes} bytes would pass broker__maxPendingBytes ({} of {} bytes of undelivered events in memory); replay fewer or later",
-                        ctx.pending_bytes.used(),
-                        ctx.pending_bytes.limit()
-                    ),
-                    Duration::from_secs(10),
-                ));
-            }
-            let ids: Vec<u64> = letters.iter().map(|l| l.id).collect();
-            letters = ctx
-                .dead_letters
-                .take(shared.queue_id, Some(&ids))
-                .map_err(store_err)?;
-            if letters.is_empty() {
-                return Ok(0);
-            }
-        }
-        let now_ms = ctx.clock.now_ms();
-        let now = Instant::now();
-        let items: Vec<Pending> = letters
-            .iter()
-            .map(|l| Pending {
-                seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
-                event: Arc::new(EventData::new(
-                    l.body.clone(),
-                    l.event_id.clone().into_boxed_str(),
-                    Some(&ctx.pending_bytes),
-                )),
-                attempts: 0,
-                first_enqueued_ms: now_ms,
-                enqueued_at: now,
-            })
-            .collect();
-        if cfg.sub.persisted {
-            let durable: Vec<_> = items
-                .iter()
-                .map(|p| {
-                    (
-                        shared.queue_id,
-                        StoredEvent {
-                            seq: p.seq,
-                            id: p.event.id.to_string(),
-                            body: p.event.body.clone(),
-                            state: RetryState {
-                                attempts: 0,
-                                first_enqueued_ms: now_ms,
-                                due_ms: 0,
-                            },
-                        },
-                    )
-                })
-                .collect();
-            // On failure the letters were never taken: they stay dead letters.
-            ctx.store.append_commit(durable).await.map_err(store_err)?;
-            let ids: Vec<u64> = letters.iter().map(|l| l.id).collect();
-            if let Err(e) = ctx.dead_letters.take(shared.queue_id, Some(&ids)) {
-                // The events are queued and durable; the letters stay listed as well.
-                tracing::error!(subscription = %shared.name, error = %e, "replayed dead letters could not be removed");
-            }
-        }
-        let n = items.len();
-        {
-            let mut q = shared.queue();
-            for p in items {
-                q.push(p);
-            }
-        }
-        shared.metrics.enqueued.add(n as u64);
-        shared.metrics.dead_letters_replayed.add(n as u64);
-        shared.notify.notify_one();
-        tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, "dead letters replayed");
         Ok(n)
     }
 

@@ -244,3 +244,191 @@ async fn a_frozen_endpoint_stays_frozen_across_restarts_until_enabled() {
     rx.nothing_within(Duration::from_millis(300)).await;
     n.stop().await;
 }
+
+/// The memory store, except that every commit waits until the test opens the gate: a slow
+/// journal flush under the test's control.
+struct GatedCommits {
+    inner: gridlet::store::memory::MemoryStore,
+    entered: tokio::sync::watch::Sender<bool>,
+    open: tokio::sync::watch::Receiver<bool>,
+}
+
+impl gridlet::store::Store for GatedCommits {
+    fn load(&self) -> Result<gridlet::store::Snapshot, gridlet::store::StoreError> {
+        self.inner.load()
+    }
+    fn pending(
+        &self,
+        queue: gridlet::store::QueueId,
+    ) -> Result<Vec<gridlet::store::StoredEvent>, gridlet::store::StoreError> {
+        self.inner.pending(queue)
+    }
+    fn get(
+        &self,
+        queue: gridlet::store::QueueId,
+        seqs: &[u64],
+    ) -> Result<Vec<Option<gridlet::store::StoredEvent>>, gridlet::store::StoreError> {
+        self.inner.get(queue, seqs)
+    }
+    fn put_topic(&self, key: &str, record: &Value) -> Result<(), gridlet::store::StoreError> {
+        self.inner.put_topic(key, record)
+    }
+    fn delete_topic(&self, key: &str) -> Result<(), gridlet::store::StoreError> {
+        self.inner.delete_topic(key)
+    }
+    fn put_subscription(
+        &self,
+        topic: &str,
+        queue: gridlet::store::QueueId,
+        record: &Value,
+    ) -> Result<(), gridlet::store::StoreError> {
+        self.inner.put_subscription(topic, queue, record)
+    }
+    fn delete_subscription(
+        &self,
+        queue: gridlet::store::QueueId,
+    ) -> Result<(), gridlet::store::StoreError> {
+        self.inner.delete_subscription(queue)
+    }
+    fn next_queue_id(&self) -> Result<gridlet::store::QueueId, gridlet::store::StoreError> {
+        self.inner.next_queue_id()
+    }
+    fn append(
+        &self,
+        items: &[(gridlet::store::QueueId, gridlet::store::StoredEvent)],
+    ) -> Result<(), gridlet::store::StoreError> {
+        self.inner.append(items)
+    }
+    fn commit(
+        &self,
+    ) -> futures_util::future::BoxFuture<'_, Result<(), gridlet::store::StoreError>> {
+        Box::pin(async move {
+            let _ = self.entered.send(true);
+            let mut open = self.open.clone();
+            let _ = open.wait_for(|o| *o).await;
+            self.inner.commit().await
+        })
+    }
+    fn update(
+        &self,
+        queue: gridlet::store::QueueId,
+        seqs: &[u64],
+        state: gridlet::store::RetryState,
+    ) -> Result<(), gridlet::store::StoreError> {
+        self.inner.update(queue, seqs, state)
+    }
+    fn remove(
+        &self,
+        queue: gridlet::store::QueueId,
+        seqs: &[u64],
+    ) -> Result<(), gridlet::store::StoreError> {
+        self.inner.remove(queue, seqs)
+    }
+    fn put_endpoint_health(
+        &self,
+        url: &str,
+        record: Option<&Value>,
+    ) -> Result<(), gridlet::store::StoreError> {
+        self.inner.put_endpoint_health(url, record)
+    }
+}
+
+/// A client that gives up while its publish is being committed does not lose the event: the
+/// commit finishes, and the event is queued and delivered without a restart.
+#[tokio::test]
+async fn a_publish_whose_client_gives_up_during_the_commit_is_still_delivered() {
+    let (entered_tx, mut entered) = tokio::sync::watch::channel(false);
+    let (open_tx, open) = tokio::sync::watch::channel(false);
+    let store = std::sync::Arc::new(GatedCommits {
+        inner: gridlet::store::memory::MemoryStore::new(),
+        entered: entered_tx,
+        open,
+    });
+    let t = start_with(
+        &[],
+        gridlet::Parts {
+            store: Some(store),
+            ..gridlet::Parts::default()
+        },
+    )
+    .await;
+    let mut rx = Receiver::start().await;
+    t.topic("t1").await;
+    let persisted = json!({"persistencePolicy": {"isPersisted": true}});
+    t.webhook_sub("t1", "s1", &rx.url("/s1"), persisted).await;
+
+    // The client sends its publish and hangs up once the commit has started.
+    let body = json!([eg_event("gave-up", "s", "t", json!({}))]);
+    let request = tokio::spawn(t.client.post(t.url("/topics/t1/events")).json(&body).send());
+    entered.wait_for(|e| *e).await.unwrap();
+    request.abort();
+    let _ = request.await;
+    // Let the server notice the closed connection before the commit ends.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    open_tx.send(true).unwrap();
+
+    let got = rx.next().await;
+    assert_eq!(got.json()[0]["id"], "gave-up");
+}
+
+/// A client that gives up while its dead-letter replay is being committed does not lose the
+/// replayed event: it is queued and delivered without a restart (and no longer listed).
+#[tokio::test]
+async fn a_replay_whose_client_gives_up_during_the_commit_is_still_delivered() {
+    let (entered_tx, mut entered) = tokio::sync::watch::channel(false);
+    let (open_tx, open) = tokio::sync::watch::channel(true);
+    let store = std::sync::Arc::new(GatedCommits {
+        inner: gridlet::store::memory::MemoryStore::new(),
+        entered: entered_tx,
+        open,
+    });
+    let t = start_with(
+        &[],
+        gridlet::Parts {
+            store: Some(store.clone()),
+            ..gridlet::Parts::default()
+        },
+    )
+    .await;
+    let mut rx = Receiver::start().await;
+    rx.respond_with(400);
+    t.topic("t1").await;
+    let sub = json!({"persistencePolicy": {"isPersisted": true},
+                     "retryPolicy": {"maxDeliveryAttempts": 1}});
+    t.webhook_sub("t1", "s1", &rx.url("/s1"), sub).await;
+    t.publish("t1", json!([eg_event("replayed", "s", "t", json!({}))]))
+        .await;
+    rx.next().await;
+    let letters = tokio::time::timeout(WAIT, async {
+        loop {
+            let (_, v) = t.get(&format!("{S1}/deadLetters")).await;
+            if v["value"].as_array().is_some_and(|a| !a.is_empty()) {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a dead letter");
+    assert_eq!(letters["value"][0]["eventId"], "replayed");
+
+    // Commits now wait; the client asks for the replay and hangs up once the commit started.
+    rx.respond_with(200);
+    open_tx.send(false).unwrap();
+    store.entered.send(false).unwrap();
+    let request = tokio::spawn(
+        t.client
+            .post(t.url(&format!("{S1}/deadLetters/replay")))
+            .json(&json!({}))
+            .send(),
+    );
+    entered.wait_for(|e| *e).await.unwrap();
+    request.abort();
+    let _ = request.await;
+    // Let the server notice the closed connection before the commit ends.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    open_tx.send(true).unwrap();
+
+    let got = rx.next().await;
+    assert_eq!(got.json()[0]["id"], "replayed");
+}
