@@ -1,0 +1,230 @@
+//! Start-up recovery: topics, subscriptions and persisted events restored from the store.
+
+use super::*;
+use crate::store::QueueId;
+
+impl Broker {
+    /// Open the broker on `store`, restoring topics, subscriptions and persisted events.
+    ///
+    /// Must run inside a tokio runtime (it starts one task per subscription).
+    ///
+    /// # Errors
+    /// Unreadable store data: the broker refuses to start rather than start empty.
+    pub fn open(
+        cfg: Arc<Config>,
+        store: Arc<dyn Store>,
+        sinks: Arc<dyn SinkFactory>,
+        clock: Clock,
+    ) -> Result<Self, OpenError> {
+        let snapshot = store.load()?;
+        let ctx = Arc::new(EngineCtx {
+            clock,
+            store: store.clone(),
+            global: Arc::new(Semaphore::new(cfg.broker.max_in_flight_total)),
+            max_in_flight: cfg.broker.max_in_flight_per_subscription,
+            log_success: cfg.broker.log_delivery_success,
+            health_cfg: cfg.resilience.health.clone(),
+            // Disabled/frozen endpoints and dead letters live with the store: on disk with sled,
+            // in memory with the memory store.
+            health: crate::delivery::health::HealthRegistry::restore(store.clone())?,
+            dead_letters: store
+                .dead_letters()
+                .unwrap_or_else(|| Arc::new(crate::delivery::deadletter::MemoryDeadLetters::new())),
+            dead_letter_capacity: cfg.resilience.dead_letter_capacity,
+            forwarder: crate::delivery::deadletter::Forwarder::start(),
+            drain: Default::default(),
+            pending_bytes: Arc::new(crate::delivery::queue::PendingBytes::new(
+                cfg.broker.max_pending_bytes,
+            )),
+        });
+        let broker = Self {
+            inner: Arc::new(Inner {
+                cfg: cfg.clone(),
+                ctx,
+                sinks,
+                topics: RwLock::new(Arc::new(HashMap::new())),
+                mgmt: Mutex::new(()),
+                replays: tokio::sync::Mutex::new(()),
+                seq: AtomicU64::new(snapshot.max_seq + 1),
+            }),
+        };
+        let topics = restore_topics(snapshot.topics)?;
+        broker.restore_subscriptions(&topics, snapshot.subscriptions)?;
+        write(&broker.inner.topics, Arc::new(topics));
+        broker.inner.ctx.health.prune_unclaimed();
+        Ok(broker)
+    }
+
+    /// Restore a persisted subscription's queue from the store's index (sequence numbers and
+    /// retry states, no bodies): events waiting for their first attempt are queued by sequence
+    /// number only and enter the delivery window as it drains (their bodies are read then);
+    /// events waiting for a retry are read now and keep their due time.
+    fn restore_events(&self, shared: &SubShared) -> Result<(), StoreError> {
+        let store = &self.inner.ctx.store;
+        let index = store.pending_index(shared.queue_id)?;
+        let now_ms = self.inner.ctx.clock.now_ms();
+        let now = Instant::now();
+        let policy = shared.config().policy;
+        let mut expired = Vec::new();
+        let mut retries = Vec::new();
+        {
+            let mut q = shared.queue();
+            for (seq, state) in index {
+                // TTL counts from the first enqueue, across restarts: what expired while gridlet
+                // was down is dead-lettered (and counted) below rather than delivered late.
+                if crate::delivery::retry::is_expired(&policy, state.first_enqueued_ms, now_ms) {
+                    expired.push(seq);
+                } else if state.attempts == 0 {
+                    q.push_spilled(seq);
+                } else {
+                    retries.push((seq, state));
+                }
+            }
+        }
+        for chunk in retries.chunks(1024) {
+            let seqs: Vec<u64> = chunk.iter().map(|(s, _)| *s).collect();
+            let events = store.get(shared.queue_id, &seqs)?;
+            let mut q = shared.queue();
+            for ((_, state), e) in chunk.iter().zip(events) {
+                let Some(e) = e else { continue };
+                let wait = Duration::from_millis(state.due_ms.saturating_sub(now_ms));
+                q.push_recovered_retry(
+                    now + wait,
+                    Pending {
+                        seq: e.seq,
+                        event: Arc::new(EventData::new(
+                            e.body,
+                            e.id.into_boxed_str(),
+                            Some(&self.inner.ctx.pending_bytes),
+                        )),
+                        attempts: state.attempts,
+                        first_enqueued_ms: state.first_enqueued_ms,
+                        enqueued_at: now,
+                    },
+                );
+            }
+        }
+        // The dispatcher may already have looked at the empty queue and gone to sleep.
+        shared.notify.notify_one();
+        if !expired.is_empty() {
+            // TTL counts from the first enqueue, across restarts: what expired while gridlet was
+            // down is dead-lettered (and counted) now rather than delivered late. Bodies are read
+            // in chunks so a large expired backlog never sits in memory at once.
+            tracing::info!(topic = %shared.topic, subscription = %shared.name, events = expired.len(), reason = "TimeToLiveExceeded", "stored events expired while gridlet was stopped");
+            for chunk in expired.chunks(1024) {
+                let events = store.get(shared.queue_id, chunk)?;
+                let items: Vec<Pending> = events
+                    .into_iter()
+                    .flatten()
+                    .map(|e| Pending {
+                        seq: e.seq,
+                        event: Arc::new(EventData::new(
+                            e.body,
+                            e.id.into_boxed_str(),
+                            Some(&self.inner.ctx.pending_bytes),
+                        )),
+                        attempts: e.state.attempts,
+                        first_enqueued_ms: e.state.first_enqueued_ms,
+                        enqueued_at: now,
+                    })
+                    .collect();
+                // Counts them, keeps them as dead letters, then removes them from the store.
+                dispatcher::dead_letter(
+                    shared,
+                    &self.inner.ctx,
+                    &items,
+                    crate::delivery::retry::DropReason::Expired,
+                    None,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Subscriptions from their stored records, each started (and its persisted events
+    /// restored) under its topic.
+    fn restore_subscriptions(
+        &self,
+        topics: &HashMap<String, Arc<TopicEntry>>,
+        records: Vec<(String, QueueId, serde_json::Value)>,
+    ) -> Result<(), OpenError> {
+        // Stored subscriptions were valid when created; outbound rules may have been tightened
+        // since (e.g. httpsOnly). Load them anyway, with a warning, rather than lose them.
+        let mut lenient = (*self.inner.cfg).clone();
+        lenient.outbound.webhook_https_only = false;
+        lenient.outbound.eventgrid_https_only = false;
+        lenient.outbound.eventgrid_allow_invalid_hostnames = true;
+        // Still refused at connect time (the HTTP client checks the resolved address).
+        lenient.outbound.denied_ranges = Vec::new();
+        for (topic_name, queue_id, rec) in records {
+            let name = rec
+                .get("name")
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string();
+            let entry = topics
+                .get(&names::key(&topic_name))
+                .ok_or_else(|| OpenError::Record {
+                    what: "subscription",
+                    name: name.clone(),
+                    reason: format!("its topic '{topic_name}' is missing"),
+                })?;
+            let topic = entry.topic();
+            let sub = match Subscription::from_put(
+                &topic,
+                &name,
+                rec.clone(),
+                &self.inner.cfg,
+                &DESTINATIONS,
+            ) {
+                Ok(s) => s,
+                Err(strict) => {
+                    let s = Subscription::from_put(&topic, &name, rec, &lenient, &DESTINATIONS)
+                        .map_err(|e| OpenError::Record {
+                            what: "subscription",
+                            name: name.clone(),
+                            reason: e.message,
+                        })?;
+                    tracing::warn!(subscription = %name, reason = %strict.message, "stored subscription no longer meets the current settings; loaded anyway");
+                    s
+                }
+            };
+            let sub_entry = self.start_subscription(queue_id, sub);
+            if sub_entry.shared.config().sub.persisted {
+                self.restore_events(&sub_entry.shared)?;
+            }
+            let mut list = (*entry.subscriptions()).clone();
+            list.push(sub_entry);
+            write(&entry.subs, Arc::new(list));
+        }
+        Ok(())
+    }
+}
+
+/// Topics from their stored records, by key.
+fn restore_topics(
+    records: Vec<serde_json::Value>,
+) -> Result<HashMap<String, Arc<TopicEntry>>, OpenError> {
+    let mut topics = HashMap::new();
+    for rec in records {
+        let name = rec
+            .get("name")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string();
+        let topic = Topic::from_put(&name, rec).map_err(|e| OpenError::Record {
+            what: "topic",
+            name: name.clone(),
+            reason: e.message,
+        })?;
+        topics.insert(
+            names::key(&topic.name),
+            Arc::new(TopicEntry {
+                topic: RwLock::new(topic),
+                subs: RwLock::new(Arc::new(Vec::new())),
+                metrics: TopicMetrics::default(),
+            }),
+        );
+    }
+    Ok(topics)
+}

@@ -1,0 +1,241 @@
+//! The registry: topics and subscriptions (create, update, delete, look up), each
+//! subscription with its dispatcher task.
+
+use super::*;
+
+impl Broker {
+    fn sub_config(&self, sub: Subscription) -> SubConfig {
+        SubConfig {
+            policy: sub.effective_policy(&self.inner.cfg),
+            caps: sub.batching.caps(&self.inner.cfg),
+            sink: self.inner.sinks.create(&sub),
+            health: self.endpoint_health_for(&sub),
+            dead_letter_sink: self.dead_letter_sink_for(&sub),
+            sub,
+        }
+    }
+
+    pub(super) fn start_subscription(&self, queue_id: u32, sub: Subscription) -> Arc<SubEntry> {
+        // A persisted subscription's backlog lives in the store; memory holds a window of it.
+        let queue = if sub.persisted {
+            SubQueue::windowed(Window::DEFAULT)
+        } else {
+            SubQueue::default()
+        };
+        let shared = Arc::new(SubShared {
+            queue_id,
+            topic: Arc::from(sub.topic.as_str()),
+            name: Arc::from(sub.name.as_str()),
+            config: RwLock::new(Arc::new(self.sub_config(sub))),
+            queue: Mutex::new(queue),
+            notify: Default::default(),
+            metrics: SubscriptionMetrics::default(),
+        });
+        let task = dispatcher::spawn(shared.clone(), self.inner.ctx.clone());
+        Arc::new(SubEntry {
+            shared,
+            _task: task,
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Arc<Config> {
+        &self.inner.cfg
+    }
+
+    fn lock_mgmt(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.inner.mgmt.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Look a topic up (case-insensitively).
+    pub fn topic(&self, name: &str) -> Option<Arc<TopicEntry>> {
+        read(&self.inner.topics).get(&names::key(name)).cloned()
+    }
+
+    /// All topics, sorted by name.
+    pub fn topics(&self) -> Vec<Arc<TopicEntry>> {
+        let mut v: Vec<_> = read(&self.inner.topics).values().cloned().collect();
+        v.sort_by_key(|t| names::key(&t.topic().name));
+        v
+    }
+
+    /// Create or update a topic.
+    ///
+    /// # Errors
+    /// 400 when the schema would change under existing subscriptions or the topic limit is hit.
+    pub fn put_topic(&self, topic: Topic) -> Result<Topic, ApiError> {
+        let _g = self.lock_mgmt();
+        let key = names::key(&topic.name);
+        let map = read(&self.inner.topics);
+        if let Some(existing) = map.get(&key) {
+            let mut current = existing.topic();
+            if current.input_schema != topic.input_schema && !existing.subscriptions().is_empty() {
+                return Err(ApiError::bad_request(
+                    "InvalidSchema",
+                    format!(
+                        "topic '{}' has subscriptions delivering {}; delete them before changing inputSchema",
+                        current.name,
+                        current.input_schema.as_str()
+                    ),
+                ));
+            }
+            current.input_schema = topic.input_schema;
+            self.inner
+                .ctx
+                .store
+                .put_topic(&key, &current.to_record())
+                .map_err(store_err)?;
+            write(&existing.topic, current.clone());
+            return Ok(current);
+        }
+        if map.len() >= self.inner.cfg.broker.max_topics {
+            return Err(ApiError::bad_request(
+                "LimitExceeded",
+                format!(
+                    "at most {} topics (broker__maxTopics)",
+                    self.inner.cfg.broker.max_topics
+                ),
+            ));
+        }
+        self.inner
+            .ctx
+            .store
+            .put_topic(&key, &topic.to_record())
+            .map_err(store_err)?;
+        let mut next = (*map).clone();
+        next.insert(
+            key,
+            Arc::new(TopicEntry {
+                topic: RwLock::new(topic.clone()),
+                subs: RwLock::new(Arc::new(Vec::new())),
+                metrics: TopicMetrics::default(),
+            }),
+        );
+        write(&self.inner.topics, Arc::new(next));
+        Ok(topic)
+    }
+
+    /// Delete a topic and all its subscriptions (their queued events go too).
+    ///
+    /// # Errors
+    /// 404 when the topic does not exist.
+    pub fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
+        let _g = self.lock_mgmt();
+        let key = names::key(name);
+        let map = read(&self.inner.topics);
+        let entry = map
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| topic_not_found(name))?;
+        for sub in entry.subscriptions().iter() {
+            self.inner
+                .ctx
+                .store
+                .delete_subscription(sub.shared.queue_id)
+                .map_err(store_err)?;
+            self.forget_dead_letters(sub.shared.queue_id);
+        }
+        self.inner.ctx.store.delete_topic(&key).map_err(store_err)?;
+        write(&entry.subs, Arc::new(Vec::new()));
+        let mut next = (*map).clone();
+        next.remove(&key);
+        write(&self.inner.topics, Arc::new(next));
+        Ok(())
+    }
+
+    /// Create or update a subscription from a PUT body.
+    ///
+    /// # Errors
+    /// 404 for an unknown topic, 400 for an invalid body or a changed persistence policy.
+    pub fn put_subscription(
+        &self,
+        topic_name: &str,
+        name: &str,
+        body: serde_json::Value,
+    ) -> Result<Subscription, ApiError> {
+        let _g = self.lock_mgmt();
+        let entry = self
+            .topic(topic_name)
+            .ok_or_else(|| topic_not_found(topic_name))?;
+        let topic = entry.topic();
+        let sub = Subscription::from_put(&topic, name, body, &self.inner.cfg, &DESTINATIONS)?;
+        let subs = entry.subscriptions();
+        let key = names::key(name);
+        if let Some(existing) = subs.iter().find(|s| names::key(&s.shared.name) == key) {
+            let old = existing.shared.config();
+            if old.sub.persisted != sub.persisted {
+                return Err(ApiError::bad_request(
+                    "PersistencePolicyImmutable",
+                    "persistencePolicy cannot be modified once created; delete and re-create the subscription",
+                ));
+            }
+            let mut sub = sub;
+            sub.name = old.sub.name.clone();
+            self.inner
+                .ctx
+                .store
+                .put_subscription(&topic.name, existing.shared.queue_id, &sub.to_record())
+                .map_err(store_err)?;
+            existing.shared.set_config(self.sub_config(sub.clone()));
+            return Ok(sub);
+        }
+        if subs.len() >= self.inner.cfg.broker.max_subscriptions_per_topic {
+            return Err(ApiError::bad_request(
+                "LimitExceeded",
+                format!(
+                    "at most {} subscriptions per topic (broker__maxSubscriptionsPerTopic)",
+                    self.inner.cfg.broker.max_subscriptions_per_topic
+                ),
+            ));
+        }
+        let queue_id = self.inner.ctx.store.next_queue_id().map_err(store_err)?;
+        self.inner
+            .ctx
+            .store
+            .put_subscription(&topic.name, queue_id, &sub.to_record())
+            .map_err(store_err)?;
+        let sub_entry = self.start_subscription(queue_id, sub.clone());
+        let mut list = (*subs).clone();
+        list.push(sub_entry);
+        write(&entry.subs, Arc::new(list));
+        Ok(sub)
+    }
+
+    /// Find a subscription.
+    pub fn subscription(&self, topic: &str, name: &str) -> Option<Arc<SubEntry>> {
+        let key = names::key(name);
+        self.topic(topic)?
+            .subscriptions()
+            .iter()
+            .find(|s| names::key(&s.shared.name) == key)
+            .cloned()
+    }
+
+    /// Delete a subscription: its task and in-flight deliveries stop, its queued events go.
+    ///
+    /// # Errors
+    /// 404 when the topic or subscription does not exist.
+    pub fn delete_subscription(&self, topic: &str, name: &str) -> Result<(), ApiError> {
+        let _g = self.lock_mgmt();
+        let entry = self.topic(topic).ok_or_else(|| topic_not_found(topic))?;
+        let key = names::key(name);
+        let subs = entry.subscriptions();
+        let found = subs
+            .iter()
+            .find(|s| names::key(&s.shared.name) == key)
+            .ok_or_else(|| subscription_not_found(topic, name))?;
+        self.inner
+            .ctx
+            .store
+            .delete_subscription(found.shared.queue_id)
+            .map_err(store_err)?;
+        self.forget_dead_letters(found.shared.queue_id);
+        let list: Vec<_> = subs
+            .iter()
+            .filter(|s| names::key(&s.shared.name) != key)
+            .cloned()
+            .collect();
+        write(&entry.subs, Arc::new(list));
+        Ok(())
+    }
+}
