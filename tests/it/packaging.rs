@@ -1,8 +1,8 @@
-//! The IoT Edge packaging files are checked here, since no container engine runs in CI:
-//! `module.json`, `deployment.template.json` (shape, every Env key one gridlet knows, the twin
-//! parses, routes name real outputs, `${MODULES.gridlet}` matches module.json) and the two
-//! Dockerfiles (multi-stage, non-root UID 2000, `/app`, the binary path the build produces, an
-//! arm64 final stage that needs no emulation).
+//! The IoT Edge packaging files, statically: `module.json`, `deployment.template.json` (shape,
+//! every Env key one gridlet knows, the twin parses, routes name real outputs, `${MODULES.gridlet}`
+//! matches module.json) and the three Dockerfiles (two stages, dependencies cached apart from the
+//! sources, a distroless runtime stage that runs nothing, UID 2000, `/app`). `scripts/images.sh`
+//! (run by `.ci/run`) builds every image and runs it.
 
 use gridlet::config::{Config, SETTINGS};
 use gridlet::delivery::sinks::DESTINATIONS;
@@ -29,13 +29,14 @@ fn module_name_from(module_json: &Value) -> String {
 }
 
 #[test]
-fn module_json_names_both_platforms_and_the_crate_version() {
+fn module_json_names_the_three_platforms_and_the_crate_version() {
     let m = json("module.json");
     assert_eq!(m["$schema-version"], "0.0.1");
     assert_eq!(m["image"]["tag"]["version"], env!("CARGO_PKG_VERSION"));
     let platforms = m["image"]["tag"]["platforms"].as_object().unwrap();
     assert_eq!(platforms["amd64"], "./Dockerfile.amd64");
     assert_eq!(platforms["arm64v8"], "./Dockerfile.arm64v8");
+    assert_eq!(platforms["arm32v7"], "./Dockerfile.arm32v7");
     for f in platforms.values() {
         let f = f.as_str().unwrap().trim_start_matches("./");
         assert!(root().join(f).exists(), "{f} is missing");
@@ -173,65 +174,66 @@ fn stages(text: &str) -> Vec<(String, Vec<String>)> {
     out
 }
 
-fn check_dockerfile(name: &str, target_dir: &str, final_from: &str) {
+/// The static shape `scripts/images.sh` relies on; that script builds and runs every image in CI.
+fn check_dockerfile(name: &str, target: &str) {
     let text = read(name);
     let st = stages(&text);
-    assert!(st.len() >= 2, "{name}: multi-stage");
-    let (build_from, build) = st.first().unwrap();
+    assert_eq!(st.len(), 2, "{name}: a build stage and a runtime stage");
+    let (build_from, build) = &st[0];
     assert!(
-        build_from.contains("rust:"),
-        "{name}: builds in the official Rust image"
+        build_from.contains("--platform=$BUILDPLATFORM")
+            && build_from.contains("rust:1.95-bookworm"),
+        "{name}: builds on the build host's own platform in the pinned Rust image"
+    );
+    assert!(
+        build.iter().any(|l| l == &format!("ARG TARGET={target}")),
+        "{name}: compiles for {target}"
     );
     let build_run = build.join("\n");
+    let deps = build_run
+        .find("COPY Cargo.toml Cargo.lock")
+        .expect("dependency layer");
+    let sources = build_run.find("COPY src src").expect("sources copied");
     assert!(
-        build_run.contains("cargo build --release --locked"),
-        "{name}: release build from the lock file"
+        deps < sources,
+        "{name}: dependencies build before the sources are copied"
     );
-    assert!(
-        build_run.contains(&format!("cp {target_dir}/gridlet /out/gridlet")),
-        "{name}: copies the binary cargo builds ({target_dir})"
+    assert!(build_run.contains("cargo build --release --locked --target \"$TARGET\" --bin gridlet"));
+    let (from, fin) = &st[1];
+    assert_eq!(
+        from, "FROM scratch",
+        "{name}: distroless-style runtime stage"
     );
-    let (from, fin) = st.last().unwrap();
-    assert!(from.contains(final_from), "{name}: final image {from}");
-    assert!(
-        fin.iter().any(|l| l == "WORKDIR /app"),
-        "{name}: WORKDIR /app"
-    );
-    assert!(
-        fin.iter().any(|l| l == "USER 2000:2000"),
-        "{name}: runs as UID 2000"
-    );
-    assert!(
-        fin.iter().any(|l| l == "ENTRYPOINT [\"/app/gridlet\"]"),
-        "{name}: entrypoint"
-    );
-    assert!(
-        fin.iter()
-            .any(|l| l.contains("--chown=2000:2000") && l.ends_with("/app/")),
-        "{name}: data directories owned by UID 2000"
-    );
+    for line in [
+        "WORKDIR /app",
+        "USER 2000:2000",
+        "ENTRYPOINT [\"/app/gridlet\"]",
+    ] {
+        assert!(fin.iter().any(|l| l == line), "{name}: {line}");
+    }
+    for dir in ["/app/metadataDb", "/app/eventsDb"] {
+        assert!(
+            fin.iter()
+                .any(|l| l.contains("--chown=2000:2000") && l.ends_with(dir)),
+            "{name}: {dir} owned by UID 2000"
+        );
+    }
     assert!(
         !fin.iter().any(|l| l.starts_with("RUN ")),
-        "{name}: the final stage runs nothing (no emulation needed for foreign platforms)"
+        "{name}: the runtime stage runs nothing (no emulation needed for foreign platforms)"
     );
 }
 
 #[test]
-fn dockerfiles_are_multi_stage_slim_and_non_root() {
-    check_dockerfile("Dockerfile.amd64", "target/release", "debian:bookworm-slim");
-    check_dockerfile(
-        "Dockerfile.arm64v8",
-        "target/aarch64-unknown-linux-gnu/release",
-        "arm64v8/debian:bookworm-slim",
-    );
-    let arm = read("Dockerfile.arm64v8");
-    assert!(arm.contains("--target aarch64-unknown-linux-gnu"));
-    // The CI smoke test builds the arm64 binary the same way.
-    let script = read("scripts/arm64-smoke.sh");
-    assert!(script.contains("cargo build --release --locked --target \"$TARGET\" --bin gridlet"));
+fn dockerfiles_are_multi_stage_distroless_and_non_root() {
+    check_dockerfile("Dockerfile.amd64", "x86_64-unknown-linux-gnu");
+    check_dockerfile("Dockerfile.arm64v8", "aarch64-unknown-linux-gnu");
+    check_dockerfile("Dockerfile.arm32v7", "armv7-unknown-linux-gnueabihf");
     let ignore = read(".dockerignore");
-    assert!(
-        ignore.lines().any(|l| l.trim() == "target"),
-        "build context without target/"
-    );
+    for excluded in ["target", "metadataDb", "eventsDb", "**/*.pem", "**/*.key"] {
+        assert!(
+            ignore.lines().any(|l| l.trim() == excluded),
+            "build context without {excluded}"
+        );
+    }
 }
