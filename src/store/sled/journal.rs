@@ -21,17 +21,29 @@
 //!    `JOURNAL_LSN` to the last *L*, flushes sled and `fsync`s its data file (what sled's own
 //!    background flusher does), then writing starts over at the beginning of this file.
 //!
+//! # Cycles
+//!
+//! The file is rewritten from its start after every checkpoint; the span between two checkpoints
+//! is a **cycle**. A cycle begins with a header at offset 0 holding a fresh random salt (16 bytes
+//! from the OS generator), written in the same `pwrite` as the cycle's first record, and every
+//! record of the cycle carries that salt inside its checksum. A reader accepts a record only if
+//! it has the current cycle's salt, a matching checksum and the sequence number after its
+//! predecessor's, and stops at the first that does not. Older cycles' records left behind the
+//! current one, and bytes a publisher chose (an event id can spell a whole record, and a new
+//! cycle's small records end where an old large record's payload goes on), can therefore never be
+//! replayed: their salt is unknown to anyone outside this process.
+//!
 //! # Recovery
 //!
 //! sled recovers a prefix of its log; after a checkpoint it holds `JOURNAL_LSN = L` and every
 //! event of records `≤ L` that was still pending at that checkpoint. Records `≤ L` are therefore
 //! skipped (replaying them would bring back events delivered before the checkpoint). Records
 //! `> L` are applied in order (their events inserted, then their removals applied, in bounded
-//! sled batches with the record's `L` in its last one), then a checkpoint runs. A torn last record (CRC mismatch: a group that was never acknowledged) and
-//! records left over from an earlier cycle (all `≤ L`, or cut off mid-record) are handled by the
-//! same rule: read records in file order while they are intact, apply those above `L`, stop at
-//! the first damaged one. A clean shutdown overwrites the first header, so the next start reads
-//! nothing.
+//! sled batches with the record's `L` in its last one), then a checkpoint runs. A torn last
+//! record (checksum mismatch: a group that was never acknowledged) ends the cycle like any other
+//! record that does not belong to it. A clean shutdown overwrites the cycle header, so the next
+//! start reads nothing. A journal without a cycle header, left by a crash of a gridlet from before
+//! cycles, is read as that version wrote it (v1/v2 records from offset 0) once, at the upgrade.
 //!
 //! # Writing
 //!
@@ -47,16 +59,19 @@
 //! # Record format (little-endian)
 //!
 //! ```text
-//! v2 ("GJL2", written): magic u32 ‖ lsn u64 ‖ payload_len u32 ‖ crc32(lsn ‖ stride ‖ payload) u32
-//!                       ‖ stride u32 ‖ payload ‖ zeros up to `stride` bytes from the magic
+//! cycle ("GJC3", at 0): magic u32 ‖ records_at u32 ‖ salt [16] ‖ crc32(records_at ‖ salt) u32
+//!                       ‖ zeros up to `records_at` (a multiple of the direct-I/O block)
+//! v3 ("GJL3", written): magic u32 ‖ lsn u64 ‖ payload_len u32 ‖ crc32(salt ‖ lsn ‖ stride ‖
+//!                       payload) u32 ‖ stride u32 ‖ salt [16] ‖ payload ‖ zeros up to `stride`
+//! v2 ("GJL2", read):    as v3 without the salt, crc32(lsn ‖ stride ‖ payload), from offset 0
 //! v1 ("GJL1", read):    magic u32 ‖ lsn u64 ‖ payload_len u32 ‖ crc32(lsn ‖ payload) u32 ‖ payload
 //! payload = count u32 ‖ count × (queue u32 ‖ seq u64 ‖ value_len u32 ‖ value)
 //!           [‖ removed u32 ‖ removed × (queue u32 ‖ seq u64)]
 //! ```
 //!
 //! `value` is the sled value ([`super::encode_value`]): the journal replays exactly what sled
-//! would have held. v1 records (gridlet before direct I/O) are still read, so a journal left by
-//! a crash of the older version is replayed after an upgrade.
+//! would have held. v1 and v2 records (gridlet before cycles) are still read from a journal with
+//! no cycle header, so a journal left by a crash of an older version is replayed after an upgrade.
 
 use super::super::QueueId;
 use std::fs::{File, OpenOptions};
@@ -66,8 +81,16 @@ use std::path::{Path, PathBuf};
 
 /// Records of gridlet 0.1 before direct I/O: `header ‖ payload`, back to back.
 const MAGIC_V1: u32 = u32::from_le_bytes(*b"GJL1");
-/// Records padded to a multiple of the direct-I/O block: `header ‖ stride ‖ payload ‖ zeros`.
+/// Records padded to a multiple of the direct-I/O block: `header ‖ stride ‖ payload ‖ zeros`
+/// (gridlet before per-cycle salts; read only from a journal that has no cycle header).
 const MAGIC_V2: u32 = u32::from_le_bytes(*b"GJL2");
+/// Records of one cycle: as v2, plus the cycle's salt after the stride.
+const MAGIC_V3: u32 = u32::from_le_bytes(*b"GJL3");
+/// The cycle header at offset 0: `magic ‖ records_at u32 ‖ salt ‖ crc32(records_at ‖ salt)`.
+const MAGIC_CYCLE: u32 = u32::from_le_bytes(*b"GJC3");
+/// Random bytes that mark every record of one cycle (between two checkpoints).
+const SALT: usize = 16;
+const CYCLE_HEADER: usize = 4 + 4 + SALT + 4;
 /// The journal file is created zero-filled to this size and then overwritten in place: an
 /// `fdatasync` of a write inside the file's existing blocks need not write the inode, one write
 /// less per group than appending to a growing file (measured: the inode write was a third of the
@@ -76,6 +99,7 @@ pub const PREALLOCATED_BYTES: u64 = 8 << 20;
 /// `magic ‖ lsn ‖ payload_len ‖ crc` (v1; v2 adds `stride u32` before the payload).
 const RECORD_HEADER: usize = 4 + 8 + 4 + 4;
 const RECORD_HEADER_V2: usize = RECORD_HEADER + 4;
+const RECORD_HEADER_V3: usize = RECORD_HEADER_V2 + SALT;
 /// Largest record accepted when reading (a publish request is bounded far below this).
 const MAX_RECORD: usize = 1 << 30;
 /// Alignment of the write buffer's memory (covers every device's direct-I/O memory alignment).
@@ -114,6 +138,24 @@ pub struct Journal {
     buf: Vec<u8>,
     /// Its copy for direct I/O, starting at the allocation's first [`MEM_ALIGN`]-aligned byte.
     dio: Vec<u8>,
+    /// This cycle's salt: in the cycle header and in every record of the cycle.
+    salt: [u8; SALT],
+    /// The cycle header is written together with the cycle's first record.
+    header_pending: bool,
+}
+
+/// A fresh salt from the operating system's generator. Should that fail, a mix of the time and
+/// the process id still differs from every earlier cycle's salt.
+fn new_salt() -> [u8; SALT] {
+    use ring::rand::SecureRandom;
+    let mut salt = [0u8; SALT];
+    if ring::rand::SystemRandom::new().fill(&mut salt).is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        salt.copy_from_slice(&(nanos ^ u128::from(std::process::id()) << 64).to_le_bytes());
+    }
+    salt
 }
 
 fn err(path: &Path, what: impl std::fmt::Display) -> String {
@@ -170,7 +212,7 @@ impl Journal {
             .len();
         // Read record by record, stopping at the first one that is not intact: after a clean
         // shutdown that is the first header, so start-up does not read the whole file.
-        let records = read_records(&mut std::io::BufReader::new(&file), size);
+        let records = read_journal(&file, size);
         if size < PREALLOCATED_BYTES {
             // First start (or a journal cut short): zero-fill to the working size, once.
             let zeros = vec![0u8; (PREALLOCATED_BYTES - size) as usize];
@@ -201,6 +243,8 @@ impl Journal {
                 len: 0,
                 buf: Vec::new(),
                 dio: Vec::new(),
+                salt: new_salt(),
+                header_pending: true,
             },
             records,
         ))
@@ -234,9 +278,10 @@ impl Journal {
         removed: &[(QueueId, u64)],
     ) -> Result<(), String> {
         self.buf.clear();
-        self.buf.extend_from_slice(&MAGIC_V2.to_le_bytes());
+        self.buf.extend_from_slice(&MAGIC_V3.to_le_bytes());
         self.buf.extend_from_slice(&lsn.to_le_bytes());
         self.buf.extend_from_slice(&[0u8; 12]); // payload_len, crc, stride: patched below
+        self.buf.extend_from_slice(&self.salt);
         self.buf.extend_from_slice(&[0u8; 4]); // count: patched below
         let mut count = 0u32;
         for (q, seq, v) in items {
@@ -254,15 +299,16 @@ impl Journal {
                 self.buf.extend_from_slice(&seq.to_le_bytes());
             }
         }
-        let payload_len = (self.buf.len() - RECORD_HEADER_V2) as u32;
+        let payload_len = (self.buf.len() - RECORD_HEADER_V3) as u32;
         let stride = self.buf.len().div_ceil(self.block) * self.block;
-        if let Some(c) = self.buf.get_mut(RECORD_HEADER_V2..RECORD_HEADER_V2 + 4) {
+        if let Some(c) = self.buf.get_mut(RECORD_HEADER_V3..RECORD_HEADER_V3 + 4) {
             c.copy_from_slice(&count.to_le_bytes());
         }
-        let crc = record_crc(
+        let crc = record_crc_v3(
+            &self.salt,
             lsn,
-            Some(stride as u32),
-            self.buf.get(RECORD_HEADER_V2..).unwrap_or_default(),
+            stride as u32,
+            self.buf.get(RECORD_HEADER_V3..).unwrap_or_default(),
         );
         if let Some(h) = self.buf.get_mut(12..RECORD_HEADER_V2) {
             h[..4].copy_from_slice(&payload_len.to_le_bytes());
@@ -270,8 +316,17 @@ impl Journal {
             h[8..].copy_from_slice(&(stride as u32).to_le_bytes());
         }
         self.buf.resize(stride, 0);
-        self.write_synced(self.len)?;
-        self.len += stride as u64;
+        let at = if self.header_pending {
+            // A new cycle: its header and first record go to the start of the file in one write.
+            let header = self.cycle_header();
+            self.buf.splice(0..0, header);
+            0
+        } else {
+            self.len
+        };
+        self.write_synced(at)?;
+        self.len = at + self.buf.len() as u64;
+        self.header_pending = false;
         // Keep a big group's buffers from pinning memory between groups.
         if self.buf.capacity() > 4 << 20 {
             self.buf = Vec::new();
@@ -324,14 +379,30 @@ impl Journal {
         self.buf.resize(self.block, 0);
         self.write_synced(0)?;
         self.len = self.block as u64;
+        self.header_pending = false;
         Ok(())
     }
 
-    /// Start over at the beginning of the file after a checkpoint. Nothing is erased: records
-    /// left behind are all at or below the checkpointed sequence number, and a reader stops at the
-    /// first record that is not intact.
+    /// Start a new cycle at the beginning of the file after a checkpoint. Nothing is erased: the
+    /// new cycle's salt differs from the old one's, so a reader stops where the new cycle's
+    /// records end instead of reading on into what is left of older records (or into bytes a
+    /// publisher chose, such as an event id spelling a record).
     pub fn reset(&mut self) {
         self.len = 0;
+        self.salt = new_salt();
+        self.header_pending = true;
+    }
+
+    /// The cycle header, padded so the first record starts on a direct-I/O block.
+    fn cycle_header(&self) -> Vec<u8> {
+        let records_at = CYCLE_HEADER.div_ceil(self.block) * self.block;
+        let mut h = Vec::with_capacity(records_at);
+        h.extend_from_slice(&MAGIC_CYCLE.to_le_bytes());
+        h.extend_from_slice(&(records_at as u32).to_le_bytes());
+        h.extend_from_slice(&self.salt);
+        h.extend_from_slice(&cycle_crc(records_at as u32, &self.salt).to_le_bytes());
+        h.resize(records_at, 0);
+        h
     }
 }
 
@@ -347,6 +418,114 @@ fn record_crc(lsn: u64, stride: Option<u32>, payload: &[u8]) -> u32 {
     h.finalize()
 }
 
+/// A v3 record's checksum: over the cycle's salt too, so a record is only ever read back as part
+/// of the cycle that wrote it.
+fn record_crc_v3(salt: &[u8; SALT], lsn: u64, stride: u32, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(salt);
+    h.update(&lsn.to_le_bytes());
+    h.update(&stride.to_le_bytes());
+    h.update(payload);
+    h.finalize()
+}
+
+fn cycle_crc(records_at: u32, salt: &[u8; SALT]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&records_at.to_le_bytes());
+    h.update(salt);
+    h.finalize()
+}
+
+/// The records a journal file holds: the current cycle's when it starts with a cycle header,
+/// else (a journal left by a gridlet without cycles) the v1/v2 records from the start.
+fn read_journal(file: &File, size: u64) -> Vec<Record> {
+    let mut head = [0u8; CYCLE_HEADER];
+    if file.read_exact_at(&mut head, 0).is_err() {
+        return Vec::new();
+    }
+    match parse_cycle_header(&head) {
+        Some((records_at, salt)) if u64::from(records_at) <= size => {
+            let mut r = std::io::BufReader::new(file);
+            if r.seek(SeekFrom::Start(records_at.into())).is_err() {
+                return Vec::new();
+            }
+            read_cycle(&mut r, size - u64::from(records_at), &salt)
+        }
+        Some(_) => Vec::new(),
+        None => read_records(&mut std::io::BufReader::new(file), size),
+    }
+}
+
+fn parse_cycle_header(h: &[u8]) -> Option<(u32, [u8; SALT])> {
+    if u32::from_le_bytes(le(h, 0)?) != MAGIC_CYCLE {
+        return None;
+    }
+    let records_at = u32::from_le_bytes(le(h, 4)?);
+    let salt: [u8; SALT] = le(h, 8)?;
+    let crc = u32::from_le_bytes(le(h, 8 + SALT)?);
+    (crc == cycle_crc(records_at, &salt) && records_at as usize >= CYCLE_HEADER)
+        .then_some((records_at, salt))
+}
+
+/// The records of one cycle, in order: each must carry the cycle's salt, a matching checksum and
+/// the sequence number after its predecessor's. The first record that does not ends the cycle.
+fn read_cycle(r: &mut impl Read, size: u64, salt: &[u8; SALT]) -> Vec<Record> {
+    let mut out: Vec<Record> = Vec::new();
+    let mut left = size;
+    let mut header = [0u8; RECORD_HEADER_V3];
+    while left >= RECORD_HEADER_V3 as u64 && r.read_exact(&mut header).is_ok() {
+        left -= RECORD_HEADER_V3 as u64;
+        let Some((lsn, len, crc, stride)) = parse_header_v3(&header, salt) else {
+            break;
+        };
+        let next = out
+            .last()
+            .is_none_or(|prev| prev.lsn.checked_add(1) == Some(lsn));
+        if !next || len as u64 > left || stride < RECORD_HEADER_V3 + len {
+            break;
+        }
+        let mut payload = vec![0u8; len];
+        if r.read_exact(&mut payload).is_err() {
+            break;
+        }
+        left -= len as u64;
+        if record_crc_v3(salt, lsn, stride as u32, &payload) != crc {
+            break;
+        }
+        let Some((items, removed)) = parse_payload(&payload) else {
+            break;
+        };
+        out.push(Record {
+            lsn,
+            items,
+            removed,
+        });
+        let pad = (stride - RECORD_HEADER_V3 - len) as u64;
+        if pad > 0 {
+            let skipped = std::io::copy(&mut r.take(pad.min(left)), &mut std::io::sink());
+            if !matches!(skipped, Ok(n) if n == pad) {
+                break;
+            }
+            left -= pad;
+        }
+    }
+    out
+}
+
+/// A v3 record header of this cycle: `(lsn, payload length, crc, stride)`.
+fn parse_header_v3(h: &[u8], salt: &[u8; SALT]) -> Option<(u64, usize, u32, usize)> {
+    if u32::from_le_bytes(le(h, 0)?) != MAGIC_V3 || le::<SALT>(h, RECORD_HEADER_V2)? != *salt {
+        return None;
+    }
+    let len = u32::from_le_bytes(le(h, 12)?) as usize;
+    (len <= MAX_RECORD).then_some((
+        u64::from_le_bytes(le(h, 4)?),
+        len,
+        u32::from_le_bytes(le(h, 16)?),
+        u32::from_le_bytes(le(h, 20)?) as usize,
+    ))
+}
+
 fn le<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
     b.get(at..at.checked_add(N)?)?.try_into().ok()
 }
@@ -355,8 +534,8 @@ fn le<const N: usize>(b: &[u8], at: usize) -> Option<[u8; N]> {
 /// with the record's stride.
 type Header = (u64, usize, u32, bool);
 
-/// Intact records from the start of a journal of `size` bytes, stopping at the first damaged
-/// or partial one. Reads both record versions (a journal left by an older gridlet is replayed).
+/// Intact records from the start of a journal of `size` bytes written by a gridlet without
+/// cycles, stopping at the first damaged or partial one. Reads both of its record versions.
 fn read_records(r: &mut impl Read, size: u64) -> Vec<Record> {
     let mut out = Vec::new();
     let mut left = size;
@@ -513,12 +692,11 @@ mod tests {
         j.reset();
         append(&mut j, 4, &items(1));
         drop(j);
-        // Record 4 overwrote record 1 (same stride); the records of the earlier cycle behind it
-        // are still intact and read, and replay skips them (at or below the checkpoint's
-        // sequence number).
+        // Record 4 overwrote record 1 (same stride). The records of the earlier cycle behind it
+        // are still intact, but carry the earlier cycle's salt: reading stops after record 4.
         let (_, recs) = Journal::open(&p).unwrap();
         let lsns: Vec<u64> = recs.iter().map(|r| r.lsn).collect();
-        assert_eq!(lsns, vec![4, 2, 3]);
+        assert_eq!(lsns, vec![4]);
         assert_eq!(std::fs::metadata(&p).unwrap().len(), PREALLOCATED_BYTES);
     }
 
@@ -596,20 +774,21 @@ mod tests {
         let (mut j, _) = Journal::open(&p).unwrap();
         append(&mut j, 1, &items(2));
         append(&mut j, 2, &items(2));
-        let stride = j.len() as usize / 2;
+        let first = CYCLE_HEADER.div_ceil(j.block) * j.block;
+        let stride = (j.len() as usize - first) / 2;
         assert_eq!(
             stride % 512,
             0,
             "records are padded to the direct-I/O block"
         );
         let full = std::fs::read(&p).unwrap()[..j.len() as usize].to_vec();
-        // The second record's bytes: header (with stride) and payload; then zero padding.
-        let record_end = stride + RECORD_HEADER_V2 + 4 + 2 * 16 + 1;
+        // The second record's bytes: header (with stride and salt) and payload; then padding.
+        let record_end = first + stride + RECORD_HEADER_V3 + 4 + 2 * 16 + 1;
         assert!(full[record_end..].iter().all(|b| *b == 0));
         // Every truncation point inside the second record keeps exactly the first; a cut in its
         // padding keeps both.
         let in_padding = [record_end, record_end + 1, full.len() - 1];
-        for cut in (stride..record_end).chain(in_padding) {
+        for cut in (first + stride..record_end).chain(in_padding) {
             std::fs::write(&p, &full[..cut]).unwrap();
             let (_, recs) = Journal::open(&p).unwrap();
             let want = if cut < record_end { 1 } else { 2 };
@@ -623,5 +802,143 @@ mod tests {
         // Garbage is not a record.
         std::fs::write(&p, b"not a journal at all").unwrap();
         assert!(Journal::open(&p).unwrap().1.is_empty());
+    }
+
+    /// A v2-shaped record (the format before per-cycle salts), as a publisher could spell it
+    /// inside an event id: `stride` 512, one event `(7, seq, "bad")`.
+    fn crafted_v2(lsn: u64, seq: u64) -> Vec<u8> {
+        let mut payload = 1u32.to_le_bytes().to_vec();
+        payload.extend_from_slice(&7u32.to_le_bytes());
+        payload.extend_from_slice(&seq.to_le_bytes());
+        payload.extend_from_slice(&3u32.to_le_bytes());
+        payload.extend_from_slice(b"bad");
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&lsn.to_le_bytes());
+        crc.update(&512u32.to_le_bytes());
+        crc.update(&payload);
+        let mut r = b"GJL2".to_vec();
+        r.extend_from_slice(&lsn.to_le_bytes());
+        r.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        r.extend_from_slice(&crc.finalize().to_le_bytes());
+        r.extend_from_slice(&512u32.to_le_bytes());
+        r.extend_from_slice(&payload);
+        r
+    }
+
+    /// An event whose raw bytes (its id) carry record-shaped bytes at every 512-byte boundary of
+    /// the file is journaled; a checkpoint starts a new cycle over it; one small group follows;
+    /// the process dies. Replay must return that one group and nothing the publisher wrote.
+    #[test]
+    fn record_shaped_event_bytes_are_never_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let marker = b"MARKER-7f3a9c";
+        // Where a value lands in the file: write one, find it.
+        let offset = {
+            let p = dir.path().join("probe");
+            let (mut j, _) = Journal::open(&p).unwrap();
+            j.reset();
+            j.append(1, [(7, 1, marker.as_slice())].into_iter(), &[])
+                .unwrap();
+            drop(j);
+            let bytes = std::fs::read(&p).unwrap();
+            bytes
+                .windows(marker.len())
+                .position(|w| w == marker)
+                .unwrap()
+        };
+        let mut value = vec![b'x'; 8 * 512];
+        for (k, boundary) in (512..offset + value.len() - 64).step_by(512).enumerate() {
+            if boundary < offset {
+                continue;
+            }
+            let rec = crafted_v2(1_000 + k as u64, 900 + k as u64);
+            value[boundary - offset..boundary - offset + rec.len()].copy_from_slice(&rec);
+        }
+        let p = dir.path().join("j");
+        let (mut j, _) = Journal::open(&p).unwrap();
+        j.reset();
+        j.append(1, [(7, 1, value.as_slice())].into_iter(), &[])
+            .unwrap();
+        // Checkpoint: the next cycle starts over the big record.
+        j.reset();
+        append(&mut j, 2, &items(1));
+        drop(j);
+        let (_, recs) = Journal::open(&p).unwrap();
+        let lsns: Vec<u64> = recs.iter().map(|r| r.lsn).collect();
+        assert_eq!(
+            lsns,
+            vec![2],
+            "only the current cycle's real group is replayed"
+        );
+    }
+
+    /// Seeded fuzz of journal files: random bytes, and a valid journal with bytes flipped,
+    /// ranges overwritten or the file cut short. Reading never panics and never invents a
+    /// record: what comes back is always a prefix of what was written.
+    #[test]
+    fn damaged_journals_yield_a_prefix_of_what_was_written() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("j");
+        let (mut j, _) = Journal::open(&p).unwrap();
+        j.reset();
+        for lsn in 1..=12u64 {
+            let n = next() % 6;
+            append(&mut j, lsn, &items(n));
+        }
+        let written_len = j.len() as usize;
+        drop(j);
+        let valid = std::fs::read(&p).unwrap()[..written_len].to_vec();
+        let (_, written) = Journal::open(&p).unwrap();
+        assert_eq!(written.len(), 12);
+        let f = dir.path().join("fuzz");
+        let check = |bytes: &[u8], what: &str| {
+            std::fs::write(&f, bytes).unwrap();
+            let file = File::open(&f).unwrap();
+            let got = read_journal(&file, bytes.len() as u64);
+            assert!(
+                got.len() <= written.len() && got.iter().zip(&written).all(|(a, b)| a == b),
+                "{what}: read {} records that are not a prefix of the written ones",
+                got.len()
+            );
+        };
+        for round in 0..400 {
+            let mut bytes = valid.clone();
+            match round % 4 {
+                0 => {
+                    for _ in 0..1 + next() % 8 {
+                        let at = (next() as usize) % bytes.len();
+                        bytes[at] ^= 1 << (next() % 8);
+                    }
+                }
+                1 => {
+                    let at = (next() as usize) % bytes.len();
+                    let end = (at + 1 + (next() as usize) % 600).min(bytes.len());
+                    for b in &mut bytes[at..end] {
+                        *b = next() as u8;
+                    }
+                }
+                2 => bytes.truncate((next() as usize) % bytes.len()),
+                _ => {
+                    // Random bytes behind this file's intact cycle header.
+                    let header = CYCLE_HEADER.div_ceil(512) * 512;
+                    for b in &mut bytes[header.min(valid.len())..] {
+                        *b = next() as u8;
+                    }
+                }
+            }
+            check(&bytes, &format!("round {round}"));
+        }
+        for round in 0..100 {
+            let len = (next() as usize) % 16_384;
+            let bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            check(&bytes, &format!("random file {round}"));
+        }
     }
 }
