@@ -13,6 +13,7 @@ use crate::api::{self, AppState};
 use crate::broker::{Broker, OpenError};
 use crate::clock::Clock;
 use crate::config::{Config, MetricsReporter};
+use crate::delivery::http::HttpClient;
 use crate::delivery::sink::SinkFactory;
 use crate::delivery::sinks::DefaultSinks;
 use crate::edge::{EdgeError, EdgeRuntime};
@@ -378,7 +379,7 @@ fn default_sinks(cfg: &Config, edge: Option<&EdgeRuntime>) -> Result<DefaultSink
     let timeout = cfg.broker.delivery_timeout;
     let client = match edge {
         Some(edge) => edge.outbound_http_client(outbound_tls(cfg), timeout)?,
-        None => tls::outbound_http_client(&outbound_tls(cfg), timeout)?,
+        None => HttpClient::new(tls::client_config(&outbound_tls(cfg))?, timeout),
     };
     // Every delivery holds one of `maxInFlightTotal` permits, so no more connections than that
     // are ever in use at once: keep them all reusable (see `delivery::http`).

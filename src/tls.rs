@@ -13,7 +13,6 @@ mod identity;
 
 pub use identity::common_name;
 
-use crate::delivery::http::HttpClient;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::pem::PemObject;
@@ -335,21 +334,4 @@ pub fn client_config(o: &OutboundTls) -> Result<rustls::ClientConfig, TlsError> 
     };
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(cfg)
-}
-
-/// The shared outbound HTTP client (connection pool, per-request timeout, no redirects).
-///
-/// # Errors
-/// TLS material problems.
-pub fn outbound_http_client(
-    o: &OutboundTls,
-    timeout: std::time::Duration,
-) -> Result<HttpClient, TlsError> {
-    Ok(http_client(client_config(o)?, timeout))
-}
-
-/// The outbound HTTP client over a prepared rustls configuration (the IoT Edge runtime adds a
-/// renewable identity certificate to it).
-pub fn http_client(tls: rustls::ClientConfig, timeout: std::time::Duration) -> HttpClient {
-    HttpClient::new(tls, timeout)
 }

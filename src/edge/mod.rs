@@ -264,7 +264,7 @@ impl EdgeRuntime {
         if let Some((store, _)) = &self.identity {
             client_cfg.client_auth_cert_resolver = store.clone();
         }
-        Ok(tls::http_client(client_cfg, timeout))
+        Ok(crate::delivery::http::HttpClient::new(client_cfg, timeout))
     }
 
     /// The edgeHub connection, when IoT Edge gave enough to make one.

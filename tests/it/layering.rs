@@ -46,7 +46,6 @@ const BEING_REMOVED: &[(&str, &str)] = &[
     ("model", "delivery"),
     ("model", "error"),
     ("store", "delivery"),
-    ("tls", "delivery"),
 ];
 
 fn layer(module: &str) -> u8 {

@@ -676,15 +676,15 @@ fn req() -> DeliveryRequest {
 #[tokio::test]
 async fn real_receivers_each_status_class_hang_reset_and_retry_after() {
     gridlet::tls::install_default_provider();
-    let client = gridlet::tls::outbound_http_client(
-        &gridlet::tls::OutboundTls {
+    let client = gridlet::delivery::http::HttpClient::new(
+        gridlet::tls::client_config(&gridlet::tls::OutboundTls {
             accept_any_server_cert: true,
             extra_roots_pem: None,
             identity: None,
-        },
+        })
+        .unwrap(),
         Duration::from_millis(800),
-    )
-    .unwrap();
+    );
     let sink = |addr: std::net::SocketAddr| {
         gridlet::delivery::webhook::WebhookSink::new(
             client.clone(),

@@ -243,7 +243,7 @@ pub struct DefaultSinks {
 }
 
 impl DefaultSinks {
-    /// Sinks sharing `client` (see [`crate::tls::outbound_http_client`]).
+    /// Sinks sharing `client` (see [`crate::delivery::http::HttpClient::new`] over [`crate::tls::client_config`]).
     pub fn new(client: HttpClient) -> Self {
         let mut b = [0u8; 6];
         let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
