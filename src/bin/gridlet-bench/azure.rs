@@ -213,9 +213,7 @@ impl Bench {
             let r = self
                 .azurite_raw(&az, &client, p, self.opts.duration, "after")
                 .await?;
-            println!(
-                "  raw Azurite again, {p} concurrent Put Message loops: {r:.0} messages/s"
-            );
+            println!("  raw Azurite again, {p} concurrent Put Message loops: {r:.0} messages/s");
             raw = raw.max(r);
         }
         println!("  raw Azurite limit (best of the four): {raw:.0} messages/s");
