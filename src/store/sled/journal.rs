@@ -500,16 +500,24 @@ fn read_cycle(r: &mut impl Read, size: u64, salt: &[u8; SALT]) -> Vec<Record> {
             items,
             removed,
         });
-        let pad = (stride - RECORD_HEADER_V3 - len) as u64;
-        if pad > 0 {
-            let skipped = std::io::copy(&mut r.take(pad.min(left)), &mut std::io::sink());
-            if !matches!(skipped, Ok(n) if n == pad) {
-                break;
-            }
-            left -= pad;
+        if !skip_padding(r, (stride - RECORD_HEADER_V3 - len) as u64, &mut left) {
+            break;
         }
     }
     out
+}
+
+/// Skip a record's padding to the next record; `false` when the file ends inside it.
+fn skip_padding(r: &mut impl Read, pad: u64, left: &mut u64) -> bool {
+    if pad == 0 {
+        return true;
+    }
+    let skipped = std::io::copy(&mut r.take(pad.min(*left)), &mut std::io::sink());
+    if !matches!(skipped, Ok(n) if n == pad) {
+        return false;
+    }
+    *left -= pad;
+    true
 }
 
 /// A v3 record header of this cycle: `(lsn, payload length, crc, stride)`.
@@ -574,14 +582,8 @@ fn read_records(r: &mut impl Read, size: u64) -> Vec<Record> {
             }),
             None => break,
         }
-        // Skip the padding to the next record (the file may end inside it).
-        let pad = (stride - header_len - len) as u64;
-        if pad > 0 {
-            let skipped = std::io::copy(&mut r.take(pad.min(left)), &mut std::io::sink());
-            if !matches!(skipped, Ok(n) if n == pad) {
-                break;
-            }
-            left -= pad;
+        if !skip_padding(r, (stride - header_len - len) as u64, &mut left) {
+            break;
         }
     }
     out
