@@ -236,6 +236,8 @@ impl Committer {
                 let result = w.write_group(&mut appends, &removed);
                 if let Err(e) = &result {
                     tracing::error!(error = %e, "event journal write failed");
+                    // Not journaled: the removals ride the next record instead.
+                    self.lock().removed.extend_from_slice(&removed);
                 }
                 for a in appends {
                     // A publisher whose request was cancelled is gone; nothing to tell it.
@@ -293,6 +295,8 @@ struct Writer {
     checkpoint_every: std::time::Duration,
     /// Unjournaled changes since the last checkpoint.
     dirty: bool,
+    /// The journal's growth past its normal size, as charged to `live` (in live-byte units).
+    journal_charged: u64,
 }
 
 impl Writer {
@@ -315,6 +319,14 @@ impl Writer {
         let kept: u64 = items().map(|(_, _, v)| item_cost(v.len())).sum();
         if kept == 0 {
             sub_live(&self.live, reserved);
+            if removed.is_empty() {
+                return Ok(());
+            }
+            // The removals noted since the previous record still need one.
+            let lsn = self.lsn + 1;
+            self.journal.append(lsn, std::iter::empty(), removed)?;
+            self.lsn = lsn;
+            charge_journal(&self.journal, &self.live, &mut self.journal_charged);
             return Ok(());
         }
         let lsn = self.lsn + 1;
@@ -324,6 +336,7 @@ impl Writer {
             return Err(e);
         }
         self.lsn = lsn;
+        charge_journal(&self.journal, &self.live, &mut self.journal_charged);
         let max_seq = items().map(|(_, seq, _)| *seq).max().unwrap_or(0);
         self.high_water = self.high_water.max(max_seq);
         // Items of deleted queues give their bytes back; the others stay counted until removed.
@@ -374,6 +387,7 @@ impl Writer {
         self.db.flush().map_err(|e| e.to_string())?;
         journal::fsync_file(&self.data_file)?;
         self.journal.reset();
+        charge_journal(&self.journal, &self.live, &mut self.journal_charged);
         self.dirty = false;
         Ok(())
     }
@@ -408,6 +422,18 @@ type Unflushed = Mutex<HashMap<(QueueId, u64), Vec<u8>>>;
 fn lock_map(m: &Unflushed) -> std::sync::MutexGuard<'_, HashMap<(QueueId, u64), Vec<u8>>> {
     // Critical sections are map operations and single sled writes, with no panic path.
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Count the journal file's growth past its normal size against the disk bound (in the live-byte
+/// units the bound is kept in), and give it back once a checkpoint cut the file back.
+fn charge_journal(journal: &journal::Journal, live: &AtomicU64, charged: &mut u64) {
+    let want = journal.excess_bytes() * 10 / SPACE_FACTOR_TENTHS;
+    if want > *charged {
+        live.fetch_add(want - *charged, Ordering::Relaxed);
+    } else {
+        sub_live(live, *charged - want);
+    }
+    *charged = want;
 }
 
 fn sub_live(live: &AtomicU64, n: u64) {
@@ -760,6 +786,7 @@ impl SledStore {
             last_checkpoint: std::time::Instant::now(),
             checkpoint_every: opts.checkpoint_every,
             dirty: false,
+            journal_charged: 0,
         };
         let thread = {
             let c = committer.clone();
@@ -1539,6 +1566,59 @@ mod tests {
         drop(s);
         let s = SledStore::open(&opts(dir.path(), 1 << 30)).unwrap();
         assert_eq!(s.pending(q).unwrap().len(), (n - 300) as usize);
+    }
+
+    /// A burst that grows the journal past its preallocated size counts against the disk bound
+    /// until the checkpoint that cuts the file back.
+    #[tokio::test]
+    async fn journal_growth_counts_against_the_disk_bound_until_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let jpath = dir.path().join("e").join(SUBDIR).join("events.journal");
+        let s = SledStore::open(&opts_untimed(dir.path())).unwrap();
+        let q = s.next_queue_id().unwrap();
+        s.put_subscription("t", q, &json!({"name":"s"})).unwrap();
+        let n = (journal::PREALLOCATED_BYTES / 10_000) + 200;
+        s.append_commit((1..=n).map(|i| (q, ev(i, 10_000))).collect())
+            .await
+            .unwrap();
+        let excess = std::fs::metadata(&jpath).unwrap().len() - journal::PREALLOCATED_BYTES;
+        assert!(excess > 0, "the burst grew the journal");
+        let events_only = s.live_bytes();
+        let seqs: Vec<u64> = (1..=n).collect();
+        s.remove(q, &seqs).unwrap();
+        // The events are gone; what is still counted is the journal's growth.
+        assert_eq!(s.live_bytes(), excess * 10 / SPACE_FACTOR_TENTHS);
+        assert!(events_only > s.live_bytes());
+        drop(s);
+        // A clean close checkpoints: the file is back to its size and nothing is counted.
+        assert_eq!(
+            std::fs::metadata(&jpath).unwrap().len(),
+            journal::PREALLOCATED_BYTES
+        );
+        let s = SledStore::open(&opts_untimed(dir.path())).unwrap();
+        assert_eq!(s.live_bytes(), 0);
+    }
+
+    /// A group whose events all belong to a subscription deleted meanwhile still journals the
+    /// removals noted since the previous record; before, they were dropped with the group, and
+    /// a crash before the next checkpoint delivered those events again.
+    #[tokio::test]
+    async fn removals_ride_a_group_whose_events_were_all_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let jpath = dir.path().join("e").join(SUBDIR).join("events.journal");
+        let s = SledStore::open(&opts_untimed(dir.path())).unwrap();
+        let q1 = s.next_queue_id().unwrap();
+        s.put_subscription("t", q1, &json!({"name":"s1"})).unwrap();
+        let q2 = s.next_queue_id().unwrap();
+        s.put_subscription("t", q2, &json!({"name":"s2"})).unwrap();
+        s.append_commit(vec![(q1, ev(1, 5))]).await.unwrap();
+        s.remove(q1, &[1]).unwrap();
+        s.delete_subscription(q2).unwrap();
+        // Every event of this group belongs to the deleted subscription.
+        s.append_commit(vec![(q2, ev(2, 5))]).await.unwrap();
+        let (_, recs) = journal::Journal::open(&jpath).unwrap();
+        let removed: Vec<_> = recs.iter().flat_map(|r| r.removed.clone()).collect();
+        assert_eq!(removed, vec![(q1, 1)], "the removal of q1/1 is journaled");
     }
 
     #[tokio::test]

@@ -142,6 +142,8 @@ pub struct Journal {
     salt: [u8; SALT],
     /// The cycle header is written together with the cycle's first record.
     header_pending: bool,
+    /// The file's size: [`PREALLOCATED_BYTES`], or more while a burst has grown it.
+    file_size: u64,
 }
 
 /// A fresh salt from the operating system's generator. Should that fail, a mix of the time and
@@ -245,6 +247,7 @@ impl Journal {
                 dio: Vec::new(),
                 salt: new_salt(),
                 header_pending: true,
+                file_size: size.max(PREALLOCATED_BYTES),
             },
             records,
         ))
@@ -326,6 +329,7 @@ impl Journal {
         };
         self.write_synced(at)?;
         self.len = at + self.buf.len() as u64;
+        self.file_size = self.file_size.max(self.len);
         self.header_pending = false;
         // Keep a big group's buffers from pinning memory between groups.
         if self.buf.capacity() > 4 << 20 {
@@ -387,10 +391,29 @@ impl Journal {
     /// new cycle's salt differs from the old one's, so a reader stops where the new cycle's
     /// records end instead of reading on into what is left of older records (or into bytes a
     /// publisher chose, such as an event id spelling a record).
+    ///
+    /// A file a burst grew past [`PREALLOCATED_BYTES`] is cut back to it: everything in it is
+    /// checkpointed by now. (Should the cut fail, the file stays larger and stays counted.)
     pub fn reset(&mut self) {
         self.len = 0;
         self.salt = new_salt();
         self.header_pending = true;
+        if self.file_size > PREALLOCATED_BYTES {
+            match self.file.set_len(PREALLOCATED_BYTES) {
+                Ok(()) => self.file_size = PREALLOCATED_BYTES,
+                Err(e) => tracing::warn!(
+                    path = %self.path.display(),
+                    error = %e,
+                    "cannot cut the journal back to its normal size"
+                ),
+            }
+        }
+    }
+
+    /// Bytes the file holds beyond its normal size (a burst between two checkpoints): counted
+    /// against `persistence__maxDiskBytes` until the next checkpoint gives them back.
+    pub fn excess_bytes(&self) -> u64 {
+        self.file_size.saturating_sub(PREALLOCATED_BYTES)
     }
 
     /// The cycle header, padded so the first record starts on a direct-I/O block.
@@ -942,5 +965,23 @@ mod tests {
             let bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
             check(&bytes, &format!("random file {round}"));
         }
+    }
+
+    /// A burst larger than the preallocated file grows it; the next cycle cuts it back.
+    #[test]
+    fn a_grown_journal_returns_to_its_normal_size_at_the_next_cycle() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("j");
+        let (mut j, _) = Journal::open(&p).unwrap();
+        j.reset();
+        let big = vec![b'b'; PREALLOCATED_BYTES as usize + 100_000];
+        j.append(1, [(7, 1, big.as_slice())].into_iter(), &[])
+            .unwrap();
+        let grown = std::fs::metadata(&p).unwrap().len();
+        assert!(grown > PREALLOCATED_BYTES);
+        assert_eq!(j.excess_bytes(), grown - PREALLOCATED_BYTES);
+        j.reset();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), PREALLOCATED_BYTES);
+        assert_eq!(j.excess_bytes(), 0);
     }
 }
