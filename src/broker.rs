@@ -49,11 +49,11 @@ pub struct TopicEntry {
 }
 
 fn read<T: Clone>(l: &RwLock<T>) -> T {
-    l.read().unwrap_or_else(|p| p.into_inner()).clone()
+    crate::sync::read(l).clone()
 }
 
 fn write<T>(l: &RwLock<T>, v: T) {
-    *l.write().unwrap_or_else(|p| p.into_inner()) = v;
+    *crate::sync::write(l) = v;
 }
 
 impl TopicEntry {

@@ -40,6 +40,7 @@ pub mod metrics;
 pub mod model;
 pub mod server;
 pub mod store;
+pub mod sync;
 pub mod tls;
 
 pub use config::Config;

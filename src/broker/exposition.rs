@@ -2,6 +2,7 @@
 //! families).
 
 use super::*;
+use crate::delivery::retry::DropReason;
 
 impl Broker {
     /// Prometheus text exposition of every metric.
@@ -191,23 +192,13 @@ fn write_dropped_and_latencies(out: &mut String, subs: &[(String, Arc<SubEntry>)
     let dropped: Vec<Series<'_>> = subs
         .iter()
         .flat_map(|(t, s)| {
-            [
-                (
-                    "MaxDeliveryAttemptsExceeded",
-                    s.shared.metrics.dropped_max_attempts.get(),
-                ),
-                ("TimeToLiveExceeded", s.shared.metrics.dropped_expired.get()),
-                ("DeliveryRefused", s.shared.metrics.dropped_refused.get()),
-                ("QueueFull", s.shared.metrics.dropped_queue_full.get()),
-            ]
-            .into_iter()
-            .map(move |(reason, v)| Series {
+            DropReason::ALL.into_iter().map(move |reason| Series {
                 labels: vec![
                     ("topic", t.as_str()),
                     ("subscription", &s.shared.name),
-                    ("reason", reason),
+                    ("reason", reason.as_str()),
                 ],
-                value: SeriesValue::Number(v),
+                value: SeriesValue::Number(dropped(&s.shared.metrics, reason)),
             })
         })
         .collect();
@@ -245,5 +236,15 @@ fn write_dropped_and_latencies(out: &mut String, subs: &[(String, Arc<SubEntry>)
             })
             .collect();
         metrics::write_family(out, name, "histogram", help, &series);
+    }
+}
+
+/// Events of a subscription dropped for `reason`.
+fn dropped(m: &SubscriptionMetrics, reason: DropReason) -> u64 {
+    match reason {
+        DropReason::MaxDeliveryAttemptsExceeded => m.dropped_max_attempts.get(),
+        DropReason::TimeToLiveExceeded => m.dropped_expired.get(),
+        DropReason::DeliveryRefused => m.dropped_refused.get(),
+        DropReason::QueueFull => m.dropped_queue_full.get(),
     }
 }

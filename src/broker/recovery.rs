@@ -133,7 +133,7 @@ impl Broker {
                     shared,
                     &self.inner.ctx,
                     &items,
-                    crate::delivery::retry::DropReason::Expired,
+                    crate::delivery::retry::DropReason::TimeToLiveExceeded,
                     None,
                 );
             }

@@ -44,7 +44,7 @@ impl Broker {
     }
 
     fn lock_mgmt(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.inner.mgmt.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.inner.mgmt)
     }
 
     /// Look a topic up (case-insensitively).

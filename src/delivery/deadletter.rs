@@ -19,42 +19,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-/// Why an event became a dead letter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DeadLetterReason {
-    /// `maxDeliveryAttempts` reached or the schedule exhausted.
-    MaxDeliveryAttemptsExceeded,
-    /// Time to live passed.
-    TimeToLiveExceeded,
-    /// The endpoint refused it for good (400/413 under the `standard` policy).
-    DeliveryRefused,
-    /// The subscription's queue was full at publish (`broker__queueFullPolicy = deadLetter`).
-    QueueFull,
-}
-
-impl DeadLetterReason {
-    /// Wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::MaxDeliveryAttemptsExceeded => "MaxDeliveryAttemptsExceeded",
-            Self::TimeToLiveExceeded => "TimeToLiveExceeded",
-            Self::DeliveryRefused => "DeliveryRefused",
-            Self::QueueFull => "QueueFull",
-        }
-    }
-}
-
-impl From<super::retry::DropReason> for DeadLetterReason {
-    fn from(r: super::retry::DropReason) -> Self {
-        use super::retry::DropReason;
-        match r {
-            DropReason::MaxAttempts => Self::MaxDeliveryAttemptsExceeded,
-            DropReason::Expired => Self::TimeToLiveExceeded,
-            DropReason::Refused => Self::DeliveryRefused,
-            DropReason::QueueFull => Self::QueueFull,
-        }
-    }
-}
+/// Why an event became a dead letter: the one drop-reason enum.
+pub use super::retry::DropReason as DeadLetterReason;
 
 /// One dead-lettered event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,7 +168,7 @@ impl MemoryDeadLetters {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, MemInner> {
         // Each call is a few map operations without panics: a poisoned lock is consistent.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.inner)
     }
 }
 

@@ -138,27 +138,19 @@ pub struct SubShared {
 impl SubShared {
     /// Current configuration snapshot.
     pub fn config(&self) -> Arc<SubConfig> {
-        match self.config.read() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
+        crate::sync::read(&self.config).clone()
     }
 
     /// Replace the configuration (PUT on an existing subscription).
     pub fn set_config(&self, c: SubConfig) {
-        let mut g = match self.config.write() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        *g = Arc::new(c);
-        drop(g);
+        *crate::sync::write(&self.config) = Arc::new(c);
         self.notify.notify_one();
     }
 
     /// Lock the queue. Every critical section is a few map operations with no await and no
     /// panic path, so a poisoned lock still holds consistent data.
     pub fn queue(&self) -> std::sync::MutexGuard<'_, SubQueue> {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.queue)
     }
 }
 
@@ -233,7 +225,7 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
                         retry::is_expired(&cfg.policy, p.first_enqueued_ms, now_ms)
                     });
                     if !expired.is_empty() {
-                        drop_events(&shared, &ctx, expired, DropReason::Expired, None);
+                        drop_events(&shared, &ctx, expired, DropReason::TimeToLiveExceeded, None);
                     }
                 }
                 let sweep = (shared.queue().pending() > 0).then_some(next_sweep);
@@ -266,7 +258,7 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
                 &mut expired,
             );
             if !expired.is_empty() {
-                drop_events(&shared, &ctx, expired, DropReason::Expired, None);
+                drop_events(&shared, &ctx, expired, DropReason::TimeToLiveExceeded, None);
             }
             let Some(mut batch) = picked else {
                 drop(permit);
@@ -415,7 +407,7 @@ async fn refill(shared: &Arc<SubShared>, ctx: &Arc<EngineCtx>, seqs: Vec<u64>) {
         tracing::warn!(subscription = %shared.name, events = missing, "queued events were no longer in the store; skipped");
     }
     if !expired.is_empty() {
-        drop_events(shared, ctx, expired, DropReason::Expired, None);
+        drop_events(shared, ctx, expired, DropReason::TimeToLiveExceeded, None);
         // An expired backlog is walked through window by window without waiting for a send.
         shared.notify.notify_one();
     }
@@ -574,9 +566,9 @@ pub fn dead_letter(
     let m = &shared.metrics;
     m.expired_counts.add(n as u64);
     match reason {
-        DropReason::MaxAttempts => m.dropped_max_attempts.add(n as u64),
-        DropReason::Expired => m.dropped_expired.add(n as u64),
-        DropReason::Refused => m.dropped_refused.add(n as u64),
+        DropReason::MaxDeliveryAttemptsExceeded => m.dropped_max_attempts.add(n as u64),
+        DropReason::TimeToLiveExceeded => m.dropped_expired.add(n as u64),
+        DropReason::DeliveryRefused => m.dropped_refused.add(n as u64),
         DropReason::QueueFull => m.dropped_queue_full.add(n as u64),
     }
     tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, reason = reason.as_str(), first_event_id = items.first().map(|p| &*p.event.id).unwrap_or(""), "events dead-lettered");
@@ -590,7 +582,7 @@ pub fn dead_letter(
             seq: p.seq,
             event_id: p.event.id.to_string(),
             body: p.event.body.clone(),
-            reason: reason.into(),
+            reason,
             last_status,
             last_error: last_error.clone(),
             attempts: p.attempts,

@@ -15,33 +15,37 @@ use crate::clock::WallMs;
 use crate::model::subscription::EffectivePolicy;
 use std::time::Duration;
 
-/// Delay of the 1-minute queue.
-pub const ONE_MINUTE: Duration = Duration::from_secs(60);
-/// Delay of the 10-minute queue.
-pub const TEN_MINUTES: Duration = Duration::from_secs(600);
-
-/// Why an event left the queue without being delivered.
+/// Why an event left the queue without being delivered: the metrics label, the log field and
+/// the dead-letter `reason` on the wire, all from [`DropReason::as_str`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DropReason {
-    /// `maxDeliveryAttempts` reached.
-    MaxAttempts,
+    /// `maxDeliveryAttempts` reached or the schedule exhausted.
+    MaxDeliveryAttemptsExceeded,
     /// Time to live passed.
-    Expired,
+    TimeToLiveExceeded,
     /// The endpoint refused the event for good (400/413 under the `standard` status-code
     /// policy with a dead-letter destination).
-    Refused,
+    DeliveryRefused,
     /// The subscription's in-memory queue was full at publish (`broker__queueFullPolicy =
     /// deadLetter`); never attempted.
     QueueFull,
 }
 
 impl DropReason {
-    /// Stable name (metrics label, logs).
+    /// Every reason, in the order metrics list them.
+    pub const ALL: [Self; 4] = [
+        Self::MaxDeliveryAttemptsExceeded,
+        Self::TimeToLiveExceeded,
+        Self::DeliveryRefused,
+        Self::QueueFull,
+    ];
+
+    /// Stable wire name (dead-letter `reason`, metrics label, logs).
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::MaxAttempts => "MaxDeliveryAttemptsExceeded",
-            Self::Expired => "TimeToLiveExceeded",
-            Self::Refused => "DeliveryRefused",
+            Self::MaxDeliveryAttemptsExceeded => "MaxDeliveryAttemptsExceeded",
+            Self::TimeToLiveExceeded => "TimeToLiveExceeded",
+            Self::DeliveryRefused => "DeliveryRefused",
             Self::QueueFull => "QueueFull",
         }
     }
@@ -56,15 +60,6 @@ pub enum Step {
     Retry(Duration),
     /// Give up.
     Drop(DropReason),
-}
-
-/// The delay before attempt `attempts_made + 1` under the original schedule.
-pub fn original_delay(attempts_made: u32) -> Duration {
-    if attempts_made <= 1 {
-        ONE_MINUTE
-    } else {
-        TEN_MINUTES
-    }
 }
 
 /// Whether an event first enqueued at `first_ms` is past its TTL at `at_ms`.
@@ -84,21 +79,21 @@ pub fn next_step(
 ) -> Step {
     let retry_after = match policy::classify(policy.status_codes, outcome, policy.dead_letter) {
         Verdict::Delivered => return Step::Done,
-        Verdict::Refuse => return Step::Drop(DropReason::Refused),
+        Verdict::Refuse => return Step::Drop(DropReason::DeliveryRefused),
         Verdict::Retry { retry_after } => retry_after,
     };
     if attempts_made >= policy.max_attempts {
-        return Step::Drop(DropReason::MaxAttempts);
+        return Step::Drop(DropReason::MaxDeliveryAttemptsExceeded);
     }
     let Some(base) = policy.schedule.schedule().delay_after(attempts_made) else {
-        return Step::Drop(DropReason::MaxAttempts);
+        return Step::Drop(DropReason::MaxDeliveryAttemptsExceeded);
     };
     let mut delay = policy::jitter(base, policy.jitter_percent, jitter_key);
     if let Some(ra) = retry_after {
         delay = delay.max(ra.min(policy.retry_after_cap));
     }
     if is_expired(policy, first_enqueued_ms, now_ms + delay.as_millis() as u64) {
-        return Step::Drop(DropReason::Expired);
+        return Step::Drop(DropReason::TimeToLiveExceeded);
     }
     Step::Retry(delay)
 }
@@ -107,6 +102,10 @@ pub fn next_step(
 mod tests {
     use super::*;
     use crate::delivery::sink::FailureKind;
+
+    /// Delays of the original's 1-minute and 10-minute queues.
+    const ONE_MINUTE: Duration = Duration::from_secs(60);
+    const TEN_MINUTES: Duration = Duration::from_secs(600);
 
     fn policy(max: u32, ttl_min: u64) -> EffectivePolicy {
         EffectivePolicy::original(max, Duration::from_secs(ttl_min * 60))
@@ -144,11 +143,11 @@ mod tests {
     fn max_attempts_drops() {
         assert_eq!(
             next_step(&policy(2, 120), 2, 0, 60_000, &fail(), 0),
-            Step::Drop(DropReason::MaxAttempts)
+            Step::Drop(DropReason::MaxDeliveryAttemptsExceeded)
         );
         assert_eq!(
             next_step(&policy(1, 120), 1, 0, 0, &fail(), 0),
-            Step::Drop(DropReason::MaxAttempts)
+            Step::Drop(DropReason::MaxDeliveryAttemptsExceeded)
         );
     }
 
@@ -163,7 +162,7 @@ mod tests {
             match next_step(&p, attempts, 0, t, &fail(), 0) {
                 Step::Retry(d) => t += d.as_millis() as u64,
                 Step::Drop(r) => {
-                    assert_eq!(r, DropReason::Expired);
+                    assert_eq!(r, DropReason::TimeToLiveExceeded);
                     break;
                 }
                 Step::Done => unreachable!(),
@@ -177,7 +176,7 @@ mod tests {
     fn one_minute_ttl_allows_no_retry() {
         assert_eq!(
             next_step(&policy(30, 1), 1, 0, 0, &fail(), 0),
-            Step::Drop(DropReason::Expired)
+            Step::Drop(DropReason::TimeToLiveExceeded)
         );
     }
 
@@ -201,7 +200,7 @@ mod tests {
         let mut p = standard(30, 120);
         assert_eq!(
             next_step(&p, 1, 0, 0, &status(400, None), 0),
-            Step::Drop(DropReason::Refused)
+            Step::Drop(DropReason::DeliveryRefused)
         );
         p.dead_letter = false;
         assert_eq!(
@@ -257,7 +256,7 @@ mod tests {
         );
         assert_eq!(
             next_step(&p, 12, 0, 0, &fail(), 0),
-            Step::Drop(DropReason::MaxAttempts)
+            Step::Drop(DropReason::MaxDeliveryAttemptsExceeded)
         );
     }
 
