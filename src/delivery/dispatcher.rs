@@ -29,6 +29,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// Everything about a subscription that a PUT may change, swapped as a whole.
 pub struct SubConfig {
@@ -435,8 +436,17 @@ async fn send(
     batch: Batch,
     permit: OwnedSemaphorePermit,
 ) -> SendResult {
+    // One span per attempt, debug level: disabled (and nearly free) at the default level.
+    let span = tracing::debug_span!(
+        "delivery_attempt",
+        subscription = %req.subscription,
+        attempt = req.attempt,
+        events = batch.items.len(),
+        outcome = tracing::field::Empty,
+    );
     let started = Instant::now();
-    let outcome = sink.send(&req).await;
+    let outcome = sink.send(&req).instrument(span.clone()).await;
+    span.record("outcome", tracing::field::debug(&outcome));
     drop(permit);
     (batch, outcome, started.elapsed())
 }
