@@ -12,7 +12,7 @@
 //! restart, or expire). The request only waits for that task.
 
 use super::{store_err, Broker, SubEntry, TopicEntry};
-use crate::delivery::dispatcher::SubConfig;
+use crate::delivery::dispatcher::{SubConfig, SubShared};
 use crate::delivery::queue::{EventData, Pending};
 use crate::error::ApiError;
 use crate::model::event::IncomingEvent;
@@ -157,7 +157,7 @@ impl Broker {
             if r.is_empty() || cfg.sub.persisted {
                 continue;
             }
-            if sub.shared.queue().pending() + r.len() > max_pending {
+            if !self.has_room(&sub.shared, r.len()) {
                 if overflow_to_dead_letters {
                     *full = true;
                     continue;
@@ -179,7 +179,7 @@ impl Broker {
             .zip(&routes.per_sub)
             .any(|(cfg, r)| !r.is_empty() && !cfg.sub.persisted);
         let pending_bytes = &self.inner.ctx.pending_bytes;
-        if to_memory && pending_bytes.would_exceed(routes.matched_bytes) {
+        if to_memory && !self.has_byte_room(routes.matched_bytes) {
             return Err(ApiError::unavailable(
                 format!(
                     "gridlet holds {} of the {} bytes of undelivered events broker__maxPendingBytes allows in memory; retry later",
@@ -266,5 +266,18 @@ impl Broker {
                 sub.shared.notify.notify_one();
             }
         }
+    }
+
+    /// Whether an in-memory subscription's queue takes `events` more
+    /// (`broker__maxPendingEventsPerSubscription`). The one check for publish and replay.
+    pub(super) fn has_room(&self, shared: &SubShared, events: usize) -> bool {
+        let max_pending = self.inner.cfg.broker.max_pending_events_per_subscription;
+        shared.queue().pending() + events <= max_pending
+    }
+
+    /// Whether `bytes` more fit under `broker__maxPendingBytes`. The one check for publish and
+    /// replay.
+    pub(super) fn has_byte_room(&self, bytes: u64) -> bool {
+        !self.inner.ctx.pending_bytes.would_exceed(bytes)
     }
 }

@@ -94,8 +94,7 @@ impl Broker {
             Some(v) => v.len(),
             None => self.inner.ctx.dead_letters.count(shared.queue_id),
         };
-        let max_pending = self.inner.cfg.broker.max_pending_events_per_subscription;
-        if shared.queue().pending() + wanted > max_pending {
+        if !self.has_room(shared, wanted) {
             return Err(ApiError::unavailable(
                 format!(
                     "subscription '{}' has no room for {wanted} more events (broker__maxPendingEventsPerSubscription); replay fewer or later",
@@ -119,7 +118,7 @@ impl Broker {
             .iter()
             .map(|l| crate::delivery::queue::payload_size(&l.body, &l.event_id))
             .sum();
-        if ctx.pending_bytes.would_exceed(bytes) {
+        if !self.has_byte_room(bytes) {
             return Err(ApiError::unavailable(
                 format!(
                     "replaying {bytes} bytes would pass broker__maxPendingBytes ({} of {} bytes of undelivered events in memory); replay fewer or later",
