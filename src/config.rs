@@ -25,6 +25,47 @@ pub struct Setting {
     pub doc: &'static str,
 }
 
+impl Setting {
+    /// Whether the value is a secret: never logged, printed or echoed (the table marks these
+    /// "(secret, never logged)").
+    pub fn is_secret(&self) -> bool {
+        self.doc.contains("(secret")
+    }
+}
+
+/// One setting as a list of `KEY=value` pairs sets it: its canonical key, the value in force,
+/// and whether that value was given (else it is the default).
+pub struct Effective {
+    /// The setting.
+    pub setting: &'static Setting,
+    /// The value in force ("" = unset); `***` for a secret that is set.
+    pub value: String,
+    /// Given in the variables (as opposed to the default).
+    pub given: bool,
+}
+
+/// Every setting with the value the variables give it (keys normalised as [`Config::from_vars`]
+/// does), secrets masked: for `gridlet check-config` and the start-up log.
+pub fn effective(vars: impl IntoIterator<Item = (String, String)>) -> Vec<Effective> {
+    let raw = Raw::new(vars);
+    SETTINGS
+        .iter()
+        .map(|setting| {
+            let given = raw.values.get(setting.key).map(|v| v.trim().to_string());
+            let value = match &given {
+                Some(v) if setting.is_secret() && !v.is_empty() => "***".to_string(),
+                Some(v) => v.clone(),
+                None => setting.default.to_string(),
+            };
+            Effective {
+                setting,
+                value,
+                given: given.is_some(),
+            }
+        })
+        .collect()
+}
+
 macro_rules! settings {
     ($( $key:literal = $default:literal : $doc:literal ;)*) => {
         /// Every setting gridlet understands, in one place. The README's table lists the same keys
@@ -97,6 +138,7 @@ settings! {
     "api__deliveryPolicyLimits__maxBatchSizeInBytes" = "1058576" : "largest `approxBatchSizeInBytes` (older twin knob) a subscription may set";
     "api__filterLimits__maxIncludedEventTypes" = "256" : "most entries in a subscription's `filter.includedEventTypes` (400 above); matched in constant time, this bounds the memory of one subscription's type set";
     "metrics__reporterType" = "none" : "`none`, `prometheus` (serve `/metrics`), `console` (log metrics every 60 s)";
+    "log__format" = "text" : "`text`: one line per record with the syslog severity prefix IoT Edge filters on (`<6>` info, `<4>` warn, `<3>` error), colours only on a terminal and never with `NO_COLOR`; `json`: one JSON object per line, for log shippers. Level: `RUST_LOG` (default `info`)";
     "persistence__metadataPath" = "metadataDb" : "directory holding topics, subscriptions and the self-signed certificate";
     "persistence__eventsPath" = "eventsDb" : "directory holding persisted events";
     "persistence__store" = "sled" : "`sled`: metadata, endpoint health, dead letters and the events of persisted subscriptions on disk (files under `gridlet-v1/`); `memory`: everything in memory, lost on restart";
@@ -124,6 +166,15 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// `log__format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One line per record, with the syslog severity prefix.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// `inbound__serverAuth__tlsPolicy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -408,6 +459,8 @@ pub struct Config {
     pub resilience: Resilience,
     /// Metrics reporter.
     pub metrics: MetricsReporter,
+    /// How log records are written (`log__format`).
+    pub log_format: LogFormat,
     /// Storage paths.
     pub persistence: Persistence,
     /// IoT Edge identity.
@@ -446,6 +499,7 @@ const SETTING_PREFIXES: &[&str] = &[
     "api__",
     "metrics__",
     "persistence__",
+    "log__",
 ];
 
 /// Normalised settings: canonical key → raw value, plus the `IOTEDGE_*` variables.
@@ -847,6 +901,10 @@ impl Config {
             gateway_hostname: edge_var("iotedge_gatewayhostname"),
             api_version: edge_var("iotedge_apiversion").unwrap_or_else(|| "2019-01-30".into()),
         };
+        let log_format = raw.choice(
+            "log__format",
+            &[("text", LogFormat::Text), ("json", LogFormat::Json)],
+        )?;
         Ok(Self {
             inbound,
             outbound,
@@ -854,6 +912,7 @@ impl Config {
             api,
             resilience,
             metrics,
+            log_format,
             persistence,
             edge,
             unknown_keys: raw.unknown,

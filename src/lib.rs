@@ -30,6 +30,7 @@
 
 pub mod api;
 pub mod broker;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod delivery;

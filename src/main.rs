@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+use gridlet::cli::{self, Command};
 use gridlet::{Config, Gridlet, Parts};
 use std::process::ExitCode;
 
@@ -15,6 +16,40 @@ use std::process::ExitCode;
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    let command = match cli::parse(std::env::args().skip(1)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("gridlet: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match command {
+        Command::Run => {}
+        Command::Help => {
+            print!("{}", cli::help());
+            return ExitCode::SUCCESS;
+        }
+        Command::Version => {
+            println!("{}", cli::version());
+            return ExitCode::SUCCESS;
+        }
+        Command::CheckConfig { manifest, module } => {
+            let vars = match manifest {
+                Some(path) => match cli::manifest_env(&path, module.as_deref()) {
+                    Ok(vars) => vars,
+                    Err(e) => {
+                        eprintln!("gridlet: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
+                None => std::env::vars().collect(),
+            };
+            let (out, code) = cli::check_config(vars);
+            print!("{out}");
+            return ExitCode::from(code);
+        }
+        Command::Healthcheck => return healthcheck(),
+    }
     let cfg = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
@@ -22,13 +57,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_target(false)
-        .init();
+    cli::init_logging(cfg.log_format);
+    cli::log_start(std::env::vars().collect());
     if let Err(line) = data_dirs_writable(&cfg) {
         eprintln!("gridlet: {line}");
         return ExitCode::from(1);
@@ -64,6 +94,26 @@ fn main() -> ExitCode {
         gridlet.shutdown().await;
         ExitCode::SUCCESS
     })
+}
+
+/// `gridlet healthcheck`: exit 0 when the local `/healthz` answers 200, else 1.
+fn healthcheck() -> ExitCode {
+    let outcome = Config::from_env()
+        .map_err(|e| e.to_string())
+        .and_then(|cfg| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?
+                .block_on(cli::healthcheck(&cfg))
+        });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gridlet: unhealthy: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// The data directories are often host directories bind-mounted into the container, and the

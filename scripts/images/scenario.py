@@ -206,10 +206,14 @@ def smoke(image, platform, persisted):
             fail("HTTPS /healthz")
         if whoami(g) != "2000:2000":
             fail(f"runs as {whoami(g)!r}, not 2000:2000")
+        # The image's HEALTHCHECK command, run inside the container (no curl there).
+        hc = podman("exec", g.name, "/app/gridlet", "healthcheck", check=False)
+        if hc.returncode != 0:
+            fail(f"gridlet healthcheck inside the container: {hc.returncode} {hc.stderr.strip()}")
         set_up(g, receiver, persisted)
         ok(g.call("POST", f"/topics/t/events?{API}", [event("e1")], timeout=60), "publish")
         receiver.wait_for(["e1"], 120)
-        log(f"{image}: healthz on HTTP and HTTPS, UID 2000, e1 delivered"
+        log(f"{image}: healthz on HTTP and HTTPS, `gridlet healthcheck` inside, UID 2000, e1 delivered"
             + (" (persisted subscription)" if persisted else ""))
         return receiver, g, vols
     except BaseException:

@@ -253,3 +253,158 @@ fn unwritable_data_directory_says_what_to_chown() {
     assert!(err.contains("chown -R"), "{err}");
     assert!(!err.contains("corrupt"), "{err}");
 }
+
+fn gridlet_cmd(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    Command::new(env!("CARGO_BIN_EXE_gridlet"))
+        .args(args)
+        .current_dir(dir.path())
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn version_and_help_answer_without_starting_the_broker() {
+    let out = gridlet_cmd(&["--version"], &[]);
+    assert!(out.status.success());
+    let v = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        v.starts_with(&format!("gridlet {} (", env!("CARGO_PKG_VERSION"))),
+        "{v}"
+    );
+    let out = gridlet_cmd(&["--help"], &[]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for s in gridlet::config::SETTINGS {
+        assert!(
+            help.contains(&format!("{} = ", s.key)),
+            "--help lacks {}",
+            s.key
+        );
+    }
+    let out = gridlet_cmd(&["serve"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("usage: gridlet"));
+}
+
+#[test]
+fn check_config_validates_the_environment_and_a_manifest() {
+    let out = gridlet_cmd(
+        &["check-config"],
+        &[
+            ("inbound__clientAuth__sasKeys__key1", "topsecret"),
+            ("broker__defaultMaxDeliveryAttempts", "4"),
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("* broker__defaultMaxDeliveryAttempts = 4"),
+        "{text}"
+    );
+    assert!(!text.contains("topsecret"), "{text}");
+    let out = gridlet_cmd(
+        &["check-config"],
+        &[("broker__defaultMaxDeliveryAttempts", "many")],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("broker__defaultMaxDeliveryAttempts"));
+    // The repository's deployment template: its gridlet module's createOptions Env.
+    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/deployment.template.json");
+    let out = gridlet_cmd(&["check-config", "--manifest", template], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("* metrics__reporterType = prometheus"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn healthcheck_exits_0_when_serving_and_1_when_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, base) = start_serving(dir.path(), &[]).await;
+    let port = base.rsplit(':').next().unwrap().to_string();
+    let env = [
+        ("inbound__serverAuth__tlsPolicy", "disabled"),
+        ("inbound__bindAddress", "127.0.0.1"),
+        ("inbound__httpPort", port.as_str()),
+    ];
+    let up = gridlet_cmd(&["healthcheck"], &env);
+    let _ = terminate(child).await;
+    assert_eq!(
+        up.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let down = gridlet_cmd(&["healthcheck"], &env);
+    assert_eq!(down.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&down.stderr).contains("unhealthy"));
+}
+
+/// Start the binary with stdout piped (not a terminal) and return its first log lines.
+fn first_log_lines(env: &[(&str, &str)], n: usize) -> Vec<String> {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gridlet"))
+        .current_dir(dir.path())
+        .env("inbound__serverAuth__tlsPolicy", "disabled")
+        .env("inbound__httpPort", "0")
+        .env("broker__defaultMaxDeliveryAttempts", "7")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    while lines.len() < n {
+        match rx.recv_timeout(WAIT) {
+            Ok(l) => lines.push(l),
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    lines
+}
+
+#[test]
+fn logs_carry_the_syslog_severity_and_no_colour_off_a_terminal() {
+    let lines = first_log_lines(&[], 2);
+    assert!(!lines.is_empty(), "no log output");
+    for l in &lines {
+        assert!(l.starts_with("<6> ") || l.starts_with("<4> "), "{l:?}");
+        assert!(!l.contains('\u{1b}'), "escape code in {l:?}");
+    }
+    let start = &lines[0];
+    assert!(start.contains("gridlet starting"), "{start}");
+    assert!(start.contains(env!("CARGO_PKG_VERSION")), "{start}");
+    assert!(
+        start.contains("broker__defaultMaxDeliveryAttempts=7"),
+        "{start}"
+    );
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let lines = first_log_lines(&[("log__format", "json")], 2);
+    assert!(!lines.is_empty(), "no log output");
+    for l in &lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"));
+        assert!(v["level"].is_string(), "{l}");
+    }
+}
