@@ -82,6 +82,8 @@ fn main() -> ExitCode {
         // Listen for SIGTERM before anything is served: a signal that arrives while start-up
         // finishes must stop gridlet cleanly, not kill it with the default action.
         let shutdown = shutdown_signal();
+        let workers = tokio::runtime::Handle::current().metrics().num_workers();
+        tracing::info!(worker_threads = workers, "async runtime started");
         let gridlet = match Gridlet::start(cfg, Parts::default()).await {
             Ok(g) => g,
             Err(e) => {
