@@ -584,7 +584,7 @@ pub fn dead_letter(
     tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, reason = reason.as_str(), first_event_id = items.first().map(|p| &*p.event.id).unwrap_or(""), "events dead-lettered");
     let cfg = shared.config();
     let now_ms = ctx.clock.now_ms();
-    let (last_status, last_error) = DeadLetter::describe(last);
+    let (last_status, last_error) = super::deadletter::describe(last);
     let letters: Vec<DeadLetter> = items
         .iter()
         .map(|p| DeadLetter {

@@ -13,5 +13,6 @@ pub mod destination;
 pub mod event;
 pub mod json;
 pub mod names;
+pub mod reason;
 pub mod subscription;
 pub mod topic;

@@ -18,12 +18,13 @@
 //! (`persistence__store=memory`) keeps everything in maps, lost on restart. Every implementation
 //! passes the same contract tests (`store::contract`).
 
+pub mod deadletter;
 pub mod memory;
 pub mod sled;
 
 use crate::clock::WallMs;
-use crate::delivery::deadletter::DeadLetterStore;
 use bytes::Bytes;
+use deadletter::DeadLetterStore;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 

@@ -71,8 +71,8 @@
 pub mod deadletters;
 pub mod journal;
 
+use super::deadletter::DeadLetterStore;
 use super::{QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent};
-use crate::delivery::deadletter::DeadLetterStore;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use serde_json::{json, Value};

@@ -45,7 +45,6 @@ const BEING_REMOVED: &[(&str, &str)] = &[
     ("model", "api"),
     ("model", "delivery"),
     ("model", "error"),
-    ("store", "delivery"),
 ];
 
 fn layer(module: &str) -> u8 {

@@ -21,7 +21,7 @@
 //! * Letters of queues that no subscription owns any more are removed at open.
 
 use super::{corrupt, io, item_cost, Committer};
-use crate::delivery::deadletter::{DeadLetter, DeadLetterReason, DeadLetterStore};
+use crate::store::deadletter::{DeadLetter, DeadLetterReason, DeadLetterStore};
 use crate::store::{QueueId, StoreError};
 use bytes::Bytes;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -419,7 +419,7 @@ mod tests {
     fn sled_dead_letters_pass_the_contract() {
         let dir = tempfile::tempdir().unwrap();
         let s = with_queues(dir.path());
-        crate::delivery::deadletter::contract::run(s.dead_letters().unwrap().as_ref());
+        crate::store::deadletter::contract::run(s.dead_letters().unwrap().as_ref());
         assert_eq!(s.live_bytes(), 0, "every letter's bytes given back");
     }
 
