@@ -362,9 +362,9 @@ pub struct Broker {
 #[derive(Debug, Clone)]
 pub struct Resilience {
     /// Module default status-code policy.
-    pub status_code_policy: crate::delivery::policy::StatusCodePolicy,
+    pub status_code_policy: crate::policy::StatusCodePolicy,
     /// Module default retry schedule.
-    pub retry_schedule: crate::delivery::policy::ScheduleName,
+    pub retry_schedule: crate::policy::ScheduleName,
     /// Jitter under the `standard` policy (percent either way).
     pub jitter_percent: u8,
     /// Cap on honoured `Retry-After`.
@@ -372,9 +372,9 @@ pub struct Resilience {
     /// Dead letters kept per subscription (0 = none).
     pub dead_letter_capacity: usize,
     /// Full in-memory queue: reject the publish or dead-letter the copy.
-    pub queue_full_policy: crate::delivery::policy::QueueFullPolicy,
+    pub queue_full_policy: crate::policy::QueueFullPolicy,
     /// Endpoint health thresholds.
-    pub health: crate::delivery::health::HealthConfig,
+    pub health: crate::policy::HealthConfig,
 }
 
 /// Creation-time limits on subscription batching knobs.
@@ -797,12 +797,10 @@ impl Config {
         let resilience = Resilience {
             status_code_policy: raw.choice(
                 "broker__statusCodePolicy",
-                &crate::delivery::policy::StatusCodePolicy::ALL,
+                &crate::policy::StatusCodePolicy::ALL,
             )?,
-            retry_schedule: raw.choice(
-                "broker__retrySchedule",
-                &crate::delivery::policy::ScheduleName::ALL,
-            )?,
+            retry_schedule: raw
+                .choice("broker__retrySchedule", &crate::policy::ScheduleName::ALL)?,
             jitter_percent: raw.int("broker__retryJitterPercent", 0, 50)? as u8,
             retry_after_cap: Duration::from_secs(raw.int(
                 "broker__retryAfterMaxSeconds",
@@ -816,9 +814,9 @@ impl Config {
             )? as usize,
             queue_full_policy: raw.choice(
                 "broker__queueFullPolicy",
-                &crate::delivery::policy::QueueFullPolicy::ALL,
+                &crate::policy::QueueFullPolicy::ALL,
             )?,
-            health: crate::delivery::health::HealthConfig {
+            health: crate::policy::HealthConfig {
                 enabled: raw.bool("broker__endpointHealth__enabled")?,
                 disable_failure_rate_percent: raw.int(
                     "broker__endpointHealth__disableFailureRatePercent",

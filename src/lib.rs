@@ -15,7 +15,8 @@
 //!
 //! * [`config`]: the one typed configuration, from the environment.
 //! * [`api`]: HTTP routes and the single auth check; [`error`]: the only error→HTTP mapping.
-//! * [`model`]: topics, subscriptions, events; [`filter`]: subscription filters.
+//! * [`model`]: topics, subscriptions (with their filters), events, destinations; [`policy`]:
+//!   retry schedules and status-code policies as data.
 //! * [`broker`]: registry and publish path; [`delivery`]: queues, dispatch, retry, sinks.
 //! * [`store`]: storage trait and implementations; [`tls`]: certificates and verifiers.
 //! * [`edge`]: running as an IoT Edge module (workload API, edgeHub, module twin).
@@ -36,9 +37,9 @@ pub mod config;
 pub mod delivery;
 pub mod edge;
 pub mod error;
-pub mod filter;
 pub mod metrics;
 pub mod model;
+pub mod policy;
 pub mod server;
 pub mod store;
 pub mod sync;

@@ -38,47 +38,8 @@ use crate::store::Store;
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-/// Thresholds (module configuration).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HealthConfig {
-    /// Health tracking on.
-    pub enabled: bool,
-    /// Disabled when the failure rate exceeds this percentage …
-    pub disable_failure_rate_percent: u32,
-    /// … over more than this many attempts (in the window).
-    pub disable_min_attempts: u32,
-    /// Disabled after this many consecutive failures.
-    pub disable_consecutive_failures: u64,
-    /// A disabled endpoint is probed this often.
-    pub probe_interval: Duration,
-    /// Frozen after more consecutive failures than this …
-    pub freeze_consecutive_failures: u64,
-    /// … with the last success longer ago than this.
-    pub freeze_no_success_for: Duration,
-    /// Frozen after more consecutive failures than this, regardless.
-    pub freeze_any_consecutive_failures: u64,
-    /// Attempts the failure rate is computed over.
-    pub window_attempts: usize,
-}
-
-impl Default for HealthConfig {
-    /// Workfront's numbers.
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            disable_failure_rate_percent: 70,
-            disable_min_attempts: 100,
-            disable_consecutive_failures: 2000,
-            probe_interval: Duration::from_secs(600),
-            freeze_consecutive_failures: 2000,
-            freeze_no_success_for: Duration::from_secs(72 * 3600),
-            freeze_any_consecutive_failures: 50_000,
-            window_attempts: 1000,
-        }
-    }
-}
+pub use crate::policy::HealthConfig;
 
 /// The circuit state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,8 +15,8 @@
 use super::destination::{Destination, DestinationTypes, Role};
 use super::json::Obj;
 use crate::config::Config;
-use crate::delivery::signing;
 use crate::error::ApiError;
+use crate::model::signing_secret as signing;
 use serde_json::{json, Map, Value};
 
 /// Most signing secrets per subscription.
@@ -227,10 +227,10 @@ fn parse_header(item: &Value) -> Result<StaticHeader, ApiError> {
 #[cfg(test)]
 mod tests {
     use crate::config::Config;
-    use crate::delivery::policy::{ScheduleName, StatusCodePolicy};
     use crate::model::destination::testing::TestTypes;
     use crate::model::subscription::Subscription;
     use crate::model::topic::{EventSchema, Topic};
+    use crate::policy::{ScheduleName, StatusCodePolicy};
     use serde_json::{json, Value};
 
     fn cfg(pairs: &[(&str, &str)]) -> Config {

@@ -15,7 +15,7 @@ mod onepass;
 
 use super::topic::EventSchema;
 use crate::error::ApiError;
-use crate::filter::{EventView, LazyObject};
+use crate::model::filter::{EventView, LazyObject};
 use axum::http::HeaderMap;
 use binary::binary_cloud_event;
 use bytes::Bytes;

@@ -10,9 +10,9 @@ use super::json::{loose_bool, lower_keys, Obj};
 use super::names;
 use super::topic::{EventSchema, ResourceContext, Topic};
 use crate::config::Config;
-use crate::delivery::policy::{ScheduleName, StatusCodePolicy};
 use crate::error::ApiError;
-use crate::filter::Filter;
+use crate::model::filter::Filter;
+use crate::policy::{ScheduleName, StatusCodePolicy};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
