@@ -3,7 +3,7 @@
 //! its secrets, health key, whether it can take dead letters, how it builds its [`Sink`]), and
 //! one line in [`DESTINATIONS`]. Nothing else in the code lists destination types: the
 //! subscription parser, error messages, GET/twin masking, endpoint health and the sink factory
-//! all ask the registry or the parsed [`Destination`]. Recipe: `docs/ADDING_A_DESTINATION.md`.
+//! all ask the registry or the parsed [`Destination`]. Recipe: `docs/ARCHITECTURE.md`, "Adding a destination type".
 //!
 //! Destinations served by a component outside delivery (edgeHub's module outputs) are
 //! plugged in by the server through [`DefaultSinks::with_module_outputs`]: delivery never
