@@ -23,32 +23,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match command {
-        Command::Run => {}
-        Command::Help => {
-            print!("{}", cli::help());
-            return ExitCode::SUCCESS;
-        }
-        Command::Version => {
-            println!("{}", cli::version());
-            return ExitCode::SUCCESS;
-        }
-        Command::CheckConfig { manifest, module } => {
-            let vars = match manifest {
-                Some(path) => match cli::manifest_env(&path, module.as_deref()) {
-                    Ok(vars) => vars,
-                    Err(e) => {
-                        eprintln!("gridlet: {e}");
-                        return ExitCode::from(2);
-                    }
-                },
-                None => std::env::vars().collect(),
-            };
-            let (out, code) = cli::check_config(vars);
-            print!("{out}");
-            return ExitCode::from(code);
-        }
-        Command::Healthcheck => return healthcheck(),
+    if let Some(code) = answer(command) {
+        return code;
     }
     let cfg = match Config::from_env() {
         Ok(c) => c,
@@ -96,6 +72,37 @@ fn main() -> ExitCode {
         gridlet.shutdown().await;
         ExitCode::SUCCESS
     })
+}
+
+/// The commands that answer and exit instead of running the broker (`None`: run it).
+fn answer(command: Command) -> Option<ExitCode> {
+    match command {
+        Command::Run => None,
+        Command::Help => {
+            print!("{}", cli::help());
+            Some(ExitCode::SUCCESS)
+        }
+        Command::Version => {
+            println!("{}", cli::version());
+            Some(ExitCode::SUCCESS)
+        }
+        Command::CheckConfig { manifest, module } => {
+            let vars = match manifest {
+                Some(path) => match cli::manifest_env(&path, module.as_deref()) {
+                    Ok(vars) => vars,
+                    Err(e) => {
+                        eprintln!("gridlet: {e}");
+                        return Some(ExitCode::from(2));
+                    }
+                },
+                None => std::env::vars().collect(),
+            };
+            let (out, code) = cli::check_config(vars);
+            print!("{out}");
+            Some(ExitCode::from(code))
+        }
+        Command::Healthcheck => Some(healthcheck()),
+    }
 }
 
 /// `gridlet healthcheck`: exit 0 when the local `/healthz` answers 200, else 1.
