@@ -147,7 +147,7 @@ impl CertStore {
 
     /// Replace the certificate; new handshakes use it, open connections are untouched.
     pub fn replace(&self, key: CertifiedKey) {
-        let mut g = self.current.write().unwrap_or_else(|p| p.into_inner());
+        let mut g = crate::sync::write(&self.current);
         *g = Arc::new(key);
     }
 

@@ -350,7 +350,7 @@ pub struct EndpointHealth {
 impl EndpointHealth {
     fn lock(&self) -> std::sync::MutexGuard<'_, Tracker> {
         // Every critical section is a few field updates without panics.
-        self.tracker.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.tracker)
     }
 
     /// See [`Tracker::admit`].
@@ -407,7 +407,7 @@ impl EndpointHealth {
             return;
         };
         let record = t.to_record();
-        let _in_order = self.saving.lock().unwrap_or_else(|p| p.into_inner());
+        let _in_order = crate::sync::lock(&self.saving);
         drop(t);
         let written = off_runtime_thread(|| store.put_endpoint_health(&self.url, record.as_ref()));
         if let Err(e) = written {
@@ -483,7 +483,7 @@ impl HealthRegistry {
 
     /// The tracker for `url`: its restored state, or healthy at `now_ms` when first seen.
     pub fn get(&self, url: &str, now_ms: WallMs) -> Arc<EndpointHealth> {
-        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = crate::sync::lock(&self.map);
         m.entry(url.to_string())
             .or_insert_with(|| {
                 let restored = self
@@ -506,7 +506,7 @@ impl HealthRegistry {
 
     /// Delete the stored records no subscription claimed (their URLs are no longer used).
     pub fn prune_unclaimed(&self) {
-        let left = std::mem::take(&mut *self.restored.lock().unwrap_or_else(|p| p.into_inner()));
+        let left = std::mem::take(&mut *crate::sync::lock(&self.restored));
         if let Some(Persist(store)) = &self.persist {
             for url in left.keys() {
                 if let Err(e) = store.put_endpoint_health(url, None) {

@@ -22,6 +22,7 @@
 //!   user info in the URL becomes a (sensitive) `Authorization: Basic` header.
 
 use crate::config::IpRange;
+use crate::sync::lock;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -32,7 +33,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -142,11 +143,6 @@ struct HostPool {
 struct Idle {
     tx: Sender,
     since: Instant,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Critical sections are plain Vec/HashMap operations: a poisoned lock holds consistent data.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl HostPool {

@@ -64,7 +64,7 @@ pub struct IdentityStore {
 impl IdentityStore {
     /// Replace the identity (new connections present it).
     pub fn replace(&self, key: CertifiedKey) {
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(key));
+        *crate::sync::write(&self.current) = Some(Arc::new(key));
     }
 
     fn get(&self) -> Option<Arc<CertifiedKey>> {

@@ -176,7 +176,7 @@ const JOURNAL_LSN_KEY: [u8; 5] = [0xff, 0xff, 0xff, 0xff, 0x01];
 impl Committer {
     fn lock(&self) -> std::sync::MutexGuard<'_, CommitState> {
         // Every critical section is a few field updates with no panic path.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.state)
     }
 
     /// Ask for a checkpoint soon (within [`CHECKPOINT_EVERY`]) without waiting for it.
@@ -310,7 +310,7 @@ impl Writer {
     ) -> Result<(), String> {
         let reserved: u64 = appends.iter().map(|a| a.cost).sum();
         // Held to the end: a subscription delete waits, then removes these events too.
-        let deleted = self.deleted.read().unwrap_or_else(|p| p.into_inner());
+        let deleted = crate::sync::read(&self.deleted);
         // Events of subscriptions deleted meanwhile are neither journaled nor kept.
         for a in appends.iter_mut() {
             a.items.retain(|(q, _, _)| !deleted.contains(q));
@@ -360,7 +360,7 @@ impl Writer {
         {
             // Removals racing with the move are ordered by the map's lock: an event is either
             // still in the map (its remover takes it from there) or already in sled.
-            let deleted = self.deleted.read().unwrap_or_else(|p| p.into_inner());
+            let deleted = crate::sync::read(&self.deleted);
             let keys: Vec<(QueueId, u64)> = lock_map(&self.unflushed).keys().copied().collect();
             for k in keys {
                 let mut map = lock_map(&self.unflushed);
@@ -420,8 +420,7 @@ fn remove_prefix(tree: &sled::Tree, queue: QueueId) -> Result<u64, StoreError> {
 type Unflushed = Mutex<HashMap<(QueueId, u64), Vec<u8>>>;
 
 fn lock_map(m: &Unflushed) -> std::sync::MutexGuard<'_, HashMap<(QueueId, u64), Vec<u8>>> {
-    // Critical sections are map operations and single sled writes, with no panic path.
-    m.lock().unwrap_or_else(|p| p.into_inner())
+    crate::sync::lock(m)
 }
 
 /// Count the journal file's growth past its normal size against the disk bound (in the live-byte
@@ -880,14 +879,14 @@ impl SledStore {
         self.scanned_max_seq.store(max_seq, Ordering::Relaxed);
         self.has_recovered
             .store(!index.is_empty(), Ordering::Relaxed);
-        *self.recovered.lock().unwrap_or_else(|p| p.into_inner()) = index;
+        *crate::sync::lock(&self.recovered) = index;
         Ok(())
     }
 
     /// Drop the scan-at-open index of `queue` (it is being written to).
     fn forget_recovered(&self, queue: QueueId) {
         if self.has_recovered.load(Ordering::Relaxed) {
-            let mut g = self.recovered.lock().unwrap_or_else(|p| p.into_inner());
+            let mut g = crate::sync::lock(&self.recovered);
             g.remove(&queue);
             if g.is_empty() {
                 self.has_recovered.store(false, Ordering::Relaxed);
@@ -1071,7 +1070,7 @@ impl Store for SledStore {
 
     fn pending_index(&self, queue: QueueId) -> Result<Vec<(u64, RetryState)>, StoreError> {
         if self.has_recovered.load(Ordering::Relaxed) {
-            let mut g = self.recovered.lock().unwrap_or_else(|p| p.into_inner());
+            let mut g = crate::sync::lock(&self.recovered);
             let found = g.remove(&queue);
             if g.is_empty() {
                 self.has_recovered.store(false, Ordering::Relaxed);
@@ -1125,7 +1124,7 @@ impl Store for SledStore {
     }
 
     fn put_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
-        let _g = self.topic_order.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = crate::sync::lock(&self.topic_order);
         let order = match self.topics.get(key).map_err(io)? {
             Some(v) => be::<8>(&v, 0).map(u64::from_be_bytes).unwrap_or(0),
             None => self.meta.generate_id().map_err(io)?,
@@ -1197,7 +1196,7 @@ impl Store for SledStore {
     }
 
     fn append(&self, items: &[(QueueId, StoredEvent)]) -> Result<(), StoreError> {
-        let deleted = self.deleted.read().unwrap_or_else(|p| p.into_inner());
+        let deleted = crate::sync::read(&self.deleted);
         let mut batch = sled::Batch::default();
         let mut cost = 0u64;
         let mut max_seq = 0u64;

@@ -71,7 +71,7 @@ impl TokenSource {
             }
             MessagingAuth::Key { name, key } => (name, key),
         };
-        let mut cached = self.cached.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cached = crate::sync::lock(&self.cached);
         if let Some((v, expiry)) = cached.as_ref() {
             if now + RENEW_BEFORE < *expiry {
                 return Some(v.clone());

@@ -221,7 +221,7 @@ impl SledDeadLetterStore {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
         // Each critical section updates the map after a successful sled write; no panic path.
-        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.counts)
     }
 
     fn sub_live(&self, n: u64) {
