@@ -381,10 +381,7 @@ async fn startup(n: u64) {
     .await
     .unwrap();
     let took = t.elapsed();
-    let pending = g.broker.topic("t").unwrap().subscriptions()[0]
-        .shared
-        .queue()
-        .pending();
+    let pending = g.broker.topic("t").unwrap().subscriptions()[0].pending();
     println!(
         "  start-up with {n} queued events: {:.2} s to listening with {pending} pending restored; RSS +{} (bench process {} -> {}, peak {})",
         took.as_secs_f64(),

@@ -16,12 +16,12 @@ mod resilience;
 
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::delivery::dispatcher::{self, AbortOnDrop, EngineCtx, SubConfig, SubShared};
-use crate::delivery::queue::{EventData, Pending, SubQueue, Window};
+use crate::delivery::engine::EngineCtx;
 use crate::delivery::sink::SinkFactory;
 use crate::delivery::sinks::DESTINATIONS;
+use crate::delivery::subscription::{SubConfig, SubscriptionHandle};
 use crate::error::ApiError;
-use crate::metrics::{self, Series, SeriesValue, SubscriptionMetrics, TopicMetrics};
+use crate::metrics::{self, Series, SeriesValue, TopicMetrics};
 use crate::model::names;
 use crate::model::subscription::Subscription;
 use crate::model::topic::{EventSchema, Topic};
@@ -33,17 +33,10 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-/// A subscription registered with the broker: shared state plus its task.
-pub struct SubEntry {
-    /// State shared with the dispatcher.
-    pub shared: Arc<SubShared>,
-    _task: AbortOnDrop,
-}
-
 /// A topic and its subscriptions.
 pub struct TopicEntry {
     topic: RwLock<Topic>,
-    subs: RwLock<Arc<Vec<Arc<SubEntry>>>>,
+    subs: RwLock<Arc<Vec<Arc<SubscriptionHandle>>>>,
     /// Topic metrics.
     pub metrics: TopicMetrics,
 }
@@ -63,7 +56,7 @@ impl TopicEntry {
     }
 
     /// Snapshot of the subscriptions.
-    pub fn subscriptions(&self) -> Arc<Vec<Arc<SubEntry>>> {
+    pub fn subscriptions(&self) -> Arc<Vec<Arc<SubscriptionHandle>>> {
         read(&self.subs)
     }
 }
@@ -144,7 +137,7 @@ impl Broker {
         ctx.drain.start();
         for topic in self.topics() {
             for sub in topic.subscriptions().iter() {
-                sub.shared.notify.notify_one();
+                sub.wake();
             }
         }
         let deadline = Instant::now() + within;

@@ -1,4 +1,4 @@
-//! Poison-tolerant locking. A thread that panicked while holding one of gridlet's locks cannot
+//! Poison-tolerant locking, and task ownership ([`AbortOnDrop`]). A thread that panicked while holding one of gridlet's locks cannot
 //! leave the data half-written (every critical section is a plain field update or a container
 //! operation), so a poisoned lock is used as it is instead of turning one panic into a panic
 //! on every later request.
@@ -18,6 +18,15 @@ pub fn read<T: ?Sized>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 /// Write-lock `l`, ignoring poisoning.
 pub fn write<T: ?Sized>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Aborts a task when dropped, so every task has an owner.
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 #[cfg(test)]

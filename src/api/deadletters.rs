@@ -157,8 +157,7 @@ pub(super) async fn health(
         .subscription(&topic, &name)
         .ok_or_else(|| crate::broker::subscription_not_found(&topic, &name))?;
     Ok(Json(
-        s.broker
-            .endpoint_health(&sub.shared)
+        sub.endpoint_health()
             .map_or(Value::Null, |h| health_json(&h)),
     ))
 }

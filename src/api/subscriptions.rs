@@ -53,16 +53,15 @@ pub(super) async fn get(
         .subscription(&topic, &name)
         .ok_or_else(|| subscription_not_found(&topic, &name))?;
     let mut v = subscription_resource(
-        &sub.shared.config().sub,
+        &sub.config().sub,
         &s.resource_context(&headers, conn.as_ref().map(|c| &c.0)),
     );
     // Live state, not part of the stored record: the destination's health, shown only while it
     // is disabled or frozen, so a healthy subscription's GET stays identical to its PUT answer
     // (as the original's). Always available at `.../endpointHealth`.
     if let Some(props) = v.get_mut("properties").and_then(Value::as_object_mut) {
-        if let Some(h) = s
-            .broker
-            .endpoint_health(&sub.shared)
+        if let Some(h) = sub
+            .endpoint_health()
             .filter(|h| h.state != crate::delivery::health::HealthState::Closed)
         {
             props.insert("endpointHealth".into(), super::deadletters::health_json(&h));
@@ -85,7 +84,7 @@ pub(super) async fn list(
     let mut subs: Vec<_> = entry
         .subscriptions()
         .iter()
-        .map(|e| e.shared.config().sub.clone())
+        .map(|e| e.config().sub.clone())
         .collect();
     subs.sort_by_key(|s| s.name.to_ascii_lowercase());
     Ok(Json(Value::Array(

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::delivery::retry::DropReason;
+use crate::metrics::SubscriptionMetrics;
 
 impl Broker {
     /// Prometheus text exposition of every metric.
@@ -11,7 +12,7 @@ impl Broker {
         let names: Vec<String> = topics.iter().map(|t| t.topic().name).collect();
         let mut out = String::with_capacity(4096);
         write_topic_families(&mut out, &topics, &names);
-        let subs: Vec<(String, Arc<SubEntry>)> = topics
+        let subs: Vec<(String, Arc<SubscriptionHandle>)> = topics
             .iter()
             .zip(&names)
             .flat_map(|(t, n)| {
@@ -129,58 +130,58 @@ fn write_topic_families(out: &mut String, topics: &[Arc<TopicEntry>], names: &[S
 }
 
 /// Subscription counters and gauges: one series per subscription.
-fn write_subscription_families(out: &mut String, subs: &[(String, Arc<SubEntry>)]) {
-    type SubPick = fn(&SubShared) -> u64;
+fn write_subscription_families(out: &mut String, subs: &[(String, Arc<SubscriptionHandle>)]) {
+    type SubPick = fn(&SubscriptionHandle) -> u64;
     let counters: [(&str, &str, &str, SubPick); 7] = [
         (
             "DeliverySuccessCounts",
             "counter",
             "Events delivered",
-            |s| s.metrics.delivery_success_counts.get(),
+            |s| s.metrics().delivery_success_counts.get(),
         ),
         (
             "DeliveryFailureCounts",
             "counter",
             "Events whose delivery attempt failed",
-            |s| s.metrics.delivery_failure_counts.get(),
+            |s| s.metrics().delivery_failure_counts.get(),
         ),
         (
             "DeliveryAttemptsCount",
             "counter",
             "Delivery attempts (per event)",
-            |s| s.metrics.delivery_attempts_count.get(),
+            |s| s.metrics().delivery_attempts_count.get(),
         ),
         (
             "ExpiredCounts",
             "counter",
             "Events dropped for time to live or max delivery attempts",
-            |s| s.metrics.expired_counts.get(),
+            |s| s.metrics().expired_counts.get(),
         ),
         (
             "gridlet_enqueued_events_total",
             "counter",
             "Events accepted into the subscription's queue",
-            |s| s.metrics.enqueued.get(),
+            |s| s.metrics().enqueued.get(),
         ),
         (
             "gridlet_pending_events",
             "gauge",
             "Events accepted and not yet settled",
-            |s| s.queue().pending() as u64,
+            |s| s.pending() as u64,
         ),
         (
             "gridlet_in_flight_requests",
             "gauge",
             "Delivery requests in flight",
-            |s| s.queue().in_flight() as u64,
+            |s| s.in_flight() as u64,
         ),
     ];
     for (name, kind, help, pick) in counters {
         let series: Vec<Series<'_>> = subs
             .iter()
             .map(|(t, s)| Series {
-                labels: vec![("topic", t.as_str()), ("subscription", &s.shared.name)],
-                value: SeriesValue::Number(pick(&s.shared)),
+                labels: vec![("topic", t.as_str()), ("subscription", s.name())],
+                value: SeriesValue::Number(pick(s)),
             })
             .collect();
         metrics::write_family(out, name, kind, help, &series);
@@ -188,17 +189,17 @@ fn write_subscription_families(out: &mut String, subs: &[(String, Arc<SubEntry>)
 }
 
 /// Drops by reason, and the subscription latency histograms.
-fn write_dropped_and_latencies(out: &mut String, subs: &[(String, Arc<SubEntry>)]) {
+fn write_dropped_and_latencies(out: &mut String, subs: &[(String, Arc<SubscriptionHandle>)]) {
     let dropped: Vec<Series<'_>> = subs
         .iter()
         .flat_map(|(t, s)| {
             DropReason::ALL.into_iter().map(move |reason| Series {
                 labels: vec![
                     ("topic", t.as_str()),
-                    ("subscription", &s.shared.name),
+                    ("subscription", s.name()),
                     ("reason", reason.as_str()),
                 ],
-                value: SeriesValue::Number(dropped(&s.shared.metrics, reason)),
+                value: SeriesValue::Number(dropped(s.metrics(), reason)),
             })
         })
         .collect();
@@ -231,8 +232,8 @@ fn write_dropped_and_latencies(out: &mut String, subs: &[(String, Arc<SubEntry>)
         let series: Vec<Series<'_>> = subs
             .iter()
             .map(|(t, s)| Series {
-                labels: vec![("topic", t.as_str()), ("subscription", &s.shared.name)],
-                value: SeriesValue::Histogram(pick(&s.shared.metrics)),
+                labels: vec![("topic", t.as_str()), ("subscription", s.name())],
+                value: SeriesValue::Histogram(pick(s.metrics())),
             })
             .collect();
         metrics::write_family(out, name, "histogram", help, &series);

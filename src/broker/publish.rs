@@ -2,25 +2,27 @@
 //! rejected whole).
 //!
 //! 1. [`route`] every event through every subscription's compiled filter;
-//! 2. [`Broker::admit`]: each matching in-memory subscription's bound and the memory bound
-//!    (full → 503 + Retry-After, or dead letters under `queueFullPolicy=deadLetter`);
+//! 2. [`Broker::admit`]: each matching subscription reserves its places
+//!    ([`SubscriptionHandle::reserve`]: an in-memory subscription within its bound), and the
+//!    memory bound is checked (full → 503 + Retry-After, or dead letters under
+//!    `queueFullPolicy=deadLetter`);
 //! 3. [`persist`] the copies for **persisted** subscriptions (append + group commit); only then
-//! 4. [`enqueue`] into the in-memory queues and wake the dispatchers.
+//! 4. [`Broker::enqueue`] into the reserved places ([`SubscriptionHandle::enqueue`], which
+//!    wakes the dispatchers).
 //!
 //! Cancel safety: steps 3 and 4 run in their own task, so a client that hangs up while the
 //! commit is under way cannot leave an event durable but not queued (it would wait for a
 //! restart, or expire). The request only waits for that task.
 
-use super::{store_err, Broker, SubEntry, TopicEntry};
-use crate::delivery::dispatcher::{SubConfig, SubShared};
-use crate::delivery::queue::{EventData, Pending};
+use super::{store_err, Broker, TopicEntry};
+use crate::delivery::payload::EventData;
+use crate::delivery::subscription::{Reservation, SubConfig, SubscriptionHandle};
 use crate::error::ApiError;
 use crate::model::event::IncomingEvent;
 use crate::store::{RetryState, Store, StoredEvent};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// Where each event of a request goes.
 struct Routes {
@@ -36,6 +38,26 @@ struct Routes {
 
 /// One shared payload per matched event, with its sequence number (`None`: matched nowhere).
 type Payloads = Vec<Option<(u64, Arc<EventData>)>>;
+
+/// What admission decided for one subscription's copies of a request.
+enum Admitted {
+    /// Nothing matched it.
+    Nothing,
+    /// Places reserved in its queue.
+    Queue(Reservation),
+    /// It is full and `queueFullPolicy=deadLetter`: its copies become dead letters.
+    Overflow,
+}
+
+/// The routed copies of subscription `r`'s events with their sequence numbers.
+fn routed<'a>(
+    r: &'a [usize],
+    payloads: &'a Payloads,
+) -> impl Iterator<Item = (u64, &'a Arc<EventData>)> {
+    r.iter()
+        .filter_map(|&i| payloads.get(i).and_then(Option::as_ref))
+        .map(|(seq, data)| (*seq, data))
+}
 
 /// Route every event through every subscription's filter.
 fn route(configs: &[Arc<SubConfig>], events: &[IncomingEvent]) -> Routes {
@@ -68,7 +90,7 @@ fn route(configs: &[Arc<SubConfig>], events: &[IncomingEvent]) -> Routes {
 /// Append the copies for persisted subscriptions and wait until they are durable.
 async fn persist(
     store: &dyn Store,
-    subs: &[Arc<SubEntry>],
+    subs: &[Arc<SubscriptionHandle>],
     configs: &[Arc<SubConfig>],
     routes: &Routes,
     payloads: &Payloads,
@@ -79,12 +101,12 @@ async fn persist(
         if !cfg.sub.persisted {
             continue;
         }
-        for &i in r {
-            if let Some(Some((seq, data))) = payloads.get(i) {
+        for (seq, data) in routed(r, payloads) {
+            {
                 durable.push((
-                    sub.shared.queue_id,
+                    sub.queue_id(),
                     StoredEvent {
-                        seq: *seq,
+                        seq,
                         id: data.id.to_string(),
                         body: data.body.clone(),
                         state: RetryState {
@@ -121,10 +143,10 @@ impl Broker {
             return Ok(());
         }
         let subs = entry.subscriptions();
-        let configs: Vec<_> = subs.iter().map(|s| s.shared.config()).collect();
+        let configs: Vec<_> = subs.iter().map(|s| s.config()).collect();
         let routes = route(&configs, &events);
         entry.metrics.unmatched_events.add(routes.unmatched);
-        let full = self.admit(&subs, &configs, &routes)?;
+        let admitted = self.admit(&subs, &configs, &routes)?;
         let payloads = self.payloads(&routes, events);
         let now_ms = self.inner.ctx.clock.now_ms();
         let broker = self.clone();
@@ -132,7 +154,7 @@ impl Broker {
         let commit_and_enqueue = async move {
             let store = broker.inner.ctx.store.clone();
             persist(&*store, &subs, &configs, &routes, &payloads, now_ms).await?;
-            broker.enqueue(&subs, &routes, &full, &payloads, now_ms);
+            broker.enqueue(&subs, &routes, admitted, &payloads, now_ms);
             Ok(())
         };
         tokio::spawn(commit_and_enqueue)
@@ -140,35 +162,38 @@ impl Broker {
             .map_err(|e| ApiError::internal(&e))?
     }
 
-    /// Check the bounds of in-memory queues. Returns, per subscription, whether its copies go
-    /// to dead letters because it is full (`queueFullPolicy=deadLetter`).
+    /// Reserve each matching subscription's places, within the bounds of in-memory queues.
+    /// A full subscription's copies go to dead letters under `queueFullPolicy=deadLetter`.
+    /// On error every reservation made so far is given back (dropped).
     fn admit(
         &self,
-        subs: &[Arc<SubEntry>],
+        subs: &[Arc<SubscriptionHandle>],
         configs: &[Arc<SubConfig>],
         routes: &Routes,
-    ) -> Result<Vec<bool>, ApiError> {
+    ) -> Result<Vec<Admitted>, ApiError> {
         let max_pending = self.inner.cfg.broker.max_pending_events_per_subscription;
         let overflow_to_dead_letters = self.inner.cfg.resilience.queue_full_policy
             == crate::delivery::policy::QueueFullPolicy::DeadLetter;
-        let mut full = vec![false; subs.len()];
-        for (((sub, cfg), r), full) in subs.iter().zip(configs).zip(&routes.per_sub).zip(&mut full)
-        {
-            if r.is_empty() || cfg.sub.persisted {
+        let mut admitted = Vec::with_capacity(subs.len());
+        for ((sub, cfg), r) in subs.iter().zip(configs).zip(&routes.per_sub) {
+            if r.is_empty() {
+                admitted.push(Admitted::Nothing);
                 continue;
             }
-            if !self.has_room(&sub.shared, r.len()) {
-                if overflow_to_dead_letters {
-                    *full = true;
-                    continue;
+            let bound = (!cfg.sub.persisted).then_some(max_pending);
+            match sub.reserve(r.len(), bound) {
+                Ok(places) => admitted.push(Admitted::Queue(places)),
+                Err(_) if overflow_to_dead_letters => admitted.push(Admitted::Overflow),
+                Err(_) => {
+                    return Err(ApiError::unavailable(
+                        format!(
+                            "subscription '{}' has {} pending events (broker__maxPendingEventsPerSubscription); retry later",
+                            sub.name(),
+                            max_pending
+                        ),
+                        Duration::from_secs(10),
+                    ))
                 }
-                return Err(ApiError::unavailable(
-                    format!(
-                        "subscription '{}' has {} pending events (broker__maxPendingEventsPerSubscription); retry later",
-                        sub.shared.name, max_pending
-                    ),
-                    Duration::from_secs(10),
-                ));
             }
         }
         // Bytes held in memory for delivery, all subscriptions together. Only a publish that
@@ -189,7 +214,7 @@ impl Broker {
                 Duration::from_secs(10),
             ));
         }
-        Ok(full)
+        Ok(admitted)
     }
 
     /// One shared payload per matched event, with one sequence number each.
@@ -224,55 +249,25 @@ impl Broker {
         payloads
     }
 
-    /// Push the routed copies into the in-memory queues (or dead letters, for a full
-    /// subscription) and wake the dispatchers.
+    /// Push the routed copies into their reserved places (or dead letters, for a full
+    /// subscription); the handles wake the dispatchers.
     fn enqueue(
         &self,
-        subs: &[Arc<SubEntry>],
+        subs: &[Arc<SubscriptionHandle>],
         routes: &Routes,
-        full: &[bool],
+        admitted: Vec<Admitted>,
         payloads: &Payloads,
         now_ms: u64,
     ) {
-        let now = Instant::now();
-        for ((sub, r), full) in subs.iter().zip(&routes.per_sub).zip(full) {
-            if r.is_empty() {
-                continue;
-            }
-            if *full {
-                self.dead_letter_overflow(&sub.shared, r, payloads, now_ms, now);
-                continue;
-            }
-            // A dispatcher with every slot taken picks up new events when a send completes:
-            // waking it now would be wasted work (10 hanging endpoints = 10 idle wake-ups per
-            // publish).
-            let slot_free = {
-                let mut q = sub.shared.queue();
-                for &i in r {
-                    if let Some(Some((seq, data))) = payloads.get(i) {
-                        q.push(Pending {
-                            seq: *seq,
-                            event: data.clone(),
-                            attempts: 0,
-                            first_enqueued_ms: now_ms,
-                            enqueued_at: now,
-                        });
-                    }
+        for ((sub, r), admitted) in subs.iter().zip(&routes.per_sub).zip(admitted) {
+            match admitted {
+                Admitted::Nothing => {}
+                Admitted::Queue(places) => {
+                    sub.enqueue(places, routed(r, payloads), now_ms);
                 }
-                q.in_flight() < self.inner.ctx.max_in_flight
-            };
-            sub.shared.metrics.enqueued.add(r.len() as u64);
-            if slot_free {
-                sub.shared.notify.notify_one();
+                Admitted::Overflow => sub.dead_letter_overflow(routed(r, payloads), now_ms),
             }
         }
-    }
-
-    /// Whether an in-memory subscription's queue takes `events` more
-    /// (`broker__maxPendingEventsPerSubscription`). The one check for publish and replay.
-    pub(super) fn has_room(&self, shared: &SubShared, events: usize) -> bool {
-        let max_pending = self.inner.cfg.broker.max_pending_events_per_subscription;
-        shared.queue().pending() + events <= max_pending
     }
 
     /// Whether `bytes` more fit under `broker__maxPendingBytes`. The one check for publish and

@@ -55,92 +55,6 @@ impl Broker {
         Ok(broker)
     }
 
-    /// Restore a persisted subscription's queue from the store's index (sequence numbers and
-    /// retry states, no bodies): events waiting for their first attempt are queued by sequence
-    /// number only and enter the delivery window as it drains (their bodies are read then);
-    /// events waiting for a retry are read now and keep their due time.
-    fn restore_events(&self, shared: &SubShared) -> Result<(), StoreError> {
-        let store = &self.inner.ctx.store;
-        let index = store.pending_index(shared.queue_id)?;
-        let now_ms = self.inner.ctx.clock.now_ms();
-        let now = Instant::now();
-        let policy = shared.config().policy;
-        let mut expired = Vec::new();
-        let mut retries = Vec::new();
-        {
-            let mut q = shared.queue();
-            for (seq, state) in index {
-                // TTL counts from the first enqueue, across restarts: what expired while gridlet
-                // was down is dead-lettered (and counted) below rather than delivered late.
-                if crate::delivery::retry::is_expired(&policy, state.first_enqueued_ms, now_ms) {
-                    expired.push(seq);
-                } else if state.attempts == 0 {
-                    q.push_spilled(seq);
-                } else {
-                    retries.push((seq, state));
-                }
-            }
-        }
-        for chunk in retries.chunks(1024) {
-            let seqs: Vec<u64> = chunk.iter().map(|(s, _)| *s).collect();
-            let events = store.get(shared.queue_id, &seqs)?;
-            let mut q = shared.queue();
-            for ((_, state), e) in chunk.iter().zip(events) {
-                let Some(e) = e else { continue };
-                let wait = Duration::from_millis(state.due_ms.saturating_sub(now_ms));
-                q.push_recovered_retry(
-                    now + wait,
-                    Pending {
-                        seq: e.seq,
-                        event: Arc::new(EventData::new(
-                            e.body,
-                            e.id.into_boxed_str(),
-                            Some(&self.inner.ctx.pending_bytes),
-                        )),
-                        attempts: state.attempts,
-                        first_enqueued_ms: state.first_enqueued_ms,
-                        enqueued_at: now,
-                    },
-                );
-            }
-        }
-        // The dispatcher may already have looked at the empty queue and gone to sleep.
-        shared.notify.notify_one();
-        if !expired.is_empty() {
-            // TTL counts from the first enqueue, across restarts: what expired while gridlet was
-            // down is dead-lettered (and counted) now rather than delivered late. Bodies are read
-            // in chunks so a large expired backlog never sits in memory at once.
-            tracing::info!(topic = %shared.topic, subscription = %shared.name, events = expired.len(), reason = "TimeToLiveExceeded", "stored events expired while gridlet was stopped");
-            for chunk in expired.chunks(1024) {
-                let events = store.get(shared.queue_id, chunk)?;
-                let items: Vec<Pending> = events
-                    .into_iter()
-                    .flatten()
-                    .map(|e| Pending {
-                        seq: e.seq,
-                        event: Arc::new(EventData::new(
-                            e.body,
-                            e.id.into_boxed_str(),
-                            Some(&self.inner.ctx.pending_bytes),
-                        )),
-                        attempts: e.state.attempts,
-                        first_enqueued_ms: e.state.first_enqueued_ms,
-                        enqueued_at: now,
-                    })
-                    .collect();
-                // Counts them, keeps them as dead letters, then removes them from the store.
-                dispatcher::dead_letter(
-                    shared,
-                    &self.inner.ctx,
-                    &items,
-                    crate::delivery::retry::DropReason::TimeToLiveExceeded,
-                    None,
-                );
-            }
-        }
-        Ok(())
-    }
-
     /// Subscriptions from their stored records, each started (and its persisted events
     /// restored) under its topic.
     fn restore_subscriptions(
@@ -190,8 +104,8 @@ impl Broker {
                 }
             };
             let sub_entry = self.start_subscription(queue_id, sub);
-            if sub_entry.shared.config().sub.persisted {
-                self.restore_events(&sub_entry.shared)?;
+            if sub_entry.config().sub.persisted {
+                sub_entry.restore()?;
             }
             let mut list = (*entry.subscriptions()).clone();
             list.push(sub_entry);

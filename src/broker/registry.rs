@@ -15,27 +15,16 @@ impl Broker {
         }
     }
 
-    pub(super) fn start_subscription(&self, queue_id: u32, sub: Subscription) -> Arc<SubEntry> {
-        // A persisted subscription's backlog lives in the store; memory holds a window of it.
-        let queue = if sub.persisted {
-            SubQueue::windowed(Window::DEFAULT)
-        } else {
-            SubQueue::default()
-        };
-        let shared = Arc::new(SubShared {
+    pub(super) fn start_subscription(
+        &self,
+        queue_id: u32,
+        sub: Subscription,
+    ) -> Arc<SubscriptionHandle> {
+        Arc::new(SubscriptionHandle::start(
             queue_id,
-            topic: Arc::from(sub.topic.as_str()),
-            name: Arc::from(sub.name.as_str()),
-            config: RwLock::new(Arc::new(self.sub_config(sub))),
-            queue: Mutex::new(queue),
-            notify: Default::default(),
-            metrics: SubscriptionMetrics::default(),
-        });
-        let task = dispatcher::spawn(shared.clone(), self.inner.ctx.clone());
-        Arc::new(SubEntry {
-            shared,
-            _task: task,
-        })
+            self.sub_config(sub),
+            &self.inner.ctx,
+        ))
     }
 
     /// The configuration in force.
@@ -131,9 +120,9 @@ impl Broker {
             self.inner
                 .ctx
                 .store
-                .delete_subscription(sub.shared.queue_id)
+                .delete_subscription(sub.queue_id())
                 .map_err(store_err)?;
-            self.forget_dead_letters(sub.shared.queue_id);
+            self.forget_dead_letters(sub.queue_id());
         }
         self.inner.ctx.store.delete_topic(&key).map_err(store_err)?;
         write(&entry.subs, Arc::new(Vec::new()));
@@ -161,8 +150,8 @@ impl Broker {
         let sub = Subscription::from_put(&topic, name, body, &self.inner.cfg, &DESTINATIONS)?;
         let subs = entry.subscriptions();
         let key = names::key(name);
-        if let Some(existing) = subs.iter().find(|s| names::key(&s.shared.name) == key) {
-            let old = existing.shared.config();
+        if let Some(existing) = subs.iter().find(|s| names::key(s.name()) == key) {
+            let old = existing.config();
             if old.sub.persisted != sub.persisted {
                 return Err(ApiError::bad_request(
                     "PersistencePolicyImmutable",
@@ -174,9 +163,9 @@ impl Broker {
             self.inner
                 .ctx
                 .store
-                .put_subscription(&topic.name, existing.shared.queue_id, &sub.to_record())
+                .put_subscription(&topic.name, existing.queue_id(), &sub.to_record())
                 .map_err(store_err)?;
-            existing.shared.set_config(self.sub_config(sub.clone()));
+            existing.set_config(self.sub_config(sub.clone()));
             return Ok(sub);
         }
         if subs.len() >= self.inner.cfg.broker.max_subscriptions_per_topic {
@@ -202,12 +191,12 @@ impl Broker {
     }
 
     /// Find a subscription.
-    pub fn subscription(&self, topic: &str, name: &str) -> Option<Arc<SubEntry>> {
+    pub fn subscription(&self, topic: &str, name: &str) -> Option<Arc<SubscriptionHandle>> {
         let key = names::key(name);
         self.topic(topic)?
             .subscriptions()
             .iter()
-            .find(|s| names::key(&s.shared.name) == key)
+            .find(|s| names::key(s.name()) == key)
             .cloned()
     }
 
@@ -222,17 +211,17 @@ impl Broker {
         let subs = entry.subscriptions();
         let found = subs
             .iter()
-            .find(|s| names::key(&s.shared.name) == key)
+            .find(|s| names::key(s.name()) == key)
             .ok_or_else(|| subscription_not_found(topic, name))?;
         self.inner
             .ctx
             .store
-            .delete_subscription(found.shared.queue_id)
+            .delete_subscription(found.queue_id())
             .map_err(store_err)?;
-        self.forget_dead_letters(found.shared.queue_id);
+        self.forget_dead_letters(found.queue_id());
         let list: Vec<_> = subs
             .iter()
-            .filter(|s| names::key(&s.shared.name) != key)
+            .filter(|s| names::key(s.name()) != key)
             .cloned()
             .collect();
         write(&entry.subs, Arc::new(list));

@@ -7,14 +7,13 @@
 
 use super::{store_err, Broker};
 use crate::delivery::deadletter::DeadLetter;
-use crate::delivery::dispatcher::SubShared;
-use crate::delivery::queue::{EventData, Pending};
+use crate::delivery::payload::EventData;
+use crate::delivery::subscription::SubscriptionHandle;
 use crate::error::ApiError;
 use crate::store::{RetryState, StoredEvent};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::Instant;
 
 impl Broker {
     /// Put dead letters back into the subscription's queue as new events (fresh attempts and
@@ -34,25 +33,24 @@ impl Broker {
         name: &str,
         ids: Option<Vec<u64>>,
     ) -> Result<usize, ApiError> {
-        let shared = self.entry(topic, name)?.shared.clone();
+        let sub = self.entry(topic, name)?;
         let broker = self.clone();
         // Runs to completion even when the caller stops waiting (see the module docs).
-        tokio::spawn(async move { broker.replay_into(&shared, ids).await })
+        tokio::spawn(async move { broker.replay_into(&sub, ids).await })
             .await
             .map_err(|e| ApiError::internal(&e))?
     }
 
-    /// The replay itself (see [`Broker::replay_dead_letters`]).
+    /// The replay itself (see [`Broker::replay_dead_letters`]): the letters are peeked, their
+    /// places reserved in the queue (an in-memory subscription within its bound), then they are
+    /// taken (in memory) or persisted and taken (persisted), and queued.
     async fn replay_into(
         &self,
-        shared: &SubShared,
+        sub: &SubscriptionHandle,
         ids: Option<Vec<u64>>,
     ) -> Result<usize, ApiError> {
         let ctx = &self.inner.ctx;
-        let persisted = shared.config().sub.persisted;
-        if !persisted {
-            self.check_replay_room(shared, ids.as_deref())?;
-        }
+        let persisted = sub.config().sub.persisted;
         let _replaying = if persisted {
             Some(self.inner.replays.lock().await)
         } else {
@@ -60,57 +58,42 @@ impl Broker {
         };
         let mut letters = ctx
             .dead_letters
-            .peek(shared.queue_id, ids.as_deref())
+            .peek(sub.queue_id(), ids.as_deref())
             .map_err(store_err)?;
-        if !persisted && !letters.is_empty() {
-            letters = self.take_for_memory(shared, &letters)?;
-        }
         if letters.is_empty() {
             return Ok(0);
         }
-        let now_ms = ctx.clock.now_ms();
-        let items = self.replayed_items(&letters, now_ms);
-        if persisted {
-            self.persist_replayed(shared, &letters, &items, now_ms)
-                .await?;
-        }
-        let n = items.len();
-        {
-            let mut q = shared.queue();
-            for p in items {
-                q.push(p);
-            }
-        }
-        shared.metrics.enqueued.add(n as u64);
-        shared.metrics.dead_letters_replayed.add(n as u64);
-        shared.notify.notify_one();
-        tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, "dead letters replayed");
-        Ok(n)
-    }
-
-    /// An in-memory subscription's queue must have room for every wanted letter.
-    fn check_replay_room(&self, shared: &SubShared, ids: Option<&[u64]>) -> Result<(), ApiError> {
-        let wanted = match ids {
-            Some(v) => v.len(),
-            None => self.inner.ctx.dead_letters.count(shared.queue_id),
-        };
-        if !self.has_room(shared, wanted) {
-            return Err(ApiError::unavailable(
+        let bound =
+            (!persisted).then_some(self.inner.cfg.broker.max_pending_events_per_subscription);
+        let places = sub.reserve(letters.len(), bound).map_err(|_| {
+            ApiError::unavailable(
                 format!(
-                    "subscription '{}' has no room for {wanted} more events (broker__maxPendingEventsPerSubscription); replay fewer or later",
-                    shared.name
+                    "subscription '{}' has no room for {} more events (broker__maxPendingEventsPerSubscription); replay fewer or later",
+                    sub.name(),
+                    letters.len()
                 ),
                 Duration::from_secs(10),
-            ));
+            )
+        })?;
+        if !persisted {
+            letters = self.take_for_memory(sub, &letters)?;
         }
-        Ok(())
+        let now_ms = ctx.clock.now_ms();
+        let events = self.replayed_events(&letters);
+        if persisted {
+            self.persist_replayed(sub, &letters, &events, now_ms)
+                .await?;
+        }
+        let n = sub.replay(places, &events, now_ms);
+        tracing::info!(topic = %sub.config().sub.topic, subscription = %sub.name(), events = n, "dead letters replayed");
+        Ok(n)
     }
 
     /// Replayed into memory: within `broker__maxPendingBytes`, like a publish; the letters are
     /// taken (removed) at once.
     fn take_for_memory(
         &self,
-        shared: &SubShared,
+        sub: &SubscriptionHandle,
         letters: &[DeadLetter],
     ) -> Result<Vec<DeadLetter>, ApiError> {
         let ctx = &self.inner.ctx;
@@ -130,26 +113,23 @@ impl Broker {
         }
         let ids: Vec<u64> = letters.iter().map(|l| l.id).collect();
         ctx.dead_letters
-            .take(shared.queue_id, Some(&ids))
+            .take(sub.queue_id(), Some(&ids))
             .map_err(store_err)
     }
 
-    /// New queue entries (fresh sequence numbers, attempts and time to live) for `letters`.
-    fn replayed_items(&self, letters: &[DeadLetter], now_ms: u64) -> Vec<Pending> {
+    /// New payloads, with fresh sequence numbers, for `letters`.
+    fn replayed_events(&self, letters: &[DeadLetter]) -> Vec<(u64, Arc<EventData>)> {
         let ctx = &self.inner.ctx;
-        let now = Instant::now();
         letters
             .iter()
-            .map(|l| Pending {
-                seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
-                event: Arc::new(EventData::new(
+            .map(|l| {
+                let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+                let data = EventData::new(
                     l.body.clone(),
                     l.event_id.clone().into_boxed_str(),
                     Some(&ctx.pending_bytes),
-                )),
-                attempts: 0,
-                first_enqueued_ms: now_ms,
-                enqueued_at: now,
+                );
+                (seq, Arc::new(data))
             })
             .collect()
     }
@@ -157,21 +137,21 @@ impl Broker {
     /// Append and commit the replayed events, then remove their letters.
     async fn persist_replayed(
         &self,
-        shared: &SubShared,
+        sub: &SubscriptionHandle,
         letters: &[DeadLetter],
-        items: &[Pending],
+        events: &[(u64, Arc<EventData>)],
         now_ms: u64,
     ) -> Result<(), ApiError> {
         let ctx = &self.inner.ctx;
-        let durable: Vec<_> = items
+        let durable: Vec<_> = events
             .iter()
-            .map(|p| {
+            .map(|(seq, data)| {
                 (
-                    shared.queue_id,
+                    sub.queue_id(),
                     StoredEvent {
-                        seq: p.seq,
-                        id: p.event.id.to_string(),
-                        body: p.event.body.clone(),
+                        seq: *seq,
+                        id: data.id.to_string(),
+                        body: data.body.clone(),
                         state: RetryState {
                             attempts: 0,
                             first_enqueued_ms: now_ms,
@@ -184,9 +164,9 @@ impl Broker {
         // On failure the letters were never taken: they stay dead letters.
         ctx.store.append_commit(durable).await.map_err(store_err)?;
         let ids: Vec<u64> = letters.iter().map(|l| l.id).collect();
-        if let Err(e) = ctx.dead_letters.take(shared.queue_id, Some(&ids)) {
+        if let Err(e) = ctx.dead_letters.take(sub.queue_id(), Some(&ids)) {
             // The events are queued and durable; the letters stay listed as well.
-            tracing::error!(subscription = %shared.name, error = %e, "replayed dead letters could not be removed");
+            tracing::error!(subscription = %sub.name(), error = %e, "replayed dead letters could not be removed");
         }
         Ok(())
     }

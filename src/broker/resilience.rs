@@ -1,19 +1,17 @@
 //! The broker's resilience operations: endpoint health per subscription, dead letters (list,
 //! purge; replay is in `replay.rs`), dead-letter webhooks, and their metrics. Kept apart from the publish path.
 
-use super::{store_err, subscription_not_found, topic_not_found, Broker, SubEntry};
+use super::{store_err, subscription_not_found, topic_not_found, Broker};
 use crate::delivery::deadletter::DeadLetter;
-use crate::delivery::dispatcher::SubShared;
 use crate::delivery::health::{EndpointHealth, HealthSnapshot};
-use crate::delivery::queue::{EventData, Pending};
 use crate::delivery::sink::Sink;
+use crate::delivery::subscription::SubscriptionHandle;
 use crate::error::ApiError;
 use crate::metrics::{self, Series, SeriesValue};
 use crate::model::delivery_options::DeliveryOptions;
 use crate::model::subscription::Subscription;
 use crate::store::QueueId;
 use std::sync::Arc;
-use tokio::time::Instant;
 
 /// Most dead letters one list call returns.
 pub const MAX_PAGE: usize = 1000;
@@ -38,53 +36,20 @@ impl Broker {
         Some(self.inner.sinks.create(&dl))
     }
 
-    /// A full in-memory subscription's copies of a publish go straight to dead letters
-    /// (`broker__queueFullPolicy = deadLetter`). Counted as enqueued and dropped, so the
-    /// accounting identity holds.
-    pub(super) fn dead_letter_overflow(
-        &self,
-        shared: &SubShared,
-        route: &[usize],
-        payloads: &[Option<(u64, Arc<EventData>)>],
-        now_ms: u64,
-        now: Instant,
-    ) {
-        let items: Vec<Pending> = route
-            .iter()
-            .filter_map(|&i| payloads.get(i).and_then(Option::as_ref))
-            .map(|(seq, data)| Pending {
-                seq: *seq,
-                event: data.clone(),
-                attempts: 0,
-                first_enqueued_ms: now_ms,
-                enqueued_at: now,
-            })
-            .collect();
-        shared.metrics.enqueued.add(items.len() as u64);
-        crate::delivery::dispatcher::dead_letter(
-            shared,
-            &self.inner.ctx,
-            &items,
-            crate::delivery::retry::DropReason::QueueFull,
-            None,
-        );
-    }
-
     pub(super) fn forget_dead_letters(&self, queue: QueueId) {
         if let Err(e) = self.inner.ctx.dead_letters.delete_queue(queue) {
             tracing::error!(error = %e, "could not delete a subscription's dead letters");
         }
     }
 
-    pub(super) fn entry(&self, topic: &str, name: &str) -> Result<Arc<SubEntry>, ApiError> {
+    pub(super) fn entry(
+        &self,
+        topic: &str,
+        name: &str,
+    ) -> Result<Arc<SubscriptionHandle>, ApiError> {
         self.topic(topic).ok_or_else(|| topic_not_found(topic))?;
         self.subscription(topic, name)
             .ok_or_else(|| subscription_not_found(topic, name))
-    }
-
-    /// The health of a subscription's destination, when tracked.
-    pub fn endpoint_health(&self, shared: &SubShared) -> Option<HealthSnapshot> {
-        shared.config().health.as_ref().map(|h| h.snapshot())
     }
 
     /// Re-enable a subscription's destination (disabled or frozen).
@@ -93,7 +58,7 @@ impl Broker {
     /// 404 for an unknown topic/subscription; 400 when its destination's health is not tracked.
     pub fn enable_endpoint(&self, topic: &str, name: &str) -> Result<HealthSnapshot, ApiError> {
         let e = self.entry(topic, name)?;
-        let cfg = e.shared.config();
+        let cfg = e.config();
         let h = cfg.health.as_ref().ok_or_else(|| {
             ApiError::bad_request(
                 "EndpointHealthNotTracked",
@@ -101,7 +66,7 @@ impl Broker {
             )
         })?;
         h.enable(self.inner.ctx.clock.now_ms());
-        e.shared.notify.notify_one();
+        e.wake();
         Ok(h.snapshot())
     }
 
@@ -120,7 +85,7 @@ impl Broker {
         self.inner
             .ctx
             .dead_letters
-            .list(e.shared.queue_id, after, limit.min(MAX_PAGE))
+            .list(e.queue_id(), after, limit.min(MAX_PAGE))
             .map_err(store_err)
     }
 
@@ -139,7 +104,7 @@ impl Broker {
             .inner
             .ctx
             .dead_letters
-            .take(e.shared.queue_id, ids)
+            .take(e.queue_id(), ids)
             .map_err(store_err)?
             .len();
         Ok(n)
@@ -149,54 +114,54 @@ impl Broker {
     pub(super) fn render_resilience_metrics(
         &self,
         out: &mut String,
-        subs: &[(String, Arc<SubEntry>)],
+        subs: &[(String, Arc<SubscriptionHandle>)],
     ) {
         let ctx = &self.inner.ctx;
-        type Pick = fn(&Broker, &SubShared) -> Option<u64>;
+        type Pick = fn(&Broker, &SubscriptionHandle) -> Option<u64>;
         let families: [(&str, &str, &str, Pick); 6] = [
             (
                 "gridlet_dead_lettered_events_total",
                 "counter",
                 "Events kept as dead letters",
-                |_, s| Some(s.metrics.dead_lettered.get()),
+                |_, s| Some(s.metrics().dead_lettered.get()),
             ),
             (
                 "gridlet_dead_letters_evicted_total",
                 "counter",
                 "Dead letters evicted to stay within broker__deadLetter__maxEventsPerSubscription",
-                |_, s| Some(s.metrics.dead_letters_evicted.get()),
+                |_, s| Some(s.metrics().dead_letters_evicted.get()),
             ),
             (
                 "gridlet_dead_letters_replayed_total",
                 "counter",
                 "Dead letters replayed through the API",
-                |_, s| Some(s.metrics.dead_letters_replayed.get()),
+                |_, s| Some(s.metrics().dead_letters_replayed.get()),
             ),
             (
                 "gridlet_dead_letters",
                 "gauge",
                 "Dead letters currently kept",
-                |b, s| Some(b.inner.ctx.dead_letters.count(s.queue_id) as u64),
+                |b, s| Some(b.inner.ctx.dead_letters.count(s.queue_id()) as u64),
             ),
             (
                 "gridlet_endpoint_health_state",
                 "gauge",
                 "Destination health: 0 enabled, 1 disabled (probed), 2 frozen",
-                |b, s| b.endpoint_health(s).map(|h| h.state.gauge()),
+                |_, s| s.endpoint_health().map(|h| h.state.gauge()),
             ),
             (
                 "gridlet_endpoint_consecutive_failures",
                 "gauge",
                 "Consecutive failed attempts to the destination URL",
-                |b, s| b.endpoint_health(s).map(|h| h.consecutive_failures),
+                |_, s| s.endpoint_health().map(|h| h.consecutive_failures),
             ),
         ];
         for (name, kind, help, pick) in families {
             let series: Vec<Series<'_>> = subs
                 .iter()
                 .filter_map(|(t, s)| {
-                    pick(self, &s.shared).map(|v| Series {
-                        labels: vec![("topic", t.as_str()), ("subscription", &s.shared.name)],
+                    pick(self, s).map(|v| Series {
+                        labels: vec![("topic", t.as_str()), ("subscription", s.name())],
                         value: SeriesValue::Number(v),
                     })
                 })

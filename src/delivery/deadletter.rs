@@ -58,7 +58,7 @@ pub struct Forwarder {
     tx: mpsc::Sender<Forward>,
     /// Counters.
     pub stats: Arc<ForwardStats>,
-    _task: super::dispatcher::AbortOnDrop,
+    _task: crate::sync::AbortOnDrop,
 }
 
 impl Forwarder {
@@ -70,7 +70,7 @@ impl Forwarder {
         Self {
             tx,
             stats,
-            _task: super::dispatcher::AbortOnDrop(task),
+            _task: crate::sync::AbortOnDrop(task),
         }
     }
 

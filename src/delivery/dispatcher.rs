@@ -14,158 +14,25 @@
 //! per interval, a frozen one nothing; its events still expire by TTL. Events that leave
 //! undelivered become dead letters ([`super::deadletter`]).
 
-use super::deadletter::{DeadLetter, DeadLetterStore, Forward, Forwarder};
-use super::health::{Admission, EndpointHealth, HealthConfig, HealthRegistry};
+use super::deadletter::{DeadLetter, Forward};
+use super::engine::{EngineCtx, Running};
+use super::health::Admission;
 use super::policy;
-use super::queue::{Batch, EventData, Limits, Pending, SubQueue};
+use super::queue::{Batch, EventData, Limits, Pending};
 use super::retry::{self, DropReason, Step};
 use super::sink::{DeliveryRequest, Outcome, Sink};
-use crate::clock::Clock;
-use crate::metrics::SubscriptionMetrics;
-use crate::model::subscription::{EffectivePolicy, Subscription};
+use super::subscription::{SubConfig, SubShared};
 use crate::store::{QueueId, RetryState, Store, StoreError, StoredEvent};
-use std::sync::{Arc, Mutex, RwLock};
+use crate::sync::AbortOnDrop;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-/// Everything about a subscription that a PUT may change, swapped as a whole.
-pub struct SubConfig {
-    /// The subscription as created/updated.
-    pub sub: Subscription,
-    /// Retry limits in force.
-    pub policy: EffectivePolicy,
-    /// Batch caps `(events, bytes)`.
-    pub caps: (usize, usize),
-    /// Where batches go.
-    pub sink: Arc<dyn Sink>,
-    /// The destination URL's health tracker (HTTP destinations, health tracking on).
-    pub health: Option<Arc<EndpointHealth>>,
-    /// Where dead letters are also posted (`deadLetterDestination`).
-    pub dead_letter_sink: Option<Arc<dyn Sink>>,
-}
-
-/// Broker-wide pieces every dispatcher uses.
-pub struct EngineCtx {
-    /// Clock (wall ms for TTL, tokio time for timers).
-    pub clock: Clock,
-    /// Durable copy of persisted subscriptions' events.
-    pub store: Arc<dyn Store>,
-    /// Broker-wide in-flight bound.
-    pub global: Arc<Semaphore>,
-    /// Per-subscription in-flight bound.
-    pub max_in_flight: usize,
-    /// Log each successful delivery.
-    pub log_success: bool,
-    /// Endpoint health thresholds.
-    pub health_cfg: HealthConfig,
-    /// Endpoint health by URL.
-    pub health: HealthRegistry,
-    /// Dead letters.
-    pub dead_letters: Arc<dyn DeadLetterStore>,
-    /// Dead letters kept per subscription.
-    pub dead_letter_capacity: usize,
-    /// Posts dead letters to dead-letter webhooks.
-    pub forwarder: Forwarder,
-    /// Event payload bytes held in memory (`broker__maxPendingBytes`).
-    pub pending_bytes: Arc<super::queue::PendingBytes>,
-    /// Shutdown drain.
-    pub drain: Drain,
-}
-
-/// The shutdown drain. Once [`Drain::start`]ed, every subscription task sends nothing new,
-/// waits for its in-flight attempts, settles them (acknowledged events leave the store), and
-/// ends; [`Drain::running`] counts the tasks not yet ended.
-#[derive(Debug, Default)]
-pub struct Drain {
-    started: std::sync::atomic::AtomicBool,
-    running: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Drain {
-    /// Stop sending; tasks end once their in-flight attempts are settled (each task must also
-    /// be woken through its `notify`).
-    pub fn start(&self) {
-        self.started
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Subscription tasks still running.
-    pub fn running(&self) -> usize {
-        self.running.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    fn started(&self) -> bool {
-        self.started.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-/// Counts a running subscription task in [`Drain::running`] until dropped (ended or aborted).
-struct Running(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Running {
-    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
-        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        Self(count.clone())
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-/// State shared between the broker (publish, API) and the subscription's task.
-pub struct SubShared {
-    /// Store queue id.
-    pub queue_id: QueueId,
-    /// Topic name.
-    pub topic: Arc<str>,
-    /// Subscription name.
-    pub name: Arc<str>,
-    /// Current configuration.
-    pub config: RwLock<Arc<SubConfig>>,
-    /// The queue (short critical sections only, never across an await).
-    pub queue: Mutex<SubQueue>,
-    /// Wakes the task: new events, or a slot freed.
-    pub notify: Notify,
-    /// Metrics.
-    pub metrics: SubscriptionMetrics,
-}
-
-impl SubShared {
-    /// Current configuration snapshot.
-    pub fn config(&self) -> Arc<SubConfig> {
-        crate::sync::read(&self.config).clone()
-    }
-
-    /// Replace the configuration (PUT on an existing subscription).
-    pub fn set_config(&self, c: SubConfig) {
-        *crate::sync::write(&self.config) = Arc::new(c);
-        self.notify.notify_one();
-    }
-
-    /// Lock the queue. Every critical section is a few map operations with no await and no
-    /// panic path, so a poisoned lock still holds consistent data.
-    pub fn queue(&self) -> std::sync::MutexGuard<'_, SubQueue> {
-        crate::sync::lock(&self.queue)
-    }
-}
-
-/// Aborts a task when dropped (every task has an owner).
-pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Start the subscription's task.
-pub fn spawn(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) -> AbortOnDrop {
+pub(super) fn spawn(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) -> AbortOnDrop {
     let running = Running::new(&ctx.drain.running);
     AbortOnDrop(tokio::spawn(async move {
         let _running = running;
@@ -198,10 +65,15 @@ async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
             }
             continue;
         }
-        // A persisted subscription's window ran low: read the next spilled events' bodies.
+        // A persisted subscription's window ran low, or spilled retries fell due: read the
+        // next events' bodies from the store.
         let want = shared.queue().refill_wanted();
         if !want.is_empty() {
-            refill(&shared, &ctx, want).await;
+            refill(&shared, &ctx, Lane::Ready, want).await;
+        }
+        let due = shared.queue().retry_refill_wanted(Instant::now());
+        if !due.is_empty() {
+            refill(&shared, &ctx, Lane::Retry, due).await;
         }
         let mut wait_permit = false;
         // Sending held back by endpoint health: wake at this time (None = only when notified).
@@ -355,11 +227,23 @@ fn read_window(
     Ok((out, missing, seqs.get(done..).unwrap_or_default().to_vec()))
 }
 
-/// Move spilled events into the window: read their bodies off the async threads, drop the
-/// expired ones (TTL of a spilled event is checked here, when it enters the window), queue the
-/// rest. A read failure puts them back and pauses refills for a second.
-async fn refill(shared: &Arc<SubShared>, ctx: &Arc<EngineCtx>, seqs: Vec<u64>) {
-    let room = shared.queue().window_room_bytes();
+/// Which in-memory window a refill is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    /// Events waiting for their first attempt.
+    Ready,
+    /// Retries that fell due.
+    Retry,
+}
+
+/// Move spilled events into a window: read their bodies (and retry states) off the async
+/// threads, drop the expired ones (TTL of a spilled event is checked here, when it enters the
+/// window), queue the rest. A read failure puts them back and pauses refills for a second.
+async fn refill(shared: &Arc<SubShared>, ctx: &Arc<EngineCtx>, lane: Lane, seqs: Vec<u64>) {
+    let room = match lane {
+        Lane::Ready => shared.queue().window_room_bytes(),
+        Lane::Retry => shared.queue().retry_room_bytes(),
+    };
     let store = ctx.store.clone();
     let queue = shared.queue_id;
     let asked = seqs.clone();
@@ -374,7 +258,7 @@ async fn refill(shared: &Arc<SubShared>, ctx: &Arc<EngineCtx>, seqs: Vec<u64>) {
                 Ok(Ok(_)) => String::new(),
             };
             tracing::error!(subscription = %shared.name, error = %why, "could not read queued events from the store; retrying in 1 s");
-            shared.queue().refilled(Vec::new(), asked);
+            hand_back(shared, ctx, lane, Vec::new(), asked);
             tokio::time::sleep(Duration::from_secs(1)).await;
             return;
         }
@@ -399,11 +283,8 @@ async fn refill(shared: &Arc<SubShared>, ctx: &Arc<EngineCtx>, seqs: Vec<u64>) {
             }
         })
         .partition(|p| retry::is_expired(&cfg.policy, p.first_enqueued_ms, now_ms));
-    {
-        let mut q = shared.queue();
-        q.refilled(ready, unread);
-        q.settle(missing);
-    }
+    hand_back(shared, ctx, lane, ready, unread);
+    shared.queue().settle(missing);
     if missing > 0 {
         tracing::warn!(subscription = %shared.name, events = missing, "queued events were no longer in the store; skipped");
     }
@@ -411,6 +292,25 @@ async fn refill(shared: &Arc<SubShared>, ctx: &Arc<EngineCtx>, seqs: Vec<u64>) {
         drop_events(shared, ctx, expired, DropReason::TimeToLiveExceeded, None);
         // An expired backlog is walked through window by window without waiting for a send.
         shared.notify.notify_one();
+    }
+}
+
+/// Give a refill's result to its lane.
+fn hand_back(
+    shared: &SubShared,
+    ctx: &EngineCtx,
+    lane: Lane,
+    loaded: Vec<Pending>,
+    unread: Vec<u64>,
+) {
+    match lane {
+        Lane::Ready => shared.queue().refilled(loaded, unread),
+        Lane::Retry => {
+            let lim = limits(&shared.config(), ctx);
+            shared
+                .queue()
+                .retries_loaded(loaded, unread, Instant::now(), &lim);
+        }
     }
 }
 
@@ -562,7 +462,7 @@ fn drop_events(
 /// Events that will not be delivered: counted, logged, kept as dead letters (and forwarded to
 /// the dead-letter webhook), removed from the store. `last` is the attempt that decided it, if
 /// any. The caller settles them in the queue if they were in it.
-pub fn dead_letter(
+pub(super) fn dead_letter(
     shared: &SubShared,
     ctx: &EngineCtx,
     items: &[Pending],

@@ -24,12 +24,15 @@
 pub mod azure;
 pub mod deadletter;
 pub mod dispatcher;
+pub mod engine;
 pub mod health;
 pub mod http;
+pub mod payload;
 pub mod policy;
 pub mod queue;
 pub mod retry;
 pub mod signing;
 pub mod sink;
 pub mod sinks;
+pub mod subscription;
 pub mod webhook;

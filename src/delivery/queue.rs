@@ -12,108 +12,22 @@
 //!   bodies stay in the store and the dispatcher reads them back, in arrival order, when the window
 //!   runs low ([`SubQueue::refill_wanted`] / [`SubQueue::refilled`]). A million-event backlog behind
 //!   a down subscriber therefore costs about 8 MiB of RAM instead of its bodies.
+//! * **spilled retries** (persisted subscriptions only): the retry lane of a persisted
+//!   subscription holds bodies for at most one [`Window`] of events too. A failed batch that
+//!   would pass it, and every retry recovered at start-up, keeps only `(due, seq)` in a heap
+//!   (16 bytes an event); when such retries are due the dispatcher reads their bodies and retry
+//!   states back ([`SubQueue::retry_refill_wanted`] / [`SubQueue::retries_loaded`]) and they
+//!   are sent as batches cut to the subscription's caps. A million-event backlog that has
+//!   failed once therefore costs about 16–32 MiB instead of its bodies. Expiry (TTL) of a
+//!   spilled retry is checked when it is read back.
 //!
 //! Pure data structure: no I/O, no clock reads (the caller passes `now`), no awaits.
 
-use bytes::Bytes;
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+pub use super::payload::{payload_size, EventData, Pending, PendingBytes};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::time::Duration;
 use tokio::time::Instant;
-
-/// Bytes of event payloads held in memory for delivery (`broker__maxPendingBytes`): each payload
-/// counted once however many subscriptions share it, from its creation until the last copy is
-/// settled or spilled.
-#[derive(Debug, Default)]
-pub struct PendingBytes {
-    used: AtomicU64,
-    limit: u64,
-}
-
-impl PendingBytes {
-    /// A counter with `limit` bytes (0 = no limit).
-    pub fn new(limit: u64) -> Self {
-        Self {
-            used: AtomicU64::new(0),
-            limit,
-        }
-    }
-
-    /// Bytes held now.
-    pub fn used(&self) -> u64 {
-        self.used.load(Ordering::Relaxed)
-    }
-
-    /// The configured limit (0 = none).
-    pub fn limit(&self) -> u64 {
-        self.limit
-    }
-
-    /// Whether `more` bytes on top of those held would pass the limit.
-    pub fn would_exceed(&self, more: u64) -> bool {
-        self.limit > 0 && self.used().saturating_add(more) > self.limit
-    }
-}
-
-/// What an event with `body` and `id` counts for in [`PendingBytes`]: the bound is checked with
-/// this before payloads exist, so it must be what [`EventData`] charges.
-pub fn payload_size(body: &[u8], id: &str) -> u64 {
-    (body.len() + id.len()) as u64
-}
-
-/// The payload shared by every subscription an event was routed to. Its bytes count in the
-/// broker's [`PendingBytes`] while it lives.
-#[derive(Debug)]
-pub struct EventData {
-    /// Delivered bytes.
-    pub body: Bytes,
-    /// Event id.
-    pub id: Box<str>,
-    counted_in: Option<Arc<PendingBytes>>,
-}
-
-impl EventData {
-    /// A payload counted in `pending` (none: not counted, for tests and tools).
-    pub fn new(body: Bytes, id: Box<str>, pending: Option<&Arc<PendingBytes>>) -> Self {
-        let data = Self {
-            body,
-            id,
-            counted_in: pending.cloned(),
-        };
-        if let Some(p) = &data.counted_in {
-            p.used.fetch_add(data.size(), Ordering::Relaxed);
-        }
-        data
-    }
-
-    /// The bytes it counts for (see [`payload_size`]).
-    pub fn size(&self) -> u64 {
-        payload_size(&self.body, &self.id)
-    }
-}
-
-impl Drop for EventData {
-    fn drop(&mut self) {
-        if let Some(p) = &self.counted_in {
-            p.used.fetch_sub(self.size(), Ordering::Relaxed);
-        }
-    }
-}
-
-/// One event in one subscription's queue.
-#[derive(Debug, Clone)]
-pub struct Pending {
-    /// Sequence number (store key).
-    pub seq: u64,
-    /// Payload.
-    pub event: Arc<EventData>,
-    /// Attempts made so far.
-    pub attempts: u32,
-    /// First-enqueue wall time (TTL counts from here).
-    pub first_enqueued_ms: u64,
-    /// When it entered this process's queue (for `SystemDelayForFirstAttemptMs`).
-    pub enqueued_at: Instant,
-}
 
 /// A batch taken for sending.
 #[derive(Debug)]
@@ -161,6 +75,26 @@ struct Spill {
     seqs: VecDeque<u64>,
     /// Events taken by [`SubQueue::refill_wanted`] and not yet handed back.
     loading: usize,
+    /// Retries whose bodies are only in the store: `(due, seq)`, earliest first, the due time
+    /// in whole milliseconds since `epoch` (rounded up, so a retry never goes early).
+    retries: BinaryHeap<Reverse<(u64, u64)>>,
+    /// Retries taken by [`SubQueue::retry_refill_wanted`] and not yet handed back.
+    retry_loading: usize,
+    epoch: Instant,
+}
+
+impl Spill {
+    fn ms_after_epoch(&self, t: Instant, round_up: bool) -> u64 {
+        let d = t.saturating_duration_since(self.epoch);
+        let ms = d.as_millis() as u64;
+        ms + u64::from(round_up && !d.subsec_nanos().is_multiple_of(1_000_000))
+    }
+
+    fn first_spilled_due(&self) -> Option<Instant> {
+        self.retries
+            .peek()
+            .map(|Reverse((ms, _))| self.epoch + Duration::from_millis(*ms))
+    }
 }
 
 /// The queue.
@@ -169,6 +103,9 @@ pub struct SubQueue {
     ready: VecDeque<Pending>,
     ready_bytes: usize,
     retry: BTreeMap<(Instant, u64), Vec<Pending>>,
+    /// Events and body bytes held in `retry` (bounded by the window when there is one).
+    retry_events: usize,
+    retry_bytes: usize,
     in_flight: usize,
     in_flight_retries: usize,
     pending: usize,
@@ -187,6 +124,9 @@ impl SubQueue {
                 },
                 seqs: VecDeque::new(),
                 loading: 0,
+                retries: BinaryHeap::new(),
+                retry_loading: 0,
+                epoch: Instant::now(),
             }),
             ..Self::default()
         }
@@ -197,9 +137,33 @@ impl SubQueue {
         self.pending
     }
 
-    /// Events whose bodies are only in the store (not yet in the window).
+    /// Events whose bodies are only in the store (not yet in the window, or retries not yet
+    /// read back).
     pub fn spilled(&self) -> usize {
-        self.spill.as_ref().map_or(0, |s| s.seqs.len() + s.loading)
+        self.spill.as_ref().map_or(0, |s| {
+            s.seqs.len() + s.loading + s.retries.len() + s.retry_loading
+        })
+    }
+
+    /// Retries held with their bodies.
+    pub fn retry_len(&self) -> usize {
+        self.retry_events
+    }
+
+    /// Whether `n` more events keep this queue within `bound` pending events.
+    pub fn has_room(&self, n: usize, bound: usize) -> bool {
+        self.pending.saturating_add(n) <= bound
+    }
+
+    /// Count `n` events as pending before they are pushed with [`SubQueue::push_reserved`]
+    /// (admission happens before the publish is persisted; the push after).
+    pub fn reserve(&mut self, n: usize) {
+        self.pending += n;
+    }
+
+    /// Give back reserved places that were not used.
+    pub fn unreserve(&mut self, n: usize) {
+        self.pending = self.pending.saturating_sub(n);
     }
 
     /// Events in the ready lane (in memory).
@@ -228,6 +192,11 @@ impl SubQueue {
     /// in the store already.
     pub fn push(&mut self, p: Pending) {
         self.pending += 1;
+        self.push_reserved(p);
+    }
+
+    /// [`SubQueue::push`] for an event whose place was [`SubQueue::reserve`]d.
+    pub fn push_reserved(&mut self, p: Pending) {
         let (ready, bytes) = (self.ready.len(), self.ready_bytes);
         if let Some(s) = &mut self.spill {
             if !s.seqs.is_empty()
@@ -301,22 +270,127 @@ impl SubQueue {
         }
     }
 
-    /// Add an event recovered from the store that waits for a retry.
-    pub fn push_recovered_retry(&mut self, due: Instant, p: Pending) {
-        self.pending += 1;
-        self.retry.entry((due, p.seq)).or_default().push(p);
+    /// Add an event recovered from the store that waits for a retry due at `due`, by sequence
+    /// number only (its body and retry state are read when it is due). Like
+    /// [`SubQueue::push_spilled`], only for windowed queues.
+    pub fn push_spilled_retry(&mut self, due: Instant, seq: u64) {
+        if let Some(s) = &mut self.spill {
+            self.pending += 1;
+            let at = s.ms_after_epoch(due, true);
+            s.retries.push(Reverse((at, seq)));
+        }
     }
 
-    /// Put a failed batch back, due at `due`. Its events are still pending.
+    /// Put a failed batch back, due at `due`. Its events are still pending. A windowed queue
+    /// whose retry lane already holds a window of bodies keeps only the batch's sequence
+    /// numbers (the caller has stored its retry state).
     pub fn schedule_retry(&mut self, due: Instant, items: Vec<Pending>) {
+        let bytes: usize = items.iter().map(|p| p.event.body.len()).sum();
+        if let Some(s) = &mut self.spill {
+            if self.retry_events > 0
+                && (self.retry_events + items.len() > s.window.events
+                    || self.retry_bytes + bytes > s.window.bytes)
+            {
+                let at = s.ms_after_epoch(due, true);
+                s.retries.extend(items.iter().map(|p| Reverse((at, p.seq))));
+                return;
+            }
+        }
+        self.insert_retry(due, items);
+    }
+
+    fn insert_retry(&mut self, due: Instant, items: Vec<Pending>) {
         if let Some(first) = items.first() {
+            self.retry_events += items.len();
+            self.retry_bytes += items.iter().map(|p| p.event.body.len()).sum::<usize>();
             self.retry.insert((due, first.seq), items);
         }
     }
 
-    /// Earliest retry due time.
+    fn remove_retry(&mut self, key: &(Instant, u64)) -> Option<Vec<Pending>> {
+        let items = self.retry.remove(key)?;
+        self.retry_events = self.retry_events.saturating_sub(items.len());
+        let bytes: usize = items.iter().map(|p| p.event.body.len()).sum();
+        self.retry_bytes = self.retry_bytes.saturating_sub(bytes);
+        Some(items)
+    }
+
+    /// Spilled retries the dispatcher should read from the store now: those due at `now`, as
+    /// many as fit the retry window, while it is below half full and nothing is being read.
+    /// Hand them back with [`SubQueue::retries_loaded`].
+    pub fn retry_refill_wanted(&mut self, now: Instant) -> Vec<u64> {
+        let (events, bytes) = (self.retry_events, self.retry_bytes);
+        let Some(s) = &mut self.spill else {
+            return Vec::new();
+        };
+        if s.retry_loading > 0 || events >= s.window.events / 2 || bytes >= s.window.bytes / 2 {
+            return Vec::new();
+        }
+        let now_ms = s.ms_after_epoch(now, false);
+        let room = s.window.events - events;
+        let mut out = Vec::new();
+        while out.len() < room {
+            match s.retries.peek() {
+                Some(Reverse((due, _))) if *due <= now_ms => {}
+                _ => break,
+            }
+            if let Some(Reverse((_, seq))) = s.retries.pop() {
+                out.push(seq);
+            }
+        }
+        s.retry_loading = out.len();
+        if s.retries.is_empty() && s.retries.capacity() > s.window.events {
+            // A drained backlog gives its heap back.
+            s.retries.shrink_to_fit();
+        }
+        out
+    }
+
+    /// Body bytes the retry window can take now (for the reader's byte budget).
+    pub fn retry_room_bytes(&self) -> usize {
+        self.spill
+            .as_ref()
+            .map_or(0, |s| s.window.bytes.saturating_sub(self.retry_bytes))
+    }
+
+    /// Hand back what [`SubQueue::retry_refill_wanted`] took: `loaded` retries are due now, in
+    /// batches cut to `lim`'s caps; `unread` go back to the spilled heap, due now. As with
+    /// [`SubQueue::refilled`], events that were neither must be settled by the caller.
+    pub fn retries_loaded(
+        &mut self,
+        loaded: Vec<Pending>,
+        unread: Vec<u64>,
+        now: Instant,
+        lim: &Limits,
+    ) {
+        if let Some(s) = &mut self.spill {
+            s.retry_loading = 0;
+            let at = s.ms_after_epoch(now, false);
+            s.retries
+                .extend(unread.into_iter().map(|seq| Reverse((at, seq))));
+        }
+        let mut batch = Vec::new();
+        let mut bytes = 0usize;
+        for p in loaded {
+            let len = p.event.body.len() + 1;
+            if !batch.is_empty() && (batch.len() >= lim.max_events || bytes + len > lim.max_bytes) {
+                self.insert_retry(now, std::mem::take(&mut batch));
+                bytes = 0;
+            }
+            bytes += len;
+            batch.push(p);
+        }
+        self.insert_retry(now, batch);
+    }
+
+    /// Earliest retry due time, held in memory or spilled.
     pub fn next_due(&self) -> Option<Instant> {
-        self.retry.keys().next().map(|(due, _)| *due)
+        let held = self.retry.keys().next().map(|(due, _)| *due);
+        let spilled = self.spill.as_ref().and_then(Spill::first_spilled_due);
+        match (held, spilled) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// When the dispatcher should wake for a retry: the earliest due time, but only while a
@@ -360,11 +434,11 @@ impl SubQueue {
             .map(|(k, _)| *k)
             .collect();
         for k in keys {
-            if let Some(items) = self.retry.remove(&k) {
+            if let Some(items) = self.remove_retry(&k) {
                 let (gone, keep): (Vec<_>, Vec<_>) = items.into_iter().partition(|p| expired(p));
                 out.extend(gone);
                 if !keep.is_empty() {
-                    self.retry.insert(k, keep);
+                    self.insert_retry(k.0, keep);
                 }
             }
         }
@@ -384,11 +458,13 @@ impl SubQueue {
             return None;
         }
         if self.in_flight_retries < lim.retry_cap {
-            while let Some(entry) = self.retry.first_entry() {
-                if entry.key().0 > now {
+            while let Some(key) = self.retry.keys().next().copied() {
+                if key.0 > now {
                     break;
                 }
-                let items = entry.remove();
+                let Some(items) = self.remove_retry(&key) else {
+                    break;
+                };
                 let (gone, keep): (Vec<_>, Vec<_>) = items.into_iter().partition(|p| expired(p));
                 expired_out.extend(gone);
                 if !keep.is_empty() {
@@ -436,7 +512,8 @@ impl SubQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use bytes::Bytes;
+    use std::sync::Arc;
 
     fn p(seq: u64, size: usize) -> Pending {
         Pending {
@@ -450,23 +527,6 @@ mod tests {
             first_enqueued_ms: 0,
             enqueued_at: Instant::now(),
         }
-    }
-
-    #[test]
-    fn a_payload_counts_once_however_many_queues_share_it() {
-        let budget = Arc::new(PendingBytes::new(100));
-        let shared = Arc::new(EventData::new(
-            Bytes::from(vec![b'x'; 40]),
-            "id".into(),
-            Some(&budget),
-        ));
-        let copies = [shared.clone(), shared.clone()];
-        assert_eq!(budget.used(), 42);
-        assert!(!budget.would_exceed(58) && budget.would_exceed(59));
-        drop(shared);
-        drop(copies);
-        assert_eq!(budget.used(), 0, "freed with the last copy");
-        assert!(!PendingBytes::new(0).would_exceed(u64::MAX), "0 = no limit");
     }
 
     fn lim(events: usize, bytes: usize) -> Limits {
@@ -641,5 +701,91 @@ mod tests {
             plain.push(p(i, 100));
         }
         assert_eq!(plain.spilled(), 0, "non-persisted queues never spill");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_windowed_retry_lane_keeps_only_sequence_numbers_past_its_window() {
+        let w = Window {
+            events: 4,
+            bytes: 1 << 20,
+        };
+        let mut q = SubQueue::windowed(w);
+        let t0 = Instant::now();
+        let minute = Duration::from_secs(60);
+        // Three failed batches of two: the first two fit the window's bodies, the third spills.
+        for b in 0..3u64 {
+            let items = vec![p(b * 2 + 1, 10), p(b * 2 + 2, 10)];
+            q.reserve(2);
+            q.schedule_retry(t0 + minute + Duration::from_millis(b), items);
+        }
+        assert_eq!(q.pending(), 6);
+        assert_eq!(q.retry_len(), 4, "bodies held: one window");
+        assert_eq!(
+            q.spilled(),
+            2,
+            "the third batch keeps only its sequence numbers"
+        );
+        // Recovered retries are spilled from the start.
+        q.push_spilled_retry(t0 + minute / 2, 100);
+        assert_eq!((q.pending(), q.spilled()), (7, 3));
+        assert_eq!(
+            q.next_due(),
+            Some(t0 + minute / 2),
+            "a spilled retry wakes the task too"
+        );
+        assert!(q.retry_refill_wanted(t0).is_empty(), "nothing due yet");
+        tokio::time::advance(minute + Duration::from_millis(10)).await;
+        let now = Instant::now();
+        // The window holds 4 bodies (not below half): nothing is read until retries go out.
+        assert!(q.retry_refill_wanted(now).is_empty());
+        let mut out = Vec::new();
+        let l = lim(10, usize::MAX);
+        for expected in [[1, 2], [3, 4]] {
+            let b = q.pick(now, &l, |_| false, &mut out).unwrap();
+            assert!(b.retry);
+            assert_eq!(b.items.iter().map(|e| e.seq).collect::<Vec<_>>(), expected);
+            q.finish(b.retry);
+            q.settle(b.items.len());
+        }
+        assert_eq!(q.retry_len(), 0);
+        let want = q.retry_refill_wanted(now);
+        assert_eq!(want, vec![100, 5, 6], "due order");
+        assert!(q.retry_refill_wanted(now).is_empty(), "one read at a time");
+        // 6 was not read (over the byte budget): it goes back, due now.
+        q.retries_loaded(
+            vec![p(100, 10), p(5, 10)],
+            vec![6],
+            now,
+            &lim(1, usize::MAX),
+        );
+        assert_eq!(q.retry_len(), 2);
+        assert_eq!(q.spilled(), 1);
+        let mut seqs = Vec::new();
+        while let Some(b) = q.pick(now, &l, |_| false, &mut out) {
+            assert_eq!(b.items.len(), 1, "loaded retries are cut to the caps");
+            seqs.extend(b.items.iter().map(|e| e.seq));
+            q.finish(b.retry);
+            q.settle(b.items.len());
+            let want = q.retry_refill_wanted(now);
+            if !want.is_empty() {
+                let loaded = want.iter().map(|s| p(*s, 10)).collect();
+                q.retries_loaded(loaded, Vec::new(), now, &l);
+            }
+        }
+        seqs.sort_unstable();
+        assert_eq!(seqs, [5, 6, 100], "every spilled retry is sent once");
+        assert_eq!((q.pending(), q.spilled(), q.retry_len()), (0, 0, 0));
+    }
+
+    #[test]
+    fn reserved_places_count_as_pending_until_pushed_or_given_back() {
+        let mut q = SubQueue::default();
+        assert!(q.has_room(3, 3) && !q.has_room(4, 3));
+        q.reserve(3);
+        assert!(!q.has_room(1, 3));
+        q.push_reserved(p(1, 1));
+        q.unreserve(2);
+        assert_eq!(q.pending(), 1);
+        assert_eq!(q.ready_len(), 1);
     }
 }

@@ -149,7 +149,7 @@ pub fn reported(broker: &Broker, errors: &TwinErrors) -> Value {
             json!({ "inputSchema": topic.input_schema.as_str() }),
         );
         for s in t.subscriptions().iter() {
-            let cfg = s.shared.config();
+            let cfg = s.config();
             subs.insert(cfg.sub.name.clone(), twin_safe(cfg.sub.public_properties()));
         }
     }

@@ -981,7 +981,7 @@ async fn edgehub_connection_renews_its_sas_token_before_expiry() {
         token_ttl: Duration::from_secs(10),
     };
     let (hub, conn, _twin) = EdgeHub::new(settings, workload, gridlet::clock::Clock::system());
-    let _task = gridlet::delivery::dispatcher::AbortOnDrop(tokio::spawn(conn.run()));
+    let _task = gridlet::sync::AbortOnDrop(tokio::spawn(conn.run()));
     let topic = output_topic(DEVICE, MODULE, "o");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut acked_after_renewal = 0;

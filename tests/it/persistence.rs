@@ -569,8 +569,7 @@ impl Node {
     /// `(pending, spilled)` of t1/s1.
     fn queue_counts(&self) -> (usize, usize) {
         let s = self.g.broker.subscription("t1", "s1").unwrap();
-        let q = s.shared.queue();
-        (q.pending(), q.spilled())
+        (s.pending(), s.spilled())
     }
 }
 

@@ -375,7 +375,7 @@ async fn endpoint_health_closed_disabled_frozen_reenabled() {
     script.set("s", |_| fail(500));
     let state = |b: &Broker| {
         let e = b.subscription("t", "s").unwrap();
-        b.endpoint_health(&e.shared).unwrap()
+        e.endpoint_health().unwrap()
     };
     // Five failing events (one attempt each): disabled.
     publish_n(&b, "t", 0, 5, "x").await;
@@ -392,14 +392,11 @@ async fn endpoint_health_closed_disabled_frozen_reenabled() {
     let v = attempts_until_quiet(&mut rx, Duration::from_secs(3600)).await;
     assert!(!v.is_empty());
     assert_eq!(state(&b).state.as_str(), "Frozen");
-    let frozen_pending = b.subscription("t", "s").unwrap().shared.queue().pending();
+    let frozen_pending = b.subscription("t", "s").unwrap().pending();
     // Frozen: no attempts for hours, but TTL still applies and events become dead letters.
     let v = attempts_until_quiet(&mut rx, Duration::from_secs(11 * 3600)).await;
     assert!(v.is_empty(), "no attempts while frozen: {v:?}");
-    assert_eq!(
-        b.subscription("t", "s").unwrap().shared.queue().pending(),
-        0
-    );
+    assert_eq!(b.subscription("t", "s").unwrap().pending(), 0);
     let dl = b.dead_letters("t", "s", 0, 1000).unwrap();
     let expired = dl
         .iter()
@@ -445,10 +442,7 @@ async fn disabled_endpoint_reenabled_by_a_successful_probe() {
     publish_n(&b, "t", 0, 12, "x").await;
     attempts_until_quiet(&mut rx, Duration::from_secs(1)).await;
     let e = b.subscription("t", "s").unwrap();
-    assert_eq!(
-        b.endpoint_health(&e.shared).unwrap().state.as_str(),
-        "Disabled"
-    );
+    assert_eq!(e.endpoint_health().unwrap().state.as_str(), "Disabled");
     script.set("s", |_| Outcome::Delivered);
     publish_n(&b, "t", 11, 5, "x").await;
     let v = attempts_within(&mut rx, Duration::from_secs(601)).await;
@@ -456,10 +450,7 @@ async fn disabled_endpoint_reenabled_by_a_successful_probe() {
     assert_eq!(v.len(), 5);
     assert_eq!(v[0].events, 1);
     assert!(v.iter().all(|a| a.at == v[0].at));
-    assert_eq!(
-        b.endpoint_health(&e.shared).unwrap().state.as_str(),
-        "Enabled"
-    );
+    assert_eq!(e.endpoint_health().unwrap().state.as_str(), "Enabled");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -533,8 +524,8 @@ async fn chaos_every_event_is_accounted_for() {
                  final_check: bool| {
         for (name, _) in &subs {
             let e = b.subscription("t", name).unwrap();
-            let m = &e.shared.metrics;
-            let pending = e.shared.queue().pending() as u64;
+            let m = e.metrics();
+            let pending = e.pending() as u64;
             let delivered = m.delivery_success_counts.get();
             let (max, exp, refused) = (
                 m.dropped_max_attempts.get(),
@@ -590,7 +581,7 @@ async fn chaos_every_event_is_accounted_for() {
     }
     check(&b, &expected, &sink_delivered, true);
     let e = b.subscription("t", "dead").unwrap();
-    assert_eq!(e.shared.metrics.delivery_success_counts.get(), 0);
+    assert_eq!(e.metrics().delivery_success_counts.get(), 0);
     assert!(published > 200);
 }
 

@@ -1,0 +1,80 @@
+//! What every subscription's delivery shares: the broker-wide engine context (clock, store,
+//! in-flight bound, endpoint health, dead letters, memory bound) and the shutdown drain.
+
+use super::deadletter::{DeadLetterStore, Forwarder};
+use super::health::{HealthConfig, HealthRegistry};
+use crate::clock::Clock;
+use crate::store::Store;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+/// Broker-wide pieces every dispatcher uses.
+pub struct EngineCtx {
+    /// Clock (wall ms for TTL, tokio time for timers).
+    pub clock: Clock,
+    /// Durable copy of persisted subscriptions' events.
+    pub store: Arc<dyn Store>,
+    /// Broker-wide in-flight bound.
+    pub global: Arc<Semaphore>,
+    /// Per-subscription in-flight bound.
+    pub max_in_flight: usize,
+    /// Log each successful delivery.
+    pub log_success: bool,
+    /// Endpoint health thresholds.
+    pub health_cfg: HealthConfig,
+    /// Endpoint health by URL.
+    pub health: HealthRegistry,
+    /// Dead letters.
+    pub dead_letters: Arc<dyn DeadLetterStore>,
+    /// Dead letters kept per subscription.
+    pub dead_letter_capacity: usize,
+    /// Posts dead letters to dead-letter webhooks.
+    pub forwarder: Forwarder,
+    /// Event payload bytes held in memory (`broker__maxPendingBytes`).
+    pub pending_bytes: Arc<super::queue::PendingBytes>,
+    /// Shutdown drain.
+    pub drain: Drain,
+}
+
+/// The shutdown drain. Once [`Drain::start`]ed, every subscription task sends nothing new,
+/// waits for its in-flight attempts, settles them (acknowledged events leave the store), and
+/// ends; [`Drain::running`] counts the tasks not yet ended.
+#[derive(Debug, Default)]
+pub struct Drain {
+    started: std::sync::atomic::AtomicBool,
+    pub(super) running: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drain {
+    /// Stop sending; tasks end once their in-flight attempts are settled (each task must also
+    /// be woken through its `notify`).
+    pub fn start(&self) {
+        self.started
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Subscription tasks still running.
+    pub fn running(&self) -> usize {
+        self.running.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(super) fn started(&self) -> bool {
+        self.started.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Counts a running subscription task in [`Drain::running`] until dropped (ended or aborted).
+pub(super) struct Running(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Running {
+    pub(super) fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
