@@ -144,6 +144,8 @@ impl Broker {
         while ctx.drain.running() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        // What the settled attempts left to write (removals, retry states, dead letters).
+        let _ = tokio::time::timeout_at(deadline, ctx.writer.flush()).await;
         ctx.drain.running()
     }
 

@@ -43,7 +43,10 @@ pub(super) async fn list(
         Some(v) => v.parse::<usize>().map_err(|_| bad_query("top"))?,
         None => DEFAULT_TOP,
     };
-    let letters = s.broker.dead_letters(&topic, &name, after, top.max(1))?;
+    let letters = s
+        .broker
+        .manage(move |b| b.dead_letters(&topic, &name, after, top.max(1)))
+        .await?;
     let next = if letters.len() >= top.max(1) {
         letters.last().map(|l| l.id.to_string())
     } else {

@@ -33,6 +33,10 @@ impl Broker {
             dead_letter_capacity: cfg.resilience.dead_letter_capacity,
             forwarder: crate::delivery::deadletter::Forwarder::start(),
             drain: Default::default(),
+            writer: Arc::new(
+                crate::delivery::writer::StoreWriter::start()
+                    .map_err(|e| StoreError::Io(format!("cannot start the store writer: {e}")))?,
+            ),
             pending_bytes: Arc::new(crate::delivery::queue::PendingBytes::new(
                 cfg.broker.max_pending_bytes,
             )),

@@ -117,11 +117,11 @@ impl Broker {
             .cloned()
             .ok_or_else(|| topic_not_found(name))?;
         for sub in entry.subscriptions().iter() {
-            self.inner
-                .ctx
-                .store
-                .delete_subscription(sub.queue_id())
-                .map_err(store_err)?;
+            sub.retire();
+            if let Err(e) = self.inner.ctx.store.delete_subscription(sub.queue_id()) {
+                sub.reinstate();
+                return Err(store_err(e));
+            }
             self.forget_dead_letters(sub.queue_id());
         }
         self.inner.ctx.store.delete_topic(&key).map_err(store_err)?;
@@ -213,11 +213,11 @@ impl Broker {
             .iter()
             .find(|s| names::key(s.name()) == key)
             .ok_or_else(|| subscription_not_found(topic, name))?;
-        self.inner
-            .ctx
-            .store
-            .delete_subscription(found.queue_id())
-            .map_err(store_err)?;
+        found.retire();
+        if let Err(e) = self.inner.ctx.store.delete_subscription(found.queue_id()) {
+            found.reinstate();
+            return Err(store_err(e));
+        }
         self.forget_dead_letters(found.queue_id());
         let list: Vec<_> = subs
             .iter()

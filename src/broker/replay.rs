@@ -56,10 +56,17 @@ impl Broker {
         } else {
             None
         };
-        let mut letters = ctx
-            .dead_letters
-            .peek(sub.queue_id(), ids.as_deref())
-            .map_err(store_err)?;
+        let queue = sub.queue_id();
+        let mut letters = self
+            .manage(move |b| {
+                b.settled_writes();
+                b.inner
+                    .ctx
+                    .dead_letters
+                    .peek(queue, ids.as_deref())
+                    .map_err(store_err)
+            })
+            .await?;
         if letters.is_empty() {
             return Ok(0);
         }
@@ -76,7 +83,7 @@ impl Broker {
             )
         })?;
         if !persisted {
-            letters = self.take_for_memory(sub, &letters)?;
+            letters = self.take_for_memory(sub, &letters).await?;
         }
         let now_ms = ctx.clock.now_ms();
         let events = self.replayed_events(&letters);
@@ -91,7 +98,7 @@ impl Broker {
 
     /// Replayed into memory: within `broker__maxPendingBytes`, like a publish; the letters are
     /// taken (removed) at once.
-    fn take_for_memory(
+    async fn take_for_memory(
         &self,
         sub: &SubscriptionHandle,
         letters: &[DeadLetter],
@@ -112,9 +119,15 @@ impl Broker {
             ));
         }
         let ids: Vec<u64> = letters.iter().map(|l| l.id).collect();
-        ctx.dead_letters
-            .take(sub.queue_id(), Some(&ids))
-            .map_err(store_err)
+        let queue = sub.queue_id();
+        self.manage(move |b| {
+            b.inner
+                .ctx
+                .dead_letters
+                .take(queue, Some(&ids))
+                .map_err(store_err)
+        })
+        .await
     }
 
     /// New payloads, with fresh sequence numbers, for `letters`.
@@ -164,9 +177,19 @@ impl Broker {
         // On failure the letters were never taken: they stay dead letters.
         ctx.store.append_commit(durable).await.map_err(store_err)?;
         let ids: Vec<u64> = letters.iter().map(|l| l.id).collect();
-        if let Err(e) = ctx.dead_letters.take(sub.queue_id(), Some(&ids)) {
+        let queue = sub.queue_id();
+        let taken = self
+            .manage(move |b| {
+                b.inner
+                    .ctx
+                    .dead_letters
+                    .take(queue, Some(&ids))
+                    .map_err(store_err)
+            })
+            .await;
+        if let Err(e) = taken {
             // The events are queued and durable; the letters stay listed as well.
-            tracing::error!(subscription = %sub.name(), error = %e, "replayed dead letters could not be removed");
+            tracing::error!(subscription = %sub.name(), error = %e.message, "replayed dead letters could not be removed");
         }
         Ok(())
     }

@@ -36,6 +36,13 @@ impl Broker {
         Some(self.inner.sinks.create(&dl))
     }
 
+    /// Wait until the store writes of every delivery settled so far have run (dead letters kept,
+    /// events removed). Blocks: management operations only.
+    pub(super) fn settled_writes(&self) {
+        let w = &self.inner.ctx.writer;
+        w.wait_for(w.mark());
+    }
+
     pub(super) fn forget_dead_letters(&self, queue: QueueId) {
         if let Err(e) = self.inner.ctx.dead_letters.delete_queue(queue) {
             tracing::error!(error = %e, "could not delete a subscription's dead letters");
@@ -70,7 +77,9 @@ impl Broker {
         Ok(h.snapshot())
     }
 
-    /// Dead letters of a subscription with id > `after`, oldest first, at most `limit`.
+    /// Dead letters of a subscription with id > `after`, oldest first, at most `limit`; every
+    /// dead letter decided before the call is listed. Blocks on the store: call it through
+    /// [`Broker::manage`].
     ///
     /// # Errors
     /// 404 for an unknown topic/subscription; 500 on store failure.
@@ -82,6 +91,7 @@ impl Broker {
         limit: usize,
     ) -> Result<Vec<DeadLetter>, ApiError> {
         let e = self.entry(topic, name)?;
+        self.settled_writes();
         self.inner
             .ctx
             .dead_letters
@@ -100,6 +110,7 @@ impl Broker {
         ids: Option<&[u64]>,
     ) -> Result<usize, ApiError> {
         let e = self.entry(topic, name)?;
+        self.settled_writes();
         let n = self
             .inner
             .ctx

@@ -247,8 +247,13 @@ async fn refill(shared: &Arc<SubShared>, ctx: &Arc<EngineCtx>, lane: Lane, seqs:
     let store = ctx.store.clone();
     let queue = shared.queue_id;
     let asked = seqs.clone();
-    let read =
-        tokio::task::spawn_blocking(move || read_window(store.as_ref(), queue, &seqs, room)).await;
+    // A retry's state is read back with its body: the update that wrote it must have run.
+    let (writer, mark) = (ctx.writer.clone(), ctx.writer.mark());
+    let read = tokio::task::spawn_blocking(move || {
+        writer.wait_for(mark);
+        read_window(store.as_ref(), queue, &seqs, room)
+    })
+    .await;
     let (events, missing, unread) = match read {
         Ok(Ok(r)) => r,
         failed => {
@@ -352,7 +357,13 @@ async fn send(
 }
 
 /// Apply an attempt's outcome to its batch.
-fn settle(shared: &SubShared, ctx: &EngineCtx, batch: Batch, outcome: Outcome, latency: Duration) {
+fn settle(
+    shared: &Arc<SubShared>,
+    ctx: &EngineCtx,
+    batch: Batch,
+    outcome: Outcome,
+    latency: Duration,
+) {
     let cfg = shared.config();
     let m = &shared.metrics;
     let n = batch.items.len() as u64;
@@ -370,9 +381,12 @@ fn settle(shared: &SubShared, ctx: &EngineCtx, batch: Batch, outcome: Outcome, l
         }
         if persisted {
             let seqs: Vec<u64> = batch.items.iter().map(|p| p.seq).collect();
-            if let Err(e) = ctx.store.remove(shared.queue_id, &seqs) {
-                tracing::error!(subscription = %shared.name, error = %e, "could not remove delivered events from the store; they may be delivered again after a restart");
-            }
+            let (store, queue, name) = (ctx.store.clone(), shared.queue_id, shared.name.clone());
+            ctx.writer.submit(Box::new(move || {
+                if let Err(e) = store.remove(queue, &seqs) {
+                    tracing::error!(subscription = %name, error = %e, "could not remove delivered events from the store; they may be delivered again after a restart");
+                }
+            }));
         }
         let mut q = shared.queue();
         q.finish(batch.retry);
@@ -419,9 +433,12 @@ fn settle(shared: &SubShared, ctx: &EngineCtx, batch: Batch, outcome: Outcome, l
             first_enqueued_ms: first,
             due_ms: now_ms + retry_delay.as_millis() as u64,
         };
-        if let Err(e) = ctx.store.update(shared.queue_id, &seqs, state) {
-            tracing::error!(subscription = %shared.name, error = %e, "could not persist retry state");
-        }
+        let (store, queue, name) = (ctx.store.clone(), shared.queue_id, shared.name.clone());
+        ctx.writer.submit(Box::new(move || {
+            if let Err(e) = store.update(queue, &seqs, state) {
+                tracing::error!(subscription = %name, error = %e, "could not persist retry state");
+            }
+        }));
     }
     {
         let mut q = shared.queue();
@@ -445,7 +462,7 @@ fn settle(shared: &SubShared, ctx: &EngineCtx, batch: Batch, outcome: Outcome, l
 
 /// Events leave the queue undelivered: dead-lettered ([`dead_letter`]) and settled.
 fn drop_events(
-    shared: &SubShared,
+    shared: &Arc<SubShared>,
     ctx: &EngineCtx,
     items: Vec<Pending>,
     reason: DropReason,
@@ -463,7 +480,7 @@ fn drop_events(
 /// the dead-letter webhook), removed from the store. `last` is the attempt that decided it, if
 /// any. The caller settles them in the queue if they were in it.
 pub(super) fn dead_letter(
-    shared: &SubShared,
+    shared: &Arc<SubShared>,
     ctx: &EngineCtx,
     items: &[Pending],
     reason: DropReason,
@@ -500,22 +517,15 @@ pub(super) fn dead_letter(
             dead_lettered_ms: now_ms,
         })
         .collect();
-    for l in &letters {
-        match ctx
-            .dead_letters
-            .put(shared.queue_id, l.clone(), ctx.dead_letter_capacity)
-        {
-            Ok(evicted) => {
-                if ctx.dead_letter_capacity > 0 {
-                    m.dead_lettered.inc();
-                }
-                m.dead_letters_evicted.add(evicted as u64);
-            }
-            Err(e) => {
-                tracing::error!(subscription = %shared.name, error = %e, "could not keep a dead letter")
-            }
-        }
-    }
+    // Kept (and their events removed from the store) on the writer thread, in that order:
+    // after a crash each event is pending, a dead letter, or both, never neither.
+    let seqs: Vec<u64> = if cfg.sub.persisted {
+        items.iter().map(|p| p.seq).collect()
+    } else {
+        Vec::new()
+    };
+    ctx.writer
+        .submit(keep_letters(shared.clone(), ctx, letters.clone(), seqs));
     if let Some(sink) = &cfg.dead_letter_sink {
         ctx.forwarder.submit(Forward {
             sink: sink.clone(),
@@ -524,10 +534,40 @@ pub(super) fn dead_letter(
             letters,
         });
     }
-    if cfg.sub.persisted {
-        let seqs: Vec<u64> = items.iter().map(|p| p.seq).collect();
-        if let Err(e) = ctx.store.remove_dropped(shared.queue_id, &seqs) {
-            tracing::error!(subscription = %shared.name, error = %e, "could not remove dropped events from the store");
+}
+
+/// The writer job that keeps `letters` and then removes the events `seqs` from the store. A
+/// subscription deleted meanwhile keeps nothing (its letters would outlive it).
+fn keep_letters(
+    shared: Arc<SubShared>,
+    ctx: &EngineCtx,
+    letters: Vec<DeadLetter>,
+    seqs: Vec<u64>,
+) -> super::writer::Job {
+    let (dead_letters, store) = (ctx.dead_letters.clone(), ctx.store.clone());
+    let capacity = ctx.dead_letter_capacity;
+    Box::new(move || {
+        if shared.is_retired() {
+            return;
         }
-    }
+        let m = &shared.metrics;
+        for l in letters {
+            match dead_letters.put(shared.queue_id, l, capacity) {
+                Ok(evicted) => {
+                    if capacity > 0 {
+                        m.dead_lettered.inc();
+                    }
+                    m.dead_letters_evicted.add(evicted as u64);
+                }
+                Err(e) => {
+                    tracing::error!(subscription = %shared.name, error = %e, "could not keep a dead letter")
+                }
+            }
+        }
+        if !seqs.is_empty() {
+            if let Err(e) = store.remove_dropped(shared.queue_id, &seqs) {
+                tracing::error!(subscription = %shared.name, error = %e, "could not remove dropped events from the store");
+            }
+        }
+    })
 }

@@ -32,6 +32,8 @@ pub struct EngineCtx {
     pub forwarder: Forwarder,
     /// Event payload bytes held in memory (`broker__maxPendingBytes`).
     pub pending_bytes: Arc<super::queue::PendingBytes>,
+    /// Runs the store writes that follow delivery attempts, in order, off the async workers.
+    pub writer: Arc<super::writer::StoreWriter>,
     /// Shutdown drain.
     pub drain: Drain,
 }

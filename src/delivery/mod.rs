@@ -36,3 +36,4 @@ pub mod sink;
 pub mod sinks;
 pub mod subscription;
 pub mod webhook;
+pub mod writer;

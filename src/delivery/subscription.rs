@@ -19,6 +19,7 @@ use crate::metrics::SubscriptionMetrics;
 use crate::model::subscription::{EffectivePolicy, Subscription};
 use crate::store::{QueueId, StoreError};
 use crate::sync::AbortOnDrop;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -56,12 +57,19 @@ pub(super) struct SubShared {
     pub notify: Notify,
     /// Metrics.
     pub metrics: SubscriptionMetrics,
+    /// Set when the subscription is deleted: store writes still queued for it keep nothing.
+    pub retired: AtomicBool,
 }
 
 impl SubShared {
     /// Current configuration snapshot.
     pub fn config(&self) -> Arc<SubConfig> {
         crate::sync::read(&self.config).clone()
+    }
+
+    /// Whether the subscription was deleted.
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::SeqCst)
     }
 
     /// Lock the queue. Every critical section is a few map operations with no await and no
@@ -130,6 +138,7 @@ impl SubscriptionHandle {
             queue: Mutex::new(queue),
             notify: Notify::new(),
             metrics: SubscriptionMetrics::default(),
+            retired: AtomicBool::new(false),
         });
         let task = dispatcher::spawn(shared.clone(), ctx.clone());
         Self {
@@ -183,6 +192,20 @@ impl SubscriptionHandle {
     /// The destination's health, when tracked.
     pub fn endpoint_health(&self) -> Option<HealthSnapshot> {
         self.config().health.as_ref().map(|h| h.snapshot())
+    }
+
+    /// The subscription is being deleted: store writes still queued for it keep nothing, and
+    /// this returns once those already running are done, so the caller can delete its stored
+    /// events and dead letters without a late write bringing some back. Blocks: call it off
+    /// the async workers (the broker's management operations run on the blocking pool).
+    pub fn retire(&self) {
+        self.shared.retired.store(true, Ordering::SeqCst);
+        self.ctx.writer.wait_for(self.ctx.writer.mark());
+    }
+
+    /// Undo [`SubscriptionHandle::retire`] (the deletion failed; the subscription stays).
+    pub fn reinstate(&self) {
+        self.shared.retired.store(false, Ordering::SeqCst);
     }
 
     /// Let the task look at its queue and endpoint again (after an endpoint re-enable).

@@ -20,4 +20,5 @@ mod resilience;
 mod schedule;
 mod secrets;
 mod security;
+mod store_writes;
 mod util;
