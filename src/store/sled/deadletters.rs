@@ -20,7 +20,8 @@
 //!   and also listed as a dead letter), never neither.
 //! * Letters of queues that no subscription owns any more are removed at open.
 
-use super::{corrupt, io, item_cost, Committer};
+use super::committer::Committer;
+use super::{corrupt, io, item_cost};
 use crate::store::deadletter::{DeadLetter, DeadLetterReason, DeadLetterStore};
 use crate::store::{QueueId, StoreError};
 use bytes::Bytes;
@@ -55,7 +56,7 @@ pub struct SledDeadLetterStore {
 }
 
 fn key(queue: QueueId, id: u64) -> [u8; 12] {
-    super::event_key(queue, id)
+    super::codec::event_key(queue, id)
 }
 
 fn reason_code(r: DeadLetterReason) -> u8 {
@@ -161,7 +162,7 @@ pub fn decode(id: u64, v: &[u8]) -> Option<DeadLetter> {
 }
 
 fn parse_key(k: &[u8]) -> Option<(QueueId, u64)> {
-    super::parse_key(k)
+    super::codec::parse_key(k)
 }
 
 impl SledDeadLetterStore {
@@ -262,10 +263,10 @@ impl SledDeadLetterStore {
         Ok(out)
     }
 
-    /// Remove a queue's whole range (see [`super::remove_prefix`]); returns the bytes freed.
+    /// Remove a queue's whole range (see [`super::events::remove_prefix`]); returns the bytes freed.
     fn remove_range(&self, queue: QueueId) -> Result<u64, StoreError> {
         let mut g = self.lock();
-        let freed = super::remove_prefix(&self.tree, queue)?;
+        let freed = super::events::remove_prefix(&self.tree, queue)?;
         g.per_queue.remove(&queue);
         drop(g);
         self.committer.nudge();
