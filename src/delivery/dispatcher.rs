@@ -14,7 +14,7 @@
 //! per interval, a frozen one nothing; its events still expire by TTL. Events that leave
 //! undelivered become dead letters ([`super::deadletter`]).
 
-use super::deadletter::{DeadLetter, DeadLetterStore, Forward, Forwarder};
+use super::deadletter::{DeadLetter, DeadLetterBound, DeadLetterStore, Forward, Forwarder};
 use super::health::{Admission, EndpointHealth, HealthConfig, HealthRegistry};
 use super::policy;
 use super::queue::{Batch, EventData, Limits, Pending, SubQueue};
@@ -65,8 +65,8 @@ pub struct EngineCtx {
     pub health: HealthRegistry,
     /// Dead letters.
     pub dead_letters: Arc<dyn DeadLetterStore>,
-    /// Dead letters kept per subscription.
-    pub dead_letter_capacity: usize,
+    /// What the dead-letter store keeps (per subscription, and bytes all together).
+    pub dead_letter_bound: DeadLetterBound,
     /// Posts dead letters to dead-letter webhooks.
     pub forwarder: Forwarder,
     /// Event payload bytes held in memory (`broker__maxPendingBytes`).
@@ -603,10 +603,10 @@ pub fn dead_letter(
     for l in &letters {
         match ctx
             .dead_letters
-            .put(shared.queue_id, l.clone(), ctx.dead_letter_capacity)
+            .put(shared.queue_id, l.clone(), ctx.dead_letter_bound)
         {
             Ok(evicted) => {
-                if ctx.dead_letter_capacity > 0 {
+                if ctx.dead_letter_bound.keeps_any() {
                     m.dead_lettered.inc();
                 }
                 m.dead_letters_evicted.add(evicted as u64);
