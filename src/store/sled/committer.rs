@@ -8,7 +8,7 @@
 
 use super::codec::event_key;
 use super::{item_cost, journal, sub_live, HIGH_WATER_KEY, JOURNAL_LSN_KEY, SPACE_FACTOR_TENTHS};
-use crate::store::{CommitCounters, QueueId};
+use crate::store::{CommitCounters, QueueId, StoreError};
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +40,16 @@ pub(super) struct CommitState {
     pub(super) sleeping: bool,
 }
 
+/// What the committer took from [`CommitState`] for one round.
+struct Work {
+    appends: Vec<PendingAppend>,
+    waiters: Vec<oneshot::Sender<Result<(), String>>>,
+    /// Removals journaled with `appends` (empty when there are none).
+    removed: Vec<(QueueId, u64)>,
+}
+
 /// Shared between the store and its committer thread.
+#[derive(Default)]
 pub(super) struct Committer {
     pub(super) state: Mutex<CommitState>,
     pub(super) wake: Condvar,
@@ -66,53 +75,74 @@ impl Committer {
         self.wake.notify_one();
     }
 
-    /// The committer thread: journals each group of publishes with one `fdatasync`, and
-    /// checkpoints (see [`journal`]).
-    pub(super) fn run(&self, mut w: Writer) {
+    /// Start the `gridlet-commit` thread over `writer`.
+    pub(super) fn start(
+        this: &Arc<Self>,
+        writer: Writer,
+    ) -> Result<std::thread::JoinHandle<()>, StoreError> {
+        let c = this.clone();
+        std::thread::Builder::new()
+            .name("gridlet-commit".into())
+            .spawn(move || c.run(writer))
+            .map_err(|e| StoreError::Io(format!("cannot start the committer thread: {e}")))
+    }
+
+    /// Wait until there is work: publishes or commit waiters, a checkpoint due, or shutdown.
+    /// Takes the waiting publishes and waiters (and, with publishes, the removals to journal
+    /// with them); `None` once shut down with nothing left to answer.
+    fn next_work(&self, w: &mut Writer) -> Option<Work> {
+        let mut g = self.lock();
         loop {
-            let (mut appends, waiters, removed) = {
-                let mut g = self.lock();
-                loop {
-                    if g.shutdown || !g.appends.is_empty() || !g.waiters.is_empty() {
-                        break;
-                    }
-                    w.dirty |= std::mem::take(&mut g.dirty);
-                    if w.dirty || !w.journal.is_empty() {
-                        let due = w.last_checkpoint + w.checkpoint_every;
-                        let now = std::time::Instant::now();
-                        if now >= due {
-                            break;
-                        }
-                        g.sleeping = true;
-                        g = self
-                            .wake
-                            .wait_timeout(g, due - now)
-                            .map(|(g, _)| g)
-                            .unwrap_or_else(|p| p.into_inner().0);
-                        g.sleeping = false;
-                    } else {
-                        g.sleeping = true;
-                        g = self.wake.wait(g).unwrap_or_else(|p| p.into_inner());
-                        g.sleeping = false;
-                    }
-                }
-                if g.shutdown && g.appends.is_empty() && g.waiters.is_empty() {
+            if g.shutdown || !g.appends.is_empty() || !g.waiters.is_empty() {
+                break;
+            }
+            w.dirty |= std::mem::take(&mut g.dirty);
+            if w.dirty || !w.journal.is_empty() {
+                let due = w.last_checkpoint + w.checkpoint_every;
+                let now = std::time::Instant::now();
+                if now >= due {
                     break;
                 }
-                w.dirty |= std::mem::take(&mut g.dirty);
-                g.stats.commits += (g.appends.len() + g.waiters.len()) as u64;
-                g.stats.syncs += u64::from(!g.appends.is_empty());
-                let removed = if g.appends.is_empty() {
-                    Vec::new()
-                } else {
-                    std::mem::take(&mut g.removed)
-                };
-                (
-                    std::mem::take(&mut g.appends),
-                    std::mem::take(&mut g.waiters),
-                    removed,
-                )
-            };
+                g.sleeping = true;
+                g = self
+                    .wake
+                    .wait_timeout(g, due - now)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+                g.sleeping = false;
+            } else {
+                g.sleeping = true;
+                g = self.wake.wait(g).unwrap_or_else(|p| p.into_inner());
+                g.sleeping = false;
+            }
+        }
+        if g.shutdown && g.appends.is_empty() && g.waiters.is_empty() {
+            return None;
+        }
+        w.dirty |= std::mem::take(&mut g.dirty);
+        g.stats.commits += (g.appends.len() + g.waiters.len()) as u64;
+        g.stats.syncs += u64::from(!g.appends.is_empty());
+        let removed = if g.appends.is_empty() {
+            Vec::new()
+        } else {
+            std::mem::take(&mut g.removed)
+        };
+        Some(Work {
+            appends: std::mem::take(&mut g.appends),
+            waiters: std::mem::take(&mut g.waiters),
+            removed,
+        })
+    }
+
+    /// The committer thread: journals each group of publishes with one `fdatasync`, and
+    /// checkpoints (see [`journal`]).
+    fn run(&self, mut w: Writer) {
+        while let Some(work) = self.next_work(&mut w) {
+            let Work {
+                mut appends,
+                waiters,
+                removed,
+            } = work;
             if !appends.is_empty() {
                 let result = w.write_group(&mut appends, &removed);
                 if let Err(e) = &result {

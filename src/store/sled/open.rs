@@ -6,7 +6,7 @@
 //! or damaged is an error naming the path, never an empty start.
 
 use super::codec::{event_key, parse_key, read_u64};
-use super::committer::{CommitState, Committer, Unflushed, Writer};
+use super::committer::{Committer, Unflushed, Writer};
 use super::{
     corrupt, deadletters, io, item_cost, journal, SledOptions, SledStore, HIGH_WATER_KEY,
     JOURNAL_LSN_KEY, SLED_BATCH, SPACE_FACTOR_TENTHS, SUBDIR,
@@ -15,7 +15,7 @@ use crate::store::{QueueId, RetryState, StoreError};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 const FORMAT_KEY: &[u8] = b"format";
 const FORMAT_VERSION: &[u8] = b"1";
@@ -213,10 +213,7 @@ impl SledStore {
         let events_dir = opts.events_path.join(SUBDIR);
         let (journal, lsn) = replay_journal(&events_db, &events, &events_dir)?;
         let high_water = read_u64(&events, &HIGH_WATER_KEY)?;
-        let committer = Arc::new(Committer {
-            state: Mutex::new(CommitState::default()),
-            wake: Condvar::new(),
-        });
+        let committer = Arc::new(Committer::default());
         let live = Arc::new(AtomicU64::new(0));
         let deleted = Arc::new(RwLock::new(HashSet::new()));
         let unflushed: Arc<Unflushed> = Arc::default();
@@ -236,13 +233,7 @@ impl SledStore {
             dirty: false,
             journal_charged: 0,
         };
-        let thread = {
-            let c = committer.clone();
-            std::thread::Builder::new()
-                .name("gridlet-commit".into())
-                .spawn(move || c.run(writer))
-                .map_err(|e| StoreError::Io(format!("cannot start the committer thread: {e}")))?
-        };
+        let thread = Committer::start(&committer, writer)?;
         let (dead_letters, dead_letter_bytes) = deadletters::SledDeadLetterStore::open(
             &events_db,
             &known_queues(&subs, &opts.metadata_path)?,
@@ -279,19 +270,7 @@ impl SledStore {
     /// Count live bytes and remove events of queues no subscription owns (left by a crash between
     /// deleting a subscription's record and its events, or by a metadata directory that was reset).
     fn scan_events(&self) -> Result<(), StoreError> {
-        let known: HashSet<QueueId> = self
-            .subs
-            .iter()
-            .keys()
-            .map(|k| {
-                let k = k.map_err(io)?;
-                let b: [u8; 4] = k
-                    .as_ref()
-                    .try_into()
-                    .map_err(|_| corrupt(&self.paths.0, "bad subscription key"))?;
-                Ok(u32::from_be_bytes(b))
-            })
-            .collect::<Result<_, StoreError>>()?;
+        let known = known_queues(&self.subs, &self.paths.0)?;
         let mut live = 0u64;
         let mut max_seq = 0u64;
         let mut orphans: Vec<(QueueId, u64)> = Vec::new();
