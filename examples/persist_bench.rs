@@ -214,7 +214,7 @@ async fn throughput(persisted: bool, n: u64, concurrency: u64) {
         persisted,
     )
     .await;
-    let before = store.commit_stats();
+    let before = store.commit_counters().unwrap_or_default();
     let start = Instant::now();
     let mut tasks = Vec::new();
     for w in 0..concurrency {
@@ -242,7 +242,7 @@ async fn throughput(persisted: bool, n: u64, concurrency: u64) {
         let _ = tokio::time::timeout(Duration::from_secs(120), wait).await;
     }
     let secs = start.elapsed().as_secs_f64();
-    let after = store.commit_stats();
+    let after = store.commit_counters().unwrap_or_default();
     let mut lat = s.lat_ms.lock().unwrap().clone();
     println!(
         "  persisted={persisted:<5} {total} events, {concurrency} publishers (1 event/request): {:>7.0} events/s end to end; ack p50 {:.2} ms p99 {:.2} ms; publish->delivery p50 {:.2} ms p99 {:.2} ms; {} commits in {} journal syncs, {} checkpoints",
@@ -252,8 +252,8 @@ async fn throughput(persisted: bool, n: u64, concurrency: u64) {
         pct(&mut lat, 0.5),
         pct(&mut lat, 0.99),
         after.commits - before.commits,
-        after.groups - before.groups,
-        after.flushes - before.flushes,
+        after.syncs - before.syncs,
+        after.checkpoints - before.checkpoints,
     );
     g.shutdown().await;
 }

@@ -124,6 +124,7 @@ settings! {
     "broker__retryAfterMaxSeconds" = "3600" : "longest `Retry-After` honoured; longer requests are capped";
     "broker__queueFullPolicy" = "reject" : "when an in-memory subscription holds `broker__maxPendingEventsPerSubscription` events: `reject` the publish with 503 (original), or `deadLetter` that subscription's copies and accept the publish for the others";
     "broker__deadLetter__maxEventsPerSubscription" = "10000" : "dead letters kept per subscription (oldest evicted first; on disk with the sled store); 0 = none kept";
+    "broker__deadLetter__maxBytes" = "33554432" : "bytes of dead letters kept, all subscriptions together (event + id + error + 64 each; in memory with the memory store, on disk and counted against persistence__maxDiskBytes with the sled store): past it the subscription holding the most dead-letter bytes loses its oldest letter first; a letter larger than the bound is not kept; 0 = none kept";
     "broker__endpointHealth__enabled" = "true" : "track each destination URL's health and slow down (disabled) or stop (frozen) deliveries to failing endpoints";
     "broker__endpointHealth__disableFailureRatePercent" = "70" : "an endpoint is disabled when its failure rate exceeds this percentage ...";
     "broker__endpointHealth__disableMinAttempts" = "100" : "... over more than this many recent attempts";
@@ -371,6 +372,8 @@ pub struct Resilience {
     pub retry_after_cap: Duration,
     /// Dead letters kept per subscription (0 = none).
     pub dead_letter_capacity: usize,
+    /// Dead-letter bytes kept, all subscriptions together (0 = none).
+    pub dead_letter_max_bytes: u64,
     /// Full in-memory queue: reject the publish or dead-letter the copy.
     pub queue_full_policy: crate::policy::QueueFullPolicy,
     /// Endpoint health thresholds.
@@ -812,6 +815,7 @@ impl Config {
                 0,
                 10_000_000,
             )? as usize,
+            dead_letter_max_bytes: raw.int("broker__deadLetter__maxBytes", 0, u64::MAX)?,
             queue_full_policy: raw.choice(
                 "broker__queueFullPolicy",
                 &crate::policy::QueueFullPolicy::ALL,

@@ -29,7 +29,8 @@ impl Broker {
         out
     }
 
-    /// The store's families (disk size; group-commit counters of a journaling store).
+    /// The store's families (disk size, dead-letter bytes; group-commit counters of a journaling
+    /// store).
     fn write_store_families(&self, out: &mut String) {
         metrics::write_family(
             out,
@@ -39,6 +40,16 @@ impl Broker {
             &[Series {
                 labels: vec![],
                 value: SeriesValue::Number(self.inner.ctx.store.size_on_disk()),
+            }],
+        );
+        metrics::write_family(
+            out,
+            "gridlet_dead_letter_bytes",
+            "gauge",
+            "Bytes of dead letters kept, all subscriptions together (bounded by broker__deadLetter__maxBytes)",
+            &[Series {
+                labels: vec![],
+                value: SeriesValue::Number(self.inner.ctx.dead_letters.bytes()),
             }],
         );
         if let Some(c) = self.inner.ctx.store.commit_counters() {

@@ -30,7 +30,10 @@ impl Broker {
             dead_letters: store
                 .dead_letters()
                 .unwrap_or_else(|| Arc::new(crate::delivery::deadletter::MemoryDeadLetters::new())),
-            dead_letter_capacity: cfg.resilience.dead_letter_capacity,
+            dead_letter_bound: crate::store::deadletter::DeadLetterBound {
+                per_subscription: cfg.resilience.dead_letter_capacity,
+                max_bytes: cfg.resilience.dead_letter_max_bytes,
+            },
             forwarder: crate::delivery::deadletter::Forwarder::start(),
             drain: Default::default(),
             writer: Arc::new(

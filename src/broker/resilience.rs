@@ -139,7 +139,7 @@ impl Broker {
             (
                 "gridlet_dead_letters_evicted_total",
                 "counter",
-                "Dead letters evicted to stay within broker__deadLetter__maxEventsPerSubscription",
+                "Dead letters evicted (or not kept) to stay within broker__deadLetter__maxEventsPerSubscription and broker__deadLetter__maxBytes, counted on the subscription whose letter arrived",
                 |_, s| Some(s.metrics().dead_letters_evicted.get()),
             ),
             (

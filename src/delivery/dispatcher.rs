@@ -545,16 +545,16 @@ fn keep_letters(
     seqs: Vec<u64>,
 ) -> super::writer::Job {
     let (dead_letters, store) = (ctx.dead_letters.clone(), ctx.store.clone());
-    let capacity = ctx.dead_letter_capacity;
+    let bound = ctx.dead_letter_bound;
     Box::new(move || {
         if shared.is_retired() {
             return;
         }
         let m = &shared.metrics;
         for l in letters {
-            match dead_letters.put(shared.queue_id, l, capacity) {
+            match dead_letters.put(shared.queue_id, l, bound) {
                 Ok(evicted) => {
-                    if capacity > 0 {
+                    if bound.keeps_any() {
                         m.dead_lettered.inc();
                     }
                     m.dead_letters_evicted.add(evicted as u64);

@@ -1,7 +1,7 @@
 //! What every subscription's delivery shares: the broker-wide engine context (clock, store,
 //! in-flight bound, endpoint health, dead letters, memory bound) and the shutdown drain.
 
-use super::deadletter::{DeadLetterStore, Forwarder};
+use super::deadletter::{DeadLetterBound, DeadLetterStore, Forwarder};
 use super::health::{HealthConfig, HealthRegistry};
 use crate::clock::Clock;
 use crate::store::Store;
@@ -26,8 +26,8 @@ pub struct EngineCtx {
     pub health: HealthRegistry,
     /// Dead letters.
     pub dead_letters: Arc<dyn DeadLetterStore>,
-    /// Dead letters kept per subscription.
-    pub dead_letter_capacity: usize,
+    /// What the dead-letter store keeps (per subscription, and bytes all together).
+    pub dead_letter_bound: DeadLetterBound,
     /// Posts dead letters to dead-letter webhooks.
     pub forwarder: Forwarder,
     /// Event payload bytes held in memory (`broker__maxPendingBytes`).

@@ -352,7 +352,8 @@ impl Subscription {
                 StatusCodePolicy::Standard => r.jitter_percent,
             },
             retry_after_cap: r.retry_after_cap,
-            dead_letter: r.dead_letter_capacity > 0 || self.delivery.dead_letter.is_some(),
+            dead_letter: (r.dead_letter_capacity > 0 && r.dead_letter_max_bytes > 0)
+                || self.delivery.dead_letter.is_some(),
             max_attempts: rp
                 .max_delivery_attempts
                 .unwrap_or(cfg.broker.default_max_delivery_attempts),

@@ -1400,3 +1400,101 @@ async fn chaos_with_real_receivers_failing_randomly() {
     assert_eq!(refused("plain"), Some(0));
     assert!(refused("std").unwrap() > 0);
 }
+
+/// Dead letters stay under `broker__deadLetter__maxBytes`, all subscriptions together, with
+/// either store (issue 14): a subscription that floods dead letters gives up its oldest ones,
+/// and a quiet subscription's letters are left alone (the one holding the most bytes pays).
+#[tokio::test]
+async fn dead_letters_stay_within_the_byte_bound() {
+    const MAX: usize = 65_536;
+    for store in ["sled", "memory"] {
+        let t = start(&[
+            ("broker__statusCodePolicy", "standard"),
+            ("broker__maxInFlightPerSubscription", "1"),
+            ("broker__deadLetter__maxBytes", "65536"),
+            ("persistence__store", store),
+        ])
+        .await;
+        let rx = Receiver::start().await;
+        rx.respond_with(400); // refused: dead-lettered at the first attempt
+        t.topic("quiet").await;
+        t.topic("loud").await;
+        t.webhook_sub("quiet", "q", &rx.url("/q"), json!({})).await;
+        t.webhook_sub("loud", "l", &rx.url("/l"), json!({})).await;
+        let quiet: Vec<Value> = (0..3)
+            .map(|i| eg_event(&format!("q{i}"), "s", "x", json!({"pad": "q".repeat(2000)})))
+            .collect();
+        t.publish("quiet", json!(quiet)).await;
+        let q_lbl = "topic=\"quiet\",subscription=\"q\"";
+        wait_for(&t, "the quiet letters", |m| {
+            metric(m, "gridlet_dead_lettered_events_total", q_lbl) == Some(3)
+        })
+        .await;
+        // 100 letters of ≈ 4 KB: about 400 KB offered against a 64 KiB bound.
+        for chunk in 0..5 {
+            let events: Vec<Value> = (0..20)
+                .map(|i| {
+                    let n = chunk * 20 + i;
+                    eg_event(&format!("l{n}"), "s", "x", json!({"pad": "l".repeat(4000)}))
+                })
+                .collect();
+            t.publish("loud", json!(events)).await;
+        }
+        let l_lbl = "topic=\"loud\",subscription=\"l\"";
+        let m = wait_for(&t, "the loud letters", |m| {
+            metric(m, "gridlet_dead_lettered_events_total", l_lbl) == Some(100)
+        })
+        .await;
+        let list = |sub: &'static str, topic: &'static str| {
+            let t = &t;
+            async move {
+                let path = format!("/topics/{topic}/eventSubscriptions/{sub}/deadLetters?top=1000");
+                let (s, body) = t.get(&path).await;
+                assert_eq!(s, 200, "{body}");
+                body["value"].as_array().unwrap().clone()
+            }
+        };
+        let (q, l) = (list("q", "quiet").await, list("l", "loud").await);
+        let bytes: usize = q
+            .iter()
+            .chain(&l)
+            .map(|v| v["event"].to_string().len())
+            .sum();
+        let ids: Vec<&str> = l.iter().map(|v| v["eventId"].as_str().unwrap()).collect();
+        eprintln!(
+            "{store}: {} loud + {} quiet letters kept, {bytes} event bytes (bound {MAX})",
+            l.len(),
+            q.len()
+        );
+        assert!(bytes <= MAX, "{store}: {bytes} bytes of letters kept");
+        assert_eq!(
+            q.len(),
+            3,
+            "{store}: the quiet subscription keeps its letters"
+        );
+        assert!(
+            l.len() >= 8,
+            "{store}: the loud one keeps its newest: {ids:?}"
+        );
+        let newest: Vec<String> = (100 - l.len()..100).map(|n| format!("l{n}")).collect();
+        assert_eq!(ids, newest, "{store}: oldest evicted first");
+        assert_eq!(
+            metric(&m, "gridlet_dead_letters_evicted_total", l_lbl),
+            Some(100 - l.len() as u64),
+            "{store}"
+        );
+        assert_eq!(
+            metric(&m, "gridlet_dead_letters", l_lbl),
+            Some(l.len() as u64)
+        );
+        let held: u64 = m
+            .lines()
+            .find_map(|l| l.strip_prefix("gridlet_dead_letter_bytes "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap();
+        assert!(
+            held as usize <= MAX && held as usize >= bytes,
+            "{store}: {held}"
+        );
+    }
+}

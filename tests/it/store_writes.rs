@@ -5,7 +5,7 @@
 
 use crate::util::*;
 use futures_util::future::BoxFuture;
-use gridlet::store::deadletter::{DeadLetter, DeadLetterStore, MemoryDeadLetters};
+use gridlet::store::deadletter::{DeadLetter, DeadLetterBound, DeadLetterStore, MemoryDeadLetters};
 use gridlet::store::memory::MemoryStore;
 use gridlet::store::{QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent};
 use gridlet::Parts;
@@ -110,10 +110,10 @@ impl DeadLetterStore for SlowLetters {
         &self,
         queue: QueueId,
         letter: DeadLetter,
-        capacity: usize,
+        bound: DeadLetterBound,
     ) -> Result<usize, StoreError> {
         self.hold.at(Write::DeadLetter);
-        self.inner.put(queue, letter, capacity)
+        self.inner.put(queue, letter, bound)
     }
     fn list(
         &self,
@@ -131,6 +131,9 @@ impl DeadLetterStore for SlowLetters {
     }
     fn count(&self, queue: QueueId) -> usize {
         self.inner.count(queue)
+    }
+    fn bytes(&self) -> u64 {
+        self.inner.bytes()
     }
     fn delete_queue(&self, queue: QueueId) -> Result<(), StoreError> {
         self.inner.delete_queue(queue)

@@ -5,23 +5,32 @@
 //! are one contiguous, id-ordered range. The key `[0xff; 4]` holds the highest id ever handed
 //! out: ids keep increasing across restarts even when every letter was replayed or purged.
 //!
-//! * `put` inserts the letter, evicts the queue's lowest ids beyond `capacity` and raises the
-//!   high-water id in **one** sled batch. A per-queue count kept in memory (rebuilt by a scan at
-//!   open) avoids a scan per put.
+//! * `put` inserts the letter, evicts what the bounds require (the queue's lowest ids beyond
+//!   its count; then, under the byte bound, the oldest letters of the queues holding the most
+//!   bytes: the rule is in `store::deadletter`) and raises the high-water id in **one** sled
+//!   batch. Per-queue counts and letter bytes kept in memory (rebuilt by the scan at open)
+//!   avoid a scan per put; finding a victim is one range read of its queue.
 //! * `take` and `delete_queue` remove in one batch. Every mutation holds one mutex across its
 //!   sled calls (short, no await), so counts and the tree never disagree.
 //! * Letters count in the store's live bytes, the same accounting as events: they bring the
-//!   disk bound (507 on publish) closer. A put is never refused for the bound (for a persisted
-//!   subscription the event it replaces is removed right after); they are bounded by
-//!   `broker__deadLetter__maxEventsPerSubscription` per subscription.
+//!   disk bound (507 on publish) closer, and give their bytes back when evicted, taken (replay,
+//!   purge) or deleted with their subscription; the scan at open counts them again. A put is
+//!   never refused for the disk bound (for a persisted subscription the event it replaces is
+//!   removed right after); they are bounded by `broker__deadLetter__maxEventsPerSubscription`
+//!   per subscription and `broker__deadLetter__maxBytes` all together, so at most ≈ 2.5 ×
+//!   `maxBytes` of the disk bound goes to dead letters.
 //! * Writes are not awaited: they ask the committer for a flush (the same policy as retry-state
 //!   updates). Because letters and events share one sled log, and the dispatcher writes the
 //!   letter **before** removing the event, a crash in between leaves both (the event is retried
 //!   and also listed as a dead letter), never neither.
 //! * Letters of queues that no subscription owns any more are removed at open.
 
-use super::{corrupt, io, item_cost, Committer};
-use crate::store::deadletter::{DeadLetter, DeadLetterReason, DeadLetterStore};
+use super::committer::Committer;
+use super::{corrupt, io, item_cost};
+use crate::store::deadletter::{
+    largest_holder, too_large, DeadLetter, DeadLetterBound, DeadLetterReason, DeadLetterStore,
+    LETTER_OVERHEAD,
+};
 use crate::store::{QueueId, StoreError};
 use bytes::Bytes;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -33,10 +42,31 @@ use std::sync::{Arc, Mutex};
 pub const TREE: &str = "deadletters";
 const HIGH_WATER_KEY: [u8; 4] = [0xff; 4];
 const VERSION: u8 = 1;
+/// Bytes of an encoded letter that are not its event id, error text or body (see [`encode`]).
+const ENCODED_FIXED: u64 = 42;
+
+/// [`DeadLetter::size`] of a stored letter, from its encoded length (no decoding).
+fn stored_size(v: &[u8]) -> u64 {
+    (v.len() as u64).saturating_sub(ENCODED_FIXED) + LETTER_OVERHEAD
+}
+
+/// A letter a put evicts.
+struct Victim {
+    queue: QueueId,
+    id: u64,
+    /// [`DeadLetter::size`].
+    size: u64,
+    /// Its live bytes ([`item_cost`]).
+    cost: u64,
+}
 
 #[derive(Default)]
 struct Counts {
     per_queue: HashMap<QueueId, usize>,
+    /// Letter bytes ([`DeadLetter::size`]) per queue, for the byte bound.
+    bytes: HashMap<QueueId, u64>,
+    /// The sum of `bytes`.
+    total: u64,
     /// Highest id handed out (or found at open).
     last_id: u64,
     /// Queues deleted in this process (ids are never reused): a put racing with the delete of
@@ -55,7 +85,7 @@ pub struct SledDeadLetterStore {
 }
 
 fn key(queue: QueueId, id: u64) -> [u8; 12] {
-    super::event_key(queue, id)
+    super::codec::event_key(queue, id)
 }
 
 fn reason_code(r: DeadLetterReason) -> u8 {
@@ -161,7 +191,7 @@ pub fn decode(id: u64, v: &[u8]) -> Option<DeadLetter> {
 }
 
 fn parse_key(k: &[u8]) -> Option<(QueueId, u64)> {
-    super::parse_key(k)
+    super::codec::parse_key(k)
 }
 
 impl SledDeadLetterStore {
@@ -197,6 +227,8 @@ impl SledDeadLetterStore {
             counts.last_id = counts.last_id.max(id);
             if known.contains(&q) {
                 *counts.per_queue.entry(q).or_default() += 1;
+                *counts.bytes.entry(q).or_default() += stored_size(&v);
+                counts.total += stored_size(&v);
                 bytes += item_cost(v.len());
             } else if orphans.last() != Some(&q) {
                 orphans.push(q);
@@ -262,14 +294,85 @@ impl SledDeadLetterStore {
         Ok(out)
     }
 
-    /// Remove a queue's whole range (see [`super::remove_prefix`]); returns the bytes freed.
+    /// Remove a queue's whole range (see [`super::events::remove_prefix`]); returns the bytes freed.
     fn remove_range(&self, queue: QueueId) -> Result<u64, StoreError> {
         let mut g = self.lock();
-        let freed = super::remove_prefix(&self.tree, queue)?;
+        let freed = super::events::remove_prefix(&self.tree, queue)?;
         g.per_queue.remove(&queue);
+        let size = g.bytes.remove(&queue).unwrap_or(0);
+        g.total = g.total.saturating_sub(size);
         drop(g);
         self.committer.nudge();
         Ok(freed)
+    }
+}
+
+impl SledDeadLetterStore {
+    /// The oldest letter of `queue` with an id ≥ `from`, as a victim.
+    fn oldest(&self, queue: QueueId, from: u64) -> Result<Option<Victim>, StoreError> {
+        let Some(item) = self
+            .tree
+            .range(key(queue, from)..=key(queue, u64::MAX))
+            .next()
+        else {
+            return Ok(None);
+        };
+        let (k, v) = item.map_err(io)?;
+        let (_, id) = parse_key(&k).ok_or_else(|| corrupt(&self.path, "bad dead-letter key"))?;
+        Ok(Some(Victim {
+            queue,
+            id,
+            size: stored_size(&v),
+            cost: item_cost(v.len()),
+        }))
+    }
+
+    /// The letters a put of `size` bytes to `queue` evicts to stay within `bound`: first the
+    /// queue's oldest beyond its count, then, under the byte bound, the oldest of whichever
+    /// queue [`largest_holder`] names, one at a time (see `store::deadletter`).
+    fn plan_evictions(
+        &self,
+        c: &Counts,
+        queue: QueueId,
+        size: u64,
+        bound: DeadLetterBound,
+    ) -> Result<Vec<Victim>, StoreError> {
+        let mut held = c.bytes.clone();
+        let mut total = c.total;
+        // Per queue, the id the next victim is looked for from (past those already chosen).
+        let mut from: HashMap<QueueId, u64> = HashMap::new();
+        let mut victims = Vec::new();
+        let mut over = (c.per_queue.get(&queue).copied().unwrap_or(0) + 1)
+            .saturating_sub(bound.per_subscription);
+        loop {
+            let q = if victims.len() < over {
+                queue
+            } else if total + size > bound.max_bytes {
+                match largest_holder(&held, queue, size) {
+                    Some(q) => q,
+                    None => break,
+                }
+            } else {
+                break;
+            };
+            match self.oldest(q, from.get(&q).copied().unwrap_or(0))? {
+                Some(v) => {
+                    from.insert(q, v.id + 1);
+                    let b = held.entry(q).or_default();
+                    *b = b.saturating_sub(v.size);
+                    total = total.saturating_sub(v.size);
+                    victims.push(v);
+                }
+                // The counts promised letters the tree does not have: stop asking this queue.
+                None => {
+                    held.remove(&q);
+                    if q == queue {
+                        over = victims.len();
+                    }
+                }
+            }
+        }
+        Ok(victims)
     }
 }
 
@@ -278,9 +381,9 @@ impl DeadLetterStore for SledDeadLetterStore {
         &self,
         queue: QueueId,
         mut letter: DeadLetter,
-        capacity: usize,
+        bound: DeadLetterBound,
     ) -> Result<usize, StoreError> {
-        if capacity == 0 {
+        if !bound.keeps_any() || too_large(queue, &letter, bound) {
             return Ok(1);
         }
         let mut g = self.lock();
@@ -289,27 +392,37 @@ impl DeadLetterStore for SledDeadLetterStore {
         }
         let id = g.last_id + 1;
         letter.id = id;
+        let size = letter.size();
         let value = encode(&letter);
         let cost = item_cost(value.len());
-        let held = g.per_queue.get(&queue).copied().unwrap_or(0);
-        let evict = (held + 1).saturating_sub(capacity);
+        let victims = self.plan_evictions(&g, queue, size, bound)?;
         let mut batch = sled::Batch::default();
-        let mut freed = 0u64;
-        for item in self.tree.scan_prefix(queue.to_be_bytes()).take(evict) {
-            let (k, v) = item.map_err(io)?;
-            freed += item_cost(v.len());
-            batch.remove(k);
+        for v in &victims {
+            batch.remove(&key(v.queue, v.id));
         }
         batch.insert(&key(queue, id), value);
         batch.insert(&HIGH_WATER_KEY, &id.to_be_bytes());
         self.tree.apply_batch(batch).map_err(io)?;
         g.last_id = id;
-        g.per_queue.insert(queue, held + 1 - evict);
+        let mut freed = 0u64;
+        for v in &victims {
+            if let Some(n) = g.per_queue.get_mut(&v.queue) {
+                *n = n.saturating_sub(1);
+            }
+            if let Some(b) = g.bytes.get_mut(&v.queue) {
+                *b = b.saturating_sub(v.size);
+            }
+            g.total = g.total.saturating_sub(v.size);
+            freed += v.cost;
+        }
+        *g.per_queue.entry(queue).or_default() += 1;
+        *g.bytes.entry(queue).or_default() += size;
+        g.total += size;
         drop(g);
         self.live.fetch_add(cost, Ordering::Relaxed);
         self.sub_live(freed);
         self.committer.nudge();
-        Ok(evict)
+        Ok(victims.len())
     }
 
     fn list(
@@ -353,6 +466,11 @@ impl DeadLetterStore for SledDeadLetterStore {
         if let Some(n) = g.per_queue.get_mut(&queue) {
             *n = n.saturating_sub(found.len());
         }
+        let size: u64 = found.iter().map(|(l, _)| l.size()).sum();
+        if let Some(b) = g.bytes.get_mut(&queue) {
+            *b = b.saturating_sub(size);
+        }
+        g.total = g.total.saturating_sub(size);
         drop(g);
         self.sub_live(freed);
         self.committer.nudge();
@@ -361,6 +479,10 @@ impl DeadLetterStore for SledDeadLetterStore {
 
     fn count(&self, queue: QueueId) -> usize {
         self.lock().per_queue.get(&queue).copied().unwrap_or(0)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.lock().total
     }
 
     fn delete_queue(&self, queue: QueueId) -> Result<(), StoreError> {
@@ -389,6 +511,11 @@ mod tests {
             checkpoint_every: crate::store::sled::CHECKPOINT_EVERY,
         }
     }
+
+    const TEN: DeadLetterBound = DeadLetterBound {
+        per_subscription: 10,
+        max_bytes: u64::MAX,
+    };
 
     fn letter(seq: u64, err: Option<&str>) -> DeadLetter {
         DeadLetter {
@@ -421,6 +548,46 @@ mod tests {
         let s = with_queues(dir.path());
         crate::store::deadletter::contract::run(s.dead_letters().unwrap().as_ref());
         assert_eq!(s.live_bytes(), 0, "every letter's bytes given back");
+        let dir = tempfile::tempdir().unwrap();
+        let s = with_queues(dir.path());
+        crate::store::deadletter::contract::byte_bound(s.dead_letters().unwrap().as_ref());
+        assert_eq!(s.live_bytes(), 0, "evicted letters' bytes given back");
+    }
+
+    /// The byte bound's counts are rebuilt at open: after a restart the same letters count,
+    /// and the next put evicts as if the store had never closed.
+    #[test]
+    fn letter_bytes_are_recounted_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = DeadLetterBound {
+            per_subscription: 100,
+            max_bytes: 1000,
+        };
+        let (bytes, live) = {
+            let s = with_queues(dir.path());
+            let d = s.dead_letters().unwrap();
+            for i in 1..=20 {
+                d.put(1 + (i % 2) as u32, letter(i, Some("HTTP 500")), b)
+                    .unwrap();
+            }
+            assert!(d.bytes() <= 1000 && d.bytes() > 800, "{}", d.bytes());
+            (d.bytes(), s.live_bytes())
+        };
+        let s = SledStore::open(&opts(dir.path())).unwrap();
+        let d = s.dead_letters().unwrap();
+        assert_eq!((d.bytes(), s.live_bytes()), (bytes, live));
+        let before = d.count(1) + d.count(2);
+        assert_eq!(d.put(2, letter(21, Some("HTTP 500")), b).unwrap(), 1);
+        assert_eq!(d.count(1) + d.count(2), before);
+        let listed: u64 = [1, 2]
+            .iter()
+            .flat_map(|q| d.list(*q, 0, 100).unwrap())
+            .map(|l| l.size())
+            .sum();
+        assert_eq!(d.bytes(), listed);
+        assert!(d.bytes() <= 1000);
+        // Same number of letters: the live bytes moved exactly as the letter bytes did.
+        assert_eq!(s.live_bytes() - d.bytes(), live - bytes);
     }
 
     #[test]
@@ -431,6 +598,13 @@ mod tests {
             assert_eq!(decode(5, &encode(&l)), Some(want));
         }
         assert_eq!(decode(1, b"\x02junk"), None);
+        for l in [letter(7, Some("HTTP 400")), letter(8, None)] {
+            assert_eq!(
+                stored_size(&encode(&l)),
+                l.size(),
+                "sizes agree without decoding"
+            );
+        }
         assert_eq!(decode(1, &encode(&letter(1, None))[..20]), None);
     }
 
@@ -441,9 +615,9 @@ mod tests {
         {
             let s = with_queues(dir.path());
             let d = s.dead_letters().unwrap();
-            d.put(1, letter(1, Some("HTTP 500")), 10).unwrap();
-            d.put(2, letter(2, None), 10).unwrap();
-            let gone = d.put(3, letter(3, None), 10).unwrap();
+            d.put(1, letter(1, Some("HTTP 500")), TEN).unwrap();
+            d.put(2, letter(2, None), TEN).unwrap();
+            let gone = d.put(3, letter(3, None), TEN).unwrap();
             assert_eq!(gone, 0);
             d.take(3, None).unwrap();
             last = d.list(2, 0, 10).unwrap()[0].id;
@@ -457,7 +631,7 @@ mod tests {
         assert_eq!(d.count(1), 1);
         assert_eq!(d.count(2), 0, "orphan letters removed at open");
         assert!(d.list(2, 0, 10).unwrap().is_empty());
-        d.put(3, letter(4, None), 10).unwrap();
+        d.put(3, letter(4, None), TEN).unwrap();
         let id = d.list(3, 0, 10).unwrap()[0].id;
         assert!(id > last + 1, "ids continue above every id ever used: {id}");
         let before = s.live_bytes();
@@ -467,7 +641,7 @@ mod tests {
         d.delete_queue(3).unwrap();
         assert_eq!(s.live_bytes(), 0);
         // A late put for a deleted subscription (its task still settling) leaves nothing behind.
-        d.put(3, letter(5, None), 10).unwrap();
+        d.put(3, letter(5, None), TEN).unwrap();
         assert_eq!((d.count(3), s.live_bytes()), (0, 0));
     }
 }

@@ -8,7 +8,7 @@
 //! it is not a power-loss barrier (`sync_file_range` flushes neither the device cache nor file
 //! metadata). Writing the group here and `fdatasync`ing costs ≈ 50–75 µs of CPU and *is* one.
 //!
-//! # Protocol (the committer thread, `super::Committer`)
+//! # Protocol (the committer thread, `super::committer`)
 //!
 //! 1. A group of publishes (all that arrived while the previous sync ran) gets the next log
 //!    sequence number *L* and is written here as one record, together with the events settled
