@@ -1,9 +1,11 @@
-//! One task per subscription: picks batches from its [`SubQueue`], sends them through its
-//! [`Sink`], and applies [`retry::next_step`] to every outcome.
+//! One task per subscription: picks batches from its [`super::queue::SubQueue`], sends them
+//! through its [`Sink`], and applies [`retry::next_step`] to every outcome. The store writes
+//! that follow (remove, retry state, dead letters) go to the store writer
+//! ([`super::writer`]); reading spilled events back is [`super::refill`]'s.
 //!
 //! The task owns its in-flight sends (a `JoinSet`): deleting the subscription aborts the task and
 //! with it every send. Completions are processed by the task itself, so queue state has a single
-//! writer besides `publish` pushing to the ready lane.
+//! writer besides the subscription handle pushing new events.
 //!
 //! Isolation: a subscription can hold at most `max_in_flight` requests (a quarter of them
 //! retries) and every request also needs a permit from the broker-wide semaphore; a hanging
@@ -18,11 +20,12 @@ use super::deadletter::{DeadLetter, Forward};
 use super::engine::{EngineCtx, Running};
 use super::health::Admission;
 use super::policy;
-use super::queue::{Batch, EventData, Limits, Pending};
+use super::queue::{Batch, Limits, Pending};
+use super::refill::{refill, Lane};
 use super::retry::{self, DropReason, Step};
 use super::sink::{DeliveryRequest, Outcome, Sink};
 use super::subscription::{SubConfig, SubShared};
-use crate::store::{QueueId, RetryState, Store, StoreError, StoredEvent};
+use crate::store::RetryState;
 use crate::sync::AbortOnDrop;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,280 +49,220 @@ type SendResult = (Batch, Outcome, Duration);
 /// expiry this often.
 const EXPIRY_SWEEP: Duration = Duration::from_secs(1);
 
+/// What a round of sending left the task waiting for.
+struct Round {
+    /// The limits in force this round (for the retry wake-up).
+    lim: Limits,
+    /// Every broker-wide permit is taken: wait for one.
+    wait_permit: bool,
+    /// Sending is held back by endpoint health: wake at this time (`None` = only when
+    /// notified). `None` here: not held back.
+    held: Option<Option<Instant>>,
+}
+
+/// The task's own state between rounds.
+struct Task {
+    shared: Arc<SubShared>,
+    ctx: Arc<EngineCtx>,
+    in_flight: JoinSet<SendResult>,
+    /// A broker-wide permit acquired while waiting, kept for the next batch.
+    spare: Option<OwnedSemaphorePermit>,
+    /// While sending is held back, expiry is swept at most once per [`EXPIRY_SWEEP`]
+    /// (publishes wake the task far more often).
+    next_sweep: Instant,
+}
+
 async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
-    let mut in_flight: JoinSet<SendResult> = JoinSet::new();
-    // A broker-wide permit acquired while waiting, kept for the next batch.
-    let mut spare: Option<OwnedSemaphorePermit> = None;
-    // While sending is held back, expiry is swept at most once per EXPIRY_SWEEP (publishes wake
-    // the task far more often).
-    let mut next_sweep = Instant::now();
+    let mut t = Task {
+        shared,
+        ctx,
+        in_flight: JoinSet::new(),
+        spare: None,
+        next_sweep: Instant::now(),
+    };
     loop {
-        if ctx.drain.started() {
+        if t.ctx.drain.started() {
             // Shutting down: start nothing, settle what is in flight, then end.
-            match in_flight.join_next().await {
+            match t.in_flight.join_next().await {
                 Some(Ok((batch, outcome, latency))) => {
-                    settle(&shared, &ctx, batch, outcome, latency)
+                    settle(&t.shared, &t.ctx, batch, outcome, latency)
                 }
                 Some(Err(_)) => {}
                 None => return,
             }
             continue;
         }
-        // A persisted subscription's window ran low, or spilled retries fell due: read the
-        // next events' bodies from the store.
-        let want = shared.queue().refill_wanted();
+        t.refill_due().await;
+        let Some(round) = t.send_ready() else {
+            return; // the broker is shutting down
+        };
+        if !t.wait(round).await {
+            return;
+        }
+    }
+}
+
+impl Task {
+    /// A persisted subscription's window ran low, or spilled retries fell due: read the next
+    /// events' bodies from the store.
+    async fn refill_due(&self) {
+        let want = self.shared.queue().refill_wanted();
         if !want.is_empty() {
-            refill(&shared, &ctx, Lane::Ready, want).await;
+            refill(&self.shared, &self.ctx, Lane::Ready, want).await;
         }
-        let due = shared.queue().retry_refill_wanted(Instant::now());
+        let due = self.shared.queue().retry_refill_wanted(Instant::now());
         if !due.is_empty() {
-            refill(&shared, &ctx, Lane::Retry, due).await;
+            refill(&self.shared, &self.ctx, Lane::Retry, due).await;
         }
-        let mut wait_permit = false;
-        // Sending held back by endpoint health: wake at this time (None = only when notified).
-        let mut held: Option<Option<Instant>> = None;
-        // Send everything that can go now.
-        let mut lim;
+    }
+
+    /// Start every batch that can go now. `None`: the broker-wide semaphore is closed.
+    fn send_ready(&mut self) -> Option<Round> {
         loop {
-            let cfg = shared.config();
-            lim = limits(&cfg, &ctx);
-            let now_ms = ctx.clock.now_ms();
+            let cfg = self.shared.config();
+            let lim = limits(&cfg, &self.ctx);
+            let now_ms = self.ctx.clock.now_ms();
             let admission = cfg
                 .health
                 .as_ref()
-                .map_or(Admission::Send, |h| h.admit(&ctx.health_cfg, now_ms));
+                .map_or(Admission::Send, |h| h.admit(&self.ctx.health_cfg, now_ms));
             if let Admission::WaitUntil(_) | Admission::ProbeInFlight | Admission::Blocked =
                 admission
             {
-                // Nothing may go: only let expired events leave.
-                if Instant::now() >= next_sweep {
-                    next_sweep = Instant::now() + EXPIRY_SWEEP;
-                    let expired = shared.queue().take_expired(|p| {
-                        retry::is_expired(&cfg.policy, p.first_enqueued_ms, now_ms)
-                    });
-                    if !expired.is_empty() {
-                        drop_events(&shared, &ctx, expired, DropReason::TimeToLiveExceeded, None);
-                    }
-                }
-                let sweep = (shared.queue().pending() > 0).then_some(next_sweep);
-                held = Some(match admission {
-                    Admission::WaitUntil(t) => {
-                        let probe =
-                            Instant::now() + Duration::from_millis(t.saturating_sub(now_ms));
-                        Some(sweep.map_or(probe, |s| s.min(probe)))
-                    }
-                    _ => sweep,
+                let held = Some(self.hold_back(&cfg, admission, now_ms));
+                return Some(Round {
+                    lim,
+                    wait_permit: false,
+                    held,
                 });
-                break;
             }
-            let permit = match spare.take() {
+            let permit = match self.spare.take() {
                 Some(p) => p,
-                None => match ctx.global.clone().try_acquire_owned() {
+                None => match self.ctx.global.clone().try_acquire_owned() {
                     Ok(p) => p,
                     Err(TryAcquireError::NoPermits) => {
-                        wait_permit = true;
-                        break;
+                        return Some(Round {
+                            lim,
+                            wait_permit: true,
+                            held: None,
+                        })
                     }
-                    Err(TryAcquireError::Closed) => return, // the broker is shutting down
+                    Err(TryAcquireError::Closed) => return None,
                 },
             };
             let mut expired = Vec::new();
-            let picked = shared.queue().pick(
+            let picked = self.shared.queue().pick(
                 Instant::now(),
                 &lim,
                 |p| retry::is_expired(&cfg.policy, p.first_enqueued_ms, now_ms),
                 &mut expired,
             );
             if !expired.is_empty() {
-                drop_events(&shared, &ctx, expired, DropReason::TimeToLiveExceeded, None);
+                let reason = DropReason::TimeToLiveExceeded;
+                drop_events(&self.shared, &self.ctx, expired, reason, None);
             }
-            let Some(mut batch) = picked else {
-                drop(permit);
-                break;
+            let Some(batch) = picked else {
+                return Some(Round {
+                    lim,
+                    wait_permit: false,
+                    held: None,
+                });
             };
-            let now = Instant::now();
-            for p in &mut batch.items {
-                if p.attempts == 0 {
-                    let delay = now.saturating_duration_since(p.enqueued_at);
-                    shared
-                        .metrics
-                        .system_delay_for_first_attempt_ms
-                        .observe_ms(delay.as_millis() as u64);
-                }
-                p.attempts += 1;
-            }
-            let req = DeliveryRequest {
-                topic: shared.topic.clone(),
-                subscription: shared.name.clone(),
-                schema: cfg.sub.delivery_schema,
-                events: batch.items.iter().map(|p| p.event.body.clone()).collect(),
-                attempt: batch.items.first().map(|p| p.attempts).unwrap_or(1),
-                batch_id: batch.items.first().map(|p| p.seq).unwrap_or(0),
-            };
-            in_flight.spawn(send(cfg.sink.clone(), req, batch, permit));
+            self.start_attempt(&cfg, batch, permit);
             if admission == Admission::Probe {
                 if let Some(h) = &cfg.health {
-                    h.start_probe(&ctx.health_cfg, now_ms);
+                    h.start_probe(&self.ctx.health_cfg, now_ms);
                 }
-                break; // one probe only
+                // One probe only.
+                return Some(Round {
+                    lim,
+                    wait_permit: false,
+                    held: None,
+                });
             }
         }
+    }
+
+    /// Nothing may go (endpoint disabled or frozen): only let expired events leave. Returns
+    /// when to wake (`None`: only when notified).
+    fn hold_back(&mut self, cfg: &SubConfig, admission: Admission, now_ms: u64) -> Option<Instant> {
+        if Instant::now() >= self.next_sweep {
+            self.next_sweep = Instant::now() + EXPIRY_SWEEP;
+            let expired = self
+                .shared
+                .queue()
+                .take_expired(|p| retry::is_expired(&cfg.policy, p.first_enqueued_ms, now_ms));
+            if !expired.is_empty() {
+                let reason = DropReason::TimeToLiveExceeded;
+                drop_events(&self.shared, &self.ctx, expired, reason, None);
+            }
+        }
+        let sweep = (self.shared.queue().pending() > 0).then_some(self.next_sweep);
+        match admission {
+            Admission::WaitUntil(t) => {
+                let probe = Instant::now() + Duration::from_millis(t.saturating_sub(now_ms));
+                Some(sweep.map_or(probe, |s| s.min(probe)))
+            }
+            _ => sweep,
+        }
+    }
+
+    /// Count the attempt and send the batch in its own task.
+    fn start_attempt(&mut self, cfg: &SubConfig, mut batch: Batch, permit: OwnedSemaphorePermit) {
+        let now = Instant::now();
+        for p in &mut batch.items {
+            if p.attempts == 0 {
+                let delay = now.saturating_duration_since(p.enqueued_at);
+                self.shared
+                    .metrics
+                    .system_delay_for_first_attempt_ms
+                    .observe_ms(delay.as_millis() as u64);
+            }
+            p.attempts += 1;
+        }
+        let req = DeliveryRequest {
+            topic: self.shared.topic.clone(),
+            subscription: self.shared.name.clone(),
+            schema: cfg.sub.delivery_schema,
+            events: batch.items.iter().map(|p| p.event.body.clone()).collect(),
+            attempt: batch.items.first().map(|p| p.attempts).unwrap_or(1),
+            batch_id: batch.items.first().map(|p| p.seq).unwrap_or(0),
+        };
+        self.in_flight
+            .spawn(send(cfg.sink.clone(), req, batch, permit));
+    }
+
+    /// Wait for what the round left pending: a wake-up, a finished send (settled here), a
+    /// broker-wide permit, or a retry falling due. `false`: the broker is shutting down.
+    async fn wait(&mut self, round: Round) -> bool {
         // Retry timers only matter while sending is allowed (a held-back due retry would
         // otherwise wake the task in a loop).
-        let next_due = match held {
+        let next_due = match round.held {
             Some(wake) => wake,
-            None => shared.queue().next_wakeup(&lim),
+            None => self.shared.queue().next_wakeup(&round.lim),
         };
         tokio::select! {
-            _ = shared.notify.notified() => {}
-            Some(done) = in_flight.join_next(), if !in_flight.is_empty() => {
+            _ = self.shared.notify.notified() => {}
+            Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
                 match done {
-                    Ok((batch, outcome, latency)) => settle(&shared, &ctx, batch, outcome, latency),
-                    Err(e) if e.is_panic() => tracing::error!(subscription = %shared.name, "delivery task panicked"),
+                    Ok((batch, outcome, latency)) => settle(&self.shared, &self.ctx, batch, outcome, latency),
+                    Err(e) if e.is_panic() => tracing::error!(subscription = %self.shared.name, "delivery task panicked"),
                     Err(_) => {}
                 }
             }
-            p = ctx.global.clone().acquire_owned(), if wait_permit => {
+            p = self.ctx.global.clone().acquire_owned(), if round.wait_permit => {
                 match p {
-                    Ok(p) => spare = Some(p),
-                    Err(_) => return,
+                    Ok(p) => self.spare = Some(p),
+                    Err(_) => return false,
                 }
             }
             _ = sleep_until_opt(next_due) => {}
         }
+        true
     }
 }
 
-/// Events read per sled call batch while refilling a window.
-const REFILL_CHUNK: usize = 64;
-
-/// What a window refill read: events (in the order asked), how many were gone from the store,
-/// and the sequence numbers left unread (over the byte budget).
-type WindowRead = (Vec<StoredEvent>, usize, Vec<u64>);
-
-/// Read spilled events' bodies from the store, stopping once `room` body bytes are read (at
-/// least one event is always read). Runs on a blocking thread.
-fn read_window(
-    store: &dyn Store,
-    queue: QueueId,
-    seqs: &[u64],
-    room: usize,
-) -> Result<WindowRead, StoreError> {
-    let mut out = Vec::with_capacity(seqs.len());
-    let mut missing = 0usize;
-    let mut bytes = 0usize;
-    let mut done = 0usize;
-    for chunk in seqs.chunks(REFILL_CHUNK) {
-        if !out.is_empty() && bytes >= room {
-            break;
-        }
-        for e in store.get(queue, chunk)? {
-            match e {
-                Some(e) => {
-                    bytes += e.body.len();
-                    out.push(e);
-                }
-                None => missing += 1,
-            }
-        }
-        done += chunk.len();
-    }
-    Ok((out, missing, seqs.get(done..).unwrap_or_default().to_vec()))
-}
-
-/// Which in-memory window a refill is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Lane {
-    /// Events waiting for their first attempt.
-    Ready,
-    /// Retries that fell due.
-    Retry,
-}
-
-/// Move spilled events into a window: read their bodies (and retry states) off the async
-/// threads, drop the expired ones (TTL of a spilled event is checked here, when it enters the
-/// window), queue the rest. A read failure puts them back and pauses refills for a second.
-async fn refill(shared: &Arc<SubShared>, ctx: &Arc<EngineCtx>, lane: Lane, seqs: Vec<u64>) {
-    let room = match lane {
-        Lane::Ready => shared.queue().window_room_bytes(),
-        Lane::Retry => shared.queue().retry_room_bytes(),
-    };
-    let store = ctx.store.clone();
-    let queue = shared.queue_id;
-    let asked = seqs.clone();
-    // A retry's state is read back with its body: the update that wrote it must have run.
-    let (writer, mark) = (ctx.writer.clone(), ctx.writer.mark());
-    let read = tokio::task::spawn_blocking(move || {
-        writer.wait_for(mark);
-        read_window(store.as_ref(), queue, &seqs, room)
-    })
-    .await;
-    let (events, missing, unread) = match read {
-        Ok(Ok(r)) => r,
-        failed => {
-            let why = match failed {
-                Ok(Err(e)) => e.to_string(),
-                Err(e) => e.to_string(),
-                Ok(Ok(_)) => String::new(),
-            };
-            tracing::error!(subscription = %shared.name, error = %why, "could not read queued events from the store; retrying in 1 s");
-            hand_back(shared, ctx, lane, Vec::new(), asked);
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            return;
-        }
-    };
-    let cfg = shared.config();
-    let now_ms = ctx.clock.now_ms();
-    let now = Instant::now();
-    let (expired, ready): (Vec<Pending>, Vec<Pending>) = events
-        .into_iter()
-        .map(|e| {
-            let age = Duration::from_millis(now_ms.saturating_sub(e.state.first_enqueued_ms));
-            Pending {
-                seq: e.seq,
-                event: Arc::new(EventData::new(
-                    e.body,
-                    e.id.into_boxed_str(),
-                    Some(&ctx.pending_bytes),
-                )),
-                attempts: e.state.attempts,
-                first_enqueued_ms: e.state.first_enqueued_ms,
-                enqueued_at: now.checked_sub(age).unwrap_or(now),
-            }
-        })
-        .partition(|p| retry::is_expired(&cfg.policy, p.first_enqueued_ms, now_ms));
-    hand_back(shared, ctx, lane, ready, unread);
-    shared.queue().settle(missing);
-    if missing > 0 {
-        tracing::warn!(subscription = %shared.name, events = missing, "queued events were no longer in the store; skipped");
-    }
-    if !expired.is_empty() {
-        drop_events(shared, ctx, expired, DropReason::TimeToLiveExceeded, None);
-        // An expired backlog is walked through window by window without waiting for a send.
-        shared.notify.notify_one();
-    }
-}
-
-/// Give a refill's result to its lane.
-fn hand_back(
-    shared: &SubShared,
-    ctx: &EngineCtx,
-    lane: Lane,
-    loaded: Vec<Pending>,
-    unread: Vec<u64>,
-) {
-    match lane {
-        Lane::Ready => shared.queue().refilled(loaded, unread),
-        Lane::Retry => {
-            let lim = limits(&shared.config(), ctx);
-            shared
-                .queue()
-                .retries_loaded(loaded, unread, Instant::now(), &lim);
-        }
-    }
-}
-
-fn limits(cfg: &SubConfig, ctx: &EngineCtx) -> Limits {
+pub(super) fn limits(cfg: &SubConfig, ctx: &EngineCtx) -> Limits {
     Limits {
         max_events: cfg.caps.0,
         max_bytes: cfg.caps.1,
@@ -369,7 +312,6 @@ fn settle(
     let n = batch.items.len() as u64;
     m.delivery_attempts_count.add(n);
     let ms = latency.as_millis() as u64;
-    let persisted = cfg.sub.persisted;
     if let Some(h) = &cfg.health {
         h.record_outcome(&ctx.health_cfg, &outcome, ctx.clock.now_ms());
     }
@@ -379,7 +321,7 @@ fn settle(
         if ctx.log_success {
             tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, attempt = batch.items.first().map(|p| p.attempts), latency_ms = ms, "delivered");
         }
-        if persisted {
+        if cfg.sub.persisted {
             let seqs: Vec<u64> = batch.items.iter().map(|p| p.seq).collect();
             let (store, queue, name) = (ctx.store.clone(), shared.queue_id, shared.name.clone());
             ctx.writer.submit(Box::new(move || {
@@ -400,45 +342,46 @@ fn settle(
     if let Outcome::Failed { kind, .. } = &outcome {
         tracing::debug!(topic = %shared.topic, subscription = %shared.name, events = n, failure = %kind, "delivery attempt failed");
     }
+    settle_failed(shared, ctx, &cfg, batch, &outcome);
+    shared.notify.notify_one();
+}
+
+/// A failed attempt: each event is retried (state stored first for a persisted subscription),
+/// or dead-lettered by reason, as [`retry::next_step`] decides.
+fn settle_failed(
+    shared: &Arc<SubShared>,
+    ctx: &EngineCtx,
+    cfg: &SubConfig,
+    batch: Batch,
+    outcome: &Outcome,
+) {
     let now_ms = ctx.clock.now_ms();
     let mut retry_items = Vec::new();
     let mut retry_delay = Duration::ZERO;
-    let mut dropped: Vec<(DropReason, Pending)> = Vec::new();
+    let mut dropped: Vec<(DropReason, Vec<Pending>)> = Vec::new();
     for p in batch.items {
+        let jitter = policy::jitter_key(p.seq, p.attempts);
         match retry::next_step(
             &cfg.policy,
             p.attempts,
             p.first_enqueued_ms,
             now_ms,
-            &outcome,
-            policy::jitter_key(p.seq, p.attempts),
+            outcome,
+            jitter,
         ) {
             Step::Retry(d) => {
                 retry_delay = retry_delay.max(d);
                 retry_items.push(p);
             }
-            Step::Drop(r) => dropped.push((r, p)),
+            Step::Drop(r) => match dropped.iter_mut().find(|(x, _)| *x == r) {
+                Some((_, v)) => v.push(p),
+                None => dropped.push((r, vec![p])),
+            },
             Step::Done => {}
         }
     }
-    if persisted && !retry_items.is_empty() {
-        let seqs: Vec<u64> = retry_items.iter().map(|p| p.seq).collect();
-        let first = retry_items
-            .iter()
-            .map(|p| p.first_enqueued_ms)
-            .min()
-            .unwrap_or(now_ms);
-        let state = RetryState {
-            attempts: retry_items.first().map(|p| p.attempts).unwrap_or(0),
-            first_enqueued_ms: first,
-            due_ms: now_ms + retry_delay.as_millis() as u64,
-        };
-        let (store, queue, name) = (ctx.store.clone(), shared.queue_id, shared.name.clone());
-        ctx.writer.submit(Box::new(move || {
-            if let Err(e) = store.update(queue, &seqs, state) {
-                tracing::error!(subscription = %name, error = %e, "could not persist retry state");
-            }
-        }));
+    if cfg.sub.persisted && !retry_items.is_empty() {
+        store_retry_state(shared, ctx, &retry_items, now_ms, retry_delay);
     }
     {
         let mut q = shared.queue();
@@ -447,21 +390,42 @@ fn settle(
             q.schedule_retry(Instant::now() + retry_delay, retry_items);
         }
     }
-    let mut by_reason: Vec<(DropReason, Vec<Pending>)> = Vec::new();
-    for (r, p) in dropped {
-        match by_reason.iter_mut().find(|(x, _)| *x == r) {
-            Some((_, v)) => v.push(p),
-            None => by_reason.push((r, vec![p])),
+    for (r, items) in dropped {
+        drop_events(shared, ctx, items, r, Some(outcome));
+    }
+}
+
+/// Record a retrying batch's state (attempts, first enqueue, due time) in the store, through
+/// the writer: a restart neither retries early nor resets attempts, and a spilled retry is
+/// read back with it.
+fn store_retry_state(
+    shared: &SubShared,
+    ctx: &EngineCtx,
+    items: &[Pending],
+    now_ms: u64,
+    delay: Duration,
+) {
+    let seqs: Vec<u64> = items.iter().map(|p| p.seq).collect();
+    let first = items
+        .iter()
+        .map(|p| p.first_enqueued_ms)
+        .min()
+        .unwrap_or(now_ms);
+    let state = RetryState {
+        attempts: items.first().map(|p| p.attempts).unwrap_or(0),
+        first_enqueued_ms: first,
+        due_ms: now_ms + delay.as_millis() as u64,
+    };
+    let (store, queue, name) = (ctx.store.clone(), shared.queue_id, shared.name.clone());
+    ctx.writer.submit(Box::new(move || {
+        if let Err(e) = store.update(queue, &seqs, state) {
+            tracing::error!(subscription = %name, error = %e, "could not persist retry state");
         }
-    }
-    for (r, items) in by_reason {
-        drop_events(shared, ctx, items, r, Some(&outcome));
-    }
-    shared.notify.notify_one();
+    }));
 }
 
 /// Events leave the queue undelivered: dead-lettered ([`dead_letter`]) and settled.
-fn drop_events(
+pub(super) fn drop_events(
     shared: &Arc<SubShared>,
     ctx: &EngineCtx,
     items: Vec<Pending>,

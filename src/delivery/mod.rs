@@ -30,6 +30,7 @@ pub mod http;
 pub mod payload;
 pub mod policy;
 pub mod queue;
+mod refill;
 pub mod retry;
 pub mod signing;
 pub mod sink;
