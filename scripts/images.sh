@@ -48,7 +48,7 @@ ensure_builder() {
     local root="$CACHE/rust-builder-base-amd64.tar"
     if [ ! -s "$root" ]; then
         log "making a Debian bookworm root for the builder (mmdebstrap)"
-        mmdebstrap --quiet --variant=minbase --include=ca-certificates,curl,gcc,libc6-dev \
+        mmdebstrap --quiet --format=tar --variant=minbase --include=ca-certificates,curl,gcc,libc6-dev \
             bookworm "$root.tmp" http://deb.debian.org/debian
         mv "$root.tmp" "$root"
     fi
