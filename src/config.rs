@@ -119,7 +119,7 @@ settings! {
     "broker__shutdownDrainTimeoutInSeconds" = "8" : "on SIGTERM, deliveries in flight get this long to complete and be settled (nothing new is sent); keep it below the container's stop grace period (Docker's default is 10 s before SIGKILL; a longer `StopTimeout` in the module's createOptions allows a longer drain); 0 = abandon them (persisted events are redelivered after the restart)";
     "broker__workerThreads" = "0" : "threads of the async runtime; 0 = one per CPU core. `1` keeps gridlet on one core: on a saturated 2-core VM its p99 fell from ~10 ms to ~0.4 ms and its CPU per event at 1,000 events/s by a quarter, for 8–13 % less peak throughput (docs/BENCHMARKS.md)";
     "broker__statusCodePolicy" = "original" : "`original` retries every failure on the schedule; `standard` dead-letters 400/413 at once (with a dead-letter destination), honours `Retry-After` on 429/503 and jitters delays";
-    "broker__retrySchedule" = "original" : "retry schedule when a subscription sets no `retryPolicy.schedule`: `original` (1 min, then every 10 min), `eventGridCloud`, `workfront`";
+    "broker__retrySchedule" = "oneThenEveryTenMinutes" : "retry schedule when a subscription sets no `retryPolicy.schedule`: `oneThenEveryTenMinutes` (1 min, then every 10 min), `tenSecondsToHourly` (10 s, 30 s, 1 m, 5 m, 10 m, 30 m, 1 h, then hourly) or `doublingForFourDays` (11 retries, the delay doubling from 1.4 min to 48.2 h, the last about four days after the first attempt; then it gives up); the old names `original`, `eventGridCloud`, `workfront` are accepted";
     "broker__retryJitterPercent" = "10" : "under `standard`, every retry delay is spread by up to this many percent either way (0 = exact)";
     "broker__retryAfterMaxSeconds" = "3600" : "longest `Retry-After` honoured; longer requests are capped";
     "broker__queueFullPolicy" = "reject" : "when an in-memory subscription holds `broker__maxPendingEventsPerSubscription` events: `reject` the publish with 503 (original), or `deadLetter` that subscription's copies and accept the publish for the others";
@@ -799,8 +799,10 @@ impl Config {
                 "broker__statusCodePolicy",
                 &crate::policy::StatusCodePolicy::ALL,
             )?,
-            retry_schedule: raw
-                .choice("broker__retrySchedule", &crate::policy::ScheduleName::ALL)?,
+            retry_schedule: raw.choice(
+                "broker__retrySchedule",
+                &crate::policy::ScheduleName::ACCEPTED,
+            )?,
             jitter_percent: raw.int("broker__retryJitterPercent", 0, 50)? as u8,
             retry_after_cap: Duration::from_secs(raw.int(
                 "broker__retryAfterMaxSeconds",
