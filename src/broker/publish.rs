@@ -12,6 +12,7 @@
 //! restart, or expire). The request only waits for that task.
 
 use super::{store_err, Broker, SubEntry, TopicEntry};
+use crate::config::Key;
 use crate::delivery::dispatcher::{SubConfig, SubShared};
 use crate::delivery::queue::{EventData, Pending};
 use crate::error::ApiError;
@@ -164,8 +165,10 @@ impl Broker {
                 }
                 return Err(ApiError::unavailable(
                     format!(
-                        "subscription '{}' has {} pending events (broker__maxPendingEventsPerSubscription); retry later",
-                        sub.shared.name, max_pending
+                        "subscription '{}' has {} pending events ({}); retry later",
+                        sub.shared.name,
+                        max_pending,
+                        Key::broker__maxPendingEventsPerSubscription.name()
                     ),
                     Duration::from_secs(10),
                 ));
@@ -182,9 +185,10 @@ impl Broker {
         if to_memory && !self.has_byte_room(routes.matched_bytes) {
             return Err(ApiError::unavailable(
                 format!(
-                    "gridlet holds {} of the {} bytes of undelivered events broker__maxPendingBytes allows in memory; retry later",
+                    "gridlet holds {} of the {} bytes of undelivered events {} allows in memory; retry later",
                     pending_bytes.used(),
-                    pending_bytes.limit()
+                    pending_bytes.limit(),
+                    Key::broker__maxPendingBytes.name()
                 ),
                 Duration::from_secs(10),
             ));

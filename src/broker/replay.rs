@@ -6,6 +6,7 @@
 //! not queued in memory. The request only waits for that task.
 
 use super::{store_err, Broker};
+use crate::config::Key;
 use crate::delivery::deadletter::DeadLetter;
 use crate::delivery::dispatcher::SubShared;
 use crate::delivery::queue::{EventData, Pending};
@@ -97,8 +98,9 @@ impl Broker {
         if !self.has_room(shared, wanted) {
             return Err(ApiError::unavailable(
                 format!(
-                    "subscription '{}' has no room for {wanted} more events (broker__maxPendingEventsPerSubscription); replay fewer or later",
-                    shared.name
+                    "subscription '{}' has no room for {wanted} more events ({}); replay fewer or later",
+                    shared.name,
+                    Key::broker__maxPendingEventsPerSubscription.name()
                 ),
                 Duration::from_secs(10),
             ));
@@ -121,7 +123,8 @@ impl Broker {
         if !self.has_byte_room(bytes) {
             return Err(ApiError::unavailable(
                 format!(
-                    "replaying {bytes} bytes would pass broker__maxPendingBytes ({} of {} bytes of undelivered events in memory); replay fewer or later",
+                    "replaying {bytes} bytes would pass {} ({} of {} bytes of undelivered events in memory); replay fewer or later",
+                    Key::broker__maxPendingBytes.name(),
                     ctx.pending_bytes.used(),
                     ctx.pending_bytes.limit()
                 ),
