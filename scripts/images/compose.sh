@@ -75,7 +75,6 @@ cleanup   # whatever an interrupted run left
 begin=$(date +%s)
 
 start=$(date +%s)
-# shellcheck disable=SC2086 # the build flags are words
 "${PC[@]}" --podman-build-args "${PODMAN_BUILD_ARGS:-}" build > "$LOGS/build.log" 2>&1 \
     || { tail -30 "$LOGS/build.log"; fail "podman-compose build"; }
 build_s=$(( $(date +%s) - start ))
@@ -102,8 +101,9 @@ start=$(date +%s)
 log "down -t 10 (SIGTERM, volumes kept): $(( $(date +%s) - start )) s"
 "${PC[@]}" up -d > "$LOGS/up2.log" 2>&1 || { cat "$LOGS/up2.log"; fail "second podman-compose up -d"; }
 wait_healthy
-[ "$(api GET /topics/t1/eventSubscriptions/s1)" = 200 ] && grep -q 'subscriber:8080' "$LOGS/last-response" \
-    || fail "the subscription did not survive down/up on the named volumes: $(cat "$LOGS/last-response")"
+if [ "$(api GET /topics/t1/eventSubscriptions/s1)" != 200 ] || ! grep -q 'subscriber:8080' "$LOGS/last-response"; then
+    fail "the subscription did not survive down/up on the named volumes: $(cat "$LOGS/last-response")"
+fi
 id2="compose-$RANDOM-2"
 publish "$id2"
 wait_delivered "$id2"
