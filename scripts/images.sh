@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Builds the three module images from the Dockerfiles users build (amd64, arm64v8, arm32v7) and
 # runs them: the amd64 container as IoT Edge runs it (UID 2000, named volumes, published ports,
-# SIGTERM, a new container on the same volumes), the ARM ones under qemu (binfmt_misc).
+# SIGTERM, a new container on the same volumes), the ARM ones under qemu (binfmt_misc). Then the
+# repository's compose.yaml, as a user outside IoT Edge runs it (podman-compose).
 #
-#   scripts/images.sh [build|run|all]     (default: all)
+#   scripts/images.sh [build|run|compose|all]     (default: all)
+#
+#   build     the three images;  run  the scenarios on them (scenario.py)
+#   compose   compose.yaml alone: podman-compose builds gridlet (Dockerfile.amd64) and the sample
+#             subscriber, then scripts/images/compose.sh runs the stack (no ARM image is built)
 #
 # No registry is reachable here, so the base image the Dockerfiles name (rust:1.95-bookworm) is
 # made locally from Debian's archive (mmdebstrap) plus rustup-init, and tagged with that name.
@@ -28,11 +33,14 @@ mkdir -p "$CACHE" "$(dirname "$REPORT")"
 log() { echo "== images: $*"; }
 fail() { echo "images: FAILED: $*" >&2; exit 1; }
 
+# The ARM images' QEMU only when they are run.
 install_tools() {
-    local missing=()
-    for tool in podman:podman buildah:buildah runc:runc mmdebstrap:mmdebstrap \
-                qemu-aarch64-static:qemu-user-static update-binfmts:binfmt-support curl:curl \
-                python3:python3 setpriv:util-linux; do
+    local missing=() arm=()
+    [ "$what" = compose ] || arm=(qemu-aarch64-static:qemu-user-static update-binfmts:binfmt-support)
+    for tool in podman:podman buildah:buildah runc:runc mmdebstrap:mmdebstrap "${arm[@]}" \
+                curl:curl python3:python3 setpriv:util-linux podman-compose:podman-compose \
+                /usr/lib/podman/netavark:netavark /usr/lib/podman/aardvark-dns:aardvark-dns \
+                iptables:iptables; do
         command -v "${tool%%:*}" >/dev/null 2>&1 || missing+=("${tool##*:}")
     done
     if [ ${#missing[@]} -gt 0 ]; then
@@ -48,7 +56,7 @@ ensure_builder() {
     local root="$CACHE/rust-builder-base-amd64.tar"
     if [ ! -s "$root" ]; then
         log "making a Debian bookworm root for the builder (mmdebstrap)"
-        mmdebstrap --quiet --variant=minbase --include=ca-certificates,curl,gcc,libc6-dev \
+        mmdebstrap --quiet --format=tar --variant=minbase --include=ca-certificates,curl,gcc,libc6-dev \
             bookworm "$root.tmp" http://deb.debian.org/debian
         mv "$root.tmp" "$root"
     fi
@@ -112,10 +120,30 @@ run_all() {
     python3 scripts/images/scenario.py --image gridlet:arm32v7 --platform linux/arm/v7 --persisted
 }
 
+# compose.yaml with podman-compose, the way a user outside IoT Edge runs it; the scenario is
+# scripts/images/compose.sh. podman-compose calls plain `podman`: this machine's runtime and rlimit
+# needs (see PODMAN and LIMITS above) go in a containers.conf of its own, and the build flags
+# through --podman-build-args. A user's host needs neither.
+run_compose() {
+    local conf=target/compose-containers.conf
+    if [ "$what" = compose ]; then
+        printf '| image | Dockerfile | build time | size |\n|---|---|---:|---:|\n' > "$REPORT"
+    fi
+    cat > "$conf" <<CONF
+[containers]
+default_ulimits = ["nofile=$(ulimit -n):$(ulimit -n)", "nproc=4096:4096"]
+[engine]
+runtime = "runc"
+CONF
+    CONTAINERS_CONF="$PWD/$conf" PODMAN_BUILD_ARGS="--isolation chroot --pull=never -v $CA:$CA:ro" \
+        REPORT="$REPORT" bash scripts/images/compose.sh
+}
+
 install_tools
 case "$what" in
     build) ensure_builder; build_all ;;
     run) run_all ;;
-    all) ensure_builder; build_all; run_all ;;
-    *) fail "usage: scripts/images.sh [build|run|all]" ;;
+    compose) ensure_builder; run_compose ;;
+    all) ensure_builder; build_all; run_all; run_compose ;;
+    *) fail "usage: scripts/images.sh [build|run|compose|all]" ;;
 esac

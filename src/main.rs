@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 use gridlet::cli::{self, Command};
+use gridlet::config::Key;
 use gridlet::{Config, Gridlet, Parts};
 use std::process::ExitCode;
 
@@ -134,8 +135,14 @@ fn data_dirs_writable(cfg: &Config) -> Result<(), String> {
         return Ok(());
     }
     let dirs = [
-        (&cfg.persistence.metadata_path, "persistence__metadataPath"),
-        (&cfg.persistence.events_path, "persistence__eventsPath"),
+        (
+            &cfg.persistence.metadata_path,
+            Key::persistence__metadataPath.name(),
+        ),
+        (
+            &cfg.persistence.events_path,
+            Key::persistence__eventsPath.name(),
+        ),
     ];
     for (dir, setting) in dirs {
         let probe = dir.join(".gridlet-write-check");

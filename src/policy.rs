@@ -24,10 +24,7 @@ impl StatusCodePolicy {
 
     /// Parse a name (case-insensitive).
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(s.trim()))
-            .map(|(_, p)| *p)
+        parse_name(&Self::ALL, s)
     }
 
     /// Wire name.
@@ -55,59 +52,104 @@ impl QueueFullPolicy {
         [("reject", Self::Reject), ("deadLetter", Self::DeadLetter)];
 }
 
-/// A named retry schedule.
+/// A named retry schedule. Its wire name says what it does; the names earlier releases used
+/// (`original`, `eventGridCloud`, `workfront`) stay accepted, in any case (see [`Self::NAMES`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ScheduleName {
-    /// Immediate, 1-minute queue, then the 10-minute queue (the original module).
-    Original,
-    /// Azure Event Grid (cloud): 10 s, 30 s, 1 m, 5 m, 10 m, 30 m, 1 h, then hourly.
-    EventGridCloud,
-    /// Adobe Workfront: `((2^n) - 1) * 84800 ms` for retry n = 1..=11.
-    Workfront,
+    /// 1 minute, then every 10 minutes until TTL or `maxDeliveryAttempts` (the original module's
+    /// 1-minute and 10-minute queues; formerly `original`).
+    OneThenEveryTenMinutes = 0,
+    /// Azure Event Grid (cloud): 10 s, 30 s, 1 m, 5 m, 10 m, 30 m, 1 h, then hourly (formerly
+    /// `eventGridCloud`).
+    TenSecondsToHourly = 1,
+    /// Adobe Workfront's: `((2^n) - 1) * 84.8 s` for retry n = 1..=11 (1.4 min … 48.2 h), so the
+    /// last retry comes about four days (96.2 h) after the first attempt; then it gives up
+    /// (formerly `workfront`).
+    DoublingForFourDays = 2,
 }
 
 impl ScheduleName {
-    /// Every schedule with its wire name.
-    pub const ALL: [(&'static str, Self); 3] = [
-        ("original", Self::Original),
-        ("eventGridCloud", Self::EventGridCloud),
-        ("workfront", Self::Workfront),
+    /// The one table of names: `(wire name, old name, schedule)`, indexed by the discriminant.
+    /// The wire name is what GET, the module twin and `gridlet --help` show; the old name is
+    /// accepted everywhere a schedule is, and is what the metadata store records, so a store
+    /// written by this release still loads in one that knows only the old names.
+    pub const NAMES: [(&'static str, &'static str, Self); 3] = [
+        (
+            "oneThenEveryTenMinutes",
+            "original",
+            Self::OneThenEveryTenMinutes,
+        ),
+        (
+            "tenSecondsToHourly",
+            "eventGridCloud",
+            Self::TenSecondsToHourly,
+        ),
+        (
+            "doublingForFourDays",
+            "workfront",
+            Self::DoublingForFourDays,
+        ),
     ];
 
-    /// Parse a name (case-insensitive).
+    /// Every accepted name with its schedule, wire names first, then the old names (for the
+    /// settings parser and error messages).
+    pub const ACCEPTED: [(&'static str, Self); 6] = {
+        let mut out = [("", Self::OneThenEveryTenMinutes); 6];
+        let mut i = 0;
+        while i < 3 {
+            out[i] = (Self::NAMES[i].0, Self::NAMES[i].2);
+            out[i + 3] = (Self::NAMES[i].1, Self::NAMES[i].2);
+            i += 1;
+        }
+        out
+    };
+
+    /// Parse a wire name or an old name (case-insensitive).
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(s.trim()))
-            .map(|(_, p)| *p)
+        parse_name(&Self::ACCEPTED, s)
     }
 
-    /// Wire name.
+    /// Wire name: says what the schedule does.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Original => "original",
-            Self::EventGridCloud => "eventGridCloud",
-            Self::Workfront => "workfront",
-        }
+        Self::NAMES[self as usize].0
+    }
+
+    /// The name earlier releases used (what the metadata store records).
+    pub fn old_name(self) -> &'static str {
+        Self::NAMES[self as usize].1
     }
 
     /// The schedule's data.
     pub fn schedule(self) -> Schedule {
         match self {
-            Self::Original => Schedule {
+            Self::OneThenEveryTenMinutes => Schedule {
                 steps: &ORIGINAL_STEPS,
                 then_every: Some(Duration::from_secs(600)),
             },
-            Self::EventGridCloud => Schedule {
+            Self::TenSecondsToHourly => Schedule {
                 steps: &EVENT_GRID_CLOUD_STEPS,
                 then_every: Some(Duration::from_secs(3600)),
             },
-            Self::Workfront => Schedule {
+            Self::DoublingForFourDays => Schedule {
                 steps: &WORKFRONT_STEPS,
                 then_every: None,
             },
         }
     }
+}
+
+/// The entry of `table` named `s` (case-insensitive, surrounding blanks ignored).
+fn parse_name<T: Copy>(table: &[(&str, T)], s: &str) -> Option<T> {
+    table
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(s.trim()))
+        .map(|(_, p)| *p)
+}
+
+/// The names of `table`, comma-separated, for "is not one of …" messages.
+pub fn names_list<T>(table: &[(&str, T)]) -> String {
+    let names: Vec<&str> = table.iter().map(|(n, _)| *n).collect();
+    names.join(", ")
 }
 
 const ORIGINAL_STEPS: [Duration; 1] = [Duration::from_secs(60)];

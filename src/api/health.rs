@@ -1,6 +1,7 @@
 //! Health and metrics routes.
 
 use super::AppState;
+use crate::config::Key;
 use crate::error::ApiError;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -26,7 +27,10 @@ pub(super) async fn metrics(State(s): State<AppState>) -> Response {
     if !s.metrics_enabled {
         return ApiError::not_found(
             "NotFound",
-            "metrics are off (metrics__reporterType=prometheus enables them)",
+            format!(
+                "metrics are off ({}=prometheus enables them)",
+                Key::metrics__reporterType.name()
+            ),
         )
         .into_response();
     }

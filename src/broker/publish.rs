@@ -15,6 +15,7 @@
 //! restart, or expire). The request only waits for that task.
 
 use super::{store_err, Broker, TopicEntry};
+use crate::config::Key;
 use crate::delivery::payload::EventData;
 use crate::delivery::subscription::{Reservation, SubConfig, SubscriptionHandle};
 use crate::error::ApiError;
@@ -187,9 +188,10 @@ impl Broker {
                 Err(_) => {
                     return Err(ApiError::unavailable(
                         format!(
-                            "subscription '{}' has {} pending events (broker__maxPendingEventsPerSubscription); retry later",
+                            "subscription '{}' has {} pending events ({}); retry later",
                             sub.name(),
-                            max_pending
+                            max_pending,
+                            Key::broker__maxPendingEventsPerSubscription.name()
                         ),
                         Duration::from_secs(10),
                     ))
@@ -207,9 +209,10 @@ impl Broker {
         if to_memory && !self.has_byte_room(routes.matched_bytes) {
             return Err(ApiError::unavailable(
                 format!(
-                    "gridlet holds {} of the {} bytes of undelivered events broker__maxPendingBytes allows in memory; retry later",
+                    "gridlet holds {} of the {} bytes of undelivered events {} allows in memory; retry later",
                     pending_bytes.used(),
-                    pending_bytes.limit()
+                    pending_bytes.limit(),
+                    Key::broker__maxPendingBytes.name()
                 ),
                 Duration::from_secs(10),
             ));

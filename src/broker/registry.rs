@@ -2,6 +2,7 @@
 //! subscription with its dispatcher task.
 
 use super::*;
+use crate::config::Key;
 
 impl Broker {
     fn sub_config(&self, sub: Subscription) -> SubConfig {
@@ -81,8 +82,9 @@ impl Broker {
             return Err(ApiError::bad_request(
                 "LimitExceeded",
                 format!(
-                    "at most {} topics (broker__maxTopics)",
-                    self.inner.cfg.broker.max_topics
+                    "at most {} topics ({})",
+                    self.inner.cfg.broker.max_topics,
+                    Key::broker__maxTopics.name()
                 ),
             ));
         }
@@ -172,8 +174,9 @@ impl Broker {
             return Err(ApiError::bad_request(
                 "LimitExceeded",
                 format!(
-                    "at most {} subscriptions per topic (broker__maxSubscriptionsPerTopic)",
-                    self.inner.cfg.broker.max_subscriptions_per_topic
+                    "at most {} subscriptions per topic ({})",
+                    self.inner.cfg.broker.max_subscriptions_per_topic,
+                    Key::broker__maxSubscriptionsPerTopic.name()
                 ),
             ));
         }

@@ -6,6 +6,7 @@
 //! not queued in memory. The request only waits for that task.
 
 use super::{store_err, Broker};
+use crate::config::Key;
 use crate::delivery::deadletter::DeadLetter;
 use crate::delivery::payload::EventData;
 use crate::delivery::subscription::SubscriptionHandle;
@@ -75,9 +76,10 @@ impl Broker {
         let places = sub.reserve(letters.len(), bound).map_err(|_| {
             ApiError::unavailable(
                 format!(
-                    "subscription '{}' has no room for {} more events (broker__maxPendingEventsPerSubscription); replay fewer or later",
+                    "subscription '{}' has no room for {} more events ({}); replay fewer or later",
                     sub.name(),
-                    letters.len()
+                    letters.len(),
+                    Key::broker__maxPendingEventsPerSubscription.name()
                 ),
                 Duration::from_secs(10),
             )
@@ -111,7 +113,8 @@ impl Broker {
         if !self.has_byte_room(bytes) {
             return Err(ApiError::unavailable(
                 format!(
-                    "replaying {bytes} bytes would pass broker__maxPendingBytes ({} of {} bytes of undelivered events in memory); replay fewer or later",
+                    "replaying {bytes} bytes would pass {} ({} of {} bytes of undelivered events in memory); replay fewer or later",
+                    Key::broker__maxPendingBytes.name(),
                     ctx.pending_bytes.used(),
                     ctx.pending_bytes.limit()
                 ),

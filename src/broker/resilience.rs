@@ -2,6 +2,7 @@
 //! purge; replay is in `replay.rs`), dead-letter webhooks, and their metrics. Kept apart from the publish path.
 
 use super::{store_err, subscription_not_found, topic_not_found, Broker};
+use crate::config::Key;
 use crate::delivery::deadletter::DeadLetter;
 use crate::delivery::health::{EndpointHealth, HealthSnapshot};
 use crate::delivery::sink::Sink;
@@ -69,7 +70,10 @@ impl Broker {
         let h = cfg.health.as_ref().ok_or_else(|| {
             ApiError::bad_request(
                 "EndpointHealthNotTracked",
-                "this subscription's destination has no endpoint health (not HTTP, or broker__endpointHealth__enabled=false)",
+                format!(
+                    "this subscription's destination has no endpoint health (not HTTP, or {}=false)",
+                    Key::broker__endpointHealth__enabled.name()
+                ),
             )
         })?;
         h.enable(self.inner.ctx.clock.now_ms());
@@ -129,6 +133,11 @@ impl Broker {
     ) {
         let ctx = &self.inner.ctx;
         type Pick = fn(&Broker, &SubscriptionHandle) -> Option<u64>;
+        let evicted_help = format!(
+            "Dead letters evicted (or not kept) to stay within {} and {}, counted on the subscription whose letter arrived",
+            Key::broker__deadLetter__maxEventsPerSubscription.name(),
+            Key::broker__deadLetter__maxBytes.name()
+        );
         let families: [(&str, &str, &str, Pick); 6] = [
             (
                 "gridlet_dead_lettered_events_total",
@@ -139,7 +148,7 @@ impl Broker {
             (
                 "gridlet_dead_letters_evicted_total",
                 "counter",
-                "Dead letters evicted (or not kept) to stay within broker__deadLetter__maxEventsPerSubscription and broker__deadLetter__maxBytes, counted on the subscription whose letter arrived",
+                &evicted_help,
                 |_, s| Some(s.metrics().dead_letters_evicted.get()),
             ),
             (
@@ -183,7 +192,10 @@ impl Broker {
             out,
             "gridlet_pending_event_bytes",
             "gauge",
-            "Bytes of undelivered events held in memory, all subscriptions (limit: broker__maxPendingBytes)",
+            &format!(
+                "Bytes of undelivered events held in memory, all subscriptions (limit: {})",
+                Key::broker__maxPendingBytes.name()
+            ),
             &[Series {
                 labels: Vec::new(),
                 value: SeriesValue::Number(ctx.pending_bytes.used()),

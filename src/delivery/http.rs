@@ -21,7 +21,7 @@
 //! * TCP_NODELAY; `User-Agent: gridlet/<version>` and `Accept: */*` unless the caller set them;
 //!   user info in the URL becomes a (sensitive) `Authorization: Basic` header.
 
-use crate::config::IpRange;
+use crate::config::{IpRange, Key};
 use crate::sync::lock;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -514,8 +514,9 @@ impl Endpoint {
         for a in addrs {
             if let Some(r) = denied.iter().find(|r| r.contains(a.ip())) {
                 last.get_or_insert(HttpError::Other(format!(
-                    "the destination's address {} is in the denied range {r} (outbound__deniedAddressRanges)",
-                    a.ip()
+                    "the destination's address {} is in the denied range {r} ({})",
+                    a.ip(),
+                    Key::outbound__deniedAddressRanges.name()
                 )));
                 continue;
             }

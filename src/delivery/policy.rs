@@ -15,9 +15,11 @@
 //! | delay jitter | none (exact 1-min/10-min queues) | ± `broker__retryJitterPercent` |
 //!
 //! Three named schedules (delay before the next attempt, by attempts made so far):
-//! `original` (1 min, then every 10 min), `eventGridCloud` (10 s, 30 s, 1 m, 5 m, 10 m, 30 m, 1 h,
-//! then hourly) and `workfront` (`((2^n) - 1) * 84800 ms` for retry n = 1..=11, then exhausted).
-//! TTL and `maxDeliveryAttempts` apply on top of every schedule.
+//! `oneThenEveryTenMinutes` (1 min, then every 10 min), `tenSecondsToHourly` (10 s, 30 s, 1 m,
+//! 5 m, 10 m, 30 m, 1 h, then hourly) and `doublingForFourDays` (`((2^n) - 1) * 84800 ms` for
+//! retry n = 1..=11, the last about four days after the first attempt, then exhausted); their
+//! old names `original`, `eventGridCloud` and `workfront` are accepted too
+//! ([`ScheduleName::NAMES`]). TTL and `maxDeliveryAttempts` apply on top of every schedule.
 
 use super::sink::{FailureKind, Outcome};
 pub use crate::policy::{QueueFullPolicy, Schedule, ScheduleName, StatusCodePolicy};
@@ -119,16 +121,16 @@ mod tests {
 
     #[test]
     fn schedules_are_the_documented_data() {
-        let o = ScheduleName::Original.schedule();
+        let o = ScheduleName::OneThenEveryTenMinutes.schedule();
         assert_eq!(o.delay_after(1), Some(Duration::from_secs(60)));
         assert_eq!(o.delay_after(2), Some(Duration::from_secs(600)));
         assert_eq!(o.delay_after(29), Some(Duration::from_secs(600)));
-        let eg = ScheduleName::EventGridCloud.schedule();
+        let eg = ScheduleName::TenSecondsToHourly.schedule();
         let secs: Vec<u64> = (1..=9)
             .map(|n| eg.delay_after(n).unwrap().as_secs())
             .collect();
         assert_eq!(secs, [10, 30, 60, 300, 600, 1800, 3600, 3600, 3600]);
-        let wf = ScheduleName::Workfront.schedule();
+        let wf = ScheduleName::DoublingForFourDays.schedule();
         assert_eq!(wf.delay_after(1), Some(Duration::from_millis(84_800)));
         assert_eq!(wf.delay_after(2), Some(Duration::from_millis(254_400)));
         assert_eq!(
@@ -142,13 +144,56 @@ mod tests {
     fn names_parse_in_any_case() {
         assert_eq!(
             ScheduleName::parse("EVENTGRIDCLOUD"),
-            Some(ScheduleName::EventGridCloud)
+            Some(ScheduleName::TenSecondsToHourly)
         );
         assert_eq!(ScheduleName::parse("nope"), None);
+        assert_eq!(ScheduleName::parse(""), None);
         assert_eq!(
             StatusCodePolicy::parse("Standard"),
             Some(StatusCodePolicy::Standard)
         );
+    }
+
+    #[test]
+    fn every_schedule_name_and_old_name_parses_in_any_case() {
+        use ScheduleName::*;
+        let expected = [
+            ("oneThenEveryTenMinutes", "original", OneThenEveryTenMinutes),
+            ("tenSecondsToHourly", "eventGridCloud", TenSecondsToHourly),
+            ("doublingForFourDays", "workfront", DoublingForFourDays),
+        ];
+        assert_eq!(ScheduleName::NAMES, expected, "the documented names");
+        for (name, old, schedule) in expected {
+            for s in [
+                name.to_string(),
+                old.to_string(),
+                name.to_uppercase(),
+                old.to_lowercase(),
+                format!(" {old} "),
+            ] {
+                assert_eq!(ScheduleName::parse(&s), Some(schedule), "{s:?}");
+            }
+            assert_eq!(schedule.as_str(), name, "the wire name says what it does");
+            assert_eq!(schedule.old_name(), old);
+        }
+        let accepted: Vec<&str> = ScheduleName::ACCEPTED.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            accepted,
+            [
+                "oneThenEveryTenMinutes",
+                "tenSecondsToHourly",
+                "doublingForFourDays",
+                "original",
+                "eventGridCloud",
+                "workfront"
+            ]
+        );
+        assert_eq!(
+            crate::policy::names_list(&ScheduleName::ACCEPTED),
+            accepted.join(", ")
+        );
+        assert_eq!(ScheduleName::parse("originals"), None);
+        assert_eq!(ScheduleName::parse("tenSeconds"), None);
     }
 
     #[test]

@@ -213,7 +213,7 @@ mod tests {
     #[test]
     fn workfront_schedule_is_exhausted_after_eleven_retries() {
         let p = EffectivePolicy {
-            schedule: policy::ScheduleName::Workfront,
+            schedule: policy::ScheduleName::DoublingForFourDays,
             ..EffectivePolicy::original(1000, Duration::from_secs(30 * 24 * 3600))
         };
         assert_eq!(

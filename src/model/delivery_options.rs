@@ -273,11 +273,19 @@ mod tests {
             Some("http://dl/x")
         );
         let p = s.effective_policy(&c);
-        assert_eq!(p.schedule, ScheduleName::EventGridCloud);
+        assert_eq!(p.schedule, ScheduleName::TenSecondsToHourly);
         assert_eq!(p.status_codes, StatusCodePolicy::Standard);
         assert_eq!(p.jitter_percent, 10);
         let echo = s.properties();
-        assert_eq!(echo["retryPolicy"]["schedule"], "eventGridCloud");
+        assert_eq!(
+            echo["retryPolicy"]["schedule"], "eventGridCloud",
+            "stored by the old name, which older releases read"
+        );
+        assert_eq!(
+            s.public_properties()["retryPolicy"]["schedule"],
+            "tenSecondsToHourly",
+            "shown by the name that says what it does"
+        );
         assert_eq!(echo["retryPolicy"]["statusCodePolicy"], "standard");
         assert_eq!(
             echo["destination"]["properties"]["deliveryAttributeMappings"][0]["properties"]
@@ -300,7 +308,10 @@ mod tests {
             ("broker__retrySchedule", "workfront"),
             ("broker__statusCodePolicy", "STANDARD"),
         ]);
-        assert_eq!(plain.effective_policy(&m).schedule, ScheduleName::Workfront);
+        assert_eq!(
+            plain.effective_policy(&m).schedule,
+            ScheduleName::DoublingForFourDays
+        );
         assert_eq!(
             plain.effective_policy(&m).status_codes,
             StatusCodePolicy::Standard

@@ -13,6 +13,7 @@
 //!
 //! Filters are pure: no I/O, no clock. Property tests below check the algebra.
 
+use crate::config::Key;
 use crate::error::ApiError;
 use crate::model::json::{loose_bool, Obj};
 use rust_decimal::Decimal;
@@ -462,8 +463,9 @@ impl Filter {
                 let arr = array_or_encoded(v, "includedEventTypes")?;
                 if arr.len() > max_types {
                     return Err(bad_filter(format!(
-                        "includedEventTypes holds {} entries; at most {max_types} are allowed (api__filterLimits__maxIncludedEventTypes)",
-                        arr.len()
+                        "includedEventTypes holds {} entries; at most {max_types} are allowed ({})",
+                        arr.len(),
+                        Key::api__filterLimits__maxIncludedEventTypes.name()
                     )));
                 }
                 let mut out = Vec::with_capacity(arr.len());

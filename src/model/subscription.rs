@@ -12,7 +12,7 @@ use super::topic::{EventSchema, ResourceContext, Topic};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::model::filter::Filter;
-use crate::policy::{ScheduleName, StatusCodePolicy};
+use crate::policy::{names_list, ScheduleName, StatusCodePolicy};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
@@ -135,7 +135,7 @@ impl EffectivePolicy {
         Self {
             max_attempts,
             ttl,
-            schedule: ScheduleName::Original,
+            schedule: ScheduleName::OneThenEveryTenMinutes,
             status_codes: StatusCodePolicy::Original,
             jitter_percent: 0,
             retry_after_cap: Duration::from_secs(3600),
@@ -295,7 +295,10 @@ impl Subscription {
                     Some(n) => Some(ScheduleName::parse(n).ok_or_else(|| {
                         ApiError::bad_request(
                             "InvalidRetryPolicy",
-                            format!("retryPolicy.schedule '{n}' is not one of original, eventGridCloud, workfront"),
+                            format!(
+                                "retryPolicy.schedule '{n}' is not one of {}",
+                                names_list(&ScheduleName::ACCEPTED)
+                            ),
                         )
                     })?),
                 },
@@ -304,7 +307,10 @@ impl Subscription {
                     Some(n) => Some(StatusCodePolicy::parse(n).ok_or_else(|| {
                         ApiError::bad_request(
                             "InvalidRetryPolicy",
-                            format!("retryPolicy.statusCodePolicy '{n}' is not one of original, standard"),
+                            format!(
+                                "retryPolicy.statusCodePolicy '{n}' is not one of {}",
+                                names_list(&StatusCodePolicy::ALL)
+                            ),
                         )
                     })?),
                 },
@@ -364,13 +370,14 @@ impl Subscription {
         }
     }
 
-    /// The `properties` object as stored (secrets in clear: only the metadata store keeps it).
+    /// The `properties` object as stored (secrets in clear: only the metadata store keeps it;
+    /// a retry schedule by its old name, which every release reads).
     pub fn properties(&self) -> Value {
         self.properties_with(false)
     }
 
     /// The `properties` object as shown to people and the cloud (GET, the module twin, logs):
-    /// every secret the destinations declare is masked.
+    /// every secret the destinations declare is masked; a retry schedule by its wire name.
     pub fn public_properties(&self) -> Value {
         self.properties_with(true)
     }
@@ -398,7 +405,9 @@ impl Subscription {
                 m.insert("maxDeliveryAttempts".into(), json!(v));
             }
             if let Some(v) = rp.schedule {
-                m.insert("schedule".into(), json!(v.as_str()));
+                // Shown by its wire name; stored by the old name every release understands.
+                let name = if masked { v.as_str() } else { v.old_name() };
+                m.insert("schedule".into(), json!(name));
             }
             if let Some(v) = rp.status_code_policy {
                 m.insert("statusCodePolicy".into(), json!(v.as_str()));

@@ -1,8 +1,8 @@
 //! The IoT Edge packaging files, statically: `module.json`, `deployment.template.json` (shape,
 //! every Env key one gridlet knows, the twin parses, routes name real outputs, `${MODULES.gridlet}`
 //! matches module.json) and the three Dockerfiles (two stages, dependencies cached apart from the
-//! sources, a distroless runtime stage that runs nothing, UID 2000, `/app`). `scripts/images.sh`
-//! (run by `.ci/run`) builds every image and runs it.
+//! sources, a distroless runtime stage that runs nothing, UID 2000, `/app`), and `compose.yaml`.
+//! `scripts/images.sh` (run by `.ci/run`) builds every image and runs it, and runs `compose.yaml`.
 
 use gridlet::config::{Config, SETTINGS};
 use gridlet::delivery::sinks::DESTINATIONS;
@@ -236,4 +236,48 @@ fn dockerfiles_are_multi_stage_distroless_and_non_root() {
             "build context without {excluded}"
         );
     }
+}
+
+/// `compose.yaml` (issue 16, outside IoT Edge): every setting it gives gridlet is one gridlet
+/// knows and the set is a valid configuration; gridlet's volumes are the data directories; the
+/// subscription endpoint its comments use is the subscriber's service and port. Line-based (no
+/// YAML parser among the dependencies); `scripts/images.sh compose` runs the file for real.
+#[test]
+fn compose_yaml_sets_known_settings_and_the_data_volumes() {
+    let text = read("compose.yaml");
+    let env: Vec<(String, String)> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once(": "))
+        .filter(|(k, _)| k.contains("__"))
+        .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+        .collect();
+    assert!(env.len() >= 4, "{env:?}");
+    for (k, _) in &env {
+        assert!(SETTINGS.iter().any(|s| s.key == k), "unknown setting {k}");
+    }
+    let cfg = Config::from_vars(env).expect("compose.yaml's settings are valid");
+    assert_eq!(
+        cfg.inbound.tls_policy,
+        gridlet::config::TlsPolicy::Enabled,
+        "HTTP on, so a curl works"
+    );
+    assert!(
+        !cfg.outbound.webhook_https_only,
+        "the sample subscriber is http://"
+    );
+    for want in [
+        "dockerfile: Dockerfile.amd64",
+        "- metadata:/app/metadataDb",
+        "- events:/app/eventsDb",
+        "127.0.0.1:${GRIDLET_HTTP_PORT:-5888}:5888",
+        "build: examples/subscriber",
+        "http://subscriber:8080/events",
+    ] {
+        assert!(text.contains(want), "compose.yaml lacks {want}");
+    }
+    let dockerfile = read("examples/subscriber/Dockerfile");
+    assert!(dockerfile.contains("FROM scratch") && dockerfile.contains("USER 2000:2000"));
+    assert!(read("examples/subscriber/main.rs").contains("unwrap_or(8080)"));
 }

@@ -400,3 +400,87 @@ fn json_logs_are_one_object_per_line() {
         assert!(v["level"].is_string(), "{l}");
     }
 }
+
+/// Issue 16: the retry schedules' old names (`original`, `eventGridCloud`, `workfront`) keep
+/// working, in any case, in the module setting and in a subscription; GET shows the name that
+/// says what the schedule does, also after a restart on the same data; a wrong name is refused
+/// with every accepted name listed.
+#[tokio::test]
+async fn retry_schedules_keep_their_old_names_as_aliases() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [
+        ("broker__retrySchedule", "WorkFront"),
+        ("outbound__webhook__httpsOnly", "false"),
+    ];
+    let (child, base) = start_serving(dir.path(), &env).await;
+    let client = reqwest::Client::new();
+    let mut rx = Receiver::start().await;
+    let put = |path: &str, body: serde_json::Value| {
+        client.put(format!("{base}{path}?{V}")).json(&body).send()
+    };
+    assert_eq!(
+        put("/topics/t", serde_json::json!({}))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let sub = |schedule: &str| {
+        serde_json::json!({"properties": {
+            "destination": {"endpointType": "WebHook", "properties": {"endpointUrl": rx.url("/hook")}},
+            "retryPolicy": {"schedule": schedule}}})
+    };
+    let r = put("/topics/t/eventSubscriptions/old", sub("EVENTGRIDCLOUD"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let shown: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        shown["properties"]["retryPolicy"]["schedule"],
+        "tenSecondsToHourly"
+    );
+    let r = put("/topics/t/eventSubscriptions/bad", sub("hourly"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("oneThenEveryTenMinutes, tenSecondsToHourly, doublingForFourDays, original, eventGridCloud, workfront"),
+        "{text}"
+    );
+    let r = client
+        .post(format!("{base}/topics/t/events?{V}"))
+        .json(&serde_json::json!([eg_event(
+            "e1",
+            "s",
+            "t",
+            serde_json::json!({})
+        )]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(rx.next().await.json()[0]["id"], "e1");
+    assert!(terminate(child).await.success());
+
+    let (child, base) = start_serving(dir.path(), &env).await;
+    let got: serde_json::Value = client
+        .get(format!("{base}/topics/t/eventSubscriptions/old?{V}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        got["properties"]["retryPolicy"]["schedule"],
+        "tenSecondsToHourly"
+    );
+    assert!(terminate(child).await.success());
+
+    let err = start_up_error("broker__retrySchedule", "hourly");
+    assert!(
+        err.contains("doublingForFourDays, original, eventGridCloud, workfront"),
+        "{err}"
+    );
+}

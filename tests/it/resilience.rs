@@ -234,7 +234,7 @@ async fn event_grid_cloud_schedule_by_subscription() {
         "t",
         &[(
             "s",
-            json!({"retryPolicy": {"schedule": "eventGridCloud", "statusCodePolicy": "standard",
+            json!({"retryPolicy": {"schedule": "tenSecondsToHourly", "statusCodePolicy": "standard",
                    "eventExpiryInMinutes": 1440, "maxDeliveryAttempts": 10}}),
         )],
     );

@@ -8,6 +8,7 @@
 
 use super::webhook::{with_credentials, HTTP_SECRETS};
 use super::{mismatched, DestinationKind, ParseContext, SinkContext};
+use crate::config::Key;
 use crate::delivery::sink::Sink;
 use crate::delivery::webhook::{TopicRewrite, WebhookSink};
 use crate::model::destination::{
@@ -94,7 +95,7 @@ impl DestinationKind for EventGrid {
             raw,
             "EndpointUrl",
             out.eventgrid_https_only,
-            "outbound__eventgrid__httpsOnly",
+            Key::outbound__eventgrid__httpsOnly.name(),
         )?;
         let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
         let azure = CLOUD_DOMAINS

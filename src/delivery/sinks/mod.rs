@@ -18,7 +18,7 @@ pub mod webhook;
 
 use super::http::HttpClient;
 use super::sink::{Sink, SinkFactory, UnsupportedSink};
-use crate::config::Config;
+use crate::config::{Config, Key};
 use crate::model::destination::{Destination, DestinationError, DestinationTypes, Role};
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
@@ -146,7 +146,8 @@ impl ParseContext<'_> {
             .find(|r| r.contains(ip))
         {
             Some(r) => Err(self.invalid(format!(
-                "{display} address {ip} is in the denied range {r} (outbound__deniedAddressRanges)"
+                "{display} address {ip} is in the denied range {r} ({})",
+                Key::outbound__deniedAddressRanges.name()
             ))),
             None => Ok(()),
         }

@@ -7,6 +7,7 @@
 //! letters (the batch of dead letters is POSTed as a JSON array).
 
 use super::{mismatched, DestinationKind, ParseContext, SinkContext};
+use crate::config::Key;
 use crate::delivery::sink::Sink;
 use crate::delivery::webhook::{TopicRewrite, WebhookSink};
 use crate::model::destination::{
@@ -68,7 +69,7 @@ impl DestinationKind for WebHook {
             raw,
             "EndpointUrl",
             ctx.cfg.outbound.webhook_https_only,
-            "outbound__webhook__httpsOnly",
+            Key::outbound__webhook__httpsOnly.name(),
         )?;
         Ok(Destination::new(
             "WebHook",

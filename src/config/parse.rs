@@ -1,0 +1,415 @@
+//! From `KEY=value` pairs to the typed sections: [`Raw`] normalises keys against the settings
+//! table and parses one value at a time (errors name the key and the accepted values); one
+//! function per section reads its settings through [`Key`], in the order start-up reports the
+//! first invalid one.
+
+use super::settings::Key as K;
+use super::types::{
+    ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, Outbound,
+    Persistence, Resilience, StoreKind, TlsPolicy,
+};
+use super::ConfigError;
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const U32_MAX: u64 = u32::MAX as u64;
+
+/// Normalised settings: key → raw value, plus the `IOTEDGE_*` variables.
+pub(super) struct Raw {
+    values: HashMap<K, String>,
+    pub(super) edge: HashMap<String, String>,
+    pub(super) unknown: Vec<String>,
+}
+
+impl Raw {
+    /// Sort `vars` into known settings (`__` or `:` separators, any case), `IOTEDGE_*`
+    /// variables, and unknown keys in a section the table has (`broker__…`, `inbound__…`).
+    pub(super) fn new(vars: impl IntoIterator<Item = (String, String)>) -> Self {
+        let canon: HashMap<String, K> = K::ALL
+            .iter()
+            .map(|k| (k.name().to_ascii_lowercase(), *k))
+            .collect();
+        let sections: HashSet<&str> = canon
+            .keys()
+            .filter_map(|k| k.split_once("__").map(|(section, _)| section))
+            .collect();
+        let mut values = HashMap::new();
+        let mut edge = HashMap::new();
+        let mut unknown = Vec::new();
+        for (k, v) in vars {
+            let norm = k.replace(':', "__").to_ascii_lowercase();
+            if let Some(key) = canon.get(&norm) {
+                values.insert(*key, v);
+            } else if norm.starts_with("iotedge_") {
+                edge.insert(norm, v);
+            } else if norm
+                .split_once("__")
+                .is_some_and(|(section, _)| sections.contains(section))
+            {
+                unknown.push(k);
+            }
+        }
+        unknown.sort();
+        Self {
+            values,
+            edge,
+            unknown,
+        }
+    }
+
+    /// The value given, trimmed, if any.
+    pub(super) fn given(&self, key: K) -> Option<&str> {
+        self.values.get(&key).map(|v| v.trim())
+    }
+
+    /// The value in force: given, else the table's default.
+    fn text(&self, key: K) -> &str {
+        self.given(key).unwrap_or(key.setting().default)
+    }
+
+    fn err(&self, key: K, expected: &str) -> ConfigError {
+        ConfigError {
+            key: key.name().to_string(),
+            value: self.text(key).to_string(),
+            expected: expected.to_string(),
+        }
+    }
+
+    fn bool(&self, key: K) -> Result<bool, ConfigError> {
+        match self.text(key).to_ascii_lowercase().as_str() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            _ => Err(self.err(key, "true or false")),
+        }
+    }
+
+    fn int(&self, key: K, min: u64, max: u64) -> Result<u64, ConfigError> {
+        // The docs print 1_058_576 for readability; accept underscores.
+        let cleaned: String = self.text(key).chars().filter(|c| *c != '_').collect();
+        match cleaned.parse::<u64>() {
+            Ok(n) if (min..=max).contains(&n) => Ok(n),
+            _ => Err(self.err(key, &format!("a whole number from {min} to {max}"))),
+        }
+    }
+
+    /// A whole number of seconds from `min` to `max`.
+    fn secs(&self, key: K, min: u64, max: u64) -> Result<Duration, ConfigError> {
+        self.int(key, min, max).map(Duration::from_secs)
+    }
+
+    fn choice<T: Copy>(&self, key: K, options: &[(&str, T)]) -> Result<T, ConfigError> {
+        let v = self.text(key);
+        options
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(v))
+            .map(|(_, t)| *t)
+            .ok_or_else(|| {
+                let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+                self.err(key, &format!("one of {}", names.join(", ")))
+            })
+    }
+
+    fn secret(&self, key: K) -> Option<String> {
+        self.given(key)
+            .map(str::to_string)
+            .filter(|v| !v.is_empty())
+    }
+}
+
+/// The non-empty, trimmed items of a comma-separated setting.
+fn comma_list(v: Option<&str>) -> Vec<String> {
+    v.unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The certificate sources, which only name IoT Edge (checked, nothing to keep).
+fn sources(raw: &Raw) -> Result<(), ConfigError> {
+    for key in [
+        K::inbound__serverAuth__serverCert__source,
+        K::inbound__clientAuth__clientCert__source,
+        K::outbound__clientAuth__clientCert__source,
+    ] {
+        raw.choice(key, &[("IoTEdge", ())])?;
+    }
+    Ok(())
+}
+
+/// SAS authentication: whether it is on, the accepted keys, the publish-only keys.
+fn sas(raw: &Raw) -> Result<(bool, Vec<String>, Vec<String>), ConfigError> {
+    let enabled = raw.bool(K::inbound__clientAuth__sasKeys__enabled)?;
+    let keys: Vec<String> = [
+        raw.secret(K::inbound__clientAuth__sasKeys__key1),
+        raw.secret(K::inbound__clientAuth__sasKeys__key2),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let publish_only = comma_list(
+        raw.secret(K::inbound__clientAuth__sasKeys__publishOnlyKeys)
+            .as_deref(),
+    );
+    if enabled && keys.is_empty() && publish_only.is_empty() {
+        return Err(ConfigError {
+            key: K::inbound__clientAuth__sasKeys__key1.name().into(),
+            value: String::new(),
+            expected: format!(
+                "a key (key1 and/or key2) when {}=true",
+                K::inbound__clientAuth__sasKeys__enabled.name()
+            ),
+        });
+    }
+    Ok((enabled, keys, publish_only))
+}
+
+/// `inbound__*` (and the outbound certificate source, checked with the inbound ones).
+pub(super) fn inbound(raw: &Raw) -> Result<Inbound, ConfigError> {
+    let tls_policy = raw.choice(
+        K::inbound__serverAuth__tlsPolicy,
+        &[
+            ("strict", TlsPolicy::Strict),
+            ("enabled", TlsPolicy::Enabled),
+            ("disabled", TlsPolicy::Disabled),
+        ],
+    )?;
+    sources(raw)?;
+    let bind_address = raw
+        .text(K::inbound__bindAddress)
+        .parse::<IpAddr>()
+        .map_err(|_| raw.err(K::inbound__bindAddress, "an IPv4 or IPv6 address"))?;
+    let (sas_enabled, sas_keys, publish_only_sas_keys) = sas(raw)?;
+    Ok(Inbound {
+        tls_policy,
+        http_port: raw.int(K::inbound__httpPort, 0, 65535)? as u16,
+        https_port: raw.int(K::inbound__httpsPort, 0, 65535)? as u16,
+        bind_address,
+        max_connections: raw.int(K::inbound__maxConnections, 1, 1_000_000)? as usize,
+        idle_timeout: raw.secs(K::inbound__idleTimeoutInSeconds, 1, 86_400)?,
+        body_timeout: raw.secs(K::inbound__requestBodyTimeoutInSeconds, 1, 86_400)?,
+        write_timeout: raw.secs(K::inbound__responseWriteTimeoutInSeconds, 1, 86_400)?,
+        client_cert_enabled: raw.bool(K::inbound__clientAuth__clientCert__enabled)?,
+        client_cert_allow_unknown_ca: raw
+            .bool(K::inbound__clientAuth__clientCert__allowUnknownCA)?,
+        sas_enabled,
+        sas_keys,
+        publish_only_sas_keys,
+        admin_identities: comma_list(Some(
+            raw.text(K::inbound__clientAuth__clientCert__adminIdentities),
+        )),
+    })
+}
+
+/// `outbound__*`.
+pub(super) fn outbound(raw: &Raw) -> Result<Outbound, ConfigError> {
+    Ok(Outbound {
+        client_cert_enabled: raw.bool(K::outbound__clientAuth__clientCert__enabled)?,
+        webhook_https_only: raw.bool(K::outbound__webhook__httpsOnly)?,
+        webhook_skip_server_cert_validation: raw
+            .bool(K::outbound__webhook__skipServerCertValidation)?,
+        webhook_allow_unknown_ca: raw.bool(K::outbound__webhook__allowUnknownCA)?,
+        eventgrid_https_only: raw.bool(K::outbound__eventgrid__httpsOnly)?,
+        eventgrid_allow_invalid_hostnames: raw
+            .bool(K::outbound__eventgrid__allowInvalidHostnames)?,
+        denied_ranges: comma_list(Some(raw.text(K::outbound__deniedAddressRanges)))
+            .iter()
+            .map(|r| {
+                IpRange::parse(r).ok_or_else(|| {
+                    raw.err(
+                        K::outbound__deniedAddressRanges,
+                        "comma-separated CIDR ranges, e.g. 169.254.0.0/16,fe80::/10",
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+/// `broker__*` delivery defaults and limits (the resilience ones are [`resilience`]'s).
+pub(super) fn broker(raw: &Raw) -> Result<Broker, ConfigError> {
+    Ok(Broker {
+        default_max_delivery_attempts: raw.int(K::broker__defaultMaxDeliveryAttempts, 1, U32_MAX)?
+            as u32,
+        default_event_ttl: raw.secs(K::broker__defaultEventTimeToLiveInSeconds, 1, U32_MAX)?,
+        default_max_batch_size_bytes: raw.int(K::broker__defaultMaxBatchSizeInBytes, 1, U32_MAX)?
+            as usize,
+        default_max_events_per_batch: raw.int(K::broker__defaultMaxEventsPerBatch, 1, 100_000)?
+            as usize,
+        log_delivery_success: raw.bool(K::broker__logDeliverySuccess)?,
+        default_is_persisted: raw.bool(K::broker__defaultIsPersisted)?,
+        max_request_body_bytes: raw.int(K::broker__maxRequestBodyBytes, 1024, 256 << 20)? as usize,
+        max_events_per_request: raw.int(K::broker__maxEventsPerRequest, 1, 10_000_000)? as usize,
+        max_pending_events_per_subscription: raw.int(
+            K::broker__maxPendingEventsPerSubscription,
+            1,
+            U32_MAX,
+        )? as usize,
+        max_pending_bytes: raw.int(K::broker__maxPendingBytes, 0, u64::MAX)?,
+        max_topics: raw.int(K::broker__maxTopics, 1, 1_000_000)? as usize,
+        max_subscriptions_per_topic: raw.int(K::broker__maxSubscriptionsPerTopic, 1, 100_000)?
+            as usize,
+        max_in_flight_per_subscription: raw.int(K::broker__maxInFlightPerSubscription, 1, 10_000)?
+            as usize,
+        max_in_flight_total: raw.int(K::broker__maxInFlightTotal, 1, 1_000_000)? as usize,
+        delivery_timeout: raw.secs(K::broker__deliveryTimeoutInSeconds, 1, 3600)?,
+        shutdown_drain: raw.secs(K::broker__shutdownDrainTimeoutInSeconds, 0, 3600)?,
+        restart_clock_allowance: raw.secs(
+            K::broker__restartClockAllowanceInSeconds,
+            0,
+            100 * 365 * 86_400,
+        )?,
+        worker_threads: raw.int(K::broker__workerThreads, 0, 1024)? as usize,
+    })
+}
+
+/// `api__*`: creation-time limits on subscriptions.
+pub(super) fn api_limits(raw: &Raw) -> Result<ApiLimits, ConfigError> {
+    Ok(ApiLimits {
+        max_events_per_batch: raw.int(
+            K::api__deliveryPolicyLimits__maxEventsPerBatch,
+            1,
+            100_000,
+        )? as u32,
+        max_preferred_batch_size_kb: raw.int(
+            K::api__deliveryPolicyLimits__maxpreferredBatchSizeInKilobytes,
+            1,
+            1 << 20,
+        )? as u32,
+        max_batch_size_bytes: raw.int(
+            K::api__deliveryPolicyLimits__maxBatchSizeInBytes,
+            1,
+            1 << 30,
+        )?,
+        max_included_event_types: raw.int(
+            K::api__filterLimits__maxIncludedEventTypes,
+            1,
+            100_000,
+        )? as usize,
+    })
+}
+
+/// The resilience `broker__*` settings: status codes, schedule, dead letters, queue-full policy,
+/// endpoint health.
+pub(super) fn resilience(raw: &Raw) -> Result<Resilience, ConfigError> {
+    use crate::policy::{QueueFullPolicy, ScheduleName, StatusCodePolicy};
+    Ok(Resilience {
+        status_code_policy: raw.choice(K::broker__statusCodePolicy, &StatusCodePolicy::ALL)?,
+        retry_schedule: raw.choice(K::broker__retrySchedule, &ScheduleName::ACCEPTED)?,
+        jitter_percent: raw.int(K::broker__retryJitterPercent, 0, 50)? as u8,
+        retry_after_cap: raw.secs(K::broker__retryAfterMaxSeconds, 0, U32_MAX)?,
+        dead_letter_capacity: raw.int(
+            K::broker__deadLetter__maxEventsPerSubscription,
+            0,
+            10_000_000,
+        )? as usize,
+        dead_letter_max_bytes: raw.int(K::broker__deadLetter__maxBytes, 0, u64::MAX)?,
+        queue_full_policy: raw.choice(K::broker__queueFullPolicy, &QueueFullPolicy::ALL)?,
+        health: health(raw)?,
+    })
+}
+
+/// `broker__endpointHealth__*`.
+fn health(raw: &Raw) -> Result<crate::policy::HealthConfig, ConfigError> {
+    Ok(crate::policy::HealthConfig {
+        enabled: raw.bool(K::broker__endpointHealth__enabled)?,
+        disable_failure_rate_percent: raw.int(
+            K::broker__endpointHealth__disableFailureRatePercent,
+            1,
+            100,
+        )? as u32,
+        disable_min_attempts: raw.int(K::broker__endpointHealth__disableMinAttempts, 1, U32_MAX)?
+            as u32,
+        disable_consecutive_failures: raw.int(
+            K::broker__endpointHealth__disableConsecutiveFailures,
+            1,
+            U32_MAX,
+        )?,
+        probe_interval: raw.secs(
+            K::broker__endpointHealth__probeIntervalInSeconds,
+            1,
+            U32_MAX,
+        )?,
+        freeze_consecutive_failures: raw.int(
+            K::broker__endpointHealth__freezeConsecutiveFailures,
+            1,
+            u64::MAX,
+        )?,
+        freeze_no_success_for: Duration::from_secs(
+            raw.int(
+                K::broker__endpointHealth__freezeNoSuccessInHours,
+                1,
+                1_000_000,
+            )? * 3600,
+        ),
+        freeze_any_consecutive_failures: raw.int(
+            K::broker__endpointHealth__freezeAnyConsecutiveFailures,
+            1,
+            u64::MAX,
+        )?,
+        window_attempts: raw.int(K::broker__endpointHealth__windowAttempts, 1, 1_000_000)? as usize,
+    })
+}
+
+/// `metrics__reporterType`.
+pub(super) fn metrics(raw: &Raw) -> Result<MetricsReporter, ConfigError> {
+    raw.choice(
+        K::metrics__reporterType,
+        &[
+            ("none", MetricsReporter::None),
+            ("prometheus", MetricsReporter::Prometheus),
+            ("console", MetricsReporter::Console),
+        ],
+    )
+}
+
+/// `log__format`.
+pub(super) fn log_format(raw: &Raw) -> Result<LogFormat, ConfigError> {
+    raw.choice(
+        K::log__format,
+        &[("text", LogFormat::Text), ("json", LogFormat::Json)],
+    )
+}
+
+/// `persistence__*`.
+pub(super) fn persistence(raw: &Raw) -> Result<Persistence, ConfigError> {
+    Ok(Persistence {
+        metadata_path: PathBuf::from(raw.text(K::persistence__metadataPath)),
+        events_path: PathBuf::from(raw.text(K::persistence__eventsPath)),
+        store: raw.choice(
+            K::persistence__store,
+            &[("sled", StoreKind::Sled), ("memory", StoreKind::Memory)],
+        )?,
+        max_disk_bytes: raw.int(K::persistence__maxDiskBytes, 1 << 16, u64::MAX)?,
+        cache_bytes: raw.int(K::persistence__cacheBytes, 1 << 16, 1 << 40)?,
+        flush_every_ms: raw.int(K::persistence__flushEveryMs, 0, 3_600_000)?,
+    })
+}
+
+/// The `IOTEDGE_*` identity (defaults outside IoT Edge); nothing here can be invalid.
+pub(super) fn edge(raw: &Raw) -> EdgeEnv {
+    let edge_var = |name: &str| {
+        raw.edge
+            .get(name)
+            .map(|v| v.trim().to_string())
+            .filter(|v| !v.is_empty())
+    };
+    let iothub_hostname = edge_var("iotedge_iothubhostname");
+    EdgeEnv {
+        hub_name: iothub_hostname
+            .as_deref()
+            .and_then(|h| h.split('.').next())
+            .unwrap_or("localhub")
+            .to_string(),
+        iothub_hostname,
+        device_id: edge_var("iotedge_deviceid").unwrap_or_else(|| "localdevice".into()),
+        module_id: edge_var("iotedge_moduleid").unwrap_or_else(|| "gridlet".into()),
+        generation_id: edge_var("iotedge_modulegenerationid"),
+        workload_uri: edge_var("iotedge_workloaduri"),
+        gateway_hostname: edge_var("iotedge_gatewayhostname"),
+        api_version: edge_var("iotedge_apiversion").unwrap_or_else(|| "2019-01-30".into()),
+    }
+}

@@ -1,0 +1,150 @@
+//! The settings table: every setting gridlet understands, written once. The `settings!` macro
+//! makes both the table ([`SETTINGS`], which `gridlet --help`, `check-config` and the README's
+//! table read) and [`Key`], one variant per setting named by its canonical key, through which
+//! the parser reads values: a mistyped key does not compile.
+
+/// One supported setting: canonical key, default (as written in the settings table), meaning.
+pub struct Setting {
+    /// Canonical spelling (`__` separators, original casing).
+    pub key: &'static str,
+    /// Default value as text ("" = unset).
+    pub default: &'static str,
+    /// One-line meaning, used in the README's settings table.
+    pub doc: &'static str,
+}
+
+impl Setting {
+    /// Whether the value is a secret: never logged, printed or echoed (the table marks these
+    /// "(secret, never logged)").
+    pub fn is_secret(&self) -> bool {
+        self.doc.contains("(secret")
+    }
+}
+
+macro_rules! settings {
+    ($( $key:ident = $default:literal : $doc:literal ;)*) => {
+        /// A setting, named by its canonical key (the variant's name is the key, so it is
+        /// written once, in the table below). `Key::k as usize` is its index in [`SETTINGS`].
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Key {
+            $( #[doc = $doc] $key, )*
+        }
+
+        impl Key {
+            /// Every key, in table order.
+            pub const ALL: &'static [Key] = &[ $( Key::$key ),* ];
+        }
+
+        /// Every setting gridlet understands, in one place. The README's table lists the same keys
+        /// (a test checks it).
+        pub const SETTINGS: &[Setting] = &[ $( Setting { key: stringify!($key), default: $default, doc: $doc } ),* ];
+    };
+}
+
+impl Key {
+    /// The setting's table entry.
+    pub fn setting(self) -> &'static Setting {
+        &SETTINGS[self as usize]
+    }
+
+    /// The canonical spelling (`inbound__serverAuth__tlsPolicy`).
+    pub fn name(self) -> &'static str {
+        self.setting().key
+    }
+}
+
+settings! {
+    inbound__serverAuth__tlsPolicy = "strict" : "`strict` HTTPS only, `enabled` HTTP and HTTPS, `disabled` HTTP only";
+    inbound__serverAuth__serverCert__source = "IoTEdge" : "server certificate from the IoT Edge workload API; self-signed (kept in the metadata directory) when not running under IoT Edge";
+    inbound__clientAuth__clientCert__enabled = "true" : "accept TLS client certificates as authentication";
+    inbound__clientAuth__clientCert__source = "IoTEdge" : "client certificates are validated against the IoT Edge trust bundle";
+    inbound__clientAuth__clientCert__allowUnknownCA = "true" : "accept client certificates from unknown / self-signed CAs";
+    inbound__clientAuth__sasKeys__enabled = "false" : "accept the `aeg-sas-key` header as authentication";
+    inbound__clientAuth__sasKeys__key1 = "" : "accepted SAS key (secret, never logged)";
+    inbound__clientAuth__sasKeys__key2 = "" : "second accepted SAS key, for rotation (secret, never logged)";
+    inbound__clientAuth__sasKeys__publishOnlyKeys = "" : "comma-separated SAS keys that may only publish (`POST .../events`); anything else gets 403 (secret, never logged; needs `sasKeys__enabled`). Beyond the original, opt-in";
+    inbound__clientAuth__clientCert__adminIdentities = "" : "comma-separated client identities (the subject CN of the client certificate: the module id of an IoT Edge module identity certificate) that may manage topics and subscriptions; other accepted certificates may only publish. Empty: every accepted certificate is administrator (the original's behaviour)";
+    inbound__httpPort = "5888" : "plain HTTP port (0 = any free port)";
+    inbound__httpsPort = "4438" : "HTTPS port (0 = any free port)";
+    inbound__bindAddress = "0.0.0.0" : "address both listeners bind to";
+    inbound__maxConnections = "1024" : "open client connections, both listeners together; past it new connections wait in the listen backlog (not accepted) until one closes";
+    inbound__idleTimeoutInSeconds = "30" : "a connection with no request in progress (never sent one, idle between keep-alive requests, or slow to send its headers) is closed after this long";
+    inbound__requestBodyTimeoutInSeconds = "60" : "a request body must arrive within this long of being read; slower gets 408 and the connection closes";
+    inbound__responseWriteTimeoutInSeconds = "30" : "a connection whose client reads none of a pending response for this long is closed";
+    outbound__clientAuth__clientCert__enabled = "true" : "present the module identity certificate on outgoing calls (needs IoT Edge)";
+    outbound__clientAuth__clientCert__source = "IoTEdge" : "identity certificate from the workload API";
+    outbound__webhook__httpsOnly = "true" : "only `https://` webhook endpoints may be subscribed";
+    outbound__webhook__skipServerCertValidation = "false" : "do not validate webhook server certificates at all";
+    outbound__webhook__allowUnknownCA = "true" : "accept self-signed / unknown-CA webhook server certificates";
+    outbound__eventgrid__httpsOnly = "true" : "cloud Event Grid destinations must be `https://`";
+    outbound__eventgrid__allowInvalidHostnames = "false" : "allow Event Grid destination hosts outside `eventgrid.azure.{net,us,cn}`";
+    outbound__deniedAddressRanges = "169.254.0.0/16,fe80::/10" : "address ranges (CIDR, comma-separated) no destination may reach: refused at subscription time for an address in the URL, and at connect time for the resolved address; the default denies link-local (cloud metadata services); empty denies none";
+    broker__defaultMaxDeliveryAttempts = "30" : "delivery attempts per event when the subscription sets no `retryPolicy.maxDeliveryAttempts`";
+    broker__defaultEventTimeToLiveInSeconds = "7200" : "event time to live when the subscription sets no `retryPolicy.eventExpiryInMinutes`";
+    broker__defaultMaxBatchSizeInBytes = "1058576" : "batch byte cap when a subscription sets only `maxEventsPerBatch`";
+    broker__defaultMaxEventsPerBatch = "10" : "batch event cap when a subscription sets only `preferredBatchSizeInKilobytes`";
+    broker__logDeliverySuccess = "false" : "log every successful delivery (troubleshooting; off keeps the hot path quiet)";
+    broker__defaultIsPersisted = "false" : "subscriptions without a `persistencePolicy` keep their events on disk";
+    broker__maxRequestBodyBytes = "1058576" : "largest accepted request body; larger gets 413 before the body is read";
+    broker__maxEventsPerRequest = "10000" : "most events in one publish request (400 above)";
+    broker__maxPendingEventsPerSubscription = "100000" : "pending events one in-memory subscription may hold; a publish that would exceed it gets 503 + Retry-After";
+    broker__maxPendingBytes = "268435456" : "bytes of undelivered events gridlet holds in memory, all subscriptions together (each event counted once, however many subscriptions share it; persisted subscriptions count their in-memory window); a publish to an in-memory subscription that would exceed it gets 503 + Retry-After; 0 = no limit";
+    broker__maxTopics = "1000" : "most topics";
+    broker__maxSubscriptionsPerTopic = "100" : "most event subscriptions per topic";
+    broker__maxInFlightPerSubscription = "32" : "concurrent delivery requests per subscription (a quarter of them, at least 1, may be retries)";
+    broker__maxInFlightTotal = "1024" : "concurrent delivery requests across all subscriptions (also the idle connections kept per destination host)";
+    broker__deliveryTimeoutInSeconds = "60" : "how long a delivery waits for the subscriber's response";
+    broker__restartClockAllowanceInSeconds = "3600" : "after a restart, the downtime counts toward event age (TTL) and retry delays for at most this long, so a clock that jumped forward (NTP after a boot without an RTC) does not expire a backlog, and one that jumped back does not stall retries; gridlet's clock resumes from the last run's heartbeat (docs/SECURITY.md, src/clock.rs)";
+    broker__shutdownDrainTimeoutInSeconds = "8" : "on SIGTERM, deliveries in flight get this long to complete and be settled (nothing new is sent); keep it below the container's stop grace period (Docker's default is 10 s before SIGKILL; a longer `StopTimeout` in the module's createOptions allows a longer drain); 0 = abandon them (persisted events are redelivered after the restart)";
+    broker__workerThreads = "0" : "threads of the async runtime; 0 = one per CPU core. `1` keeps gridlet on one core: on a saturated 2-core VM its p99 fell from ~10 ms to ~0.4 ms and its CPU per event at 1,000 events/s by a quarter, for 8–13 % less peak throughput (docs/BENCHMARKS.md)";
+    broker__statusCodePolicy = "original" : "`original` retries every failure on the schedule; `standard` dead-letters 400/413 at once (with a dead-letter destination), honours `Retry-After` on 429/503 and jitters delays";
+    broker__retrySchedule = "oneThenEveryTenMinutes" : "retry schedule when a subscription sets no `retryPolicy.schedule`: `oneThenEveryTenMinutes` (1 min, then every 10 min), `tenSecondsToHourly` (10 s, 30 s, 1 m, 5 m, 10 m, 30 m, 1 h, then hourly) or `doublingForFourDays` (11 retries, the delay doubling from 1.4 min to 48.2 h, the last about four days after the first attempt; then it gives up); the old names `original`, `eventGridCloud`, `workfront` are accepted";
+    broker__retryJitterPercent = "10" : "under `standard`, every retry delay is spread by up to this many percent either way (0 = exact)";
+    broker__retryAfterMaxSeconds = "3600" : "longest `Retry-After` honoured; longer requests are capped";
+    broker__queueFullPolicy = "reject" : "when an in-memory subscription holds `broker__maxPendingEventsPerSubscription` events: `reject` the publish with 503 (original), or `deadLetter` that subscription's copies and accept the publish for the others";
+    broker__deadLetter__maxEventsPerSubscription = "10000" : "dead letters kept per subscription (oldest evicted first; on disk with the sled store); 0 = none kept";
+    broker__deadLetter__maxBytes = "33554432" : "bytes of dead letters kept, all subscriptions together (event + id + error + 64 each; in memory with the memory store, on disk and counted against persistence__maxDiskBytes with the sled store): past it the subscription holding the most dead-letter bytes loses its oldest letter first; a letter larger than the bound is not kept; 0 = none kept";
+    broker__endpointHealth__enabled = "true" : "track each destination URL's health and slow down (disabled) or stop (frozen) deliveries to failing endpoints";
+    broker__endpointHealth__disableFailureRatePercent = "70" : "an endpoint is disabled when its failure rate exceeds this percentage ...";
+    broker__endpointHealth__disableMinAttempts = "100" : "... over more than this many recent attempts";
+    broker__endpointHealth__disableConsecutiveFailures = "2000" : "an endpoint is disabled after this many consecutive failures";
+    broker__endpointHealth__probeIntervalInSeconds = "600" : "a disabled endpoint gets one probe delivery this often; a success re-enables it";
+    broker__endpointHealth__freezeConsecutiveFailures = "2000" : "frozen (no attempts until re-enabled through the API) after more consecutive failures than this ...";
+    broker__endpointHealth__freezeNoSuccessInHours = "72" : "... with the last success longer ago than this";
+    broker__endpointHealth__freezeAnyConsecutiveFailures = "50000" : "frozen after more consecutive failures than this, whenever the last success was";
+    broker__endpointHealth__windowAttempts = "1000" : "how many recent attempts the failure rate is computed over";
+    api__deliveryPolicyLimits__maxEventsPerBatch = "50" : "largest `maxEventsPerBatch` a subscription may set";
+    api__deliveryPolicyLimits__maxpreferredBatchSizeInKilobytes = "1033" : "largest `preferredBatchSizeInKilobytes` a subscription may set";
+    api__deliveryPolicyLimits__maxBatchSizeInBytes = "1058576" : "largest `approxBatchSizeInBytes` (older twin knob) a subscription may set";
+    api__filterLimits__maxIncludedEventTypes = "256" : "most entries in a subscription's `filter.includedEventTypes` (400 above); matched in constant time, this bounds the memory of one subscription's type set";
+    metrics__reporterType = "none" : "`none`, `prometheus` (serve `/metrics`), `console` (log metrics every 60 s)";
+    log__format = "text" : "`text`: one line per record with the syslog severity prefix IoT Edge filters on (`<6>` info, `<4>` warn, `<3>` error), colours only on a terminal and never with `NO_COLOR`; `json`: one JSON object per line, for log shippers. Level: `RUST_LOG` (default `info`)";
+    persistence__metadataPath = "metadataDb" : "directory holding topics, subscriptions and the self-signed certificate";
+    persistence__eventsPath = "eventsDb" : "directory holding persisted events";
+    persistence__store = "sled" : "`sled`: metadata, endpoint health, dead letters and the events of persisted subscriptions on disk (files under `gridlet-v1/`); `memory`: everything in memory, lost on restart";
+    persistence__maxDiskBytes = "268435456" : "bound on the event store: persisted publishes get 507 + Retry-After when live event and dead-letter bytes x 2.5 (sled's files measured at ~2x live data) would exceed it; bounds disk only: a persisted backlog stays on disk, memory holds a window of 2048 events per subscription";
+    persistence__cacheBytes = "8388608" : "sled page cache of the event store (counts on-disk page bytes; RSS is higher)";
+    persistence__flushEveryMs = "1000" : "period of sled's own background fsync (`sync_all`); acknowledged events are already fsynced by the publish journal and its 200 ms checkpoints; 0 = off";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_names_its_own_table_entry() {
+        assert_eq!(Key::ALL.len(), SETTINGS.len());
+        for (i, k) in Key::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i);
+            assert_eq!(format!("{k:?}"), k.name());
+        }
+        let mut keys: Vec<String> = SETTINGS
+            .iter()
+            .map(|s| s.key.to_ascii_lowercase())
+            .collect();
+        keys.sort();
+        keys.dedup();
+        assert_eq!(keys.len(), SETTINGS.len(), "no key twice, in any case");
+    }
+}

@@ -1,0 +1,140 @@
+//! The configuration loader's unit tests.
+
+use super::*;
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn cfg(pairs: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+}
+
+#[test]
+fn defaults_match_the_contract() {
+    let c = cfg(&[]).unwrap();
+    assert_eq!(c.inbound.tls_policy, TlsPolicy::Strict);
+    assert!(c.inbound.client_cert_enabled);
+    assert!(c.inbound.client_cert_allow_unknown_ca);
+    assert!(!c.inbound.sas_enabled);
+    assert_eq!(c.inbound.http_port, 5888);
+    assert_eq!(c.inbound.https_port, 4438);
+    assert!(c.outbound.webhook_https_only);
+    assert!(!c.outbound.webhook_skip_server_cert_validation);
+    assert!(c.outbound.webhook_allow_unknown_ca);
+    assert_eq!(c.broker.default_max_delivery_attempts, 30);
+    assert_eq!(c.broker.default_event_ttl, Duration::from_secs(7200));
+    assert_eq!(c.broker.default_max_batch_size_bytes, 1_058_576);
+    assert_eq!(c.broker.default_max_events_per_batch, 10);
+    assert_eq!(c.broker.max_request_body_bytes, 1_058_576);
+    assert_eq!(c.api.max_events_per_batch, 50);
+    assert_eq!(c.api.max_preferred_batch_size_kb, 1033);
+    assert_eq!(c.metrics, MetricsReporter::None);
+    assert_eq!(c.persistence.metadata_path, PathBuf::from("metadataDb"));
+    assert_eq!(c.persistence.events_path, PathBuf::from("eventsDb"));
+    assert_eq!(c.persistence.store, StoreKind::Sled);
+    assert_eq!(c.persistence.max_disk_bytes, 256 << 20);
+}
+
+#[test]
+fn colon_separators_and_any_case_are_the_same_key() {
+    let c = cfg(&[
+        ("inbound:serverAuth:tlsPolicy", "Enabled"),
+        ("BROKER__DEFAULTEVENTTIMETOLIVEINSECONDS", "1_800"),
+        ("Inbound__ClientAuth:SasKeys__Enabled", "True"),
+        ("inbound__clientAuth__sasKeys__key1", "MixedCaseSecret"),
+        ("metrics:reportertype", "PROMETHEUS"),
+    ])
+    .unwrap();
+    assert_eq!(c.inbound.tls_policy, TlsPolicy::Enabled);
+    assert_eq!(c.broker.default_event_ttl, Duration::from_secs(1800));
+    assert!(c.inbound.sas_enabled);
+    assert_eq!(c.inbound.sas_keys, vec!["MixedCaseSecret".to_string()]);
+    assert_eq!(c.metrics, MetricsReporter::Prometheus);
+}
+
+#[test]
+fn invalid_values_name_the_key_and_the_accepted_values() {
+    let e = cfg(&[("inbound__serverAuth__tlsPolicy", "sometimes")]).unwrap_err();
+    let line = e.to_string();
+    assert!(line.contains("inbound__serverAuth__tlsPolicy"), "{line}");
+    assert!(line.contains("strict, enabled, disabled"), "{line}");
+    let e = cfg(&[("broker__defaultMaxDeliveryAttempts", "lots")]).unwrap_err();
+    assert!(e.to_string().contains("whole number"));
+    let e = cfg(&[("outbound__webhook__httpsOnly", "yes")]).unwrap_err();
+    assert!(e.to_string().contains("true or false"));
+}
+
+#[test]
+fn denied_address_ranges_parse_and_match() {
+    let c = cfg(&[]).unwrap();
+    let denied = |ip: &str| {
+        let ip: std::net::IpAddr = ip.parse().unwrap();
+        c.outbound.denied_ranges.iter().any(|r| r.contains(ip))
+    };
+    assert!(denied("169.254.169.254"));
+    assert!(denied("fe80::1"));
+    assert!(denied("::ffff:169.254.0.1"));
+    assert!(!denied("10.0.0.1") && !denied("127.0.0.1") && !denied("192.168.1.1"));
+    let c = cfg(&[(
+        "outbound__deniedAddressRanges",
+        " 127.0.0.0/8 , ::1,10.1.2.3",
+    )])
+    .unwrap();
+    assert_eq!(c.outbound.denied_ranges.len(), 3);
+    assert!(c.outbound.denied_ranges[0].contains("127.9.9.9".parse().unwrap()));
+    assert!(c.outbound.denied_ranges[2].contains("10.1.2.3".parse().unwrap()));
+    assert!(!c.outbound.denied_ranges[2].contains("10.1.2.4".parse().unwrap()));
+    assert!(cfg(&[("outbound__deniedAddressRanges", "")])
+        .unwrap()
+        .outbound
+        .denied_ranges
+        .is_empty());
+    for bad in ["169.254.0.0/33", "fe80::/129", "localhost", "1.2.3.4/x"] {
+        let e = cfg(&[("outbound__deniedAddressRanges", bad)]).unwrap_err();
+        assert!(
+            e.to_string().contains("outbound__deniedAddressRanges"),
+            "{bad}: {e}"
+        );
+    }
+}
+
+#[test]
+fn sas_enabled_without_a_key_is_refused() {
+    let e = cfg(&[("inbound__clientAuth__sasKeys__enabled", "true")]).unwrap_err();
+    assert!(e.to_string().contains("key1"));
+}
+
+#[test]
+fn secrets_never_show_in_debug_output() {
+    let c = cfg(&[
+        ("inbound__clientAuth__sasKeys__enabled", "true"),
+        ("inbound__clientAuth__sasKeys__key1", "topsecret"),
+    ])
+    .unwrap();
+    assert!(!format!("{c:?}").contains("topsecret"));
+}
+
+#[test]
+fn unknown_setting_keys_are_reported() {
+    let c = cfg(&[("broker__defaultMaxDeliveryAtempts", "3"), ("PATH", "/bin")]).unwrap();
+    assert_eq!(
+        c.unknown_keys,
+        vec!["broker__defaultMaxDeliveryAtempts".to_string()]
+    );
+}
+
+#[test]
+fn iot_edge_identity_is_read() {
+    let c = cfg(&[
+        (
+            "IOTEDGE_IOTHUBHOSTNAME",
+            "eg-iot-edge-hub.azure-devices.net",
+        ),
+        ("IOTEDGE_DEVICEID", "eg-edge-device"),
+        ("IOTEDGE_MODULEID", "eventgridmodule"),
+    ])
+    .unwrap();
+    assert_eq!(c.edge.hub_name, "eg-iot-edge-hub");
+    assert_eq!(c.edge.device_id, "eg-edge-device");
+    assert_eq!(c.edge.module_id, "eventgridmodule");
+    assert!(!c.edge.is_iot_edge());
+}

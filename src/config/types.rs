@@ -1,0 +1,285 @@
+//! The typed configuration's parts, one struct per section, and the enums their settings
+//! choose between.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `log__format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One line per record, with the syslog severity prefix.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `inbound__serverAuth__tlsPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsPolicy {
+    /// HTTPS only.
+    Strict,
+    /// HTTP and HTTPS.
+    Enabled,
+    /// HTTP only.
+    Disabled,
+}
+
+impl TlsPolicy {
+    /// Whether the HTTP listener runs.
+    pub fn http(self) -> bool {
+        matches!(self, Self::Enabled | Self::Disabled)
+    }
+    /// Whether the HTTPS listener runs.
+    pub fn https(self) -> bool {
+        matches!(self, Self::Strict | Self::Enabled)
+    }
+}
+
+/// `metrics__reporterType`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsReporter {
+    /// No metrics output.
+    None,
+    /// Prometheus text at `/metrics`.
+    Prometheus,
+    /// Periodic log line.
+    Console,
+}
+
+/// Inbound (server side) settings.
+#[derive(Debug, Clone)]
+pub struct Inbound {
+    /// Which listeners run.
+    pub tls_policy: TlsPolicy,
+    /// Plain HTTP port.
+    pub http_port: u16,
+    /// HTTPS port.
+    pub https_port: u16,
+    /// Bind address of both listeners.
+    pub bind_address: IpAddr,
+    /// Open client connections, both listeners together.
+    pub max_connections: usize,
+    /// Close a connection with no request in progress after this long.
+    pub idle_timeout: Duration,
+    /// A request body must arrive within this long of being read.
+    pub body_timeout: Duration,
+    /// Close a connection whose client reads nothing of a pending response for this long.
+    pub write_timeout: Duration,
+    /// Client certificates authenticate.
+    pub client_cert_enabled: bool,
+    /// Client certificates from unknown CAs are accepted.
+    pub client_cert_allow_unknown_ca: bool,
+    /// `aeg-sas-key` authenticates.
+    pub sas_enabled: bool,
+    /// Accepted SAS keys (key1, key2). Secrets: never logged (see [`Config`]'s `Debug`).
+    pub sas_keys: Vec<String>,
+    /// SAS keys that may only publish. Secrets, like `sas_keys`.
+    pub publish_only_sas_keys: Vec<String>,
+    /// Client-certificate identities (subject CN) that may manage; empty = every certificate.
+    pub admin_identities: Vec<String>,
+}
+
+/// Outbound (delivery side) settings.
+#[derive(Debug, Clone)]
+pub struct Outbound {
+    /// Present the module identity certificate.
+    pub client_cert_enabled: bool,
+    /// Only https webhooks may be subscribed.
+    pub webhook_https_only: bool,
+    /// Skip webhook certificate validation entirely.
+    pub webhook_skip_server_cert_validation: bool,
+    /// Accept unknown-CA webhook certificates.
+    pub webhook_allow_unknown_ca: bool,
+    /// Only https Event Grid destinations.
+    pub eventgrid_https_only: bool,
+    /// Allow Event Grid destination hosts outside Azure's domains.
+    pub eventgrid_allow_invalid_hostnames: bool,
+    /// Address ranges no destination may reach (checked on the resolved address).
+    pub denied_ranges: Vec<IpRange>,
+}
+
+/// An address range in CIDR notation (`169.254.0.0/16`, `fe80::/10`; a bare address is one
+/// host). IPv4-mapped IPv6 addresses match as their IPv4 address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpRange {
+    net: std::net::IpAddr,
+    prefix: u8,
+}
+
+impl IpRange {
+    /// Parse `a.b.c.d/n`, `x::y/n` or a bare address.
+    pub fn parse(s: &str) -> Option<Self> {
+        let (addr, prefix) = match s.trim().split_once('/') {
+            Some((a, p)) => (a, Some(p.trim().parse::<u8>().ok()?)),
+            None => (s.trim(), None),
+        };
+        let net: std::net::IpAddr = addr.trim().parse().ok()?;
+        let max = if net.is_ipv4() { 32 } else { 128 };
+        let prefix = prefix.unwrap_or(max);
+        (prefix <= max).then_some(Self { net, prefix })
+    }
+
+    /// Whether `ip` is in the range.
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        use std::net::IpAddr;
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        let bits = |n: u32, width: u32| -> u128 {
+            if n == 0 {
+                0
+            } else {
+                (u128::MAX << (128 - n)) >> (128 - width)
+            }
+        };
+        match (self.net, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let m = bits(u32::from(self.prefix), 32);
+                u128::from(u32::from(n)) & m == u128::from(u32::from(a)) & m
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let m = bits(u32::from(self.prefix), 128);
+                u128::from(n) & m == u128::from(a) & m
+            }
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for IpRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.net, self.prefix)
+    }
+}
+
+/// Broker-wide delivery defaults and limits.
+#[derive(Debug, Clone)]
+pub struct Broker {
+    /// Default `maxDeliveryAttempts`.
+    pub default_max_delivery_attempts: u32,
+    /// Default time to live.
+    pub default_event_ttl: Duration,
+    /// Default batch byte cap.
+    pub default_max_batch_size_bytes: usize,
+    /// Default batch event cap.
+    pub default_max_events_per_batch: usize,
+    /// Log every successful delivery.
+    pub log_delivery_success: bool,
+    /// Subscriptions without a persistence policy are persisted.
+    pub default_is_persisted: bool,
+    /// Request body limit.
+    pub max_request_body_bytes: usize,
+    /// Events per publish request.
+    pub max_events_per_request: usize,
+    /// Pending events per in-memory subscription.
+    pub max_pending_events_per_subscription: usize,
+    /// Event payload bytes held in memory, all subscriptions (0 = no limit).
+    pub max_pending_bytes: u64,
+    /// Topic count limit.
+    pub max_topics: usize,
+    /// Subscriptions per topic.
+    pub max_subscriptions_per_topic: usize,
+    /// Concurrent deliveries per subscription.
+    pub max_in_flight_per_subscription: usize,
+    /// Concurrent deliveries in total.
+    pub max_in_flight_total: usize,
+    /// Response timeout of one delivery request.
+    pub delivery_timeout: Duration,
+    /// On shutdown, in-flight deliveries get this long to complete.
+    pub shutdown_drain: Duration,
+    /// Downtime counted toward age and delays across a restart, at most.
+    pub restart_clock_allowance: Duration,
+    /// Async runtime worker threads (0 = one per core); read by `main` before the runtime starts.
+    pub worker_threads: usize,
+}
+
+/// Delivery resilience beyond the original: status codes, schedules, dead letters, endpoint
+/// health (see `delivery::policy`, `delivery::deadletter`, `delivery::health`).
+#[derive(Debug, Clone)]
+pub struct Resilience {
+    /// Module default status-code policy.
+    pub status_code_policy: crate::policy::StatusCodePolicy,
+    /// Module default retry schedule.
+    pub retry_schedule: crate::policy::ScheduleName,
+    /// Jitter under the `standard` policy (percent either way).
+    pub jitter_percent: u8,
+    /// Cap on honoured `Retry-After`.
+    pub retry_after_cap: Duration,
+    /// Dead letters kept per subscription (0 = none).
+    pub dead_letter_capacity: usize,
+    /// Dead-letter bytes kept, all subscriptions together (0 = none).
+    pub dead_letter_max_bytes: u64,
+    /// Full in-memory queue: reject the publish or dead-letter the copy.
+    pub queue_full_policy: crate::policy::QueueFullPolicy,
+    /// Endpoint health thresholds.
+    pub health: crate::policy::HealthConfig,
+}
+
+/// Creation-time limits on subscription batching knobs.
+#[derive(Debug, Clone)]
+pub struct ApiLimits {
+    /// Largest `maxEventsPerBatch`.
+    pub max_events_per_batch: u32,
+    /// Largest `preferredBatchSizeInKilobytes`.
+    pub max_preferred_batch_size_kb: u32,
+    /// Largest `approxBatchSizeInBytes`.
+    pub max_batch_size_bytes: u64,
+    /// Most entries in `filter.includedEventTypes`.
+    pub max_included_event_types: usize,
+}
+
+/// `persistence__store`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// sled databases on disk.
+    Sled,
+    /// Maps in memory.
+    Memory,
+}
+
+/// Storage locations and the event store's bounds.
+#[derive(Debug, Clone)]
+pub struct Persistence {
+    /// Metadata directory.
+    pub metadata_path: PathBuf,
+    /// Events directory.
+    pub events_path: PathBuf,
+    /// Which store.
+    pub store: StoreKind,
+    /// Disk bound of the event store.
+    pub max_disk_bytes: u64,
+    /// sled page cache of the event store.
+    pub cache_bytes: u64,
+    /// sled's background fsync period (0 = off).
+    pub flush_every_ms: u64,
+}
+
+/// The identity IoT Edge gives the module through `IOTEDGE_*` variables; defaults outside IoT Edge.
+#[derive(Debug, Clone)]
+pub struct EdgeEnv {
+    /// First DNS label of `IOTEDGE_IOTHUBHOSTNAME` (for resource ids).
+    pub hub_name: String,
+    /// `IOTEDGE_IOTHUBHOSTNAME`.
+    pub iothub_hostname: Option<String>,
+    /// `IOTEDGE_DEVICEID`.
+    pub device_id: String,
+    /// `IOTEDGE_MODULEID`.
+    pub module_id: String,
+    /// `IOTEDGE_MODULEGENERATIONID`.
+    pub generation_id: Option<String>,
+    /// `IOTEDGE_WORKLOADURI`.
+    pub workload_uri: Option<String>,
+    /// `IOTEDGE_GATEWAYHOSTNAME`.
+    pub gateway_hostname: Option<String>,
+    /// `IOTEDGE_APIVERSION` (workload API version).
+    pub api_version: String,
+}
+
+impl EdgeEnv {
+    /// Whether the module runs under an IoT Edge runtime (a workload socket is given).
+    pub fn is_iot_edge(&self) -> bool {
+        self.workload_uri.is_some()
+    }
+}
