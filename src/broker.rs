@@ -21,7 +21,7 @@ use crate::delivery::sink::SinkFactory;
 use crate::delivery::sinks::DESTINATIONS;
 use crate::delivery::subscription::{SubConfig, SubscriptionHandle};
 use crate::error::ApiError;
-use crate::metrics::{self, Series, SeriesValue, TopicMetrics};
+use crate::metrics::{self, TopicMetrics};
 use crate::model::names;
 use crate::model::subscription::Subscription;
 use crate::model::topic::{EventSchema, Topic};

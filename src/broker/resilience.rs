@@ -8,7 +8,6 @@ use crate::delivery::health::{EndpointHealth, HealthSnapshot};
 use crate::delivery::sink::Sink;
 use crate::delivery::subscription::SubscriptionHandle;
 use crate::error::ApiError;
-use crate::metrics::{self, Series, SeriesValue};
 use crate::model::delivery_options::DeliveryOptions;
 use crate::model::subscription::Subscription;
 use crate::store::QueueId;
@@ -123,100 +122,5 @@ impl Broker {
             .map_err(store_err)?
             .len();
         Ok(n)
-    }
-
-    /// gridlet's resilience metric families.
-    pub(super) fn render_resilience_metrics(
-        &self,
-        out: &mut String,
-        subs: &[(String, Arc<SubscriptionHandle>)],
-    ) {
-        let ctx = &self.inner.ctx;
-        type Pick = fn(&Broker, &SubscriptionHandle) -> Option<u64>;
-        let evicted_help = format!(
-            "Dead letters evicted (or not kept) to stay within {} and {}, counted on the subscription whose letter arrived",
-            Key::broker__deadLetter__maxEventsPerSubscription.name(),
-            Key::broker__deadLetter__maxBytes.name()
-        );
-        let families: [(&str, &str, &str, Pick); 6] = [
-            (
-                "gridlet_dead_lettered_events_total",
-                "counter",
-                "Events kept as dead letters",
-                |_, s| Some(s.metrics().dead_lettered.get()),
-            ),
-            (
-                "gridlet_dead_letters_evicted_total",
-                "counter",
-                &evicted_help,
-                |_, s| Some(s.metrics().dead_letters_evicted.get()),
-            ),
-            (
-                "gridlet_dead_letters_replayed_total",
-                "counter",
-                "Dead letters replayed through the API",
-                |_, s| Some(s.metrics().dead_letters_replayed.get()),
-            ),
-            (
-                "gridlet_dead_letters",
-                "gauge",
-                "Dead letters currently kept",
-                |b, s| Some(b.inner.ctx.dead_letters.count(s.queue_id()) as u64),
-            ),
-            (
-                "gridlet_endpoint_health_state",
-                "gauge",
-                "Destination health: 0 enabled, 1 disabled (probed), 2 frozen",
-                |_, s| s.endpoint_health().map(|h| h.state.gauge()),
-            ),
-            (
-                "gridlet_endpoint_consecutive_failures",
-                "gauge",
-                "Consecutive failed attempts to the destination URL",
-                |_, s| s.endpoint_health().map(|h| h.consecutive_failures),
-            ),
-        ];
-        for (name, kind, help, pick) in families {
-            let series: Vec<Series<'_>> = subs
-                .iter()
-                .filter_map(|(t, s)| {
-                    pick(self, s).map(|v| Series {
-                        labels: vec![("topic", t.as_str()), ("subscription", s.name())],
-                        value: SeriesValue::Number(v),
-                    })
-                })
-                .collect();
-            metrics::write_family(out, name, kind, help, &series);
-        }
-        metrics::write_family(
-            out,
-            "gridlet_pending_event_bytes",
-            "gauge",
-            &format!(
-                "Bytes of undelivered events held in memory, all subscriptions (limit: {})",
-                Key::broker__maxPendingBytes.name()
-            ),
-            &[Series {
-                labels: Vec::new(),
-                value: SeriesValue::Number(ctx.pending_bytes.used()),
-            }],
-        );
-        let stats = &ctx.forwarder.stats;
-        metrics::write_family(
-            out,
-            "gridlet_dead_letters_forwarded_total",
-            "counter",
-            "Dead letters posted to dead-letter webhooks, by result",
-            &[
-                Series {
-                    labels: vec![("result", "success")],
-                    value: SeriesValue::Number(stats.forwarded.get()),
-                },
-                Series {
-                    labels: vec![("result", "failure")],
-                    value: SeriesValue::Number(stats.failed.get()),
-                },
-            ],
-        );
     }
 }

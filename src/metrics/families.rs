@@ -1,0 +1,391 @@
+//! Every metric family gridlet exposes, declared once: name, kind, help, and which value of a
+//! view it reads. The broker fills a [`Snapshot`] of plain views (no locks held, nothing but
+//! numbers and the metric structs); [`render`] writes the families in table order.
+//!
+//! Help texts name settings by their keys; a unit test checks each named key exists.
+
+use super::text::{write_family, Series, SeriesValue};
+use super::{SubscriptionMetrics, TopicMetrics};
+use crate::model::reason::DropReason;
+
+/// Prometheus metric kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// Latency buckets, sum and count.
+    Histogram,
+}
+
+impl Kind {
+    /// The `# TYPE` word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Counter => "counter",
+            Self::Gauge => "gauge",
+            Self::Histogram => "histogram",
+        }
+    }
+}
+
+/// How a family reads its value from a view.
+pub enum Read<V> {
+    /// One series per view (none when `None`: not applicable to that view).
+    One(fn(&V) -> Option<SeriesValue<'_>>),
+    /// One series per value of an extra label.
+    By(&'static str, fn(&V) -> Vec<(&'static str, u64)>),
+}
+
+/// One metric family.
+pub struct Family<V> {
+    /// Metric name.
+    pub name: &'static str,
+    /// Kind.
+    pub kind: Kind,
+    /// `# HELP` text.
+    pub help: &'static str,
+    /// Where its value comes from.
+    pub read: Read<V>,
+}
+
+/// A topic, as the metrics see it.
+pub struct TopicView<'a> {
+    /// Topic name (label `topic`).
+    pub name: &'a str,
+    /// Its counters.
+    pub metrics: &'a TopicMetrics,
+}
+
+/// A subscription, as the metrics see it.
+pub struct SubscriptionView<'a> {
+    /// Topic name (label `topic`).
+    pub topic: &'a str,
+    /// Subscription name (label `subscription`).
+    pub name: &'a str,
+    /// Its counters.
+    pub metrics: &'a SubscriptionMetrics,
+    /// Events accepted and not yet settled.
+    pub pending: u64,
+    /// Delivery requests in flight.
+    pub in_flight: u64,
+    /// Dead letters kept.
+    pub dead_letters: u64,
+    /// `(state, consecutive failures)` of its destination, when health is tracked (state: 0
+    /// enabled, 1 disabled, 2 frozen).
+    pub health: Option<(u64, u64)>,
+}
+
+/// A journaling store's group-commit counters.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CommitView {
+    /// Publishes made durable.
+    pub commits: u64,
+    /// Journal writes (one `fdatasync` each).
+    pub syncs: u64,
+    /// Checkpoints.
+    pub checkpoints: u64,
+}
+
+/// Broker-wide values.
+pub struct BrokerView {
+    /// Bytes of undelivered events held in memory.
+    pub pending_event_bytes: u64,
+    /// Dead letters posted to dead-letter webhooks.
+    pub dead_letters_forwarded: u64,
+    /// Dead letters whose forwarding failed for good.
+    pub dead_letters_forward_failed: u64,
+    /// Bytes the store's files occupy.
+    pub store_disk_bytes: u64,
+    /// Bytes of dead letters kept.
+    pub dead_letter_bytes: u64,
+    /// Group-commit counters, for a journaling store.
+    pub commits: Option<CommitView>,
+}
+
+/// Everything one exposition shows.
+pub struct Snapshot<'a> {
+    /// Topics, in the order to show them.
+    pub topics: Vec<TopicView<'a>>,
+    /// Subscriptions, in the order to show them.
+    pub subscriptions: Vec<SubscriptionView<'a>>,
+    /// Broker-wide values.
+    pub broker: BrokerView,
+}
+
+fn n<'a>(v: u64) -> Option<SeriesValue<'a>> {
+    Some(SeriesValue::Number(v))
+}
+
+/// Topic families: one series per topic.
+pub fn topic_families<'a>() -> [Family<TopicView<'a>>; 6] {
+    use Kind::*;
+    [
+        family(
+            "EventsReceived",
+            Counter,
+            "Events received by the topic",
+            |t| n(t.metrics.events_received.get()),
+        ),
+        family(
+            "UnmatchedEvents",
+            Counter,
+            "Events that matched no subscription and were dropped",
+            |t| n(t.metrics.unmatched_events.get()),
+        ),
+        family(
+            "SuccessRequests",
+            Counter,
+            "Publish requests answered 200",
+            |t| n(t.metrics.success_requests.get()),
+        ),
+        family(
+            "SystemErrorRequests",
+            Counter,
+            "Publish requests that failed in the broker",
+            |t| n(t.metrics.system_error_requests.get()),
+        ),
+        family(
+            "UserErrorRequests",
+            Counter,
+            "Publish requests rejected as invalid",
+            |t| n(t.metrics.user_error_requests.get()),
+        ),
+        family(
+            "SuccessRequestLatencyMs",
+            Histogram,
+            "Latency of successful publish requests (ms)",
+            |t| {
+                Some(SeriesValue::Histogram(
+                    &t.metrics.success_request_latency_ms,
+                ))
+            },
+        ),
+    ]
+}
+
+/// Subscription families: one series per subscription (per reason for drops).
+pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 17] {
+    use Kind::*;
+    [
+        family("DeliverySuccessCounts", Counter, "Events delivered", |s| n(s.metrics.delivery_success_counts.get())),
+        family("DeliveryFailureCounts", Counter, "Events whose delivery attempt failed", |s| n(s.metrics.delivery_failure_counts.get())),
+        family("DeliveryAttemptsCount", Counter, "Delivery attempts (per event)", |s| n(s.metrics.delivery_attempts_count.get())),
+        family("ExpiredCounts", Counter, "Events dropped for time to live or max delivery attempts", |s| n(s.metrics.expired_counts.get())),
+        family("gridlet_enqueued_events_total", Counter, "Events accepted into the subscription's queue", |s| n(s.metrics.enqueued.get())),
+        family("gridlet_pending_events", Gauge, "Events accepted and not yet settled", |s| n(s.pending)),
+        family("gridlet_in_flight_requests", Gauge, "Delivery requests in flight", |s| n(s.in_flight)),
+        Family {
+            name: "gridlet_dropped_events_total",
+            kind: Counter,
+            help: "Events dropped undelivered, by reason",
+            read: Read::By("reason", |s| {
+                DropReason::ALL
+                    .iter()
+                    .map(|r| (r.as_str(), dropped(s.metrics, *r)))
+                    .collect()
+            }),
+        },
+        family("DeliverySuccessLatencyMs", Histogram, "Latency of successful delivery requests (ms)", |s| Some(SeriesValue::Histogram(&s.metrics.delivery_success_latency_ms))),
+        family("DeliveryFailureLatencyMs", Histogram, "Latency of failed delivery requests (ms)", |s| Some(SeriesValue::Histogram(&s.metrics.delivery_failure_latency_ms))),
+        family("SystemDelayForFirstAttemptMs", Histogram, "Time from publish to the first delivery attempt (ms)", |s| Some(SeriesValue::Histogram(&s.metrics.system_delay_for_first_attempt_ms))),
+        family("gridlet_dead_lettered_events_total", Counter, "Events kept as dead letters", |s| n(s.metrics.dead_lettered.get())),
+        family("gridlet_dead_letters_evicted_total", Counter, "Dead letters evicted (or not kept) to stay within broker__deadLetter__maxEventsPerSubscription and broker__deadLetter__maxBytes, counted on the subscription whose letter arrived", |s| n(s.metrics.dead_letters_evicted.get())),
+        family("gridlet_dead_letters_replayed_total", Counter, "Dead letters replayed through the API", |s| n(s.metrics.dead_letters_replayed.get())),
+        family("gridlet_dead_letters", Gauge, "Dead letters currently kept", |s| n(s.dead_letters)),
+        family("gridlet_endpoint_health_state", Gauge, "Destination health: 0 enabled, 1 disabled (probed), 2 frozen", |s| s.health.map(|h| SeriesValue::Number(h.0))),
+        family("gridlet_endpoint_consecutive_failures", Gauge, "Consecutive failed attempts to the destination URL", |s| s.health.map(|h| SeriesValue::Number(h.1))),
+    ]
+}
+
+/// Broker-wide families: one series each (omitted when not applicable).
+pub fn broker_families() -> [Family<BrokerView>; 7] {
+    use Kind::*;
+    [
+        family("gridlet_pending_event_bytes", Gauge, "Bytes of undelivered events held in memory, all subscriptions (limit: broker__maxPendingBytes)", |b| n(b.pending_event_bytes)),
+        Family {
+            name: "gridlet_dead_letters_forwarded_total",
+            kind: Counter,
+            help: "Dead letters posted to dead-letter webhooks, by result",
+            read: Read::By("result", |b| {
+                vec![("success", b.dead_letters_forwarded), ("failure", b.dead_letters_forward_failed)]
+            }),
+        },
+        family("gridlet_store_disk_bytes", Gauge, "Bytes the store's files occupy on disk (sled never shrinks them; freed space is reused)", |b| n(b.store_disk_bytes)),
+        family("gridlet_dead_letter_bytes", Gauge, "Bytes of dead letters kept, all subscriptions together (bounded by broker__deadLetter__maxBytes)", |b| n(b.dead_letter_bytes)),
+        family("gridlet_store_commits_total", Counter, "Persisted publishes made durable (answered only after their group's sync)", |b| b.commits.and_then(|c| n(c.commits))),
+        family("gridlet_store_journal_syncs_total", Counter, "Publish-journal writes, one fdatasync each (commits / syncs = events per group commit)", |b| b.commits.and_then(|c| n(c.syncs))),
+        family("gridlet_store_checkpoints_total", Counter, "Checkpoints: journaled events still pending moved into sled, sled flushed and fsynced", |b| b.commits.and_then(|c| n(c.checkpoints))),
+    ]
+}
+
+fn family<V>(
+    name: &'static str,
+    kind: Kind,
+    help: &'static str,
+    read: fn(&V) -> Option<SeriesValue<'_>>,
+) -> Family<V> {
+    Family {
+        name,
+        kind,
+        help,
+        read: Read::One(read),
+    }
+}
+
+/// Events of a subscription dropped for `reason`.
+fn dropped(m: &SubscriptionMetrics, reason: DropReason) -> u64 {
+    match reason {
+        DropReason::MaxDeliveryAttemptsExceeded => m.dropped_max_attempts.get(),
+        DropReason::TimeToLiveExceeded => m.dropped_expired.get(),
+        DropReason::DeliveryRefused => m.dropped_refused.get(),
+        DropReason::QueueFull => m.dropped_queue_full.get(),
+    }
+}
+
+/// The series of `f` over `views`, each labelled as given.
+fn series<'a, V: 'a>(
+    f: &Family<V>,
+    views: impl Iterator<Item = (Vec<(&'static str, &'a str)>, &'a V)>,
+) -> Vec<Series<'a>> {
+    let mut out = Vec::new();
+    for (labels, v) in views {
+        match &f.read {
+            Read::One(read) => {
+                if let Some(value) = read(v) {
+                    out.push(Series { labels, value });
+                }
+            }
+            Read::By(label, read) => {
+                for (lv, x) in read(v) {
+                    let mut labels = labels.clone();
+                    labels.push((label, lv));
+                    out.push(Series {
+                        labels,
+                        value: SeriesValue::Number(x),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The Prometheus text exposition of `s`: every family, in table order.
+pub fn render(s: &Snapshot<'_>) -> String {
+    let mut out = String::with_capacity(4096);
+    for f in topic_families() {
+        let views = s.topics.iter().map(|t| (vec![("topic", t.name)], t));
+        write_family(
+            &mut out,
+            f.name,
+            f.kind.as_str(),
+            f.help,
+            &series(&f, views),
+        );
+    }
+    for f in subscription_families() {
+        let views = s
+            .subscriptions
+            .iter()
+            .map(|v| (vec![("topic", v.topic), ("subscription", v.name)], v));
+        write_family(
+            &mut out,
+            f.name,
+            f.kind.as_str(),
+            f.help,
+            &series(&f, views),
+        );
+    }
+    for f in broker_families() {
+        let one = series(&f, std::iter::once((Vec::new(), &s.broker)));
+        if !one.is_empty() {
+            write_family(&mut out, f.name, f.kind.as_str(), f.help, &one);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn helps() -> Vec<(&'static str, &'static str)> {
+        let mut v: Vec<_> = topic_families().iter().map(|f| (f.name, f.help)).collect();
+        v.extend(subscription_families().iter().map(|f| (f.name, f.help)));
+        v.extend(broker_families().iter().map(|f| (f.name, f.help)));
+        v
+    }
+
+    #[test]
+    fn family_names_are_unique_and_settings_in_help_texts_exist() {
+        let all = helps();
+        let mut names: Vec<_> = all.iter().map(|(n, _)| *n).collect();
+        names.sort_unstable();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(names.len(), before, "a family is declared twice");
+        for (name, help) in all {
+            for word in help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.contains("__") {
+                    assert!(
+                        crate::config::SETTINGS.iter().any(|s| s.key == word),
+                        "{name}'s help names {word}, which is not a setting"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_family_is_written_with_its_kind_and_labels() {
+        let (t, s) = (TopicMetrics::default(), SubscriptionMetrics::default());
+        s.dropped_refused.add(3);
+        let snap = Snapshot {
+            topics: vec![TopicView {
+                name: "t",
+                metrics: &t,
+            }],
+            subscriptions: vec![SubscriptionView {
+                topic: "t",
+                name: "s",
+                metrics: &s,
+                pending: 7,
+                in_flight: 1,
+                dead_letters: 2,
+                health: None,
+            }],
+            broker: BrokerView {
+                pending_event_bytes: 5,
+                dead_letters_forwarded: 0,
+                dead_letters_forward_failed: 0,
+                store_disk_bytes: 0,
+                dead_letter_bytes: 0,
+                commits: None,
+            },
+        };
+        let out = render(&snap);
+        assert!(
+            out.contains("# TYPE EventsReceived counter\nEventsReceived{topic=\"t\"} 0\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("gridlet_pending_events{topic=\"t\",subscription=\"s\"} 7"),
+            "{out}"
+        );
+        assert!(out.contains("gridlet_dropped_events_total{topic=\"t\",subscription=\"s\",reason=\"DeliveryRefused\"} 3"), "{out}");
+        assert!(
+            out.contains("# TYPE gridlet_endpoint_health_state gauge\n# HELP"),
+            "no series while health is untracked: {out}"
+        );
+        assert!(
+            out.contains("gridlet_dead_letters_forwarded_total{result=\"failure\"} 0"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("gridlet_store_commits_total"),
+            "not a journaling store: {out}"
+        );
+    }
+}
