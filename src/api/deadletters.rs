@@ -10,6 +10,7 @@
 //! | POST | `/endpointHealth/enable` | re-enable a disabled or frozen destination |
 
 use super::{query_param, read_body, require_json, AppState};
+use crate::broker::BrokerError;
 use crate::delivery::health::HealthSnapshot;
 use crate::error::ApiError;
 use crate::model::json::parse_body;
@@ -154,11 +155,11 @@ pub(super) async fn health(
 ) -> Result<Json<Value>, ApiError> {
     s.broker
         .topic(&topic)
-        .ok_or_else(|| crate::broker::topic_not_found(&topic))?;
+        .ok_or_else(|| BrokerError::topic_not_found(&topic))?;
     let sub = s
         .broker
         .subscription(&topic, &name)
-        .ok_or_else(|| crate::broker::subscription_not_found(&topic, &name))?;
+        .ok_or_else(|| BrokerError::subscription_not_found(&topic, &name))?;
     Ok(Json(
         sub.endpoint_health()
             .map_or(Value::Null, |h| health_json(&h)),

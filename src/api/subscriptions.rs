@@ -1,7 +1,7 @@
 //! `/topics/{topic}/eventSubscriptions` handlers.
 
 use super::{read_body, require_json, AppState, ConnInfo};
-use crate::broker::{subscription_not_found, topic_not_found};
+use crate::broker::BrokerError;
 use crate::error::ApiError;
 use crate::model::json::parse_body;
 use crate::model::subscription::subscription_resource;
@@ -47,11 +47,11 @@ pub(super) async fn get(
 ) -> Result<Json<Value>, ApiError> {
     s.broker
         .topic(&topic)
-        .ok_or_else(|| topic_not_found(&topic))?;
+        .ok_or_else(|| BrokerError::topic_not_found(&topic))?;
     let sub = s
         .broker
         .subscription(&topic, &name)
-        .ok_or_else(|| subscription_not_found(&topic, &name))?;
+        .ok_or_else(|| BrokerError::subscription_not_found(&topic, &name))?;
     let mut v = subscription_resource(
         &sub.config().sub,
         &s.resource_context(&headers, conn.as_ref().map(|c| &c.0)),
@@ -79,7 +79,7 @@ pub(super) async fn list(
     let entry = s
         .broker
         .topic(&topic)
-        .ok_or_else(|| topic_not_found(&topic))?;
+        .ok_or_else(|| BrokerError::topic_not_found(&topic))?;
     let ctx = s.resource_context(&headers, conn.as_ref().map(|c| &c.0));
     let mut subs: Vec<_> = entry
         .subscriptions()

@@ -1,16 +1,16 @@
 //! `/topics` handlers.
 
 use super::{read_body, require_json, AppState, ConnInfo};
-use crate::broker::topic_not_found;
+use crate::broker::BrokerError;
 use crate::error::ApiError;
 use crate::model::json::parse_body;
-use crate::model::topic::{topic_resource, Topic};
+use crate::model::topic::{ResourceContext, Topic};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 type Conn = Option<Extension<ConnInfo>>;
 
@@ -45,7 +45,7 @@ pub(super) async fn get(
     let entry = s
         .broker
         .topic(&name)
-        .ok_or_else(|| topic_not_found(&name))?;
+        .ok_or_else(|| BrokerError::topic_not_found(&name))?;
     Ok(Json(topic_resource(
         &entry.topic(),
         &s.resource_context(&headers, conn.as_ref().map(|c| &c.0)),
@@ -69,4 +69,17 @@ pub(super) async fn delete(
 ) -> Result<Response, ApiError> {
     s.broker.manage(move |b| b.delete_topic(&name)).await?;
     Ok(StatusCode::OK.into_response())
+}
+
+/// The topic resource as the API returns it.
+fn topic_resource(t: &Topic, ctx: &ResourceContext) -> Value {
+    json!({
+        "id": format!("{}/topics/{}", ctx.id_prefix, t.name),
+        "name": t.name,
+        "type": "Microsoft.EventGrid/topics",
+        "properties": {
+            "endpoint": format!("{}/topics/{}/events?api-version={}", ctx.base_url, t.name, super::API_VERSION),
+            "inputSchema": t.input_schema.as_str(),
+        }
+    })
 }

@@ -14,15 +14,13 @@
 //! commit is under way cannot leave an event durable but not queued (it would wait for a
 //! restart, or expire). The request only waits for that task.
 
-use super::{store_err, Broker, TopicEntry};
+use super::{Broker, BrokerError, TopicEntry};
 use crate::delivery::payload::EventData;
 use crate::delivery::subscription::{Reservation, SubConfig, SubscriptionHandle};
-use crate::error::ApiError;
 use crate::model::event::IncomingEvent;
 use crate::store::{RetryState, Store, StoredEvent};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Where each event of a request goes.
 struct Routes {
@@ -95,7 +93,7 @@ async fn persist(
     routes: &Routes,
     payloads: &Payloads,
     now_ms: u64,
-) -> Result<(), ApiError> {
+) -> Result<(), BrokerError> {
     let mut durable = Vec::new();
     for ((sub, cfg), r) in subs.iter().zip(configs).zip(&routes.per_sub) {
         if !cfg.sub.persisted {
@@ -122,7 +120,10 @@ async fn persist(
     if durable.is_empty() {
         return Ok(());
     }
-    store.append_commit(durable).await.map_err(store_err)
+    store
+        .append_commit(durable)
+        .await
+        .map_err(BrokerError::Store)
 }
 
 impl Broker {
@@ -130,14 +131,14 @@ impl Broker {
     /// durable.
     ///
     /// # Errors
-    /// 503 when a matching subscription is full (unless `broker__queueFullPolicy=deadLetter`:
-    /// then that subscription's copies are dead-lettered), 507 when the store is full, 500 on
-    /// store failure. Nothing is enqueued in any of these cases.
+    /// [`BrokerError::Unavailable`] when a matching subscription is full (unless
+    /// `broker__queueFullPolicy=deadLetter`: then that subscription's copies are dead-lettered),
+    /// [`BrokerError::Store`] when the store is full or fails. Nothing is enqueued in any of these cases.
     pub async fn publish(
         &self,
         entry: &TopicEntry,
         events: Vec<IncomingEvent>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), BrokerError> {
         entry.metrics.events_received.add(events.len() as u64);
         if events.is_empty() {
             return Ok(());
@@ -157,9 +158,7 @@ impl Broker {
             broker.enqueue(&subs, &routes, admitted, &payloads, now_ms);
             Ok(())
         };
-        tokio::spawn(commit_and_enqueue)
-            .await
-            .map_err(|e| ApiError::internal(&e))?
+        tokio::spawn(commit_and_enqueue).await?
     }
 
     /// Reserve each matching subscription's places, within the bounds of in-memory queues.
@@ -170,7 +169,7 @@ impl Broker {
         subs: &[Arc<SubscriptionHandle>],
         configs: &[Arc<SubConfig>],
         routes: &Routes,
-    ) -> Result<Vec<Admitted>, ApiError> {
+    ) -> Result<Vec<Admitted>, BrokerError> {
         let max_pending = self.inner.cfg.broker.max_pending_events_per_subscription;
         let overflow_to_dead_letters = self.inner.cfg.resilience.queue_full_policy
             == crate::delivery::policy::QueueFullPolicy::DeadLetter;
@@ -185,13 +184,12 @@ impl Broker {
                 Ok(places) => admitted.push(Admitted::Queue(places)),
                 Err(_) if overflow_to_dead_letters => admitted.push(Admitted::Overflow),
                 Err(_) => {
-                    return Err(ApiError::unavailable(
+                    return Err(BrokerError::unavailable(
                         format!(
                             "subscription '{}' has {} pending events (broker__maxPendingEventsPerSubscription); retry later",
                             sub.name(),
                             max_pending
                         ),
-                        Duration::from_secs(10),
                     ))
                 }
             }
@@ -205,13 +203,12 @@ impl Broker {
             .any(|(cfg, r)| !r.is_empty() && !cfg.sub.persisted);
         let pending_bytes = &self.inner.ctx.pending_bytes;
         if to_memory && !self.has_byte_room(routes.matched_bytes) {
-            return Err(ApiError::unavailable(
+            return Err(BrokerError::unavailable(
                 format!(
                     "gridlet holds {} of the {} bytes of undelivered events broker__maxPendingBytes allows in memory; retry later",
                     pending_bytes.used(),
                     pending_bytes.limit()
                 ),
-                Duration::from_secs(10),
             ));
         }
         Ok(admitted)

@@ -1,12 +1,11 @@
 //! The broker's resilience operations: endpoint health per subscription, dead letters (list,
 //! purge; replay is in `replay.rs`), dead-letter webhooks, and their metrics. Kept apart from the publish path.
 
-use super::{store_err, subscription_not_found, topic_not_found, Broker};
+use super::{Broker, BrokerError};
 use crate::delivery::deadletter::DeadLetter;
 use crate::delivery::health::{EndpointHealth, HealthSnapshot};
 use crate::delivery::sink::Sink;
 use crate::delivery::subscription::SubscriptionHandle;
-use crate::error::ApiError;
 use crate::metrics::{self, Series, SeriesValue};
 use crate::model::delivery_options::DeliveryOptions;
 use crate::model::subscription::Subscription;
@@ -53,25 +52,21 @@ impl Broker {
         &self,
         topic: &str,
         name: &str,
-    ) -> Result<Arc<SubscriptionHandle>, ApiError> {
-        self.topic(topic).ok_or_else(|| topic_not_found(topic))?;
+    ) -> Result<Arc<SubscriptionHandle>, BrokerError> {
+        self.topic(topic)
+            .ok_or_else(|| BrokerError::topic_not_found(topic))?;
         self.subscription(topic, name)
-            .ok_or_else(|| subscription_not_found(topic, name))
+            .ok_or_else(|| BrokerError::subscription_not_found(topic, name))
     }
 
     /// Re-enable a subscription's destination (disabled or frozen).
     ///
     /// # Errors
-    /// 404 for an unknown topic/subscription; 400 when its destination's health is not tracked.
-    pub fn enable_endpoint(&self, topic: &str, name: &str) -> Result<HealthSnapshot, ApiError> {
+    /// Not found (topic/subscription); [`BrokerError::HealthNotTracked`].
+    pub fn enable_endpoint(&self, topic: &str, name: &str) -> Result<HealthSnapshot, BrokerError> {
         let e = self.entry(topic, name)?;
         let cfg = e.config();
-        let h = cfg.health.as_ref().ok_or_else(|| {
-            ApiError::bad_request(
-                "EndpointHealthNotTracked",
-                "this subscription's destination has no endpoint health (not HTTP, or broker__endpointHealth__enabled=false)",
-            )
-        })?;
+        let h = cfg.health.as_ref().ok_or(BrokerError::HealthNotTracked)?;
         h.enable(self.inner.ctx.clock.now_ms());
         e.wake();
         Ok(h.snapshot())
@@ -82,33 +77,33 @@ impl Broker {
     /// [`Broker::manage`].
     ///
     /// # Errors
-    /// 404 for an unknown topic/subscription; 500 on store failure.
+    /// Not found (topic/subscription); the store's failure.
     pub fn dead_letters(
         &self,
         topic: &str,
         name: &str,
         after: u64,
         limit: usize,
-    ) -> Result<Vec<DeadLetter>, ApiError> {
+    ) -> Result<Vec<DeadLetter>, BrokerError> {
         let e = self.entry(topic, name)?;
         self.settled_writes();
         self.inner
             .ctx
             .dead_letters
             .list(e.queue_id(), after, limit.min(MAX_PAGE))
-            .map_err(store_err)
+            .map_err(BrokerError::Store)
     }
 
     /// Remove dead letters without replaying them (`ids` = `None`: all). Returns how many.
     ///
     /// # Errors
-    /// 404 for an unknown topic/subscription; 500 on store failure.
+    /// Not found (topic/subscription); the store's failure.
     pub fn purge_dead_letters(
         &self,
         topic: &str,
         name: &str,
         ids: Option<&[u64]>,
-    ) -> Result<usize, ApiError> {
+    ) -> Result<usize, BrokerError> {
         let e = self.entry(topic, name)?;
         self.settled_writes();
         let n = self
@@ -116,7 +111,7 @@ impl Broker {
             .ctx
             .dead_letters
             .take(e.queue_id(), ids)
-            .map_err(store_err)?
+            .map_err(BrokerError::Store)?
             .len();
         Ok(n)
     }

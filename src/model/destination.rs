@@ -13,18 +13,16 @@
 //! strings, the same text with only the secret parts replaced by `***`.
 
 use super::json::Obj;
+use super::Invalid;
 use crate::config::Config;
-use crate::error::ApiError;
 use serde_json::{Map, Value};
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-/// A bad destination (400 with the documented body naming the field). The destination types in
-/// `delivery::sinks` name it through this alias so they depend on the model, not on the API's
-/// error layer; when the model gets its own validation error type (issue 13, model -> error),
-/// this alias becomes that type and the types do not change.
-pub type DestinationError = ApiError;
+/// A bad destination: the model's [`Invalid`] with the code [`Role::invalid`] gives it (a 400
+/// naming the field on the wire). The destination types in `delivery::sinks` name it by this alias.
+pub type DestinationError = Invalid;
 
 /// How a secret property is masked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,17 +171,17 @@ pub enum Role {
 }
 
 impl Role {
-    /// The documented 400 for a bad destination of this role, naming the field in `msg`.
-    pub fn invalid(self, msg: impl Into<String>) -> ApiError {
+    /// The documented rejection of a bad destination of this role, naming the field in `msg`.
+    pub fn invalid(self, msg: impl Into<String>) -> Invalid {
         match self {
-            Self::Delivery => ApiError::bad_request(
+            Self::Delivery => Invalid::new(
                 "InvalidDestination",
                 format!(
                     "EventSubscription.Properties.Destination failed validation. Reason: {}",
                     msg.into()
                 ),
             ),
-            Self::DeadLetter => ApiError::bad_request(
+            Self::DeadLetter => Invalid::new(
                 "InvalidDeadLetterDestination",
                 format!(
                     "EventSubscription.Properties.DeadLetterDestination failed validation. Reason: {}",
@@ -199,14 +197,14 @@ pub trait DestinationTypes: Sync {
     /// Parse `props` (lowercased keys) as a destination of `endpoint_type` (any case) for `role`.
     ///
     /// # Errors
-    /// 400 ([`Role::invalid`]) naming the bad field, or listing the accepted types.
+    /// [`Invalid`] ([`Role::invalid`]) naming the bad field, or listing the accepted types.
     fn parse(
         &self,
         endpoint_type: &str,
         props: &Obj<'_>,
         cfg: &Config,
         role: Role,
-    ) -> Result<Destination, ApiError>;
+    ) -> Result<Destination, Invalid>;
 }
 
 /// Mask `secrets` in `props` (echoed names) in place.
@@ -451,7 +449,7 @@ pub(crate) mod testing {
             props: &Obj<'_>,
             _cfg: &Config,
             role: Role,
-        ) -> Result<Destination, ApiError> {
+        ) -> Result<Destination, Invalid> {
             match endpoint_type.to_ascii_lowercase().as_str() {
                 "webhook" => {
                     let u = props

@@ -14,7 +14,7 @@ mod binary;
 mod onepass;
 
 use super::topic::EventSchema;
-use crate::error::ApiError;
+use super::Invalid;
 use crate::model::filter::{EventView, LazyObject};
 use axum::http::HeaderMap;
 use binary::binary_cloud_event;
@@ -113,8 +113,33 @@ fn get_ci<'a>(m: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
         .filter(|v| !v.is_null())
 }
 
-fn bad(detail: &'static str, msg: impl Into<String>) -> ApiError {
-    ApiError::bad_request(detail, msg.into())
+/// Why a publish request is rejected (nothing of it is accepted).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    /// The request or one of its events is invalid.
+    #[error(transparent)]
+    Invalid(#[from] Invalid),
+    /// A content type the topic's schema does not take.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// An accepted event could not be written back as JSON (a bug, not the client's fault).
+    #[error("an event could not be serialised: {0}")]
+    Serialize(String),
+}
+
+impl PublishError {
+    /// The client's fault (everything but [`PublishError::Serialize`]).
+    pub fn is_client_error(&self) -> bool {
+        !matches!(self, Self::Serialize(_))
+    }
+}
+
+fn bad(code: &'static str, msg: impl Into<String>) -> PublishError {
+    PublishError::Invalid(Invalid::new(code, msg))
+}
+
+fn unserializable(e: serde_json::Error) -> PublishError {
+    PublishError::Serialize(e.to_string())
 }
 
 /// What the publish handler hands over.
@@ -167,8 +192,9 @@ fn media(headers: &HeaderMap) -> (Media, Option<String>) {
 /// Parse and validate a publish request.
 ///
 /// # Errors
-/// 400 (or 415 for an unsupported content type) naming the first bad event; nothing is accepted.
-pub fn parse(input: &PublishInput<'_>) -> Result<Vec<IncomingEvent>, ApiError> {
+/// [`PublishError::Invalid`] naming the first bad event ([`PublishError::UnsupportedMediaType`]
+/// for a content type the schema does not take); nothing is accepted.
+pub fn parse(input: &PublishInput<'_>) -> Result<Vec<IncomingEvent>, PublishError> {
     let (media, content_type) = media(input.headers);
     // CloudEvents binary mode: attributes in ce-* headers (structured media types win).
     let binary = input.schema == EventSchema::CloudEventV1_0
@@ -178,7 +204,7 @@ pub fn parse(input: &PublishInput<'_>) -> Result<Vec<IncomingEvent>, ApiError> {
         return binary_cloud_event(input, content_type.as_deref()).map(|e| vec![e]);
     }
     if media == Media::Other {
-        return Err(ApiError::unsupported_media_type(format!(
+        return Err(PublishError::UnsupportedMediaType(format!(
             "Content-Type '{}' is not supported; use application/json{}",
             content_type.unwrap_or_default(),
             if input.schema == EventSchema::CloudEventV1_0 {
@@ -260,7 +286,7 @@ fn first_byte(b: &[u8]) -> Option<u8> {
     b.iter().copied().find(|c| !c.is_ascii_whitespace())
 }
 
-fn object_of(raw: &RawValue, i: usize) -> Result<Map<String, Value>, ApiError> {
+fn object_of(raw: &RawValue, i: usize) -> Result<Map<String, Value>, PublishError> {
     match serde_json::from_str::<Value>(raw.get()) {
         Ok(Value::Object(m)) => Ok(m),
         Ok(_) => Err(bad(
@@ -278,7 +304,7 @@ fn required_string<'a>(
     m: &'a Map<String, Value>,
     key: &str,
     i: usize,
-) -> Result<&'a str, ApiError> {
+) -> Result<&'a str, PublishError> {
     match get_ci(m, key) {
         Some(Value::String(s)) => Ok(s),
         Some(_) => Err(bad(
@@ -292,7 +318,7 @@ fn required_string<'a>(
     }
 }
 
-fn event_grid(raw: &RawValue, i: usize, topic: &str) -> Result<IncomingEvent, ApiError> {
+fn event_grid(raw: &RawValue, i: usize, topic: &str) -> Result<IncomingEvent, PublishError> {
     let mut m = object_of(raw, i)?;
     let id = required_string(&m, "id", i)?.to_string();
     for key in ["subject", "eventType", "eventTime", "dataVersion"] {
@@ -334,10 +360,9 @@ fn event_grid(raw: &RawValue, i: usize, topic: &str) -> Result<IncomingEvent, Ap
         if !mv_present {
             m.insert("metadataVersion".into(), Value::String("1".into()));
         }
-        Bytes::from(serde_json::to_vec(&m).map_err(|e| ApiError::internal(&e))?)
+        Bytes::from(serde_json::to_vec(&m).map_err(unserializable)?)
     } else {
-        splice(raw.get(), (!topic_present).then_some(topic), !mv_present)
-            .map_err(|e| ApiError::internal(&e))?
+        splice(raw.get(), (!topic_present).then_some(topic), !mv_present).map_err(unserializable)?
     };
     Ok(IncomingEvent::parsed(body, id, m, "eventType"))
 }
@@ -375,7 +400,7 @@ fn splice(raw: &str, topic: Option<&str>, metadata_version: bool) -> serde_json:
     Ok(Bytes::from(out))
 }
 
-fn custom(raw: &RawValue, i: usize) -> Result<IncomingEvent, ApiError> {
+fn custom(raw: &RawValue, i: usize) -> Result<IncomingEvent, PublishError> {
     let m = object_of(raw, i)?;
     let id = get_ci(&m, "id")
         .and_then(Value::as_str)
@@ -389,7 +414,7 @@ fn custom(raw: &RawValue, i: usize) -> Result<IncomingEvent, ApiError> {
     ))
 }
 
-fn validate_cloud_event(m: &Map<String, Value>, i: usize) -> Result<String, ApiError> {
+fn validate_cloud_event(m: &Map<String, Value>, i: usize) -> Result<String, PublishError> {
     let id = required_string(m, "id", i)?.to_string();
     required_string(m, "source", i)?;
     required_string(m, "type", i)?;
@@ -411,7 +436,7 @@ fn validate_cloud_event(m: &Map<String, Value>, i: usize) -> Result<String, ApiE
     Ok(id)
 }
 
-fn cloud_event(raw: &RawValue, i: usize) -> Result<IncomingEvent, ApiError> {
+fn cloud_event(raw: &RawValue, i: usize) -> Result<IncomingEvent, PublishError> {
     let m = object_of(raw, i)?;
     let id = validate_cloud_event(&m, i)?;
     Ok(IncomingEvent::parsed(
@@ -431,7 +456,7 @@ mod tests {
         schema: EventSchema,
         ct: Option<&str>,
         body: &str,
-    ) -> Result<Vec<IncomingEvent>, ApiError> {
+    ) -> Result<Vec<IncomingEvent>, PublishError> {
         let mut headers = HeaderMap::new();
         if let Some(ct) = ct {
             headers.insert("content-type", HeaderValue::from_str(ct).unwrap());
@@ -473,7 +498,7 @@ mod tests {
             let mut v: Value = serde_json::from_str(EV).unwrap();
             v.as_object_mut().unwrap().remove(missing);
             let e = run(EventSchema::EventGrid, None, &format!("[{v}]")).unwrap_err();
-            assert_eq!(e.status, 400, "{missing}");
+            assert!(matches!(e, PublishError::Invalid(_)), "{missing}");
         }
         let wrong_topic = EV.replacen('{', r#"{"topic":"t2","#, 1);
         assert!(run(EventSchema::EventGrid, None, &format!("[{wrong_topic}]")).is_err());
@@ -555,14 +580,14 @@ mod tests {
             }
             for schema in [EventSchema::EventGrid, EventSchema::Custom, EventSchema::CloudEventV1_0] {
                 if let Err(e) = parse(&PublishInput { schema, topic: "t", headers: &headers, body: &body, single_id: Some("x"), max_events: 50 }) {
-                    proptest::prop_assert!(e.status.is_client_error());
+                    proptest::prop_assert!(e.is_client_error());
                 }
             }
         }
     }
 
     /// The old two-pass path for one element, for comparison with [`fast`].
-    fn full(schema: EventSchema, raw: &RawValue) -> Result<IncomingEvent, ApiError> {
+    fn full(schema: EventSchema, raw: &RawValue) -> Result<IncomingEvent, PublishError> {
         match schema {
             EventSchema::EventGrid => event_grid(raw, 0, "t1"),
             EventSchema::Custom => custom(raw, 0),
@@ -689,16 +714,14 @@ mod tests {
     #[test]
     fn limits_and_media_types() {
         let many = format!("[{}]", vec!["{}"; 101].join(","));
-        assert_eq!(
-            run(EventSchema::Custom, None, &many).unwrap_err().detail,
-            "TooManyEvents"
-        );
-        assert_eq!(
-            run(EventSchema::Custom, Some("text/plain"), "[{}]")
-                .unwrap_err()
-                .status,
-            415
-        );
+        assert!(matches!(
+            run(EventSchema::Custom, None, &many).unwrap_err(),
+            PublishError::Invalid(e) if e.code == "TooManyEvents"
+        ));
+        assert!(matches!(
+            run(EventSchema::Custom, Some("text/plain"), "[{}]").unwrap_err(),
+            PublishError::UnsupportedMediaType(_)
+        ));
         let deep = format!("[{}{}]", "[".repeat(200), "]".repeat(200));
         assert!(run(EventSchema::Custom, None, &deep).is_err());
     }

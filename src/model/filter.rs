@@ -13,7 +13,7 @@
 //!
 //! Filters are pure: no I/O, no clock. Property tests below check the algebra.
 
-use crate::error::ApiError;
+use super::Invalid;
 use crate::model::json::{loose_bool, Obj};
 use rust_decimal::Decimal;
 use serde_json::{json, Map, Value};
@@ -175,12 +175,12 @@ pub struct Filter {
     advanced: Vec<AdvancedFilter>,
 }
 
-fn bad_filter(msg: impl Into<String>) -> ApiError {
-    ApiError::bad_request("InvalidFilter", msg.into())
+fn bad_filter(msg: impl Into<String>) -> Invalid {
+    Invalid::new("InvalidFilter", msg.into())
 }
 
 /// Twins encode arrays as JSON strings (`"[\"a\",\"b\"]"`): accept both.
-fn array_or_encoded(v: &Value, field: &str) -> Result<Vec<Value>, ApiError> {
+fn array_or_encoded(v: &Value, field: &str) -> Result<Vec<Value>, Invalid> {
     match v {
         Value::Array(a) => Ok(a.clone()),
         Value::String(s) => match serde_json::from_str::<Value>(s) {
@@ -194,7 +194,7 @@ fn array_or_encoded(v: &Value, field: &str) -> Result<Vec<Value>, ApiError> {
     }
 }
 
-fn check_len(s: &str, field: &str) -> Result<(), ApiError> {
+fn check_len(s: &str, field: &str) -> Result<(), Invalid> {
     if s.len() > MAX_STRING_LEN {
         return Err(bad_filter(format!(
             "{field} is longer than {MAX_STRING_LEN} characters"
@@ -204,7 +204,7 @@ fn check_len(s: &str, field: &str) -> Result<(), ApiError> {
 }
 
 impl AdvancedFilter {
-    fn parse(v: &Value, i: usize) -> Result<Self, ApiError> {
+    fn parse(v: &Value, i: usize) -> Result<Self, Invalid> {
         let path = format!("advancedFilters[{i}]");
         let o = Obj::new(v, "advancedFilters[]")
             .map_err(|_| bad_filter(format!("{path} must be an object")))?;
@@ -445,8 +445,8 @@ impl Filter {
     /// `max_types` entries.
     ///
     /// # Errors
-    /// 400 `InvalidFilter` naming the offending part.
-    pub fn parse(f: &Obj<'_>, max_types: usize) -> Result<Self, ApiError> {
+    /// [`Invalid`] `InvalidFilter` naming the offending part.
+    pub fn parse(f: &Obj<'_>, max_types: usize) -> Result<Self, Invalid> {
         let subject_begins_with = f.str("subjectbeginswith")?.map(str::to_string);
         let subject_ends_with = f.str("subjectendswith")?.map(str::to_string);
         for s in subject_begins_with.iter().chain(subject_ends_with.iter()) {

@@ -9,8 +9,8 @@ use super::destination::{mask_properties, Destination, DestinationTypes, Role};
 use super::json::{loose_bool, lower_keys, Obj};
 use super::names;
 use super::topic::{EventSchema, ResourceContext, Topic};
+use super::Invalid;
 use crate::config::Config;
-use crate::error::ApiError;
 use crate::model::filter::Filter;
 use crate::policy::{ScheduleName, StatusCodePolicy};
 use serde_json::{json, Map, Value};
@@ -28,8 +28,8 @@ pub struct Batching {
 }
 
 impl Batching {
-    fn parse(props: &Obj<'_>, cfg: &Config) -> Result<Self, ApiError> {
-        let batch_err = |e: ApiError| ApiError::bad_request("InvalidDeliveryPolicy", e.message);
+    fn parse(props: &Obj<'_>, cfg: &Config) -> Result<Self, Invalid> {
+        let batch_err = |e: Invalid| Invalid::new("InvalidDeliveryPolicy", e.message);
         Ok(Self {
             max_events_per_batch: props
                 .int(
@@ -173,7 +173,7 @@ fn parse_destination(
     dest: &Obj<'_>,
     cfg: &Config,
     types: &dyn DestinationTypes,
-) -> Result<(Destination, Batching, Option<&'static str>), ApiError> {
+) -> Result<(Destination, Batching, Option<&'static str>), Invalid> {
     let endpoint_type = dest.req_str("endpointtype", "endpointType")?;
     let props = match dest.obj("properties", "properties.destination.properties")? {
         Some(p) => p,
@@ -190,9 +190,9 @@ fn parse_destination(
     Ok((d, batching, schema_hint))
 }
 
-fn parse_persisted(v: &Value) -> Result<bool, ApiError> {
+fn parse_persisted(v: &Value) -> Result<bool, Invalid> {
     let bad = || {
-        ApiError::bad_request(
+        Invalid::new(
             "InvalidRequest",
             "properties.persistencePolicy must be {\"isPersisted\": true|false}",
         )
@@ -210,20 +210,20 @@ impl Subscription {
     /// Parse a subscription PUT body for `topic`, named `url_name` in the URL.
     ///
     /// # Errors
-    /// 400 with a detailed code for every rule of docs/COMPATIBILITY.md §3.
+    /// [`Invalid`] with a detailed code for every rule of docs/COMPATIBILITY.md §3.
     pub fn from_put(
         topic: &Topic,
         url_name: &str,
         body: Value,
         cfg: &Config,
         types: &dyn DestinationTypes,
-    ) -> Result<Self, ApiError> {
+    ) -> Result<Self, Invalid> {
         names::validate("event subscription", url_name)?;
         let body = lower_keys(body);
         let root = Obj::new(&body, "")?;
         if let Some(name) = root.str("name")? {
             if !name.eq_ignore_ascii_case(url_name) {
-                return Err(ApiError::bad_request(
+                return Err(Invalid::new(
                     "NameMismatch",
                     format!("name '{name}' does not match the subscription name '{url_name}' in the URL"),
                 ));
@@ -236,7 +236,7 @@ impl Subscription {
         for key in ["topic", "topicname"] {
             if let Some(t) = props.str(key)? {
                 if !t.eq_ignore_ascii_case(&topic.name) {
-                    return Err(ApiError::bad_request(
+                    return Err(Invalid::new(
                         "NameMismatch",
                         format!(
                             "properties.topic '{t}' does not match the topic '{}' in the URL",
@@ -267,7 +267,7 @@ impl Subscription {
             None => topic.input_schema,
         };
         if delivery_schema != topic.input_schema {
-            return Err(ApiError::bad_request(
+            return Err(Invalid::new(
                 "InvalidSchema",
                 format!(
                     "eventDeliverySchema {} must equal the topic's inputSchema {} (no schema conversion)",
@@ -293,7 +293,7 @@ impl Subscription {
                 schedule: match rp.str("schedule")? {
                     None => None,
                     Some(n) => Some(ScheduleName::parse(n).ok_or_else(|| {
-                        ApiError::bad_request(
+                        Invalid::new(
                             "InvalidRetryPolicy",
                             format!("retryPolicy.schedule '{n}' is not one of original, eventGridCloud, workfront"),
                         )
@@ -302,7 +302,7 @@ impl Subscription {
                 status_code_policy: match rp.str("statuscodepolicy")? {
                     None => None,
                     Some(n) => Some(StatusCodePolicy::parse(n).ok_or_else(|| {
-                        ApiError::bad_request(
+                        Invalid::new(
                             "InvalidRetryPolicy",
                             format!("retryPolicy.statusCodePolicy '{n}' is not one of original, standard"),
                         )
