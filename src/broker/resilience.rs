@@ -15,6 +15,49 @@ use std::sync::Arc;
 /// Most dead letters one list call returns.
 pub const MAX_PAGE: usize = 1000;
 
+/// A subscription's value in a metric family (`None`: no series for it).
+type Pick = fn(&Broker, &SubscriptionHandle) -> Option<u64>;
+
+/// The metric families with one series per subscription: name, type, help, value.
+const SUBSCRIPTION_FAMILIES: [(&str, &str, &str, Pick); 6] = [
+    (
+        "gridlet_dead_lettered_events_total",
+        "counter",
+        "Events kept as dead letters",
+        |_, s| Some(s.metrics().dead_lettered.get()),
+    ),
+    (
+        "gridlet_dead_letters_evicted_total",
+        "counter",
+        "Dead letters evicted (or not kept) to stay within broker__deadLetter__maxEventsPerSubscription and broker__deadLetter__maxBytes, counted on the subscription whose letter arrived",
+        |_, s| Some(s.metrics().dead_letters_evicted.get()),
+    ),
+    (
+        "gridlet_dead_letters_replayed_total",
+        "counter",
+        "Dead letters replayed through the API",
+        |_, s| Some(s.metrics().dead_letters_replayed.get()),
+    ),
+    (
+        "gridlet_dead_letters",
+        "gauge",
+        "Dead letters currently kept",
+        |b, s| Some(b.inner.ctx.dead_letters.count(s.queue_id()) as u64),
+    ),
+    (
+        "gridlet_endpoint_health_state",
+        "gauge",
+        "Destination health: 0 enabled, 1 disabled (probed), 2 frozen",
+        |_, s| s.endpoint_health().map(|h| h.state.gauge()),
+    ),
+    (
+        "gridlet_endpoint_consecutive_failures",
+        "gauge",
+        "Consecutive failed attempts to the destination URL",
+        |_, s| s.endpoint_health().map(|h| h.consecutive_failures),
+    ),
+];
+
 impl Broker {
     /// The health tracker of `sub`'s destination URL (HTTP destinations, tracking on).
     pub(super) fn endpoint_health_for(&self, sub: &Subscription) -> Option<Arc<EndpointHealth>> {
@@ -122,47 +165,7 @@ impl Broker {
         out: &mut String,
         subs: &[(String, Arc<SubscriptionHandle>)],
     ) {
-        let ctx = &self.inner.ctx;
-        type Pick = fn(&Broker, &SubscriptionHandle) -> Option<u64>;
-        let families: [(&str, &str, &str, Pick); 6] = [
-            (
-                "gridlet_dead_lettered_events_total",
-                "counter",
-                "Events kept as dead letters",
-                |_, s| Some(s.metrics().dead_lettered.get()),
-            ),
-            (
-                "gridlet_dead_letters_evicted_total",
-                "counter",
-                "Dead letters evicted (or not kept) to stay within broker__deadLetter__maxEventsPerSubscription and broker__deadLetter__maxBytes, counted on the subscription whose letter arrived",
-                |_, s| Some(s.metrics().dead_letters_evicted.get()),
-            ),
-            (
-                "gridlet_dead_letters_replayed_total",
-                "counter",
-                "Dead letters replayed through the API",
-                |_, s| Some(s.metrics().dead_letters_replayed.get()),
-            ),
-            (
-                "gridlet_dead_letters",
-                "gauge",
-                "Dead letters currently kept",
-                |b, s| Some(b.inner.ctx.dead_letters.count(s.queue_id()) as u64),
-            ),
-            (
-                "gridlet_endpoint_health_state",
-                "gauge",
-                "Destination health: 0 enabled, 1 disabled (probed), 2 frozen",
-                |_, s| s.endpoint_health().map(|h| h.state.gauge()),
-            ),
-            (
-                "gridlet_endpoint_consecutive_failures",
-                "gauge",
-                "Consecutive failed attempts to the destination URL",
-                |_, s| s.endpoint_health().map(|h| h.consecutive_failures),
-            ),
-        ];
-        for (name, kind, help, pick) in families {
+        for (name, kind, help, pick) in SUBSCRIPTION_FAMILIES {
             let series: Vec<Series<'_>> = subs
                 .iter()
                 .filter_map(|(t, s)| {
@@ -174,6 +177,12 @@ impl Broker {
                 .collect();
             metrics::write_family(out, name, kind, help, &series);
         }
+        self.render_broker_wide_metrics(out);
+    }
+
+    /// The resilience families that are not per subscription.
+    fn render_broker_wide_metrics(&self, out: &mut String) {
+        let ctx = &self.inner.ctx;
         metrics::write_family(
             out,
             "gridlet_pending_event_bytes",
