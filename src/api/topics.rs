@@ -1,18 +1,15 @@
 //! `/topics` handlers.
 
-use super::{read_body, require_json, AppState, ConnInfo};
+use super::{read_json, AppState, Conn};
 use crate::broker::BrokerError;
 use crate::error::ApiError;
-use crate::model::json::parse_body;
 use crate::model::topic::{ResourceContext, Topic};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use serde_json::{json, Value};
-
-type Conn = Option<Extension<ConnInfo>>;
 
 pub(super) async fn put(
     State(s): State<AppState>,
@@ -21,18 +18,11 @@ pub(super) async fn put(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    require_json(&headers)?;
-    let bytes = read_body(
-        &headers,
-        body,
-        s.broker.config().broker.max_request_body_bytes,
-    )
-    .await?;
-    let topic = Topic::from_put(&name, parse_body(&bytes)?)?;
+    let topic = Topic::from_put(&name, read_json(&s, &headers, body).await?)?;
     let topic = s.broker.manage(move |b| b.put_topic(topic)).await?;
     Ok(Json(topic_resource(
         &topic,
-        &s.resource_context(&headers, conn.as_ref().map(|c| &c.0)),
+        &s.resource_context(&headers, &conn),
     )))
 }
 
@@ -48,12 +38,12 @@ pub(super) async fn get(
         .ok_or_else(|| BrokerError::topic_not_found(&name))?;
     Ok(Json(topic_resource(
         &entry.topic(),
-        &s.resource_context(&headers, conn.as_ref().map(|c| &c.0)),
+        &s.resource_context(&headers, &conn),
     )))
 }
 
 pub(super) async fn list(State(s): State<AppState>, conn: Conn, headers: HeaderMap) -> Json<Value> {
-    let ctx = s.resource_context(&headers, conn.as_ref().map(|c| &c.0));
+    let ctx = s.resource_context(&headers, &conn);
     Json(Value::Array(
         s.broker
             .topics()

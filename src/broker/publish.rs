@@ -18,7 +18,7 @@ use super::{Broker, BrokerError, TopicEntry};
 use crate::delivery::payload::EventData;
 use crate::delivery::subscription::{Reservation, SubConfig, SubscriptionHandle};
 use crate::model::event::IncomingEvent;
-use crate::store::{RetryState, Store, StoredEvent};
+use crate::store::Store;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -100,21 +100,7 @@ async fn persist(
             continue;
         }
         for (seq, data) in routed(r, payloads) {
-            {
-                durable.push((
-                    sub.queue_id(),
-                    StoredEvent {
-                        seq,
-                        id: data.id.to_string(),
-                        body: data.body.clone(),
-                        state: RetryState {
-                            attempts: 0,
-                            first_enqueued_ms: now_ms,
-                            due_ms: 0,
-                        },
-                    },
-                ));
-            }
+            durable.push((sub.queue_id(), data.to_stored(seq, now_ms)));
         }
     }
     if durable.is_empty() {

@@ -9,7 +9,6 @@ use super::{Broker, BrokerError};
 use crate::delivery::deadletter::DeadLetter;
 use crate::delivery::payload::EventData;
 use crate::delivery::subscription::SubscriptionHandle;
-use crate::store::{RetryState, StoredEvent};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -31,7 +30,7 @@ impl Broker {
         name: &str,
         ids: Option<Vec<u64>>,
     ) -> Result<usize, BrokerError> {
-        let sub = self.entry(topic, name)?;
+        let sub = self.find_subscription(topic, name)?;
         let broker = self.clone();
         // Runs to completion even when the caller stops waiting (see the module docs).
         tokio::spawn(async move { broker.replay_into(&sub, ids).await }).await?
@@ -152,21 +151,7 @@ impl Broker {
         let ctx = &self.inner.ctx;
         let durable: Vec<_> = events
             .iter()
-            .map(|(seq, data)| {
-                (
-                    sub.queue_id(),
-                    StoredEvent {
-                        seq: *seq,
-                        id: data.id.to_string(),
-                        body: data.body.clone(),
-                        state: RetryState {
-                            attempts: 0,
-                            first_enqueued_ms: now_ms,
-                            due_ms: 0,
-                        },
-                    },
-                )
-            })
+            .map(|(seq, data)| (sub.queue_id(), data.to_stored(*seq, now_ms)))
             .collect();
         // On failure the letters were never taken: they stay dead letters.
         ctx.store

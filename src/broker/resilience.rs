@@ -91,7 +91,11 @@ impl Broker {
         }
     }
 
-    pub(super) fn entry(
+    /// A subscription that exists on a topic that exists.
+    ///
+    /// # Errors
+    /// [`BrokerError::TopicNotFound`], then [`BrokerError::SubscriptionNotFound`].
+    pub fn find_subscription(
         &self,
         topic: &str,
         name: &str,
@@ -107,7 +111,7 @@ impl Broker {
     /// # Errors
     /// Not found (topic/subscription); [`BrokerError::HealthNotTracked`].
     pub fn enable_endpoint(&self, topic: &str, name: &str) -> Result<HealthSnapshot, BrokerError> {
-        let e = self.entry(topic, name)?;
+        let e = self.find_subscription(topic, name)?;
         let cfg = e.config();
         let h = cfg.health.as_ref().ok_or(BrokerError::HealthNotTracked)?;
         h.enable(self.inner.ctx.clock.now_ms());
@@ -128,7 +132,7 @@ impl Broker {
         after: u64,
         limit: usize,
     ) -> Result<Vec<DeadLetter>, BrokerError> {
-        let e = self.entry(topic, name)?;
+        let e = self.find_subscription(topic, name)?;
         self.settled_writes();
         self.inner
             .ctx
@@ -147,7 +151,7 @@ impl Broker {
         name: &str,
         ids: Option<&[u64]>,
     ) -> Result<usize, BrokerError> {
-        let e = self.entry(topic, name)?;
+        let e = self.find_subscription(topic, name)?;
         self.settled_writes();
         let n = self
             .inner

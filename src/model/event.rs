@@ -14,7 +14,7 @@ mod binary;
 mod onepass;
 
 use super::topic::EventSchema;
-use super::Invalid;
+use super::{media, Invalid};
 use crate::model::filter::{EventView, LazyObject};
 use axum::http::HeaderMap;
 use binary::binary_cloud_event;
@@ -173,17 +173,10 @@ fn media(headers: &HeaderMap) -> (Media, Option<String>) {
     else {
         return (Media::Json, None);
     };
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    let m = match essence.as_str() {
+    let m = match media::essence(ct).as_str() {
         "application/cloudevents+json" => Media::CloudEvent,
         "application/cloudevents-batch+json" => Media::CloudEventBatch,
-        "application/json" | "text/json" => Media::Json,
-        e if e.ends_with("+json") => Media::Json,
+        e if media::is_json(e) => Media::Json,
         _ => Media::Other,
     };
     (m, Some(ct.to_string()))

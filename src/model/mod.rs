@@ -15,6 +15,7 @@ pub mod event;
 pub mod filter;
 pub mod invalid;
 pub mod json;
+pub mod media;
 pub mod names;
 pub mod reason;
 pub mod signing_secret;

@@ -6,10 +6,10 @@
 //! `outbound__eventgrid__allowInvalidHostnames=true`), `sasKey` (required, secret),
 //! `topicName` (optional); webhook options. Health: by URL. No dead letters.
 
-use super::webhook::{with_credentials, HTTP_SECRETS};
+use super::webhook::{webhook_sink, with_credentials, HTTP_SECRETS};
 use super::{mismatched, DestinationKind, ParseContext, SinkContext};
 use crate::delivery::sink::Sink;
-use crate::delivery::webhook::{TopicRewrite, WebhookSink};
+use crate::delivery::webhook::TopicRewrite;
 use crate::model::destination::{
     Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
 };
@@ -124,14 +124,12 @@ impl DestinationKind for EventGrid {
         let Some(d) = sub.destination.spec::<EventGridDestination>() else {
             return mismatched("EventGrid");
         };
-        Arc::new(
-            WebhookSink::new(
-                ctx.client.clone(),
-                d.endpoint_url.clone(),
-                Some(&d.sas_key),
-                TopicRewrite::Set(d.topic_name.clone()),
-            )
-            .with_options(&sub.delivery, &ctx.boot_id),
+        webhook_sink(
+            sub,
+            ctx,
+            &d.endpoint_url,
+            Some(&d.sas_key),
+            TopicRewrite::Set(d.topic_name.clone()),
         )
     }
 

@@ -5,6 +5,7 @@
 //! `data_base64` (bytes), by the rules in [`binary_data`].
 
 use super::{bad, unserializable, validate_cloud_event, IncomingEvent, PublishError, PublishInput};
+use crate::model::media;
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
@@ -61,13 +62,7 @@ fn binary_data(
             Err(_) => ("data_base64", base64()),
         });
     };
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    if essence == "application/json" || essence == "text/json" || essence.ends_with("+json") {
+    if media::is_json(&media::essence(ct)) {
         let data = serde_json::from_slice(body).map_err(|e| {
             bad(
                 "InvalidJson",

@@ -28,7 +28,7 @@
 use super::committer::Committer;
 use super::{corrupt, io, item_cost};
 use crate::store::deadletter::{
-    largest_holder, too_large, DeadLetter, DeadLetterBound, DeadLetterReason, DeadLetterStore,
+    largest_holder, not_kept, DeadLetter, DeadLetterBound, DeadLetterReason, DeadLetterStore,
     LETTER_OVERHEAD,
 };
 use crate::store::{QueueId, StoreError};
@@ -383,7 +383,7 @@ impl DeadLetterStore for SledDeadLetterStore {
         mut letter: DeadLetter,
         bound: DeadLetterBound,
     ) -> Result<usize, StoreError> {
-        if !bound.keeps_any() || too_large(queue, &letter, bound) {
+        if not_kept(queue, &letter, bound) {
             return Ok(1);
         }
         let mut g = self.lock();
