@@ -78,24 +78,27 @@ impl ApiError {
 
     /// 503 with `Retry-After`: a bounded queue or resource is full; nothing was accepted.
     pub fn unavailable(message: impl Into<String>, retry_after: Duration) -> Self {
-        let mut e = Self::new(
+        Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "ServiceUnavailable",
             message,
-        );
-        e.retry_after = Some(retry_after);
-        e
+        )
+        .retry_after(retry_after)
     }
 
     /// 507 with `Retry-After`: the event store reached its disk bound; nothing was accepted.
     pub fn insufficient_storage(message: impl Into<String>, retry_after: Duration) -> Self {
-        let mut e = Self::new(
+        Self::new(
             StatusCode::INSUFFICIENT_STORAGE,
             "InsufficientStorage",
             message,
-        );
-        e.retry_after = Some(retry_after);
-        e
+        )
+        .retry_after(retry_after)
+    }
+
+    fn retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
     }
 
     /// 500. The cause is logged here; the client sees a generic message.

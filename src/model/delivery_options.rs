@@ -226,23 +226,10 @@ fn parse_header(item: &Value) -> Result<StaticHeader, Invalid> {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
-    use crate::model::destination::testing::TestTypes;
+    use crate::model::destination::testing::{cfg, topic, TestTypes};
     use crate::model::subscription::Subscription;
-    use crate::model::topic::{EventSchema, Topic};
     use crate::policy::{ScheduleName, StatusCodePolicy};
     use serde_json::{json, Value};
-
-    fn cfg(pairs: &[(&str, &str)]) -> Config {
-        Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap()
-    }
-
-    fn topic() -> Topic {
-        Topic {
-            name: "t1".into(),
-            input_schema: EventSchema::EventGrid,
-        }
-    }
 
     fn body(dest_extra: Value, props_extra: Value) -> Value {
         let mut dp = json!({"endpointUrl": "https://x/hook"});

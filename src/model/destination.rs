@@ -396,8 +396,23 @@ fn string_leaves(v: &Value, out: &mut Vec<String>) {
 #[cfg(test)]
 pub(crate) mod testing {
     //! A stand-in registry for model tests (the real types live in `delivery::sinks`): a
-    //! `WebHook` with `endpointUrl` (secret as a URL) and an `EdgeHub` with `outputName`.
+    //! `WebHook` with `endpointUrl` (secret as a URL) and an `EdgeHub` with `outputName`; and
+    //! the settings and topic subscription tests parse against.
     use super::*;
+    use crate::model::topic::{EventSchema, Topic};
+
+    /// Settings from `name=value` pairs (defaults for the rest).
+    pub fn cfg(pairs: &[(&str, &str)]) -> Config {
+        Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap()
+    }
+
+    /// An EventGridSchema topic `t1`.
+    pub fn topic() -> Topic {
+        Topic {
+            name: "t1".into(),
+            input_schema: EventSchema::EventGrid,
+        }
+    }
 
     const HOOK_SECRETS: [SecretProperty; 3] = [
         SecretProperty::new("endpointUrl", SecretKind::Url),

@@ -29,34 +29,30 @@ pub struct Batching {
 
 impl Batching {
     fn parse(props: &Obj<'_>, cfg: &Config) -> Result<Self, Invalid> {
-        let batch_err = |e: Invalid| Invalid::new("InvalidDeliveryPolicy", e.message);
+        let knob = |key: &str, display: &str, max: u64| {
+            props
+                .int(key, display, 1, max)
+                .map_err(|e| Invalid::new("InvalidDeliveryPolicy", e.message))
+        };
+        let api = &cfg.api;
         Ok(Self {
-            max_events_per_batch: props
-                .int(
-                    "maxeventsperbatch",
-                    "maxEventsPerBatch",
-                    1,
-                    u64::from(cfg.api.max_events_per_batch),
-                )
-                .map_err(batch_err)?
-                .map(|n| n as u32),
-            preferred_batch_size_kb: props
-                .int(
-                    "preferredbatchsizeinkilobytes",
-                    "preferredBatchSizeInKilobytes",
-                    1,
-                    u64::from(cfg.api.max_preferred_batch_size_kb),
-                )
-                .map_err(batch_err)?
-                .map(|n| n as u32),
-            approx_batch_size_bytes: props
-                .int(
-                    "approxbatchsizeinbytes",
-                    "approxBatchSizeInBytes",
-                    1,
-                    cfg.api.max_batch_size_bytes,
-                )
-                .map_err(batch_err)?,
+            max_events_per_batch: knob(
+                "maxeventsperbatch",
+                "maxEventsPerBatch",
+                u64::from(api.max_events_per_batch),
+            )?
+            .map(|n| n as u32),
+            preferred_batch_size_kb: knob(
+                "preferredbatchsizeinkilobytes",
+                "preferredBatchSizeInKilobytes",
+                u64::from(api.max_preferred_batch_size_kb),
+            )?
+            .map(|n| n as u32),
+            approx_batch_size_bytes: knob(
+                "approxbatchsizeinbytes",
+                "approxBatchSizeInBytes",
+                api.max_batch_size_bytes,
+            )?,
         })
     }
 
@@ -470,18 +466,7 @@ pub fn subscription_resource(s: &Subscription, ctx: &ResourceContext) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::destination::testing::TestTypes;
-
-    fn cfg(pairs: &[(&str, &str)]) -> Config {
-        Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap()
-    }
-
-    fn topic() -> Topic {
-        Topic {
-            name: "t1".into(),
-            input_schema: EventSchema::EventGrid,
-        }
-    }
+    use crate::model::destination::testing::{cfg, topic, TestTypes};
 
     fn webhook(url: &str) -> Value {
         json!({"properties":{"destination":{"endpointType":"WebHook","properties":{"endpointUrl":url}}}})

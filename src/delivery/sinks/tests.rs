@@ -2,20 +2,9 @@
 
 use super::DESTINATIONS;
 use crate::config::Config;
+use crate::model::destination::testing::{cfg, topic};
 use crate::model::subscription::Subscription;
-use crate::model::topic::{EventSchema, Topic};
 use serde_json::{json, Value};
-
-fn cfg(pairs: &[(&str, &str)]) -> Config {
-    Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap()
-}
-
-fn topic() -> Topic {
-    Topic {
-        name: "t1".into(),
-        input_schema: EventSchema::EventGrid,
-    }
-}
 
 fn put(
     body: Value,
