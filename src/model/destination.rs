@@ -54,7 +54,7 @@ impl SecretProperty {
 }
 
 /// A parsed destination of one type (implemented next to the type in `delivery::sinks`).
-pub trait DestinationSpec: fmt::Debug + Send + Sync + 'static {
+pub trait DestinationSpec: Any + fmt::Debug + Send + Sync {
     /// Echo the properties as stored (secrets in clear; [`mask_properties`] masks them).
     fn echo(&self, props: &mut Map<String, Value>);
     /// The secret properties among those [`DestinationSpec::echo`] writes.
@@ -71,8 +71,6 @@ pub trait DestinationSpec: fmt::Debug + Send + Sync + 'static {
     fn webhook_options(&self) -> bool {
         false
     }
-    /// For the type's own sink builder to get its concrete value back.
-    fn as_any(&self) -> &dyn Any;
 }
 
 /// A destination: its canonical `endpointType` and its parsed properties.
@@ -119,7 +117,8 @@ impl Destination {
 
     /// The parsed value as its concrete type (for the type's sink builder).
     pub fn spec<T: DestinationSpec>(&self) -> Option<&T> {
-        self.spec.as_any().downcast_ref::<T>()
+        let any: &dyn Any = &*self.spec;
+        any.downcast_ref::<T>()
     }
 
     /// The URL deliveries go to, for HTTP destinations (SSRF checks, logs through [`mask_url`]).
@@ -435,9 +434,6 @@ pub(crate) mod testing {
         fn webhook_options(&self) -> bool {
             true
         }
-        fn as_any(&self) -> &dyn Any {
-            self
-        }
     }
 
     #[derive(Debug)]
@@ -448,9 +444,6 @@ pub(crate) mod testing {
         }
         fn secrets(&self) -> &'static [SecretProperty] {
             &[]
-        }
-        fn as_any(&self) -> &dyn Any {
-            self
         }
     }
 

@@ -16,7 +16,6 @@ use crate::model::destination::{
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
-use std::any::Any;
 use std::sync::Arc;
 
 const SECRETS: [SecretProperty; 4] = [
@@ -61,9 +60,6 @@ impl DestinationSpec for EventGridDestination {
     fn webhook_options(&self) -> bool {
         true
     }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }
 
 impl DestinationKind for EventGrid {
@@ -106,10 +102,7 @@ impl DestinationKind for EventGrid {
                 CLOUD_DOMAINS.join(", ")
             )));
         }
-        let sas_key = props
-            .str("saskey")?
-            .filter(|s| !s.trim().is_empty())
-            .ok_or_else(|| ctx.invalid("sasKey is required for EventGrid destinations"))?;
+        let sas_key = ctx.required_for(props, "saskey", "sasKey", "EventGrid")?;
         Ok(Destination::new(
             "EventGrid",
             EventGridDestination {

@@ -15,7 +15,6 @@ use crate::model::destination::{
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
-use std::any::Any;
 use std::sync::Arc;
 
 /// The secret properties of HTTP destinations that take webhook options.
@@ -47,9 +46,6 @@ impl DestinationSpec for WebHookDestination {
     }
     fn webhook_options(&self) -> bool {
         true
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
