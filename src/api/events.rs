@@ -1,7 +1,6 @@
 //! Publishing: `POST /topics/{topic}/events` and `POST /topics/{topic}/events/{eventId}`.
 
 use super::{read_body, AppState};
-use crate::broker::BrokerError;
 use crate::error::ApiError;
 use crate::model::event::{self, PublishInput};
 use axum::body::Body;
@@ -38,8 +37,9 @@ async fn run(
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    let Some(entry) = s.broker.topic(&topic) else {
-        return ApiError::from(BrokerError::topic_not_found(&topic)).into_response();
+    let entry = match s.broker.find_topic(&topic) {
+        Ok(entry) => entry,
+        Err(e) => return ApiError::from(e).into_response(),
     };
     let result = async {
         let limits = &s.broker.config().broker;

@@ -1,7 +1,6 @@
 //! `/topics/{topic}/eventSubscriptions` handlers.
 
 use super::{read_json, AppState, Conn};
-use crate::broker::BrokerError;
 use crate::error::ApiError;
 use crate::model::subscription::subscription_resource;
 use axum::body::Body;
@@ -57,10 +56,7 @@ pub(super) async fn list(
     conn: Conn,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    let entry = s
-        .broker
-        .topic(&topic)
-        .ok_or_else(|| BrokerError::topic_not_found(&topic))?;
+    let entry = s.broker.find_topic(&topic)?;
     let ctx = s.resource_context(&headers, &conn);
     let mut subs: Vec<_> = entry
         .subscriptions()

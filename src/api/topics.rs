@@ -1,7 +1,6 @@
 //! `/topics` handlers.
 
 use super::{read_json, AppState, Conn};
-use crate::broker::BrokerError;
 use crate::error::ApiError;
 use crate::model::topic::{ResourceContext, Topic};
 use axum::body::Body;
@@ -32,10 +31,7 @@ pub(super) async fn get(
     conn: Conn,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    let entry = s
-        .broker
-        .topic(&name)
-        .ok_or_else(|| BrokerError::topic_not_found(&name))?;
+    let entry = s.broker.find_topic(&name)?;
     Ok(Json(topic_resource(
         &entry.topic(),
         &s.resource_context(&headers, &conn),

@@ -41,6 +41,15 @@ impl Broker {
         read(&self.inner.topics).get(&names::key(name)).cloned()
     }
 
+    /// A topic that exists.
+    ///
+    /// # Errors
+    /// [`BrokerError::TopicNotFound`].
+    pub fn find_topic(&self, name: &str) -> Result<Arc<TopicEntry>, BrokerError> {
+        self.topic(name)
+            .ok_or_else(|| BrokerError::topic_not_found(name))
+    }
+
     /// All topics, sorted by name.
     pub fn topics(&self) -> Vec<Arc<TopicEntry>> {
         let mut v: Vec<_> = read(&self.inner.topics).values().cloned().collect();
@@ -143,9 +152,7 @@ impl Broker {
         body: serde_json::Value,
     ) -> Result<Subscription, BrokerError> {
         let _g = self.lock_mgmt();
-        let entry = self
-            .topic(topic_name)
-            .ok_or_else(|| BrokerError::topic_not_found(topic_name))?;
+        let entry = self.find_topic(topic_name)?;
         let topic = entry.topic();
         let sub = Subscription::from_put(&topic, name, body, &self.inner.cfg, &DESTINATIONS)?;
         let subs = entry.subscriptions();
@@ -206,9 +213,7 @@ impl Broker {
     /// Topic or subscription not found; the store's failure.
     pub fn delete_subscription(&self, topic: &str, name: &str) -> Result<(), BrokerError> {
         let _g = self.lock_mgmt();
-        let entry = self
-            .topic(topic)
-            .ok_or_else(|| BrokerError::topic_not_found(topic))?;
+        let entry = self.find_topic(topic)?;
         let key = names::key(name);
         let subs = entry.subscriptions();
         let found = subs

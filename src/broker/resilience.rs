@@ -100,8 +100,7 @@ impl Broker {
         topic: &str,
         name: &str,
     ) -> Result<Arc<SubscriptionHandle>, BrokerError> {
-        self.topic(topic)
-            .ok_or_else(|| BrokerError::topic_not_found(topic))?;
+        self.find_topic(topic)?;
         self.subscription(topic, name)
             .ok_or_else(|| BrokerError::subscription_not_found(topic, name))
     }
