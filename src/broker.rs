@@ -7,6 +7,7 @@
 //! short `RwLock`s; publish clones `Arc`s and touches only the matching subscriptions' queue
 //! mutexes — no lock is held across an await, and nothing global is locked per event.
 
+mod error;
 mod exposition;
 mod publish;
 mod recovery;
@@ -14,13 +15,14 @@ mod registry;
 mod replay;
 mod resilience;
 
+pub use error::BrokerError;
+
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::delivery::engine::EngineCtx;
 use crate::delivery::sink::SinkFactory;
 use crate::delivery::sinks::DESTINATIONS;
 use crate::delivery::subscription::{SubConfig, SubscriptionHandle};
-use crate::error::ApiError;
 use crate::metrics::{self, TopicMetrics};
 use crate::model::names;
 use crate::model::subscription::Subscription;
@@ -88,24 +90,13 @@ impl Broker {
     /// deliveries until the flush ends. Off the runtime they wait without stopping anything.
     ///
     /// # Errors
-    /// The operation's own error, or 500 if it panicked.
+    /// The operation's own error, or [`BrokerError::Task`] if it panicked.
     pub async fn manage<T: Send + 'static>(
         &self,
-        op: impl FnOnce(&Broker) -> Result<T, ApiError> + Send + 'static,
-    ) -> Result<T, ApiError> {
+        op: impl FnOnce(&Broker) -> Result<T, BrokerError> + Send + 'static,
+    ) -> Result<T, BrokerError> {
         let broker = self.clone();
-        tokio::task::spawn_blocking(move || op(&broker))
-            .await
-            .map_err(|e| ApiError::internal(&e))?
-    }
-}
-
-fn store_err(e: StoreError) -> ApiError {
-    match e {
-        StoreError::Full { .. } => {
-            ApiError::insufficient_storage(e.to_string(), Duration::from_secs(30))
-        }
-        other => ApiError::internal(&other),
+        tokio::task::spawn_blocking(move || op(&broker)).await?
     }
 }
 
@@ -153,17 +144,4 @@ impl Broker {
     pub fn topic_schema(&self, name: &str) -> Option<EventSchema> {
         self.topic(name).map(|t| t.topic().input_schema)
     }
-}
-
-/// 404 for a topic.
-pub fn topic_not_found(name: &str) -> ApiError {
-    ApiError::not_found("TopicNotFound", format!("topic '{name}' does not exist"))
-}
-
-/// 404 for a subscription.
-pub fn subscription_not_found(topic: &str, name: &str) -> ApiError {
-    ApiError::not_found(
-        "EventSubscriptionNotFound",
-        format!("event subscription '{name}' does not exist on topic '{topic}'"),
-    )
 }

@@ -1,10 +1,17 @@
-//! The API's one error type and its only mapping to HTTP.
+//! The API's one error type and the only mapping to HTTP (part of the API layer).
 //!
-//! Every failure a client can see goes through [`ApiError`], rendered as the documented body
+//! The model answers [`Invalid`], a publish [`PublishError`], the broker [`BrokerError`]; none of
+//! them knows HTTP. The table below ([`ApiError::from_broker`] and the `From` impls) chooses the
+//! status, the detailed code and `Retry-After` for each. Every failure a client can see goes
+//! through [`ApiError`], rendered as the documented body
 //! `{"error":{"code":"<status name>","message":"…","details":{"code":"<detail>","message":"…"}}}`
 //! (`details` is an object, as on the edge; `error.message` is added for cloud-style clients).
 //! 5xx bodies never echo internals: the cause is logged, the client gets a generic message.
 
+use crate::broker::BrokerError;
+use crate::model::event::PublishError;
+use crate::model::Invalid;
+use crate::store::StoreError;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use std::time::Duration;
@@ -71,24 +78,27 @@ impl ApiError {
 
     /// 503 with `Retry-After`: a bounded queue or resource is full; nothing was accepted.
     pub fn unavailable(message: impl Into<String>, retry_after: Duration) -> Self {
-        let mut e = Self::new(
+        Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "ServiceUnavailable",
             message,
-        );
-        e.retry_after = Some(retry_after);
-        e
+        )
+        .retry_after(retry_after)
     }
 
     /// 507 with `Retry-After`: the event store reached its disk bound; nothing was accepted.
     pub fn insufficient_storage(message: impl Into<String>, retry_after: Duration) -> Self {
-        let mut e = Self::new(
+        Self::new(
             StatusCode::INSUFFICIENT_STORAGE,
             "InsufficientStorage",
             message,
-        );
-        e.retry_after = Some(retry_after);
-        e
+        )
+        .retry_after(retry_after)
+    }
+
+    fn retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
     }
 
     /// 500. The cause is logged here; the client sees a generic message.
@@ -116,6 +126,60 @@ impl ApiError {
                 "details": { "code": self.detail, "message": self.message }
             }
         })
+    }
+}
+
+/// How long a client waits before retrying after the store reported itself full.
+const STORE_FULL_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+impl ApiError {
+    /// The table: each broker failure's status, detailed code and `Retry-After`. The module twin
+    /// reports its errors through it too (`edge::twin::error_text`).
+    pub fn from_broker(e: &BrokerError) -> Self {
+        let message = e.to_string();
+        match e {
+            BrokerError::Invalid(invalid) => Self::from(invalid.clone()),
+            BrokerError::TopicNotFound { .. } => Self::not_found("TopicNotFound", message),
+            BrokerError::SubscriptionNotFound { .. } => {
+                Self::not_found("EventSubscriptionNotFound", message)
+            }
+            BrokerError::LimitExceeded { .. } => Self::bad_request("LimitExceeded", message),
+            BrokerError::SchemaInUse { .. } => Self::bad_request("InvalidSchema", message),
+            BrokerError::PersistenceImmutable => {
+                Self::bad_request("PersistencePolicyImmutable", message)
+            }
+            BrokerError::HealthNotTracked => Self::bad_request("EndpointHealthNotTracked", message),
+            BrokerError::Unavailable { retry_after, .. } => {
+                Self::unavailable(message, *retry_after)
+            }
+            BrokerError::Store(StoreError::Full { .. }) => {
+                Self::insufficient_storage(message, STORE_FULL_RETRY_AFTER)
+            }
+            BrokerError::Store(_) | BrokerError::Task(_) => Self::internal(e),
+        }
+    }
+}
+
+/// The model's rejections are 400s with their own code.
+impl From<Invalid> for ApiError {
+    fn from(e: Invalid) -> Self {
+        Self::bad_request(e.code, e.message)
+    }
+}
+
+impl From<PublishError> for ApiError {
+    fn from(e: PublishError) -> Self {
+        match e {
+            PublishError::Invalid(invalid) => invalid.into(),
+            PublishError::UnsupportedMediaType(message) => Self::unsupported_media_type(message),
+            PublishError::Serialize(_) => Self::internal(&e),
+        }
+    }
+}
+
+impl From<BrokerError> for ApiError {
+    fn from(e: BrokerError) -> Self {
+        Self::from_broker(&e)
     }
 }
 

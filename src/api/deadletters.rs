@@ -9,10 +9,9 @@
 //! | GET | `/endpointHealth` | the destination's health |
 //! | POST | `/endpointHealth/enable` | re-enable a disabled or frozen destination |
 
-use super::{query_param, read_body, require_json, AppState};
+use super::{query_param, read_json, AppState};
 use crate::delivery::health::HealthSnapshot;
 use crate::error::ApiError;
-use crate::model::json::parse_body;
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::HeaderMap;
@@ -26,6 +25,13 @@ fn bad_query(name: &str) -> ApiError {
     ApiError::bad_request(
         "InvalidRequest",
         format!("query parameter {name} must be a whole number"),
+    )
+}
+
+fn dead_letter_not_found(id: &str) -> ApiError {
+    ApiError::not_found(
+        "DeadLetterNotFound",
+        format!("dead letter '{id}' does not exist"),
     )
 }
 
@@ -64,14 +70,7 @@ async fn ids_from_body(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Option<Vec<u64>>, ApiError> {
-    require_json(headers)?;
-    let bytes = read_body(
-        headers,
-        body,
-        s.broker.config().broker.max_request_body_bytes,
-    )
-    .await?;
-    let v = parse_body(&bytes)?;
+    let v = read_json(s, headers, body).await?;
     let Some(ids) = v.get("ids").or(v.get("Ids")) else {
         return Ok(None);
     };
@@ -103,21 +102,13 @@ pub(super) async fn replay_one(
     State(s): State<AppState>,
     Path((topic, name, id)): Path<(String, String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let id = id.parse::<u64>().map_err(|_| {
-        ApiError::not_found(
-            "DeadLetterNotFound",
-            format!("dead letter '{id}' does not exist"),
-        )
-    })?;
+    let id = id.parse::<u64>().map_err(|_| dead_letter_not_found(&id))?;
     let n = s
         .broker
         .replay_dead_letters(&topic, &name, Some(vec![id]))
         .await?;
     if n == 0 {
-        return Err(ApiError::not_found(
-            "DeadLetterNotFound",
-            format!("dead letter '{id}' does not exist"),
-        ));
+        return Err(dead_letter_not_found(&id.to_string()));
     }
     Ok(Json(json!({ "replayed": n })))
 }
@@ -152,13 +143,7 @@ pub(super) async fn health(
     State(s): State<AppState>,
     Path((topic, name)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    s.broker
-        .topic(&topic)
-        .ok_or_else(|| crate::broker::topic_not_found(&topic))?;
-    let sub = s
-        .broker
-        .subscription(&topic, &name)
-        .ok_or_else(|| crate::broker::subscription_not_found(&topic, &name))?;
+    let sub = s.broker.find_subscription(&topic, &name)?;
     Ok(Json(
         sub.endpoint_health()
             .map_or(Value::Null, |h| health_json(&h)),

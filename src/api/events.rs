@@ -1,7 +1,7 @@
 //! Publishing: `POST /topics/{topic}/events` and `POST /topics/{topic}/events/{eventId}`.
 
 use super::{read_body, AppState};
-use crate::broker::topic_not_found;
+use crate::error::ApiError;
 use crate::model::event::{self, PublishInput};
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -37,8 +37,9 @@ async fn run(
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    let Some(entry) = s.broker.topic(&topic) else {
-        return topic_not_found(&topic).into_response();
+    let entry = match s.broker.find_topic(&topic) {
+        Ok(entry) => entry,
+        Err(e) => return ApiError::from(e).into_response(),
     };
     let result = async {
         let limits = &s.broker.config().broker;
@@ -52,7 +53,8 @@ async fn run(
             single_id: single_id.as_deref(),
             max_events: limits.max_events_per_request,
         })?;
-        s.broker.publish(&entry, events).await
+        s.broker.publish(&entry, events).await?;
+        Ok::<(), ApiError>(())
     }
     .await;
     match result {

@@ -21,6 +21,8 @@ mod topics;
 
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::model::json::parse_body;
+use crate::model::media;
 use crate::model::topic::ResourceContext;
 use axum::body::Body;
 use axum::extract::Request;
@@ -30,6 +32,7 @@ use axum::routing::{delete, get, post, put};
 use axum::Router;
 use bytes::Bytes;
 use futures_util::future::Either;
+use serde_json::Value;
 use std::convert::Infallible;
 use std::future::{ready, Ready};
 use std::sync::Arc;
@@ -63,10 +66,13 @@ pub struct AppState {
     pub ready: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// The connection facts a handler may extract (absent in router tests without a listener).
+type Conn = Option<axum::Extension<ConnInfo>>;
+
 impl AppState {
-    fn resource_context(&self, headers: &HeaderMap, conn: Option<&ConnInfo>) -> ResourceContext {
+    fn resource_context(&self, headers: &HeaderMap, conn: &Conn) -> ResourceContext {
         let cfg = self.broker.config();
-        let scheme = conn.map(|c| c.scheme).unwrap_or("http");
+        let scheme = conn.as_ref().map_or("http", |c| c.0.scheme);
         let host = headers
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
@@ -306,6 +312,15 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
     }
 }
 
+/// A management request's JSON body: a JSON content type (when one is given), within
+/// `broker__maxRequestBodyBytes`, parsed (an empty body is `{}`).
+async fn read_json(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
+    require_json(headers)?;
+    let limit = s.broker.config().broker.max_request_body_bytes;
+    let bytes = read_body(headers, body, limit).await?;
+    Ok(parse_body(&bytes)?)
+}
+
 /// Management bodies must be JSON when a content type is given.
 fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
     match headers
@@ -313,22 +328,10 @@ fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
         .and_then(|v| v.to_str().ok())
     {
         None => Ok(()),
-        Some(ct) => {
-            let essence = ct
-                .split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase();
-            if essence == "application/json" || essence == "text/json" || essence.ends_with("+json")
-            {
-                Ok(())
-            } else {
-                Err(ApiError::unsupported_media_type(format!(
-                    "Content-Type '{ct}' is not supported; use application/json"
-                )))
-            }
-        }
+        Some(ct) if media::is_json(&media::essence(ct)) => Ok(()),
+        Some(ct) => Err(ApiError::unsupported_media_type(format!(
+            "Content-Type '{ct}' is not supported; use application/json"
+        ))),
     }
 }
 

@@ -1,18 +1,14 @@
 //! `/topics/{topic}/eventSubscriptions` handlers.
 
-use super::{read_body, require_json, AppState, ConnInfo};
-use crate::broker::{subscription_not_found, topic_not_found};
+use super::{read_json, AppState, Conn};
 use crate::error::ApiError;
-use crate::model::json::parse_body;
 use crate::model::subscription::subscription_resource;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use serde_json::Value;
-
-type Conn = Option<Extension<ConnInfo>>;
 
 pub(super) async fn put(
     State(s): State<AppState>,
@@ -21,21 +17,14 @@ pub(super) async fn put(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    require_json(&headers)?;
-    let bytes = read_body(
-        &headers,
-        body,
-        s.broker.config().broker.max_request_body_bytes,
-    )
-    .await?;
-    let body = parse_body(&bytes)?;
+    let body = read_json(&s, &headers, body).await?;
     let sub = s
         .broker
         .manage(move |b| b.put_subscription(&topic, &name, body))
         .await?;
     Ok(Json(subscription_resource(
         &sub,
-        &s.resource_context(&headers, conn.as_ref().map(|c| &c.0)),
+        &s.resource_context(&headers, &conn),
     )))
 }
 
@@ -45,17 +34,8 @@ pub(super) async fn get(
     conn: Conn,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    s.broker
-        .topic(&topic)
-        .ok_or_else(|| topic_not_found(&topic))?;
-    let sub = s
-        .broker
-        .subscription(&topic, &name)
-        .ok_or_else(|| subscription_not_found(&topic, &name))?;
-    let mut v = subscription_resource(
-        &sub.config().sub,
-        &s.resource_context(&headers, conn.as_ref().map(|c| &c.0)),
-    );
+    let sub = s.broker.find_subscription(&topic, &name)?;
+    let mut v = subscription_resource(&sub.config().sub, &s.resource_context(&headers, &conn));
     // Live state, not part of the stored record: the destination's health, shown only while it
     // is disabled or frozen, so a healthy subscription's GET stays identical to its PUT answer
     // (as the original's). Always available at `.../endpointHealth`.
@@ -76,11 +56,8 @@ pub(super) async fn list(
     conn: Conn,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    let entry = s
-        .broker
-        .topic(&topic)
-        .ok_or_else(|| topic_not_found(&topic))?;
-    let ctx = s.resource_context(&headers, conn.as_ref().map(|c| &c.0));
+    let entry = s.broker.find_topic(&topic)?;
+    let ctx = s.resource_context(&headers, &conn);
     let mut subs: Vec<_> = entry
         .subscriptions()
         .iter()

@@ -1,18 +1,14 @@
 //! `/topics` handlers.
 
-use super::{read_body, require_json, AppState, ConnInfo};
-use crate::broker::topic_not_found;
+use super::{read_json, AppState, Conn};
 use crate::error::ApiError;
-use crate::model::json::parse_body;
-use crate::model::topic::{topic_resource, Topic};
+use crate::model::topic::{ResourceContext, Topic};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
-use serde_json::Value;
-
-type Conn = Option<Extension<ConnInfo>>;
+use axum::Json;
+use serde_json::{json, Value};
 
 pub(super) async fn put(
     State(s): State<AppState>,
@@ -21,18 +17,11 @@ pub(super) async fn put(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Value>, ApiError> {
-    require_json(&headers)?;
-    let bytes = read_body(
-        &headers,
-        body,
-        s.broker.config().broker.max_request_body_bytes,
-    )
-    .await?;
-    let topic = Topic::from_put(&name, parse_body(&bytes)?)?;
+    let topic = Topic::from_put(&name, read_json(&s, &headers, body).await?)?;
     let topic = s.broker.manage(move |b| b.put_topic(topic)).await?;
     Ok(Json(topic_resource(
         &topic,
-        &s.resource_context(&headers, conn.as_ref().map(|c| &c.0)),
+        &s.resource_context(&headers, &conn),
     )))
 }
 
@@ -42,18 +31,15 @@ pub(super) async fn get(
     conn: Conn,
     headers: HeaderMap,
 ) -> Result<Json<Value>, ApiError> {
-    let entry = s
-        .broker
-        .topic(&name)
-        .ok_or_else(|| topic_not_found(&name))?;
+    let entry = s.broker.find_topic(&name)?;
     Ok(Json(topic_resource(
         &entry.topic(),
-        &s.resource_context(&headers, conn.as_ref().map(|c| &c.0)),
+        &s.resource_context(&headers, &conn),
     )))
 }
 
 pub(super) async fn list(State(s): State<AppState>, conn: Conn, headers: HeaderMap) -> Json<Value> {
-    let ctx = s.resource_context(&headers, conn.as_ref().map(|c| &c.0));
+    let ctx = s.resource_context(&headers, &conn);
     Json(Value::Array(
         s.broker
             .topics()
@@ -69,4 +55,17 @@ pub(super) async fn delete(
 ) -> Result<Response, ApiError> {
     s.broker.manage(move |b| b.delete_topic(&name)).await?;
     Ok(StatusCode::OK.into_response())
+}
+
+/// The topic resource as the API returns it.
+fn topic_resource(t: &Topic, ctx: &ResourceContext) -> Value {
+    json!({
+        "id": format!("{}/topics/{}", ctx.id_prefix, t.name),
+        "name": t.name,
+        "type": "Microsoft.EventGrid/topics",
+        "properties": {
+            "endpoint": format!("{}/topics/{}/events?api-version={}", ctx.base_url, t.name, super::API_VERSION),
+            "inputSchema": t.input_schema.as_str(),
+        }
+    })
 }

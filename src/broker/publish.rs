@@ -14,16 +14,14 @@
 //! commit is under way cannot leave an event durable but not queued (it would wait for a
 //! restart, or expire). The request only waits for that task.
 
-use super::{store_err, Broker, TopicEntry};
+use super::{Broker, BrokerError, TopicEntry};
 use crate::config::Key;
 use crate::delivery::payload::EventData;
 use crate::delivery::subscription::{Reservation, SubConfig, SubscriptionHandle};
-use crate::error::ApiError;
 use crate::model::event::IncomingEvent;
-use crate::store::{RetryState, Store, StoredEvent};
+use crate::store::Store;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Where each event of a request goes.
 struct Routes {
@@ -96,34 +94,23 @@ async fn persist(
     routes: &Routes,
     payloads: &Payloads,
     now_ms: u64,
-) -> Result<(), ApiError> {
+) -> Result<(), BrokerError> {
     let mut durable = Vec::new();
     for ((sub, cfg), r) in subs.iter().zip(configs).zip(&routes.per_sub) {
         if !cfg.sub.persisted {
             continue;
         }
         for (seq, data) in routed(r, payloads) {
-            {
-                durable.push((
-                    sub.queue_id(),
-                    StoredEvent {
-                        seq,
-                        id: data.id.to_string(),
-                        body: data.body.clone(),
-                        state: RetryState {
-                            attempts: 0,
-                            first_enqueued_ms: now_ms,
-                            due_ms: 0,
-                        },
-                    },
-                ));
-            }
+            durable.push((sub.queue_id(), data.to_stored(seq, now_ms)));
         }
     }
     if durable.is_empty() {
         return Ok(());
     }
-    store.append_commit(durable).await.map_err(store_err)
+    store
+        .append_commit(durable)
+        .await
+        .map_err(BrokerError::Store)
 }
 
 impl Broker {
@@ -131,14 +118,14 @@ impl Broker {
     /// durable.
     ///
     /// # Errors
-    /// 503 when a matching subscription is full (unless `broker__queueFullPolicy=deadLetter`:
-    /// then that subscription's copies are dead-lettered), 507 when the store is full, 500 on
-    /// store failure. Nothing is enqueued in any of these cases.
+    /// [`BrokerError::Unavailable`] when a matching subscription is full (unless
+    /// `broker__queueFullPolicy=deadLetter`: then that subscription's copies are dead-lettered),
+    /// [`BrokerError::Store`] when the store is full or fails. Nothing is enqueued in any of these cases.
     pub async fn publish(
         &self,
         entry: &TopicEntry,
         events: Vec<IncomingEvent>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), BrokerError> {
         entry.metrics.events_received.add(events.len() as u64);
         if events.is_empty() {
             return Ok(());
@@ -158,9 +145,7 @@ impl Broker {
             broker.enqueue(&subs, &routes, admitted, &payloads, now_ms);
             Ok(())
         };
-        tokio::spawn(commit_and_enqueue)
-            .await
-            .map_err(|e| ApiError::internal(&e))?
+        tokio::spawn(commit_and_enqueue).await?
     }
 
     /// Reserve each matching subscription's places, within the bounds of in-memory queues.
@@ -171,7 +156,7 @@ impl Broker {
         subs: &[Arc<SubscriptionHandle>],
         configs: &[Arc<SubConfig>],
         routes: &Routes,
-    ) -> Result<Vec<Admitted>, ApiError> {
+    ) -> Result<Vec<Admitted>, BrokerError> {
         let max_pending = self.inner.cfg.broker.max_pending_events_per_subscription;
         let overflow_to_dead_letters = self.inner.cfg.resilience.queue_full_policy
             == crate::delivery::policy::QueueFullPolicy::DeadLetter;
@@ -186,15 +171,12 @@ impl Broker {
                 Ok(places) => admitted.push(Admitted::Queue(places)),
                 Err(_) if overflow_to_dead_letters => admitted.push(Admitted::Overflow),
                 Err(_) => {
-                    return Err(ApiError::unavailable(
-                        format!(
-                            "subscription '{}' has {} pending events ({}); retry later",
-                            sub.name(),
-                            max_pending,
-                            Key::broker__maxPendingEventsPerSubscription.name()
-                        ),
-                        Duration::from_secs(10),
-                    ))
+                    return Err(BrokerError::unavailable(format!(
+                        "subscription '{}' has {} pending events ({}); retry later",
+                        sub.name(),
+                        max_pending,
+                        Key::broker__maxPendingEventsPerSubscription.name()
+                    )))
                 }
             }
         }
@@ -207,14 +189,13 @@ impl Broker {
             .any(|(cfg, r)| !r.is_empty() && !cfg.sub.persisted);
         let pending_bytes = &self.inner.ctx.pending_bytes;
         if to_memory && !self.has_byte_room(routes.matched_bytes) {
-            return Err(ApiError::unavailable(
+            return Err(BrokerError::unavailable(
                 format!(
                     "gridlet holds {} of the {} bytes of undelivered events {} allows in memory; retry later",
                     pending_bytes.used(),
                     pending_bytes.limit(),
                     Key::broker__maxPendingBytes.name()
                 ),
-                Duration::from_secs(10),
             ));
         }
         Ok(admitted)

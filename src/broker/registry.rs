@@ -42,6 +42,15 @@ impl Broker {
         read(&self.inner.topics).get(&names::key(name)).cloned()
     }
 
+    /// A topic that exists.
+    ///
+    /// # Errors
+    /// [`BrokerError::TopicNotFound`].
+    pub fn find_topic(&self, name: &str) -> Result<Arc<TopicEntry>, BrokerError> {
+        self.topic(name)
+            .ok_or_else(|| BrokerError::topic_not_found(name))
+    }
+
     /// All topics, sorted by name.
     pub fn topics(&self) -> Vec<Arc<TopicEntry>> {
         let mut v: Vec<_> = read(&self.inner.topics).values().cloned().collect();
@@ -52,47 +61,41 @@ impl Broker {
     /// Create or update a topic.
     ///
     /// # Errors
-    /// 400 when the schema would change under existing subscriptions or the topic limit is hit.
-    pub fn put_topic(&self, topic: Topic) -> Result<Topic, ApiError> {
+    /// [`BrokerError::SchemaInUse`] when the schema would change under existing subscriptions,
+    /// [`BrokerError::LimitExceeded`] when the topic limit is hit; the store's failure.
+    pub fn put_topic(&self, topic: Topic) -> Result<Topic, BrokerError> {
         let _g = self.lock_mgmt();
         let key = names::key(&topic.name);
         let map = read(&self.inner.topics);
         if let Some(existing) = map.get(&key) {
             let mut current = existing.topic();
             if current.input_schema != topic.input_schema && !existing.subscriptions().is_empty() {
-                return Err(ApiError::bad_request(
-                    "InvalidSchema",
-                    format!(
-                        "topic '{}' has subscriptions delivering {}; delete them before changing inputSchema",
-                        current.name,
-                        current.input_schema.as_str()
-                    ),
-                ));
+                return Err(BrokerError::SchemaInUse {
+                    topic: current.name,
+                    schema: current.input_schema.as_str(),
+                });
             }
             current.input_schema = topic.input_schema;
             self.inner
                 .ctx
                 .store
                 .put_topic(&key, &current.to_record())
-                .map_err(store_err)?;
+                .map_err(BrokerError::Store)?;
             write(&existing.topic, current.clone());
             return Ok(current);
         }
         if map.len() >= self.inner.cfg.broker.max_topics {
-            return Err(ApiError::bad_request(
-                "LimitExceeded",
-                format!(
-                    "at most {} topics ({})",
-                    self.inner.cfg.broker.max_topics,
-                    Key::broker__maxTopics.name()
-                ),
-            ));
+            return Err(BrokerError::LimitExceeded {
+                what: "topics",
+                max: self.inner.cfg.broker.max_topics,
+                setting: Key::broker__maxTopics.name(),
+            });
         }
         self.inner
             .ctx
             .store
             .put_topic(&key, &topic.to_record())
-            .map_err(store_err)?;
+            .map_err(BrokerError::Store)?;
         let mut next = (*map).clone();
         next.insert(
             key,
@@ -109,24 +112,28 @@ impl Broker {
     /// Delete a topic and all its subscriptions (their queued events go too).
     ///
     /// # Errors
-    /// 404 when the topic does not exist.
-    pub fn delete_topic(&self, name: &str) -> Result<(), ApiError> {
+    /// [`BrokerError::TopicNotFound`]; the store's failure.
+    pub fn delete_topic(&self, name: &str) -> Result<(), BrokerError> {
         let _g = self.lock_mgmt();
         let key = names::key(name);
         let map = read(&self.inner.topics);
         let entry = map
             .get(&key)
             .cloned()
-            .ok_or_else(|| topic_not_found(name))?;
+            .ok_or_else(|| BrokerError::topic_not_found(name))?;
         for sub in entry.subscriptions().iter() {
             sub.retire();
             if let Err(e) = self.inner.ctx.store.delete_subscription(sub.queue_id()) {
                 sub.reinstate();
-                return Err(store_err(e));
+                return Err(e.into());
             }
             self.forget_dead_letters(sub.queue_id());
         }
-        self.inner.ctx.store.delete_topic(&key).map_err(store_err)?;
+        self.inner
+            .ctx
+            .store
+            .delete_topic(&key)
+            .map_err(BrokerError::Store)?;
         write(&entry.subs, Arc::new(Vec::new()));
         let mut next = (*map).clone();
         next.remove(&key);
@@ -137,17 +144,16 @@ impl Broker {
     /// Create or update a subscription from a PUT body.
     ///
     /// # Errors
-    /// 404 for an unknown topic, 400 for an invalid body or a changed persistence policy.
+    /// Topic not found, [`BrokerError::Invalid`] body, [`BrokerError::PersistenceImmutable`],
+    /// [`BrokerError::LimitExceeded`]; the store's failure.
     pub fn put_subscription(
         &self,
         topic_name: &str,
         name: &str,
         body: serde_json::Value,
-    ) -> Result<Subscription, ApiError> {
+    ) -> Result<Subscription, BrokerError> {
         let _g = self.lock_mgmt();
-        let entry = self
-            .topic(topic_name)
-            .ok_or_else(|| topic_not_found(topic_name))?;
+        let entry = self.find_topic(topic_name)?;
         let topic = entry.topic();
         let sub = Subscription::from_put(&topic, name, body, &self.inner.cfg, &DESTINATIONS)?;
         let subs = entry.subscriptions();
@@ -155,10 +161,7 @@ impl Broker {
         if let Some(existing) = subs.iter().find(|s| names::key(s.name()) == key) {
             let old = existing.config();
             if old.sub.persisted != sub.persisted {
-                return Err(ApiError::bad_request(
-                    "PersistencePolicyImmutable",
-                    "persistencePolicy cannot be modified once created; delete and re-create the subscription",
-                ));
+                return Err(BrokerError::PersistenceImmutable);
             }
             let mut sub = sub;
             sub.name = old.sub.name.clone();
@@ -166,26 +169,28 @@ impl Broker {
                 .ctx
                 .store
                 .put_subscription(&topic.name, existing.queue_id(), &sub.to_record())
-                .map_err(store_err)?;
+                .map_err(BrokerError::Store)?;
             existing.set_config(self.sub_config(sub.clone()));
             return Ok(sub);
         }
         if subs.len() >= self.inner.cfg.broker.max_subscriptions_per_topic {
-            return Err(ApiError::bad_request(
-                "LimitExceeded",
-                format!(
-                    "at most {} subscriptions per topic ({})",
-                    self.inner.cfg.broker.max_subscriptions_per_topic,
-                    Key::broker__maxSubscriptionsPerTopic.name()
-                ),
-            ));
+            return Err(BrokerError::LimitExceeded {
+                what: "subscriptions per topic",
+                max: self.inner.cfg.broker.max_subscriptions_per_topic,
+                setting: Key::broker__maxSubscriptionsPerTopic.name(),
+            });
         }
-        let queue_id = self.inner.ctx.store.next_queue_id().map_err(store_err)?;
+        let queue_id = self
+            .inner
+            .ctx
+            .store
+            .next_queue_id()
+            .map_err(BrokerError::Store)?;
         self.inner
             .ctx
             .store
             .put_subscription(&topic.name, queue_id, &sub.to_record())
-            .map_err(store_err)?;
+            .map_err(BrokerError::Store)?;
         let sub_entry = self.start_subscription(queue_id, sub.clone());
         let mut list = (*subs).clone();
         list.push(sub_entry);
@@ -206,20 +211,20 @@ impl Broker {
     /// Delete a subscription: its task and in-flight deliveries stop, its queued events go.
     ///
     /// # Errors
-    /// 404 when the topic or subscription does not exist.
-    pub fn delete_subscription(&self, topic: &str, name: &str) -> Result<(), ApiError> {
+    /// Topic or subscription not found; the store's failure.
+    pub fn delete_subscription(&self, topic: &str, name: &str) -> Result<(), BrokerError> {
         let _g = self.lock_mgmt();
-        let entry = self.topic(topic).ok_or_else(|| topic_not_found(topic))?;
+        let entry = self.find_topic(topic)?;
         let key = names::key(name);
         let subs = entry.subscriptions();
         let found = subs
             .iter()
             .find(|s| names::key(s.name()) == key)
-            .ok_or_else(|| subscription_not_found(topic, name))?;
+            .ok_or_else(|| BrokerError::subscription_not_found(topic, name))?;
         found.retire();
         if let Err(e) = self.inner.ctx.store.delete_subscription(found.queue_id()) {
             found.reinstate();
-            return Err(store_err(e));
+            return Err(e.into());
         }
         self.forget_dead_letters(found.queue_id());
         let list: Vec<_> = subs

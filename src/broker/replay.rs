@@ -5,16 +5,13 @@
 //! is under way cannot leave the replayed events durable (and the letters kept or taken) but
 //! not queued in memory. The request only waits for that task.
 
-use super::{store_err, Broker};
+use super::{Broker, BrokerError};
 use crate::config::Key;
 use crate::delivery::deadletter::DeadLetter;
 use crate::delivery::payload::EventData;
 use crate::delivery::subscription::SubscriptionHandle;
-use crate::error::ApiError;
-use crate::store::{RetryState, StoredEvent};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 impl Broker {
     /// Put dead letters back into the subscription's queue as new events (fresh attempts and
@@ -26,20 +23,18 @@ impl Broker {
     /// between leaves a letter that was also re-enqueued (a duplicate), never a lost one.
     ///
     /// # Errors
-    /// 404 for an unknown topic/subscription; 503 when the queue has no room; 507/500 on store
-    /// failure (the letters are kept then).
+    /// Not found (topic/subscription); [`BrokerError::Unavailable`] when the queue has no room;
+    /// [`BrokerError::Store`] on store failure (the letters are kept then).
     pub async fn replay_dead_letters(
         &self,
         topic: &str,
         name: &str,
         ids: Option<Vec<u64>>,
-    ) -> Result<usize, ApiError> {
-        let sub = self.entry(topic, name)?;
+    ) -> Result<usize, BrokerError> {
+        let sub = self.find_subscription(topic, name)?;
         let broker = self.clone();
         // Runs to completion even when the caller stops waiting (see the module docs).
-        tokio::spawn(async move { broker.replay_into(&sub, ids).await })
-            .await
-            .map_err(|e| ApiError::internal(&e))?
+        tokio::spawn(async move { broker.replay_into(&sub, ids).await }).await?
     }
 
     /// The replay itself (see [`Broker::replay_dead_letters`]): the letters are peeked, their
@@ -49,7 +44,7 @@ impl Broker {
         &self,
         sub: &SubscriptionHandle,
         ids: Option<Vec<u64>>,
-    ) -> Result<usize, ApiError> {
+    ) -> Result<usize, BrokerError> {
         let ctx = &self.inner.ctx;
         let persisted = sub.config().sub.persisted;
         let _replaying = if persisted {
@@ -65,7 +60,7 @@ impl Broker {
                     .ctx
                     .dead_letters
                     .peek(queue, ids.as_deref())
-                    .map_err(store_err)
+                    .map_err(BrokerError::Store)
             })
             .await?;
         if letters.is_empty() {
@@ -74,15 +69,12 @@ impl Broker {
         let bound =
             (!persisted).then_some(self.inner.cfg.broker.max_pending_events_per_subscription);
         let places = sub.reserve(letters.len(), bound).map_err(|_| {
-            ApiError::unavailable(
-                format!(
-                    "subscription '{}' has no room for {} more events ({}); replay fewer or later",
-                    sub.name(),
-                    letters.len(),
-                    Key::broker__maxPendingEventsPerSubscription.name()
-                ),
-                Duration::from_secs(10),
-            )
+            BrokerError::unavailable(format!(
+                "subscription '{}' has no room for {} more events ({}); replay fewer or later",
+                sub.name(),
+                letters.len(),
+                Key::broker__maxPendingEventsPerSubscription.name()
+            ))
         })?;
         if !persisted {
             letters = self.take_for_memory(sub, &letters).await?;
@@ -104,21 +96,20 @@ impl Broker {
         &self,
         sub: &SubscriptionHandle,
         letters: &[DeadLetter],
-    ) -> Result<Vec<DeadLetter>, ApiError> {
+    ) -> Result<Vec<DeadLetter>, BrokerError> {
         let ctx = &self.inner.ctx;
         let bytes: u64 = letters
             .iter()
             .map(|l| crate::delivery::queue::payload_size(&l.body, &l.event_id))
             .sum();
         if !self.has_byte_room(bytes) {
-            return Err(ApiError::unavailable(
+            return Err(BrokerError::unavailable(
                 format!(
                     "replaying {bytes} bytes would pass {} ({} of {} bytes of undelivered events in memory); replay fewer or later",
                     Key::broker__maxPendingBytes.name(),
                     ctx.pending_bytes.used(),
                     ctx.pending_bytes.limit()
                 ),
-                Duration::from_secs(10),
             ));
         }
         let ids: Vec<u64> = letters.iter().map(|l| l.id).collect();
@@ -128,7 +119,7 @@ impl Broker {
                 .ctx
                 .dead_letters
                 .take(queue, Some(&ids))
-                .map_err(store_err)
+                .map_err(BrokerError::Store)
         })
         .await
     }
@@ -157,28 +148,17 @@ impl Broker {
         letters: &[DeadLetter],
         events: &[(u64, Arc<EventData>)],
         now_ms: u64,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), BrokerError> {
         let ctx = &self.inner.ctx;
         let durable: Vec<_> = events
             .iter()
-            .map(|(seq, data)| {
-                (
-                    sub.queue_id(),
-                    StoredEvent {
-                        seq: *seq,
-                        id: data.id.to_string(),
-                        body: data.body.clone(),
-                        state: RetryState {
-                            attempts: 0,
-                            first_enqueued_ms: now_ms,
-                            due_ms: 0,
-                        },
-                    },
-                )
-            })
+            .map(|(seq, data)| (sub.queue_id(), data.to_stored(*seq, now_ms)))
             .collect();
         // On failure the letters were never taken: they stay dead letters.
-        ctx.store.append_commit(durable).await.map_err(store_err)?;
+        ctx.store
+            .append_commit(durable)
+            .await
+            .map_err(BrokerError::Store)?;
         let ids: Vec<u64> = letters.iter().map(|l| l.id).collect();
         let queue = sub.queue_id();
         let taken = self
@@ -187,12 +167,12 @@ impl Broker {
                     .ctx
                     .dead_letters
                     .take(queue, Some(&ids))
-                    .map_err(store_err)
+                    .map_err(BrokerError::Store)
             })
             .await;
         if let Err(e) = taken {
             // The events are queued and durable; the letters stay listed as well.
-            tracing::error!(subscription = %sub.name(), error = %e.message, "replayed dead letters could not be removed");
+            tracing::error!(subscription = %sub.name(), error = %e, "replayed dead letters could not be removed");
         }
         Ok(())
     }

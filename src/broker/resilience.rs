@@ -1,13 +1,11 @@
 //! The broker's resilience operations: endpoint health per subscription, dead letters (list,
 //! purge; replay is in `replay.rs`), dead-letter webhooks, and their metrics. Kept apart from the publish path.
 
-use super::{store_err, subscription_not_found, topic_not_found, Broker};
-use crate::config::Key;
+use super::{Broker, BrokerError};
 use crate::delivery::deadletter::DeadLetter;
 use crate::delivery::health::{EndpointHealth, HealthSnapshot};
 use crate::delivery::sink::Sink;
 use crate::delivery::subscription::SubscriptionHandle;
-use crate::error::ApiError;
 use crate::model::delivery_options::DeliveryOptions;
 use crate::model::subscription::Subscription;
 use crate::store::QueueId;
@@ -49,32 +47,28 @@ impl Broker {
         }
     }
 
-    pub(super) fn entry(
+    /// A subscription that exists on a topic that exists.
+    ///
+    /// # Errors
+    /// [`BrokerError::TopicNotFound`], then [`BrokerError::SubscriptionNotFound`].
+    pub fn find_subscription(
         &self,
         topic: &str,
         name: &str,
-    ) -> Result<Arc<SubscriptionHandle>, ApiError> {
-        self.topic(topic).ok_or_else(|| topic_not_found(topic))?;
+    ) -> Result<Arc<SubscriptionHandle>, BrokerError> {
+        self.find_topic(topic)?;
         self.subscription(topic, name)
-            .ok_or_else(|| subscription_not_found(topic, name))
+            .ok_or_else(|| BrokerError::subscription_not_found(topic, name))
     }
 
     /// Re-enable a subscription's destination (disabled or frozen).
     ///
     /// # Errors
-    /// 404 for an unknown topic/subscription; 400 when its destination's health is not tracked.
-    pub fn enable_endpoint(&self, topic: &str, name: &str) -> Result<HealthSnapshot, ApiError> {
-        let e = self.entry(topic, name)?;
+    /// Not found (topic/subscription); [`BrokerError::HealthNotTracked`].
+    pub fn enable_endpoint(&self, topic: &str, name: &str) -> Result<HealthSnapshot, BrokerError> {
+        let e = self.find_subscription(topic, name)?;
         let cfg = e.config();
-        let h = cfg.health.as_ref().ok_or_else(|| {
-            ApiError::bad_request(
-                "EndpointHealthNotTracked",
-                format!(
-                    "this subscription's destination has no endpoint health (not HTTP, or {}=false)",
-                    Key::broker__endpointHealth__enabled.name()
-                ),
-            )
-        })?;
+        let h = cfg.health.as_ref().ok_or(BrokerError::HealthNotTracked)?;
         h.enable(self.inner.ctx.clock.now_ms());
         e.wake();
         Ok(h.snapshot())
@@ -85,41 +79,41 @@ impl Broker {
     /// [`Broker::manage`].
     ///
     /// # Errors
-    /// 404 for an unknown topic/subscription; 500 on store failure.
+    /// Not found (topic/subscription); the store's failure.
     pub fn dead_letters(
         &self,
         topic: &str,
         name: &str,
         after: u64,
         limit: usize,
-    ) -> Result<Vec<DeadLetter>, ApiError> {
-        let e = self.entry(topic, name)?;
+    ) -> Result<Vec<DeadLetter>, BrokerError> {
+        let e = self.find_subscription(topic, name)?;
         self.settled_writes();
         self.inner
             .ctx
             .dead_letters
             .list(e.queue_id(), after, limit.min(MAX_PAGE))
-            .map_err(store_err)
+            .map_err(BrokerError::Store)
     }
 
     /// Remove dead letters without replaying them (`ids` = `None`: all). Returns how many.
     ///
     /// # Errors
-    /// 404 for an unknown topic/subscription; 500 on store failure.
+    /// Not found (topic/subscription); the store's failure.
     pub fn purge_dead_letters(
         &self,
         topic: &str,
         name: &str,
         ids: Option<&[u64]>,
-    ) -> Result<usize, ApiError> {
-        let e = self.entry(topic, name)?;
+    ) -> Result<usize, BrokerError> {
+        let e = self.find_subscription(topic, name)?;
         self.settled_writes();
         let n = self
             .inner
             .ctx
             .dead_letters
             .take(e.queue_id(), ids)
-            .map_err(store_err)?
+            .map_err(BrokerError::Store)?
             .len();
         Ok(n)
     }

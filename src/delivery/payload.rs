@@ -2,6 +2,7 @@
 //! counted once in the broker's memory bound ([`PendingBytes`], `broker__maxPendingBytes`), and
 //! one subscription's copy of it ([`Pending`]: sequence number, attempts, age).
 
+use crate::store::{RetryState, StoredEvent};
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -59,6 +60,21 @@ pub struct EventData {
 }
 
 impl EventData {
+    /// The store record of this payload as `seq`, newly accepted at `now_ms`: no attempt yet,
+    /// due at once (publish and dead-letter replay persist with it).
+    pub fn to_stored(&self, seq: u64, now_ms: u64) -> StoredEvent {
+        StoredEvent {
+            seq,
+            id: self.id.to_string(),
+            body: self.body.clone(),
+            state: RetryState {
+                attempts: 0,
+                first_enqueued_ms: now_ms,
+                due_ms: 0,
+            },
+        }
+    }
+
     /// A payload counted in `pending` (none: not counted, for tests and tools).
     pub fn new(body: Bytes, id: Box<str>, pending: Option<&Arc<PendingBytes>>) -> Self {
         let data = Self {

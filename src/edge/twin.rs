@@ -16,9 +16,10 @@
 //!   to what was last reported is sent; removed entries are sent as `null`.
 
 use super::edgehub::{EdgeHub, HubMessage};
-use crate::broker::Broker;
+use crate::broker::{Broker, BrokerError};
 use crate::error::ApiError;
 use crate::model::topic::Topic;
+use crate::model::Invalid;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -38,8 +39,10 @@ pub struct TwinErrors {
     pub bootup_exception: String,
 }
 
-/// The original's error text: `HttpStatusCode='BadRequest' ErrorCode='…' Message='…'`.
-pub fn error_text(e: &ApiError) -> String {
+/// The original's error text: `HttpStatusCode='BadRequest' ErrorCode='…' Message='…'`, with the
+/// status and code the REST API would answer (the API's error table).
+pub fn error_text(e: &BrokerError) -> String {
+    let e = ApiError::from_broker(e);
     let body = e.body();
     let status = body
         .pointer("/error/code")
@@ -74,11 +77,12 @@ pub fn apply_desired(broker: &Broker, desired: &Value, errors: &mut TwinErrors) 
                 continue;
             }
             let result = Topic::from_put(name, json!({ "properties": props }))
+                .map_err(BrokerError::from)
                 .and_then(|t| broker.put_topic(t));
             match result {
                 Ok(_) => tracing::info!(topic = %name, "topic applied from the module twin"),
                 Err(e) => {
-                    tracing::warn!(topic = %name, error = %e.message, "twin topic rejected");
+                    tracing::warn!(topic = %name, error = %e, "twin topic rejected");
                     errors.topics.insert(name.clone(), error_text(&e));
                 }
             }
@@ -88,7 +92,7 @@ pub fn apply_desired(broker: &Broker, desired: &Value, errors: &mut TwinErrors) 
         for (name, props) in subs.iter().filter(|(k, _)| !k.starts_with('$')) {
             errors.subscriptions.remove(name);
             if let Err(e) = apply_subscription(broker, name, props) {
-                tracing::warn!(subscription = %name, error = %e.message, "twin subscription rejected");
+                tracing::warn!(subscription = %name, error = %e, "twin subscription rejected");
                 errors.subscriptions.insert(name.clone(), error_text(&e));
             } else {
                 tracing::info!(subscription = %name, "subscription applied from the module twin");
@@ -98,7 +102,7 @@ pub fn apply_desired(broker: &Broker, desired: &Value, errors: &mut TwinErrors) 
     for name in deletions {
         match broker.delete_topic(&name) {
             Ok(()) => tracing::info!(topic = %name, "topic deleted through the module twin"),
-            Err(e) if e.status.as_u16() == 404 => {}
+            Err(BrokerError::TopicNotFound { .. }) => {}
             Err(e) => {
                 errors.topics.insert(name, error_text(&e));
             }
@@ -106,18 +110,19 @@ pub fn apply_desired(broker: &Broker, desired: &Value, errors: &mut TwinErrors) 
     }
 }
 
-fn apply_subscription(broker: &Broker, name: &str, props: &Value) -> Result<(), ApiError> {
+fn apply_subscription(broker: &Broker, name: &str, props: &Value) -> Result<(), BrokerError> {
     let Some(p) = props.as_object() else {
-        return Err(ApiError::bad_request(
+        return Err(Invalid::new(
             "InvalidRequest",
             "deleting event subscriptions through the module twin is not supported; use the REST API",
-        ));
+        )
+        .into());
     };
     let topic = get_ci(p, "topic")
         .or_else(|| get_ci(p, "topicName"))
         .and_then(Value::as_str)
         .ok_or_else(|| {
-            ApiError::bad_request(
+            Invalid::new(
                 "InvalidRequest",
                 "a twin event subscription needs \"topic\" naming its topic",
             )
@@ -376,7 +381,7 @@ mod tests {
 
     #[test]
     fn error_text_has_the_original_shape() {
-        let e = ApiError::bad_request("InvalidDestination", "bad url");
+        let e = BrokerError::Invalid(Invalid::new("InvalidDestination", "bad url"));
         assert_eq!(
             error_text(&e),
             "HttpStatusCode='BadRequest' ErrorCode='InvalidDestination' Message='bad url'"

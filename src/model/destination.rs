@@ -13,18 +13,16 @@
 //! strings, the same text with only the secret parts replaced by `***`.
 
 use super::json::Obj;
+use super::Invalid;
 use crate::config::Config;
-use crate::error::ApiError;
 use serde_json::{Map, Value};
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-/// A bad destination (400 with the documented body naming the field). The destination types in
-/// `delivery::sinks` name it through this alias so they depend on the model, not on the API's
-/// error layer; when the model gets its own validation error type (issue 13, model -> error),
-/// this alias becomes that type and the types do not change.
-pub type DestinationError = ApiError;
+/// A bad destination: the model's [`Invalid`] with the code [`Role::invalid`] gives it (a 400
+/// naming the field on the wire). The destination types in `delivery::sinks` name it by this alias.
+pub type DestinationError = Invalid;
 
 /// How a secret property is masked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +54,7 @@ impl SecretProperty {
 }
 
 /// A parsed destination of one type (implemented next to the type in `delivery::sinks`).
-pub trait DestinationSpec: fmt::Debug + Send + Sync + 'static {
+pub trait DestinationSpec: Any + fmt::Debug + Send + Sync {
     /// Echo the properties as stored (secrets in clear; [`mask_properties`] masks them).
     fn echo(&self, props: &mut Map<String, Value>);
     /// The secret properties among those [`DestinationSpec::echo`] writes.
@@ -73,8 +71,6 @@ pub trait DestinationSpec: fmt::Debug + Send + Sync + 'static {
     fn webhook_options(&self) -> bool {
         false
     }
-    /// For the type's own sink builder to get its concrete value back.
-    fn as_any(&self) -> &dyn Any;
 }
 
 /// A destination: its canonical `endpointType` and its parsed properties.
@@ -121,7 +117,8 @@ impl Destination {
 
     /// The parsed value as its concrete type (for the type's sink builder).
     pub fn spec<T: DestinationSpec>(&self) -> Option<&T> {
-        self.spec.as_any().downcast_ref::<T>()
+        let any: &dyn Any = &*self.spec;
+        any.downcast_ref::<T>()
     }
 
     /// The URL deliveries go to, for HTTP destinations (SSRF checks, logs through [`mask_url`]).
@@ -173,17 +170,17 @@ pub enum Role {
 }
 
 impl Role {
-    /// The documented 400 for a bad destination of this role, naming the field in `msg`.
-    pub fn invalid(self, msg: impl Into<String>) -> ApiError {
+    /// The documented rejection of a bad destination of this role, naming the field in `msg`.
+    pub fn invalid(self, msg: impl Into<String>) -> Invalid {
         match self {
-            Self::Delivery => ApiError::bad_request(
+            Self::Delivery => Invalid::new(
                 "InvalidDestination",
                 format!(
                     "EventSubscription.Properties.Destination failed validation. Reason: {}",
                     msg.into()
                 ),
             ),
-            Self::DeadLetter => ApiError::bad_request(
+            Self::DeadLetter => Invalid::new(
                 "InvalidDeadLetterDestination",
                 format!(
                     "EventSubscription.Properties.DeadLetterDestination failed validation. Reason: {}",
@@ -199,14 +196,14 @@ pub trait DestinationTypes: Sync {
     /// Parse `props` (lowercased keys) as a destination of `endpoint_type` (any case) for `role`.
     ///
     /// # Errors
-    /// 400 ([`Role::invalid`]) naming the bad field, or listing the accepted types.
+    /// [`Invalid`] ([`Role::invalid`]) naming the bad field, or listing the accepted types.
     fn parse(
         &self,
         endpoint_type: &str,
         props: &Obj<'_>,
         cfg: &Config,
         role: Role,
-    ) -> Result<Destination, ApiError>;
+    ) -> Result<Destination, Invalid>;
 }
 
 /// Mask `secrets` in `props` (echoed names) in place.
@@ -398,8 +395,23 @@ fn string_leaves(v: &Value, out: &mut Vec<String>) {
 #[cfg(test)]
 pub(crate) mod testing {
     //! A stand-in registry for model tests (the real types live in `delivery::sinks`): a
-    //! `WebHook` with `endpointUrl` (secret as a URL) and an `EdgeHub` with `outputName`.
+    //! `WebHook` with `endpointUrl` (secret as a URL) and an `EdgeHub` with `outputName`; and
+    //! the settings and topic subscription tests parse against.
     use super::*;
+    use crate::model::topic::{EventSchema, Topic};
+
+    /// Settings from `name=value` pairs (defaults for the rest).
+    pub fn cfg(pairs: &[(&str, &str)]) -> Config {
+        Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap()
+    }
+
+    /// An EventGridSchema topic `t1`.
+    pub fn topic() -> Topic {
+        Topic {
+            name: "t1".into(),
+            input_schema: EventSchema::EventGrid,
+        }
+    }
 
     const HOOK_SECRETS: [SecretProperty; 3] = [
         SecretProperty::new("endpointUrl", SecretKind::Url),
@@ -422,9 +434,6 @@ pub(crate) mod testing {
         fn webhook_options(&self) -> bool {
             true
         }
-        fn as_any(&self) -> &dyn Any {
-            self
-        }
     }
 
     #[derive(Debug)]
@@ -435,9 +444,6 @@ pub(crate) mod testing {
         }
         fn secrets(&self) -> &'static [SecretProperty] {
             &[]
-        }
-        fn as_any(&self) -> &dyn Any {
-            self
         }
     }
 
@@ -451,7 +457,7 @@ pub(crate) mod testing {
             props: &Obj<'_>,
             _cfg: &Config,
             role: Role,
-        ) -> Result<Destination, ApiError> {
+        ) -> Result<Destination, Invalid> {
             match endpoint_type.to_ascii_lowercase().as_str() {
                 "webhook" => {
                     let u = props

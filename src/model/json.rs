@@ -4,7 +4,7 @@
 //! `OperatorType`), so [`lower_keys`] lowercases every object key once and [`Obj`] reads typed
 //! fields by their lowercase name, producing errors that name the field's path.
 
-use crate::error::ApiError;
+use super::Invalid;
 use serde_json::{Map, Value};
 
 /// Recursively lowercase every object key (values keep their case).
@@ -20,8 +20,8 @@ pub fn lower_keys(v: Value) -> Value {
     }
 }
 
-fn invalid(path: &str, what: &str) -> ApiError {
-    ApiError::bad_request("InvalidRequest", format!("{path} {what}"))
+fn invalid(path: &str, what: &str) -> Invalid {
+    Invalid::new("InvalidRequest", format!("{path} {what}"))
 }
 
 /// A JSON object with lowercase keys and the path it was found at (for error messages).
@@ -35,8 +35,8 @@ impl<'a> Obj<'a> {
     /// Wrap `v`, which must be an object.
     ///
     /// # Errors
-    /// 400 when `v` is not an object.
-    pub fn new(v: &'a Value, path: &'a str) -> Result<Self, ApiError> {
+    /// [`Invalid`] when `v` is not an object.
+    pub fn new(v: &'a Value, path: &'a str) -> Result<Self, Invalid> {
         match v {
             Value::Object(map) => Ok(Self { map, path }),
             _ => Err(invalid(path, "must be a JSON object")),
@@ -64,8 +64,8 @@ impl<'a> Obj<'a> {
     /// A string field.
     ///
     /// # Errors
-    /// 400 when present but not a string.
-    pub fn str(&self, key: &str) -> Result<Option<&'a str>, ApiError> {
+    /// [`Invalid`] when present but not a string.
+    pub fn str(&self, key: &str) -> Result<Option<&'a str>, Invalid> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
@@ -76,8 +76,8 @@ impl<'a> Obj<'a> {
     /// A required string field.
     ///
     /// # Errors
-    /// 400 when absent, empty or not a string.
-    pub fn req_str(&self, key: &str, display: &str) -> Result<&'a str, ApiError> {
+    /// [`Invalid`] when absent, empty or not a string.
+    pub fn req_str(&self, key: &str, display: &str) -> Result<&'a str, Invalid> {
         match self.str(key)? {
             Some(s) if !s.trim().is_empty() => Ok(s),
             _ => Err(invalid(&self.field_path(display), "is required")),
@@ -87,8 +87,8 @@ impl<'a> Obj<'a> {
     /// A nested object field.
     ///
     /// # Errors
-    /// 400 when present but not an object.
-    pub fn obj(&self, key: &str, path: &'a str) -> Result<Option<Obj<'a>>, ApiError> {
+    /// [`Invalid`] when present but not an object.
+    pub fn obj(&self, key: &str, path: &'a str) -> Result<Option<Obj<'a>>, Invalid> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => Obj::new(v, path).map(Some),
@@ -98,14 +98,14 @@ impl<'a> Obj<'a> {
     /// A positive integer field (numbers or numeric strings, as twins send them).
     ///
     /// # Errors
-    /// 400 when present but not a whole number in `min..=max`.
+    /// [`Invalid`] when present but not a whole number in `min..=max`.
     pub fn int(
         &self,
         key: &str,
         display: &str,
         min: u64,
         max: u64,
-    ) -> Result<Option<u64>, ApiError> {
+    ) -> Result<Option<u64>, Invalid> {
         let n = match self.get(key) {
             None => return Ok(None),
             Some(Value::Number(n)) => n.as_u64(),
@@ -124,8 +124,8 @@ impl<'a> Obj<'a> {
     /// A boolean field; accepts `true`/`false` and the strings `"true"`/`"false"` in any case.
     ///
     /// # Errors
-    /// 400 when present but not a boolean.
-    pub fn bool(&self, key: &str, display: &str) -> Result<Option<bool>, ApiError> {
+    /// [`Invalid`] when present but not a boolean.
+    pub fn bool(&self, key: &str, display: &str) -> Result<Option<bool>, Invalid> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => loose_bool(v)
@@ -148,12 +148,11 @@ pub fn loose_bool(v: &Value) -> Option<bool> {
 /// Parse a JSON body; an empty body is `{}` (topic PUTs may omit it).
 ///
 /// # Errors
-/// 400 with the parser's position when the body is not JSON.
-pub fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
+/// [`Invalid`] with the parser's position when the body is not JSON.
+pub fn parse_body(body: &[u8]) -> Result<Value, Invalid> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Value::Object(Map::new()));
     }
-    serde_json::from_slice(body).map_err(|e| {
-        ApiError::bad_request("InvalidJson", format!("the body is not valid JSON: {e}"))
-    })
+    serde_json::from_slice(body)
+        .map_err(|e| Invalid::new("InvalidJson", format!("the body is not valid JSON: {e}")))
 }

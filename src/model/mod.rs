@@ -6,15 +6,20 @@
 //! * [`json`]: case-insensitive reading of management bodies.
 //! * [`names`]: name rules.
 //! * [`azure`]: Azure connection strings and storage resource names.
+//! * [`invalid`]: the model's one error, [`Invalid`] (a code and a message; no HTTP).
 
 pub mod azure;
 pub mod delivery_options;
 pub mod destination;
 pub mod event;
 pub mod filter;
+pub mod invalid;
 pub mod json;
+pub mod media;
 pub mod names;
 pub mod reason;
 pub mod signing_secret;
 pub mod subscription;
 pub mod topic;
+
+pub use invalid::Invalid;

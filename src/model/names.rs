@@ -4,7 +4,7 @@
 //! name in the docs and samples, and of cloud Event Grid's rules), compares names
 //! case-insensitively and keeps the original casing in output.
 
-use crate::error::ApiError;
+use super::Invalid;
 
 /// Longest name.
 pub const MAX_NAME_LEN: usize = 64;
@@ -12,8 +12,8 @@ pub const MAX_NAME_LEN: usize = 64;
 /// Check a topic or subscription name.
 ///
 /// # Errors
-/// 400 `InvalidName` naming the rule.
-pub fn validate(kind: &str, name: &str) -> Result<(), ApiError> {
+/// [`Invalid`] `InvalidName` naming the rule.
+pub fn validate(kind: &str, name: &str) -> Result<(), Invalid> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name
@@ -22,7 +22,7 @@ pub fn validate(kind: &str, name: &str) -> Result<(), ApiError> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::bad_request(
+        Err(Invalid::new(
             "InvalidName",
             format!(
                 "{kind} name must be 1 to {MAX_NAME_LEN} characters of A-Z, a-z, 0-9, '-' and '_'"

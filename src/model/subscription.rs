@@ -9,8 +9,8 @@ use super::destination::{mask_properties, Destination, DestinationTypes, Role};
 use super::json::{loose_bool, lower_keys, Obj};
 use super::names;
 use super::topic::{EventSchema, ResourceContext, Topic};
+use super::Invalid;
 use crate::config::Config;
-use crate::error::ApiError;
 use crate::model::filter::Filter;
 use crate::policy::{names_list, ScheduleName, StatusCodePolicy};
 use serde_json::{json, Map, Value};
@@ -28,36 +28,45 @@ pub struct Batching {
 }
 
 impl Batching {
-    fn parse(props: &Obj<'_>, cfg: &Config) -> Result<Self, ApiError> {
-        let batch_err = |e: ApiError| ApiError::bad_request("InvalidDeliveryPolicy", e.message);
+    fn parse(props: &Obj<'_>, cfg: &Config) -> Result<Self, Invalid> {
+        let knob = |key: &str, display: &str, max: u64| {
+            props
+                .int(key, display, 1, max)
+                .map_err(|e| Invalid::new("InvalidDeliveryPolicy", e.message))
+        };
+        let api = &cfg.api;
         Ok(Self {
-            max_events_per_batch: props
-                .int(
-                    "maxeventsperbatch",
-                    "maxEventsPerBatch",
-                    1,
-                    u64::from(cfg.api.max_events_per_batch),
-                )
-                .map_err(batch_err)?
-                .map(|n| n as u32),
-            preferred_batch_size_kb: props
-                .int(
-                    "preferredbatchsizeinkilobytes",
-                    "preferredBatchSizeInKilobytes",
-                    1,
-                    u64::from(cfg.api.max_preferred_batch_size_kb),
-                )
-                .map_err(batch_err)?
-                .map(|n| n as u32),
-            approx_batch_size_bytes: props
-                .int(
-                    "approxbatchsizeinbytes",
-                    "approxBatchSizeInBytes",
-                    1,
-                    cfg.api.max_batch_size_bytes,
-                )
-                .map_err(batch_err)?,
+            max_events_per_batch: knob(
+                "maxeventsperbatch",
+                "maxEventsPerBatch",
+                u64::from(api.max_events_per_batch),
+            )?
+            .map(|n| n as u32),
+            preferred_batch_size_kb: knob(
+                "preferredbatchsizeinkilobytes",
+                "preferredBatchSizeInKilobytes",
+                u64::from(api.max_preferred_batch_size_kb),
+            )?
+            .map(|n| n as u32),
+            approx_batch_size_bytes: knob(
+                "approxbatchsizeinbytes",
+                "approxBatchSizeInBytes",
+                api.max_batch_size_bytes,
+            )?,
         })
+    }
+
+    /// Each knob of `self`, else of `other`.
+    fn or(self, other: Self) -> Self {
+        Self {
+            max_events_per_batch: self.max_events_per_batch.or(other.max_events_per_batch),
+            preferred_batch_size_kb: self
+                .preferred_batch_size_kb
+                .or(other.preferred_batch_size_kb),
+            approx_batch_size_bytes: self
+                .approx_batch_size_bytes
+                .or(other.approx_batch_size_bytes),
+        }
     }
 
     fn is_on(&self) -> bool {
@@ -173,7 +182,7 @@ fn parse_destination(
     dest: &Obj<'_>,
     cfg: &Config,
     types: &dyn DestinationTypes,
-) -> Result<(Destination, Batching, Option<&'static str>), ApiError> {
+) -> Result<(Destination, Batching, Option<&'static str>), Invalid> {
     let endpoint_type = dest.req_str("endpointtype", "endpointType")?;
     let props = match dest.obj("properties", "properties.destination.properties")? {
         Some(p) => p,
@@ -190,9 +199,9 @@ fn parse_destination(
     Ok((d, batching, schema_hint))
 }
 
-fn parse_persisted(v: &Value) -> Result<bool, ApiError> {
+fn parse_persisted(v: &Value) -> Result<bool, Invalid> {
     let bad = || {
-        ApiError::bad_request(
+        Invalid::new(
             "InvalidRequest",
             "properties.persistencePolicy must be {\"isPersisted\": true|false}",
         )
@@ -206,115 +215,134 @@ fn parse_persisted(v: &Value) -> Result<bool, ApiError> {
     }
 }
 
+/// The body's `name`, when given, must be the URL's.
+fn check_name(root: &Obj<'_>, url_name: &str) -> Result<(), Invalid> {
+    match root.str("name")? {
+        Some(name) if !name.eq_ignore_ascii_case(url_name) => Err(Invalid::new(
+            "NameMismatch",
+            format!("name '{name}' does not match the subscription name '{url_name}' in the URL"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `properties.topic` / `properties.topicName`, when given, must name the URL's topic.
+fn check_topic(props: &Obj<'_>, topic: &Topic) -> Result<(), Invalid> {
+    for key in ["topic", "topicname"] {
+        if let Some(t) = props.str(key)? {
+            if !t.eq_ignore_ascii_case(&topic.name) {
+                return Err(Invalid::new(
+                    "NameMismatch",
+                    format!(
+                        "properties.topic '{t}' does not match the topic '{}' in the URL",
+                        topic.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `properties.eventDeliverySchema` (or the destination's), which must be the topic's schema.
+fn delivery_schema(
+    props: &Obj<'_>,
+    schema_hint: Option<&str>,
+    topic: &Topic,
+) -> Result<EventSchema, Invalid> {
+    let delivery_schema = match props.str("eventdeliveryschema")?.or(schema_hint) {
+        Some(s) => EventSchema::parse("properties.eventDeliverySchema", s)?,
+        None => topic.input_schema,
+    };
+    if delivery_schema != topic.input_schema {
+        return Err(Invalid::new(
+            "InvalidSchema",
+            format!(
+                "eventDeliverySchema {} must equal the topic's inputSchema {} (no schema conversion)",
+                delivery_schema.as_str(),
+                topic.input_schema.as_str()
+            ),
+        ));
+    }
+    Ok(delivery_schema)
+}
+
+impl RetryPolicy {
+    /// `properties.retryPolicy`.
+    fn parse(rp: &Obj<'_>) -> Result<Self, Invalid> {
+        Ok(Self {
+            event_expiry_in_minutes: rp
+                .int(
+                    "eventexpiryinminutes",
+                    "eventExpiryInMinutes",
+                    1,
+                    7 * 24 * 60 * 52,
+                )?
+                .map(|n| n as u32),
+            max_delivery_attempts: rp
+                .int("maxdeliveryattempts", "maxDeliveryAttempts", 1, 1_000_000)?
+                .map(|n| n as u32),
+            schedule: match rp.str("schedule")? {
+                None => None,
+                Some(n) => Some(ScheduleName::parse(n).ok_or_else(|| {
+                    Invalid::new(
+                        "InvalidRetryPolicy",
+                        format!(
+                            "retryPolicy.schedule '{n}' is not one of {}",
+                            names_list(&ScheduleName::ACCEPTED)
+                        ),
+                    )
+                })?),
+            },
+            status_code_policy: match rp.str("statuscodepolicy")? {
+                None => None,
+                Some(n) => Some(StatusCodePolicy::parse(n).ok_or_else(|| {
+                    Invalid::new(
+                        "InvalidRetryPolicy",
+                        format!(
+                            "retryPolicy.statusCodePolicy '{n}' is not one of {}",
+                            names_list(&StatusCodePolicy::ALL)
+                        ),
+                    )
+                })?),
+            },
+        })
+    }
+}
+
 impl Subscription {
     /// Parse a subscription PUT body for `topic`, named `url_name` in the URL.
     ///
     /// # Errors
-    /// 400 with a detailed code for every rule of docs/COMPATIBILITY.md §3.
+    /// [`Invalid`] with a detailed code for every rule of docs/COMPATIBILITY.md §3.
     pub fn from_put(
         topic: &Topic,
         url_name: &str,
         body: Value,
         cfg: &Config,
         types: &dyn DestinationTypes,
-    ) -> Result<Self, ApiError> {
+    ) -> Result<Self, Invalid> {
         names::validate("event subscription", url_name)?;
         let body = lower_keys(body);
         let root = Obj::new(&body, "")?;
-        if let Some(name) = root.str("name")? {
-            if !name.eq_ignore_ascii_case(url_name) {
-                return Err(ApiError::bad_request(
-                    "NameMismatch",
-                    format!("name '{name}' does not match the subscription name '{url_name}' in the URL"),
-                ));
-            }
-        }
+        check_name(&root, url_name)?;
         let empty = Value::Object(Map::new());
         let props = root
             .obj("properties", "properties")?
             .unwrap_or(Obj::new(&empty, "properties")?);
-        for key in ["topic", "topicname"] {
-            if let Some(t) = props.str(key)? {
-                if !t.eq_ignore_ascii_case(&topic.name) {
-                    return Err(ApiError::bad_request(
-                        "NameMismatch",
-                        format!(
-                            "properties.topic '{t}' does not match the topic '{}' in the URL",
-                            topic.name
-                        ),
-                    ));
-                }
-            }
-        }
+        check_topic(&props, topic)?;
         let dest = props
             .obj("destination", "properties.destination")?
             .ok_or_else(|| Role::Delivery.invalid("properties.destination is required"))?;
         let (destination, mut batching, schema_hint) = parse_destination(&dest, cfg, types)?;
         // Twin style: `deliveryPolicy` carries the batching knobs.
         if let Some(dp) = props.obj("deliverypolicy", "properties.deliveryPolicy")? {
-            let extra = Batching::parse(&dp, cfg)?;
-            batching.max_events_per_batch =
-                batching.max_events_per_batch.or(extra.max_events_per_batch);
-            batching.preferred_batch_size_kb = batching
-                .preferred_batch_size_kb
-                .or(extra.preferred_batch_size_kb);
-            batching.approx_batch_size_bytes = batching
-                .approx_batch_size_bytes
-                .or(extra.approx_batch_size_bytes);
+            batching = batching.or(Batching::parse(&dp, cfg)?);
         }
-        let delivery_schema = match props.str("eventdeliveryschema")?.or(schema_hint) {
-            Some(s) => EventSchema::parse("properties.eventDeliverySchema", s)?,
-            None => topic.input_schema,
-        };
-        if delivery_schema != topic.input_schema {
-            return Err(ApiError::bad_request(
-                "InvalidSchema",
-                format!(
-                    "eventDeliverySchema {} must equal the topic's inputSchema {} (no schema conversion)",
-                    delivery_schema.as_str(),
-                    topic.input_schema.as_str()
-                ),
-            ));
-        }
+        let delivery_schema = delivery_schema(&props, schema_hint, topic)?;
         let retry_policy = match props.obj("retrypolicy", "properties.retryPolicy")? {
+            Some(rp) => Some(RetryPolicy::parse(&rp)?),
             None => None,
-            Some(rp) => Some(RetryPolicy {
-                event_expiry_in_minutes: rp
-                    .int(
-                        "eventexpiryinminutes",
-                        "eventExpiryInMinutes",
-                        1,
-                        7 * 24 * 60 * 52,
-                    )?
-                    .map(|n| n as u32),
-                max_delivery_attempts: rp
-                    .int("maxdeliveryattempts", "maxDeliveryAttempts", 1, 1_000_000)?
-                    .map(|n| n as u32),
-                schedule: match rp.str("schedule")? {
-                    None => None,
-                    Some(n) => Some(ScheduleName::parse(n).ok_or_else(|| {
-                        ApiError::bad_request(
-                            "InvalidRetryPolicy",
-                            format!(
-                                "retryPolicy.schedule '{n}' is not one of {}",
-                                names_list(&ScheduleName::ACCEPTED)
-                            ),
-                        )
-                    })?),
-                },
-                status_code_policy: match rp.str("statuscodepolicy")? {
-                    None => None,
-                    Some(n) => Some(StatusCodePolicy::parse(n).ok_or_else(|| {
-                        ApiError::bad_request(
-                            "InvalidRetryPolicy",
-                            format!(
-                                "retryPolicy.statusCodePolicy '{n}' is not one of {}",
-                                names_list(&StatusCodePolicy::ALL)
-                            ),
-                        )
-                    })?),
-                },
-            }),
         };
         let persisted = match props.get("persistencepolicy") {
             Some(v) => parse_persisted(v)?,
@@ -447,18 +475,7 @@ pub fn subscription_resource(s: &Subscription, ctx: &ResourceContext) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::destination::testing::TestTypes;
-
-    fn cfg(pairs: &[(&str, &str)]) -> Config {
-        Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap()
-    }
-
-    fn topic() -> Topic {
-        Topic {
-            name: "t1".into(),
-            input_schema: EventSchema::EventGrid,
-        }
-    }
+    use crate::model::destination::testing::{cfg, topic, TestTypes};
 
     fn webhook(url: &str) -> Value {
         json!({"properties":{"destination":{"endpointType":"WebHook","properties":{"endpointUrl":url}}}})

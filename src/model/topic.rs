@@ -2,7 +2,7 @@
 
 use super::json::{lower_keys, Obj};
 use super::names;
-use crate::error::ApiError;
+use super::Invalid;
 use serde_json::{json, Value};
 
 /// The schema a topic accepts and its subscriptions deliver (no conversion between schemas).
@@ -29,13 +29,13 @@ impl EventSchema {
     /// Parse any casing of a schema name (and the `CustomSchema` alias).
     ///
     /// # Errors
-    /// 400 `InvalidSchema` listing the accepted names.
-    pub fn parse(field: &str, s: &str) -> Result<Self, ApiError> {
+    /// [`Invalid`] `InvalidSchema` listing the accepted names.
+    pub fn parse(field: &str, s: &str) -> Result<Self, Invalid> {
         match s.trim().to_ascii_lowercase().as_str() {
             "eventgridschema" => Ok(Self::EventGrid),
             "customeventschema" | "customschema" => Ok(Self::Custom),
             "cloudeventschemav1_0" => Ok(Self::CloudEventV1_0),
-            _ => Err(ApiError::bad_request(
+            _ => Err(Invalid::new(
                 "InvalidSchema",
                 format!(
                     "{field} '{s}' is not supported; use EventGridSchema, CustomEventSchema or CloudEventSchemaV1_0"
@@ -66,14 +66,14 @@ impl Topic {
     /// Parse a topic PUT body for the topic named in the URL.
     ///
     /// # Errors
-    /// 400 for a bad name, a `name` that differs from the URL, or an unknown schema.
-    pub fn from_put(url_name: &str, body: Value) -> Result<Self, ApiError> {
+    /// [`Invalid`] for a bad name, a `name` that differs from the URL, or an unknown schema.
+    pub fn from_put(url_name: &str, body: Value) -> Result<Self, Invalid> {
         names::validate("topic", url_name)?;
         let body = lower_keys(body);
         let root = Obj::new(&body, "")?;
         if let Some(name) = root.str("name")? {
             if !name.eq_ignore_ascii_case(url_name) {
-                return Err(ApiError::bad_request(
+                return Err(Invalid::new(
                     "NameMismatch",
                     format!("name '{name}' does not match the topic name '{url_name}' in the URL"),
                 ));
@@ -105,19 +105,6 @@ pub struct ResourceContext {
     pub id_prefix: String,
     /// `<scheme>://<host[:port]>` of the request being answered.
     pub base_url: String,
-}
-
-/// The topic resource as the API returns it.
-pub fn topic_resource(t: &Topic, ctx: &ResourceContext) -> Value {
-    json!({
-        "id": format!("{}/topics/{}", ctx.id_prefix, t.name),
-        "name": t.name,
-        "type": "Microsoft.EventGrid/topics",
-        "properties": {
-            "endpoint": format!("{}/topics/{}/events?api-version={}", ctx.base_url, t.name, crate::api::API_VERSION),
-            "inputSchema": t.input_schema.as_str(),
-        }
-    })
 }
 
 #[cfg(test)]

@@ -190,9 +190,13 @@ pub trait DeadLetterStore: Send + Sync + 'static {
     fn delete_queue(&self, queue: QueueId) -> Result<(), StoreError>;
 }
 
-/// Whether `letter` is too large to keep under `bound` at all (then it is logged, and counted
-/// as evicted by the caller): evicting every other letter would not make room for it.
-pub fn too_large(queue: QueueId, letter: &DeadLetter, bound: DeadLetterBound) -> bool {
+/// Whether `letter` is not kept at all (the caller counts it as evicted): `bound` keeps no
+/// letters, or the letter is too large for it (logged), so that evicting every other letter
+/// would not make room for it.
+pub fn not_kept(queue: QueueId, letter: &DeadLetter, bound: DeadLetterBound) -> bool {
+    if !bound.keeps_any() {
+        return true;
+    }
     let size = letter.size();
     if size <= bound.max_bytes {
         return false;
@@ -261,7 +265,7 @@ impl DeadLetterStore for MemoryDeadLetters {
         mut letter: DeadLetter,
         bound: DeadLetterBound,
     ) -> Result<usize, StoreError> {
-        if !bound.keeps_any() || too_large(queue, &letter, bound) {
+        if not_kept(queue, &letter, bound) {
             return Ok(1);
         }
         let size = letter.size();

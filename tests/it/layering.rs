@@ -33,10 +33,10 @@ const LAYERS: &[(&str, u8)] = &[
     ("server", 8),
 ];
 
-/// Imports that point up the layers or close a cycle, which existed when this check was written
-/// and are being removed (issue 13). The list only shrinks: the tests fail on any such import not
-/// listed here, and on a listed one that no longer exists (delete its line).
-const BEING_REMOVED: &[(&str, &str)] = &[("broker", "error"), ("model", "api"), ("model", "error")];
+/// Imports that point up the layers or close a cycle and are being removed. Empty since issue 13
+/// (the model and the broker have their own error types; only the API knows HTTP): the tests
+/// fail on any such import, and on a listed one that no longer exists (delete its line).
+const BEING_REMOVED: &[(&str, &str)] = &[];
 
 fn layer(module: &str) -> u8 {
     LAYERS

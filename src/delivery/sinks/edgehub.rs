@@ -10,7 +10,6 @@ use crate::model::destination::{Destination, DestinationError, DestinationSpec, 
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
-use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,9 +37,6 @@ impl DestinationSpec for EdgeHubDestination {
     fn secrets(&self) -> &'static [SecretProperty] {
         &[]
     }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }
 
 impl DestinationKind for EdgeHub {
@@ -53,10 +49,7 @@ impl DestinationKind for EdgeHub {
         props: &Obj<'_>,
         ctx: &ParseContext<'_>,
     ) -> Result<Destination, DestinationError> {
-        let out = props
-            .str("outputname")?
-            .filter(|s| !s.trim().is_empty())
-            .ok_or_else(|| ctx.invalid("outputName is required for EdgeHub destinations"))?;
+        let out = ctx.required_for(props, "outputname", "outputName", "EdgeHub")?;
         Ok(Destination::new(
             "EdgeHub",
             EdgeHubDestination {

@@ -6,18 +6,17 @@
 //! `outbound__eventgrid__allowInvalidHostnames=true`), `sasKey` (required, secret),
 //! `topicName` (optional); webhook options. Health: by URL. No dead letters.
 
-use super::webhook::{with_credentials, HTTP_SECRETS};
+use super::webhook::{webhook_sink, with_credentials, HTTP_SECRETS};
 use super::{mismatched, DestinationKind, ParseContext, SinkContext};
 use crate::config::Key;
 use crate::delivery::sink::Sink;
-use crate::delivery::webhook::{TopicRewrite, WebhookSink};
+use crate::delivery::webhook::TopicRewrite;
 use crate::model::destination::{
     Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
 };
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
-use std::any::Any;
 use std::sync::Arc;
 
 const SECRETS: [SecretProperty; 4] = [
@@ -62,9 +61,6 @@ impl DestinationSpec for EventGridDestination {
     fn webhook_options(&self) -> bool {
         true
     }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }
 
 impl DestinationKind for EventGrid {
@@ -107,10 +103,7 @@ impl DestinationKind for EventGrid {
                 CLOUD_DOMAINS.join(", ")
             )));
         }
-        let sas_key = props
-            .str("saskey")?
-            .filter(|s| !s.trim().is_empty())
-            .ok_or_else(|| ctx.invalid("sasKey is required for EventGrid destinations"))?;
+        let sas_key = ctx.required_for(props, "saskey", "sasKey", "EventGrid")?;
         Ok(Destination::new(
             "EventGrid",
             EventGridDestination {
@@ -125,14 +118,12 @@ impl DestinationKind for EventGrid {
         let Some(d) = sub.destination.spec::<EventGridDestination>() else {
             return mismatched("EventGrid");
         };
-        Arc::new(
-            WebhookSink::new(
-                ctx.client.clone(),
-                d.endpoint_url.clone(),
-                Some(&d.sas_key),
-                TopicRewrite::Set(d.topic_name.clone()),
-            )
-            .with_options(&sub.delivery, &ctx.boot_id),
+        webhook_sink(
+            sub,
+            ctx,
+            &d.endpoint_url,
+            Some(&d.sas_key),
+            TopicRewrite::Set(d.topic_name.clone()),
         )
     }
 

@@ -16,7 +16,6 @@ use crate::model::destination::{
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
-use std::any::Any;
 use std::sync::Arc;
 
 const SECRETS: [SecretProperty; 1] = [SecretProperty::new(
@@ -62,9 +61,6 @@ impl DestinationSpec for MessagingDestination {
     }
     fn url(&self) -> Option<&str> {
         Some(&self.resource_uri)
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -72,6 +72,11 @@ pub trait DestinationKind: Send + Sync + 'static {
     fn example(&self, base: &str) -> Value;
 }
 
+/// A string property that is present and not blank.
+fn non_blank<'p>(props: &Obj<'p>, key: &str) -> Result<Option<&'p str>, DestinationError> {
+    Ok(props.str(key)?.filter(|s| !s.trim().is_empty()))
+}
+
 /// What a type's parser gets besides its properties.
 pub struct ParseContext<'a> {
     /// Module settings (https-only rules, denied address ranges, limits).
@@ -96,10 +101,22 @@ impl ParseContext<'_> {
         key: &str,
         display: &str,
     ) -> Result<&'p str, DestinationError> {
-        props
-            .str(key)?
-            .filter(|s| !s.trim().is_empty())
-            .ok_or_else(|| self.invalid(format!("{display} is required")))
+        non_blank(props, key)?.ok_or_else(|| self.invalid(format!("{display} is required")))
+    }
+
+    /// As [`ParseContext::required`], the message naming the destination type `kind`.
+    ///
+    /// # Errors
+    /// 400: `{display} is required for {kind} destinations`.
+    pub fn required_for<'p>(
+        &self,
+        props: &Obj<'p>,
+        key: &str,
+        display: &str,
+        kind: &str,
+    ) -> Result<&'p str, DestinationError> {
+        non_blank(props, key)?
+            .ok_or_else(|| self.invalid(format!("{display} is required for {kind} destinations")))
     }
 
     /// The rules every outbound URL meets: absolute `http(s)` with a host, `https` when

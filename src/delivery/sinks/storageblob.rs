@@ -15,7 +15,6 @@ use crate::model::destination::{Destination, DestinationError, DestinationSpec, 
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
-use std::any::Any;
 use std::sync::Arc;
 
 /// The type.
@@ -44,9 +43,6 @@ impl DestinationSpec for StorageBlobDestination {
     }
     fn health_key(&self) -> Option<&str> {
         None
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

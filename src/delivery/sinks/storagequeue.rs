@@ -15,7 +15,6 @@ use crate::model::destination::{
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
-use std::any::Any;
 use std::sync::Arc;
 
 pub(super) const SECRETS: [SecretProperty; 1] = [SecretProperty::new(
@@ -52,9 +51,6 @@ impl DestinationSpec for StorageQueueDestination {
     fn url(&self) -> Option<&str> {
         Some(&self.queue_url)
     }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }
 
 impl DestinationKind for StorageQueue {
@@ -67,10 +63,7 @@ impl DestinationKind for StorageQueue {
         props: &Obj<'_>,
         ctx: &ParseContext<'_>,
     ) -> Result<Destination, DestinationError> {
-        let queue_name = props
-            .str("queuename")?
-            .filter(|s| !s.trim().is_empty())
-            .ok_or_else(|| ctx.invalid("queueName is required for StorageQueue destinations"))?;
+        let queue_name = ctx.required_for(props, "queuename", "queueName", "StorageQueue")?;
         check_queue_name(queue_name).map_err(|e| ctx.invalid(e.to_string()))?;
         let message_encoding = match props.str("messageencoding")? {
             None => None,

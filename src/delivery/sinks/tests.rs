@@ -2,20 +2,9 @@
 
 use super::DESTINATIONS;
 use crate::config::Config;
+use crate::model::destination::testing::{cfg, topic};
 use crate::model::subscription::Subscription;
-use crate::model::topic::{EventSchema, Topic};
 use serde_json::{json, Value};
-
-fn cfg(pairs: &[(&str, &str)]) -> Config {
-    Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap()
-}
-
-fn topic() -> Topic {
-    Topic {
-        name: "t1".into(),
-        input_schema: EventSchema::EventGrid,
-    }
-}
 
 fn put(
     body: Value,
@@ -33,7 +22,7 @@ fn webhook_https_only_is_enforced_by_default() {
     let c = cfg(&[]);
     assert!(put(webhook("https://subscriber:4430"), &c).is_ok());
     let e = put(webhook("http://subscriber:8080"), &c).unwrap_err();
-    assert_eq!(e.detail, "InvalidDestination");
+    assert_eq!(e.code, "InvalidDestination");
     let c = cfg(&[("outbound__webhook__httpsOnly", "false")]);
     assert!(put(webhook("http://subscriber:8080"), &c).is_ok());
     assert!(put(webhook("/relative"), &c).is_err());
@@ -53,7 +42,7 @@ fn eventgrid_destination_rules() {
         "http://x.eventgrid.azure.net/api/events?api-version=2018-01-01",
     ] {
         let e = put(eg(bad, Some("k")), &c).unwrap_err();
-        assert_eq!(e.detail, "InvalidDestination", "{bad}");
+        assert_eq!(e.code, "InvalidDestination", "{bad}");
     }
     let c = cfg(&[("outbound__eventgrid__allowInvalidHostnames", "true")]);
     assert!(put(
@@ -71,7 +60,7 @@ fn unknown_types_are_refused_with_the_registry_list() {
     let c = cfg(&[]);
     let b = json!({"properties":{"destination":{"endpointType":"Kafka","properties":{}}}});
     let e = put(b, &c).unwrap_err();
-    assert_eq!(e.detail, "InvalidDestination");
+    assert_eq!(e.code, "InvalidDestination");
     assert!(
         e.message.contains("use WebHook, EdgeHub, EventGrid, EventHub, ServiceBusQueue, ServiceBusTopic or StorageQueue"),
         "{}",
@@ -81,7 +70,7 @@ fn unknown_types_are_refused_with_the_registry_list() {
     b["properties"]["deadLetterDestination"] =
         json!({"endpointType": "EdgeHub", "properties": {"outputName": "o"}});
     let e = put(b, &c).unwrap_err();
-    assert_eq!(e.detail, "InvalidDeadLetterDestination");
+    assert_eq!(e.code, "InvalidDeadLetterDestination");
     assert!(
         e.message.ends_with("use WebHook or StorageBlob"),
         "{}",

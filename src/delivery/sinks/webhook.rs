@@ -16,7 +16,6 @@ use crate::model::destination::{
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
-use std::any::Any;
 use std::sync::Arc;
 
 /// The secret properties of HTTP destinations that take webhook options.
@@ -48,9 +47,6 @@ impl DestinationSpec for WebHookDestination {
     }
     fn webhook_options(&self) -> bool {
         true
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -87,15 +83,7 @@ impl DestinationKind for WebHook {
         let Some(d) = sub.destination.spec::<WebHookDestination>() else {
             return mismatched("WebHook");
         };
-        Arc::new(
-            WebhookSink::new(
-                ctx.client.clone(),
-                d.endpoint_url.clone(),
-                None,
-                TopicRewrite::None,
-            )
-            .with_options(&sub.delivery, &ctx.boot_id),
-        )
+        webhook_sink(sub, ctx, &d.endpoint_url, None, TopicRewrite::None)
     }
 
     fn example(&self, base: &str) -> Value {
@@ -113,6 +101,21 @@ impl DestinationKind for WebHook {
 }
 
 /// `base` with user `gridlet`, a password and `path_and_query` (for examples).
+/// The HTTP POST sink of a destination that takes webhook options (WebHook, EventGrid): to
+/// `url`, with `aeg-sas-key: sas_key` when given, the subscription's signing and static headers.
+pub(super) fn webhook_sink(
+    sub: &Subscription,
+    ctx: &SinkContext,
+    url: &str,
+    sas_key: Option<&str>,
+    rewrite: TopicRewrite,
+) -> Arc<dyn Sink> {
+    Arc::new(
+        WebhookSink::new(ctx.client.clone(), url.to_string(), sas_key, rewrite)
+            .with_options(&sub.delivery, &ctx.boot_id),
+    )
+}
+
 pub(super) fn with_credentials(base: &str, path_and_query: &str) -> String {
     let rest = base
         .strip_prefix("http://")

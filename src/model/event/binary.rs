@@ -4,8 +4,8 @@
 //! request's Content-Type when there is one, and the body becomes `data` (JSON value or text) or
 //! `data_base64` (bytes), by the rules in [`binary_data`].
 
-use super::{bad, validate_cloud_event, IncomingEvent, PublishInput};
-use crate::error::ApiError;
+use super::{bad, unserializable, validate_cloud_event, IncomingEvent, PublishError, PublishInput};
+use crate::model::media;
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
@@ -13,10 +13,10 @@ use serde_json::{Map, Value};
 pub(super) fn binary_cloud_event(
     input: &PublishInput<'_>,
     content_type: Option<&str>,
-) -> Result<IncomingEvent, ApiError> {
+) -> Result<IncomingEvent, PublishError> {
     if !input.headers.contains_key("ce-specversion") {
-        return Err(ApiError::unsupported_media_type(
-            "a CloudEvents topic takes application/cloudevents+json, application/cloudevents-batch+json, application/json, or binary mode (ce-* headers)",
+        return Err(PublishError::UnsupportedMediaType(
+            "a CloudEvents topic takes application/cloudevents+json, application/cloudevents-batch+json, application/json, or binary mode (ce-* headers)".into(),
         ));
     }
     let mut m = Map::new();
@@ -41,16 +41,19 @@ pub(super) fn binary_cloud_event(
         let (name, data) = binary_data(content_type, input.body)?;
         m.insert(name.into(), data);
     }
-    let body = Bytes::from(serde_json::to_vec(&m).map_err(|e| ApiError::internal(&e))?);
+    let body = Bytes::from(serde_json::to_vec(&m).map_err(unserializable)?);
     Ok(IncomingEvent::parsed(body, id, m, "type"))
 }
 
 /// The `data` (or `data_base64`) member for a binary-mode body. A JSON content type must hold
-/// JSON (400 otherwise). No content type at all means application/json (the CloudEvents JSON
+/// JSON (`InvalidJson` otherwise). No content type at all means application/json (the CloudEvents JSON
 /// format's rule, and what the CloudEvents SDKs send for a dict payload without
 /// `datacontenttype`): the JSON value when the body parses, else the bytes as `data_base64`.
 /// Any other type: UTF-8 text as a string, else `data_base64`.
-fn binary_data(content_type: Option<&str>, body: &[u8]) -> Result<(&'static str, Value), ApiError> {
+fn binary_data(
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<(&'static str, Value), PublishError> {
     use base64::Engine;
     let base64 = || Value::String(base64::engine::general_purpose::STANDARD.encode(body));
     let Some(ct) = content_type else {
@@ -59,13 +62,7 @@ fn binary_data(content_type: Option<&str>, body: &[u8]) -> Result<(&'static str,
             Err(_) => ("data_base64", base64()),
         });
     };
-    let essence = ct
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    if essence == "application/json" || essence == "text/json" || essence.ends_with("+json") {
+    if media::is_json(&media::essence(ct)) {
         let data = serde_json::from_slice(body).map_err(|e| {
             bad(
                 "InvalidJson",

@@ -93,20 +93,8 @@ pub(super) fn patch_state(v: &[u8], s: RetryState) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::ev;
     use super::*;
-
-    fn ev(seq: u64, size: usize) -> StoredEvent {
-        StoredEvent {
-            seq,
-            id: format!("id{seq}"),
-            body: Bytes::from(vec![b'x'; size]),
-            state: RetryState {
-                attempts: 0,
-                first_enqueued_ms: 5,
-                due_ms: 0,
-            },
-        }
-    }
 
     #[test]
     fn values_round_trip() {

@@ -14,6 +14,7 @@ use crate::store::deadletter::DeadLetterStore;
 use crate::store::{CommitCounters, QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent};
 use futures_util::future::BoxFuture;
 use serde_json::Value;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::oneshot;
@@ -71,19 +72,13 @@ impl SledStore {
         self.forget_recovered(queue);
         let mut freed = 0u64;
         // Events settled before their checkpoint never reach sled.
-        let in_sled: Vec<u64> = {
-            let mut map = lock_map(&self.unflushed);
-            seqs.iter()
-                .copied()
-                .filter(|s| match map.remove(&(queue, *s)) {
-                    Some(v) => {
-                        freed += item_cost(v.len());
-                        false
-                    }
-                    None => true,
-                })
-                .collect()
-        };
+        let in_sled = self.in_sled(queue, seqs, |map, key| match map.remove(&key) {
+            Some(v) => {
+                freed += item_cost(v.len());
+                true
+            }
+            None => false,
+        });
         for s in &in_sled {
             if let Some(v) = self.events.remove(event_key(queue, *s)).map_err(io)? {
                 freed += item_cost(v.len());
@@ -101,6 +96,22 @@ impl SledStore {
             self.committer.wake.notify_one();
         }
         Ok(())
+    }
+
+    /// Of `seqs`, the events not in the unflushed map (written, not yet checkpointed) and so in
+    /// sled. Each one found in the map is handed to `in_memory` (under its lock), which settles it
+    /// there and answers true.
+    fn in_sled(
+        &self,
+        queue: QueueId,
+        seqs: &[u64],
+        mut in_memory: impl FnMut(&mut HashMap<(QueueId, u64), Vec<u8>>, (QueueId, u64)) -> bool,
+    ) -> Vec<u64> {
+        let mut map = lock_map(&self.unflushed);
+        seqs.iter()
+            .copied()
+            .filter(|s| !in_memory(&mut map, (queue, *s)))
+            .collect()
     }
 
     pub(super) fn unreadable(&self, queue: QueueId, seq: u64) -> StoreError {
@@ -322,19 +333,13 @@ impl Store for SledStore {
 
     fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
         self.forget_recovered(queue);
-        let in_sled: Vec<u64> = {
-            let mut map = lock_map(&self.unflushed);
-            seqs.iter()
-                .copied()
-                .filter(|s| match map.get_mut(&(queue, *s)) {
-                    Some(v) => {
-                        *v = patch_state(v, state);
-                        false
-                    }
-                    None => true,
-                })
-                .collect()
-        };
+        let in_sled = self.in_sled(queue, seqs, |map, key| match map.get_mut(&key) {
+            Some(v) => {
+                *v = patch_state(v, state);
+                true
+            }
+            None => false,
+        });
         if in_sled.is_empty() {
             return Ok(());
         }

@@ -29,7 +29,8 @@ fn opts_untimed(dir: &Path) -> SledOptions {
     }
 }
 
-fn ev(seq: u64, size: usize) -> StoredEvent {
+/// A stored event `seq` with a body of `size` bytes.
+pub(super) fn ev(seq: u64, size: usize) -> StoredEvent {
     StoredEvent {
         seq,
         id: format!("id{seq}"),
