@@ -8,19 +8,23 @@
 //!
 //! ```text
 //! server (listeners, TLS) ─► api (auth, api-version, body limit) ─► model::event (parse, validate)
-//!   ─► broker::publish (filter routing, bounds, store append+commit) ─► delivery::queue
-//!   ─► delivery::dispatcher ─► delivery::sink (webhook, Event Grid, edgeHub)
-//!   ─► delivery::retry::next_step ─► done | retry lane | drop
+//!   ─► broker::publish (route, admit = reserve places, persist, enqueue)
+//!   ─► delivery::subscription::SubscriptionHandle ─► delivery::dispatcher (one task each)
+//!   ─► delivery::sink (webhook, Event Grid, edgeHub, Azure messaging)
+//!   ─► delivery::retry::next_step ─► done | retry lane | dead letter (store writes: delivery::writer)
 //! ```
 //!
-//! * [`config`]: the one typed configuration, from the environment.
-//! * [`api`]: HTTP routes and the single auth check; [`error`]: the only error→HTTP mapping.
-//! * [`model`]: topics, subscriptions (with their filters), events, destinations; [`policy`]:
-//!   retry schedules and status-code policies as data.
-//! * [`broker`]: registry and publish path; [`delivery`]: queues, dispatch, retry, sinks.
-//! * [`store`]: storage trait and implementations; [`tls`]: certificates and verifiers.
-//! * [`edge`]: running as an IoT Edge module (workload API, edgeHub, module twin).
-//! * [`metrics`]: counters and the Prometheus rendering; [`clock`]: time seam.
+//! * `config`: the one typed configuration, from the environment.
+//! * `api`: HTTP routes and the single auth check; `error`: the only error→HTTP table.
+//! * `model`: topics, subscriptions (with their filters), events, destinations; `policy`: retry
+//!   schedules and status-code policies as data.
+//! * `broker`: registry and publish path; `delivery`: queues, dispatch, retry, sinks.
+//! * `store`: storage trait and implementations; `tls`: certificates and verifiers.
+//! * `edge`: running as an IoT Edge module (workload API, edgeHub, module twin).
+//! * `metrics`: counters and the one table of families; `clock`: time seam.
+//!
+//! The crate exports only what the binary, the benchmark and the tests use; everything else is
+//! `pub(crate)`, so the compiler reports what nothing uses.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -29,17 +33,17 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::panic)
 )]
 
-pub mod api;
+pub(crate) mod api;
 pub mod broker;
 pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod delivery;
 pub mod edge;
-pub mod error;
-pub mod metrics;
+pub(crate) mod error;
+pub(crate) mod metrics;
 pub mod model;
-pub mod policy;
+pub(crate) mod policy;
 pub mod server;
 pub mod store;
 pub mod sync;

@@ -67,7 +67,7 @@ fn route(configs: &[Arc<SubConfig>], events: &[IncomingEvent]) -> Routes {
         matched_bytes: 0,
     };
     for (i, ev) in events.iter().enumerate() {
-        let size = crate::delivery::queue::payload_size(&ev.body, &ev.id);
+        let size = crate::delivery::payload::payload_size(&ev.body, &ev.id);
         routes.request_bytes += size;
         let view = ev.view();
         let mut matched = false;

@@ -40,7 +40,7 @@ impl Broker {
                 crate::delivery::writer::StoreWriter::start()
                     .map_err(|e| StoreError::Io(format!("cannot start the store writer: {e}")))?,
             ),
-            pending_bytes: Arc::new(crate::delivery::queue::PendingBytes::new(
+            pending_bytes: Arc::new(crate::delivery::payload::PendingBytes::new(
                 cfg.broker.max_pending_bytes,
             )),
         });

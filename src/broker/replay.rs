@@ -100,7 +100,7 @@ impl Broker {
         let ctx = &self.inner.ctx;
         let bytes: u64 = letters
             .iter()
-            .map(|l| crate::delivery::queue::payload_size(&l.body, &l.event_id))
+            .map(|l| crate::delivery::payload::payload_size(&l.body, &l.event_id))
             .sum();
         if !self.has_byte_room(bytes) {
             return Err(BrokerError::unavailable(

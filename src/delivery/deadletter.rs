@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 pub use crate::store::deadletter::{
-    rfc3339, DeadLetter, DeadLetterBound, DeadLetterReason, DeadLetterStore, MemoryDeadLetters,
+    rfc3339, DeadLetter, DeadLetterBound, DeadLetterStore, MemoryDeadLetters,
 };
 
 /// The last failure of an outcome, as `(status, description)`, for a [`DeadLetter`].

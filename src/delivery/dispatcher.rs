@@ -19,8 +19,9 @@
 use super::deadletter::{DeadLetter, Forward};
 use super::engine::{EngineCtx, Running};
 use super::health::Admission;
+use super::payload::Pending;
 use super::policy;
-use super::queue::{Batch, Limits, Pending};
+use super::queue::{Batch, Limits};
 use super::refill::{refill, Lane};
 use super::retry::{self, DropReason, Step};
 use super::sink::{DeliveryRequest, Outcome, Sink};

@@ -31,7 +31,7 @@ pub struct EngineCtx {
     /// Posts dead letters to dead-letter webhooks.
     pub forwarder: Forwarder,
     /// Event payload bytes held in memory (`broker__maxPendingBytes`).
-    pub pending_bytes: Arc<super::queue::PendingBytes>,
+    pub pending_bytes: Arc<super::payload::PendingBytes>,
     /// Runs the store writes that follow delivery attempts, in order, off the async workers.
     pub writer: Arc<super::writer::StoreWriter>,
     /// Shutdown drain.

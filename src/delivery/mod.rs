@@ -22,19 +22,19 @@
 //! * [`azure`]: Event Hubs, Service Bus, Storage queue and blob dead-letter sinks.
 
 pub mod azure;
-pub mod deadletter;
-pub mod dispatcher;
-pub mod engine;
-pub mod health;
+pub(crate) mod deadletter;
+pub(crate) mod dispatcher;
+pub(crate) mod engine;
+pub(crate) mod health;
 pub mod http;
-pub mod payload;
+pub(crate) mod payload;
 pub mod policy;
-pub mod queue;
+pub(crate) mod queue;
 mod refill;
-pub mod retry;
+pub(crate) mod retry;
 pub mod signing;
 pub mod sink;
 pub mod sinks;
-pub mod subscription;
+pub(crate) mod subscription;
 pub mod webhook;
-pub mod writer;
+pub(crate) mod writer;

@@ -23,7 +23,7 @@
 //!
 //! Pure data structure: no I/O, no clock reads (the caller passes `now`), no awaits.
 
-pub use super::payload::{payload_size, EventData, Pending, PendingBytes};
+use super::payload::Pending;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::time::Duration;
@@ -146,6 +146,7 @@ impl SubQueue {
     }
 
     /// Retries held with their bodies.
+    #[cfg(test)]
     pub fn retry_len(&self) -> usize {
         self.retry_events
     }
@@ -167,6 +168,7 @@ impl SubQueue {
     }
 
     /// Events in the ready lane (in memory).
+    #[cfg(test)]
     pub fn ready_len(&self) -> usize {
         self.ready.len()
     }
@@ -189,7 +191,8 @@ impl SubQueue {
 
     /// Add a new event to the ready lane. A windowed queue whose window is full, or which still
     /// has spilled events (arrival order is kept), keeps only the sequence number: the body is
-    /// in the store already.
+    /// in the store already. (Publishes reserve their places first: [`SubQueue::push_reserved`].)
+    #[cfg(test)]
     pub fn push(&mut self, p: Pending) {
         self.pending += 1;
         self.push_reserved(p);
@@ -511,6 +514,7 @@ impl SubQueue {
 
 #[cfg(test)]
 mod tests {
+    use super::super::payload::EventData;
     use super::*;
     use bytes::Bytes;
     use std::sync::Arc;

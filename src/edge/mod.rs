@@ -14,7 +14,7 @@
 //! that a module needs is small, so it is spoken here with rumqttc over rustls.
 
 pub mod edgehub;
-pub mod sas;
+pub(crate) mod sas;
 pub mod twin;
 pub mod workload;
 

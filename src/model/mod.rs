@@ -9,16 +9,16 @@
 //! * [`invalid`]: the model's one error, [`Invalid`] (a code and a message; no HTTP).
 
 pub mod azure;
-pub mod delivery_options;
+pub(crate) mod delivery_options;
 pub mod destination;
 pub mod event;
-pub mod filter;
-pub mod invalid;
-pub mod json;
-pub mod media;
-pub mod names;
-pub mod reason;
-pub mod signing_secret;
+pub(crate) mod filter;
+pub(crate) mod invalid;
+pub(crate) mod json;
+pub(crate) mod media;
+pub(crate) mod names;
+pub(crate) mod reason;
+pub(crate) mod signing_secret;
 pub mod subscription;
 pub mod topic;
 

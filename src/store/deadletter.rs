@@ -27,7 +27,7 @@
 
 use super::{QueueId, StoreError};
 use crate::clock::WallMs;
-pub use crate::model::reason::DropReason as DeadLetterReason;
+pub use crate::model::reason::DropReason;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -45,7 +45,7 @@ pub struct DeadLetter {
     /// The event as it would have been delivered.
     pub body: Bytes,
     /// Why.
-    pub reason: DeadLetterReason,
+    pub reason: DropReason,
     /// Last HTTP status received, if any.
     pub last_status: Option<u16>,
     /// Last failure in words (no secrets: status, timeout, connection error).
@@ -367,7 +367,7 @@ pub mod contract {
             seq,
             event_id: format!("e{seq}"),
             body: Bytes::from_static(b"{\"a\":1}"),
-            reason: DeadLetterReason::TimeToLiveExceeded,
+            reason: DropReason::TimeToLiveExceeded,
             last_status: Some(500),
             last_error: Some("HTTP 500".into()),
             attempts: 3,

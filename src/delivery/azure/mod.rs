@@ -18,8 +18,8 @@
 //! delivered when every request succeeded; otherwise it is retried whole, so events a service
 //! already accepted may arrive again (at-least-once, as with webhooks).
 
-pub mod messaging;
-pub mod sas;
+pub(crate) mod messaging;
+pub(crate) mod sas;
 pub mod sharedkey;
 pub mod storage;
 

@@ -9,12 +9,12 @@
 //! plugged in by the server through [`DefaultSinks::with_module_outputs`]: delivery never
 //! imports `edge`.
 
-pub mod edgehub;
-pub mod eventgrid;
-pub mod messaging;
-pub mod storageblob;
-pub mod storagequeue;
-pub mod webhook;
+pub(crate) mod edgehub;
+pub(crate) mod eventgrid;
+pub(crate) mod messaging;
+pub(crate) mod storageblob;
+pub(crate) mod storagequeue;
+pub(crate) mod webhook;
 
 use super::http::HttpClient;
 use super::sink::{Sink, SinkFactory, UnsupportedSink};

@@ -28,7 +28,7 @@
 use super::committer::Committer;
 use super::{corrupt, io, item_cost};
 use crate::store::deadletter::{
-    largest_holder, not_kept, DeadLetter, DeadLetterBound, DeadLetterReason, DeadLetterStore,
+    largest_holder, not_kept, DeadLetter, DeadLetterBound, DeadLetterStore, DropReason,
     LETTER_OVERHEAD,
 };
 use crate::store::{QueueId, StoreError};
@@ -88,21 +88,21 @@ fn key(queue: QueueId, id: u64) -> [u8; 12] {
     super::codec::event_key(queue, id)
 }
 
-fn reason_code(r: DeadLetterReason) -> u8 {
+fn reason_code(r: DropReason) -> u8 {
     match r {
-        DeadLetterReason::MaxDeliveryAttemptsExceeded => 1,
-        DeadLetterReason::TimeToLiveExceeded => 2,
-        DeadLetterReason::DeliveryRefused => 3,
-        DeadLetterReason::QueueFull => 4,
+        DropReason::MaxDeliveryAttemptsExceeded => 1,
+        DropReason::TimeToLiveExceeded => 2,
+        DropReason::DeliveryRefused => 3,
+        DropReason::QueueFull => 4,
     }
 }
 
-fn reason_of(c: u8) -> Option<DeadLetterReason> {
+fn reason_of(c: u8) -> Option<DropReason> {
     Some(match c {
-        1 => DeadLetterReason::MaxDeliveryAttemptsExceeded,
-        2 => DeadLetterReason::TimeToLiveExceeded,
-        3 => DeadLetterReason::DeliveryRefused,
-        4 => DeadLetterReason::QueueFull,
+        1 => DropReason::MaxDeliveryAttemptsExceeded,
+        2 => DropReason::TimeToLiveExceeded,
+        3 => DropReason::DeliveryRefused,
+        4 => DropReason::QueueFull,
         _ => return None,
     })
 }

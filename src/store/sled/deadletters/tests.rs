@@ -28,7 +28,7 @@ fn letter(seq: u64, err: Option<&str>) -> DeadLetter {
         seq,
         event_id: format!("e{seq}"),
         body: Bytes::from(format!("{{\"n\":{seq}}}")),
-        reason: DeadLetterReason::DeliveryRefused,
+        reason: DropReason::DeliveryRefused,
         last_status: err.map(|_| 400),
         last_error: err.map(str::to_string),
         attempts: 2,
