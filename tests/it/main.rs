@@ -8,6 +8,7 @@ mod delivery;
 mod durable_resilience;
 mod edge;
 mod fuzz;
+mod harness;
 mod health_isolation;
 mod layering;
 mod management;
