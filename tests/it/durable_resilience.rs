@@ -399,17 +399,15 @@ async fn a_replay_whose_client_gives_up_during_the_commit_is_still_delivered() {
     t.publish("t1", json!([eg_event("replayed", "s", "t", json!({}))]))
         .await;
     rx.next().await;
-    let letters = tokio::time::timeout(WAIT, async {
-        loop {
-            let (_, v) = t.get(&format!("{S1}/deadLetters")).await;
-            if v["value"].as_array().is_some_and(|a| !a.is_empty()) {
-                return v;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    let letters = eventually("a dead letter", || async {
+        let (_, v) = t.get(&format!("{S1}/deadLetters")).await;
+        if v["value"].as_array().is_some_and(|a| !a.is_empty()) {
+            Ok(v)
+        } else {
+            Err(v.to_string())
         }
     })
-    .await
-    .expect("a dead letter");
+    .await;
     assert_eq!(letters["value"][0]["eventId"], "replayed");
 
     // Commits now wait; the client asks for the replay and hangs up once the commit started.

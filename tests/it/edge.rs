@@ -457,21 +457,6 @@ fn rid_of(topic: &str) -> String {
         .to_string()
 }
 
-async fn wait_for_metric(t: &TestGridlet, name: &str, labels: &str, want: u64) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let text = t.metrics().await;
-        if metric(&text, name, labels) == Some(want) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name}{{{labels}}} never reached {want}:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 // ---------------------------------------------------------------- HTTPS receivers
 
 /// One request an HTTPS receiver got.
@@ -887,8 +872,7 @@ async fn edgehub_output_and_module_twin_round_trip_through_mosquitto() {
     assert_eq!(arr[0]["id"], "ev-1");
     assert_eq!(arr[0]["topic"], "twinTopic1");
     // Delivered = PUBACK from the broker.
-    wait_for_metric(
-        &t,
+    t.wait_metric(
         "DeliverySuccessCounts",
         "topic=\"twinTopic1\",subscription=\"edgeSub\"",
         1,
@@ -941,7 +925,7 @@ async fn edgehub_failures_follow_the_retry_rules() {
     t.publish("t1", json!([eg_event("1", "s", "e", json!({}))]))
         .await;
     let labels = "topic=\"t1\",subscription=\"toHub\"";
-    wait_for_metric(&t, "DeliveryFailureCounts", labels, 1).await;
+    t.wait_metric("DeliveryFailureCounts", labels, 1).await;
     // Not dropped: the event waits in the retry queue (first retry after one minute).
     let text = t.metrics().await;
     assert_eq!(metric(&text, "gridlet_pending_events", labels), Some(1));

@@ -540,15 +540,14 @@ impl Gated {
 
     /// Wait until `n` distinct ids arrived.
     async fn wait_distinct(&self, n: usize) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while self.seen().len() < n {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{} of {n} distinct events delivered",
-                self.seen().len()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let what = format!("{n} distinct events delivered");
+        eventually_within(Duration::from_secs(60), &what, || async {
+            match self.seen().len() {
+                got if got >= n => Ok(()),
+                got => Err(format!("{got} delivered")),
+            }
+        })
+        .await;
     }
 }
 
@@ -570,6 +569,17 @@ impl Node {
     fn queue_counts(&self) -> (usize, usize) {
         let s = self.g.broker.subscription("t1", "s1").unwrap();
         (s.pending(), s.spilled())
+    }
+
+    /// Wait until t1/s1 has nothing pending.
+    async fn wait_drained(&self, limit: Duration) {
+        eventually_within(limit, "t1/s1 drained", || async {
+            match self.queue_counts() {
+                (0, _) => Ok(()),
+                counts => Err(format!("{counts:?}")),
+            }
+        })
+        .await;
     }
 }
 
@@ -624,15 +634,7 @@ async fn a_spilled_backlog_resumes_after_restart() {
     rx.wait_distinct(BACKLOG).await;
     n.wait_metric("DeliverySuccessCounts", SUB, (BACKLOG - 64) as u64)
         .await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while n.queue_counts().0 > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{:?}",
-            n.queue_counts()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    n.wait_drained(Duration::from_secs(30)).await;
     // Requests the first instance had in flight (32 slots, 1 event each) were held by the
     // receiver and answered when it came back, so those events may arrive twice; no others.
     let extra: u32 = rx.seen().values().map(|c| c - 1).sum();
@@ -669,15 +671,7 @@ async fn spilled_events_expire_when_they_enter_the_window_and_are_counted() {
     assert_eq!(n.queue_counts().0, BACKLOG);
     tokio::time::sleep(Duration::from_millis(3_100)).await;
     rx.open.send_replace(true);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while n.queue_counts().0 > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{:?}",
-            n.queue_counts()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    n.wait_drained(Duration::from_secs(30)).await;
     let delivered = n.metric("DeliverySuccessCounts", SUB).await;
     let expired = n
         .metric(

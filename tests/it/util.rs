@@ -26,19 +26,29 @@ const POLL: Duration = Duration::from_millis(10);
 
 /// Wait for a condition over the real clock: call `probe` until it returns `Ok` (again every
 /// 10 ms, so it returns as soon as the condition holds) and give back its value; after [`WAIT`]
-/// panic with `what` and the last `Err` (the state seen). The one place tests poll.
-pub async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+/// panic with `what` and the last `Err` (the state seen). With [`eventually_within`], the one
+/// place tests poll.
+pub async fn eventually<T, F, Fut>(what: &str, probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
+    eventually_within(WAIT, what, probe).await
+}
+
+/// [`eventually`] with a time limit other than [`WAIT`].
+pub async fn eventually_within<T, F, Fut>(limit: Duration, what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
         match probe().await {
             Ok(v) => return v,
             Err(seen) => assert!(
                 tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}: {seen}"
+                "timed out after {limit:?} waiting for {what}: {seen}"
             ),
         }
         tokio::time::sleep(POLL).await;
