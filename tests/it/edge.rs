@@ -364,15 +364,18 @@ impl Mosquitto {
             plain_port,
             log,
         };
-        for _ in 0..100 {
+        let listening = poll_within(Duration::from_secs(5), || async {
             let a = tokio::net::TcpStream::connect(("127.0.0.1", plain_port)).await;
             let b = tokio::net::TcpStream::connect(("127.0.0.1", tls_port)).await;
-            if a.is_ok() && b.is_ok() {
-                return m;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("mosquitto did not listen: {}", m.log_text());
+            a.and(b).map(drop)
+        })
+        .await;
+        assert!(
+            listening.is_ok(),
+            "mosquitto did not listen: {}",
+            m.log_text()
+        );
+        m
     }
 
     fn log_text(&self) -> String {
@@ -599,18 +602,15 @@ async fn https_certificate_comes_from_the_workload_api_and_is_renewed_in_place()
         assert_eq!(log.server_certs.first(), Some(&first));
         assert_eq!(log.missing_api_version, 0);
     }
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let renewed = loop {
+    let renewed = eventually("a renewed certificate", || async {
         let now = served_certificate(addr, pki.roots(), MODULE).await;
         if now != first {
-            break now;
+            Ok(now)
+        } else {
+            Err("the first one is served".to_string())
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "certificate not renewed"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    })
+    .await;
     // Same listener, new certificate, and it is the one the workload API issued.
     assert!(wl.log.lock().unwrap().server_certs.contains(&renewed));
     let (s, _) = t.get("/topics").await;

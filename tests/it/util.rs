@@ -37,19 +37,29 @@ where
 }
 
 /// [`eventually`] with a time limit other than [`WAIT`].
-pub async fn eventually_within<T, F, Fut>(limit: Duration, what: &str, mut probe: F) -> T
+pub async fn eventually_within<T, F, Fut>(limit: Duration, what: &str, probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
 {
+    match poll_within(limit, probe).await {
+        Ok(v) => v,
+        Err(seen) => panic!("timed out after {limit:?} waiting for {what}: {seen}"),
+    }
+}
+
+/// Call `probe` (again every 10 ms) until it returns `Ok` or `limit` has passed; its last answer.
+/// For a test that reports a timeout itself.
+pub async fn poll_within<T, E, F, Fut>(limit: Duration, mut probe: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        match probe().await {
-            Ok(v) => return v,
-            Err(seen) => assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out after {limit:?} waiting for {what}: {seen}"
-            ),
+        let r = probe().await;
+        if r.is_ok() || tokio::time::Instant::now() >= deadline {
+            return r;
         }
         tokio::time::sleep(POLL).await;
     }
