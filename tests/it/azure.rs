@@ -1006,7 +1006,7 @@ async fn persisted_azure_subscriptions_lose_no_acknowledged_event_across_sigkill
             })
             .collect();
         let wait = 200 + (seed.rotate_left(cycle as u32 * 7) % 600);
-        tokio::time::sleep(Duration::from_millis(wait)).await;
+        tokio::time::sleep(Duration::from_millis(wait)).await; // under test: kill mid-traffic
         p.child.kill().unwrap(); // SIGKILL
         p.child.wait().unwrap();
         for t in tasks {

@@ -254,6 +254,7 @@ async fn run(persisted: bool, failing_first_cycle: bool, cycles: usize) -> Outco
                 ))
             })
             .collect();
+        // Under test: a kill at a random moment of the traffic.
         tokio::time::sleep(Duration::from_millis(rng.between(150, 1200))).await;
         p.child.kill().unwrap(); // SIGKILL
         kill_times.push(Instant::now());

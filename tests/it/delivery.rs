@@ -443,7 +443,7 @@ async fn counting_receiver(
                 let svc = hyper::service::service_fn(move |_req| {
                     let ans = ans.clone();
                     async move {
-                        tokio::time::sleep(hold).await;
+                        tokio::time::sleep(hold).await; // under test: a slow receiver
                         ans.fetch_add(1, Relaxed);
                         Ok::<_, std::convert::Infallible>(hyper::Response::new(
                             http_body_util::Empty::<bytes::Bytes>::new(),

@@ -409,6 +409,7 @@ impl Observer {
                         let _ = sub_tx.send(());
                     }
                     Ok(_) => {}
+                    // Not a wait: the observer's reconnect backoff.
                     Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
                 }
             }
@@ -986,7 +987,7 @@ async fn edgehub_connection_renews_its_sas_token_before_expiry() {
         if acked && renewed {
             acked_after_renewal += 1;
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await; // the publish cadence across renewals
     }
     let signed = wl.log.lock().unwrap().signed.clone();
     let expiries: Vec<&str> = signed.iter().filter_map(|s| s.split('\n').nth(1)).collect();

@@ -669,7 +669,7 @@ async fn spilled_events_expire_when_they_enter_the_window_and_are_counted() {
     // wait out a retry schedule.)
     let n = node(dir.path(), &[], Some(T0 + MIN - 3_000)).await;
     assert_eq!(n.queue_counts().0, BACKLOG);
-    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    tokio::time::sleep(Duration::from_millis(3_100)).await; // under test: crossing the TTL edge
     rx.open.send_replace(true);
     n.wait_drained(Duration::from_secs(30)).await;
     let delivered = n.metric("DeliverySuccessCounts", SUB).await;
@@ -705,11 +705,17 @@ async fn publishing_while_a_spilled_backlog_drains_loses_and_repeats_nothing() {
                 let evs: Vec<Value> = (0..100).map(|i| ev(&format!("c{w}-{r}-{i}"))).collect();
                 let res = client.post(&url).json(&evs).send().await.unwrap();
                 assert_eq!(res.status().as_u16(), 200);
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                tokio::time::sleep(Duration::from_millis(5)).await; // publishers keep pushing
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    eventually("the publishers under way", || async {
+        match n.queue_counts().0 {
+            pending if pending > BACKLOG => Ok(()),
+            pending => Err(format!("{pending} pending")),
+        }
+    })
+    .await;
     rx.open.send_replace(true);
     for t in tasks {
         t.await.unwrap();

@@ -133,7 +133,7 @@ async fn slow_receiver(
             let (tx, counter) = (tx.clone(), counter.clone());
             async move {
                 let _ = tx.send(());
-                tokio::time::sleep(delay).await;
+                tokio::time::sleep(delay).await; // under test: a request in flight at SIGTERM
                 counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 axum::http::StatusCode::OK
             }

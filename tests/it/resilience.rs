@@ -409,7 +409,7 @@ async fn flaky(mode: Mode) -> Flaky {
                 r
             }
             Mode::Hang => {
-                tokio::time::sleep(Duration::from_secs(3600)).await;
+                tokio::time::sleep(Duration::from_secs(3600)).await; // under test: a hung endpoint
                 StatusCode::OK.into_response()
             }
         }
@@ -1048,7 +1048,7 @@ async fn random_receiver(seed: u64) -> (std::net::SocketAddr, Arc<AtomicU64>) {
                     }
                     6 => 500 + (r as u16 % 4),
                     _ => {
-                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        tokio::time::sleep(Duration::from_millis(300)).await; // a stalled answer
                         200
                     }
                 };
