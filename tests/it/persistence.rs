@@ -551,6 +551,11 @@ impl Gated {
     }
 }
 
+/// For a node stopped while the gated receiver holds its deliveries: they are abandoned at once
+/// (unsettled, redelivered after the restart) instead of at the end of the 8 s shutdown drain,
+/// which would leave them just as unsettled.
+const ABANDON_AT_STOP: &[(&str, &str)] = &[("broker__shutdownDrainTimeoutInSeconds", "0")];
+
 /// More events than a persisted subscription's in-memory window (2,048).
 const BACKLOG: usize = 5000;
 
@@ -617,7 +622,7 @@ async fn a_backlog_larger_than_the_window_is_delivered_exactly_once() {
 async fn a_spilled_backlog_resumes_after_restart() {
     let dir = tempfile::tempdir().unwrap();
     let rx = Gated::start().await;
-    let n = node(dir.path(), &[], None).await;
+    let n = node(dir.path(), ABANDON_AT_STOP, None).await;
     n.persisted_t1_s1(&rx.url()).await;
     n.publish_backlog().await;
     n.stop().await;
@@ -650,7 +655,7 @@ async fn a_spilled_backlog_resumes_after_restart() {
 async fn spilled_events_expire_when_they_enter_the_window_and_are_counted() {
     let dir = tempfile::tempdir().unwrap();
     let rx = Gated::start().await;
-    let n = node(dir.path(), &[], Some(T0)).await;
+    let n = node(dir.path(), ABANDON_AT_STOP, Some(T0)).await;
     assert_eq!(n.put("/topics/t1", json!({})).await.0, 200);
     n.sub(
         "t1",
