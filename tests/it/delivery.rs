@@ -469,7 +469,7 @@ async fn concurrent_deliveries_to_one_host_reuse_their_connections() {
     use std::sync::atomic::Ordering::Relaxed;
     const IN_FLIGHT: u64 = 96;
     const SUBS: u64 = 6;
-    const PER_BURST: u64 = 200;
+    const PER_BURST: u64 = 100;
     let t = start(&[("broker__maxInFlightTotal", "96")]).await;
     let (addr, accepted, answered) = counting_receiver(Duration::from_millis(100)).await;
     t.topic("t1").await;
