@@ -23,3 +23,4 @@ mod secrets;
 mod security;
 mod store_writes;
 mod util;
+mod wait;
