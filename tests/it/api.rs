@@ -849,7 +849,7 @@ async fn measure_included_event_types_worst_case() {
                 let _ = client.get(&url).send().await;
                 worst = worst.max(last.elapsed());
                 last = std::time::Instant::now();
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await; // probe cadence
             }
             worst
         })

@@ -8,7 +8,7 @@
 //! Test-side signing (Shared Key for reading Azurite back, SAS checking) is written here
 //! independently of gridlet's code.
 
-use crate::util::{eg_event, start, TestGridlet, WAIT};
+use crate::util::{eg_event, eventually, eventually_within, poll_within, start, TestGridlet, WAIT};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -92,15 +92,13 @@ impl Azurite {
             _dir: dir,
             client: reqwest::Client::new(),
         };
-        for _ in 0..400 {
+        eventually_within(Duration::from_secs(20), "azurite to listen", || async {
             let q = tokio::net::TcpStream::connect(("127.0.0.1", queue_port)).await;
             let b = tokio::net::TcpStream::connect(("127.0.0.1", blob_port)).await;
-            if q.is_ok() && b.is_ok() {
-                return a;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("azurite did not listen within 20 s");
+            q.and(b).map(drop).map_err(|e| e.to_string())
+        })
+        .await;
+        a
     }
 
     pub fn queue_endpoint(&self) -> String {
@@ -204,18 +202,18 @@ impl Azurite {
 
     /// Wait until `queue` holds `n` messages in total (taking them); returns their texts.
     pub async fn wait_messages(&self, queue: &str, n: usize) -> Vec<String> {
-        let mut all = Vec::new();
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while all.len() < n {
-            all.extend(self.take_messages(queue).await);
-            if tokio::time::Instant::now() > deadline {
-                panic!("{} of {n} messages in {queue}", all.len());
+        let all = std::cell::RefCell::new(Vec::new());
+        eventually(&format!("{n} messages in {queue}"), || async {
+            let got = self.take_messages(queue).await;
+            let mut all = all.borrow_mut();
+            all.extend(got);
+            match all.len() {
+                got if got >= n => Ok(()),
+                got => Err(format!("{got} arrived")),
             }
-            if all.len() < n {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-        all
+        })
+        .await;
+        all.into_inner()
     }
 
     /// Names of the blobs in `container`.
@@ -294,8 +292,7 @@ fn storage_queue(conn: &str, queue: &str) -> Value {
 }
 
 async fn dead_letters(t: &TestGridlet, topic: &str, name: &str, n: usize) -> Vec<Value> {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    eventually(&format!("{n} dead letters"), || async {
         let (s, b) = t
             .get(&format!(
                 "/topics/{topic}/eventSubscriptions/{name}/deadLetters"
@@ -304,15 +301,12 @@ async fn dead_letters(t: &TestGridlet, topic: &str, name: &str, n: usize) -> Vec
         assert_eq!(s, 200, "{b}");
         let v = b["value"].as_array().cloned().unwrap_or_default();
         if v.len() >= n {
-            return v;
+            Ok(v)
+        } else {
+            Err(b.to_string())
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{} of {n} dead letters: {b}",
-            v.len()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 fn events(prefix: &str, n: usize) -> Value {
@@ -430,14 +424,16 @@ async fn storage_failures_surface_the_service_error_and_dead_letter_to_a_blob() 
         let err = l["lastError"].as_str().unwrap();
         assert!(err.contains("QueueNotFound"), "{err}");
     }
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let names = loop {
+    let names = poll_within(WAIT, || async {
         let n = az.list_blobs("deadletters").await;
-        if n.len() >= 2 || tokio::time::Instant::now() > deadline {
-            break n;
+        if n.len() >= 2 {
+            Ok(n)
+        } else {
+            Err(n)
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await
+    .unwrap_or_else(|n| n);
     assert_eq!(names.len(), 2, "{names:?}");
     let mut sorted = names.clone();
     sorted.sort();
@@ -868,11 +864,13 @@ async fn bus_429_and_503_are_retried_not_dead_lettered() {
         200
     );
     t.publish("t", events("r", 1)).await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while bus.state.requests.load(Ordering::SeqCst) == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "no attempt");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("an attempt", || async {
+        match bus.state.requests.load(Ordering::SeqCst) {
+            0 => Err("none".to_string()),
+            _ => Ok(()),
+        }
+    })
+    .await;
     bus.state.force.store(0, Ordering::SeqCst);
     let (_, evs) = tokio::time::timeout(Duration::from_secs(30), bus.rx.recv())
         .await
@@ -923,19 +921,16 @@ async fn spawn_gridlet(dir: &std::path::Path, client: &reqwest::Client, cycle: u
         child,
         base: format!("http://127.0.0.1:{http}"),
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    eventually_within(Duration::from_secs(20), "gridlet to start", || async {
         let r = client.get(format!("{}/readyz", p.base)).send().await;
         if matches!(&r, Ok(r) if r.status().is_success()) {
-            return p;
+            Ok(())
+        } else {
+            Err(std::fs::read_to_string(&log_path).unwrap_or_default())
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gridlet did not start: {}",
-            std::fs::read_to_string(&log_path).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await;
+    p
 }
 
 /// Publish 4-event requests until the process dies; the ids of every request answered 200.
@@ -1011,7 +1006,7 @@ async fn persisted_azure_subscriptions_lose_no_acknowledged_event_across_sigkill
             })
             .collect();
         let wait = 200 + (seed.rotate_left(cycle as u32 * 7) % 600);
-        tokio::time::sleep(Duration::from_millis(wait)).await;
+        tokio::time::sleep(Duration::from_millis(wait)).await; // under test: kill mid-traffic
         p.child.kill().unwrap(); // SIGKILL
         p.child.wait().unwrap();
         for t in tasks {
@@ -1021,28 +1016,30 @@ async fn persisted_azure_subscriptions_lose_no_acknowledged_event_across_sigkill
     assert!(acked.len() > 40, "published too little: {}", acked.len());
     // A last run without a kill delivers whatever was still pending.
     let _p = spawn_gridlet(dir.path(), &client, CYCLES).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let mut in_queue = std::collections::HashSet::new();
-    let mut in_hub = std::collections::HashSet::new();
-    loop {
-        for m in az.take_messages("crash").await {
+    let in_queue = std::cell::RefCell::new(std::collections::HashSet::new());
+    let in_hub = std::cell::RefCell::new(std::collections::HashSet::new());
+    let hub_rx = std::cell::RefCell::new(&mut bus.rx);
+    let what = "every acknowledged event at both destinations";
+    eventually_within(Duration::from_secs(60), what, || async {
+        let taken = az.take_messages("crash").await;
+        let (mut in_queue, mut in_hub) = (in_queue.borrow_mut(), in_hub.borrow_mut());
+        for m in taken {
             in_queue.insert(decode_b64_event(&m)["id"].as_str().unwrap().to_string());
         }
-        while let Ok((_, evs)) = bus.rx.try_recv() {
+        while let Ok((_, evs)) = hub_rx.borrow_mut().try_recv() {
             in_hub.extend(evs.iter().map(|e| e["id"].as_str().unwrap().to_string()));
         }
         let lost_q = acked.iter().filter(|id| !in_queue.contains(*id)).count();
         let lost_h = acked.iter().filter(|id| !in_hub.contains(*id)).count();
         if lost_q == 0 && lost_h == 0 {
-            break;
+            return Ok(());
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
+        Err(format!(
             "of {} acknowledged events, {lost_q} never reached the Storage queue and {lost_h} never reached the event hub",
             acked.len()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        ))
+    })
+    .await;
     eprintln!(
         "azure crash: {} acknowledged over {CYCLES} kills, all delivered to both destinations",
         acked.len()

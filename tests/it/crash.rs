@@ -16,6 +16,7 @@
 //! real process cannot use tokio's paused clock, and the schedules themselves are proven on the
 //! paused clock elsewhere; here only "retried after a restart" matters.
 
+use crate::util::{eventually_within, poll_within};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
@@ -154,20 +155,17 @@ async fn spawn_gridlet(dir: &Path, client: &reqwest::Client, cycle: usize) -> (P
         child,
         base: format!("http://127.0.0.1:{http}"),
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    let what = format!("gridlet to start (cycle {cycle})");
+    eventually_within(Duration::from_secs(20), &what, || async {
         let r = client.get(format!("{}/readyz", p.base)).send().await;
         if matches!(&r, Ok(r) if r.status().is_success()) {
-            return (p, started.elapsed());
+            return Ok(());
         }
-        let log =
-            std::fs::read_to_string(dir.join(format!("gridlet-{cycle}.log"))).unwrap_or_default();
-        assert!(
-            Instant::now() < deadline,
-            "gridlet did not start (cycle {cycle}): {log}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        let log = dir.join(format!("gridlet-{cycle}.log"));
+        Err(std::fs::read_to_string(log).unwrap_or_default())
+    })
+    .await;
+    (p, started.elapsed())
 }
 
 /// Publish until the process dies; returns the ids of every request answered 200.
@@ -256,6 +254,7 @@ async fn run(persisted: bool, failing_first_cycle: bool, cycles: usize) -> Outco
                 ))
             })
             .collect();
+        // Under test: a kill at a random moment of the traffic.
         tokio::time::sleep(Duration::from_millis(rng.between(150, 1200))).await;
         p.child.kill().unwrap(); // SIGKILL
         kill_times.push(Instant::now());
@@ -268,20 +267,16 @@ async fn run(persisted: bool, failing_first_cycle: bool, cycles: usize) -> Outco
     h.failing.store(false, Ordering::Relaxed);
     let (p, took) = spawn_gridlet(dir.path(), &client, cycles).await;
     restart_times.push(took);
-    let deadline = Instant::now() + Duration::from_secs(if persisted { 90 } else { 5 });
-    loop {
-        let missing = {
-            let g = h.seen.lock().unwrap();
-            acked
-                .iter()
-                .filter(|id| !g.delivered.contains_key(*id))
-                .count()
-        };
-        if missing == 0 || Instant::now() > deadline {
-            break;
+    let limit = Duration::from_secs(if persisted { 90 } else { 5 });
+    let _ = poll_within(limit, || async {
+        let g = h.seen.lock().unwrap();
+        if acked.iter().all(|id| g.delivered.contains_key(id)) {
+            Ok(())
+        } else {
+            Err(())
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     drop(p);
     let g = h.seen.lock().unwrap();
     let mut lost: Vec<String> = acked

@@ -364,15 +364,18 @@ impl Mosquitto {
             plain_port,
             log,
         };
-        for _ in 0..100 {
+        let listening = poll_within(Duration::from_secs(5), || async {
             let a = tokio::net::TcpStream::connect(("127.0.0.1", plain_port)).await;
             let b = tokio::net::TcpStream::connect(("127.0.0.1", tls_port)).await;
-            if a.is_ok() && b.is_ok() {
-                return m;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("mosquitto did not listen: {}", m.log_text());
+            a.and(b).map(drop)
+        })
+        .await;
+        assert!(
+            listening.is_ok(),
+            "mosquitto did not listen: {}",
+            m.log_text()
+        );
+        m
     }
 
     fn log_text(&self) -> String {
@@ -406,6 +409,7 @@ impl Observer {
                         let _ = sub_tx.send(());
                     }
                     Ok(_) => {}
+                    // Not a wait: the observer's reconnect backoff.
                     Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
                 }
             }
@@ -455,21 +459,6 @@ fn rid_of(topic: &str) -> String {
         .find_map(|kv| kv.strip_prefix("$rid="))
         .expect("$rid in the topic")
         .to_string()
-}
-
-async fn wait_for_metric(t: &TestGridlet, name: &str, labels: &str, want: u64) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let text = t.metrics().await;
-        if metric(&text, name, labels) == Some(want) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name}{{{labels}}} never reached {want}:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 // ---------------------------------------------------------------- HTTPS receivers
@@ -614,18 +603,15 @@ async fn https_certificate_comes_from_the_workload_api_and_is_renewed_in_place()
         assert_eq!(log.server_certs.first(), Some(&first));
         assert_eq!(log.missing_api_version, 0);
     }
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let renewed = loop {
+    let renewed = eventually("a renewed certificate", || async {
         let now = served_certificate(addr, pki.roots(), MODULE).await;
         if now != first {
-            break now;
+            Ok(now)
+        } else {
+            Err("the first one is served".to_string())
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "certificate not renewed"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    })
+    .await;
     // Same listener, new certificate, and it is the one the workload API issued.
     assert!(wl.log.lock().unwrap().server_certs.contains(&renewed));
     let (s, _) = t.get("/topics").await;
@@ -887,8 +873,7 @@ async fn edgehub_output_and_module_twin_round_trip_through_mosquitto() {
     assert_eq!(arr[0]["id"], "ev-1");
     assert_eq!(arr[0]["topic"], "twinTopic1");
     // Delivered = PUBACK from the broker.
-    wait_for_metric(
-        &t,
+    t.wait_metric(
         "DeliverySuccessCounts",
         "topic=\"twinTopic1\",subscription=\"edgeSub\"",
         1,
@@ -941,7 +926,7 @@ async fn edgehub_failures_follow_the_retry_rules() {
     t.publish("t1", json!([eg_event("1", "s", "e", json!({}))]))
         .await;
     let labels = "topic=\"t1\",subscription=\"toHub\"";
-    wait_for_metric(&t, "DeliveryFailureCounts", labels, 1).await;
+    t.wait_metric("DeliveryFailureCounts", labels, 1).await;
     // Not dropped: the event waits in the retry queue (first retry after one minute).
     let text = t.metrics().await;
     assert_eq!(metric(&text, "gridlet_pending_events", labels), Some(1));
@@ -1002,7 +987,7 @@ async fn edgehub_connection_renews_its_sas_token_before_expiry() {
         if acked && renewed {
             acked_after_renewal += 1;
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await; // the publish cadence across renewals
     }
     let signed = wl.log.lock().unwrap().signed.clone();
     let expiries: Vec<&str> = signed.iter().filter_map(|s| s.split('\n').nth(1)).collect();

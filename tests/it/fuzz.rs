@@ -6,21 +6,6 @@
 use crate::util::*;
 use serde_json::{json, Value};
 
-/// xorshift64*: tiny, seeded, good enough to generate inputs.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
 fn random_json(r: &mut Rng, depth: u32) -> Value {
     let keys = [
         "id",

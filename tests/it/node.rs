@@ -6,7 +6,6 @@ use gridlet::clock::Clock;
 use gridlet::{Config, Gridlet, Parts};
 use serde_json::Value;
 use std::path::Path;
-use std::time::Duration;
 
 /// Wall time of the first start in restart tests.
 pub const T0: u64 = 1_800_000_000_000;
@@ -93,18 +92,15 @@ impl Node {
     /// Wait until a counter reaches `want` (an effect of a delivery the test already observed at
     /// the receiver; bounded by [`WAIT`]).
     pub async fn wait_metric(&self, name: &str, labels: &str, want: u64) {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
+        eventually(&format!("{name}{{{labels}}} >= {want}"), || async {
             let v = self.metric(name, labels).await;
             if v >= want {
-                return;
+                Ok(())
+            } else {
+                Err(format!("{v}"))
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{name}{{{labels}}} = {v}, want {want}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        })
+        .await
     }
 
     pub async fn stop(self) {

@@ -2,7 +2,7 @@
 
 use crate::util::*;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -55,17 +55,8 @@ async fn start_serving(
     gridlet::tls::install_default_provider();
     let client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    let deadline = Instant::now() + WAIT;
-    let serving = loop {
-        if let Ok(r) = client.get(format!("{base}/healthz")).send().await {
-            break r.status() == 200;
-        }
-        if Instant::now() >= deadline {
-            break false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    if !serving {
+    let answer = poll_within(WAIT, || client.get(format!("{base}/healthz")).send()).await;
+    if !answer.is_ok_and(|r| r.status() == 200) {
         let _ = child.kill();
         let _ = child.wait();
         panic!("gridlet did not start serving");
@@ -81,18 +72,15 @@ async fn terminate(mut child: std::process::Child) -> std::process::ExitStatus {
         .status()
         .unwrap()
         .success());
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("gridlet did not stop on SIGTERM");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let exited = poll_within(WAIT, || {
+        std::future::ready(child.try_wait().unwrap().ok_or("running"))
+    })
+    .await;
+    exited.unwrap_or_else(|_| {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("gridlet did not stop on SIGTERM");
+    })
 }
 
 #[tokio::test]
@@ -145,7 +133,7 @@ async fn slow_receiver(
             let (tx, counter) = (tx.clone(), counter.clone());
             async move {
                 let _ = tx.send(());
-                tokio::time::sleep(delay).await;
+                tokio::time::sleep(delay).await; // under test: a request in flight at SIGTERM
                 counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 axum::http::StatusCode::OK
             }
@@ -198,7 +186,8 @@ async fn sigterm_lets_in_flight_deliveries_finish() {
     assert_eq!(answered.load(std::sync::atomic::Ordering::SeqCst), 1);
     // Restarted on the same directories: the acknowledged event is not delivered again.
     let (child, _) = start_serving(dir.path(), &env).await;
-    let again = tokio::time::timeout(Duration::from_secs(3), arrived.recv()).await;
+    // Serving already: a pending event would be on its way at start.
+    let again = tokio::time::timeout(Duration::from_secs(1), arrived.recv()).await;
     let _ = terminate(child).await;
     assert!(
         again.is_err(),

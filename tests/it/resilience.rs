@@ -2,199 +2,24 @@
 //! endpoint health, isolation, signing, and the accounting invariant.
 //!
 //! Two kinds of tests:
-//! * schedules, health transitions over hours and the chaos test drive a [`Broker`] directly
-//!   with a scripted channel sink on tokio's **paused clock** (no sockets, no real waiting);
+//! * schedules, health transitions over hours and the chaos test run in the in-process harness
+//!   (`harness.rs`) with scripted sinks on tokio's **paused clock** (no sockets, no real waiting);
 //! * everything about real HTTP (status classes, hangs, resets, `Retry-After` parsing,
 //!   signing, the API routes) uses real receivers and a real gridlet.
 
+use crate::harness::{fail, offsets, Attempt, InProcess};
 use crate::util::*;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use futures_util::future::BoxFuture;
-use gridlet::broker::Broker;
-use gridlet::clock::Clock;
-use gridlet::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink, SinkFactory};
-use gridlet::model::event::{parse, PublishInput};
-use gridlet::model::subscription::Subscription;
-use gridlet::model::topic::{EventSchema, Topic};
-use gridlet::store::memory::MemoryStore;
-use gridlet::Config;
+use gridlet::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
+use gridlet::model::topic::EventSchema;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::mpsc;
-use tokio::time::Instant;
-
-// ---------------------------------------------------------------------------------------------
-// Scripted sink (paused-clock tests)
-// ---------------------------------------------------------------------------------------------
-
-type Behaviour = Arc<dyn Fn(&DeliveryRequest) -> Outcome + Send + Sync>;
-
-/// One attempt seen by the scripted sink.
-#[derive(Debug, Clone)]
-struct Attempt {
-    sub: String,
-    at: Duration,
-    events: usize,
-    attempt: u32,
-    outcome: Outcome,
-}
-
-#[derive(Clone)]
-struct Script {
-    start: Instant,
-    behaviours: Arc<Mutex<HashMap<String, Behaviour>>>,
-    tx: mpsc::UnboundedSender<Attempt>,
-}
-
-impl Script {
-    fn new() -> (Self, mpsc::UnboundedReceiver<Attempt>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (
-            Self {
-                start: Instant::now(),
-                behaviours: Default::default(),
-                tx,
-            },
-            rx,
-        )
-    }
-
-    /// Behaviour of the subscription named `sub` (default: deliver).
-    fn set(&self, sub: &str, b: impl Fn(&DeliveryRequest) -> Outcome + Send + Sync + 'static) {
-        self.behaviours
-            .lock()
-            .unwrap()
-            .insert(sub.to_string(), Arc::new(b));
-    }
-}
-
-struct ScriptSink {
-    sub: String,
-    script: Script,
-}
-
-impl Sink for ScriptSink {
-    fn send<'a>(&'a self, req: &'a DeliveryRequest) -> BoxFuture<'a, Outcome> {
-        Box::pin(async move {
-            let b = self
-                .script
-                .behaviours
-                .lock()
-                .unwrap()
-                .get(&self.sub)
-                .cloned();
-            let outcome = b.map_or(Outcome::Delivered, |f| f(req));
-            let _ = self.script.tx.send(Attempt {
-                sub: self.sub.clone(),
-                at: self.script.start.elapsed(),
-                events: req.events.len(),
-                attempt: req.attempt,
-                outcome: outcome.clone(),
-            });
-            outcome
-        })
-    }
-}
-
-impl SinkFactory for Script {
-    fn create(&self, sub: &Subscription) -> Arc<dyn Sink> {
-        Arc::new(ScriptSink {
-            sub: sub.name.clone(),
-            script: self.clone(),
-        })
-    }
-}
-
-fn config(extra: &[(&str, &str)]) -> Arc<Config> {
-    let mut v: Vec<(String, String)> =
-        vec![("outbound__webhook__httpsOnly".into(), "false".into())];
-    v.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    Arc::new(Config::from_vars(v).unwrap())
-}
-
-fn open(extra: &[(&str, &str)], script: &Script) -> Broker {
-    Broker::open(
-        config(extra),
-        Arc::new(MemoryStore::new()),
-        Arc::new(script.clone()),
-        Clock::anchored_at(1_700_000_000_000),
-    )
-    .unwrap()
-}
-
-fn sub_body(props: Value) -> Value {
-    let mut p = json!({"destination": {"endpointType": "WebHook",
-        "properties": {"endpointUrl": "http://127.0.0.1:9/hook"}}});
-    for (k, v) in props.as_object().unwrap() {
-        p[k] = v.clone();
-    }
-    json!({ "properties": p })
-}
-
-fn setup(b: &Broker, topic: &str, subs: &[(&str, Value)]) {
-    b.put_topic(Topic::from_put(topic, json!({})).unwrap())
-        .unwrap();
-    for (name, props) in subs {
-        b.put_subscription(topic, name, sub_body(props.clone()))
-            .unwrap();
-    }
-}
-
-async fn publish_n(b: &Broker, topic: &str, first: usize, n: usize, subject: &str) {
-    let events: Vec<Value> = (first..first + n)
-        .map(|i| eg_event(&format!("e{i}"), subject, "t", json!({"i": i})))
-        .collect();
-    let body = bytes::Bytes::from(serde_json::to_vec(&events).unwrap());
-    let headers = HeaderMap::new();
-    let parsed = parse(&PublishInput {
-        schema: EventSchema::EventGrid,
-        topic,
-        headers: &headers,
-        body: &body,
-        single_id: None,
-        max_events: 100_000,
-    })
-    .unwrap();
-    let entry = b.topic(topic).unwrap();
-    b.publish(&entry, parsed).await.unwrap();
-}
-
-fn fail(code: u16) -> Outcome {
-    Outcome::failed(FailureKind::Status(code))
-}
-
-/// Attempts of `sub` until the sink has been quiet for `quiet` (paused clock: instant).
-async fn attempts_until_quiet(
-    rx: &mut mpsc::UnboundedReceiver<Attempt>,
-    quiet: Duration,
-) -> Vec<Attempt> {
-    let mut v = Vec::new();
-    while let Ok(Some(a)) = tokio::time::timeout(quiet, rx.recv()).await {
-        v.push(a);
-    }
-    v
-}
-
-/// Attempts during the next `d` of (paused) time.
-async fn attempts_within(rx: &mut mpsc::UnboundedReceiver<Attempt>, d: Duration) -> Vec<Attempt> {
-    let deadline = Instant::now() + d;
-    let mut v = Vec::new();
-    while let Ok(Some(a)) = tokio::time::timeout_at(deadline, rx.recv()).await {
-        v.push(a);
-    }
-    v
-}
-
-fn offsets(v: &[Attempt]) -> Vec<u64> {
-    let t0 = v.first().map(|a| a.at).unwrap_or_default();
-    v.iter().map(|a| (a.at - t0).as_secs()).collect()
-}
 
 // ---------------------------------------------------------------------------------------------
 // Schedules on the paused clock
@@ -202,12 +27,11 @@ fn offsets(v: &[Attempt]) -> Vec<u64> {
 
 #[tokio::test(start_paused = true)]
 async fn default_schedule_is_the_original_then_ttl_dead_letters() {
-    let (script, mut rx) = Script::new();
-    let b = open(&[], &script);
-    setup(&b, "t", &[("s", json!({}))]);
-    script.set("s", |_| fail(500));
-    publish_n(&b, "t", 0, 1, "a").await;
-    let v = attempts_until_quiet(&mut rx, Duration::from_secs(3 * 3600)).await;
+    let mut h = InProcess::open(&[]);
+    h.subs(&[("s", json!({}))]);
+    h.script("s", |_| fail(500));
+    h.publish(0, 1, "a").await;
+    let v = h.until_quiet(Duration::from_secs(3 * 3600)).await;
     // Immediate, 1-minute queue, then the 10-minute queue until the 2 h TTL: 13 attempts.
     let mut expect = vec![0, 60];
     for k in 1..=11 {
@@ -218,7 +42,7 @@ async fn default_schedule_is_the_original_then_ttl_dead_letters() {
         v.iter().map(|a| a.attempt).collect::<Vec<_>>(),
         (1..=13).collect::<Vec<u32>>()
     );
-    let dl = b.dead_letters("t", "s", 0, 10).unwrap();
+    let dl = h.broker.dead_letters("t", "s", 0, 10).unwrap();
     assert_eq!(dl.len(), 1);
     assert_eq!(dl[0].reason.as_str(), "TimeToLiveExceeded");
     assert_eq!(dl[0].last_status, Some(500));
@@ -227,43 +51,34 @@ async fn default_schedule_is_the_original_then_ttl_dead_letters() {
 
 #[tokio::test(start_paused = true)]
 async fn event_grid_cloud_schedule_by_subscription() {
-    let (script, mut rx) = Script::new();
-    let b = open(&[("broker__retryJitterPercent", "0")], &script);
-    setup(
-        &b,
-        "t",
-        &[(
-            "s",
-            json!({"retryPolicy": {"schedule": "tenSecondsToHourly", "statusCodePolicy": "standard",
+    let mut h = InProcess::open(&[("broker__retryJitterPercent", "0")]);
+    h.subs(&[(
+        "s",
+        json!({"retryPolicy": {"schedule": "tenSecondsToHourly", "statusCodePolicy": "standard",
                    "eventExpiryInMinutes": 1440, "maxDeliveryAttempts": 10}}),
-        )],
-    );
-    script.set("s", |_| fail(502));
-    publish_n(&b, "t", 0, 1, "a").await;
-    let v = attempts_until_quiet(&mut rx, Duration::from_secs(5 * 3600)).await;
+    )]);
+    h.script("s", |_| fail(502));
+    h.publish(0, 1, "a").await;
+    let v = h.until_quiet(Duration::from_secs(5 * 3600)).await;
     assert_eq!(
         offsets(&v),
         vec![0, 10, 40, 100, 400, 1000, 2800, 6400, 10000, 13600]
     );
-    let dl = b.dead_letters("t", "s", 0, 10).unwrap();
+    let dl = h.broker.dead_letters("t", "s", 0, 10).unwrap();
     assert_eq!(dl[0].reason.as_str(), "MaxDeliveryAttemptsExceeded");
     assert_eq!(dl[0].attempts, 10);
 }
 
 #[tokio::test(start_paused = true)]
 async fn workfront_schedule_from_module_config() {
-    let (script, mut rx) = Script::new();
-    let b = open(
-        &[
-            ("broker__retrySchedule", "workfront"),
-            ("broker__defaultEventTimeToLiveInSeconds", "4000000"),
-        ],
-        &script,
-    );
-    setup(&b, "t", &[("s", json!({}))]);
-    script.set("s", |_| Outcome::failed(FailureKind::Timeout));
-    publish_n(&b, "t", 0, 1, "a").await;
-    let v = attempts_until_quiet(&mut rx, Duration::from_secs(60 * 3600)).await;
+    let mut h = InProcess::open(&[
+        ("broker__retrySchedule", "workfront"),
+        ("broker__defaultEventTimeToLiveInSeconds", "4000000"),
+    ]);
+    h.subs(&[("s", json!({}))]);
+    h.script("s", |_| Outcome::failed(FailureKind::Timeout));
+    h.publish(0, 1, "a").await;
+    let v = h.until_quiet(Duration::from_secs(60 * 3600)).await;
     let ms: Vec<u64> = v
         .windows(2)
         .map(|w| (w[1].at - w[0].at).as_millis() as u64)
@@ -271,24 +86,22 @@ async fn workfront_schedule_from_module_config() {
     let expect: Vec<u64> = (1..=11).map(|n| ((1u64 << n) - 1) * 84_800).collect();
     assert_eq!(ms, expect, "((2^n) - 1) * 84800 ms, 11 retries");
     assert_eq!(
-        b.dead_letters("t", "s", 0, 10).unwrap()[0].reason.as_str(),
+        h.broker.dead_letters("t", "s", 0, 10).unwrap()[0]
+            .reason
+            .as_str(),
         "MaxDeliveryAttemptsExceeded"
     );
 }
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_is_honoured_on_429_and_503_with_a_cap() {
-    let (script, mut rx) = Script::new();
-    let b = open(
-        &[
-            ("broker__statusCodePolicy", "standard"),
-            ("broker__retryJitterPercent", "0"),
-            ("broker__retryAfterMaxSeconds", "300"),
-        ],
-        &script,
-    );
-    setup(&b, "t", &[("a", json!({})), ("c", json!({}))]);
-    script.set("a", |r| {
+    let mut h = InProcess::open(&[
+        ("broker__statusCodePolicy", "standard"),
+        ("broker__retryJitterPercent", "0"),
+        ("broker__retryAfterMaxSeconds", "300"),
+    ]);
+    h.subs(&[("a", json!({})), ("c", json!({}))]);
+    h.script("a", |r| {
         if r.attempt == 1 {
             Outcome::Failed {
                 kind: FailureKind::Status(429),
@@ -298,7 +111,7 @@ async fn retry_after_is_honoured_on_429_and_503_with_a_cap() {
             Outcome::Delivered
         }
     });
-    script.set("c", |r| {
+    h.script("c", |r| {
         if r.attempt == 1 {
             Outcome::Failed {
                 kind: FailureKind::Status(503),
@@ -308,12 +121,9 @@ async fn retry_after_is_honoured_on_429_and_503_with_a_cap() {
             Outcome::Delivered
         }
     });
-    publish_n(&b, "t", 0, 1, "x").await;
-    let v = attempts_until_quiet(&mut rx, Duration::from_secs(3600)).await;
-    let by = |s: &str| -> Vec<u64> {
-        let a: Vec<Attempt> = v.iter().filter(|a| a.sub == s).cloned().collect();
-        offsets(&a)
-    };
+    h.publish(0, 1, "x").await;
+    let v = h.until_quiet(Duration::from_secs(3600)).await;
+    let by = |s: &str| offsets(v.iter().filter(|a| a.sub == s));
     assert_eq!(
         by("a"),
         vec![0, 150],
@@ -328,29 +138,24 @@ async fn retry_after_is_honoured_on_429_and_503_with_a_cap() {
 
 #[tokio::test(start_paused = true)]
 async fn status_code_policy_per_subscription_400_refused_or_retried() {
-    let (script, mut rx) = Script::new();
-    let b = open(&[], &script);
-    setup(
-        &b,
-        "t",
-        &[
-            (
-                "std",
-                json!({"retryPolicy": {"statusCodePolicy": "standard"}}),
-            ),
-            ("orig", json!({"retryPolicy": {"maxDeliveryAttempts": 3}})),
-        ],
-    );
-    script.set("std", |_| fail(400));
-    script.set("orig", |_| fail(400));
-    publish_n(&b, "t", 0, 1, "x").await;
-    let v = attempts_until_quiet(&mut rx, Duration::from_secs(3600)).await;
+    let mut h = InProcess::open(&[]);
+    h.subs(&[
+        (
+            "std",
+            json!({"retryPolicy": {"statusCodePolicy": "standard"}}),
+        ),
+        ("orig", json!({"retryPolicy": {"maxDeliveryAttempts": 3}})),
+    ]);
+    h.script("std", |_| fail(400));
+    h.script("orig", |_| fail(400));
+    h.publish(0, 1, "x").await;
+    let v = h.until_quiet(Duration::from_secs(3600)).await;
     assert_eq!(v.iter().filter(|a| a.sub == "std").count(), 1);
     assert_eq!(v.iter().filter(|a| a.sub == "orig").count(), 3);
-    let std = b.dead_letters("t", "std", 0, 10).unwrap();
+    let std = h.broker.dead_letters("t", "std", 0, 10).unwrap();
     assert_eq!(std[0].reason.as_str(), "DeliveryRefused");
     assert_eq!(std[0].last_status, Some(400));
-    let orig = b.dead_letters("t", "orig", 0, 10).unwrap();
+    let orig = h.broker.dead_letters("t", "orig", 0, 10).unwrap();
     assert_eq!(orig[0].reason.as_str(), "MaxDeliveryAttemptsExceeded");
 }
 
@@ -360,44 +165,40 @@ async fn status_code_policy_per_subscription_400_refused_or_retried() {
 
 #[tokio::test(start_paused = true)]
 async fn endpoint_health_closed_disabled_frozen_reenabled() {
-    let (script, mut rx) = Script::new();
-    let b = open(
-        &[
-            ("broker__endpointHealth__disableConsecutiveFailures", "5"),
-            ("broker__endpointHealth__freezeConsecutiveFailures", "8"),
-            ("broker__endpointHealth__freezeNoSuccessInHours", "1"),
-            ("broker__defaultEventTimeToLiveInSeconds", "36000"),
-            ("broker__defaultMaxDeliveryAttempts", "1"),
-        ],
-        &script,
-    );
-    setup(&b, "t", &[("s", json!({}))]);
-    script.set("s", |_| fail(500));
-    let state = |b: &Broker| {
-        let e = b.subscription("t", "s").unwrap();
+    let mut h = InProcess::open(&[
+        ("broker__endpointHealth__disableConsecutiveFailures", "5"),
+        ("broker__endpointHealth__freezeConsecutiveFailures", "8"),
+        ("broker__endpointHealth__freezeNoSuccessInHours", "1"),
+        ("broker__defaultEventTimeToLiveInSeconds", "36000"),
+        ("broker__defaultMaxDeliveryAttempts", "1"),
+    ]);
+    h.subs(&[("s", json!({}))]);
+    h.script("s", |_| fail(500));
+    let state = |h: &InProcess| {
+        let e = h.broker.subscription("t", "s").unwrap();
         e.endpoint_health().unwrap()
     };
     // Five failing events (one attempt each): disabled.
-    publish_n(&b, "t", 0, 5, "x").await;
-    let v = attempts_until_quiet(&mut rx, Duration::from_secs(1)).await;
+    h.publish(0, 5, "x").await;
+    let v = h.until_quiet(Duration::from_secs(1)).await;
     assert_eq!(v.len(), 5);
-    assert_eq!(state(&b).state.as_str(), "Disabled");
+    assert_eq!(state(&h).state.as_str(), "Disabled");
     // New events wait; exactly one probe every 10 minutes.
-    publish_n(&b, "t", 5, 20, "x").await;
-    let v = attempts_within(&mut rx, Duration::from_secs(2 * 600 + 1)).await;
+    h.publish(5, 20, "x").await;
+    let v = h.within(Duration::from_secs(2 * 600 + 1)).await;
     assert_eq!(offsets(&v), vec![0, 600], "one probe per interval");
-    assert!(v.iter().all(|a| a.events == 1));
-    assert_eq!(state(&b).state.as_str(), "Disabled");
+    assert!(v.iter().all(|a| a.events() == 1));
+    assert_eq!(state(&h).state.as_str(), "Disabled");
     // Probes keep failing; more than 8 consecutive failures and no success for over 1 h: frozen.
-    let v = attempts_until_quiet(&mut rx, Duration::from_secs(3600)).await;
+    let v = h.until_quiet(Duration::from_secs(3600)).await;
     assert!(!v.is_empty());
-    assert_eq!(state(&b).state.as_str(), "Frozen");
-    let frozen_pending = b.subscription("t", "s").unwrap().pending();
+    assert_eq!(state(&h).state.as_str(), "Frozen");
+    let frozen_pending = h.broker.subscription("t", "s").unwrap().pending();
     // Frozen: no attempts for hours, but TTL still applies and events become dead letters.
-    let v = attempts_until_quiet(&mut rx, Duration::from_secs(11 * 3600)).await;
+    let v = h.until_quiet(Duration::from_secs(11 * 3600)).await;
     assert!(v.is_empty(), "no attempts while frozen: {v:?}");
-    assert_eq!(b.subscription("t", "s").unwrap().pending(), 0);
-    let dl = b.dead_letters("t", "s", 0, 1000).unwrap();
+    assert_eq!(h.broker.subscription("t", "s").unwrap().pending(), 0);
+    let dl = h.broker.dead_letters("t", "s", 0, 1000).unwrap();
     let expired = dl
         .iter()
         .filter(|l| l.reason.as_str() == "TimeToLiveExceeded")
@@ -405,33 +206,29 @@ async fn endpoint_health_closed_disabled_frozen_reenabled() {
     assert_eq!(expired, frozen_pending);
     assert_eq!(dl.len(), 25, "every event accounted for");
     // Re-enabled through the API (the endpoint is fixed meanwhile): deliveries flow again.
-    script.set("s", |_| Outcome::Delivered);
+    h.script("s", |_| Outcome::Delivered);
     assert_eq!(
-        b.enable_endpoint("t", "s").unwrap().state.as_str(),
+        h.broker.enable_endpoint("t", "s").unwrap().state.as_str(),
         "Enabled"
     );
-    publish_n(&b, "t", 100, 3, "x").await;
-    let v = attempts_until_quiet(&mut rx, Duration::from_secs(1)).await;
+    h.publish(100, 3, "x").await;
+    let v = h.until_quiet(Duration::from_secs(1)).await;
     assert_eq!(v.len(), 3);
-    assert!(v.iter().all(|a| a.outcome == Outcome::Delivered));
+    assert!(v.iter().all(|a| a.delivered()));
 }
 
 #[tokio::test(start_paused = true)]
 async fn disabled_endpoint_reenabled_by_a_successful_probe() {
-    let (script, mut rx) = Script::new();
-    let b = open(
-        &[
-            ("broker__endpointHealth__disableFailureRatePercent", "70"),
-            ("broker__endpointHealth__disableMinAttempts", "10"),
-            ("broker__defaultMaxDeliveryAttempts", "1"),
-        ],
-        &script,
-    );
-    setup(&b, "t", &[("s", json!({}))]);
+    let mut h = InProcess::open(&[
+        ("broker__endpointHealth__disableFailureRatePercent", "70"),
+        ("broker__endpointHealth__disableMinAttempts", "10"),
+        ("broker__defaultMaxDeliveryAttempts", "1"),
+    ]);
+    h.subs(&[("s", json!({}))]);
     let n = Arc::new(AtomicU64::new(0));
     let n2 = n.clone();
     // 80 % failures.
-    script.set("s", move |_| {
+    h.script("s", move |_| {
         if n2.fetch_add(1, Ordering::Relaxed).is_multiple_of(5) {
             Outcome::Delivered
         } else {
@@ -439,16 +236,16 @@ async fn disabled_endpoint_reenabled_by_a_successful_probe() {
         }
     });
     // 12 attempts, 9 failed (75 %): more than 10 attempts above 70 %.
-    publish_n(&b, "t", 0, 12, "x").await;
-    attempts_until_quiet(&mut rx, Duration::from_secs(1)).await;
-    let e = b.subscription("t", "s").unwrap();
+    h.publish(0, 12, "x").await;
+    h.until_quiet(Duration::from_secs(1)).await;
+    let e = h.broker.subscription("t", "s").unwrap();
     assert_eq!(e.endpoint_health().unwrap().state.as_str(), "Disabled");
-    script.set("s", |_| Outcome::Delivered);
-    publish_n(&b, "t", 11, 5, "x").await;
-    let v = attempts_within(&mut rx, Duration::from_secs(601)).await;
+    h.script("s", |_| Outcome::Delivered);
+    h.publish(11, 5, "x").await;
+    let v = h.within(Duration::from_secs(601)).await;
     // The probe (one event) at 10 min succeeds; the rest follow at once.
     assert_eq!(v.len(), 5);
-    assert_eq!(v[0].events, 1);
+    assert_eq!(v[0].events(), 1);
     assert!(v.iter().all(|a| a.at == v[0].at));
     assert_eq!(e.endpoint_health().unwrap().state.as_str(), "Enabled");
 }
@@ -457,30 +254,22 @@ async fn disabled_endpoint_reenabled_by_a_successful_probe() {
 // Chaos: the accounting invariant
 // ---------------------------------------------------------------------------------------------
 
-/// xorshift64*: a deterministic stream from a seed.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+/// Add the events each subscription's sink was told were delivered.
+fn count_delivered(counts: &mut HashMap<String, u64>, attempts: Vec<Attempt>) {
+    for a in attempts.into_iter().filter(Attempt::delivered) {
+        *counts.entry(a.sub.clone()).or_default() += a.events() as u64;
     }
 }
 
 #[tokio::test(start_paused = true)]
 async fn chaos_every_event_is_accounted_for() {
-    let (script, mut rx) = Script::new();
-    let b = open(
-        &[
-            ("broker__defaultEventTimeToLiveInSeconds", "1800"),
-            ("broker__defaultMaxDeliveryAttempts", "4"),
-            ("broker__deadLetter__maxEventsPerSubscription", "1000000"),
-            ("broker__endpointHealth__disableMinAttempts", "50"),
-            ("broker__endpointHealth__probeIntervalInSeconds", "120"),
-        ],
-        &script,
-    );
+    let mut h = InProcess::open(&[
+        ("broker__defaultEventTimeToLiveInSeconds", "1800"),
+        ("broker__defaultMaxDeliveryAttempts", "4"),
+        ("broker__deadLetter__maxEventsPerSubscription", "1000000"),
+        ("broker__endpointHealth__disableMinAttempts", "50"),
+        ("broker__endpointHealth__probeIntervalInSeconds", "120"),
+    ]);
     let subs: Vec<(&str, Value)> = vec![
         ("all", json!({})),
         (
@@ -495,12 +284,12 @@ async fn chaos_every_event_is_accounted_for() {
         ),
         ("dead", json!({"retryPolicy": {"maxDeliveryAttempts": 2}})),
     ];
-    setup(&b, "t", &subs);
+    h.subs(&subs);
     let rng = Arc::new(Mutex::new(Rng(0x5EED_1234_ABCD_0001)));
     for (name, _) in &subs {
         let rng = rng.clone();
         let name = name.to_string();
-        script.set(&name.clone(), move |_| {
+        h.script(&name.clone(), move |_| {
             let r = rng.lock().unwrap().next() % 100;
             match name.as_str() {
                 "dead" => Outcome::failed(FailureKind::Connect),
@@ -518,12 +307,12 @@ async fn chaos_every_event_is_accounted_for() {
     let mut expected: HashMap<&str, u64> = HashMap::new();
     let mut sink_delivered: HashMap<String, u64> = HashMap::new();
     let mut published = 0usize;
-    let check = |b: &Broker,
+    let check = |h: &InProcess,
                  expected: &HashMap<&str, u64>,
                  sink_delivered: &HashMap<String, u64>,
                  final_check: bool| {
         for (name, _) in &subs {
-            let e = b.subscription("t", name).unwrap();
+            let e = h.broker.subscription("t", name).unwrap();
             let m = e.metrics();
             let pending = e.pending() as u64;
             let delivered = m.delivery_success_counts.get();
@@ -540,7 +329,10 @@ async fn chaos_every_event_is_accounted_for() {
                 "{name}: delivered {delivered} + max {max} + expired {exp} + refused {refused} + pending {pending}"
             );
             assert_eq!(
-                b.dead_letters("t", name, 0, 1_000_000).unwrap().len() as u64,
+                h.broker
+                    .dead_letters("t", name, 0, 1_000_000)
+                    .unwrap()
+                    .len() as u64,
                 max + exp + refused,
                 "{name}: every undelivered event is a dead letter"
             );
@@ -557,30 +349,22 @@ async fn chaos_every_event_is_accounted_for() {
     for round in 0..40 {
         let n = 1 + (rng.lock().unwrap().next() % 25) as usize;
         let subject = if round % 3 == 0 { "b/x" } else { "a/x" };
-        publish_n(&b, "t", published, n, subject).await;
+        h.publish(published, n, subject).await;
         published += n;
         for (name, _) in &subs {
             if *name != "a_only" || subject.starts_with('a') {
                 *expected.entry(name).or_default() += n as u64;
             }
         }
-        tokio::time::sleep(Duration::from_secs(37)).await;
-        while let Ok(a) = rx.try_recv() {
-            if a.outcome == Outcome::Delivered {
-                *sink_delivered.entry(a.sub).or_default() += a.events as u64;
-            }
-        }
-        check(&b, &expected, &sink_delivered, false);
+        tokio::time::sleep(Duration::from_secs(37)).await; // virtual time: the clock is paused
+        count_delivered(&mut sink_delivered, h.drain());
+        check(&h, &expected, &sink_delivered, false);
     }
     // Run out the TTL: everything settles.
-    tokio::time::sleep(Duration::from_secs(2 * 3600)).await;
-    while let Ok(a) = rx.try_recv() {
-        if a.outcome == Outcome::Delivered {
-            *sink_delivered.entry(a.sub).or_default() += a.events as u64;
-        }
-    }
-    check(&b, &expected, &sink_delivered, true);
-    let e = b.subscription("t", "dead").unwrap();
+    tokio::time::sleep(Duration::from_secs(2 * 3600)).await; // virtual time
+    count_delivered(&mut sink_delivered, h.drain());
+    check(&h, &expected, &sink_delivered, true);
+    let e = h.broker.subscription("t", "dead").unwrap();
     assert_eq!(e.metrics().delivery_success_counts.get(), 0);
     assert!(published > 200);
 }
@@ -625,7 +409,7 @@ async fn flaky(mode: Mode) -> Flaky {
                 r
             }
             Mode::Hang => {
-                tokio::time::sleep(Duration::from_secs(3600)).await;
+                tokio::time::sleep(Duration::from_secs(3600)).await; // under test: a hung endpoint
                 StatusCode::OK.into_response()
             }
         }
@@ -766,21 +550,6 @@ async fn real_receivers_each_status_class_hang_reset_and_retry_after() {
 // End to end over HTTP: dead letters, dead-letter webhook, health API, signing, isolation
 // ---------------------------------------------------------------------------------------------
 
-async fn wait_for<F: Fn(&str) -> bool>(t: &TestGridlet, what: &str, f: F) -> String {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let m = t.metrics().await;
-        if f(&m) {
-            return m;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for {what}:\n{m}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn dead_letters_listed_forwarded_and_replayed_end_to_end() {
     let t = start(&[("broker__statusCodePolicy", "standard")]).await;
@@ -809,7 +578,7 @@ async fn dead_letters_listed_forwarded_and_replayed_end_to_end() {
         .await;
     rx.next().await;
     let lbl = "topic=\"t1\",subscription=\"s1\"";
-    wait_for(&t, "two dead letters", |m| {
+    t.wait_metrics("two dead letters", |m| {
         metric(m, "gridlet_dead_lettered_events_total", lbl) == Some(2)
     })
     .await;
@@ -861,10 +630,11 @@ async fn dead_letters_listed_forwarded_and_replayed_end_to_end() {
     assert_eq!(rx.next().await.json()[0]["id"], "e2");
     let (_, list) = t.get("/topics/t1/eventSubscriptions/s1/deadLetters").await;
     assert_eq!(list["value"].as_array().unwrap().len(), 0);
-    let m = wait_for(&t, "replayed deliveries", |m| {
-        metric(m, "DeliverySuccessCounts", lbl) == Some(2)
-    })
-    .await;
+    let m = t
+        .wait_metrics("replayed deliveries", |m| {
+            metric(m, "DeliverySuccessCounts", lbl) == Some(2)
+        })
+        .await;
     assert_eq!(
         metric(&m, "gridlet_dead_letters_replayed_total", lbl),
         Some(2)
@@ -928,7 +698,7 @@ async fn endpoint_health_over_http_disabled_frozen_and_reenabled_through_the_api
         .await;
         rx.next().await;
     }
-    wait_for(&t, "disabled", |m| {
+    t.wait_metrics("disabled", |m| {
         metric(m, "gridlet_endpoint_health_state", lbl) == Some(1)
     })
     .await;
@@ -944,7 +714,7 @@ async fn endpoint_health_over_http_disabled_frozen_and_reenabled_through_the_api
     t.publish("t1", json!([eg_event("p", "s", "x", json!({}))]))
         .await;
     rx.next().await;
-    wait_for(&t, "frozen", |m| {
+    t.wait_metrics("frozen", |m| {
         metric(m, "gridlet_endpoint_health_state", lbl) == Some(2)
     })
     .await;
@@ -1222,7 +992,7 @@ async fn a_dead_letter_replay_into_memory_stays_within_the_memory_budget() {
         rx.next().await;
     }
     let lbl = "topic=\"t1\",subscription=\"s1\"";
-    wait_for(&t, "three dead letters", |m| {
+    t.wait_metrics("three dead letters", |m| {
         metric(m, "gridlet_dead_lettered_events_total", lbl) == Some(3)
     })
     .await;
@@ -1278,7 +1048,7 @@ async fn random_receiver(seed: u64) -> (std::net::SocketAddr, Arc<AtomicU64>) {
                     }
                     6 => 500 + (r as u16 % 4),
                     _ => {
-                        tokio::time::sleep(Duration::from_millis(300)).await;
+                        tokio::time::sleep(Duration::from_millis(300)).await; // a stalled answer
                         200
                     }
                 };
@@ -1354,7 +1124,7 @@ async fn chaos_with_real_receivers_failing_randomly() {
             ) == Some(0)
         })
     };
-    let m = wait_for(&t, "every event settled", pending_zero).await;
+    let m = t.wait_metrics("every event settled", pending_zero).await;
     for (name, acked) in &receivers {
         let l = format!("topic=\"t1\",subscription=\"{name}\"");
         let get = |f: &str| metric(&m, f, &l).unwrap_or(0);
@@ -1426,7 +1196,7 @@ async fn dead_letters_stay_within_the_byte_bound() {
             .collect();
         t.publish("quiet", json!(quiet)).await;
         let q_lbl = "topic=\"quiet\",subscription=\"q\"";
-        wait_for(&t, "the quiet letters", |m| {
+        t.wait_metrics("the quiet letters", |m| {
             metric(m, "gridlet_dead_lettered_events_total", q_lbl) == Some(3)
         })
         .await;
@@ -1441,10 +1211,11 @@ async fn dead_letters_stay_within_the_byte_bound() {
             t.publish("loud", json!(events)).await;
         }
         let l_lbl = "topic=\"loud\",subscription=\"l\"";
-        let m = wait_for(&t, "the loud letters", |m| {
-            metric(m, "gridlet_dead_lettered_events_total", l_lbl) == Some(100)
-        })
-        .await;
+        let m = t
+            .wait_metrics("the loud letters", |m| {
+                metric(m, "gridlet_dead_lettered_events_total", l_lbl) == Some(100)
+            })
+            .await;
         let list = |sub: &'static str, topic: &'static str| {
             let t = &t;
             async move {

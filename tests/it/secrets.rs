@@ -4,7 +4,7 @@
 //! output of a real gridlet process at debug level that delivered to (and dead-lettered from)
 //! every one of them.
 
-use crate::util::{self, eg_event, Receiver, V, WAIT};
+use crate::util::{self, eg_event, eventually, Receiver, V};
 use gridlet::delivery::sinks::DESTINATIONS;
 use gridlet::edge::twin::{reported, TwinErrors};
 use gridlet::model::destination::secret_fragments;
@@ -14,7 +14,6 @@ use gridlet::Config;
 use serde_json::{json, Value};
 use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 
 const SETTINGS: [(&str, &str); 4] = [
     ("outbound__webhook__httpsOnly", "false"),
@@ -143,11 +142,11 @@ async fn no_secret_of_any_destination_type_shows_in_get_the_twin_or_the_logs() {
         .unwrap();
     let api = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
-    let deadline = Instant::now() + WAIT;
-    while client.get(format!("{api}/healthz")).send().await.is_err() {
-        assert!(Instant::now() < deadline, "gridlet did not start serving");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("gridlet to serve", || async {
+        let r = client.get(format!("{api}/healthz")).send().await;
+        r.map(drop).map_err(|e| e.to_string())
+    })
+    .await;
     let put = |path: String, body: Value| {
         let client = client.clone();
         async move {
@@ -189,15 +188,15 @@ async fn no_secret_of_any_destination_type_shows_in_get_the_twin_or_the_logs() {
     // Every subscription delivering over HTTP reaches the receiver (which answers 500, so each
     // event is dead-lettered after its one attempt, and the dead-letter webhook gets it too).
     let http_subs = cases.len() - 1; // all but EdgeHub
-    let deadline = Instant::now() + WAIT;
-    while rx.count.load(Ordering::Relaxed) < http_subs as u64 {
-        assert!(
-            Instant::now() < deadline,
-            "{} of {http_subs} deliveries arrived",
-            rx.count.load(Ordering::Relaxed)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually("a delivery per HTTP subscription", || async {
+        let n = rx.count.load(Ordering::Relaxed);
+        if n >= http_subs as u64 {
+            Ok(())
+        } else {
+            Err(format!("{n} of {http_subs} arrived"))
+        }
+    })
+    .await;
     assert!(Command::new("kill")
         .arg(child.id().to_string())
         .status()

@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+pub use crate::wait::{eventually, eventually_within, poll_within};
+
 /// The api-version query.
 pub const V: &str = "api-version=2019-01-01-preview";
 
@@ -289,6 +291,26 @@ impl TestGridlet {
             .await
             .unwrap()
     }
+
+    /// Wait until the metrics text satisfies `f`, and return it.
+    pub async fn wait_metrics(&self, what: &str, f: impl Fn(&str) -> bool) -> String {
+        eventually(what, || async {
+            let m = self.metrics().await;
+            if f(&m) {
+                Ok(m)
+            } else {
+                Err(format!("\n{m}"))
+            }
+        })
+        .await
+    }
+
+    /// Wait until metric `name{labels}` reads `want`, and return the metrics text.
+    pub async fn wait_metric(&self, name: &str, labels: &str, want: u64) -> String {
+        let what = format!("{name}{{{labels}}} = {want}");
+        self.wait_metrics(&what, |m| metric(m, name, labels) == Some(want))
+            .await
+    }
 }
 
 /// A valid EventGridSchema event.
@@ -362,5 +384,21 @@ impl Receiver {
     /// HTTPS URL for `path` (for receivers from [`https_receiver`]).
     pub fn https_url(&self, path: &str) -> String {
         format!("https://127.0.0.1:{}{}", self.addr.port(), path)
+    }
+}
+
+/// xorshift64*: a deterministic stream from a seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
     }
 }
