@@ -19,7 +19,7 @@ pub use error::BrokerError;
 
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::delivery::engine::EngineCtx;
+use crate::delivery::engine::DeliveryContext;
 use crate::delivery::sink::SinkFactory;
 use crate::delivery::sinks::DESTINATIONS;
 use crate::delivery::subscription::{SubConfig, SubscriptionHandle};
@@ -63,9 +63,9 @@ impl TopicEntry {
     }
 }
 
-struct Inner {
+struct BrokerState {
     cfg: Arc<Config>,
-    ctx: Arc<EngineCtx>,
+    ctx: Arc<DeliveryContext>,
     sinks: Arc<dyn SinkFactory>,
     topics: RwLock<Arc<HashMap<String, Arc<TopicEntry>>>>,
     /// Serialises management operations (create/update/delete); publish never takes it.
@@ -78,7 +78,7 @@ struct Inner {
 /// Cheap to clone handle to the broker.
 #[derive(Clone)]
 pub struct Broker {
-    inner: Arc<Inner>,
+    inner: Arc<BrokerState>,
 }
 
 impl Broker {

@@ -17,7 +17,7 @@ impl Broker {
         clock: Clock,
     ) -> Result<Self, OpenError> {
         let snapshot = store.load()?;
-        let ctx = Arc::new(EngineCtx {
+        let ctx = Arc::new(DeliveryContext {
             clock,
             store: store.clone(),
             global: Arc::new(Semaphore::new(cfg.broker.max_in_flight_total)),
@@ -45,7 +45,7 @@ impl Broker {
             )),
         });
         let broker = Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(BrokerState {
                 cfg: cfg.clone(),
                 ctx,
                 sinks,

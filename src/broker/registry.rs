@@ -8,7 +8,7 @@ impl Broker {
     fn sub_config(&self, sub: Subscription) -> SubConfig {
         SubConfig {
             policy: sub.effective_policy(&self.inner.cfg),
-            caps: sub.batching.caps(&self.inner.cfg),
+            batch: sub.batching.caps(&self.inner.cfg),
             sink: self.inner.sinks.create(&sub),
             health: self.endpoint_health_for(&sub),
             dead_letter_sink: self.dead_letter_sink_for(&sub),

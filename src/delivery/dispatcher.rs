@@ -17,7 +17,7 @@
 //! undelivered become dead letters ([`super::deadletter`]).
 
 use super::deadletter::{DeadLetter, Forward};
-use super::engine::{EngineCtx, Running};
+use super::engine::{DeliveryContext, Running};
 use super::health::Admission;
 use super::payload::Pending;
 use super::policy;
@@ -25,7 +25,7 @@ use super::queue::{Batch, Limits};
 use super::refill::{refill, Lane};
 use super::retry::{self, DropReason, Step};
 use super::sink::{DeliveryRequest, Outcome, Sink};
-use super::subscription::{SubConfig, SubShared};
+use super::subscription::{SubConfig, SubscriptionState};
 use crate::store::RetryState;
 use crate::sync::AbortOnDrop;
 use std::sync::Arc;
@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 /// Start the subscription's task.
-pub(super) fn spawn(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) -> AbortOnDrop {
+pub(super) fn spawn(shared: Arc<SubscriptionState>, ctx: Arc<DeliveryContext>) -> AbortOnDrop {
     let running = Running::new(&ctx.drain.running);
     AbortOnDrop(tokio::spawn(async move {
         let _running = running;
@@ -63,8 +63,8 @@ struct Round {
 
 /// The task's own state between rounds.
 struct Task {
-    shared: Arc<SubShared>,
-    ctx: Arc<EngineCtx>,
+    shared: Arc<SubscriptionState>,
+    ctx: Arc<DeliveryContext>,
     in_flight: JoinSet<SendResult>,
     /// A broker-wide permit acquired while waiting, kept for the next batch.
     spare: Option<OwnedSemaphorePermit>,
@@ -73,7 +73,7 @@ struct Task {
     next_sweep: Instant,
 }
 
-async fn run(shared: Arc<SubShared>, ctx: Arc<EngineCtx>) {
+async fn run(shared: Arc<SubscriptionState>, ctx: Arc<DeliveryContext>) {
     let mut t = Task {
         shared,
         ctx,
@@ -263,10 +263,10 @@ impl Task {
     }
 }
 
-pub(super) fn limits(cfg: &SubConfig, ctx: &EngineCtx) -> Limits {
+pub(super) fn limits(cfg: &SubConfig, ctx: &DeliveryContext) -> Limits {
     Limits {
-        max_events: cfg.caps.0,
-        max_bytes: cfg.caps.1,
+        max_events: cfg.batch.max_events,
+        max_bytes: cfg.batch.max_bytes,
         max_in_flight: ctx.max_in_flight,
         retry_cap: (ctx.max_in_flight / 4).max(1),
     }
@@ -302,8 +302,8 @@ async fn send(
 
 /// Apply an attempt's outcome to its batch.
 fn settle(
-    shared: &Arc<SubShared>,
-    ctx: &EngineCtx,
+    shared: &Arc<SubscriptionState>,
+    ctx: &DeliveryContext,
     batch: Batch,
     outcome: Outcome,
     latency: Duration,
@@ -350,8 +350,8 @@ fn settle(
 /// A failed attempt: each event is retried (state stored first for a persisted subscription),
 /// or dead-lettered by reason, as [`retry::next_step`] decides.
 fn settle_failed(
-    shared: &Arc<SubShared>,
-    ctx: &EngineCtx,
+    shared: &Arc<SubscriptionState>,
+    ctx: &DeliveryContext,
     cfg: &SubConfig,
     batch: Batch,
     outcome: &Outcome,
@@ -400,8 +400,8 @@ fn settle_failed(
 /// the writer: a restart neither retries early nor resets attempts, and a spilled retry is
 /// read back with it.
 fn store_retry_state(
-    shared: &SubShared,
-    ctx: &EngineCtx,
+    shared: &SubscriptionState,
+    ctx: &DeliveryContext,
     items: &[Pending],
     now_ms: u64,
     delay: Duration,
@@ -427,8 +427,8 @@ fn store_retry_state(
 
 /// Events leave the queue undelivered: dead-lettered ([`dead_letter`]) and settled.
 pub(super) fn drop_events(
-    shared: &Arc<SubShared>,
-    ctx: &EngineCtx,
+    shared: &Arc<SubscriptionState>,
+    ctx: &DeliveryContext,
     items: Vec<Pending>,
     reason: DropReason,
     last: Option<&Outcome>,
@@ -445,8 +445,8 @@ pub(super) fn drop_events(
 /// the dead-letter webhook), removed from the store. `last` is the attempt that decided it, if
 /// any. The caller settles them in the queue if they were in it.
 pub(super) fn dead_letter(
-    shared: &Arc<SubShared>,
-    ctx: &EngineCtx,
+    shared: &Arc<SubscriptionState>,
+    ctx: &DeliveryContext,
     items: &[Pending],
     reason: DropReason,
     last: Option<&Outcome>,
@@ -504,8 +504,8 @@ pub(super) fn dead_letter(
 /// The writer job that keeps `letters` and then removes the events `seqs` from the store. A
 /// subscription deleted meanwhile keeps nothing (its letters would outlive it).
 fn keep_letters(
-    shared: Arc<SubShared>,
-    ctx: &EngineCtx,
+    shared: Arc<SubscriptionState>,
+    ctx: &DeliveryContext,
     letters: Vec<DeadLetter>,
     seqs: Vec<u64>,
 ) -> super::writer::Job {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 /// Broker-wide pieces every dispatcher uses.
-pub struct EngineCtx {
+pub struct DeliveryContext {
     /// Clock (wall ms for TTL, tokio time for timers).
     pub clock: Clock,
     /// Durable copy of persisted subscriptions' events.

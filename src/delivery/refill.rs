@@ -4,10 +4,10 @@
 //! on the blocking pool, after the store writer has run every write submitted before.
 
 use super::dispatcher::drop_events;
-use super::engine::EngineCtx;
+use super::engine::DeliveryContext;
 use super::payload::{EventData, Pending};
 use super::retry::{self, DropReason};
-use super::subscription::SubShared;
+use super::subscription::SubscriptionState;
 use crate::store::{QueueId, Store, StoreError, StoredEvent};
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,8 +63,8 @@ pub(super) enum Lane {
 /// threads, drop the expired ones (TTL of a spilled event is checked here, when it enters the
 /// window), queue the rest. A read failure puts them back and pauses refills for a second.
 pub(super) async fn refill(
-    shared: &Arc<SubShared>,
-    ctx: &Arc<EngineCtx>,
+    shared: &Arc<SubscriptionState>,
+    ctx: &Arc<DeliveryContext>,
     lane: Lane,
     seqs: Vec<u64>,
 ) {
@@ -130,8 +130,8 @@ pub(super) async fn refill(
 
 /// Give a refill's result to its lane.
 fn hand_back(
-    shared: &SubShared,
-    ctx: &EngineCtx,
+    shared: &SubscriptionState,
+    ctx: &DeliveryContext,
     lane: Lane,
     loaded: Vec<Pending>,
     unread: Vec<u64>,

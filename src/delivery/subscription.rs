@@ -9,14 +9,14 @@
 //! holds exactly, with no window between the check and the push.
 
 use super::dispatcher;
-use super::engine::EngineCtx;
+use super::engine::DeliveryContext;
 use super::health::{EndpointHealth, HealthSnapshot};
 use super::payload::{EventData, Pending};
 use super::queue::{SubQueue, Window};
 use super::retry::{self, DropReason};
 use super::sink::Sink;
 use crate::metrics::SubscriptionMetrics;
-use crate::model::subscription::{EffectivePolicy, Subscription};
+use crate::model::subscription::{BatchCaps, EffectivePolicy, Subscription};
 use crate::store::{QueueId, StoreError};
 use crate::sync::AbortOnDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,8 +31,8 @@ pub struct SubConfig {
     pub sub: Subscription,
     /// Retry limits in force.
     pub policy: EffectivePolicy,
-    /// Batch caps `(events, bytes)`.
-    pub caps: (usize, usize),
+    /// What one request may carry.
+    pub batch: BatchCaps,
     /// Where batches go.
     pub sink: Arc<dyn Sink>,
     /// The destination URL's health tracker (HTTP destinations, health tracking on).
@@ -42,7 +42,7 @@ pub struct SubConfig {
 }
 
 /// State shared between a subscription's handle and its task.
-pub(super) struct SubShared {
+pub(super) struct SubscriptionState {
     /// Store queue id.
     pub queue_id: QueueId,
     /// Topic name.
@@ -61,7 +61,7 @@ pub(super) struct SubShared {
     pub retired: AtomicBool,
 }
 
-impl SubShared {
+impl SubscriptionState {
     /// Current configuration snapshot.
     pub fn config(&self) -> Arc<SubConfig> {
         crate::sync::read(&self.config).clone()
@@ -94,7 +94,7 @@ pub struct Full {
 /// [`SubscriptionHandle::replay`].
 #[must_use = "a reservation holds queue places until it is used or dropped"]
 pub struct Reservation {
-    shared: Arc<SubShared>,
+    shared: Arc<SubscriptionState>,
     places: usize,
 }
 
@@ -116,21 +116,21 @@ impl Drop for Reservation {
 /// A subscription's delivery side: its queue, its dispatcher task (aborted when the handle is
 /// dropped, with every send in flight), its configuration and metrics.
 pub struct SubscriptionHandle {
-    shared: Arc<SubShared>,
-    ctx: Arc<EngineCtx>,
+    shared: Arc<SubscriptionState>,
+    ctx: Arc<DeliveryContext>,
     _task: AbortOnDrop,
 }
 
 impl SubscriptionHandle {
     /// Start delivering for a subscription with store queue `queue_id`. A persisted
     /// subscription's backlog lives in the store; memory holds a window of it.
-    pub fn start(queue_id: QueueId, config: SubConfig, ctx: &Arc<EngineCtx>) -> Self {
+    pub fn start(queue_id: QueueId, config: SubConfig, ctx: &Arc<DeliveryContext>) -> Self {
         let queue = if config.sub.persisted {
             SubQueue::windowed(Window::DEFAULT)
         } else {
             SubQueue::default()
         };
-        let shared = Arc::new(SubShared {
+        let shared = Arc::new(SubscriptionState {
             queue_id,
             topic: Arc::from(config.sub.topic.as_str()),
             name: Arc::from(config.sub.name.as_str()),

@@ -27,6 +27,15 @@ pub struct Batching {
     pub approx_batch_size_bytes: Option<u64>,
 }
 
+/// What one delivery request may carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchCaps {
+    /// Events per request.
+    pub max_events: usize,
+    /// Bytes per request (a single larger event still goes alone).
+    pub max_bytes: usize,
+}
+
 impl Batching {
     fn parse(props: &Obj<'_>, cfg: &Config) -> Result<Self, Invalid> {
         let knob = |key: &str, display: &str, max: u64| {
@@ -75,11 +84,14 @@ impl Batching {
             || self.approx_batch_size_bytes.is_some()
     }
 
-    /// Effective caps `(events, bytes)`: batching off is one event per request; with only one knob
-    /// set the other comes from the module defaults (docs/COMPATIBILITY.md §4.4).
-    pub fn caps(&self, cfg: &Config) -> (usize, usize) {
+    /// Effective caps: batching off is one event per request; with only one knob set the other
+    /// comes from the module defaults (docs/COMPATIBILITY.md §4.4).
+    pub fn caps(&self, cfg: &Config) -> BatchCaps {
         if !self.is_on() {
-            return (1, usize::MAX);
+            return BatchCaps {
+                max_events: 1,
+                max_bytes: usize::MAX,
+            };
         }
         let events = self
             .max_events_per_batch
@@ -90,7 +102,10 @@ impl Batching {
             .map(|kb| kb as usize * 1024)
             .or(self.approx_batch_size_bytes.map(|b| b as usize))
             .unwrap_or(cfg.broker.default_max_batch_size_bytes);
-        (events.max(1), bytes.max(1))
+        BatchCaps {
+            max_events: events.max(1),
+            max_bytes: bytes.max(1),
+        }
     }
 
     fn echo(&self, props: &mut Map<String, Value>) {
@@ -504,7 +519,13 @@ mod tests {
         let s =
             Subscription::from_put(&topic(), "s", with("maxEventsPerBatch", 10), &c, &TestTypes)
                 .unwrap();
-        assert_eq!(s.batching.caps(&c), (10, 1_058_576));
+        assert_eq!(
+            s.batching.caps(&c),
+            BatchCaps {
+                max_events: 10,
+                max_bytes: 1_058_576
+            }
+        );
         let s = Subscription::from_put(
             &topic(),
             "s",
@@ -513,7 +534,13 @@ mod tests {
             &TestTypes,
         )
         .unwrap();
-        assert_eq!(s.batching.caps(&c), (10, 64 * 1024));
+        assert_eq!(
+            s.batching.caps(&c),
+            BatchCaps {
+                max_events: 10,
+                max_bytes: 64 * 1024
+            }
+        );
     }
 
     #[test]
