@@ -21,6 +21,5 @@ mod resilience;
 mod schedule;
 mod secrets;
 mod security;
-mod store_writes;
 mod util;
 mod wait;

@@ -1,9 +1,12 @@
-//! Metadata writes (topics, subscriptions, endpoint-health transitions) flush the metadata
-//! store, which can take long on an SD card. They do not hold up the async runtime, so publishing
-//! and delivery keep going meanwhile.
+//! Writes that can be slow on an SD card never hold up the async runtime: metadata writes
+//! (subscriptions, endpoint-health transitions) and the store writes that follow a delivery
+//! attempt (removing a delivered event, recording a retry's state, keeping a dead letter). Each
+//! test holds one such write in a store under its control, on one runtime thread (as
+//! `broker__workerThreads=1` runs gridlet), while another subscription publishes and delivers.
 
 use crate::util::*;
 use futures_util::future::BoxFuture;
+use gridlet::store::deadletter::{DeadLetter, DeadLetterBound, DeadLetterStore, MemoryDeadLetters};
 use gridlet::store::memory::MemoryStore;
 use gridlet::store::{QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent};
 use gridlet::Parts;
@@ -17,18 +20,19 @@ use std::time::Duration;
 /// cannot be released, so the write goes on after this and the test then fails on the order.
 const HOLD_AT_MOST: Duration = Duration::from_secs(10);
 
-/// Which metadata write the store holds.
-#[derive(Clone, Copy, PartialEq)]
+/// Which write the store holds.
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Write {
     Subscription,
     EndpointHealth,
+    Remove,
+    RetryState,
+    DeadLetter,
 }
 
-/// The memory store, except that one kind of metadata write mentioning `held` (a subscription
-/// record, or an endpoint-health record of a URL) stops until the test releases it: a metadata
-/// flush on a slow disk, under the test's control.
-struct SlowMetadataStore {
-    inner: MemoryStore,
+/// The first write of one kind (mentioning `held`, for metadata writes) stops until the test
+/// releases it: a slow disk, under the test's control.
+struct Hold {
     kind: Write,
     held: &'static str,
     entered: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
@@ -37,7 +41,35 @@ struct SlowMetadataStore {
     done: AtomicBool,
 }
 
-impl SlowMetadataStore {
+impl Hold {
+    fn at(&self, kind: Write, text: &str) {
+        if kind != self.kind || !text.contains(self.held) {
+            return;
+        }
+        let Some(tx) = self.entered.lock().unwrap().take() else {
+            return;
+        };
+        let _ = tx.send(());
+        let _ = self.release.lock().unwrap().recv_timeout(HOLD_AT_MOST);
+        self.done.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The memory store (and memory dead letters) with one kind of write held.
+struct SlowStore {
+    inner: MemoryStore,
+    letters: Arc<SlowLetters>,
+    hold: Arc<Hold>,
+}
+
+struct SlowLetters {
+    inner: MemoryDeadLetters,
+    hold: Arc<Hold>,
+}
+
+impl SlowStore {
+    /// A store holding the first `kind` write (mentioning `held`), the signal that it started,
+    /// and the release.
     fn new(
         kind: Write,
         held: &'static str,
@@ -48,29 +80,30 @@ impl SlowMetadataStore {
     ) {
         let (entered_tx, entered) = tokio::sync::oneshot::channel();
         let (release, release_rx) = mpsc::channel();
-        let store = Arc::new(Self {
-            inner: MemoryStore::new(),
+        let hold = Arc::new(Hold {
             kind,
             held,
             entered: Mutex::new(Some(entered_tx)),
             release: Mutex::new(release_rx),
             done: AtomicBool::new(false),
         });
+        let store = Arc::new(Self {
+            inner: MemoryStore::new(),
+            letters: Arc::new(SlowLetters {
+                inner: MemoryDeadLetters::new(),
+                hold: hold.clone(),
+            }),
+            hold,
+        });
         (store, entered, release)
     }
 
-    fn hold_if_mentioned(&self, kind: Write, text: &str) {
-        if kind == self.kind && text.contains(self.held) {
-            if let Some(tx) = self.entered.lock().unwrap().take() {
-                let _ = tx.send(());
-            }
-            let _ = self.release.lock().unwrap().recv_timeout(HOLD_AT_MOST);
-            self.done.store(true, Ordering::SeqCst);
-        }
+    fn done(&self) -> bool {
+        self.hold.done.load(Ordering::SeqCst)
     }
 }
 
-impl Store for SlowMetadataStore {
+impl Store for SlowStore {
     fn load(&self) -> Result<Snapshot, StoreError> {
         self.inner.load()
     }
@@ -86,14 +119,9 @@ impl Store for SlowMetadataStore {
     fn delete_topic(&self, key: &str) -> Result<(), StoreError> {
         self.inner.delete_topic(key)
     }
-    fn put_subscription(
-        &self,
-        topic: &str,
-        queue: QueueId,
-        record: &Value,
-    ) -> Result<(), StoreError> {
-        self.hold_if_mentioned(Write::Subscription, &record.to_string());
-        self.inner.put_subscription(topic, queue, record)
+    fn put_subscription(&self, topic: &str, q: QueueId, record: &Value) -> Result<(), StoreError> {
+        self.hold.at(Write::Subscription, &record.to_string());
+        self.inner.put_subscription(topic, q, record)
     }
     fn delete_subscription(&self, queue: QueueId) -> Result<(), StoreError> {
         self.inner.delete_subscription(queue)
@@ -108,14 +136,49 @@ impl Store for SlowMetadataStore {
         self.inner.commit()
     }
     fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
+        self.hold.at(Write::RetryState, "");
         self.inner.update(queue, seqs, state)
     }
     fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
+        self.hold.at(Write::Remove, "");
         self.inner.remove(queue, seqs)
     }
+    fn dead_letters(&self) -> Option<Arc<dyn DeadLetterStore>> {
+        Some(self.letters.clone())
+    }
     fn put_endpoint_health(&self, url: &str, record: Option<&Value>) -> Result<(), StoreError> {
-        self.hold_if_mentioned(Write::EndpointHealth, url);
+        self.hold.at(Write::EndpointHealth, url);
         self.inner.put_endpoint_health(url, record)
+    }
+}
+
+impl DeadLetterStore for SlowLetters {
+    fn put(
+        &self,
+        q: QueueId,
+        letter: DeadLetter,
+        bound: DeadLetterBound,
+    ) -> Result<usize, StoreError> {
+        self.hold.at(Write::DeadLetter, "");
+        self.inner.put(q, letter, bound)
+    }
+    fn list(&self, q: QueueId, after: u64, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        self.inner.list(q, after, limit)
+    }
+    fn peek(&self, q: QueueId, ids: Option<&[u64]>) -> Result<Vec<DeadLetter>, StoreError> {
+        self.inner.peek(q, ids)
+    }
+    fn take(&self, q: QueueId, ids: Option<&[u64]>) -> Result<Vec<DeadLetter>, StoreError> {
+        self.inner.take(q, ids)
+    }
+    fn count(&self, q: QueueId) -> usize {
+        self.inner.count(q)
+    }
+    fn bytes(&self) -> u64 {
+        self.inner.bytes()
+    }
+    fn delete_queue(&self, q: QueueId) -> Result<(), StoreError> {
+        self.inner.delete_queue(q)
     }
 }
 
@@ -123,7 +186,7 @@ impl Store for SlowMetadataStore {
 /// blocked it would stop everything else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_slow_subscription_write_does_not_stall_publishing_or_delivery() {
-    let (store, entered, release) = SlowMetadataStore::new(Write::Subscription, "held-subscriber");
+    let (store, entered, release) = SlowStore::new(Write::Subscription, "held-subscriber");
     let t = start_with(
         &[],
         Parts {
@@ -154,7 +217,7 @@ async fn a_slow_subscription_write_does_not_stall_publishing_or_delivery() {
     let got = rx.next().await;
     assert_eq!(got.json()[0]["id"], "e1");
     assert!(
-        !store.done.load(Ordering::SeqCst) && !put.is_finished(),
+        !store.done() && !put.is_finished(),
         "the publish had to wait for the held subscription write"
     );
 
@@ -168,7 +231,7 @@ async fn a_slow_subscription_write_does_not_stall_publishing_or_delivery() {
 /// not stop another subscription's publishes and deliveries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_slow_endpoint_health_write_does_not_stall_other_deliveries() {
-    let (store, entered, release) = SlowMetadataStore::new(Write::EndpointHealth, "held-endpoint");
+    let (store, entered, release) = SlowStore::new(Write::EndpointHealth, "held-endpoint");
     let t = start_with(
         &[("broker__endpointHealth__disableConsecutiveFailures", "1")],
         Parts {
@@ -204,8 +267,68 @@ async fn a_slow_endpoint_health_write_does_not_stall_other_deliveries() {
         .await;
     assert_eq!(healthy.next().await.json()[0]["id"], "g1");
     assert!(
-        !store.done.load(Ordering::SeqCst),
+        !store.done(),
         "the other subscription's delivery had to wait for the held health write"
     );
     release.send(()).unwrap();
+}
+
+/// One subscription's attempt leads to a `kind` write that is held; meanwhile another
+/// subscription publishes and delivers. The tests run gridlet on one runtime thread, as
+/// `broker__workerThreads=1` does.
+async fn a_held_write_does_not_stall_others(kind: Write) {
+    let (store, entered, release) = SlowStore::new(kind, "");
+    let t = start_with(
+        &[],
+        Parts {
+            store: Some(store.clone()),
+            ..Parts::default()
+        },
+    )
+    .await;
+    let mut slow_rx = Receiver::start().await;
+    slow_rx.respond_with(if kind == Write::Remove { 200 } else { 503 });
+    let mut live_rx = Receiver::start().await;
+    t.topic("slow").await;
+    t.topic("live").await;
+    // One attempt: a failure is dead-lettered at once.
+    let attempts = if kind == Write::DeadLetter { 1 } else { 30 };
+    let persisted = json!({"persistencePolicy": {"isPersisted": true},
+        "retryPolicy": {"maxDeliveryAttempts": attempts}});
+    t.webhook_sub("slow", "s", &slow_rx.url("/slow"), persisted)
+        .await;
+    t.webhook_sub("live", "s", &live_rx.url("/live"), json!({}))
+        .await;
+
+    t.publish("slow", json!([eg_event("x1", "s", "type", json!({}))]))
+        .await;
+    slow_rx.next().await;
+    tokio::time::timeout(Duration::from_secs(5), entered)
+        .await
+        .expect("the held write started")
+        .unwrap();
+
+    t.publish("live", json!([eg_event("l1", "s", "type", json!({}))]))
+        .await;
+    assert_eq!(live_rx.next().await.json()[0]["id"], "l1");
+    assert!(
+        !store.done(),
+        "the other subscription's delivery had to wait for the held {kind:?} write"
+    );
+    release.send(()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_slow_removal_of_a_delivered_event_does_not_stall_other_deliveries() {
+    a_held_write_does_not_stall_others(Write::Remove).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_slow_retry_state_write_does_not_stall_other_deliveries() {
+    a_held_write_does_not_stall_others(Write::RetryState).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_slow_dead_letter_write_does_not_stall_other_deliveries() {
+    a_held_write_does_not_stall_others(Write::DeadLetter).await;
 }
