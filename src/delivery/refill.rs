@@ -76,9 +76,12 @@ pub(super) async fn refill(
     let queue = shared.queue_id;
     let asked = seqs.clone();
     // A retry's state is read back with its body: the update that wrote it must have run.
-    let (writer, mark) = (ctx.writer.clone(), ctx.writer.mark());
+    // (Events waiting for their first attempt have no write queued: no wait for those.)
+    let wait = (lane == Lane::Retry).then(|| (ctx.writer.clone(), ctx.writer.mark()));
     let read = tokio::task::spawn_blocking(move || {
-        writer.wait_for(mark);
+        if let Some((writer, mark)) = wait {
+            writer.wait_for(mark);
+        }
         read_window(store.as_ref(), queue, &seqs, room)
     })
     .await;
