@@ -98,6 +98,15 @@ impl SlowStore {
         (store, entered, release)
     }
 
+    /// A gridlet on this store, with `extra` settings.
+    async fn serve(self: &Arc<Self>, extra: &[(&str, &str)]) -> TestGridlet {
+        let parts = Parts {
+            store: Some(self.clone()),
+            ..Parts::default()
+        };
+        start_with(extra, parts).await
+    }
+
     fn done(&self) -> bool {
         self.hold.done.load(Ordering::SeqCst)
     }
@@ -187,14 +196,7 @@ impl DeadLetterStore for SlowLetters {
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_slow_subscription_write_does_not_stall_publishing_or_delivery() {
     let (store, entered, release) = SlowStore::new(Write::Subscription, "held-subscriber");
-    let t = start_with(
-        &[],
-        Parts {
-            store: Some(store.clone()),
-            ..Parts::default()
-        },
-    )
-    .await;
+    let t = store.serve(&[]).await;
     let mut rx = Receiver::start().await;
     t.topic("t").await;
     t.webhook_sub("t", "live", &rx.url("/live"), json!({}))
@@ -232,14 +234,9 @@ async fn a_slow_subscription_write_does_not_stall_publishing_or_delivery() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_slow_endpoint_health_write_does_not_stall_other_deliveries() {
     let (store, entered, release) = SlowStore::new(Write::EndpointHealth, "held-endpoint");
-    let t = start_with(
-        &[("broker__endpointHealth__disableConsecutiveFailures", "1")],
-        Parts {
-            store: Some(store.clone()),
-            ..Parts::default()
-        },
-    )
-    .await;
+    let t = store
+        .serve(&[("broker__endpointHealth__disableConsecutiveFailures", "1")])
+        .await;
     let mut failing = Receiver::start().await;
     failing.respond_with(503);
     let mut healthy = Receiver::start().await;
@@ -278,14 +275,7 @@ async fn a_slow_endpoint_health_write_does_not_stall_other_deliveries() {
 /// `broker__workerThreads=1` does.
 async fn a_held_write_does_not_stall_others(kind: Write) {
     let (store, entered, release) = SlowStore::new(kind, "");
-    let t = start_with(
-        &[],
-        Parts {
-            store: Some(store.clone()),
-            ..Parts::default()
-        },
-    )
-    .await;
+    let t = store.serve(&[]).await;
     let mut slow_rx = Receiver::start().await;
     slow_rx.respond_with(if kind == Write::Remove { 200 } else { 503 });
     let mut live_rx = Receiver::start().await;
