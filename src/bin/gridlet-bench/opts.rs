@@ -1,0 +1,130 @@
+//! The bench's command line.
+
+use super::net::Mode;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Command-line options.
+#[derive(Debug, Clone)]
+pub(super) struct Opts {
+    pub(super) scenarios: Vec<String>,
+    pub(super) quick: bool,
+    pub(super) duration: Duration,
+    pub(super) paced: Duration,
+    pub(super) conns: usize,
+    pub(super) backlog: u64,
+    pub(super) gridlet: Option<PathBuf>,
+    pub(super) max_seconds: u64,
+    /// How the subscriber is down in (e).
+    pub(super) down: Mode,
+    /// (e) with persisted subscriptions (default) or in-memory ones.
+    pub(super) e_persisted: bool,
+    /// Paired rounds per throughput scenario (0 = none): see [`Bench::paired`].
+    pub(super) rounds: u32,
+    /// Length of each slice of a paired round.
+    pub(super) slice: Duration,
+}
+
+const USAGE: &str =
+    "usage: gridlet-bench [--scenario a|b|c|d|e|footprint|azure|all (comma list ok)] [--quick]
+                     [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
+                     [--down stall|refuse] [--e-in-memory] [--gridlet PATH] [--max-seconds SECS]
+                     [--rounds N] [--slice SECS]
+
+--rounds N (default 4, 0 = off) and --slice SECS (default 2): after its main run, each throughput
+scenario (a, b, c, d) runs N rounds that alternate a SECS slice of the raw batch-1 limit with a
+SECS slice of the scenario (and, in d, of the raw durable limit), and prints its ratio to the
+limit measured seconds apart: the machine's drift moves both sides of that ratio alike.
+
+--down (scenario e): stall = the subscriber accepts requests and answers nothing until it comes
+back (the backlog waits in the ready lane); refuse = it answers 503 (every event takes the
+1-minute retry lane, so the drain waits for the retry schedule).
+--e-in-memory: scenario e with in-memory subscriptions (default: persisted, so the backlog can
+survive the restart).";
+
+pub(super) fn parse_args() -> Result<Opts, String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let mut o = Opts {
+        scenarios: vec!["all".into()],
+        quick,
+        duration: Duration::from_secs_f64(if quick { 1.0 } else { 8.0 }),
+        paced: Duration::from_secs_f64(if quick { 1.0 } else { 5.0 }),
+        conns: 8,
+        backlog: if quick { 20_000 } else { 1_000_000 },
+        gridlet: None,
+        max_seconds: 900,
+        down: Mode::Stall,
+        e_persisted: true,
+        rounds: if quick { 1 } else { 4 },
+        slice: Duration::from_secs_f64(if quick { 0.3 } else { 2.0 }),
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut val = || {
+            it.next()
+                .cloned()
+                .ok_or(format!("{a} needs a value\n{USAGE}"))
+        };
+        let secs = |v: String| {
+            v.parse::<f64>()
+                .ok()
+                .filter(|s| *s > 0.0 && *s < 3600.0)
+                .map(Duration::from_secs_f64)
+                .ok_or(format!("{a}: expected seconds"))
+        };
+        match a.as_str() {
+            "--quick" => {}
+            "--scenario" => {
+                o.scenarios = val()?.split(',').map(|s| s.trim().to_string()).collect();
+            }
+            "--duration" => o.duration = secs(val()?)?,
+            "--paced-seconds" => o.paced = secs(val()?)?,
+            "--conns" => {
+                o.conns = val()?
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1024).contains(n))
+                    .ok_or("--conns: 1..=1024")?
+            }
+            "--backlog" => {
+                o.backlog = val()?
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=100_000_000).contains(n))
+                    .ok_or("--backlog: 1..=100000000")?
+            }
+            "--down" => {
+                o.down = match val()?.as_str() {
+                    "stall" => Mode::Stall,
+                    "refuse" => Mode::Refuse,
+                    _ => return Err("--down: stall or refuse".into()),
+                }
+            }
+            "--e-in-memory" => o.e_persisted = false,
+            "--rounds" => {
+                o.rounds = val()?
+                    .parse()
+                    .ok()
+                    .filter(|n| *n <= 100)
+                    .ok_or("--rounds: 0..=100")?
+            }
+            "--slice" => o.slice = secs(val()?)?,
+            "--gridlet" => o.gridlet = Some(PathBuf::from(val()?)),
+            "--max-seconds" => {
+                o.max_seconds = val()?
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or("--max-seconds: a positive number")?
+            }
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            other => return Err(format!("unknown argument {other}\n{USAGE}")),
+        }
+    }
+    let known = ["a", "b", "c", "d", "e", "footprint", "azure", "all"];
+    if let Some(bad) = o.scenarios.iter().find(|s| !known.contains(&s.as_str())) {
+        return Err(format!("unknown scenario {bad}\n{USAGE}"));
+    }
+    Ok(o)
+}

@@ -1,0 +1,121 @@
+//! The bench's report: one block per scenario as it runs, then the summary table (markdown).
+
+use super::*;
+
+impl Bench {
+    pub(super) fn print_row(&self, r: &Row, title: &str) {
+        println!("\n== {} — {title} ==", r.name);
+        let ratio = |v: f64| format!("{:.2} × raw", v / self.raw1);
+        println!(
+            "  publish events/s      {:>12.0}   {}",
+            r.publish_eps,
+            ratio(r.publish_eps)
+        );
+        println!(
+            "  delivered events/s    {:>12.0}   {}",
+            r.delivered_eps,
+            ratio(r.delivered_eps)
+        );
+        println!(
+            "  events published/delivered  {} / {}",
+            r.accepted, r.delivered
+        );
+        if let Some((p50, p99, max)) = r.lat {
+            println!(
+                "  latency p50/p99/max   {:.2} / {:.2} / {:.2} ms",
+                p50 as f64 / 1e3,
+                p99 as f64 / 1e3,
+                max as f64 / 1e3
+            );
+        }
+        if r.peak_rss > 0 {
+            println!("  gridlet peak RSS      {}", mb(r.peak_rss));
+            println!(
+                "  gridlet CPU           {:.2} s = {:.1} µs per delivered event",
+                r.cpu_s,
+                per_event_us(r.cpu_s, r.delivered)
+            );
+        }
+        if r.bench_cpu_s > 0.0 {
+            println!(
+                "  bench CPU             {:.2} s = {:.1} µs per delivered event (publisher + receiver)",
+                r.bench_cpu_s,
+                per_event_us(r.bench_cpu_s, r.delivered)
+            );
+        }
+        if let Some(d) = r.disk_per_event {
+            println!("  disk per queued event {d:.0} bytes");
+        }
+        if let Some(n) = r.log_lines {
+            println!("  gridlet log lines     {n} during the run (RUST_LOG=info)");
+        }
+        if let Some(p) = &r.paired {
+            println!(
+                "  paired with the limit {:.2} × raw: {} rounds of {:.1} s alternating with raw batch 1 (rounds {:.2}–{:.2}; raw slices {:.0}–{:.0} events/s)",
+                p.raw,
+                p.rounds,
+                self.opts.slice.as_secs_f64(),
+                p.raw_spread.0,
+                p.raw_spread.1,
+                p.raw_eps.0,
+                p.raw_eps.1
+            );
+            if let Some((d, (lo, hi))) = p.durable {
+                println!("  paired with raw durable {d:.2} × raw durable (rounds {lo:.2}–{hi:.2})");
+            }
+        }
+        if !r.note.is_empty() {
+            println!("  note: {}", r.note.trim());
+        }
+    }
+
+    pub(super) fn summary(&self) {
+        println!("\n== summary (markdown) ==\n");
+        println!("| run | publish ev/s | × raw | delivered ev/s | × raw | × raw, paired (rounds) | p50 ms | p99 ms | max ms | gridlet peak RSS | gridlet CPU s | gridlet CPU µs/event | bench CPU µs/event | disk B/queued event | note |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+        for r in &self.rows {
+            let (p50, p99, max) = match r.lat {
+                Some((a, b, c)) => (
+                    format!("{:.2}", a as f64 / 1e3),
+                    format!("{:.2}", b as f64 / 1e3),
+                    format!("{:.2}", c as f64 / 1e3),
+                ),
+                None => ("–".into(), "–".into(), "–".into()),
+            };
+            println!(
+                "| {} | {:.0} | {:.2} | {:.0} | {:.2} | {} | {p50} | {p99} | {max} | {} | {} | {} | {} | {} | {} |",
+                r.name,
+                r.publish_eps,
+                r.publish_eps / self.raw1,
+                r.delivered_eps,
+                r.delivered_eps / self.raw1,
+                r.paired.as_ref().map_or("–".into(), |p| format!(
+                    "{:.2} ({:.2}–{:.2})",
+                    p.raw, p.raw_spread.0, p.raw_spread.1
+                )),
+                if r.peak_rss > 0 { mb(r.peak_rss) } else { "–".into() },
+                if r.peak_rss > 0 { format!("{:.2}", r.cpu_s) } else { "–".into() },
+                if r.peak_rss > 0 {
+                    format!("{:.1}", per_event_us(r.cpu_s, r.delivered))
+                } else {
+                    "–".into()
+                },
+                if r.bench_cpu_s > 0.0 {
+                    format!("{:.1}", per_event_us(r.bench_cpu_s, r.delivered))
+                } else {
+                    "–".into()
+                },
+                r.disk_per_event
+                    .map(|d| format!("{d:.0}"))
+                    .unwrap_or("–".into()),
+                r.note.trim()
+            );
+        }
+        if !self.extras.is_empty() {
+            println!("\n| measure | value |\n|---|---|");
+            for (k, v) in &self.extras {
+                println!("| {k} | {v} |");
+            }
+        }
+    }
+}
