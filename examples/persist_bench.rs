@@ -24,7 +24,7 @@
 //! ```
 
 use gridlet::clock::Clock;
-use gridlet::store::sled::{SledOptions, SledStore};
+use gridlet::store::log::{LogStore as SledStore, LogStoreOptions as SledOptions};
 use gridlet::store::{RetryState, Store, StoredEvent};
 use gridlet::{Config, Gridlet, Parts};
 use serde_json::{json, Value};
@@ -67,7 +67,7 @@ fn opts(dir: &Path, max: u64) -> SledOptions {
         max_disk_bytes: max,
         cache_bytes: 8 << 20,
         flush_every_ms: 1000,
-        checkpoint_every: gridlet::store::sled::CHECKPOINT_EVERY,
+        segment_bytes: gridlet::store::log::SEGMENT_BYTES,
     }
 }
 

@@ -29,7 +29,6 @@ use crate::model::subscription::Subscription;
 use crate::model::topic::{EventSchema, Topic};
 use crate::store::{Store, StoreError};
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -72,7 +71,9 @@ struct BrokerState {
     mgmt: Mutex<()>,
     /// Serialises dead-letter replays of persisted subscriptions (read, persist, then remove).
     replays: tokio::sync::Mutex<()>,
-    seq: AtomicU64,
+    /// The next sequence number. Held while a publish numbers its events **and** submits them to
+    /// the store, so the store receives events in sequence order (the event log's invariant).
+    seq: Mutex<u64>,
 }
 
 /// Cheap to clone handle to the broker.

@@ -6,7 +6,8 @@
 //!    ([`SubscriptionHandle::reserve`]: an in-memory subscription within its bound), and the
 //!    memory bound is checked (full → 503 + Retry-After, or dead letters under
 //!    `queueFullPolicy=deadLetter`);
-//! 3. [`persist`] the copies for **persisted** subscriptions (append + group commit); only then
+//! 3. [`persist`] the copies for **persisted** subscriptions (numbered and submitted to the store
+//!    in one step, so the store sees sequence order; then the group commit); only then
 //! 4. [`Broker::enqueue`] into the reserved places ([`SubscriptionHandle::enqueue`], which
 //!    wakes the dispatchers).
 //!
@@ -19,8 +20,7 @@ use crate::config::Key;
 use crate::delivery::payload::EventData;
 use crate::delivery::subscription::{Reservation, SubConfig, SubscriptionHandle};
 use crate::model::event::IncomingEvent;
-use crate::store::Store;
-use std::sync::atomic::Ordering;
+use crate::store::{Commit, Store};
 use std::sync::Arc;
 
 /// Where each event of a request goes.
@@ -86,15 +86,16 @@ fn route(configs: &[Arc<SubConfig>], events: &[IncomingEvent]) -> Routes {
     routes
 }
 
-/// Append the copies for persisted subscriptions and wait until they are durable.
-async fn persist(
+/// Submit the copies for persisted subscriptions to the store; the [`Commit`] resolves once they
+/// are durable. Each event's body is shared by its copies (the store writes it once).
+fn persist(
     store: &dyn Store,
     subs: &[Arc<SubscriptionHandle>],
     configs: &[Arc<SubConfig>],
     routes: &Routes,
     payloads: &Payloads,
     now_ms: u64,
-) -> Result<(), BrokerError> {
+) -> Result<Commit, BrokerError> {
     let mut durable = Vec::new();
     for ((sub, cfg), r) in subs.iter().zip(configs).zip(&routes.per_sub) {
         if !cfg.sub.persisted {
@@ -105,12 +106,9 @@ async fn persist(
         }
     }
     if durable.is_empty() {
-        return Ok(());
+        return Ok(Commit::done());
     }
-    store
-        .append_commit(durable)
-        .await
-        .map_err(BrokerError::Store)
+    store.submit(durable).map_err(BrokerError::Store)
 }
 
 impl Broker {
@@ -135,13 +133,19 @@ impl Broker {
         let routes = route(&configs, &events);
         entry.metrics.unmatched_events.add(routes.unmatched);
         let admitted = self.admit(&subs, &configs, &routes)?;
-        let payloads = self.payloads(&routes, events);
         let now_ms = self.inner.ctx.clock.now_ms();
+        let (payloads, commit) = {
+            // Numbered and submitted in one step: the store sees events in sequence order.
+            let mut next = crate::sync::lock(&self.inner.seq);
+            let payloads = self.payloads(&routes, events, &mut next);
+            let store = &*self.inner.ctx.store;
+            let commit = persist(store, &subs, &configs, &routes, &payloads, now_ms)?;
+            (payloads, commit)
+        };
         let broker = self.clone();
         // Runs to completion even when the caller stops waiting (see the module docs).
         let commit_and_enqueue = async move {
-            let store = broker.inner.ctx.store.clone();
-            persist(&*store, &subs, &configs, &routes, &payloads, now_ms).await?;
+            commit.wait().await.map_err(BrokerError::Store)?;
             broker.enqueue(&subs, &routes, admitted, &payloads, now_ms);
             Ok(())
         };
@@ -202,7 +206,12 @@ impl Broker {
     }
 
     /// One shared payload per matched event, with one sequence number each.
-    fn payloads(&self, routes: &Routes, mut events: Vec<IncomingEvent>) -> Payloads {
+    fn payloads(
+        &self,
+        routes: &Routes,
+        mut events: Vec<IncomingEvent>,
+        next: &mut u64,
+    ) -> Payloads {
         // Event bodies can be slices of the request's buffer, which then stays in memory while
         // any of them is queued. When filters matched less than half of the request, the
         // matched bodies are copied out, so the buffer goes with the request and what is
@@ -218,7 +227,8 @@ impl Broker {
                 if slot.is_some() {
                     continue;
                 }
-                let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+                let seq = *next;
+                *next += 1;
                 // Moved, not cloned: each event gets one payload, and `events` is not read
                 // after this.
                 let body = if copy_out {

@@ -52,7 +52,7 @@ impl Broker {
                 topics: RwLock::new(Arc::new(HashMap::new())),
                 mgmt: Mutex::new(()),
                 replays: tokio::sync::Mutex::new(()),
-                seq: AtomicU64::new(snapshot.max_seq + 1),
+                seq: Mutex::new(snapshot.max_seq + 1),
             }),
         };
         let topics = restore_topics(snapshot.topics)?;

@@ -10,7 +10,6 @@ use crate::config::Key;
 use crate::delivery::deadletter::DeadLetter;
 use crate::delivery::payload::EventData;
 use crate::delivery::subscription::SubscriptionHandle;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 impl Broker {
@@ -80,10 +79,23 @@ impl Broker {
             letters = self.take_for_memory(sub, &letters).await?;
         }
         let now_ms = ctx.clock.now_ms();
-        let events = self.replayed_events(&letters);
-        if persisted {
-            self.persist_replayed(sub, &letters, &events, now_ms)
-                .await?;
+        let (events, commit) = {
+            // Numbered and submitted in one step, as a publish (the store sees sequence order).
+            let mut next = crate::sync::lock(&self.inner.seq);
+            let events = self.replayed_events(&letters, &mut next);
+            let commit = if persisted {
+                let durable: Vec<_> = events
+                    .iter()
+                    .map(|(seq, data)| (sub.queue_id(), data.to_stored(*seq, now_ms)))
+                    .collect();
+                Some(ctx.store.submit(durable).map_err(BrokerError::Store)?)
+            } else {
+                None
+            };
+            (events, commit)
+        };
+        if let Some(commit) = commit {
+            self.persist_replayed(sub, &letters, commit).await?;
         }
         let n = sub.replay(places, &events, now_ms);
         tracing::info!(topic = %sub.config().sub.topic, subscription = %sub.name(), events = n, "dead letters replayed");
@@ -125,12 +137,17 @@ impl Broker {
     }
 
     /// New payloads, with fresh sequence numbers, for `letters`.
-    fn replayed_events(&self, letters: &[DeadLetter]) -> Vec<(u64, Arc<EventData>)> {
+    fn replayed_events(
+        &self,
+        letters: &[DeadLetter],
+        next: &mut u64,
+    ) -> Vec<(u64, Arc<EventData>)> {
         let ctx = &self.inner.ctx;
         letters
             .iter()
             .map(|l| {
-                let seq = self.inner.seq.fetch_add(1, Ordering::Relaxed);
+                let seq = *next;
+                *next += 1;
                 let data = EventData::new(
                     l.body.clone(),
                     l.event_id.clone().into_boxed_str(),
@@ -141,24 +158,15 @@ impl Broker {
             .collect()
     }
 
-    /// Append and commit the replayed events, then remove their letters.
+    /// Wait until the replayed events are durable, then remove their letters.
     async fn persist_replayed(
         &self,
         sub: &SubscriptionHandle,
         letters: &[DeadLetter],
-        events: &[(u64, Arc<EventData>)],
-        now_ms: u64,
+        commit: crate::store::Commit,
     ) -> Result<(), BrokerError> {
-        let ctx = &self.inner.ctx;
-        let durable: Vec<_> = events
-            .iter()
-            .map(|(seq, data)| (sub.queue_id(), data.to_stored(*seq, now_ms)))
-            .collect();
         // On failure the letters were never taken: they stay dead letters.
-        ctx.store
-            .append_commit(durable)
-            .await
-            .map_err(BrokerError::Store)?;
+        commit.wait().await.map_err(BrokerError::Store)?;
         let ids: Vec<u64> = letters.iter().map(|l| l.id).collect();
         let queue = sub.queue_id();
         let taken = self

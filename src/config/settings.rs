@@ -122,10 +122,10 @@ settings! {
     log__format = "text" : "`text`: one line per record with the syslog severity prefix IoT Edge filters on (`<6>` info, `<4>` warn, `<3>` error), colours only on a terminal and never with `NO_COLOR`; `json`: one JSON object per line, for log shippers. Level: `RUST_LOG` (default `info`)";
     persistence__metadataPath = "metadataDb" : "directory holding topics, subscriptions and the self-signed certificate";
     persistence__eventsPath = "eventsDb" : "directory holding persisted events";
-    persistence__store = "sled" : "`sled`: metadata, endpoint health, dead letters and the events of persisted subscriptions on disk (files under `gridlet-v1/`); `memory`: everything in memory, lost on restart";
-    persistence__maxDiskBytes = "268435456" : "bound on the event store: persisted publishes get 507 + Retry-After when live event and dead-letter bytes x 2.5 (sled's files measured at ~2x live data) would exceed it; bounds disk only: a persisted backlog stays on disk, memory holds a window of 2048 events per subscription";
-    persistence__cacheBytes = "8388608" : "sled page cache of the event store (counts on-disk page bytes; RSS is higher)";
-    persistence__flushEveryMs = "1000" : "period of sled's own background fsync (`sync_all`); acknowledged events are already fsynced by the publish journal and its 200 ms checkpoints; 0 = off";
+    persistence__store = "sled" : "`sled`: the events of persisted subscriptions in gridlet's append-only event log (`eventsPath/gridlet-v2/log/`), metadata, endpoint health and dead letters in sled databases; `memory`: everything in memory, lost on restart";
+    persistence__maxDiskBytes = "268435456" : "bound on the event store: persisted publishes get 507 + Retry-After when the event log's segments plus dead-letter bytes x 2.5 plus the new events would exceed it (each event body counts once, however many subscriptions it goes to); bounds disk only: a persisted backlog stays on disk, memory holds a window of 2048 events per subscription";
+    persistence__cacheBytes = "8388608" : "sled page cache of the dead-letter database (counts on-disk page bytes; RSS is higher)";
+    persistence__flushEveryMs = "1000" : "period of sled's own background fsync (`sync_all`) of the metadata and dead-letter databases; acknowledged events are already fsynced by the event log's group commit; 0 = off";
 }
 
 #[cfg(test)]

@@ -215,8 +215,8 @@ pub fn broker_families() -> [Family<BrokerView>; 7] {
         family("gridlet_store_disk_bytes", Gauge, "Bytes the store's files occupy on disk (sled never shrinks them; freed space is reused)", |b| n(b.store_disk_bytes)),
         family("gridlet_dead_letter_bytes", Gauge, "Bytes of dead letters kept, all subscriptions together (bounded by broker__deadLetter__maxBytes)", |b| n(b.dead_letter_bytes)),
         family("gridlet_store_commits_total", Counter, "Persisted publishes made durable (answered only after their group's sync)", |b| b.commits.and_then(|c| n(c.commits))),
-        family("gridlet_store_journal_syncs_total", Counter, "Publish-journal writes, one fdatasync each (commits / syncs = events per group commit)", |b| b.commits.and_then(|c| n(c.syncs))),
-        family("gridlet_store_checkpoints_total", Counter, "Checkpoints: journaled events still pending moved into sled, sled flushed and fsynced", |b| b.commits.and_then(|c| n(c.checkpoints))),
+        family("gridlet_store_journal_syncs_total", Counter, "Event-log frames that acknowledged publishes, one fdatasync each (commits / syncs = publishes per group commit)", |b| b.commits.and_then(|c| n(c.syncs))),
+        family("gridlet_store_checkpoints_total", Counter, "Event-log collections: segments with nothing pending deleted (after restating what older live segments owe)", |b| b.commits.and_then(|c| n(c.checkpoints))),
     ]
 }
 

@@ -19,6 +19,8 @@
 //! passes the same contract tests (`store::contract`).
 
 pub mod deadletter;
+pub mod fs;
+pub mod log;
 pub mod memory;
 pub mod sled;
 
@@ -36,19 +38,20 @@ pub fn open(cfg: &crate::config::Persistence) -> Result<std::sync::Arc<dyn Store
     match cfg.store {
         crate::config::StoreKind::Memory => Ok(std::sync::Arc::new(memory::MemoryStore::new())),
         crate::config::StoreKind::Sled => {
-            let s = sled::SledStore::open(&sled::SledOptions {
+            let s = log::LogStore::open(&log::LogStoreOptions {
                 metadata_path: cfg.metadata_path.clone(),
                 events_path: cfg.events_path.clone(),
                 max_disk_bytes: cfg.max_disk_bytes,
                 cache_bytes: cfg.cache_bytes,
                 flush_every_ms: cfg.flush_every_ms,
-                checkpoint_every: sled::CHECKPOINT_EVERY,
+                segment_bytes: log::SEGMENT_BYTES,
             })?;
             tracing::info!(
                 metadata = %cfg.metadata_path.display(),
                 events = %cfg.events_path.display(),
                 max_disk_bytes = cfg.max_disk_bytes,
-                "sled store open"
+                segments = s.segments(),
+                "event store open"
             );
             Ok(std::sync::Arc::new(s))
         }
@@ -124,6 +127,36 @@ pub enum StoreError {
     /// An I/O or engine error.
     #[error("event store I/O error: {0}")]
     Io(String),
+}
+
+/// A submitted publish's durability: resolves once its events are durable
+/// ([`Store::submit`]). Owns no borrow of the store, so it can be awaited in another task.
+#[must_use = "a publish is acknowledged only after its commit resolves"]
+pub struct Commit(Option<tokio::sync::oneshot::Receiver<Result<(), StoreError>>>);
+
+impl Commit {
+    /// Already durable (or nothing to make durable).
+    pub fn done() -> Self {
+        Self(None)
+    }
+
+    /// Durable when `rx` answers.
+    pub fn pending(rx: tokio::sync::oneshot::Receiver<Result<(), StoreError>>) -> Self {
+        Self(Some(rx))
+    }
+
+    /// Wait until the events are durable.
+    ///
+    /// # Errors
+    /// The write or sync failed, or the store stopped.
+    pub async fn wait(self) -> Result<(), StoreError> {
+        match self.0 {
+            None => Ok(()),
+            Some(rx) => rx
+                .await
+                .map_err(|_| StoreError::Io("the event store stopped before the commit".into()))?,
+        }
+    }
 }
 
 /// Storage for metadata and persisted events.
@@ -218,20 +251,17 @@ pub trait Store: Send + Sync + 'static {
     /// Make everything appended so far durable. Concurrent callers share one flush.
     fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 
-    /// [`Store::append`] then [`Store::commit`]: the publish path. Stores override it to write
-    /// the events and make them durable in one step off the caller's thread (the sled store hands
-    /// them to its committer, which journals a whole group with one `fdatasync`).
+    /// The publish path: append `items` (one request's copies, the same event once per queue it
+    /// goes to) and return a [`Commit`] that resolves once they are durable. Stores see
+    /// submissions in the order they are made: the broker submits in the order it numbers
+    /// events, so the log's sequence numbers increase. Stores override it to make a whole group
+    /// of publishes durable with one sync (the log store's committer).
     ///
     /// # Errors
-    /// As [`Store::append`] (nothing written), or the commit failed.
-    fn append_commit(
-        &self,
-        items: Vec<(QueueId, StoredEvent)>,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move {
-            self.append(&items)?;
-            self.commit().await
-        })
+    /// As [`Store::append`]: nothing is written.
+    fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {
+        self.append(&items)?;
+        Ok(Commit::done())
     }
 
     /// Rewrite the retry state of events.

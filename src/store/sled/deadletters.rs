@@ -1,9 +1,9 @@
 //! Dead letters on disk: the [`DeadLetterStore`] of the sled store.
 //!
-//! One tree `deadletters` of the **events** database (the same `sled::Db` as the event queues,
-//! opened once per process), keyed `queue_id u32 BE ‖ letter id u64 BE` so that a queue's letters
-//! are one contiguous, id-ordered range. The key `[0xff; 4]` holds the highest id ever handed
-//! out: ids keep increasing across restarts even when every letter was replayed or purged.
+//! One tree `deadletters` of the letters database (`<eventsPath>/gridlet-v2/letters`), keyed
+//! `queue_id u32 BE ‖ letter id u64 BE` so that a queue's letters are one contiguous, id-ordered
+//! range. The key `[0xff; 4]` holds the highest id ever handed out: ids keep increasing across
+//! restarts even when every letter was replayed or purged.
 //!
 //! * `put` inserts the letter, evicts what the bounds require (the queue's lowest ids beyond
 //!   its count; then, under the byte bound, the oldest letters of the queues holding the most
@@ -12,20 +12,17 @@
 //!   avoid a scan per put; finding a victim is one range read of its queue.
 //! * `take` and `delete_queue` remove in one batch. Every mutation holds one mutex across its
 //!   sled calls (short, no await), so counts and the tree never disagree.
-//! * Letters count in the store's live bytes, the same accounting as events: they bring the
-//!   disk bound (507 on publish) closer, and give their bytes back when evicted, taken (replay,
-//!   purge) or deleted with their subscription; the scan at open counts them again. A put is
+//! * Letters count against `persistence__maxDiskBytes` (their counted bytes × 2.5, beside the
+//!   event log's segments): they bring the disk bound (507 on publish) closer and give their
+//!   bytes back when evicted, taken (replay, purge) or deleted with their subscription. A put is
 //!   never refused for the disk bound (for a persisted subscription the event it replaces is
-//!   removed right after); they are bounded by `broker__deadLetter__maxEventsPerSubscription`
-//!   per subscription and `broker__deadLetter__maxBytes` all together, so at most ≈ 2.5 ×
-//!   `maxBytes` of the disk bound goes to dead letters.
-//! * Writes are not awaited: they ask the committer for a flush (the same policy as retry-state
-//!   updates). Because letters and events share one sled log, and the dispatcher writes the
-//!   letter **before** removing the event, a crash in between leaves both (the event is retried
-//!   and also listed as a dead letter), never neither.
+//!   settled right after); they are bounded by `broker__deadLetter__maxEventsPerSubscription`
+//!   per subscription and `broker__deadLetter__maxBytes` all together.
+//! * Writes are made durable by sled's background flush, and **before** the event log settles
+//!   the events they replace (`LogStore::remove_dropped` flushes this database first): after a
+//!   crash an event is pending, a dead letter, or both; never neither.
 //! * Letters of queues that no subscription owns any more are removed at open.
 
-use super::committer::Committer;
 use super::{corrupt, io, item_cost};
 use crate::store::deadletter::{
     largest_holder, not_kept, DeadLetter, DeadLetterBound, DeadLetterStore, DropReason,
@@ -79,13 +76,12 @@ pub struct SledDeadLetterStore {
     tree: sled::Tree,
     /// The store's live-bytes counter (events and dead letters), for the disk bound.
     live: Arc<AtomicU64>,
-    committer: Arc<Committer>,
     counts: Mutex<Counts>,
     path: PathBuf,
 }
 
 fn key(queue: QueueId, id: u64) -> [u8; 12] {
-    super::codec::event_key(queue, id)
+    super::codec::queue_key(queue, id)
 }
 
 fn reason_code(r: DropReason) -> u8 {
@@ -195,19 +191,17 @@ fn parse_key(k: &[u8]) -> Option<(QueueId, u64)> {
 }
 
 impl SledDeadLetterStore {
-    /// Open the tree in `db`, count what it holds and remove the letters of queues not in
-    /// `known`. Returns the store and the live bytes of the letters kept (the caller adds them
-    /// to `live` once its own scan has set it).
+    /// Open the tree in `db`, count what it holds (into `live`) and remove the letters of queues
+    /// not in `known`.
     ///
     /// # Errors
     /// Unreadable data ([`StoreError::Corrupt`] naming `path`).
-    pub(super) fn open(
+    pub fn open(
         db: &sled::Db,
         known: &HashSet<QueueId>,
         live: Arc<AtomicU64>,
-        committer: Arc<Committer>,
         path: PathBuf,
-    ) -> Result<(Self, u64), StoreError> {
+    ) -> Result<Self, StoreError> {
         let tree = db.open_tree(TREE).map_err(io)?;
         let mut counts = Counts::default();
         let mut bytes = 0u64;
@@ -237,7 +231,6 @@ impl SledDeadLetterStore {
         let store = Self {
             tree,
             live,
-            committer,
             counts: Mutex::new(counts),
             path,
         };
@@ -248,7 +241,8 @@ impl SledDeadLetterStore {
             );
             store.remove_range(q)?;
         }
-        Ok((store, bytes))
+        store.live.fetch_add(bytes, Ordering::Relaxed);
+        Ok(store)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Counts> {
@@ -297,12 +291,11 @@ impl SledDeadLetterStore {
     /// Remove a queue's whole range (see [`super::events::remove_prefix`]); returns the bytes freed.
     fn remove_range(&self, queue: QueueId) -> Result<u64, StoreError> {
         let mut g = self.lock();
-        let freed = super::events::remove_prefix(&self.tree, queue)?;
+        let freed = super::codec::remove_prefix(&self.tree, queue)?;
         g.per_queue.remove(&queue);
         let size = g.bytes.remove(&queue).unwrap_or(0);
         g.total = g.total.saturating_sub(size);
         drop(g);
-        self.committer.nudge();
         Ok(freed)
     }
 }
@@ -421,7 +414,6 @@ impl DeadLetterStore for SledDeadLetterStore {
         drop(g);
         self.live.fetch_add(cost, Ordering::Relaxed);
         self.sub_live(freed);
-        self.committer.nudge();
         Ok(victims.len())
     }
 
@@ -473,7 +465,6 @@ impl DeadLetterStore for SledDeadLetterStore {
         g.total = g.total.saturating_sub(size);
         drop(g);
         self.sub_live(freed);
-        self.committer.nudge();
         Ok(found.into_iter().map(|(l, _)| l).collect())
     }
 

@@ -1,31 +1,86 @@
-//! Metadata of the sled store: topics, subscriptions, queue ids and endpoint-health records, in
-//! the metadata database (trees `topics`, `subs`, `health`; layout in the [`super`] docs).
+//! Metadata: topics, subscriptions, queue ids and endpoint-health records, in the metadata
+//! database (trees `topics`, `subs`, `health`; layout in the [`super`] docs).
 //!
 //! Invariant: every write here is flushed before it returns (management calls are rare and
 //! must survive a crash once answered).
 
-use super::codec::{be, read_u64};
-use super::committer::lock_map;
-use super::{corrupt, io, item_cost, SledStore, HIGH_WATER_KEY};
-use crate::store::{QueueId, Snapshot, StoreError};
+use super::codec::be;
+use super::{corrupt, io};
+use crate::store::{QueueId, StoreError};
 use serde_json::{json, Value};
-use std::sync::atomic::Ordering;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
-impl SledStore {
-    /// Topics (in creation order), subscriptions and the highest sequence number: [`crate::store::Store::load`].
-    pub(super) fn snapshot(&self) -> Result<Snapshot, StoreError> {
+const META_CACHE_BYTES: u64 = 1 << 20;
+
+/// Topics, subscriptions (with their stored subscriptions' queue ids) in creation order.
+pub type MetaSnapshot = (Vec<Value>, Vec<(String, QueueId, Value)>);
+
+/// The metadata database.
+pub struct SledMeta {
+    meta: sled::Db,
+    topics: sled::Tree,
+    subs: sled::Tree,
+    /// Endpoint-health records (destination URL → JSON).
+    health: sled::Tree,
+    /// Serialises `write_topic` order assignment.
+    topic_order: Mutex<()>,
+    path: PathBuf,
+}
+
+impl SledMeta {
+    /// Open (or create) `<metadata_path>/gridlet-v1/meta`.
+    ///
+    /// # Errors
+    /// As [`super::open_db`].
+    pub fn open(metadata_path: &Path, flush_every_ms: u64) -> Result<Self, StoreError> {
+        let meta = super::open_db(
+            &metadata_path.join(super::SUBDIR),
+            "meta",
+            META_CACHE_BYTES,
+            flush_every_ms,
+        )?;
+        Ok(Self {
+            topics: meta.open_tree("topics").map_err(io)?,
+            subs: meta.open_tree("subs").map_err(io)?,
+            health: meta.open_tree("health").map_err(io)?,
+            meta,
+            topic_order: Mutex::new(()),
+            path: metadata_path.to_path_buf(),
+        })
+    }
+
+    /// Queue ids that a subscription record owns.
+    ///
+    /// # Errors
+    /// Unreadable data.
+    pub fn known_queues(&self) -> Result<HashSet<QueueId>, StoreError> {
+        super::open::known_queues(&self.subs, &self.path)
+    }
+
+    /// Flush (best effort, at shutdown).
+    pub fn flush(&self) {
+        let _ = self.meta.flush();
+    }
+
+    /// Topics (in creation order) and subscriptions.
+    ///
+    /// # Errors
+    /// Unreadable data.
+    pub fn snapshot(&self) -> Result<MetaSnapshot, StoreError> {
         let mut topics = Vec::new();
         for item in self.topics.iter() {
             let (k, v) = item.map_err(io)?;
             let order = be::<8>(&v, 0)
                 .map(u64::from_be_bytes)
-                .ok_or_else(|| corrupt(&self.paths.0, "bad topic record"))?;
+                .ok_or_else(|| corrupt(&self.path, "bad topic record"))?;
             let rec: Value = v
                 .get(8..)
                 .and_then(|b| serde_json::from_slice(b).ok())
                 .ok_or_else(|| {
                     corrupt(
-                        &self.paths.0,
+                        &self.path,
                         format!("topic '{}' is unreadable", String::from_utf8_lossy(&k)),
                     )
                 })?;
@@ -37,9 +92,9 @@ impl SledStore {
             let (k, v) = item.map_err(io)?;
             let q = be::<4>(&k, 0)
                 .map(u32::from_be_bytes)
-                .ok_or_else(|| corrupt(&self.paths.0, "bad subscription key"))?;
+                .ok_or_else(|| corrupt(&self.path, "bad subscription key"))?;
             let mut rec: Value = serde_json::from_slice(&v)
-                .map_err(|e| corrupt(&self.paths.0, format!("subscription {q}: {e}")))?;
+                .map_err(|e| corrupt(&self.path, format!("subscription {q}: {e}")))?;
             let topic = rec
                 .get("topic")
                 .and_then(Value::as_str)
@@ -48,17 +103,11 @@ impl SledStore {
             let record = rec.get_mut("record").map(Value::take).unwrap_or_default();
             subscriptions.push((topic, q, record));
         }
-        let high_water = read_u64(&self.events, &HIGH_WATER_KEY)?;
-        let max_seq = high_water.max(self.scanned_max_seq.load(Ordering::Relaxed));
-        Ok(Snapshot {
-            topics: topics.into_iter().map(|(_, v)| v).collect(),
-            subscriptions,
-            max_seq,
-        })
+        Ok((topics.into_iter().map(|(_, v)| v).collect(), subscriptions))
     }
 
     /// Create or replace a topic record, keeping its creation order; flushed on return.
-    pub(super) fn write_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
+    pub fn write_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
         let _g = crate::sync::lock(&self.topic_order);
         let order = match self.topics.get(key).map_err(io)? {
             Some(v) => be::<8>(&v, 0).map(u64::from_be_bytes).unwrap_or(0),
@@ -71,13 +120,13 @@ impl SledStore {
     }
 
     /// Delete a topic record; flushed on return.
-    pub(super) fn remove_topic(&self, key: &str) -> Result<(), StoreError> {
+    pub fn remove_topic(&self, key: &str) -> Result<(), StoreError> {
         self.topics.remove(key).map_err(io)?;
         self.flush_meta()
     }
 
     /// Create or replace a subscription record; flushed on return.
-    pub(super) fn write_subscription(
+    pub fn write_subscription(
         &self,
         topic: &str,
         queue: QueueId,
@@ -90,31 +139,17 @@ impl SledStore {
         self.flush_meta()
     }
 
-    /// Delete a subscription record, then its events (pending and unflushed). The record goes
-    /// first: a crash in between leaves orphan events, removed at the next start.
-    pub(super) fn remove_subscription(&self, queue: QueueId) -> Result<(), StoreError> {
-        self.forget_recovered(queue);
-        self.deleted
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(queue);
-        // Record first: a crash in between leaves orphan events, removed at the next start.
+    /// Delete a subscription record; flushed on return.
+    ///
+    /// # Errors
+    /// Write failure.
+    pub fn remove_subscription(&self, queue: QueueId) -> Result<(), StoreError> {
         self.subs.remove(queue.to_be_bytes()).map_err(io)?;
-        self.flush_meta()?;
-        let mut freed = 0u64;
-        lock_map(&self.unflushed).retain(|(q, _), v| {
-            if *q == queue {
-                freed += item_cost(v.len());
-            }
-            *q != queue
-        });
-        freed += self.remove_queue(queue)?;
-        self.sub_live(freed);
-        Ok(())
+        self.flush_meta()
     }
 
     /// A fresh queue id, never handed out before (the counter is flushed before it is used).
-    pub(super) fn new_queue_id(&self) -> Result<QueueId, StoreError> {
+    pub fn new_queue_id(&self) -> Result<QueueId, StoreError> {
         let next = self
             .meta
             .update_and_fetch(b"next_queue", |old| {
@@ -136,21 +171,21 @@ impl SledStore {
     }
 
     /// Stored endpoint-health records, `(destination URL, record)`.
-    pub(super) fn health_records(&self) -> Result<Vec<(String, Value)>, StoreError> {
+    pub fn health_records(&self) -> Result<Vec<(String, Value)>, StoreError> {
         let mut out = Vec::new();
         for item in self.health.iter() {
             let (k, v) = item.map_err(io)?;
             let url = String::from_utf8(k.to_vec())
-                .map_err(|_| corrupt(&self.paths.0, "bad endpoint-health key"))?;
+                .map_err(|_| corrupt(&self.path, "bad endpoint-health key"))?;
             let rec: Value = serde_json::from_slice(&v)
-                .map_err(|e| corrupt(&self.paths.0, format!("endpoint health record: {e}")))?;
+                .map_err(|e| corrupt(&self.path, format!("endpoint health record: {e}")))?;
             out.push((url, rec));
         }
         Ok(out)
     }
 
     /// Keep or forget a destination's health record; flushed on return when anything changed.
-    pub(super) fn write_endpoint_health(
+    pub fn write_endpoint_health(
         &self,
         url: &str,
         record: Option<&Value>,

@@ -1,7 +1,7 @@
 //! Unit tests of `deadletters`.
 
-use super::super::{SledOptions, SledStore};
 use super::*;
+use crate::store::log::{LogStore as SledStore, LogStoreOptions as SledOptions};
 use crate::store::Store;
 use serde_json::json;
 use std::path::Path;
@@ -13,7 +13,7 @@ fn opts(dir: &Path) -> SledOptions {
         max_disk_bytes: 1 << 30,
         cache_bytes: 4 << 20,
         flush_every_ms: 1000,
-        checkpoint_every: crate::store::sled::CHECKPOINT_EVERY,
+        segment_bytes: crate::store::log::SEGMENT_BYTES,
     }
 }
 

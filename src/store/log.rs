@@ -1,0 +1,474 @@
+//! The default store: persisted events in gridlet's own append-only log, metadata and dead
+//! letters in sled.
+//!
+//! ```text
+//! <persistence__metadataPath>/gridlet-v1/meta/        sled: topics, subscriptions, queue ids,
+//!                                                      endpoint health ([`super::sled`])
+//! <persistence__eventsPath>/gridlet-v2/log/*.seg      the event log ([`engine`], [`format`])
+//! <persistence__eventsPath>/gridlet-v2/letters/       sled: dead letters
+//! ```
+//!
+//! # Group commit
+//!
+//! [`Store::submit`] stages a publish's events in the log (each body once, with the queues it
+//! is pending in) under the log's lock, in the order the broker numbered them, and returns a
+//! [`Commit`] that resolves once they are durable. One committer thread (`gridlet-commit`) takes
+//! everything staged as one frame, writes it and `fdatasync`s it outside the lock, then answers
+//! every publish in that frame: concurrent publishes share one sync.
+//!
+//! Settlements ([`Store::remove`], [`Store::update`], [`Store::remove_dropped`]) are staged the
+//! same way without waiting: they ride on the next publish's frame, or on a frame of their own
+//! within [`SETTLE_EVERY`]. A crash can therefore repeat a delivery that had just succeeded (at
+//! least once) or resume an event with an attempt count one step old; it never loses an
+//! acknowledged event. Dead letters are flushed to their database **before** the removal of their
+//! events is staged, so after a crash an event is pending, a dead letter, or both; never neither.
+//!
+//! # Disk bound
+//!
+//! A publish is refused ([`StoreError::Full`]) when the log's segments plus the dead letters'
+//! counted bytes (× 2.5 for sled's overhead) plus the new events would pass
+//! `persistence__maxDiskBytes`. Segments with nothing pending are deleted after the frame that
+//! made them so (see [`engine`]), so the space comes back as events are delivered.
+
+pub mod engine;
+pub mod format;
+pub mod sim;
+#[cfg(test)]
+mod tests;
+
+use crate::store::deadletter::DeadLetterStore;
+use crate::store::fs::{Fs, RealFs};
+use crate::store::sled::{deadletters::SledDeadLetterStore, SledMeta};
+use crate::store::{
+    Commit, CommitCounters, QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent,
+};
+use engine::{Log, LogOptions, Recovered};
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// Directory under `persistence__eventsPath` holding this format.
+pub const SUBDIR: &str = "gridlet-v2";
+/// Longest a staged settlement waits for a frame when no publish comes.
+pub const SETTLE_EVERY: Duration = Duration::from_millis(100);
+/// Default size at which the head segment is closed and a new one started.
+pub const SEGMENT_BYTES: u64 = 16 << 20;
+/// Bytes of disk budgeted per counted dead-letter byte, in tenths (sled's overhead).
+const LETTER_SPACE_TENTHS: u64 = 25;
+
+/// Options of the log store (from `persistence__*` settings).
+#[derive(Debug, Clone)]
+pub struct LogStoreOptions {
+    /// `persistence__metadataPath`.
+    pub metadata_path: PathBuf,
+    /// `persistence__eventsPath`.
+    pub events_path: PathBuf,
+    /// `persistence__maxDiskBytes`.
+    pub max_disk_bytes: u64,
+    /// `persistence__cacheBytes`: sled page cache of the dead-letter database.
+    pub cache_bytes: u64,
+    /// `persistence__flushEveryMs`: sled's background sync of metadata and letters (0 = off).
+    pub flush_every_ms: u64,
+    /// Size at which a segment is closed.
+    pub segment_bytes: u64,
+}
+
+/// Who waits for the next frame.
+enum Waiter {
+    /// A publish (or `commit`), awaiting in a task.
+    Task(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
+    /// A management call on a blocking thread.
+    Thread(std::sync::mpsc::Sender<Result<(), StoreError>>),
+}
+
+impl Waiter {
+    fn answer(self, r: Result<(), StoreError>) {
+        match self {
+            Waiter::Task(tx) => {
+                let _ = tx.send(r);
+            }
+            Waiter::Thread(tx) => {
+                let _ = tx.send(r);
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Waiting {
+    /// Publishes staged and not yet answered.
+    waiters: Vec<Waiter>,
+    /// Settlements staged since the last frame.
+    dirty: bool,
+    shutdown: bool,
+}
+
+struct Shared {
+    log: Mutex<Log>,
+    waiting: Mutex<Waiting>,
+    wake: Condvar,
+    commits: AtomicU64,
+    /// Frames that answered at least one publish.
+    publish_syncs: AtomicU64,
+    collections: AtomicU64,
+    /// Counted bytes of the dead letters (their store adds and subtracts).
+    letter_bytes: Arc<AtomicU64>,
+}
+
+impl Shared {
+    fn log(&self) -> std::sync::MutexGuard<'_, Log> {
+        crate::sync::lock(&self.log)
+    }
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        crate::sync::lock(&self.waiting)
+    }
+    fn letters_reserved(&self) -> u64 {
+        self.letter_bytes.load(Ordering::Relaxed) * LETTER_SPACE_TENTHS / 10
+    }
+}
+
+/// The store. See the module docs.
+pub struct LogStore {
+    meta: SledMeta,
+    letters_db: sled::Db,
+    letters: Arc<SledDeadLetterStore>,
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    recovered: Mutex<Recovered>,
+}
+
+fn now_ms() -> u64 {
+    crate::clock::system_wall_ms()
+}
+
+impl LogStore {
+    /// Open (or create) the store.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] naming the path when data is damaged, or is of the earlier
+    /// development format (`gridlet-v1/events`), which this build does not read.
+    pub fn open(opts: &LogStoreOptions) -> Result<Self, StoreError> {
+        Self::open_on(Arc::new(RealFs), opts)
+    }
+
+    /// [`LogStore::open`] with the log's files on `fs` (tests: a simulated disk).
+    ///
+    /// # Errors
+    /// As [`LogStore::open`].
+    pub fn open_on(fs: Arc<dyn Fs>, opts: &LogStoreOptions) -> Result<Self, StoreError> {
+        refuse_old_format(&opts.events_path)?;
+        let meta = SledMeta::open(&opts.metadata_path, opts.flush_every_ms)?;
+        let known = meta.known_queues()?;
+        let root = opts.events_path.join(SUBDIR);
+        let letters_db =
+            crate::store::sled::open_db(&root, "letters", opts.cache_bytes, opts.flush_every_ms)?;
+        let letter_bytes = Arc::new(AtomicU64::new(0));
+        let letters = SledDeadLetterStore::open(
+            &letters_db,
+            &known,
+            letter_bytes.clone(),
+            root.join("letters"),
+        )?;
+        let log_opts = LogOptions {
+            dir: root.join("log"),
+            // At most an eighth of the disk bound: a head segment whose events are all settled
+            // still counts until it is rolled over (see `Log::stage_collection`).
+            segment_bytes: opts.segment_bytes.min((opts.max_disk_bytes / 8).max(4096)),
+            max_disk_bytes: opts.max_disk_bytes,
+        };
+        let (log, recovered) = Log::open(fs, log_opts, &known, now_ms())?;
+        let shared = Arc::new(Shared {
+            log: Mutex::new(log),
+            waiting: Mutex::new(Waiting::default()),
+            wake: Condvar::new(),
+            commits: AtomicU64::new(0),
+            publish_syncs: AtomicU64::new(0),
+            collections: AtomicU64::new(0),
+            letter_bytes,
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("gridlet-commit".into())
+            .spawn(move || committer(&s))
+            .map_err(|e| StoreError::Io(format!("cannot start the committer: {e}")))?;
+        Ok(Self {
+            meta,
+            letters_db,
+            letters: Arc::new(letters),
+            shared,
+            thread: Some(thread),
+            recovered: Mutex::new(recovered),
+        })
+    }
+
+    fn nudge(&self) {
+        self.shared.waiting().dirty = true;
+        self.shared.wake.notify_one();
+    }
+
+    /// Write what is staged and give back dead segments, waiting for it (management calls on
+    /// the blocking pool: a deleted subscription's space is free when the call returns).
+    fn flush_blocking(&self) -> Result<(), StoreError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.shared.waiting().waiters.push(Waiter::Thread(tx));
+        self.shared.wake.notify_one();
+        rx.recv()
+            .map_err(|_| StoreError::Io("the committer stopped".into()))?
+    }
+
+    /// Segment files of the log (tests, metrics).
+    pub fn segments(&self) -> usize {
+        self.shared.log().segments()
+    }
+
+    /// Counted bytes of the dead letters (item costs in sled), for the disk bound.
+    pub fn live_bytes(&self) -> u64 {
+        self.shared.letter_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the log's segments occupy (tests, metrics).
+    pub fn log_bytes(&self) -> u64 {
+        self.shared.log().bytes()
+    }
+}
+
+/// The committer thread: one frame per round, every publish staged before it answered after
+/// its sync; then dead segments given back.
+fn committer(s: &Shared) {
+    loop {
+        let waiters = {
+            let mut w = s.waiting();
+            while w.waiters.is_empty() && !w.dirty && !w.shutdown {
+                w = s.wake.wait(w).unwrap_or_else(|p| p.into_inner());
+            }
+            if w.waiters.is_empty() && w.dirty && !w.shutdown {
+                // Settlements only: let more gather (and publishes join them).
+                let (g, _) = s
+                    .wake
+                    .wait_timeout_while(w, SETTLE_EVERY, |w| w.waiters.is_empty() && !w.shutdown)
+                    .unwrap_or_else(|p| p.into_inner());
+                w = g;
+            }
+            if w.shutdown && w.waiters.is_empty() {
+                drop(w);
+                let _ = write_round(s);
+                return;
+            }
+            w.dirty = false;
+            std::mem::take(&mut w.waiters)
+        };
+        let result = write_round(s);
+        if !waiters.is_empty() && result.is_ok() {
+            s.publish_syncs.fetch_add(1, Ordering::Relaxed);
+        }
+        for w in waiters {
+            w.answer(result.as_ref().map(|_| ()).map_err(clone_err));
+        }
+    }
+}
+
+fn clone_err(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Full { used, limit } => StoreError::Full {
+            used: *used,
+            limit: *limit,
+        },
+        StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
+        StoreError::Io(m) => StoreError::Io(m.clone()),
+    }
+}
+
+/// Write what is staged (one frame, synced), then delete segments with nothing pending.
+fn write_round(s: &Shared) -> Result<(), StoreError> {
+    write_frame(s)?;
+    let dead = s.log().stage_collection(now_ms());
+    if !dead.is_empty() {
+        write_frame(s)?;
+        s.log().remove_segments(&dead)?;
+        s.collections.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+fn write_frame(s: &Shared) -> Result<(), StoreError> {
+    let frame = s.log().take_frame(now_ms())?;
+    if let Some(f) = frame {
+        // Outside the lock: publishes keep staging while this frame syncs.
+        if let Err(e) = f.run() {
+            let mut log = s.log();
+            log.fail(e.to_string());
+            return Err(StoreError::Io(format!("event log write failed: {e}")));
+        }
+        s.log().syncs += 1;
+    }
+    Ok(())
+}
+
+/// Refuse to start on an events directory of the earlier development format.
+fn refuse_old_format(events_path: &std::path::Path) -> Result<(), StoreError> {
+    let old = events_path.join("gridlet-v1");
+    if old.join("events.format").exists() || old.join("events").is_dir() {
+        return Err(StoreError::Corrupt(format!(
+            "{}: this directory holds an event store of an earlier gridlet development build \
+             (sled + publish journal, format 1), which this build does not read. Deliver its \
+             events with the build that wrote them, or delete {} and {} to start with an empty \
+             event store (topics and subscriptions in the metadata directory are kept)",
+            old.display(),
+            old.join("events").display(),
+            old.join("events.journal").display(),
+        )));
+    }
+    Ok(())
+}
+
+impl Store for LogStore {
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        let (topics, subscriptions) = self.meta.snapshot()?;
+        Ok(Snapshot {
+            topics,
+            subscriptions,
+            max_seq: self.shared.log().max_seq(),
+        })
+    }
+
+    fn pending(&self, queue: QueueId) -> Result<Vec<StoredEvent>, StoreError> {
+        let seqs: Vec<u64> = self
+            .pending_index(queue)?
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
+        Ok(self.get(queue, &seqs)?.into_iter().flatten().collect())
+    }
+
+    fn pending_index(&self, queue: QueueId) -> Result<Vec<(u64, RetryState)>, StoreError> {
+        if let Some(v) = crate::sync::lock(&self.recovered).remove(&queue) {
+            return Ok(v);
+        }
+        self.shared.log().index_of(queue)
+    }
+
+    fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
+        let plans = self.shared.log().plan_get(queue, seqs);
+        plans.run()
+    }
+
+    fn put_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
+        self.meta.write_topic(key, record)
+    }
+
+    fn delete_topic(&self, key: &str) -> Result<(), StoreError> {
+        self.meta.remove_topic(key)
+    }
+
+    fn put_subscription(
+        &self,
+        topic: &str,
+        queue: QueueId,
+        record: &Value,
+    ) -> Result<(), StoreError> {
+        self.meta.write_subscription(topic, queue, record)
+    }
+
+    fn delete_subscription(&self, queue: QueueId) -> Result<(), StoreError> {
+        // Record first: a crash in between leaves events of an unknown queue, which are not
+        // pending at the next start.
+        self.meta.remove_subscription(queue)?;
+        crate::sync::lock(&self.recovered).remove(&queue);
+        self.shared.log().stage_drop_queue(queue);
+        self.letters.delete_queue(queue)?;
+        self.flush_blocking()
+    }
+
+    fn next_queue_id(&self) -> Result<QueueId, StoreError> {
+        self.meta.new_queue_id()
+    }
+
+    fn append(&self, items: &[(QueueId, StoredEvent)]) -> Result<(), StoreError> {
+        let reserved = self.shared.letters_reserved();
+        self.shared.log().stage_events(items, reserved)
+    }
+
+    fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.shared.waiting().waiters.push(Waiter::Task(tx));
+        self.shared.wake.notify_one();
+        Box::pin(async move {
+            rx.await
+                .map_err(|_| StoreError::Io("the committer stopped".into()))?
+        })
+    }
+
+    fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {
+        let reserved = self.shared.letters_reserved();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            // Staged and queued for an answer under the log's lock: frames keep the submission
+            // order, and no frame can be taken between the two.
+            let mut log = self.shared.log();
+            log.stage_events(&items, reserved)?;
+            self.shared.waiting().waiters.push(Waiter::Task(tx));
+        }
+        self.shared.commits.fetch_add(1, Ordering::Relaxed);
+        self.shared.wake.notify_one();
+        Ok(Commit::pending(rx))
+    }
+
+    fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
+        self.shared.log().stage_retry(queue, seqs, state);
+        self.nudge();
+        Ok(())
+    }
+
+    fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
+        self.shared.log().stage_settle(queue, seqs);
+        self.nudge();
+        Ok(())
+    }
+
+    fn remove_dropped(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
+        // The letters first, durably: see the module docs.
+        self.letters_db
+            .flush()
+            .map_err(|e| StoreError::Io(format!("dead letters: {e}")))?;
+        self.remove(queue, seqs)
+    }
+
+    fn size_on_disk(&self) -> u64 {
+        self.shared.log().disk_bytes() + self.letters_db.size_on_disk().unwrap_or(0)
+    }
+
+    fn commit_counters(&self) -> Option<CommitCounters> {
+        Some(CommitCounters {
+            commits: self.shared.commits.load(Ordering::Relaxed),
+            syncs: self.shared.publish_syncs.load(Ordering::Relaxed),
+            checkpoints: self.shared.collections.load(Ordering::Relaxed),
+        })
+    }
+
+    fn dead_letters(&self) -> Option<Arc<dyn DeadLetterStore>> {
+        Some(self.letters.clone())
+    }
+
+    fn endpoint_health(&self) -> Result<Vec<(String, Value)>, StoreError> {
+        self.meta.health_records()
+    }
+
+    fn put_endpoint_health(&self, url: &str, record: Option<&Value>) -> Result<(), StoreError> {
+        self.meta.write_endpoint_health(url, record)
+    }
+}
+
+impl Drop for LogStore {
+    fn drop(&mut self) {
+        self.shared.waiting().shutdown = true;
+        self.shared.wake.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = self.letters_db.flush();
+        self.meta.flush();
+    }
+}

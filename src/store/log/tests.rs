@@ -1,0 +1,285 @@
+//! Tests of the log store: the store contract, the engine's promises on a real directory, and
+//! the power-cut simulation over many seeds.
+
+use super::engine::{Log, LogOptions};
+use super::*;
+use crate::store::fs::sim::SimFs;
+use bytes::Bytes;
+use serde_json::json;
+use std::collections::HashSet;
+use std::path::Path;
+
+fn opts(dir: &Path) -> LogStoreOptions {
+    LogStoreOptions {
+        metadata_path: dir.join("m"),
+        events_path: dir.join("e"),
+        max_disk_bytes: 1 << 30,
+        cache_bytes: 4 << 20,
+        flush_every_ms: 1000,
+        segment_bytes: 64 << 10,
+    }
+}
+
+fn ev(seq: u64, len: usize) -> StoredEvent {
+    StoredEvent {
+        seq,
+        id: format!("e{seq}"),
+        body: Bytes::from(vec![b'x'; len]),
+        state: RetryState {
+            attempts: 0,
+            first_enqueued_ms: 1000 + seq,
+            due_ms: 0,
+        },
+    }
+}
+
+#[tokio::test]
+async fn the_log_store_meets_the_store_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(&opts(dir.path())).unwrap();
+    crate::store::contract::run(&s).await;
+}
+
+#[tokio::test]
+async fn an_event_for_twenty_queues_is_written_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(&opts(dir.path())).unwrap();
+    let before = s.log_bytes();
+    let mut items = Vec::new();
+    for seq in 1..=10 {
+        for q in 1..=20 {
+            items.push((q, ev(seq, 4096)));
+        }
+    }
+    s.submit(items).unwrap().wait().await.unwrap();
+    let written = s.log_bytes() - before;
+    assert!(
+        written < 10 * 4096 * 11 / 10,
+        "10 × 4 KiB bodies for 20 queues took {written} bytes"
+    );
+    for q in 1..=20 {
+        let got = s.get(q, &[3]).unwrap();
+        assert_eq!(got[0].as_ref().map(|e| e.body.len()), Some(4096));
+    }
+}
+
+#[tokio::test]
+async fn segments_are_given_back_once_everything_is_settled() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = LogStore::open(&opts(dir.path())).unwrap();
+    for seq in 1..=200u64 {
+        s.submit(vec![(1, ev(seq, 2000)), (2, ev(seq, 2000))])
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+    }
+    assert!(s.segments() >= 6, "{} segments", s.segments());
+    let all: Vec<u64> = (1..=200).collect();
+    s.remove(1, &all).unwrap();
+    // Queue 2 still owes everything: nothing can go.
+    s.commit().await.unwrap();
+    assert!(s.segments() >= 6);
+    s.remove(2, &all[..150]).unwrap();
+    s.commit().await.unwrap();
+    let n = s.segments();
+    assert!(n <= 3, "after settling 150 of 200, {n} segments remain");
+    s.remove(2, &all[150..]).unwrap();
+    s.commit().await.unwrap();
+    assert_eq!(s.segments(), 1, "only the head is left");
+    assert!(s.log_bytes() <= (64 << 10) + 4096);
+}
+
+#[tokio::test]
+async fn pending_events_retry_states_and_deletions_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let s = LogStore::open(&opts(dir.path())).unwrap();
+        s.put_topic("t", &json!({"name": "t"})).unwrap();
+        let q1 = s.next_queue_id().unwrap();
+        let q2 = s.next_queue_id().unwrap();
+        s.put_subscription("t", q1, &json!({"name": "a"})).unwrap();
+        s.put_subscription("t", q2, &json!({"name": "b"})).unwrap();
+        for seq in 1..=100u64 {
+            s.submit(vec![(q1, ev(seq, 3000)), (q2, ev(seq, 3000))])
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
+        }
+        let st = RetryState {
+            attempts: 3,
+            first_enqueued_ms: 1002,
+            due_ms: 99_000,
+        };
+        s.update(q1, &[2], st).unwrap();
+        s.remove(q1, &(3..=90).collect::<Vec<_>>()).unwrap();
+        s.delete_subscription(q2).unwrap();
+        s.commit().await.unwrap();
+    }
+    let s = LogStore::open(&opts(dir.path())).unwrap();
+    let snap = s.load().unwrap();
+    assert_eq!(snap.subscriptions.len(), 1);
+    assert!(snap.max_seq >= 100);
+    let q1 = snap.subscriptions[0].1;
+    let idx = s.pending_index(q1).unwrap();
+    let seqs: Vec<u64> = idx.iter().map(|(s, _)| *s).collect();
+    let mut want = vec![1, 2];
+    want.extend(91..=100);
+    assert_eq!(seqs, want);
+    assert_eq!(idx[1].1.attempts, 3);
+    assert_eq!(idx[1].1.due_ms, 99_000);
+    assert_eq!(
+        idx[0].1.first_enqueued_ms, 1001,
+        "first-enqueue time from the record"
+    );
+    let got = s.get(q1, &[91, 2]).unwrap();
+    assert_eq!(got[0].as_ref().map(|e| e.id.as_str()), Some("e91"));
+    assert_eq!(got[1].as_ref().map(|e| e.state.attempts), Some(3));
+}
+
+#[tokio::test]
+async fn the_disk_bound_refuses_a_publish_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut o = opts(dir.path());
+    o.max_disk_bytes = 200 << 10;
+    let s = LogStore::open(&o).unwrap();
+    let mut seq = 0;
+    let full = loop {
+        seq += 1;
+        match s.submit(vec![(1, ev(seq, 10_000))]) {
+            Ok(c) => c.wait().await.unwrap(),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(full, StoreError::Full { .. }), "{full}");
+    assert!(s.log_bytes() <= 200 << 10);
+    // Settling everything gives the space back: publishing works again.
+    s.remove(1, &(1..seq).collect::<Vec<_>>()).unwrap();
+    s.commit().await.unwrap();
+    s.submit(vec![(1, ev(seq + 1, 10_000))])
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+}
+
+#[test]
+fn an_events_directory_of_the_earlier_format_is_refused_with_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = opts(dir.path());
+    std::fs::create_dir_all(o.events_path.join("gridlet-v1/events")).unwrap();
+    let err = LogStore::open(&o).err().unwrap().to_string();
+    assert!(err.contains("earlier gridlet development build"), "{err}");
+    assert!(err.contains("delete"), "{err}");
+}
+
+#[test]
+fn a_torn_tail_is_cut_and_writing_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let lo = LogOptions {
+        dir: dir.path().join("log"),
+        segment_bytes: 1 << 20,
+        max_disk_bytes: 1 << 30,
+    };
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    let fs: Arc<dyn Fs> = Arc::new(RealFs);
+    {
+        let (mut log, _) = Log::open(fs.clone(), lo.clone(), &known, 1).unwrap();
+        log.stage_events(&[(1, ev(1, 100)), (1, ev(2, 100))], 0)
+            .unwrap();
+        log.commit(2).unwrap();
+        log.stage_events(&[(1, ev(3, 100))], 0).unwrap();
+        log.commit(3).unwrap();
+    }
+    // Tear the last frame: cut it short by 10 bytes.
+    let seg = dir.path().join("log").join(format::segment_name(1));
+    let len = std::fs::metadata(&seg).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    f.set_len(len - 10).unwrap();
+    let (mut log, rec) = Log::open(fs.clone(), lo.clone(), &known, 4).unwrap();
+    let seqs: Vec<u64> = rec[&1].iter().map(|(s, _)| *s).collect();
+    assert_eq!(
+        seqs,
+        vec![1, 2],
+        "the torn (never acknowledged) frame is gone"
+    );
+    log.stage_events(&[(1, ev(4, 100))], 0).unwrap();
+    log.commit(5).unwrap();
+    drop(log);
+    let (_, rec) = Log::open(fs, lo, &known, 6).unwrap();
+    let seqs: Vec<u64> = rec[&1].iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs, vec![1, 2, 4]);
+}
+
+#[test]
+fn a_damaged_frame_in_a_closed_segment_stops_start_up_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let lo = LogOptions {
+        dir: dir.path().join("log"),
+        segment_bytes: 1024,
+        max_disk_bytes: 1 << 30,
+    };
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    let fs: Arc<dyn Fs> = Arc::new(RealFs);
+    {
+        let (mut log, _) = Log::open(fs.clone(), lo.clone(), &known, 1).unwrap();
+        for seq in 1..=5 {
+            log.stage_events(&[(1, ev(seq, 800))], 0).unwrap();
+            log.commit(seq).unwrap();
+        }
+        assert!(log.segments() >= 3);
+    }
+    let seg = dir.path().join("log").join(format::segment_name(1));
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&seg, bytes).unwrap();
+    let err = Log::open(fs, lo, &known, 9).err().unwrap().to_string();
+    assert!(err.contains(&format::segment_name(1)), "{err}");
+}
+
+#[test]
+fn power_cuts_never_lose_or_invent_events() {
+    // A short run in the suite; `gridlet-bench --scenario crashsim` runs many more seeds.
+    let seeds: u64 = std::env::var("GRIDLET_SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let mut total = super::sim::Outcome::default();
+    for seed in 0..seeds {
+        match super::sim::run_seed(seed, 40) {
+            Ok(o) => {
+                total.cuts += o.cuts;
+                total.checked += o.checked;
+                total.published += o.published;
+            }
+            Err(e) => panic!("{e} (reproduce: super::sim::run_seed({seed}, 40))"),
+        }
+    }
+    assert!(total.cuts >= seeds as u32 * 2);
+    assert!(
+        total.checked > seeds,
+        "the seeds checked acknowledged events"
+    );
+}
+
+#[test]
+fn the_simulated_disk_is_what_the_log_runs_on() {
+    // The seam: the same engine runs on the simulated disk (sanity of the harness itself).
+    let fs = SimFs::new(3);
+    let lo = LogOptions {
+        dir: "/x/log".into(),
+        segment_bytes: 4096,
+        max_disk_bytes: 1 << 20,
+    };
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    let (mut log, _) = Log::open(Arc::new(fs.clone()), lo.clone(), &known, 1).unwrap();
+    log.stage_events(&[(1, ev(1, 10))], 0).unwrap();
+    log.commit(2).unwrap();
+    drop(log);
+    fs.power_cut();
+    fs.reboot();
+    let (_, rec) = Log::open(Arc::new(fs), lo, &known, 3).unwrap();
+    assert_eq!(rec[&1].len(), 1);
+}
