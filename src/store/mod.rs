@@ -257,6 +257,9 @@ pub trait Store: Send + Sync + 'static {
     /// events, so the log's sequence numbers increase. Stores override it to make a whole group
     /// of publishes durable with one sync (the log store's committer).
     ///
+    /// The default appends and answers at once: right for stores whose [`Store::commit`] does
+    /// nothing (memory); a durable store overrides it.
+    ///
     /// # Errors
     /// As [`Store::append`]: nothing is written.
     fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {

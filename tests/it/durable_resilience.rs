@@ -310,6 +310,20 @@ impl gridlet::store::Store for GatedCommits {
             self.inner.commit().await
         })
     }
+    fn submit(
+        &self,
+        items: Vec<(gridlet::store::QueueId, gridlet::store::StoredEvent)>,
+    ) -> Result<gridlet::store::Commit, gridlet::store::StoreError> {
+        self.inner.append(&items)?;
+        let _ = self.entered.send(true);
+        let mut open = self.open.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let _ = open.wait_for(|o| *o).await;
+            let _ = tx.send(Ok(()));
+        });
+        Ok(gridlet::store::Commit::pending(rx))
+    }
     fn update(
         &self,
         queue: gridlet::store::QueueId,

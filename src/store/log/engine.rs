@@ -24,7 +24,7 @@
 //! 6. **Fail-stop.** After a failed write or sync the log refuses every later write: what the
 //!    page cache holds is unknown (as PostgreSQL learned), and a restart recovers from the disk.
 
-use super::format::{self, Header, Record, FRAME_HEAD, HEADER};
+use super::format::{self, Header, QueueState, Record, FRAME_HEAD, HEADER};
 use crate::store::fs::{Fs, FsFile};
 use crate::store::{QueueId, RetryState, StoreError, StoredEvent};
 use bytes::Bytes;
@@ -378,26 +378,29 @@ impl Log {
             Record::DropQueue { queue } => self.drop_queue_state(queue),
             Record::State {
                 segment,
-                queue,
                 first_seq,
-                words,
-                retries,
+                queues,
             } => {
                 let Some(seg) = self.segs.iter_mut().find(|s| s.hdr.no == segment) else {
                     return;
                 };
-                if seg.first_seq != Some(first_seq) || !known.contains(&queue) {
+                if seg.first_seq != Some(first_seq) {
                     return;
                 }
-                let bits = Bits::from_words(words);
-                let old = seg.live.insert(queue, bits.clone());
-                for i in old.iter().flat_map(Bits::iter) {
-                    if !bits.get(i) {
-                        self.retries.remove(&(queue, first_seq + i));
+                // Everything said of this segment before is replaced, every queue.
+                let old = std::mem::take(&mut seg.live);
+                for qs in queues.into_iter().filter(|q| known.contains(&q.queue)) {
+                    seg.live.insert(qs.queue, Bits::from_words(qs.words));
+                    for (s, st) in qs.retries {
+                        self.retries.insert((qs.queue, s), st);
                     }
                 }
-                for (s, st) in retries {
-                    self.retries.insert((queue, s), st);
+                for (q, bits) in old {
+                    for i in bits.iter() {
+                        if !seg.live.get(&q).is_some_and(|b| b.get(i)) {
+                            self.retries.remove(&(q, first_seq + i));
+                        }
+                    }
                 }
             }
         }
@@ -791,22 +794,26 @@ impl Log {
             if s.pending() == 0 {
                 continue;
             }
-            for (q, bits) in &s.live {
-                let retries = bits
-                    .iter()
-                    .filter_map(|i| {
-                        let seq = first + i;
-                        self.retries.get(&(*q, seq)).map(|st| (seq, *st))
-                    })
-                    .collect();
-                records.push(Record::State {
-                    segment: s.hdr.no,
+            let queues = s
+                .live
+                .iter()
+                .map(|(q, bits)| QueueState {
                     queue: *q,
-                    first_seq: first,
                     words: bits.words.clone(),
-                    retries,
-                });
-            }
+                    retries: bits
+                        .iter()
+                        .filter_map(|i| {
+                            let seq = first + i;
+                            self.retries.get(&(*q, seq)).map(|st| (seq, *st))
+                        })
+                        .collect(),
+                })
+                .collect();
+            records.push(Record::State {
+                segment: s.hdr.no,
+                first_seq: first,
+                queues,
+            });
         }
         for r in records {
             r.encode(&mut self.staged);

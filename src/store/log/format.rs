@@ -19,10 +19,11 @@
 //! | 2 | [`Record::Settle`] | queue u32, count u32, seqs u64… (delivered, dropped or dead-lettered) |
 //! | 3 | [`Record::Retry`] | queue u32, attempts u32, first ms u64, due ms u64, count u32, seqs u64… |
 //! | 4 | [`Record::DropQueue`] | queue u32 (a deleted subscription) |
-//! | 5 | [`Record::State`] | segment u64, queue u32, first seq u64, word count u32, live bits u64…, retry count u32, (seq u64, attempts u32, first ms u64, due ms u64)… |
+//! | 5 | [`Record::State`] | segment u64, first seq u64, queue count u32, then per queue: queue u32, word count u32, live bits u64…, retry count u32, (seq u64, attempts u32, first ms u64, due ms u64)… |
 //!
-//! A `State` record restates what one older segment still owes one queue, so that later segments
-//! holding settle and retry records about it can be deleted (see `engine.rs`).
+//! A `State` record restates everything one older segment still owes, all queues (a queue not
+//! listed is owed nothing there), so that later segments holding settle and retry records about it
+//! can be deleted (see `engine.rs`).
 
 use crate::store::{QueueId, RetryState};
 use bytes::Bytes;
@@ -83,6 +84,17 @@ impl Header {
     }
 }
 
+/// What a segment owes one queue (in a [`Record::State`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueState {
+    /// Queue.
+    pub queue: QueueId,
+    /// Bit `i` set: event `first_seq + i` is pending.
+    pub words: Vec<u64>,
+    /// Retry states of its pending events that have any.
+    pub retries: Vec<(u64, RetryState)>,
+}
+
 /// One record of a frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
@@ -120,18 +132,14 @@ pub enum Record {
         /// Queue.
         queue: QueueId,
     },
-    /// What segment `segment` still owes `queue`, replacing everything said of it before.
+    /// What segment `segment` still owes, every queue, replacing everything said of it before.
     State {
         /// Segment number.
         segment: u64,
-        /// Queue.
-        queue: QueueId,
         /// Sequence number of bit 0.
         first_seq: u64,
-        /// Bit `i` set: event `first_seq + i` is pending.
-        words: Vec<u64>,
-        /// Retry states of its pending events that have any.
-        retries: Vec<(u64, RetryState)>,
+        /// The queues owed anything there.
+        queues: Vec<QueueState>,
     },
 }
 
@@ -190,23 +198,24 @@ impl Record {
             }
             Record::State {
                 segment,
-                queue,
                 first_seq,
-                words,
-                retries,
+                queues,
             } => {
                 out.push(5);
                 out.extend_from_slice(&segment.to_le_bytes());
-                out.extend_from_slice(&queue.to_le_bytes());
                 out.extend_from_slice(&first_seq.to_le_bytes());
-                out.extend_from_slice(&(words.len() as u32).to_le_bytes());
-                for w in words {
-                    out.extend_from_slice(&w.to_le_bytes());
-                }
-                out.extend_from_slice(&(retries.len() as u32).to_le_bytes());
-                for (seq, s) in retries {
-                    out.extend_from_slice(&seq.to_le_bytes());
-                    put_state(out, s);
+                out.extend_from_slice(&(queues.len() as u32).to_le_bytes());
+                for q in queues {
+                    out.extend_from_slice(&q.queue.to_le_bytes());
+                    out.extend_from_slice(&(q.words.len() as u32).to_le_bytes());
+                    for w in &q.words {
+                        out.extend_from_slice(&w.to_le_bytes());
+                    }
+                    out.extend_from_slice(&(q.retries.len() as u32).to_le_bytes());
+                    for (seq, s) in &q.retries {
+                        out.extend_from_slice(&seq.to_le_bytes());
+                        put_state(out, s);
+                    }
                 }
             }
         }
@@ -261,6 +270,26 @@ impl<'a> Reader<'a> {
         }
         (0..n).map(|_| self.u64()).collect()
     }
+    fn queue_state(&mut self) -> Option<QueueState> {
+        let queue = self.u32()?;
+        let nw = self.u32()? as usize;
+        if nw > self.0.len() / 8 {
+            return None;
+        }
+        let words = (0..nw).map(|_| self.u64()).collect::<Option<Vec<_>>>()?;
+        let nr = self.u32()? as usize;
+        if nr > self.0.len() / 28 {
+            return None;
+        }
+        let retries = (0..nr)
+            .map(|_| Some((self.u64()?, self.state()?)))
+            .collect::<Option<Vec<_>>>()?;
+        Some(QueueState {
+            queue,
+            words,
+            retries,
+        })
+    }
     /// Whether everything was read.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -311,26 +340,18 @@ fn decode_one(r: &mut Reader<'_>, payload: &Bytes) -> Option<Record> {
         4 => Record::DropQueue { queue: r.u32()? },
         5 => {
             let segment = r.u64()?;
-            let queue = r.u32()?;
             let first_seq = r.u64()?;
-            let nw = r.u32()? as usize;
-            if nw > r.0.len() / 8 {
+            let nq = r.u32()? as usize;
+            if nq > r.0.len() / 12 {
                 return None;
             }
-            let words = (0..nw).map(|_| r.u64()).collect::<Option<Vec<_>>>()?;
-            let nr = r.u32()? as usize;
-            if nr > r.0.len() / 28 {
-                return None;
-            }
-            let retries = (0..nr)
-                .map(|_| Some((r.u64()?, r.state()?)))
+            let queues = (0..nq)
+                .map(|_| r.queue_state())
                 .collect::<Option<Vec<_>>>()?;
             Record::State {
                 segment,
-                queue,
                 first_seq,
-                words,
-                retries,
+                queues,
             }
         }
         _ => return None,

@@ -9,7 +9,8 @@
 //!    with the body that was published;
 //! 3. nothing is invented: every pending event was published to that queue (an unacknowledged
 //!    publish may or may not be there), of a queue not deleted;
-//! 4. a pending event's retry state is its first one or one that was set;
+//! 4. a settlement followed by a successful commit is never undone (the event does not come back);
+//!    a pending event's retry state is its first one or one that was set;
 //! 5. writing goes on after the restart (the next round publishes, settles and is cut again).
 //!
 //! `run_seed(seed, ops)` is deterministic: a failing seed reproduces from its number. The suite
@@ -42,6 +43,10 @@ struct Model {
     published: HashMap<(QueueId, u64), Bytes>,
     /// Acknowledged and not settled since.
     owed: HashSet<(QueueId, u64)>,
+    /// Settled, not yet followed by a successful commit: may come back after a cut.
+    settling: HashSet<(QueueId, u64)>,
+    /// Settled, and a commit succeeded after: must never come back.
+    settled: HashSet<(QueueId, u64)>,
     /// Retry states ever set per event.
     states: HashMap<(QueueId, u64), Vec<RetryState>>,
     /// Deleted queues.
@@ -103,9 +108,11 @@ pub fn run_seed(seed: u64, ops: usize) -> Result<Outcome, String> {
             }
         }
         if !fs.crashed() {
-            let _ = log.commit(now);
+            let _ = commit(&mut log, &mut model, now);
             fs.power_cut();
         }
+        // Settlements not followed by a successful commit may or may not have been written.
+        model.settling.clear();
         drop(log);
         fs.reboot();
     }
@@ -143,7 +150,7 @@ fn step(
             }
             out.published += n;
             log.stage_events(&items, 0).map_err(|_| ())?;
-            log.commit(now).map_err(|_| ())?;
+            commit(log, m, now)?;
             m.owed.extend(items.iter().map(|(q, e)| (*q, e.seq)));
         }
         4..=5 if !owed.is_empty() => {
@@ -153,6 +160,7 @@ fn step(
             for (q, s) in &picked {
                 log.stage_settle(*q, &[*s]);
                 m.owed.remove(&(*q, *s));
+                m.settling.insert((*q, *s));
             }
         }
         6 if !owed.is_empty() => {
@@ -170,8 +178,16 @@ fn step(
             m.dropped.insert(3);
             m.owed.retain(|(q, _)| *q != 3);
         }
-        _ => log.commit(now).map_err(|_| ())?,
+        _ => commit(log, m, now)?,
     }
+    Ok(())
+}
+
+/// Commit; on success every settlement staged before it is durable.
+fn commit(log: &mut Log, m: &mut Model, now: u64) -> Result<(), ()> {
+    let r = log.commit(now);
+    r.map_err(|_| ())?;
+    m.settled.extend(m.settling.drain());
     Ok(())
 }
 
@@ -213,6 +229,11 @@ fn check(
             if !m.published.contains_key(&(*q, *seq)) {
                 return Err(format!(
                     "seed {seed}: queue {q} has event {seq} never published to it"
+                ));
+            }
+            if m.settled.contains(&(*q, *seq)) {
+                return Err(format!(
+                    "seed {seed}: event {seq} of queue {q} is pending again after its settlement was committed"
                 ));
             }
             let fresh = st.attempts == 0 && st.due_ms == 0;
