@@ -130,6 +130,19 @@ fn one_event(seq: &mut u64, size: usize, base: Instant) -> Bytes {
     b.slice(1..b.len() - 1)
 }
 
+/// One row of the store table.
+struct Line {
+    name: String,
+    g: Option<f64>,
+    n: Option<f64>,
+    target: &'static str,
+    /// Whether gridlet meets the target (`None`: cannot tell).
+    ok: Option<bool>,
+    note: String,
+    /// Values in MB rather than × payload.
+    mb: bool,
+}
+
 /// What the empty store held before the publish (counted in the ratio).
 fn idle_note(g: f64, n: Option<f64>) -> String {
     let n = n.map_or(String::new(), |n| format!(", NATS {n:.1} MB"));
@@ -394,76 +407,115 @@ impl Bench {
 
     /// The table: each measure, gridlet, NATS, their ratio, the issue's target and the verdict.
     fn store_table(&mut self, c: Counts, g: &Costs, n: Option<&Costs>) {
-        let x = |v: Option<f64>| v.map_or("–".into(), |v| format!("{v:.2} ×"));
         let seg = self.opts.segment_bytes;
         let w = self.opts.store_watch.as_secs_f64();
-        let rows: Vec<(String, Option<f64>, Option<f64>, String, Option<bool>, String)> = vec![
-            (
-                format!("written per payload byte, publish ({} × 1 KB persisted, batches of 100)", c.events),
-                g.publish_w, n.and_then(|n| n.publish_w), "≤ 1.3 ×".into(),
-                g.publish_w.map(|v| v <= 1.3), String::new(),
-            ),
-            (
-                "disk per queued payload byte, after that publish".into(),
-                g.queued_disk, n.and_then(|n| n.queued_disk), "≤ 1.2 ×".into(),
-                g.queued_disk.map(|v| v <= 1.2), idle_note(g.idle_mb.0, n.map(|n| n.idle_mb.0)),
-            ),
-            (
-                "written per payload byte, delivering that backlog".into(),
-                g.deliver_w, n.and_then(|n| n.deliver_w), "≤ 0.1 ×".into(),
-                g.deliver_w.map(|v| v <= 0.1), String::new(),
-            ),
-            (
-                format!("… the same including the {w} s after the drain"),
-                g.deliver_w_after, n.and_then(|n| n.deliver_w_after), "≤ 0.1 ×".into(),
-                g.deliver_w_after.map(|v| v <= 0.1), String::new(),
-            ),
-            (
-                "disk right after the drain (MB)".into(),
-                g.drained_mb, n.and_then(|n| n.drained_mb), "–".into(), None, String::new(),
-            ),
-            (
-                format!("least disk within {w} s after the drain (MB; when reached)"),
-                g.drained_min.map(|m| m.0), n.and_then(|n| n.drained_min.map(|m| m.0)),
-                "≤ 2 segments in 10 s".into(),
-                seg.and_then(|s| g.drained_min.map(|m| m.0 * 1048576.0 <= 2.0 * s as f64)),
-                format!(
-                    "{}{}",
-                    g.drained_min.map_or(String::new(), |m| format!("gridlet {:.1} s", m.1)),
-                    n.and_then(|n| n.drained_min).map_or(String::new(), |m| format!(", NATS {:.1} s", m.1))
+        let nv = |f: fn(&Costs) -> Option<f64>| n.and_then(f);
+        let at_most = |v: Option<f64>, max: f64| v.map(|v| v <= max);
+        let times = format!(
+            "{}{}",
+            g.drained_min.map_or(String::new(), |m| format!(
+                "reached after: gridlet {:.1} s",
+                m.1
+            )),
+            nv(|n| n.drained_min.map(|m| m.1))
+                .map_or(String::new(), |s| format!(", NATS {s:.1} s"))
+        );
+        let lines = [
+            Line {
+                name: format!(
+                    "written per payload byte, publish ({} × 1 KB persisted, batches of 100)",
+                    c.events
                 ),
-            ),
-            (
-                format!("disk per payload byte, {FANOUT_SUBS} persisted subscriptions, {} × 4 KB queued", c.fanout),
-                g.fanout_disk, n.and_then(|n| n.fanout_disk), "≤ 1.3 ×".into(),
-                g.fanout_disk.map(|v| v <= 1.3), idle_note(g.idle_mb.1, n.map(|n| n.idle_mb.1)),
-            ),
+                g: g.publish_w,
+                n: nv(|n| n.publish_w),
+                target: "≤ 1.3 ×",
+                ok: at_most(g.publish_w, 1.3),
+                note: String::new(),
+                mb: false,
+            },
+            Line {
+                name: "disk per queued payload byte, after that publish".into(),
+                g: g.queued_disk,
+                n: nv(|n| n.queued_disk),
+                target: "≤ 1.2 ×",
+                ok: at_most(g.queued_disk, 1.2),
+                note: idle_note(g.idle_mb.0, n.map(|n| n.idle_mb.0)),
+                mb: false,
+            },
+            Line {
+                name: "written per payload byte, delivering that backlog".into(),
+                g: g.deliver_w,
+                n: nv(|n| n.deliver_w),
+                target: "≤ 0.1 ×",
+                ok: at_most(g.deliver_w, 0.1),
+                note: String::new(),
+                mb: false,
+            },
+            Line {
+                name: format!("… the same including the {w} s after the drain"),
+                g: g.deliver_w_after,
+                n: nv(|n| n.deliver_w_after),
+                target: "≤ 0.1 ×",
+                ok: at_most(g.deliver_w_after, 0.1),
+                note: String::new(),
+                mb: false,
+            },
+            Line {
+                name: "disk right after the drain (MB)".into(),
+                g: g.drained_mb,
+                n: nv(|n| n.drained_mb),
+                target: "–",
+                ok: None,
+                note: String::new(),
+                mb: true,
+            },
+            Line {
+                name: format!("least disk within {w} s after the drain (MB)"),
+                g: g.drained_min.map(|m| m.0),
+                n: nv(|n| n.drained_min.map(|m| m.0)),
+                target: "≤ 2 segments in 10 s",
+                ok: seg.and_then(|s| g.drained_min.map(|m| m.0 * 1048576.0 <= 2.0 * s as f64)),
+                note: times,
+                mb: true,
+            },
+            Line {
+                name: format!(
+                    "disk per payload byte, {FANOUT_SUBS} persisted subscriptions, {} × 4 KB queued",
+                    c.fanout
+                ),
+                g: g.fanout_disk,
+                n: nv(|n| n.fanout_disk),
+                target: "≤ 1.3 ×",
+                ok: at_most(g.fanout_disk, 1.3),
+                note: idle_note(g.idle_mb.1, n.map(|n| n.idle_mb.1)),
+                mb: false,
+            },
         ];
         println!("\n== store cost (issue 23) ==\n");
         println!("| measure | gridlet | NATS JetStream | gridlet ÷ NATS | target | gridlet meets it | note |");
         println!("|---|---:|---:|---:|---|---|---|");
-        for (i, (name, gv, nv, target, ok, note)) in rows.iter().enumerate() {
-            let mbrow = i == 4 || i == 5;
-            let cell = |v: Option<f64>| {
-                if mbrow {
-                    v.map_or("–".into(), |v| format!("{v:.1}"))
-                } else {
-                    x(v)
-                }
+        for l in &lines {
+            let cell = |v: Option<f64>| match v {
+                None => "–".to_string(),
+                Some(v) if l.mb => format!("{v:.1}"),
+                Some(v) => format!("{v:.2} ×"),
             };
-            let div = match (gv, nv) {
-                (Some(a), Some(b)) if *b > 0.0 => format!("{:.1}", a / b),
+            let div = match (l.g, l.n) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.1}", a / b),
                 _ => "–".into(),
             };
-            let verdict = ok.map_or("–", |o| if o { "yes" } else { "no" });
+            let verdict = l.ok.map_or("–", |o| if o { "yes" } else { "no" });
             println!(
-                "| {name} | {} | {} | {div} | {target} | {verdict} | {note} |",
-                cell(*gv),
-                cell(*nv)
+                "| {} | {} | {} | {div} | {} | {verdict} | {} |",
+                l.name,
+                cell(l.g),
+                cell(l.n),
+                l.target,
+                l.note
             );
             self.extras.push((
-                format!("store: {name}"),
-                format!("gridlet {} / NATS {}", cell(*gv), cell(*nv)),
+                format!("store: {}", l.name),
+                format!("gridlet {} / NATS {}", cell(l.g), cell(l.n)),
             ));
         }
         if let Some((after, restarted)) = g.dl_du {
