@@ -394,3 +394,65 @@ async fn read_loop(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A fake server: answers the first request with `MSG` (JSON) and the second with an `HMSG`
+    /// status (no responders), after a `PING` the client must answer.
+    async fn fake(listener: TcpListener) -> String {
+        let (s, _) = listener.accept().await.unwrap();
+        let (r, mut w) = s.into_split();
+        let mut r = BufReader::new(r);
+        w.write_all(b"INFO {\"server_id\":\"x\"}\r\n")
+            .await
+            .unwrap();
+        let mut seen = String::new();
+        let mut line = String::new();
+        let mut answered = 0;
+        while answered < 2 {
+            line.clear();
+            if r.read_line(&mut line).await.unwrap() == 0 {
+                break;
+            }
+            seen.push_str(&line);
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            if let ["PUB", _, inbox, n] = parts.as_slice() {
+                let mut body = vec![0; n.parse::<usize>().unwrap() + 2];
+                r.read_exact(&mut body).await.unwrap();
+                let reply = if answered == 0 {
+                    format!("PING\r\nMSG {inbox} 1 8\r\n{{\"ok\":1}}\r\n")
+                } else {
+                    let h = "NATS/1.0 503\r\n\r\n";
+                    format!("HMSG {inbox} 1 {} {}\r\n{h}\r\n", h.len(), h.len())
+                };
+                w.write_all(reply.as_bytes()).await.unwrap();
+                answered += 1;
+            }
+        }
+        line.clear();
+        if !seen.contains("PONG") {
+            let _ = tokio::time::timeout(Duration::from_secs(5), r.read_line(&mut line)).await;
+        }
+        seen + &line
+    }
+
+    #[tokio::test]
+    async fn requests_get_msg_answers_and_statuses_are_errors() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(fake(listener));
+        let c = Client::connect(port).await.unwrap();
+        let v = c.request("$JS.API.INFO", b"").await.unwrap();
+        assert_eq!(v["ok"], 1);
+        let e = c
+            .publish_acked("nowhere", &[Bytes::from_static(b"x")])
+            .await;
+        assert!(e.unwrap_err().contains("publish refused"));
+        let seen = server.await.unwrap();
+        assert!(seen.starts_with("CONNECT {"), "{seen}");
+        assert!(seen.contains("PONG"), "the client answers PING: {seen}");
+    }
+}

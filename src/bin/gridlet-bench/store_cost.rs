@@ -162,7 +162,10 @@ impl Bench {
                 println!("  peer: {} (JetStream file store)", nats::version(&bin));
                 Some(self.nats_costs(&bin, c).await?)
             }
-            Some(_) => None,
+            Some(_) => {
+                println!("  peer skipped (--no-peer)");
+                None
+            }
             None => {
                 println!("  peer skipped: nats-server not found (apt-get install nats-server)");
                 None
@@ -542,5 +545,32 @@ impl Bench {
         if seg.is_none() {
             println!("\n(segments: pass --segment-bytes BYTES to judge the after-drain row)");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_the_issues_sizes_and_scale_down_for_small_runs() {
+        for n in [100_000, 20_000] {
+            let c = Counts::of(n);
+            assert_eq!((c.events, c.fanout, c.dead), (n, 2000, 80));
+        }
+        let c = Counts::of(500);
+        assert_eq!((c.fanout, c.dead), (100, 4));
+        // Publishes go in batches of 100: every count of rows 1–5 is a multiple of it.
+        for n in (100..=30_000).step_by(100) {
+            assert_eq!(Counts::of(n).fanout % 100, 0);
+        }
+    }
+
+    #[test]
+    fn one_event_is_exactly_its_size_and_json() {
+        let mut seq = 0;
+        let e = one_event(&mut seq, SMALL, Instant::now());
+        assert_eq!(e.len(), SMALL);
+        assert!(serde_json::from_slice::<serde_json::Value>(&e).is_ok());
     }
 }
