@@ -13,6 +13,11 @@ old=$1 new=$2 rounds=${3:-2}
 shift $(( $# < 3 ? $# : 3 ))
 bench=target/release/gridlet-bench
 [ -x "$bench" ] || cargo build --release --locked --bin gridlet-bench
+# The store scenario's peer (NATS JetStream): scripts/bench.sh installs it the same way.
+if ! command -v nats-server >/dev/null 2>&1 && [ ! -x /usr/sbin/nats-server ] \
+  && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nats-server
+fi
 out=${BENCH_AB_OUT:-target/bench-ab}
 mkdir -p "$out"
 for i in $(seq 1 "$rounds"); do
@@ -20,7 +25,7 @@ for i in $(seq 1 "$rounds"); do
     bin=$old; [ "$side" = new ] && bin=$new
     echo "== round $i: $side ($bin)"
     "$bench" --gridlet "$bin" "$@" > "$out/$side-$i.txt" 2>&1 || { tail -20 "$out/$side-$i.txt"; exit 1; }
-    sed -n '/== summary (markdown) ==/,$p' "$out/$side-$i.txt" | grep -E '^\| (a|b|c|d|e):|^\| \((e)\)|^\| idle|^\| release|^total' || true
+    sed -n '/== summary (markdown) ==/,$p' "$out/$side-$i.txt" | grep -E '^\| (a|b|c|d|e):|^\| \((e)\)|^\| store:|^\| idle|^\| release|^total' || true
   done
 done
 echo "full outputs in $out/"

@@ -21,6 +21,10 @@ fn bench_command_runs_every_scenario_on_a_tiny_load() {
             "2000",
             "--conns",
             "2",
+            "--store-events",
+            "500",
+            "--store-watch",
+            "0.5",
             "--max-seconds",
             "90",
             "--gridlet",
@@ -89,6 +93,20 @@ fn bench_command_runs_every_scenario_on_a_tiny_load() {
             let paired = number(&r[5]);
             assert!(paired > 0.0, "{prefix}: no paired ratio: {r:?}");
         }
+    }
+    // The store scenario measured what gridlet wrote and held (whatever the peer did).
+    for prefix in [
+        "store: written per payload byte, publish",
+        "store: disk per queued payload byte",
+        "store: disk per payload byte, 20 persisted subscriptions",
+        "store: dead letters",
+    ] {
+        let r = row(prefix);
+        let gridlet = r[1]
+            .strip_prefix("gridlet ")
+            .map(number)
+            .unwrap_or(f64::NAN);
+        assert!(gridlet > 0.0, "{prefix}: nothing measured: {r:?}");
     }
     let line = |needle: &str| -> &str {
         stdout

@@ -333,6 +333,7 @@ impl Bench {
             max_events: n,
             rate: None,
             path: crate::publish_path(),
+            event_bytes: net::EVENT_BYTES,
         };
         let published = net::publish(g.addr, &load, self.base).await;
         if published.accepted < n {

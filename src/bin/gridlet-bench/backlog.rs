@@ -227,6 +227,7 @@ impl Bench {
             max_events: n,
             rate: None,
             path: publish_path(),
+            event_bytes: net::EVENT_BYTES,
         };
         net::publish(g.addr, &load, self.base).await
     }

@@ -27,13 +27,15 @@ pub fn kill_all() {
     }
 }
 
-fn register(pid: u32) {
+/// Register a child so the panic hook and the watchdog kill it.
+pub fn register(pid: u32) {
     if let Ok(mut g) = CHILDREN.lock() {
         g.push(pid);
     }
 }
 
-fn unregister(pid: u32) {
+/// Forget a child that was reaped.
+pub fn unregister(pid: u32) {
     if let Ok(mut g) = CHILDREN.lock() {
         g.retain(|p| *p != pid);
     }
@@ -215,6 +217,52 @@ impl Gridlet {
     pub fn disk_bytes(&self) -> u64 {
         dir_size(&self.spec.dir.join("eventsDb")) + dir_size(&self.spec.dir.join("metadataDb"))
     }
+
+    /// Its events directory (`persistence__eventsPath`).
+    pub fn events_dir(&self) -> PathBuf {
+        self.spec.dir.join("eventsDb")
+    }
+
+    /// Blocks allocated under its data directories (`du -sb`'s measure: what the device holds).
+    pub fn du(&self) -> u64 {
+        du_bytes(&self.events_dir()) + du_bytes(&self.spec.dir.join("metadataDb"))
+    }
+}
+
+/// `write_bytes` of `/proc/<pid>/io`: bytes the process caused to be sent to the storage layer
+/// (page-cache writes count when dirtied, direct I/O when submitted). `None` when unreadable.
+pub fn write_bytes(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("write_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Σ `st_blocks` × 512 of the files and directories under `p` (what `du -sb` would print for
+/// the blocks a file system holds, not the apparent sizes; bounded walk, symlinks not followed).
+pub fn du_bytes(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut stack = vec![p.to_path_buf()];
+    let mut visited = 0;
+    while let Some(d) = stack.pop() {
+        visited += 1;
+        if visited > 100_000 {
+            break;
+        }
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            total += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    total
 }
 
 /// A reading of `/proc/<pid>`.

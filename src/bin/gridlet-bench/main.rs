@@ -1,7 +1,7 @@
 //! `gridlet-bench`: gridlet measured against the physical limit of the machine it runs on.
 //!
 //! ```text
-//! cargo run --release --bin gridlet-bench -- [--scenario a|b|c|d|e|footprint|azure|all] [--quick]
+//! cargo run --release --bin gridlet-bench -- [--scenario a|b|c|d|e|store|footprint|azure|all] [--quick]
 //! ```
 //!
 //! gridlet runs as a **child process** (the `gridlet` binary next to this one, or `--gridlet
@@ -18,6 +18,9 @@
 //! * d: as (a) with `broker__defaultIsPersisted=true` (200 only after the store commit);
 //! * e: a backlog of 1,000,000 events behind a stalled subscriber, restart with that backlog, then
 //!   the subscriber comes back and the backlog drains;
+//! * store: what the event store writes and holds per payload byte, measured from outside
+//!   (`/proc/<pid>/io`, `du`), beside NATS JetStream's file store doing the same work
+//!   ([`store_cost`], [`nats`]);
 //! * footprint: release binary size, idle RSS, start-up to serving;
 //! * azure (opt-in, not in `all`): delivery to a Storage queue in Azurite beside webhook
 //!   delivery, with the raw Azurite limit ([`azure`]).
@@ -30,11 +33,14 @@
 mod azure;
 mod backlog;
 mod child;
+mod nats;
 mod net;
 mod opts;
 mod report;
+mod store_cost;
 mod throughput;
 
+use bytes::Bytes;
 use child::{Footprint, Gridlet, Spec};
 use net::{Load, Mode, Published, Receiver};
 use opts::{parse_args, Opts};
@@ -220,8 +226,15 @@ impl Bench {
             if self.opts.quick { " (quick)" } else { "" }
         );
         println!("machine: {}", machine());
-        self.raw().await?;
         let o = self.opts.clone();
+        // The raw limits are what throughput is measured against; `store` and `footprint` alone
+        // need none.
+        if ["a", "b", "c", "d", "e", "azure", "all"]
+            .iter()
+            .any(|s| o.scenarios.iter().any(|x| x == s))
+        {
+            self.raw().await?;
+        }
         if wants(&o, "a") {
             self.scenario_a().await?;
         }
@@ -236,6 +249,9 @@ impl Bench {
         }
         if wants(&o, "e") {
             self.scenario_e().await?;
+        }
+        if wants(&o, "store") {
+            self.scenario_store().await?;
         }
         if wants(&o, "footprint") {
             self.footprint().await?;
@@ -274,6 +290,7 @@ impl Bench {
             max_events: u64::MAX,
             rate: None,
             path: path.to_string(),
+            event_bytes: net::EVENT_BYTES,
         }
     }
 }

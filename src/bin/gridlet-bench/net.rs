@@ -42,6 +42,8 @@ pub enum Mode {
     Stall,
     /// 503 at once (a subscriber that refuses work).
     Refuse,
+    /// 400 at once (a subscriber that rejects the events: dead letters under `standard`).
+    BadRequest,
 }
 
 /// Counters and samples of the receiver.
@@ -267,7 +269,10 @@ async fn handle(
     let m = *mode.borrow();
     if m != Mode::Up {
         let mut r = Response::new(Full::new(Bytes::new()));
-        *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        *r.status_mut() = match m {
+            Mode::BadRequest => StatusCode::BAD_REQUEST,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        };
         return Ok(r);
     }
     let now = now_us(base);
@@ -312,10 +317,10 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     None
 }
 
-/// A publish body: a JSON array of `n` EventGridSchema events of [`EVENT_BYTES`] each, stamped
-/// with the current time.
-pub fn events_body(conn: usize, seq: &mut u64, n: usize, base: Instant) -> Bytes {
-    let mut out = String::with_capacity(n * (EVENT_BYTES + 1) + 2);
+/// A publish body: a JSON array of `n` EventGridSchema events of `size` bytes each (at least
+/// the envelope, ≈ 180 bytes), stamped with the current time.
+pub fn events_body(conn: usize, seq: &mut u64, n: usize, size: usize, base: Instant) -> Bytes {
+    let mut out = String::with_capacity(n * (size + 1) + 2);
     out.push('[');
     for i in 0..n {
         if i > 0 {
@@ -329,7 +334,7 @@ pub fn events_body(conn: usize, seq: &mut u64, n: usize, base: Instant) -> Bytes
         );
         *seq += 1;
         let used = out.len() - start + 3; // the closing `"}}`
-        for _ in used..EVENT_BYTES {
+        for _ in used..size {
             out.push('x');
         }
         out.push_str("\"}}");
@@ -440,6 +445,8 @@ pub struct Load {
     pub rate: Option<u64>,
     /// Request path.
     pub path: String,
+    /// Bytes of each event ([`EVENT_BYTES`] unless a scenario says otherwise).
+    pub event_bytes: usize,
 }
 
 /// What a publisher run did.
@@ -502,7 +509,7 @@ pub async fn publish(addr: SocketAddr, load: &Load, base: Instant) -> Published 
                 if claimed.fetch_add(n, Relaxed) + n > load.max_events {
                     break;
                 }
-                let body = events_body(c, &mut seq, load.batch, base);
+                let body = events_body(c, &mut seq, load.batch, load.event_bytes, base);
                 let timeout = Duration::from_secs(30);
                 match conn
                     .send("POST", &load.path, "application/json", body, timeout)
@@ -557,7 +564,7 @@ mod tests {
     fn events_have_the_configured_size_and_a_stamp() {
         let base = Instant::now();
         let mut seq = 0;
-        let b = events_body(3, &mut seq, 2, base);
+        let b = events_body(3, &mut seq, 2, EVENT_BYTES, base);
         let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
         let arr = v.as_array().unwrap();
         assert_eq!(arr.len(), 2);

@@ -23,13 +23,27 @@ pub(super) struct Opts {
     pub(super) rounds: u32,
     /// Length of each slice of a paired round.
     pub(super) slice: Duration,
+    /// Scenario `store`: persisted 1 KB events published and drained (rows 1–4); the fan-out
+    /// and dead-letter rows scale with it up to the issue's sizes.
+    pub(super) store_events: u64,
+    /// Scenario `store`: the new store's segment size, to judge "≤ 2 segments after a drain".
+    pub(super) segment_bytes: Option<u64>,
+    /// Scenario `store`: the `nats-server` binary (default: found on the PATH or in /usr/sbin).
+    pub(super) nats: Option<PathBuf>,
+    /// Scenario `store`: leave the NATS peer out.
+    pub(super) no_peer: bool,
+    /// Scenario `store`: how long disk is watched after a drain, and the longest wait for a
+    /// store's deferred writes to stop (default 10 s; the smoke test shortens it).
+    pub(super) store_watch: Duration,
 }
 
 const USAGE: &str =
-    "usage: gridlet-bench [--scenario a|b|c|d|e|footprint|azure|all (comma list ok)] [--quick]
+    "usage: gridlet-bench [--scenario a|b|c|d|e|store|footprint|azure|all (comma list ok)] [--quick]
                      [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
                      [--down stall|refuse] [--e-in-memory] [--gridlet PATH] [--max-seconds SECS]
                      [--rounds N] [--slice SECS]
+                     [--store-events N] [--store-watch SECS] [--segment-bytes BYTES]
+                     [--nats PATH] [--no-peer]
 
 --rounds N (default 4, 0 = off) and --slice SECS (default 2): after its main run, each throughput
 scenario (a, b, c, d) runs N rounds that alternate a SECS slice of the raw batch-1 limit with a
@@ -40,7 +54,12 @@ limit measured seconds apart: the machine's drift moves both sides of that ratio
 back (the backlog waits in the ready lane); refuse = it answers 503 (every event takes the
 1-minute retry lane, so the drain waits for the retry schedule).
 --e-in-memory: scenario e with in-memory subscriptions (default: persisted, so the backlog can
-survive the restart).";
+survive the restart).
+--store-events N (scenario store, default 100000, quick 20000): persisted 1 KB events published
+behind a stalled subscriber, then drained; the fan-out (2,000 x 4 KB) and dead-letter (80 x 900 KB)
+rows scale down below 20000. --store-watch SECS (default 10): how long disk is watched after
+the drain, and the longest wait for deferred writes to stop after a phase. --segment-bytes: the store's segment size, to judge the after-drain
+row. --nats PATH: the nats-server binary of the peer (default: PATH, /usr/sbin); --no-peer: skip it.";
 
 pub(super) fn parse_args() -> Result<Opts, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -58,6 +77,11 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         e_persisted: true,
         rounds: if quick { 1 } else { 4 },
         slice: Duration::from_secs_f64(if quick { 0.3 } else { 2.0 }),
+        store_events: if quick { 20_000 } else { 100_000 },
+        segment_bytes: None,
+        nats: None,
+        no_peer: false,
+        store_watch: Duration::from_secs(10),
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -111,6 +135,25 @@ pub(super) fn parse_args() -> Result<Opts, String> {
             }
             "--slice" => o.slice = secs(val()?)?,
             "--gridlet" => o.gridlet = Some(PathBuf::from(val()?)),
+            "--store-events" => {
+                o.store_events = val()?
+                    .parse()
+                    .ok()
+                    .filter(|n| (100..=10_000_000).contains(n) && n % 100 == 0)
+                    .ok_or("--store-events: a multiple of 100 in 100..=10000000")?
+            }
+            "--segment-bytes" => {
+                o.segment_bytes = Some(
+                    val()?
+                        .parse()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or("--segment-bytes: a positive number")?,
+                )
+            }
+            "--nats" => o.nats = Some(PathBuf::from(val()?)),
+            "--no-peer" => o.no_peer = true,
+            "--store-watch" => o.store_watch = secs(val()?)?,
             "--max-seconds" => {
                 o.max_seconds = val()?
                     .parse()
@@ -122,7 +165,17 @@ pub(super) fn parse_args() -> Result<Opts, String> {
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
     }
-    let known = ["a", "b", "c", "d", "e", "footprint", "azure", "all"];
+    let known = [
+        "a",
+        "b",
+        "c",
+        "d",
+        "e",
+        "store",
+        "footprint",
+        "azure",
+        "all",
+    ];
     if let Some(bad) = o.scenarios.iter().find(|s| !known.contains(&s.as_str())) {
         return Err(format!("unknown scenario {bad}\n{USAGE}"));
     }
