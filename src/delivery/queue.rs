@@ -10,8 +10,9 @@
 //!   persisted subscription is a bounded *window* ([`Window`]). Events that arrive while it is full
 //!   (or while older events are still spilled) keep only their sequence number here (8 bytes); their
 //!   bodies stay in the store and the dispatcher reads them back, in arrival order, when the window
-//!   runs low ([`SubQueue::refill_wanted`] / [`SubQueue::refilled`]). A million-event backlog behind
-//!   a down subscriber therefore costs about 8 MiB of RAM instead of its bodies.
+//!   runs low ([`SubQueue::refill_wanted`] / [`SubQueue::refilled`]). The numbers are kept as runs
+//!   of consecutive ones, so a backlog behind a down subscriber costs a few bytes per run
+//!   (typically a handful for one topic), not per event.
 //! * **spilled retries** (persisted subscriptions only): the retry lane of a persisted
 //!   subscription holds bodies for at most one [`Window`] of events too. A failed batch that
 //!   would pass it, and every retry recovered at start-up, keeps only `(due, seq)` in a heap
@@ -23,7 +24,10 @@
 //!
 //! Pure data structure: no I/O, no clock reads (the caller passes `now`), no awaits.
 
+mod seqruns;
+
 use super::payload::Pending;
+use seqruns::SeqRuns;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::time::Duration;
@@ -71,8 +75,9 @@ impl Window {
 #[derive(Debug)]
 struct Spill {
     window: Window,
-    /// Sequence numbers of events whose bodies are only in the store, in arrival order.
-    seqs: VecDeque<u64>,
+    /// Sequence numbers of events whose bodies are only in the store, in arrival order (runs:
+    /// a backlog of one topic's events is a few pairs, whatever its length).
+    seqs: SeqRuns,
     /// Events taken by [`SubQueue::refill_wanted`] and not yet handed back.
     loading: usize,
     /// Retries whose bodies are only in the store: `(due, seq)`, earliest first, the due time
@@ -122,7 +127,7 @@ impl SubQueue {
                     events: window.events.max(2),
                     bytes: window.bytes.max(1),
                 },
-                seqs: VecDeque::new(),
+                seqs: SeqRuns::default(),
                 loading: 0,
                 retries: BinaryHeap::new(),
                 retry_loading: 0,
@@ -241,12 +246,8 @@ impl SubQueue {
             return Vec::new();
         }
         let n = (s.window.events - ready).min(s.seqs.len());
-        let out: Vec<u64> = s.seqs.drain(..n).collect();
+        let out = s.seqs.take_front(n);
         s.loading = out.len();
-        if s.seqs.is_empty() && s.seqs.capacity() > s.window.events {
-            // A drained backlog gives its index memory back.
-            s.seqs.shrink_to_fit();
-        }
         out
     }
 

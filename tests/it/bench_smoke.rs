@@ -25,6 +25,8 @@ fn bench_command_runs_every_scenario_on_a_tiny_load() {
             "500",
             "--store-watch",
             "0.5",
+            "--seeds",
+            "20",
             "--max-seconds",
             "90",
             "--gridlet",
@@ -117,6 +119,11 @@ fn bench_command_runs_every_scenario_on_a_tiny_load() {
     assert!(
         line("backlog restored:").contains("backlog restored: 2000 events"),
         "the restart must restore the whole persisted backlog:\n{stdout}"
+    );
+    assert!(
+        line("== crashsim").contains("crashsim")
+            && line("power cuts survived").contains("seeds 0..20"),
+        "the power-cut simulation ran:\n{stdout}"
     );
     for needle in [
         "release binary size",

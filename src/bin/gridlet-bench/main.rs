@@ -22,6 +22,7 @@
 //!   (`/proc/<pid>/io`, `du`), beside NATS JetStream's file store doing the same work
 //!   ([`store_cost`], [`nats`]);
 //! * footprint: release binary size, idle RSS, start-up to serving;
+//! * crashsim: the event log's power-cut simulation over many seeds ([`crashsim`]);
 //! * azure (opt-in, not in `all`): delivery to a Storage queue in Azurite beside webhook
 //!   delivery, with the raw Azurite limit ([`azure`]).
 //!
@@ -33,6 +34,7 @@
 mod azure;
 mod backlog;
 mod child;
+mod crashsim;
 mod nats;
 mod net;
 mod opts;
@@ -255,6 +257,10 @@ impl Bench {
         }
         if wants(&o, "footprint") {
             self.footprint().await?;
+        }
+        if wants(&o, "crashsim") {
+            let seeds = o.sim_seeds.unwrap_or(if o.quick { 2_000 } else { 50_000 });
+            crashsim::run(o.sim_first_seed, seeds)?;
         }
         // Opt-in: needs Azurite, so `all` leaves it out.
         if o.scenarios.iter().any(|s| s == "azure") {

@@ -35,15 +35,18 @@ pub(super) struct Opts {
     /// Scenario `store`: how long disk is watched after a drain, and the longest wait for a
     /// store's deferred writes to stop (default 10 s; the smoke test shortens it).
     pub(super) store_watch: Duration,
+    /// Scenario `crashsim`: seeds to run (default 50,000; quick 2,000) and the first one.
+    pub(super) sim_seeds: Option<u64>,
+    pub(super) sim_first_seed: u64,
 }
 
 const USAGE: &str =
-    "usage: gridlet-bench [--scenario a|b|c|d|e|store|footprint|azure|all (comma list ok)] [--quick]
+    "usage: gridlet-bench [--scenario a|b|c|d|e|store|footprint|crashsim|azure|all (comma list ok)] [--quick]
                      [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
                      [--down stall|refuse] [--e-in-memory] [--gridlet PATH] [--max-seconds SECS]
                      [--rounds N] [--slice SECS]
                      [--store-events N] [--store-watch SECS] [--segment-bytes BYTES]
-                     [--nats PATH] [--no-peer]
+                     [--nats PATH] [--no-peer] [--seeds N] [--first-seed N]
 
 --rounds N (default 4, 0 = off) and --slice SECS (default 2): after its main run, each throughput
 scenario (a, b, c, d) runs N rounds that alternate a SECS slice of the raw batch-1 limit with a
@@ -59,7 +62,9 @@ survive the restart).
 behind a stalled subscriber, then drained; the fan-out (2,000 x 4 KB) and dead-letter (80 x 900 KB)
 rows scale down below 20000. --store-watch SECS (default 10): how long disk is watched after
 the drain, and the longest wait for deferred writes to stop after a phase. --segment-bytes: the store's segment size, to judge the after-drain
-row. --nats PATH: the nats-server binary of the peer (default: PATH, /usr/sbin); --no-peer: skip it.";
+row. --nats PATH: the nats-server binary of the peer (default: PATH, /usr/sbin); --no-peer: skip it.
+--seeds N (scenario crashsim, default 50000, quick 2000) and --first-seed N (default 0): the event
+log's power-cut simulation over seeds N.. (a failing seed prints the call that reproduces it).";
 
 pub(super) fn parse_args() -> Result<Opts, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -78,10 +83,13 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         rounds: if quick { 1 } else { 4 },
         slice: Duration::from_secs_f64(if quick { 0.3 } else { 2.0 }),
         store_events: if quick { 20_000 } else { 100_000 },
-        segment_bytes: None,
+        // The store's default (the bench's bound is large enough not to shrink it).
+        segment_bytes: Some(gridlet::store::log::SEGMENT_BYTES),
         nats: None,
         no_peer: false,
         store_watch: Duration::from_secs(10),
+        sim_seeds: None,
+        sim_first_seed: 0,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -154,6 +162,12 @@ pub(super) fn parse_args() -> Result<Opts, String> {
             "--nats" => o.nats = Some(PathBuf::from(val()?)),
             "--no-peer" => o.no_peer = true,
             "--store-watch" => o.store_watch = secs(val()?)?,
+            "--seeds" => {
+                o.sim_seeds = Some(val()?.parse().map_err(|_| "--seeds: a number")?);
+            }
+            "--first-seed" => {
+                o.sim_first_seed = val()?.parse().map_err(|_| "--first-seed: a number")?;
+            }
             "--max-seconds" => {
                 o.max_seconds = val()?
                     .parse()
@@ -173,6 +187,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         "e",
         "store",
         "footprint",
+        "crashsim",
         "azure",
         "all",
     ];
