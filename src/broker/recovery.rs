@@ -17,6 +17,22 @@ impl Broker {
         clock: Clock,
     ) -> Result<Self, OpenError> {
         let snapshot = store.load()?;
+        // Disabled/frozen endpoints and dead letters live with the store: on disk with the log
+        // store, in memory with the memory store.
+        let dead_letters = store
+            .dead_letters()
+            .unwrap_or_else(|| Arc::new(crate::delivery::deadletter::MemoryDeadLetters::new()));
+        let dead_letter_bound = crate::store::deadletter::DeadLetterBound {
+            per_subscription: cfg.resilience.dead_letter_capacity,
+            max_bytes: cfg.resilience.dead_letter_max_bytes,
+        };
+        let writer =
+            crate::delivery::writer::StoreWriter::start(crate::delivery::writer::Targets {
+                store: store.clone(),
+                dead_letters: dead_letters.clone(),
+                bound: dead_letter_bound,
+            })
+            .map_err(|e| StoreError::Io(format!("cannot start the store writer: {e}")))?;
         let ctx = Arc::new(DeliveryContext {
             clock,
             store: store.clone(),
@@ -24,22 +40,12 @@ impl Broker {
             max_in_flight: cfg.broker.max_in_flight_per_subscription,
             log_success: cfg.broker.log_delivery_success,
             health_cfg: cfg.resilience.health.clone(),
-            // Disabled/frozen endpoints and dead letters live with the store: on disk with sled,
-            // in memory with the memory store.
             health: crate::delivery::health::HealthRegistry::restore(store.clone())?,
-            dead_letters: store
-                .dead_letters()
-                .unwrap_or_else(|| Arc::new(crate::delivery::deadletter::MemoryDeadLetters::new())),
-            dead_letter_bound: crate::store::deadletter::DeadLetterBound {
-                per_subscription: cfg.resilience.dead_letter_capacity,
-                max_bytes: cfg.resilience.dead_letter_max_bytes,
-            },
+            dead_letters,
+            dead_letter_bound,
             forwarder: crate::delivery::deadletter::Forwarder::start(),
             drain: Default::default(),
-            writer: Arc::new(
-                crate::delivery::writer::StoreWriter::start()
-                    .map_err(|e| StoreError::Io(format!("cannot start the store writer: {e}")))?,
-            ),
+            writer: Arc::new(writer),
             pending_bytes: Arc::new(crate::delivery::payload::PendingBytes::new(
                 cfg.broker.max_pending_bytes,
             )),

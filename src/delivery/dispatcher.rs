@@ -26,6 +26,7 @@ use super::refill::{refill, Lane};
 use super::retry::{self, DropReason, Step};
 use super::sink::{DeliveryRequest, Outcome, Sink};
 use super::subscription::{SubConfig, SubscriptionState};
+use super::writer::Write;
 use crate::store::RetryState;
 use crate::sync::AbortOnDrop;
 use std::sync::Arc;
@@ -323,13 +324,10 @@ fn settle(
             tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, attempt = batch.items.first().map(|p| p.attempts), latency_ms = ms, "delivered");
         }
         if cfg.sub.persisted {
-            let seqs: Vec<u64> = batch.items.iter().map(|p| p.seq).collect();
-            let (store, queue, name) = (ctx.store.clone(), shared.queue_id, shared.name.clone());
-            ctx.writer.submit(Box::new(move || {
-                if let Err(e) = store.remove(queue, &seqs) {
-                    tracing::error!(subscription = %name, error = %e, "could not remove delivered events from the store; they may be delivered again after a restart");
-                }
-            }));
+            ctx.writer.submit(Write::Remove {
+                owner: shared.owner(),
+                seqs: batch.items.iter().map(|p| p.seq).collect(),
+            });
         }
         let mut q = shared.queue();
         q.finish(batch.retry);
@@ -417,12 +415,11 @@ fn store_retry_state(
         first_enqueued_ms: first,
         due_ms: now_ms + delay.as_millis() as u64,
     };
-    let (store, queue, name) = (ctx.store.clone(), shared.queue_id, shared.name.clone());
-    ctx.writer.submit(Box::new(move || {
-        if let Err(e) = store.update(queue, &seqs, state) {
-            tracing::error!(subscription = %name, error = %e, "could not persist retry state");
-        }
-    }));
+    ctx.writer.submit(Write::RetryState {
+        owner: shared.owner(),
+        seqs,
+        state,
+    });
 }
 
 /// Events leave the queue undelivered: dead-lettered ([`dead_letter`]) and settled.
@@ -489,8 +486,11 @@ pub(super) fn dead_letter(
     } else {
         Vec::new()
     };
-    ctx.writer
-        .submit(keep_letters(shared.clone(), ctx, letters.clone(), seqs));
+    ctx.writer.submit(Write::KeepLetters {
+        owner: shared.owner(),
+        letters: letters.clone(),
+        seqs,
+    });
     if let Some(sink) = &cfg.dead_letter_sink {
         ctx.forwarder.submit(Forward {
             sink: sink.clone(),
@@ -499,40 +499,4 @@ pub(super) fn dead_letter(
             letters,
         });
     }
-}
-
-/// The writer job that keeps `letters` and then removes the events `seqs` from the store. A
-/// subscription deleted meanwhile keeps nothing (its letters would outlive it).
-fn keep_letters(
-    shared: Arc<SubscriptionState>,
-    ctx: &DeliveryContext,
-    letters: Vec<DeadLetter>,
-    seqs: Vec<u64>,
-) -> super::writer::Job {
-    let (dead_letters, store) = (ctx.dead_letters.clone(), ctx.store.clone());
-    let bound = ctx.dead_letter_bound;
-    Box::new(move || {
-        if shared.is_retired() {
-            return;
-        }
-        let m = &shared.metrics;
-        for l in letters {
-            match dead_letters.put(shared.queue_id, l, bound) {
-                Ok(evicted) => {
-                    if bound.keeps_any() {
-                        m.dead_lettered.inc();
-                    }
-                    m.dead_letters_evicted.add(evicted as u64);
-                }
-                Err(e) => {
-                    tracing::error!(subscription = %shared.name, error = %e, "could not keep a dead letter")
-                }
-            }
-        }
-        if !seqs.is_empty() {
-            if let Err(e) = store.remove_dropped(shared.queue_id, &seqs) {
-                tracing::error!(subscription = %shared.name, error = %e, "could not remove dropped events from the store");
-            }
-        }
-    })
 }

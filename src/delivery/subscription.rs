@@ -56,9 +56,9 @@ pub(super) struct SubscriptionState {
     /// Wakes the task: new events, or a slot freed.
     pub notify: Notify,
     /// Metrics.
-    pub metrics: SubscriptionMetrics,
+    pub metrics: Arc<SubscriptionMetrics>,
     /// Set when the subscription is deleted: store writes still queued for it keep nothing.
-    pub retired: AtomicBool,
+    pub retired: Arc<AtomicBool>,
 }
 
 impl SubscriptionState {
@@ -67,9 +67,14 @@ impl SubscriptionState {
         crate::sync::read(&self.config).clone()
     }
 
-    /// Whether the subscription was deleted.
-    pub fn is_retired(&self) -> bool {
-        self.retired.load(Ordering::SeqCst)
+    /// Who the store writer writes for.
+    pub fn owner(&self) -> super::writer::Owner {
+        super::writer::Owner {
+            queue: self.queue_id,
+            name: self.name.clone(),
+            metrics: self.metrics.clone(),
+            retired: self.retired.clone(),
+        }
     }
 
     /// Lock the queue. Every critical section is a few map operations with no await and no
@@ -137,8 +142,8 @@ impl SubscriptionHandle {
             config: RwLock::new(Arc::new(config)),
             queue: Mutex::new(queue),
             notify: Notify::new(),
-            metrics: SubscriptionMetrics::default(),
-            retired: AtomicBool::new(false),
+            metrics: Arc::default(),
+            retired: Arc::default(),
         });
         let task = dispatcher::spawn(shared.clone(), ctx.clone());
         Self {

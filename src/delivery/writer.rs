@@ -1,27 +1,140 @@
-//! The store writer: the store writes that follow a delivery attempt (remove a delivered event,
-//! record a retry's state, keep dead letters and remove their events) run on one dedicated
+//! The store writer: the store writes that follow a delivery attempt run on one dedicated
 //! thread, `gridlet-settle`, in the order they were submitted, so no async worker ever waits
 //! on the disk or on sled's internal locks.
 //!
-//! Order is what makes this safe. Jobs run one at a time in submission order, so for any event
-//! its `update` comes before its `remove`, and a dead letter is kept before its event is
-//! removed. Readers that must see earlier writes (reading a spilled retry's state back, listing
-//! or replaying dead letters) first wait for the writer to reach the point at which they asked
-//! ([`StoreWriter::mark`] / [`StoreWriter::wait_for`]), off the async workers too.
+//! What it writes is data, not code: a [`Write`] says what happens (remove delivered events,
+//! record a retry's state, keep dead letters and then remove their events) and [`execute`] is
+//! the one place that does it. Order is what makes this safe. Writes run one at a time in
+//! submission order, so for any event its retry state comes before its removal, and within
+//! [`Write::KeepLetters`] the letters are kept **before** their events are removed: after a crash
+//! each event is pending, a dead letter, or both, never neither. Readers that must see earlier
+//! writes (reading a spilled retry's state back, listing or replaying dead letters) first wait
+//! for the writer to reach the point at which they asked ([`StoreWriter::mark`] /
+//! [`StoreWriter::wait_for`]), off the async workers too.
 //!
-//! Bounds: at most [`QUEUE_BOUND`] jobs wait. A dispatcher that finds the queue full waits for
+//! Bounds: at most [`QUEUE_BOUND`] writes wait. A dispatcher that finds the queue full waits for
 //! room (on a multi-threaded runtime through `block_in_place`, so its worker's other tasks move
 //! on): a disk slower than the deliveries slows the deliveries instead of growing memory.
+//!
+//! Panics: gridlet's release build aborts on panic (`panic = "abort"`), and nothing here has a
+//! panic path; a panic would be a bug, and the process restarts and recovers from the store. So
+//! the writer does not catch them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::metrics::SubscriptionMetrics;
+use crate::store::deadletter::{DeadLetter, DeadLetterBound, DeadLetterStore};
+use crate::store::{QueueId, RetryState, Store};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
 
-/// Jobs that may wait for the writer thread.
+/// Writes that may wait for the writer thread.
 pub const QUEUE_BOUND: usize = 4096;
 
-/// A store write, run on the writer thread.
-pub type Job = Box<dyn FnOnce() + Send + 'static>;
+/// Whose write it is: for log lines, metrics, and to drop writes of a deleted subscription.
+#[derive(Clone)]
+pub struct Owner {
+    /// Store queue id.
+    pub queue: QueueId,
+    /// Subscription name.
+    pub name: Arc<str>,
+    /// The subscription's metrics (dead letters kept and evicted).
+    pub metrics: Arc<SubscriptionMetrics>,
+    /// Set when the subscription is deleted: its letters still queued are not kept.
+    pub retired: Arc<AtomicBool>,
+}
+
+/// One store write after a delivery attempt.
+pub enum Write {
+    /// Delivered events leave the store.
+    Remove {
+        /// Whose.
+        owner: Owner,
+        /// Their sequence numbers.
+        seqs: Vec<u64>,
+    },
+    /// A retrying batch's state (attempts, first enqueue, due time).
+    RetryState {
+        /// Whose.
+        owner: Owner,
+        /// Their sequence numbers.
+        seqs: Vec<u64>,
+        /// The state.
+        state: RetryState,
+    },
+    /// Keep the letters within the bound, then remove their events (`seqs`: persisted
+    /// subscriptions only) from the store, in that order.
+    KeepLetters {
+        /// Whose.
+        owner: Owner,
+        /// The letters.
+        letters: Vec<DeadLetter>,
+        /// Their events' sequence numbers in the store (empty: not persisted).
+        seqs: Vec<u64>,
+    },
+    /// Run a function (tests: gates and order probes).
+    #[cfg(test)]
+    Probe(Box<dyn FnOnce() + Send + 'static>),
+}
+
+/// What the writer writes to.
+#[derive(Clone)]
+pub struct Targets {
+    /// The event store.
+    pub store: Arc<dyn Store>,
+    /// The dead-letter store.
+    pub dead_letters: Arc<dyn DeadLetterStore>,
+    /// The bound letters are kept within.
+    pub bound: DeadLetterBound,
+}
+
+/// Do one write. Failures are logged: the event is then delivered again after a restart (a
+/// removal), retried with an older attempt count (a state), or not kept as a letter.
+pub fn execute(w: Write, t: &Targets) {
+    match w {
+        Write::Remove { owner, seqs } => {
+            if let Err(e) = t.store.remove(owner.queue, &seqs) {
+                tracing::error!(subscription = %owner.name, error = %e, "could not remove delivered events from the store; they may be delivered again after a restart");
+            }
+        }
+        Write::RetryState { owner, seqs, state } => {
+            if let Err(e) = t.store.update(owner.queue, &seqs, state) {
+                tracing::error!(subscription = %owner.name, error = %e, "could not persist retry state");
+            }
+        }
+        Write::KeepLetters {
+            owner,
+            letters,
+            seqs,
+        } => keep_letters(&owner, letters, &seqs, t),
+        #[cfg(test)]
+        Write::Probe(f) => f(),
+    }
+}
+
+/// Keep `letters`, then remove their events: the one place dead letters are written.
+fn keep_letters(owner: &Owner, letters: Vec<DeadLetter>, seqs: &[u64], t: &Targets) {
+    if owner.retired.load(Ordering::SeqCst) {
+        return; // the subscription is gone: its letters would outlive it
+    }
+    for l in letters {
+        match t.dead_letters.put(owner.queue, l, t.bound) {
+            Ok(evicted) => {
+                if t.bound.keeps_any() {
+                    owner.metrics.dead_lettered.inc();
+                }
+                owner.metrics.dead_letters_evicted.add(evicted as u64);
+            }
+            Err(e) => {
+                tracing::error!(subscription = %owner.name, error = %e, "could not keep a dead letter")
+            }
+        }
+    }
+    if !seqs.is_empty() {
+        if let Err(e) = t.store.remove_dropped(owner.queue, seqs) {
+            tracing::error!(subscription = %owner.name, error = %e, "could not remove dropped events from the store");
+        }
+    }
+}
 
 /// How far the writer thread has got.
 #[derive(Default)]
@@ -30,12 +143,13 @@ struct Progress {
     advanced: Condvar,
 }
 
-/// Handle to the writer thread. The thread ends once the handle is dropped and every job
+/// Handle to the writer thread. The thread ends once the handle is dropped and every write
 /// submitted before has run.
 pub struct StoreWriter {
-    tx: SyncSender<Job>,
+    tx: SyncSender<Write>,
     submitted: AtomicU64,
     progress: Arc<Progress>,
+    targets: Targets,
 }
 
 impl StoreWriter {
@@ -43,36 +157,37 @@ impl StoreWriter {
     ///
     /// # Errors
     /// The OS could not start a thread.
-    pub fn start() -> std::io::Result<Self> {
-        let (tx, rx) = sync_channel::<Job>(QUEUE_BOUND);
+    pub fn start(targets: Targets) -> std::io::Result<Self> {
+        let (tx, rx) = sync_channel::<Write>(QUEUE_BOUND);
         let progress = Arc::new(Progress::default());
-        let p = progress.clone();
+        let (p, t) = (progress.clone(), targets.clone());
         std::thread::Builder::new()
             .name("gridlet-settle".into())
-            .spawn(move || run(rx, &p))?;
+            .spawn(move || run(rx, &p, &t))?;
         Ok(Self {
             tx,
             submitted: AtomicU64::new(0),
             progress,
+            targets,
         })
     }
 
-    /// Queue `job` behind every job submitted before it.
-    pub fn submit(&self, job: Job) {
+    /// Queue `w` behind every write submitted before it. Waits for room when
+    /// [`QUEUE_BOUND`] writes are waiting; if the thread is gone, writes here.
+    pub fn submit(&self, w: Write) {
         self.submitted.fetch_add(1, Ordering::SeqCst);
-        let job = match self.tx.try_send(job) {
+        let w = match self.tx.try_send(w) {
             Ok(()) => return,
-            Err(TrySendError::Full(job)) => job,
-            Err(TrySendError::Disconnected(job)) => {
-                // The thread is gone (it only ends when this handle drops): run it here.
-                job();
+            Err(TrySendError::Full(w)) => w,
+            Err(TrySendError::Disconnected(w)) => {
+                execute(w, &self.targets);
                 self.advance();
                 return;
             }
         };
         let send = || {
-            if let Err(e) = self.tx.send(job) {
-                (e.0)();
+            if let Err(e) = self.tx.send(w) {
+                execute(e.0, &self.targets);
                 self.advance();
             }
         };
@@ -82,13 +197,12 @@ impl StoreWriter {
         }
     }
 
-    /// The point a reader must wait for to see every write submitted so far.
+    /// Writes submitted so far: pass it to [`StoreWriter::wait_for`].
     pub fn mark(&self) -> u64 {
         self.submitted.load(Ordering::SeqCst)
     }
 
-    /// Block until every job submitted before `mark` has run. Call it off the async workers
-    /// (a blocking-pool thread).
+    /// Block until every write submitted before `mark` has run (blocking threads only).
     pub fn wait_for(&self, mark: u64) {
         let mut done = crate::sync::lock(&self.progress.done);
         while *done < mark {
@@ -100,11 +214,10 @@ impl StoreWriter {
         }
     }
 
-    /// Wait, off the async workers, until every job submitted so far has run.
+    /// Wait, without blocking the runtime, until every write submitted so far has run.
     pub async fn flush(self: &Arc<Self>) {
         let mark = self.mark();
         let me = self.clone();
-        // A failed join means the wait panicked, which it cannot; nothing to add either way.
         let _ = tokio::task::spawn_blocking(move || me.wait_for(mark)).await;
     }
 
@@ -118,12 +231,9 @@ fn advance(p: &Progress) {
     p.advanced.notify_all();
 }
 
-fn run(rx: Receiver<Job>, progress: &Progress) {
-    while let Ok(job) = rx.recv() {
-        // A job that panics must not stop the writes behind it.
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
-            tracing::error!("a store write panicked; the writes after it go on");
-        }
+fn run(rx: Receiver<Write>, progress: &Progress, targets: &Targets) {
+    while let Ok(w) = rx.recv() {
+        execute(w, targets);
         advance(progress);
     }
 }
@@ -131,35 +241,111 @@ fn run(rx: Receiver<Job>, progress: &Progress) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::deadletter::DropReason;
+    use crate::store::memory::MemoryStore;
+    use crate::store::StoredEvent;
+    use bytes::Bytes;
+
+    fn targets() -> Targets {
+        Targets {
+            store: Arc::new(MemoryStore::new()),
+            dead_letters: Arc::new(crate::delivery::deadletter::MemoryDeadLetters::new()),
+            bound: DeadLetterBound {
+                per_subscription: 100,
+                max_bytes: 1 << 20,
+            },
+        }
+    }
+
+    fn owner(queue: QueueId) -> Owner {
+        Owner {
+            queue,
+            name: "s".into(),
+            metrics: Arc::default(),
+            retired: Arc::default(),
+        }
+    }
 
     #[test]
-    fn jobs_run_in_order_and_readers_wait_for_their_mark() {
-        let w = StoreWriter::start().unwrap();
+    fn writes_run_in_order_and_readers_wait_for_their_mark() {
+        let w = StoreWriter::start(targets()).unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
         for i in 0..1000 {
             let seen = seen.clone();
-            w.submit(Box::new(move || crate::sync::lock(&seen).push(i)));
+            w.submit(Write::Probe(Box::new(move || {
+                crate::sync::lock(&seen).push(i)
+            })));
         }
         w.wait_for(w.mark());
         assert_eq!(*crate::sync::lock(&seen), (0..1000).collect::<Vec<_>>());
     }
 
     #[test]
+    fn letters_are_kept_before_their_events_leave_the_store() {
+        let t = targets();
+        let ev = StoredEvent {
+            seq: 7,
+            id: "e7".into(),
+            body: Bytes::from_static(b"{}"),
+            state: RetryState {
+                attempts: 3,
+                first_enqueued_ms: 1,
+                due_ms: 0,
+            },
+        };
+        t.store.append(&[(1, ev)]).unwrap();
+        let letter = DeadLetter {
+            id: 0,
+            seq: 7,
+            event_id: "e7".into(),
+            body: Bytes::from_static(b"{}"),
+            reason: DropReason::MaxDeliveryAttemptsExceeded,
+            last_status: Some(500),
+            last_error: None,
+            attempts: 3,
+            first_enqueued_ms: 1,
+            dead_lettered_ms: 2,
+        };
+        let o = owner(1);
+        execute(
+            Write::KeepLetters {
+                owner: o.clone(),
+                letters: vec![letter],
+                seqs: vec![7],
+            },
+            &t,
+        );
+        assert_eq!(t.dead_letters.count(1), 1);
+        assert!(t.store.pending(1).unwrap().is_empty());
+        assert_eq!(o.metrics.dead_lettered.get(), 1);
+        // A deleted subscription keeps nothing.
+        o.retired.store(true, Ordering::SeqCst);
+        execute(
+            Write::KeepLetters {
+                owner: o,
+                letters: vec![],
+                seqs: vec![],
+            },
+            &t,
+        );
+    }
+
+    #[test]
     fn a_full_queue_makes_the_submitter_wait_not_grow() {
-        let w = Arc::new(StoreWriter::start().unwrap());
+        let w = Arc::new(StoreWriter::start(targets()).unwrap());
         let gate = Arc::new((Mutex::new(false), Condvar::new()));
         let g = gate.clone();
-        w.submit(Box::new(move || {
+        w.submit(Write::Probe(Box::new(move || {
             let mut open = crate::sync::lock(&g.0);
             while !*open {
                 open = g.1.wait(open).unwrap_or_else(|p| p.into_inner());
             }
-        }));
+        })));
         for _ in 0..QUEUE_BOUND {
-            w.submit(Box::new(|| {}));
+            w.submit(Write::Probe(Box::new(|| {})));
         }
         let w2 = w.clone();
-        let blocked = std::thread::spawn(move || w2.submit(Box::new(|| {})));
+        let blocked = std::thread::spawn(move || w2.submit(Write::Probe(Box::new(|| {}))));
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(!blocked.is_finished(), "the submitter waits for room");
         *crate::sync::lock(&gate.0) = true;
@@ -167,18 +353,5 @@ mod tests {
         blocked.join().unwrap();
         w.wait_for(w.mark());
         assert_eq!(*crate::sync::lock(&w.progress.done), QUEUE_BOUND as u64 + 2);
-    }
-
-    #[test]
-    fn a_panicking_job_does_not_stop_the_writer() {
-        let w = StoreWriter::start().unwrap();
-        w.submit(Box::new(|| panic!("boom")));
-        let ran = Arc::new(AtomicU64::new(0));
-        let r = ran.clone();
-        w.submit(Box::new(move || {
-            r.store(1, Ordering::SeqCst);
-        }));
-        w.wait_for(w.mark());
-        assert_eq!(ran.load(Ordering::SeqCst), 1);
     }
 }
