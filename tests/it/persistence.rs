@@ -802,3 +802,56 @@ async fn a_backward_clock_jump_across_a_restart_does_not_stall_retries() {
     assert_eq!(rx.next().await.json()[0]["id"], "e1");
     g.shutdown().await;
 }
+
+/// One large event to many persisted subscriptions is stored once: it takes its own size of the
+/// disk bound, not one copy per subscription (issue 20 item 7; issue 23: bodies once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_event_for_a_hundred_persisted_subscriptions_is_charged_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let rx = Receiver::start().await;
+    rx.respond_with(500);
+    // 8 MiB: one 900 KB event fits, a hundred copies of it (90 MB) would not.
+    let small = [("persistence__maxDiskBytes", "8388608")];
+    let n = node(dir.path(), &small, Some(T0)).await;
+    assert_eq!(n.put("/topics/t1", json!({})).await.0, 200);
+    let persisted = json!({"persistencePolicy": {"isPersisted": true}});
+    for i in 0..100 {
+        n.sub("t1", &format!("s{i}"), &rx.url("/p"), persisted.clone())
+            .await;
+    }
+    let big = eg_event("big", "s", "t", json!({"pad": "x".repeat(900_000)}));
+    let r = n.publish("t1", &json!([big])).await;
+    assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
+    // A few more fit too: each is charged once.
+    for i in 0..5 {
+        let e = eg_event(
+            &format!("b{i}"),
+            "s",
+            "t",
+            json!({"pad": "y".repeat(900_000)}),
+        );
+        assert_eq!(n.publish("t1", &json!([e])).await.status().as_u16(), 200);
+    }
+    let events_dir = dir.path().join("eventsDb");
+    let du: u64 = walk_bytes(&events_dir);
+    assert!(
+        du < 16 << 20,
+        "6 × 900 KB for 100 subscriptions took {du} bytes on disk"
+    );
+    n.stop().await;
+    drop(rx);
+}
+
+/// Bytes the files under `dir` take (their lengths).
+fn walk_bytes(dir: &std::path::Path) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            total += walk_bytes(&p);
+        } else {
+            total += e.metadata().map(|m| m.len()).unwrap_or(0);
+        }
+    }
+    total
+}
