@@ -36,6 +36,33 @@ impl StatusCodePolicy {
     }
 }
 
+/// A destination configuration fault reported by an Azure service: retried on the schedule
+/// like any failure (the entity or key may come back), but logged at warn and counted apart,
+/// so a wrong connection string is told from an outage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConfigFault {
+    /// 401: wrong key, key name or token.
+    Unauthorized = 0,
+    /// 404: no such entity (Event Hubs, Storage).
+    NotFound = 1,
+    /// 410: the queue or topic does not exist (Service Bus).
+    Gone = 2,
+}
+
+impl ConfigFault {
+    /// Every fault, in metric order (the discriminant indexes it).
+    pub const ALL: [Self; 3] = [Self::Unauthorized, Self::NotFound, Self::Gone];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unauthorized => "unauthorized",
+            Self::NotFound => "notFound",
+            Self::Gone => "gone",
+        }
+    }
+}
+
 /// What a publish does when a matching in-memory subscription's queue is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QueueFullPolicy {

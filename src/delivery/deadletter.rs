@@ -17,7 +17,7 @@ pub use crate::store::deadletter::{
 
 /// The last failure of an outcome, as `(status, description)`, for a [`DeadLetter`].
 pub fn describe(outcome: Option<&Outcome>) -> (Option<u16>, Option<String>) {
-    match outcome {
+    match outcome.map(Outcome::summary) {
         Some(Outcome::Failed { kind, .. }) => (
             match kind {
                 FailureKind::Status(s) | FailureKind::Service { status: s, .. } => Some(*s),
@@ -100,6 +100,7 @@ async fn forward_loop(mut rx: mpsc::Receiver<Forward>, stats: Arc<ForwardStats>)
                 .map(|l| Bytes::from(l.to_json().to_string()))
                 .collect(),
             attempt: 1,
+            attempts_each: Vec::new(),
             batch_id: f.letters.first().map_or(0, |l| l.seq),
         };
         let n = f.letters.len() as u64;

@@ -19,8 +19,11 @@ pub struct DeliveryRequest {
     pub schema: EventSchema,
     /// The events (each one JSON object's bytes).
     pub events: Vec<Bytes>,
-    /// 1-based attempt number of this batch.
+    /// 1-based attempt number of this batch (its first event's).
     pub attempt: u32,
+    /// 1-based attempt number of each event, in order (a retried batch may join events with
+    /// different histories); empty means every event is at [`DeliveryRequest::attempt`].
+    pub attempts_each: Vec<u32>,
     /// A stable id for this batch across its retries (first event's sequence number).
     pub batch_id: u64,
 }
@@ -29,6 +32,11 @@ impl DeliveryRequest {
     /// The events as one JSON array (the body webhooks always get, even for one event).
     pub fn json_array(&self) -> Bytes {
         json_array(&self.events)
+    }
+
+    /// The attempt number of event `i` (1-based).
+    pub fn attempt_of(&self, i: usize) -> u32 {
+        self.attempts_each.get(i).copied().unwrap_or(self.attempt)
     }
 }
 
@@ -100,6 +108,10 @@ pub enum Outcome {
         /// A `Retry-After` the endpoint asked for.
         retry_after: Option<Duration>,
     },
+    /// The batch's events fared differently (a sink that sends several requests per batch,
+    /// or refuses one oversized event and delivers the rest): one outcome per event, in order,
+    /// none of them `PerEvent`. Built by [`Outcome::per_event`].
+    PerEvent(Vec<Outcome>),
 }
 
 impl Outcome {
@@ -109,6 +121,31 @@ impl Outcome {
             kind,
             retry_after: None,
         }
+    }
+
+    /// The outcome of a batch whose events had `each` outcome: the common one when they all
+    /// agree (or there are none: delivered), else [`Outcome::PerEvent`].
+    pub fn per_event(each: Vec<Outcome>) -> Self {
+        match each.first() {
+            None => Self::Delivered,
+            Some(first) if each.iter().all(|o| o == first) => first.clone(),
+            Some(_) => Self::PerEvent(each),
+        }
+    }
+
+    /// The outcome that speaks for the batch as a whole (endpoint health, logs): the first
+    /// failure that is not an event's own fault (too large), else the first failure, else
+    /// delivered.
+    pub fn summary(&self) -> &Outcome {
+        let Self::PerEvent(each) = self else {
+            return self;
+        };
+        let failed = |o: &&Outcome| matches!(o, Self::Failed { .. });
+        each.iter()
+            .filter(failed)
+            .find(|o| !matches!(o, Self::Failed { kind: FailureKind::TooLarge(_), .. }))
+            .or_else(|| each.iter().find(failed))
+            .unwrap_or(&Self::Delivered)
     }
 }
 
@@ -146,5 +183,21 @@ mod tests {
         ]);
         assert_eq!(&a[..], b"[{\"a\":1.50},{}]");
         assert_eq!(&json_array(&[])[..], b"[]");
+    }
+
+    #[test]
+    fn per_event_outcomes_collapse_when_they_agree() {
+        let big = Outcome::failed(FailureKind::TooLarge("e".into()));
+        let busy = Outcome::failed(FailureKind::Status(503));
+        assert_eq!(Outcome::per_event(vec![]), Outcome::Delivered);
+        assert_eq!(
+            Outcome::per_event(vec![busy.clone(), busy.clone()]),
+            busy.clone()
+        );
+        let mixed = Outcome::per_event(vec![Outcome::Delivered, big.clone(), busy.clone()]);
+        assert!(matches!(mixed, Outcome::PerEvent(ref v) if v.len() == 3));
+        assert_eq!(mixed.summary(), &busy, "the endpoint's failure speaks for the batch");
+        let only_big = Outcome::per_event(vec![Outcome::Delivered, big.clone()]);
+        assert_eq!(only_big.summary(), &big);
     }
 }

@@ -6,8 +6,11 @@
 //!   message holds at most [`MAX_MESSAGE_BYTES`] of text, so events are never packed together).
 //!   The text is the event's JSON, base64-encoded by default (what Azure Functions' queue
 //!   trigger and the SDKs' base64 policy read) or XML-escaped plain text. An event whose text
-//!   would exceed the limit is [`FailureKind::TooLarge`] (dead-lettered at once) and nothing of
-//!   its batch is sent. A batch's messages go out at most [`PARALLEL_PUTS`] at a time.
+//!   would exceed the limit is [`FailureKind::TooLarge`] (dead-lettered at once, alone: the
+//!   batch's other events are sent). A batch's messages go out at most [`PARALLEL_PUTS`] at a
+//!   time; each event reports its own outcome ([`Outcome::PerEvent`]). With
+//!   `queueMessageTimeToLiveInSeconds` the request carries `?messagettl=` (seconds, -1 = never
+//!   expires; Put Message, version 2017-07-29 and later).
 //! * **Put Blob**: `PUT {blobEndpoint}/{container}/{topic}/{subscription}/{time}-{batch}-{n}-{eventId}.json`
 //!   (`x-ms-blob-type: BlockBlob`, `application/json`) with the dead letter's JSON (event,
 //!   reason, last status and error, attempts, times). Names start with the dead-letter time in
@@ -62,11 +65,13 @@ struct Signer {
 }
 
 impl Signer {
-    /// Headers for `method` on `url_path` with a body of `len` bytes of `content_type`.
+    /// Headers for `method` on `url_path` (with `query`) with a body of `len` bytes of
+    /// `content_type`.
     fn headers(
         &self,
         method: &str,
         url_path: &str,
+        query: &[(&str, &str)],
         len: usize,
         content_type: &'static str,
         blob: bool,
@@ -92,7 +97,7 @@ impl Signer {
             let signed = Signed {
                 method,
                 path: url_path,
-                query: &[],
+                query,
                 content_length: len,
                 content_type,
                 ms_headers: &ms,
@@ -115,18 +120,27 @@ pub struct StorageQueueSink {
     path: String,
     signer: Signer,
     encoding: MessageEncoding,
+    /// `messagettl` (seconds, -1 = never expires), when set.
+    ttl: Option<String>,
     what: String,
 }
 
 impl StorageQueueSink {
-    /// A sink putting messages into `queue` of `conn`'s account.
+    /// A sink putting messages into `queue` of `conn`'s account; `ttl_secs` is each message's
+    /// time to live (`messagettl`: seconds, -1 = never; `None` = the service's 7 days).
     pub fn new(
         client: &HttpClient,
         conn: &StorageConn,
         queue: &str,
         encoding: MessageEncoding,
+        ttl_secs: Option<i64>,
     ) -> Self {
-        let url = format!("{}/{queue}/messages", conn.queue_endpoint);
+        let ttl = ttl_secs.map(|t| t.to_string());
+        let mut url = format!("{}/{queue}/messages", conn.queue_endpoint);
+        if let Some(t) = &ttl {
+            url.push_str("?messagettl=");
+            url.push_str(t);
+        }
         Self {
             endpoint: client.endpoint(&url),
             path: url_path(&url),
@@ -134,6 +148,7 @@ impl StorageQueueSink {
                 key: SharedKey::new(&conn.account, &conn.key),
             },
             encoding,
+            ttl,
             what: format!("StorageQueue {queue}"),
         }
     }
@@ -142,9 +157,15 @@ impl StorageQueueSink {
         let body = Bytes::from(format!(
             "<QueueMessage><MessageText>{text}</MessageText></QueueMessage>"
         ));
+        let query: Vec<(&str, &str)> = self
+            .ttl
+            .as_deref()
+            .map(|t| ("messagettl", t))
+            .into_iter()
+            .collect();
         let h = self
             .signer
-            .headers("POST", &self.path, body.len(), XML, false);
+            .headers("POST", &self.path, &query, body.len(), XML, false);
         super::outcome(endpoint.send(Method::POST, h, body).await, &self.what)
     }
 }
@@ -161,26 +182,42 @@ impl Sink for StorageQueueSink {
                 .iter()
                 .map(|e| message_text(self.encoding, e))
                 .collect();
-            if let Some((i, t)) = texts
-                .iter()
-                .enumerate()
-                .find(|(_, t)| t.len() > MAX_MESSAGE_BYTES)
-            {
-                return Outcome::failed(FailureKind::TooLarge(format!(
-                    "event {} of the batch is {} bytes as {} message text; a Storage queue message holds at most {MAX_MESSAGE_BYTES}",
-                    i + 1,
-                    t.len(),
-                    self.encoding.as_str()
-                )));
-            }
+            // Each event's own outcome: an oversized one is refused alone, the others go.
+            let mut each: Vec<Outcome> = Vec::with_capacity(texts.len());
+            let mut failed: Option<Outcome> = None;
             for chunk in texts.chunks(PARALLEL_PUTS) {
-                let puts = chunk.iter().map(|t| self.put(endpoint, t));
-                let results = futures_util::future::join_all(puts).await;
-                if let Some(failed) = results.into_iter().find(|o| *o != Outcome::Delivered) {
-                    return failed;
+                if let Some(f) = &failed {
+                    // A put of the batch failed: the rest are not tried this attempt.
+                    each.extend(chunk.iter().map(|_| f.clone()));
+                    continue;
                 }
+                let puts = chunk.iter().map(|t| async move {
+                    if t.len() > MAX_MESSAGE_BYTES {
+                        return Outcome::failed(FailureKind::TooLarge(format!(
+                            "the event is {} bytes as {} message text; a Storage queue message holds at most {MAX_MESSAGE_BYTES}",
+                            t.len(),
+                            self.encoding.as_str()
+                        )));
+                    }
+                    self.put(endpoint, t).await
+                });
+                let results = futures_util::future::join_all(puts).await;
+                failed = results
+                    .iter()
+                    .find(|o| {
+                        !matches!(
+                            o,
+                            Outcome::Delivered
+                                | Outcome::Failed {
+                                    kind: FailureKind::TooLarge(_),
+                                    ..
+                                }
+                        )
+                    })
+                    .cloned();
+                each.extend(results);
             }
-            Outcome::Delivered
+            Outcome::per_event(each)
         })
     }
 }
@@ -245,7 +282,7 @@ impl Sink for BlobDeadLetterSink {
                 };
                 let h = self
                     .signer
-                    .headers("PUT", &url_path(&url), letter.len(), JSON, true);
+                    .headers("PUT", &url_path(&url), &[], letter.len(), JSON, true);
                 let o = super::outcome(
                     endpoint.send(Method::PUT, h, letter.clone()).await,
                     &self.what,

@@ -3,11 +3,13 @@
 //! types differ only in name, so one file declares them (three registry lines).
 //!
 //! Properties: `connectionString` (required, entity-level: `EntityPath`; parsed at PUT so a bad
-//! one is a 400 naming the part; secret: its key and signature parts). Health: by the entity's
-//! URL (no credentials). No dead letters.
+//! one is a 400 naming the part; secret: its key and signature parts) and
+//! `maxBatchSizeInKilobytes` (optional, 1–1024: the namespace tier's batch limit; default the
+//! Standard tier's, 256 for Service Bus, 1024 for Event Hubs). Health: by the entity's URL (no
+//! credentials). No dead letters.
 
 use super::{DestinationKind, ParseContext, SinkContext};
-use crate::delivery::azure::messaging::MessagingSink;
+use crate::delivery::azure::messaging::{MessagingLimits, MessagingSink, Service};
 use crate::delivery::sink::Sink;
 use crate::model::azure::MessagingConn;
 use crate::model::destination::{
@@ -26,19 +28,23 @@ const SECRETS: [SecretProperty; 1] = [SecretProperty::new(
 /// One messaging type.
 pub struct Messaging {
     names: &'static [&'static str],
+    service: Service,
 }
 
 /// Azure Event Hubs.
 pub const EVENT_HUB: Messaging = Messaging {
     names: &["EventHub"],
+    service: Service::EventHubs,
 };
 /// Azure Service Bus queue.
 pub const SERVICE_BUS_QUEUE: Messaging = Messaging {
     names: &["ServiceBusQueue"],
+    service: Service::ServiceBus,
 };
 /// Azure Service Bus topic.
 pub const SERVICE_BUS_TOPIC: Messaging = Messaging {
     names: &["ServiceBusTopic"],
+    service: Service::ServiceBus,
 };
 
 /// A parsed Event Hubs / Service Bus destination.
@@ -50,11 +56,18 @@ pub struct MessagingDestination {
     conn: MessagingConn,
     /// `{scheme}://{host}/{entity}`: SSRF checks and endpoint health.
     resource_uri: String,
+    /// `maxBatchSizeInKilobytes` as given (echoed when set).
+    max_batch_kib: Option<u64>,
+    /// What one request may hold.
+    limits: MessagingLimits,
 }
 
 impl DestinationSpec for MessagingDestination {
     fn echo(&self, props: &mut Map<String, Value>) {
         props.insert("connectionString".into(), json!(self.connection_string));
+        if let Some(k) = self.max_batch_kib {
+            props.insert("maxBatchSizeInKilobytes".into(), json!(k));
+        }
     }
     fn secrets(&self) -> &'static [SecretProperty] {
         &SECRETS
@@ -78,12 +91,23 @@ impl DestinationKind for Messaging {
         let conn =
             MessagingConn::parse(cs).map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
         let resource_uri = conn.resource_uri();
+        let max_batch_kib = props.int(
+            "maxbatchsizeinkilobytes",
+            "maxBatchSizeInKilobytes",
+            1,
+            1024,
+        )?;
+        let limits = MessagingLimits::from_kib(
+            max_batch_kib.unwrap_or_else(|| self.service.default_batch_kib()),
+        );
         Ok(Destination::new(
             self.names[0],
             MessagingDestination {
                 connection_string: cs.to_string(),
                 conn,
                 resource_uri,
+                max_batch_kib,
+                limits,
             },
         ))
     }
@@ -92,7 +116,13 @@ impl DestinationKind for Messaging {
         let Some(d) = sub.destination.spec::<MessagingDestination>() else {
             return super::mismatched(self.names[0]);
         };
-        Arc::new(MessagingSink::new(&ctx.client, &d.conn, self.names[0]))
+        Arc::new(MessagingSink::new(
+            &ctx.client,
+            &d.conn,
+            self.names[0],
+            self.service,
+            d.limits,
+        ))
     }
 
     fn example(&self, base: &str) -> Value {
