@@ -144,7 +144,7 @@ pub fn verdict(outcome: &Outcome) -> Verdict {
                 // Only events' own faults (too large): the endpoint took the others.
                 Verdict::Neither if each.contains(&Outcome::Delivered) => Verdict::Up,
                 v => v,
-            }
+            };
         }
     };
     match kind {

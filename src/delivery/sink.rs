@@ -143,7 +143,15 @@ impl Outcome {
         let failed = |o: &&Outcome| matches!(o, Self::Failed { .. });
         each.iter()
             .filter(failed)
-            .find(|o| !matches!(o, Self::Failed { kind: FailureKind::TooLarge(_), .. }))
+            .find(|o| {
+                !matches!(
+                    o,
+                    Self::Failed {
+                        kind: FailureKind::TooLarge(_),
+                        ..
+                    }
+                )
+            })
             .or_else(|| each.iter().find(failed))
             .unwrap_or(&Self::Delivered)
     }
@@ -196,7 +204,11 @@ mod tests {
         );
         let mixed = Outcome::per_event(vec![Outcome::Delivered, big.clone(), busy.clone()]);
         assert!(matches!(mixed, Outcome::PerEvent(ref v) if v.len() == 3));
-        assert_eq!(mixed.summary(), &busy, "the endpoint's failure speaks for the batch");
+        assert_eq!(
+            mixed.summary(),
+            &busy,
+            "the endpoint's failure speaks for the batch"
+        );
         let only_big = Outcome::per_event(vec![Outcome::Delivered, big.clone()]);
         assert_eq!(only_big.summary(), &big);
     }

@@ -2,7 +2,9 @@
 
 mod api;
 mod azure;
+mod azure_eventgrid;
 mod bench_smoke;
+mod bus_peer;
 mod crash;
 mod delivery;
 mod durable_resilience;

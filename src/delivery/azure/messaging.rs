@@ -240,11 +240,19 @@ pub fn groups(messages: &[Bytes], max: usize) -> Vec<std::ops::Range<usize>> {
 fn too_large(o: &Outcome) -> Option<&str> {
     match o {
         Outcome::Failed {
-            kind: FailureKind::Service { status: 413, message },
+            kind:
+                FailureKind::Service {
+                    status: 413,
+                    message,
+                },
             ..
         } => Some(message),
         Outcome::Failed {
-            kind: FailureKind::Service { status: 403, message },
+            kind:
+                FailureKind::Service {
+                    status: 403,
+                    message,
+                },
             ..
         } => {
             let m = message.to_ascii_lowercase();
@@ -352,10 +360,16 @@ mod tests {
         assert_eq!(p["aeg-metadata-version"], "1");
         assert_eq!(p["aeg-data-version"], "2.0");
         assert_eq!(p["aeg-output-event-id"], "1");
-        assert_eq!(v["BrokerProperties"]["MessageId"], message_id("t", "sub1", "1"));
+        assert_eq!(
+            v["BrokerProperties"]["MessageId"],
+            message_id("t", "sub1", "1")
+        );
         let hub = messages(&req(&[e], vec![]), Service::EventHubs);
         let v: Value = serde_json::from_slice(&hub[0]).unwrap();
-        assert!(v.get("BrokerProperties").is_none(), "no MessageId on Event Hubs");
+        assert!(
+            v.get("BrokerProperties").is_none(),
+            "no MessageId on Event Hubs"
+        );
         assert_eq!(v["UserProperties"]["aeg-delivery-count"], "0");
     }
 
@@ -390,7 +404,11 @@ mod tests {
             })
         };
         assert!(too_large(&svc(413, "x")).is_some());
-        assert!(too_large(&svc(403, "MessageSizeExceeded: the message size exceeds the limit")).is_some());
+        assert!(too_large(&svc(
+            403,
+            "MessageSizeExceeded: the message size exceeds the limit"
+        ))
+        .is_some());
         assert!(too_large(&svc(403, "QuotaExceeded: the entity is full")).is_none());
         assert!(too_large(&svc(401, "size")).is_none());
     }

@@ -1,0 +1,305 @@
+//! Azure destinations behave as Event Grid does (issue 24): Event Grid's message properties,
+//! stable `MessageId`s, per-event outcomes (one oversized event dead-letters only itself),
+//! the status-code table for Azure resources, Storage queue message TTL. Against the strict
+//! REST receiver (`bus_peer.rs`) and Azurite.
+
+use crate::azure::{dead_letters, events, sub, Azurite};
+use crate::bus_peer::{StrictBus, BUS_KEY};
+use crate::util::{eg_event, eventually, metric, start};
+use serde_json::{json, Value};
+
+/// The batch messages the receiver accepted for `entity`.
+fn accepted(bus: &StrictBus, entity: &str) -> Vec<Value> {
+    bus.log()
+        .into_iter()
+        .filter(|l| l.entity == entity && l.status == 201)
+        .flat_map(|l| l.messages)
+        .collect()
+}
+
+fn event_id(message: &Value) -> String {
+    let body: Value = serde_json::from_str(message["Body"].as_str().unwrap()).unwrap();
+    body["id"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bus_messages_carry_event_grids_application_properties() {
+    let mut bus = StrictBus::start().await;
+    let t = start(&[]).await;
+    t.topic("t").await;
+    for (kind, entity, name) in [
+        ("ServiceBusQueue", "queue1", "toQueue"),
+        ("EventHub", "hub1", "toHub"),
+    ] {
+        let dest = json!({"endpointType": kind, "properties": {
+            "connectionString": bus.connection_string(entity, BUS_KEY)}});
+        let (s, b) = sub(&t, "t", name, dest, json!({})).await;
+        assert_eq!(s, 200, "{b}");
+    }
+    let mut e = eg_event("p1", "s", "Contoso.Items.ItemReceived", json!({"x": 1}));
+    e["dataVersion"] = json!("2.0");
+    t.publish("t", json!([e])).await;
+    bus.next().await;
+    bus.next().await;
+    for (entity, sub_name) in [("queue1", "TOQUEUE"), ("hub1", "TOHUB")] {
+        let m = accepted(&bus, entity);
+        assert_eq!(m.len(), 1, "{entity}: {m:?}");
+        let p = &m[0]["UserProperties"];
+        assert_eq!(p["aeg-subscription-name"], sub_name, "{p}");
+        assert_eq!(p["aeg-delivery-count"], "0", "{p}");
+        assert_eq!(p["aeg-event-type"], "Notification", "{p}");
+        assert_eq!(p["aeg-metadata-version"], "1", "{p}");
+        assert_eq!(p["aeg-data-version"], "2.0", "{p}");
+        assert_eq!(p["aeg-output-event-id"], "p1", "{p}");
+    }
+    let q = accepted(&bus, "queue1");
+    let id = q[0]["BrokerProperties"]["MessageId"].as_str().unwrap();
+    assert_eq!(id.len(), 32, "{id}");
+    assert!(
+        accepted(&bus, "hub1")[0].get("BrokerProperties").is_none(),
+        "Event Hubs messages carry no MessageId"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_oversized_event_is_dead_lettered_alone_and_the_rest_delivered() {
+    let bus = StrictBus::start().await;
+    // The namespace takes 20 KB per request; the subscription says the tier allows 1 MB, so
+    // gridlet sends the batch whole and learns the limit from Service Bus's 403.
+    bus.state
+        .max_body
+        .store(20_000, std::sync::atomic::Ordering::SeqCst);
+    let t = start(&[]).await;
+    t.topic("t").await;
+    let dest = json!({"endpointType": "ServiceBusQueue", "properties": {
+        "connectionString": bus.connection_string("queue1", BUS_KEY),
+        "maxBatchSizeInKilobytes": 1024}});
+    let (s, b) = sub(
+        &t,
+        "t",
+        "q",
+        dest,
+        json!({"deliveryPolicy": {"maxEventsPerBatch": 10}}),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(
+        b["properties"]["destination"]["properties"]["maxBatchSizeInKilobytes"],
+        1024
+    );
+    let evs: Vec<Value> = (0..10)
+        .map(|i| {
+            let pad = if i == 4 { 30_000 } else { 100 };
+            eg_event(&format!("b{i}"), "s", "t", json!({"pad": "x".repeat(pad)}))
+        })
+        .collect();
+    t.publish("t", Value::Array(evs)).await;
+    let dl = dead_letters(&t, "t", "q", 1).await;
+    assert_eq!(dl.len(), 1, "{dl:?}");
+    assert_eq!(dl[0]["eventId"], "b4");
+    assert_eq!(dl[0]["reason"], "DeliveryRefused");
+    assert_eq!(dl[0]["deliveryAttempts"], 1);
+    let err = dl[0]["lastError"].as_str().unwrap();
+    assert!(err.contains("too large") && err.contains("403"), "{err}");
+    eventually("the other nine delivered", || async {
+        let ids: Vec<String> = accepted(&bus, "queue1").iter().map(event_id).collect();
+        if ids.len() >= 9 {
+            Ok(())
+        } else {
+            Err(format!("{ids:?}"))
+        }
+    })
+    .await;
+    let mut ids: Vec<String> = accepted(&bus, "queue1").iter().map(event_id).collect();
+    ids.sort();
+    let want: Vec<String> = (0..10)
+        .filter(|i| *i != 4)
+        .map(|i| format!("b{i}"))
+        .collect();
+    assert_eq!(ids, want, "each once, the oversized one never");
+    let log = bus.log();
+    assert_eq!(log[0].messages.len(), 10, "sent as one batch first");
+    assert_eq!(log[0].status, 403);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn azure_400_and_403_are_not_retried_under_either_policy() {
+    let bus = StrictBus::start().await;
+    let t = start(&[]).await;
+    t.topic("t").await;
+    for policy in ["original", "standard"] {
+        let dest = json!({"endpointType": "ServiceBusQueue", "properties": {
+            "connectionString": bus.connection_string("queue1", BUS_KEY)}});
+        let (s, b) = sub(
+            &t,
+            "t",
+            policy,
+            dest,
+            json!({"retryPolicy": {"statusCodePolicy": policy, "maxDeliveryAttempts": 30}}),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+    }
+    for (status, text) in [
+        (403, "QuotaExceeded: the entity is full"),
+        (400, "BadRequest"),
+    ] {
+        bus.force(status, text);
+        let before = bus.log().len();
+        t.publish("t", events(&format!("r{status}-"), 1)).await;
+        for policy in ["original", "standard"] {
+            let dl = eventually(&format!("{policy}: {status} dead-lettered"), || async {
+                let (_, b) = t
+                    .get(&format!(
+                        "/topics/t/eventSubscriptions/{policy}/deadLetters"
+                    ))
+                    .await;
+                let v = b["value"].as_array().cloned().unwrap_or_default();
+                v.into_iter()
+                    .find(|l| l["lastHttpStatusCode"] == status)
+                    .ok_or_else(|| b.to_string())
+            })
+            .await;
+            assert_eq!(dl["reason"], "DeliveryRefused", "{dl}");
+            assert_eq!(dl["deliveryAttempts"], 1, "{dl}");
+            assert!(dl["lastError"].as_str().unwrap().contains(text), "{dl}");
+        }
+        assert_eq!(bus.log().len() - before, 2, "one attempt per subscription");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configuration_faults_are_retried_logged_and_counted_apart() {
+    let bus = StrictBus::start().await;
+    let t = start(&[]).await;
+    t.topic("t").await;
+    let one = json!({"retryPolicy": {"maxDeliveryAttempts": 1}});
+    for (name, kind, entity, key) in [
+        ("wrongkey", "EventHub", "hub1", "d3Jvbmc="),
+        ("nohub", "EventHub", "hub9", BUS_KEY),
+        ("noqueue", "ServiceBusQueue", "queue9", BUS_KEY),
+    ] {
+        let dest = json!({"endpointType": kind, "properties": {
+            "connectionString": bus.connection_string(entity, key)}});
+        assert_eq!(sub(&t, "t", name, dest, one.clone()).await.0, 200);
+    }
+    t.publish("t", events("c", 1)).await;
+    for (name, status, fault) in [
+        ("wrongkey", 401, "unauthorized"),
+        ("nohub", 404, "notFound"),
+        ("noqueue", 410, "gone"),
+    ] {
+        let dl = dead_letters(&t, "t", name, 1).await;
+        assert_eq!(dl[0]["lastHttpStatusCode"], status, "{}", dl[0]);
+        // Retryable: with one attempt allowed, the attempts ran out (not refused).
+        assert_eq!(dl[0]["reason"], "MaxDeliveryAttemptsExceeded", "{}", dl[0]);
+        let labels = format!("topic=\"t\",subscription=\"{name}\",fault=\"{fault}\"");
+        let m = t.metrics().await;
+        assert_eq!(
+            metric(&m, "gridlet_destination_faults_total", &labels),
+            Some(1),
+            "{labels}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_queue_message_ttl_and_per_event_refusal() {
+    let az = Azurite::start().await;
+    az.create_queue("ttl").await;
+    az.create_queue("forever").await;
+    let t = start(&[]).await;
+    t.topic("t").await;
+    for (name, queue, ttl) in [
+        ("ttl", "ttl", json!(3600)),
+        ("forever", "forever", json!(-1)),
+    ] {
+        let dest = json!({"endpointType": "StorageQueue", "properties": {
+            "connectionString": az.connection_string(), "queueName": queue,
+            "queueMessageTimeToLiveInSeconds": ttl}});
+        let (s, b) = sub(
+            &t,
+            "t",
+            name,
+            dest,
+            json!({"deliveryPolicy": {"maxEventsPerBatch": 10}}),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+        assert_eq!(
+            b["properties"]["destination"]["properties"]["queueMessageTimeToLiveInSeconds"],
+            ttl
+        );
+    }
+    for bad in [json!(0), json!(-2), json!("soon")] {
+        let dest = json!({"endpointType": "StorageQueue", "properties": {
+            "connectionString": az.connection_string(), "queueName": "ttl",
+            "queueMessageTimeToLiveInSeconds": bad}});
+        let (s, b) = sub(&t, "t", "bad", dest, json!({})).await;
+        assert_eq!(s, 400, "{bad}: {b}");
+        assert!(
+            b.to_string().contains("queueMessageTimeToLiveInSeconds"),
+            "{b}"
+        );
+    }
+    // A batch of ten, one too large for a queue message: the nine others arrive.
+    let evs: Vec<Value> = (0..10)
+        .map(|i| {
+            let pad = if i == 7 { 70_000 } else { 10 };
+            eg_event(&format!("q{i}"), "s", "t", json!({"pad": "y".repeat(pad)}))
+        })
+        .collect();
+    t.publish("t", Value::Array(evs)).await;
+    for name in ["ttl", "forever"] {
+        let dl = dead_letters(&t, "t", name, 1).await;
+        assert_eq!(dl.len(), 1, "{dl:?}");
+        assert_eq!(dl[0]["eventId"], "q7");
+        assert_eq!(dl[0]["reason"], "DeliveryRefused");
+    }
+    // Peek (not take) to read each message's insertion and expiration times.
+    let peek = |queue: &'static str| {
+        let az = &az;
+        async move {
+            let url = format!(
+                "{}/{queue}/messages?peekonly=true&numofmessages=32",
+                az.queue_endpoint()
+            );
+            az.call("GET", &url, vec![]).await.1
+        }
+    };
+    let xml = eventually("nine messages with a one-hour TTL", || async {
+        let xml = peek("ttl").await;
+        match xml.matches("<QueueMessage>").count() {
+            9 => Ok(xml),
+            n => Err(format!("{n}")),
+        }
+    })
+    .await;
+    let times = |xml: &str, tag: &str| -> Vec<std::time::SystemTime> {
+        let open = format!("<{tag}>");
+        xml.split(&open)
+            .skip(1)
+            .filter_map(|s| s.split('<').next())
+            .map(|s| httpdate::parse_http_date(s).unwrap())
+            .collect()
+    };
+    let inserted = times(&xml, "InsertionTime");
+    let expires = times(&xml, "ExpirationTime");
+    for (i, e) in inserted.iter().zip(&expires) {
+        assert_eq!(e.duration_since(*i).unwrap().as_secs(), 3600);
+    }
+    let xml = eventually("nine messages that never expire", || async {
+        let xml = peek("forever").await;
+        match xml.matches("<QueueMessage>").count() {
+            9 => Ok(xml),
+            n => Err(format!("{n}")),
+        }
+    })
+    .await;
+    assert_eq!(
+        xml.matches("<ExpirationTime>Fri, 31 Dec 9999 23:59:59 GMT</ExpirationTime>")
+            .count(),
+        9,
+        "{xml}"
+    );
+}
