@@ -19,7 +19,8 @@ fn accepted(bus: &StrictBus, entity: &str) -> Vec<Value> {
 
 fn event_id(message: &Value) -> String {
     let body: Value = serde_json::from_str(message["Body"].as_str().unwrap()).unwrap();
-    body["id"].as_str().unwrap().to_string()
+    let event = if body.is_array() { &body[0] } else { &body };
+    event["id"].as_str().unwrap().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -52,6 +53,13 @@ async fn bus_messages_carry_event_grids_application_properties() {
         assert_eq!(p["aeg-data-version"], "2.0", "{p}");
         assert_eq!(p["aeg-output-event-id"], "p1", "{p}");
     }
+    // Framing: a Service Bus body is the event, an Event Hubs body an array of one event.
+    let body = |entity| -> Value {
+        serde_json::from_str(accepted(&bus, entity)[0]["Body"].as_str().unwrap()).unwrap()
+    };
+    assert_eq!(body("queue1")["id"], "p1");
+    assert_eq!(body("hub1").as_array().map(Vec::len), Some(1));
+    assert_eq!(body("hub1")[0]["id"], "p1");
     let q = accepted(&bus, "queue1");
     let id = q[0]["BrokerProperties"]["MessageId"].as_str().unwrap();
     assert_eq!(id.len(), 32, "{id}");

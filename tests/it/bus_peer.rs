@@ -141,8 +141,10 @@ fn check_token(s: &BusState, entity: &str, auth: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The events of a batch body, or why it is a 400.
-fn check_body(body: &[u8]) -> Result<(Vec<Value>, Vec<Value>), String> {
+/// The messages and events of a batch body, or why it is a 400. An Event Hubs message's body
+/// is an array of one event (Event Grid's framing, as the Azure SDK reads it), a Service Bus
+/// message's body the event object.
+fn check_body(body: &[u8], service_bus: bool) -> Result<(Vec<Value>, Vec<Value>), String> {
     let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(body) else {
         return Err("body must be a JSON array".into());
     };
@@ -164,8 +166,14 @@ fn check_body(body: &[u8]) -> Result<(Vec<Value>, Vec<Value>), String> {
             return Err("every message needs a string Body".into());
         };
         match serde_json::from_str::<Value>(b) {
-            Ok(v @ Value::Object(_)) => events.push(v),
-            _ => return Err("Body must be one event's JSON object".into()),
+            Ok(v @ Value::Object(_)) if service_bus => events.push(v),
+            Ok(Value::Array(mut a))
+                if !service_bus && a.len() == 1 && a.first().is_some_and(Value::is_object) =>
+            {
+                events.push(a.remove(0))
+            }
+            _ if service_bus => return Err("Body must be one event's JSON object".into()),
+            _ => return Err("Body must be a JSON array of one event".into()),
         }
         if let Some(bp) = o.get("BrokerProperties") {
             let Some(bp) = bp.as_object() else {
@@ -200,7 +208,7 @@ async fn bus_messages(
     body: Bytes,
 ) -> Response {
     s.requests.fetch_add(1, Ordering::SeqCst);
-    let parsed = check_body(&body);
+    let parsed = check_body(&body, !entity.starts_with("hub"));
     let (status, response) = answer(&s, &entity, q, &headers, &body, &parsed);
     if let Ok((items, events)) = parsed {
         s.log.lock().unwrap().push(Logged {

@@ -6,16 +6,20 @@
 //! message per event (Microsoft's "Send Message Batch" / "Send batch events"):
 //!
 //! ```json
-//! [{"Body": "<the event's JSON>",
+//! [{"Body": "<the event's JSON>",            (Event Hubs: "[<the event's JSON>]")
 //!   "BrokerProperties": {"MessageId": "<stable per event>"},
 //!   "UserProperties": {"aeg-subscription-name": "SUB", "aeg-delivery-count": "0",
 //!                      "aeg-event-type": "Notification", "aeg-metadata-version": "1",
 //!                      "aeg-data-version": "1.0", "aeg-output-event-id": "<event id>"}}]
 //! ```
 //!
-//! Each message's body is one event exactly as a webhook would get it inside its array (Event
-//! Grid delivers one event per message: Microsoft's "Event Hubs as an event handler" sample
-//! reads one event per message). The `aeg-*` application properties are the ones Microsoft's
+//! One message per event, framed as Event Grid frames it, which Microsoft's Azure SDK decides
+//! (its shared `_get_json_content`, used by `EventGridEvent.from_json` / `CloudEvent.from_json`,
+//! reads an Event Hubs message body as `json.loads(body)[0]` and a Service Bus one as
+//! `json.loads(body)`; the Event Hubs consuming sample does the same): an **Event Hubs**
+//! message's body is a JSON array holding the one event, a **Service Bus** message's body is the
+//! event object, each exactly as a webhook would get it. The `aeg-*` application properties
+//! are the ones Microsoft's
 //! "Service Bus queues and topics as event handlers" and "Event Hubs as an event handler"
 //! pages list; in a batch they go in `UserProperties` (headers would not reach the messages).
 //! `MessageId` (Service Bus only) is stable per event and subscription ([`message_id`]), so a
@@ -183,8 +187,13 @@ pub fn messages(req: &DeliveryRequest, service: Service) -> Vec<Bytes> {
             let parsed = serde_json::from_slice::<Value>(e).ok();
             let obj = parsed.as_ref().and_then(Value::as_object);
             let text = String::from_utf8_lossy(e);
+            let body = match service {
+                // An array of one event, as Event Grid frames it for Event Hubs.
+                Service::EventHubs => format!("[{text}]"),
+                Service::ServiceBus => text.into_owned(),
+            };
             let mut m = Map::new();
-            m.insert("Body".into(), Value::String(text.into_owned()));
+            m.insert("Body".into(), Value::String(body));
             if service == Service::ServiceBus {
                 // An event without an id (custom schema) is identified by its bytes.
                 let id = obj.and_then(|o| o.get("id")).and_then(Value::as_str);
@@ -366,6 +375,7 @@ mod tests {
         );
         let hub = messages(&req(&[e], vec![]), Service::EventHubs);
         let v: Value = serde_json::from_slice(&hub[0]).unwrap();
+        assert_eq!(v["Body"], format!("[{e}]"), "an array of one event");
         assert!(
             v.get("BrokerProperties").is_none(),
             "no MessageId on Event Hubs"
