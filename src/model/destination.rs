@@ -12,6 +12,7 @@
 //! cloud returns the value of an `isSecret` delivery attribute), or, for URLs and connection
 //! strings, the same text with only the secret parts replaced by `***`.
 
+pub use super::attributes::AttributeTarget;
 use super::json::Obj;
 use super::Invalid;
 use crate::config::Config;
@@ -67,9 +68,14 @@ pub trait DestinationSpec: Any + fmt::Debug + Send + Sync {
     fn health_key(&self) -> Option<&str> {
         self.url()
     }
-    /// Whether `signingSecrets` and `deliveryAttributeMappings` apply (HTTP POSTs of events).
+    /// Whether `signingSecrets` apply (HTTP POSTs of events).
     fn webhook_options(&self) -> bool {
         false
+    }
+    /// Where `deliveryAttributeMappings` go (`None`: not taken). Webhook-like destinations:
+    /// headers.
+    fn attributes(&self) -> Option<AttributeTarget> {
+        self.webhook_options().then_some(AttributeTarget::Headers)
     }
 }
 
@@ -131,9 +137,14 @@ impl Destination {
         self.spec.health_key()
     }
 
-    /// Whether `signingSecrets` and `deliveryAttributeMappings` apply.
+    /// Whether `signingSecrets` apply.
     pub fn webhook_options(&self) -> bool {
         self.spec.webhook_options()
+    }
+
+    /// Where `deliveryAttributeMappings` go, if they apply.
+    pub fn attributes(&self) -> Option<AttributeTarget> {
+        self.spec.attributes()
     }
 
     /// The secret properties of this destination.

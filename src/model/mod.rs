@@ -8,6 +8,7 @@
 //! * [`azure`]: Azure connection strings and storage resource names.
 //! * [`invalid`]: the model's one error, [`Invalid`] (a code and a message; no HTTP).
 
+pub mod attributes;
 pub mod azure;
 pub(crate) mod delivery_options;
 pub mod destination;

@@ -311,3 +311,87 @@ async fn storage_queue_message_ttl_and_per_event_refusal() {
         "{xml}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivery_attributes_static_and_dynamic_for_bus_hub_and_webhook() {
+    let mut bus = StrictBus::start().await;
+    let mut hook = crate::util::Receiver::start().await;
+    let t = start(&[("outbound__webhook__httpsOnly", "false")]).await;
+    t.topic("t").await;
+    let sb = json!({"endpointType": "ServiceBusQueue", "properties": {
+    "connectionString": bus.connection_string("queue1", BUS_KEY),
+    "deliveryAttributeMappings": [
+        {"name": "SessionId", "type": "Dynamic", "properties": {"sourceField": "subject"}},
+        {"name": "Label", "type": "Static", "properties": {"value": "orders", "isSecret": false}},
+        {"name": "Tenant", "type": "Static", "properties": {"value": "tenant-secret-1", "isSecret": true}},
+        {"name": "Channel", "type": "Dynamic", "properties": {"sourceField": "data.system"}}
+    ]}});
+    let eh = json!({"endpointType": "EventHub", "properties": {
+    "connectionString": bus.connection_string("hub1", BUS_KEY),
+    "deliveryAttributeMappings": [
+        {"name": "PartitionKey", "type": "Dynamic", "properties": {"sourceField": "data.system"}},
+        {"name": "Region", "type": "Static", "properties": {"value": "eu"}}
+    ]}});
+    let wh = json!({"endpointType": "WebHook", "properties": {
+    "endpointUrl": hook.url("/h"),
+    "deliveryAttributeMappings": [
+        {"name": "X-Channel", "type": "Dynamic", "properties": {"sourceField": "data.system"}},
+        {"name": "X-Api-Key", "type": "Static", "properties": {"value": "hook-secret-2", "isSecret": true}}
+    ]}});
+    for (name, dest) in [("sb", sb), ("eh", eh), ("wh", wh)] {
+        let (s, b) = sub(&t, "t", name, dest, json!({})).await;
+        assert_eq!(s, 200, "{b}");
+        assert!(
+            !b.to_string().contains("secret-"),
+            "the PUT answer masks secret values: {b}"
+        );
+        let (_, got) = t.get(&format!("/topics/t/eventSubscriptions/{name}")).await;
+        let maps = &got["properties"]["destination"]["properties"]["deliveryAttributeMappings"];
+        assert!(maps.as_array().is_some_and(|a| !a.is_empty()), "{got}");
+        assert!(!got.to_string().contains("secret-"), "GET masks: {got}");
+    }
+    // Refused: a static MessageId, aeg- names, SessionId with MessageId, Storage queues.
+    for (dest, part) in [
+        (
+            json!({"endpointType": "ServiceBusQueue", "properties": {
+            "connectionString": bus.connection_string("queue1", BUS_KEY),
+            "deliveryAttributeMappings": [{"name": "MessageId", "type": "Static", "properties": {"value": "x"}}]}}),
+            "MessageId",
+        ),
+        (
+            json!({"endpointType": "EventHub", "properties": {
+            "connectionString": bus.connection_string("hub1", BUS_KEY),
+            "deliveryAttributeMappings": [{"name": "aeg-x", "properties": {"value": "x"}}]}}),
+            "aeg-",
+        ),
+        (
+            json!({"endpointType": "ServiceBusTopic", "properties": {
+            "connectionString": bus.connection_string("topic1", BUS_KEY),
+            "deliveryAttributeMappings": [
+                {"name": "SessionId", "properties": {"value": "s"}},
+                {"name": "MessageId", "type": "Dynamic", "properties": {"sourceField": "id"}}]}}),
+            "SessionId or MessageId",
+        ),
+    ] {
+        let (s, b) = sub(&t, "t", "bad", dest, json!({})).await;
+        assert_eq!(s, 400, "{b}");
+        assert!(b.to_string().contains(part), "{part}: {b}");
+    }
+    let mut e = eg_event("a1", "session-7", "t", json!({"system": "north"}));
+    e["dataVersion"] = json!("1.0");
+    t.publish("t", json!([e])).await;
+    bus.next().await;
+    bus.next().await;
+    let m = &accepted(&bus, "queue1")[0];
+    assert_eq!(m["BrokerProperties"]["SessionId"], "session-7", "{m}");
+    assert_eq!(m["BrokerProperties"]["Label"], "orders", "{m}");
+    assert_eq!(m["UserProperties"]["Tenant"], "tenant-secret-1", "{m}");
+    assert_eq!(m["UserProperties"]["Channel"], "north", "{m}");
+    assert!(m["BrokerProperties"]["MessageId"].is_string(), "{m}");
+    let m = &accepted(&bus, "hub1")[0];
+    assert_eq!(m["BrokerProperties"]["PartitionKey"], "north", "{m}");
+    assert_eq!(m["UserProperties"]["Region"], "eu", "{m}");
+    let r = hook.next().await;
+    assert_eq!(r.headers["x-channel"], "north");
+    assert_eq!(r.headers["x-api-key"], "hook-secret-2");
+}

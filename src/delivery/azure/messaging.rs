@@ -37,6 +37,7 @@
 use super::sas::TokenSource;
 use crate::delivery::http::{Endpoint, HttpClient, HttpError};
 use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
+use crate::model::attributes::{AttributeTarget, DeliveryAttribute};
 use crate::model::azure::MessagingConn;
 use crate::model::topic::EventSchema;
 use bytes::Bytes;
@@ -93,6 +94,8 @@ pub struct MessagingSink {
     tokens: TokenSource,
     service: Service,
     limits: MessagingLimits,
+    /// The subscription's `deliveryAttributeMappings`.
+    attributes: Vec<DeliveryAttribute>,
     /// For logs: `EventHub hub1`.
     what: String,
 }
@@ -105,12 +108,14 @@ impl MessagingSink {
         kind: &str,
         service: Service,
         limits: MessagingLimits,
+        attributes: Vec<DeliveryAttribute>,
     ) -> Self {
         Self {
             endpoint: client.endpoint(&conn.messages_url()),
             tokens: TokenSource::new(conn.resource_uri(), conn.auth.clone()),
             service,
             limits,
+            attributes,
             what: format!("{kind} {}", conn.entity),
         }
     }
@@ -178,8 +183,18 @@ fn aeg_properties(
     p
 }
 
-/// Each event of `req` as one batch message (see the module documentation).
-pub fn messages(req: &DeliveryRequest, service: Service) -> Vec<Bytes> {
+/// Each event of `req` as one batch message (see the module documentation), with the
+/// subscription's delivery `attributes`: a reserved name a broker property (a dynamic
+/// `MessageId` replaces the stable one), any other an application property.
+pub fn messages(
+    req: &DeliveryRequest,
+    service: Service,
+    attributes: &[DeliveryAttribute],
+) -> Vec<Bytes> {
+    let target = match service {
+        Service::EventHubs => AttributeTarget::EventHubs,
+        Service::ServiceBus => AttributeTarget::ServiceBus,
+    };
     req.events
         .iter()
         .enumerate()
@@ -194,6 +209,7 @@ pub fn messages(req: &DeliveryRequest, service: Service) -> Vec<Bytes> {
             };
             let mut m = Map::new();
             m.insert("Body".into(), Value::String(body));
+            let mut broker = Map::new();
             if service == Service::ServiceBus {
                 // An event without an id (custom schema) is identified by its bytes.
                 let id = obj.and_then(|o| o.get("id")).and_then(Value::as_str);
@@ -205,17 +221,25 @@ pub fn messages(req: &DeliveryRequest, service: Service) -> Vec<Bytes> {
                         &digest
                     }
                 };
-                let mut b = Map::new();
-                b.insert(
+                broker.insert(
                     "MessageId".into(),
                     message_id(&req.topic, &req.subscription, id).into(),
                 );
-                m.insert("BrokerProperties".into(), Value::Object(b));
             }
-            m.insert(
-                "UserProperties".into(),
-                Value::Object(aeg_properties(req, i, obj)),
-            );
+            let mut user = aeg_properties(req, i, obj);
+            for a in attributes {
+                let Some(v) = a.resolve(parsed.as_ref()) else {
+                    continue;
+                };
+                match target.system_name(&a.name) {
+                    Some(system) => broker.insert(system.into(), v.into()),
+                    None => user.insert(a.name.clone(), v.into()),
+                };
+            }
+            if !broker.is_empty() {
+                m.insert("BrokerProperties".into(), Value::Object(broker));
+            }
+            m.insert("UserProperties".into(), Value::Object(user));
             Bytes::from(Value::Object(m).to_string())
         })
         .collect()
@@ -280,7 +304,7 @@ impl Sink for MessagingSink {
                 Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
             };
             let max = self.limits.max_request_bytes;
-            let msgs = messages(req, self.service);
+            let msgs = messages(req, self.service, &self.attributes);
             let mut each: Vec<Option<Outcome>> = vec![None; msgs.len()];
             let mut sendable = Vec::with_capacity(msgs.len());
             for (i, m) in msgs.iter().enumerate() {
@@ -359,7 +383,7 @@ mod tests {
     #[test]
     fn each_event_is_one_message_with_event_grids_properties() {
         let e = r#"{"id":"1","eventType":"a.b","dataVersion":"2.0","metadataVersion":"1","data":"q\""}"#;
-        let m = messages(&req(&[e], vec![3]), Service::ServiceBus);
+        let m = messages(&req(&[e], vec![3]), Service::ServiceBus, &[]);
         let v: Value = serde_json::from_slice(&m[0]).unwrap();
         assert_eq!(v["Body"], e);
         let p = &v["UserProperties"];
@@ -373,7 +397,7 @@ mod tests {
             v["BrokerProperties"]["MessageId"],
             message_id("t", "sub1", "1")
         );
-        let hub = messages(&req(&[e], vec![]), Service::EventHubs);
+        let hub = messages(&req(&[e], vec![]), Service::EventHubs, &[]);
         let v: Value = serde_json::from_slice(&hub[0]).unwrap();
         assert_eq!(v["Body"], format!("[{e}]"), "an array of one event");
         assert!(
@@ -381,6 +405,42 @@ mod tests {
             "no MessageId on Event Hubs"
         );
         assert_eq!(v["UserProperties"]["aeg-delivery-count"], "0");
+    }
+
+    #[test]
+    fn delivery_attributes_become_broker_or_application_properties() {
+        let attrs = crate::model::attributes::parse(
+            &serde_json::json!([
+                {"name": "sessionId", "type": "Dynamic", "properties": {"sourceField": "data.s"}},
+                {"name": "Label", "properties": {"value": "L"}},
+                {"name": "Tenant", "properties": {"value": "t1", "isSecret": true}},
+                {"name": "Missing", "type": "Dynamic", "properties": {"sourceField": "data.nope"}}
+            ]),
+            AttributeTarget::ServiceBus,
+        )
+        .unwrap();
+        let e = r#"{"id":"1","data":{"s":"sess-9"}}"#;
+        let m = messages(&req(&[e], vec![]), Service::ServiceBus, &attrs);
+        let v: Value = serde_json::from_slice(&m[0]).unwrap();
+        assert_eq!(v["BrokerProperties"]["SessionId"], "sess-9");
+        assert_eq!(v["BrokerProperties"]["Label"], "L");
+        assert_eq!(
+            v["BrokerProperties"]["MessageId"],
+            message_id("t", "sub1", "1")
+        );
+        assert_eq!(v["UserProperties"]["Tenant"], "t1");
+        assert!(v["UserProperties"].get("Missing").is_none());
+        let over = crate::model::attributes::parse(
+            &serde_json::json!([{"name": "MessageId", "type": "Dynamic", "properties": {"sourceField": "data.s"}}]),
+            AttributeTarget::ServiceBus,
+        )
+        .unwrap();
+        let m = messages(&req(&[e], vec![]), Service::ServiceBus, &over);
+        let v: Value = serde_json::from_slice(&m[0]).unwrap();
+        assert_eq!(
+            v["BrokerProperties"]["MessageId"], "sess-9",
+            "a mapping overrides"
+        );
     }
 
     #[test]

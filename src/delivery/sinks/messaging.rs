@@ -6,11 +6,15 @@
 //! one is a 400 naming the part; secret: its key and signature parts) and
 //! `maxBatchSizeInKilobytes` (optional, 1–1024: the namespace tier's batch limit; default the
 //! Standard tier's, 256 for Service Bus, 1024 for Event Hubs). Health: by the entity's URL (no
-//! credentials). No dead letters.
+//! credentials). No dead letters. `deliveryAttributeMappings` (static or dynamic) become
+//! message properties: Event Grid's reserved names (`PartitionKey`; Service Bus also
+//! `MessageId`, `SessionId`, `CorrelationId`, `Label`, `ReplyTo`, `ReplyToSessionId`, `To`,
+//! `ViaPartitionKey`) broker properties, every other name an application property.
 
 use super::{DestinationKind, ParseContext, SinkContext};
 use crate::delivery::azure::messaging::{MessagingLimits, MessagingSink, Service};
 use crate::delivery::sink::Sink;
+use crate::model::attributes::AttributeTarget;
 use crate::model::azure::MessagingConn;
 use crate::model::destination::{
     Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
@@ -20,10 +24,10 @@ use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
-const SECRETS: [SecretProperty; 1] = [SecretProperty::new(
-    "connectionString",
-    SecretKind::ConnectionString,
-)];
+const SECRETS: [SecretProperty; 2] = [
+    SecretProperty::new("connectionString", SecretKind::ConnectionString),
+    SecretProperty::new("deliveryAttributeMappings", SecretKind::AttributeMappings),
+];
 
 /// One messaging type.
 pub struct Messaging {
@@ -60,6 +64,8 @@ pub struct MessagingDestination {
     max_batch_kib: Option<u64>,
     /// What one request may hold.
     limits: MessagingLimits,
+    /// Which service (where delivery attributes go).
+    limits_service: Service,
 }
 
 impl DestinationSpec for MessagingDestination {
@@ -74,6 +80,12 @@ impl DestinationSpec for MessagingDestination {
     }
     fn url(&self) -> Option<&str> {
         Some(&self.resource_uri)
+    }
+    fn attributes(&self) -> Option<AttributeTarget> {
+        Some(match self.limits_service {
+            Service::EventHubs => AttributeTarget::EventHubs,
+            Service::ServiceBus => AttributeTarget::ServiceBus,
+        })
     }
 }
 
@@ -108,6 +120,7 @@ impl DestinationKind for Messaging {
                 resource_uri,
                 max_batch_kib,
                 limits,
+                limits_service: self.service,
             },
         ))
     }
@@ -122,6 +135,7 @@ impl DestinationKind for Messaging {
             self.names[0],
             self.service,
             d.limits,
+            sub.delivery.attributes.clone(),
         ))
     }
 
@@ -130,6 +144,11 @@ impl DestinationKind for Messaging {
         json!({ "connectionString": format!(
             "Endpoint=sb://{host}/;SharedAccessKeyName=send;SharedAccessKey={}-key-secret;EntityPath=entity;UseDevelopmentEmulator=true",
             self.names[0]
-        ) })
+        ),
+        "deliveryAttributeMappings": [
+            {"name": "Tenant", "type": "Static",
+             "properties": {"value": format!("{}-attribute-secret", self.names[0]), "isSecret": true}},
+            {"name": "PartitionKey", "type": "Dynamic", "properties": {"sourceField": "subject"}}
+        ] })
     }
 }
