@@ -47,11 +47,18 @@ pub enum ConfigFault {
     NotFound = 1,
     /// 410: the queue or topic does not exist (Service Bus).
     Gone = 2,
+    /// The connection string's ready-made shared access signature has expired.
+    SasExpired = 3,
 }
 
 impl ConfigFault {
     /// Every fault, in metric order (the discriminant indexes it).
-    pub const ALL: [Self; 3] = [Self::Unauthorized, Self::NotFound, Self::Gone];
+    pub const ALL: [Self; 4] = [
+        Self::Unauthorized,
+        Self::NotFound,
+        Self::Gone,
+        Self::SasExpired,
+    ];
 
     /// The metric label.
     pub fn as_str(self) -> &'static str {
@@ -59,6 +66,7 @@ impl ConfigFault {
             Self::Unauthorized => "unauthorized",
             Self::NotFound => "notFound",
             Self::Gone => "gone",
+            Self::SasExpired => "sasExpired",
         }
     }
 }

@@ -156,6 +156,7 @@ impl Broker {
         let entry = self.find_topic(topic_name)?;
         let topic = entry.topic();
         let sub = Subscription::from_put(&topic, name, body, &self.inner.cfg, &DESTINATIONS)?;
+        warn_expiring_credential(&sub, &self.inner.cfg, self.inner.ctx.clock.now_ms());
         let subs = entry.subscriptions();
         let key = names::key(name);
         if let Some(existing) = subs.iter().find(|s| names::key(s.name()) == key) {
@@ -234,5 +235,24 @@ impl Broker {
             .collect();
         write(&entry.subs, Arc::new(list));
         Ok(())
+    }
+}
+
+/// A destination whose ready-made shared access signature expires before the subscription's
+/// events would (their time to live from now): every delivery after it fails, so say so at PUT.
+fn warn_expiring_credential(sub: &Subscription, cfg: &crate::Config, now_ms: u64) {
+    let Some(expiry) = sub.destination.credential_expiry() else {
+        return;
+    };
+    let ttl = sub.effective_policy(cfg).ttl;
+    let now = now_ms / 1000;
+    if expiry < now.saturating_add(ttl.as_secs()) {
+        tracing::warn!(
+            topic = %sub.topic,
+            subscription = %sub.name,
+            expires = %crate::store::deadletter::rfc3339(expiry.saturating_mul(1000)),
+            ttl_minutes = ttl.as_secs() / 60,
+            "the connection string's SharedAccessSignature expires within the events' time to live; deliveries after it fail until the connection string is replaced"
+        );
     }
 }

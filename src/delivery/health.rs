@@ -154,7 +154,8 @@ pub fn verdict(outcome: &Outcome) -> Verdict {
             _ => Verdict::Down,
         },
         FailureKind::TooLarge(_) => Verdict::Neither,
-        FailureKind::Timeout
+        FailureKind::CredentialExpired(_)
+        | FailureKind::Timeout
         | FailureKind::Connect
         | FailureKind::Unsupported(_)
         | FailureKind::Other(_) => Verdict::Down,

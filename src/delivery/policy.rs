@@ -78,6 +78,7 @@ pub fn classify(policy: StatusCodePolicy, outcome: &Outcome, dead_letter: bool) 
         FailureKind::Status(_)
         | FailureKind::Service { .. }
         | FailureKind::TooLarge(_)
+        | FailureKind::CredentialExpired(_)
         | FailureKind::Timeout
         | FailureKind::Connect
         | FailureKind::Unsupported(_)
@@ -99,6 +100,10 @@ pub fn config_fault(outcome: &Outcome) -> Option<ConfigFault> {
             410 => Some(ConfigFault::Gone),
             _ => None,
         },
+        Outcome::Failed {
+            kind: FailureKind::CredentialExpired(_),
+            ..
+        } => Some(ConfigFault::SasExpired),
         _ => None,
     }
 }

@@ -71,6 +71,11 @@ pub enum FailureKind {
     /// The event can never be delivered to this destination (e.g. larger than a Storage queue
     /// message can hold): refused at once under every status-code policy.
     TooLarge(String),
+    /// The connection string's ready-made shared access signature has expired (its `se` has
+    /// passed): nothing was sent. A configuration fault (retried: a new connection string fixes
+    /// it), reported apart in the log, `gridlet_destination_faults_total{fault="sasExpired"}`
+    /// and the dead letter's `lastError`.
+    CredentialExpired(String),
     /// No response within the delivery timeout.
     Timeout,
     /// The connection could not be made or broke.
@@ -88,6 +93,7 @@ impl std::fmt::Display for FailureKind {
             Self::Service { status, message } if message.is_empty() => write!(f, "HTTP {status}"),
             Self::Service { status, message } => write!(f, "HTTP {status}: {message}"),
             Self::TooLarge(m) => write!(f, "too large: {m}"),
+            Self::CredentialExpired(m) => write!(f, "credential expired: {m}"),
             Self::Timeout => write!(f, "timeout"),
             Self::Connect => write!(f, "connection failed"),
             Self::Unsupported(m) => write!(f, "unsupported: {m}"),

@@ -190,7 +190,7 @@ pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 18] {
         Family {
             name: "gridlet_destination_faults_total",
             kind: Counter,
-            help: "Delivery attempts an Azure destination answered with a configuration fault (401 unauthorized, 404 notFound, 410 gone); retried on the schedule",
+            help: "Delivery attempts an Azure destination answered with a configuration fault (401 unauthorized, 404 notFound, 410 gone, or the connection string's shared access signature expired: sasExpired); retried on the schedule",
             read: Read::By("fault", |s| {
                 crate::policy::ConfigFault::ALL
                     .iter()

@@ -213,6 +213,9 @@ pub struct StorageConn {
     pub queue_endpoint: String,
     /// Blob service base URL, no trailing `/`.
     pub blob_endpoint: String,
+    /// `SharedAccessSignature=` (the query string, no `?`): sent on each request's URL instead
+    /// of Shared Key (`key` is then empty).
+    pub sas: Option<String>,
 }
 
 impl fmt::Debug for StorageConn {
@@ -222,6 +225,7 @@ impl fmt::Debug for StorageConn {
             .field("key", &"***")
             .field("queue_endpoint", &self.queue_endpoint)
             .field("blob_endpoint", &self.blob_endpoint)
+            .field("sas", &self.sas.as_ref().map(|_| "***"))
             .finish()
     }
 }
@@ -244,14 +248,33 @@ impl StorageConn {
                 key: DEV_KEY.into(),
                 queue_endpoint: format!("{base}:10001/{DEV_ACCOUNT}"),
                 blob_endpoint: format!("{base}:10000/{DEV_ACCOUNT}"),
+                sas: None,
             });
         }
-        let account = p
-            .get("AccountName")
-            .ok_or_else(|| err("connection string has no AccountName"))?;
-        let key = p
-            .get("AccountKey")
-            .ok_or_else(|| err("connection string has no AccountKey"))?;
+        // A SAS instead of a key: `BlobEndpoint=…;QueueEndpoint=…;SharedAccessSignature=sv=…`.
+        let sas = p
+            .get("SharedAccessSignature")
+            .map(|s| s.trim_start_matches('?').to_string());
+        if sas.as_deref().is_some_and(|s| !s.contains("sig=")) {
+            return Err(err(
+                "connection string SharedAccessSignature must be a SAS query (sv=…&sig=…)",
+            ));
+        }
+        let account = match (p.get("AccountName"), &sas) {
+            (Some(a), _) => a,
+            // Endpoints must then be explicit (checked below).
+            (None, Some(_)) => "",
+            (None, None) => return Err(err("connection string has no AccountName")),
+        };
+        let key = match (p.get("AccountKey"), &sas) {
+            (_, Some(_)) => "",
+            (Some(k), None) => k,
+            (None, None) => {
+                return Err(err(
+                    "connection string has no AccountKey (or SharedAccessSignature)",
+                ))
+            }
+        };
         use base64::Engine as _;
         if base64::engine::general_purpose::STANDARD
             .decode(key)
@@ -281,19 +304,71 @@ impl StorageConn {
                     }
                     Ok(u.trim_end_matches('/').to_string())
                 }
+                None if account.is_empty() => Err(err(format!(
+                    "connection string has no {explicit} (a SharedAccessSignature string names its endpoints, or its AccountName)"
+                ))),
                 None => Ok(format!(
                     "{}://{account}.{service}.{suffix}",
                     protocol.to_ascii_lowercase()
                 )),
             }
         };
+        // A SAS string may name only the service it is for: the other endpoint is checked
+        // when a destination uses it.
+        let either = |explicit: &str, service: &str| match (endpoint(explicit, service), &sas) {
+            (Err(_), Some(_)) if p.get(explicit).is_none() => Ok(String::new()),
+            (r, _) => r,
+        };
         Ok(Self {
             account: account.to_string(),
             key: key.to_string(),
-            queue_endpoint: endpoint("QueueEndpoint", "queue")?,
-            blob_endpoint: endpoint("BlobEndpoint", "blob")?,
+            queue_endpoint: either("QueueEndpoint", "queue")?,
+            blob_endpoint: either("BlobEndpoint", "blob")?,
+            sas,
         })
     }
+}
+
+/// When a shared access signature expires (Unix seconds), from its `se`: Unix seconds in an
+/// Event Hubs / Service Bus token (`SharedAccessSignature sr=…&se=1700000000&…`), an ISO 8601
+/// UTC time in a Storage SAS (`se=2026-11-25T20:00:00Z`, `YYYY-MM-DD` or without seconds).
+pub fn sas_expiry(token: &str) -> Option<u64> {
+    let rest = token
+        .strip_prefix("SharedAccessSignature ")
+        .unwrap_or(token);
+    let se = rest
+        .trim_start_matches('?')
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("se="))?;
+    let se = percent_encoding::percent_decode_str(se)
+        .decode_utf8()
+        .ok()?;
+    if let Ok(n) = se.parse::<u64>() {
+        return Some(n);
+    }
+    // YYYY-MM-DD[Thh:mm[:ss[.f]]Z]
+    let (date, time) = se.split_once('T').unwrap_or((&se, "00:00:00Z"));
+    let mut d = date.split('-').map(|x| x.parse::<i64>().ok());
+    let (y, mo, day) = (d.next()??, d.next()??, d.next()??);
+    let time = time.strip_suffix('Z')?;
+    let mut t = time.split(':');
+    let h: i64 = t.next()?.parse().ok()?;
+    let mi: i64 = t.next()?.parse().ok()?;
+    let sec: i64 = t
+        .next()
+        .map_or(Some(0), |x| x.split('.').next()?.parse().ok())?;
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&day) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400 + h * 3600 + mi * 60 + sec).ok()
 }
 
 /// How an event becomes a queue message's text.
@@ -485,6 +560,54 @@ mod tests {
             let e = StorageConn::parse(s).unwrap_err();
             assert!(e.0.contains(part), "{s:?} -> {e}");
         }
+    }
+
+    #[test]
+    fn storage_strings_may_carry_a_sas_instead_of_a_key() {
+        let c = StorageConn::parse(
+            "BlobEndpoint=https://a.blob.core.windows.net;QueueEndpoint=https://a.queue.core.windows.net;SharedAccessSignature=sv=2021-12-02&ss=bq&se=2026-11-25T20:00:00Z&sig=abc%3D",
+        )
+        .unwrap();
+        assert_eq!(c.queue_endpoint, "https://a.queue.core.windows.net");
+        assert_eq!(
+            c.sas.as_deref(),
+            Some("sv=2021-12-02&ss=bq&se=2026-11-25T20:00:00Z&sig=abc%3D")
+        );
+        assert!(c.key.is_empty());
+        assert!(!format!("{c:?}").contains("sig="), "hidden in Debug");
+        let only_queue = StorageConn::parse(
+            "QueueEndpoint=https://a.queue.core.windows.net;SharedAccessSignature=?sv=1&sig=x",
+        )
+        .unwrap();
+        assert_eq!(only_queue.blob_endpoint, "");
+        assert!(
+            StorageConn::parse("SharedAccessSignature=sv=1&sig=x").is_err(),
+            "no endpoint"
+        );
+        assert!(
+            StorageConn::parse("QueueEndpoint=https://q;SharedAccessSignature=sv=1").is_err(),
+            "no sig"
+        );
+    }
+
+    #[test]
+    fn sas_expiry_reads_both_forms() {
+        assert_eq!(
+            sas_expiry("SharedAccessSignature sr=a&sig=b&se=1700000000&skn=c"),
+            Some(1_700_000_000)
+        );
+        assert_eq!(
+            sas_expiry("sv=1&se=2023-11-14T22:13:20Z&sig=x"),
+            Some(1_700_000_000)
+        );
+        assert_eq!(
+            sas_expiry("sv=1&se=2023-11-14T22%3A13%3A20Z&sig=x"),
+            Some(1_700_000_000)
+        );
+        assert_eq!(sas_expiry("se=1970-01-02&sig=x"), Some(86_400));
+        assert_eq!(sas_expiry("se=2023-11-14T22:13Z"), Some(1_699_999_980));
+        assert_eq!(sas_expiry("sv=1&sig=x"), None);
+        assert_eq!(sas_expiry("se=2023-13-01T00:00:00Z"), None);
     }
 
     #[test]

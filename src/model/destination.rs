@@ -72,6 +72,11 @@ pub trait DestinationSpec: Any + fmt::Debug + Send + Sync {
     fn webhook_options(&self) -> bool {
         false
     }
+    /// When a ready-made credential in the properties expires (Unix seconds; a connection
+    /// string's `SharedAccessSignature`), if there is one.
+    fn credential_expiry(&self) -> Option<u64> {
+        None
+    }
     /// Where `deliveryAttributeMappings` go (`None`: not taken). Webhook-like destinations:
     /// headers.
     fn attributes(&self) -> Option<AttributeTarget> {
@@ -140,6 +145,11 @@ impl Destination {
     /// Whether `signingSecrets` apply.
     pub fn webhook_options(&self) -> bool {
         self.spec.webhook_options()
+    }
+
+    /// When a ready-made credential in the properties expires (Unix seconds), if there is one.
+    pub fn credential_expiry(&self) -> Option<u64> {
+        self.spec.credential_expiry()
     }
 
     /// Where `deliveryAttributeMappings` go, if they apply.

@@ -395,3 +395,214 @@ async fn delivery_attributes_static_and_dynamic_for_bus_hub_and_webhook() {
     assert_eq!(r.headers["x-channel"], "north");
     assert_eq!(r.headers["x-api-key"], "hook-secret-2");
 }
+
+/// A ready-made Event Hubs / Service Bus token for `entity` of `bus`, expiring at `se`.
+fn bus_token(bus: &StrictBus, entity: &str, se: u64) -> String {
+    use base64::Engine as _;
+    let enc = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    let sr = enc(&format!("https://localhost:{}/{entity}", bus.port));
+    let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, BUS_KEY.as_bytes());
+    let sig = base64::engine::general_purpose::STANDARD
+        .encode(ring::hmac::sign(&k, format!("{sr}\n{se}").as_bytes()).as_ref());
+    format!(
+        "SharedAccessSignature sr={sr}&sig={}&se={se}&skn={}",
+        enc(&sig),
+        crate::bus_peer::BUS_KEY_NAME
+    )
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// An account SAS for Azurite's development account (blob and queue, every resource type),
+/// expiring at `se` (ISO 8601 UTC): the account-SAS string-to-sign of version 2020-12-06 on.
+fn account_sas(se: &str) -> String {
+    use base64::Engine as _;
+    let (sp, ss, srt, spr, sv) = ("rwdlacup", "bq", "sco", "https,http", "2021-12-02");
+    let sts = format!(
+        "{}\n{sp}\n{ss}\n{srt}\n\n{se}\n\n{spr}\n{sv}\n\n",
+        crate::azure::DEV_ACCOUNT
+    );
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(crate::azure::DEV_KEY)
+        .unwrap();
+    let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &key);
+    let sig = base64::engine::general_purpose::STANDARD
+        .encode(ring::hmac::sign(&k, sts.as_bytes()).as_ref());
+    let enc = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    format!(
+        "sv={sv}&ss={ss}&srt={srt}&sp={sp}&se={}&spr={}&sig={}",
+        enc(se),
+        enc(spr),
+        enc(&sig)
+    )
+}
+
+fn iso(unix: u64) -> String {
+    // Civil from days (Howard Hinnant).
+    let (days, secs) = ((unix / 86_400) as i64, unix % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs % 3600 / 60,
+        secs % 60
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_connection_strings_with_a_sas_deliver_and_dead_letter_to_blobs() {
+    let az = Azurite::start().await;
+    az.create_queue("sasq").await;
+    az.create_container("letters").await;
+    let t = start(&[]).await;
+    t.topic("t").await;
+    let cs = |se: u64| {
+        format!(
+            "QueueEndpoint={};BlobEndpoint={};SharedAccessSignature={}",
+            az.queue_endpoint(),
+            az.blob_endpoint(),
+            account_sas(&iso(se))
+        )
+    };
+    let good = cs(unix_now() + 3600);
+    let q = |queue: &str, c: &str| json!({"endpointType": "StorageQueue", "properties": {"connectionString": c, "queueName": queue}});
+    let (s, b) = sub(&t, "t", "ok", q("sasq", &good), json!({})).await;
+    assert_eq!(s, 200, "{b}");
+    assert!(!b.to_string().contains("sig="), "the SAS is masked: {b}");
+    // A missing queue, dead letters to a blob container, both through the SAS.
+    let dl = json!({"endpointType": "StorageBlob", "properties": {"connectionString": good, "blobContainerName": "letters"}});
+    let (s, b) = sub(
+        &t,
+        "t",
+        "missing",
+        q("nosuchqueue", &good),
+        json!({"retryPolicy": {"maxDeliveryAttempts": 1}, "deadLetterDestination": dl}),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    // An expired SAS: nothing is sent, the letter and the metric say so.
+    let (s, b) = sub(
+        &t,
+        "t",
+        "expired",
+        q("sasq", &cs(unix_now() - 60)),
+        json!({"retryPolicy": {"maxDeliveryAttempts": 1}}),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    // A SAS whose signature Azurite does not accept: its 403 is not retried.
+    let forged = good.replace("&sig=", "&sig=AAAA");
+    let (s, b) = sub(&t, "t", "forged", q("sasq", &forged), json!({})).await;
+    assert_eq!(s, 200, "{b}");
+    t.publish("t", events("s", 1)).await;
+    let letters = dead_letters(&t, "t", "forged", 1).await;
+    assert_eq!(letters[0]["lastHttpStatusCode"], 403, "{}", letters[0]);
+    assert_eq!(letters[0]["reason"], "DeliveryRefused", "{}", letters[0]);
+    let texts = az.wait_messages("sasq", 1).await;
+    assert_eq!(texts.len(), 1, "only the valid SAS delivered: {texts:?}");
+    let letters = dead_letters(&t, "t", "missing", 1).await;
+    assert_eq!(letters[0]["lastHttpStatusCode"], 404, "{}", letters[0]);
+    eventually("the letter as a blob", || async {
+        let n = az.list_blobs("letters").await;
+        if n.is_empty() {
+            Err("none".to_string())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    let letters = dead_letters(&t, "t", "expired", 1).await;
+    let err = letters[0]["lastError"].as_str().unwrap();
+    assert!(
+        err.contains("SharedAccessSignature") && err.contains("expired"),
+        "{err}"
+    );
+    let m = t.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "gridlet_destination_faults_total",
+            "topic=\"t\",subscription=\"expired\",fault=\"sasExpired\""
+        ),
+        Some(1)
+    );
+    // A SAS string without the endpoint a destination needs is refused at PUT.
+    let only_queue = format!(
+        "QueueEndpoint={};SharedAccessSignature={}",
+        az.queue_endpoint(),
+        account_sas(&iso(unix_now() + 60))
+    );
+    let dl = json!({"endpointType": "StorageBlob", "properties": {"connectionString": only_queue, "blobContainerName": "letters"}});
+    let (s, b) = sub(
+        &t,
+        "t",
+        "bad",
+        q("sasq", &only_queue),
+        json!({"deadLetterDestination": dl}),
+    )
+    .await;
+    assert_eq!(s, 400, "{b}");
+    assert!(b.to_string().contains("BlobEndpoint"), "{b}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_made_bus_sas_is_used_until_it_expires_then_reported_apart() {
+    let mut bus = StrictBus::start().await;
+    let t = start(&[]).await;
+    t.topic("t").await;
+    let cs = |se: u64| {
+        format!(
+            "Endpoint=sb://localhost:{}/;SharedAccessSignature={};EntityPath=hub1",
+            bus.port,
+            bus_token(&bus, "hub1", se)
+        )
+    };
+    let hub =
+        |c: String| json!({"endpointType": "EventHub", "properties": {"connectionString": c}});
+    let one = json!({"retryPolicy": {"maxDeliveryAttempts": 1}});
+    let (s, b) = sub(&t, "t", "valid", hub(cs(unix_now() + 3600)), one.clone()).await;
+    assert_eq!(s, 200, "{b}");
+    let (s, b) = sub(&t, "t", "expired", hub(cs(unix_now() - 5)), one).await;
+    assert_eq!(s, 200, "{b}");
+    t.publish("t", events("k", 1)).await;
+    let (entity, evs) = bus.next().await;
+    assert_eq!((entity.as_str(), evs.len()), ("hub1", 1));
+    let letters = dead_letters(&t, "t", "expired", 1).await;
+    let err = letters[0]["lastError"].as_str().unwrap();
+    assert!(err.contains("credential expired"), "{err}");
+    assert!(
+        letters[0]["lastHttpStatusCode"].is_null(),
+        "nothing was sent"
+    );
+    assert_eq!(
+        bus.log().len(),
+        1,
+        "only the valid token's request reached the service"
+    );
+    let m = t.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            "gridlet_destination_faults_total",
+            "topic=\"t\",subscription=\"expired\",fault=\"sasExpired\""
+        ),
+        Some(1)
+    );
+}

@@ -38,7 +38,7 @@ use super::sas::TokenSource;
 use crate::delivery::http::{Endpoint, HttpClient, HttpError};
 use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
 use crate::model::attributes::{AttributeTarget, DeliveryAttribute};
-use crate::model::azure::MessagingConn;
+use crate::model::azure::{sas_expiry, MessagingAuth, MessagingConn};
 use crate::model::topic::EventSchema;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -96,6 +96,8 @@ pub struct MessagingSink {
     limits: MessagingLimits,
     /// The subscription's `deliveryAttributeMappings`.
     attributes: Vec<DeliveryAttribute>,
+    /// When a ready-made `SharedAccessSignature` expires (Unix seconds).
+    token_expiry: Option<u64>,
     /// For logs: `EventHub hub1`.
     what: String,
 }
@@ -116,6 +118,10 @@ impl MessagingSink {
             service,
             limits,
             attributes,
+            token_expiry: match &conn.auth {
+                MessagingAuth::Token(t) => sas_expiry(t),
+                MessagingAuth::Key { .. } => None,
+            },
             what: format!("{kind} {}", conn.entity),
         }
     }
@@ -303,6 +309,9 @@ impl Sink for MessagingSink {
                 Ok(e) => e,
                 Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
             };
+            if let Some(expired) = super::expired(self.token_expiry, &self.what) {
+                return expired;
+            }
             let max = self.limits.max_request_bytes;
             let msgs = messages(req, self.service, &self.attributes);
             let mut each: Vec<Option<Outcome>> = vec![None; msgs.len()];

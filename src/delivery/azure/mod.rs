@@ -75,6 +75,17 @@ pub fn outcome(r: Result<HttpResponse, HttpError>, what: &str) -> Outcome {
     }
 }
 
+/// A credential past its expiry (`expiry`, Unix seconds, of a connection string's ready-made
+/// shared access signature): the outcome that reports it without sending, logged at warn.
+pub fn expired(expiry: Option<u64>, what: &str) -> Option<Outcome> {
+    let se = expiry.filter(|se| *se <= unix_now())?;
+    let at = crate::delivery::deadletter::rfc3339(se.saturating_mul(1000));
+    tracing::warn!(destination = what, expired = %at, "the connection string's SharedAccessSignature has expired; not sent (replace the connection string)");
+    Some(Outcome::failed(FailureKind::CredentialExpired(format!(
+        "the connection string's SharedAccessSignature for {what} expired at {at}; replace the connection string"
+    ))))
+}
+
 /// The readable part of an error body: Azure answers XML (`<Error><Code>…</Code><Message>…`
 /// for Storage, `<Error><Code>401</Code><Detail>…` for Service Bus); the tags' text is joined
 /// and cut to [`MAX_ERROR_TEXT`] characters.

@@ -20,7 +20,7 @@
 use super::sharedkey::{SharedKey, Signed, VERSION};
 use crate::delivery::http::{Endpoint, HttpClient, HttpError};
 use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
-use crate::model::azure::{MessageEncoding, StorageConn};
+use crate::model::azure::{sas_expiry, MessageEncoding, StorageConn};
 use base64::Engine as _;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -122,7 +122,26 @@ pub struct StorageQueueSink {
     encoding: MessageEncoding,
     /// `messagettl` (seconds, -1 = never expires), when set.
     ttl: Option<String>,
+    /// When the connection string's SAS expires (Unix seconds).
+    sas_expiry: Option<u64>,
     what: String,
+}
+
+/// The Shared Key of `conn`, unless it authorises with a SAS (then on each URL instead).
+fn shared_key(conn: &StorageConn) -> Option<SharedKey> {
+    match conn.sas {
+        Some(_) => None,
+        None => SharedKey::new(&conn.account, &conn.key),
+    }
+}
+
+/// `url` with `conn`'s SAS appended to its query, if it has one.
+fn with_sas(url: String, conn: &StorageConn) -> String {
+    match &conn.sas {
+        Some(sas) if url.contains('?') => format!("{url}&{sas}"),
+        Some(sas) => format!("{url}?{sas}"),
+        None => url,
+    }
 }
 
 impl StorageQueueSink {
@@ -141,14 +160,16 @@ impl StorageQueueSink {
             url.push_str("?messagettl=");
             url.push_str(t);
         }
+        let url = with_sas(url, conn);
         Self {
             endpoint: client.endpoint(&url),
             path: url_path(&url),
             signer: Signer {
-                key: SharedKey::new(&conn.account, &conn.key),
+                key: shared_key(conn),
             },
             encoding,
             ttl,
+            sas_expiry: conn.sas.as_deref().and_then(sas_expiry),
             what: format!("StorageQueue {queue}"),
         }
     }
@@ -177,6 +198,9 @@ impl Sink for StorageQueueSink {
                 Ok(e) => e,
                 Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
             };
+            if let Some(expired) = super::expired(self.sas_expiry, &self.what) {
+                return expired;
+            }
             let texts: Vec<String> = req
                 .events
                 .iter()
@@ -228,6 +252,8 @@ pub struct BlobDeadLetterSink {
     /// `{blobEndpoint}/{container}`.
     base: String,
     signer: Signer,
+    /// The connection string's SAS (appended to each URL) and when it expires.
+    sas: Option<(String, Option<u64>)>,
     what: String,
 }
 
@@ -238,8 +264,12 @@ impl BlobDeadLetterSink {
             client: client.clone(),
             base: format!("{}/{container}", conn.blob_endpoint),
             signer: Signer {
-                key: SharedKey::new(&conn.account, &conn.key),
+                key: shared_key(conn),
             },
+            sas: conn.sas.clone().map(|s| {
+                let se = sas_expiry(&s);
+                (s, se)
+            }),
             what: format!("StorageBlob {container}"),
         }
     }
@@ -273,9 +303,15 @@ pub fn blob_name(topic: &str, subscription: &str, batch: u64, n: usize, letter: 
 impl Sink for BlobDeadLetterSink {
     fn send<'a>(&'a self, req: &'a DeliveryRequest) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
+            if let Some(expired) = super::expired(self.sas.as_ref().and_then(|s| s.1), &self.what) {
+                return expired;
+            }
             for (n, letter) in req.events.iter().enumerate() {
                 let name = blob_name(&req.topic, &req.subscription, req.batch_id, n, letter);
-                let url = format!("{}/{name}", self.base);
+                let url = match &self.sas {
+                    Some((sas, _)) => format!("{}/{name}?{sas}", self.base),
+                    None => format!("{}/{name}", self.base),
+                };
                 let endpoint = match self.client.endpoint(&url) {
                     Ok(e) => e,
                     Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),

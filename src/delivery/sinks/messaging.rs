@@ -15,7 +15,7 @@ use super::{DestinationKind, ParseContext, SinkContext};
 use crate::delivery::azure::messaging::{MessagingLimits, MessagingSink, Service};
 use crate::delivery::sink::Sink;
 use crate::model::attributes::AttributeTarget;
-use crate::model::azure::MessagingConn;
+use crate::model::azure::{sas_expiry, MessagingAuth, MessagingConn};
 use crate::model::destination::{
     Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
 };
@@ -80,6 +80,12 @@ impl DestinationSpec for MessagingDestination {
     }
     fn url(&self) -> Option<&str> {
         Some(&self.resource_uri)
+    }
+    fn credential_expiry(&self) -> Option<u64> {
+        match &self.conn.auth {
+            MessagingAuth::Token(t) => sas_expiry(t),
+            MessagingAuth::Key { .. } => None,
+        }
     }
     fn attributes(&self) -> Option<AttributeTarget> {
         Some(match self.limits_service {

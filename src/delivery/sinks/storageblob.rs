@@ -61,6 +61,10 @@ impl DestinationKind for StorageBlob {
         let cs = ctx.required(props, "connectionstring", "connectionString")?;
         let conn =
             StorageConn::parse(cs).map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
+        if conn.blob_endpoint.is_empty() {
+            return Err(ctx
+                .invalid("connectionString: a SharedAccessSignature string needs BlobEndpoint=…"));
+        }
         Ok(Destination::new(
             "StorageBlob",
             StorageBlobDestination {

@@ -10,7 +10,7 @@
 use super::{DestinationKind, ParseContext, SinkContext};
 use crate::delivery::azure::storage::StorageQueueSink;
 use crate::delivery::sink::Sink;
-use crate::model::azure::{check_queue_name, MessageEncoding, StorageConn};
+use crate::model::azure::{check_queue_name, sas_expiry, MessageEncoding, StorageConn};
 use crate::model::destination::{
     Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
 };
@@ -58,6 +58,9 @@ impl DestinationSpec for StorageQueueDestination {
     fn url(&self) -> Option<&str> {
         Some(&self.queue_url)
     }
+    fn credential_expiry(&self) -> Option<u64> {
+        self.conn.sas.as_deref().and_then(sas_expiry)
+    }
 }
 
 impl DestinationKind for StorageQueue {
@@ -90,6 +93,11 @@ impl DestinationKind for StorageQueue {
         let cs = ctx.required(props, "connectionstring", "connectionString")?;
         let conn =
             StorageConn::parse(cs).map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
+        if conn.queue_endpoint.is_empty() {
+            return Err(ctx.invalid(
+                "connectionString: a SharedAccessSignature string needs QueueEndpoint=…",
+            ));
+        }
         Ok(Destination::new(
             "StorageQueue",
             StorageQueueDestination {
