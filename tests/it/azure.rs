@@ -392,47 +392,98 @@ async fn storage_queue_text_encoding_and_oversized_event_dead_letter() {
 async fn storage_failures_surface_the_service_error_and_dead_letter_to_a_blob() {
     let az = Azurite::start().await;
     az.create_container("deadletters").await;
+    az.create_container("ownrecord").await;
     let t = start(&[]).await;
     t.topic("t").await;
-    // The queue does not exist: Azurite answers 404 QueueNotFound.
-    let (s, b) = sub(
-        &t,
-        "t",
-        "q",
-        storage_queue(&az.connection_string(), "missing"),
-        json!({
-            "retryPolicy": {"maxDeliveryAttempts": 1},
-            "deadLetterDestination": {"endpointType": "StorageBlob", "properties": {
-                "connectionString": az.connection_string(), "blobContainerName": "deadletters"}}
-        }),
-    )
-    .await;
-    assert_eq!(s, 200, "{b}");
-    let dest = &b["properties"]["deadLetterDestination"];
-    assert_eq!(dest["endpointType"], "StorageBlob", "{b}");
-    t.publish("t", events("d", 2)).await;
-    let dl = dead_letters(&t, "t", "q", 2).await;
-    for l in &dl {
-        assert_eq!(l["lastHttpStatusCode"], 404);
-        let err = l["lastError"].as_str().unwrap();
-        assert!(err.contains("QueueNotFound"), "{err}");
-    }
-    let names = poll_within(WAIT, || async {
-        let n = az.list_blobs("deadletters").await;
-        if n.len() >= 2 {
-            Ok(n)
-        } else {
-            Err(n)
+    // The queue does not exist: Azurite answers 404 QueueNotFound. One subscription writes
+    // Event Grid's blobs (the default), the other gridlet's own record.
+    for (name, container, format) in [
+        ("My-Sub", "deadletters", None),
+        ("own", "ownrecord", Some("gridlet")),
+    ] {
+        let mut dl = json!({"endpointType": "StorageBlob", "properties": {
+            "connectionString": az.connection_string(), "blobContainerName": container}});
+        if let Some(f) = format {
+            dl["properties"]["deadLetterFormat"] = json!(f);
         }
-    })
-    .await
-    .unwrap_or_else(|n| n);
+        let (s, b) = sub(
+            &t,
+            "t",
+            name,
+            storage_queue(&az.connection_string(), "missing"),
+            json!({"retryPolicy": {"maxDeliveryAttempts": 1}, "deadLetterDestination": dl}),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+        let dest = &b["properties"]["deadLetterDestination"];
+        assert_eq!(dest["endpointType"], "StorageBlob", "{b}");
+    }
+    t.publish("t", events("d", 2)).await;
+    for name in ["My-Sub", "own"] {
+        let dl = dead_letters(&t, "t", name, 2).await;
+        for l in &dl {
+            assert_eq!(l["lastHttpStatusCode"], 404);
+            let err = l["lastError"].as_str().unwrap();
+            assert!(err.contains("QueueNotFound"), "{err}");
+        }
+    }
+    let blobs = |container: &'static str, n: usize| {
+        let az = &az;
+        async move {
+            poll_within(WAIT, || async {
+                let names = az.list_blobs(container).await;
+                let mut count = 0;
+                for b in &names {
+                    let v: Value = serde_json::from_str(&az.get_blob(container, b).await).unwrap();
+                    count += v.as_array().map_or(1, Vec::len);
+                }
+                if count >= n {
+                    Ok(names)
+                } else {
+                    Err(names)
+                }
+            })
+            .await
+            .unwrap_or_else(|n| n)
+        }
+    };
+    // Event Grid's layout: SUBSCRIPTION/y/m/d/h/guid.json, each a JSON array of events with
+    // Event Grid's dead-letter fields.
+    let names = blobs("deadletters", 2).await;
+    let mut letters = Vec::new();
+    for n in &names {
+        let parts: Vec<&str> = n.split('/').collect();
+        assert_eq!(parts.len(), 6, "{n}");
+        assert_eq!(parts[0], "MY-SUB", "{n}");
+        for p in &parts[1..5] {
+            assert!(
+                !p.starts_with('0') && p.parse::<u32>().is_ok(),
+                "no zero padding: {n}"
+            );
+        }
+        assert!(parts[5].ends_with(".json") && parts[5].len() == 41, "{n}");
+        let v: Value = serde_json::from_str(&az.get_blob("deadletters", n).await).unwrap();
+        letters.extend(v.as_array().expect("a JSON array").clone());
+    }
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    for l in &letters {
+        assert!(l["id"].as_str().unwrap().starts_with('d'), "{l}");
+        assert_eq!(l["eventType"], "t", "the event itself: {l}");
+        assert_eq!(l["deadLetterReason"], "MaxDeliveryAttemptsExceeded", "{l}");
+        assert_eq!(l["deliveryAttempts"], 1, "{l}");
+        assert_eq!(l["lastDeliveryOutcome"], "NotFound", "{l}");
+        assert_eq!(l["lastHttpStatusCode"], 404, "{l}");
+        assert!(l["publishTime"].as_str().is_some(), "{l}");
+        assert!(l["lastDeliveryAttemptTime"].as_str().is_some(), "{l}");
+    }
+    // gridlet's own record: one blob per letter, time-sorted names.
+    let names = blobs("ownrecord", 2).await;
     assert_eq!(names.len(), 2, "{names:?}");
     let mut sorted = names.clone();
     sorted.sort();
     assert_eq!(sorted, names, "listed in name order");
-    assert!(names[0].starts_with("t/q/"), "{names:?}");
-    let blob: Value = serde_json::from_str(&az.get_blob("deadletters", &names[0]).await).unwrap();
+    assert!(names[0].starts_with("t/own/"), "{names:?}");
+    let blob: Value = serde_json::from_str(&az.get_blob("ownrecord", &names[0]).await).unwrap();
     assert_eq!(blob["reason"], "MaxDeliveryAttemptsExceeded", "{blob}");
     assert_eq!(blob["lastHttpStatusCode"], 404);
     assert!(blob["event"]["id"].as_str().unwrap().starts_with('d'));

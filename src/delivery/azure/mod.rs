@@ -19,6 +19,7 @@
 //! each event's own outcome ([`Outcome::PerEvent`]): events a service accepted are delivered,
 //! an oversized one is dead-lettered alone, the rest are retried.
 
+pub mod blobletters;
 pub(crate) mod messaging;
 pub(crate) mod sas;
 pub mod sharedkey;

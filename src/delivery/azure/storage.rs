@@ -11,12 +11,15 @@
 //!   time; each event reports its own outcome ([`Outcome::PerEvent`]). With
 //!   `queueMessageTimeToLiveInSeconds` the request carries `?messagettl=` (seconds, -1 = never
 //!   expires; Put Message, version 2017-07-29 and later).
-//! * **Put Blob**: `PUT {blobEndpoint}/{container}/{topic}/{subscription}/{time}-{batch}-{n}-{eventId}.json`
-//!   (`x-ms-blob-type: BlockBlob`, `application/json`) with the dead letter's JSON (event,
-//!   reason, last status and error, attempts, times). Names start with the dead-letter time in
-//!   fixed width (`20261124T120000123Z`), so a listing sorts by time. The container must exist
-//!   (as with Event Grid in the cloud).
+//! * **Put Blob** (`x-ms-blob-type: BlockBlob`, `application/json`): by default Event Grid's
+//!   layout and content ([`blobletters`]: `{SUBSCRIPTION}/{y}/{m}/{d}/{h}/{guid}.json`, a JSON
+//!   array of the dead-lettered events with Event Grid's fields); with `deadLetterFormat:
+//!   gridlet`, one blob per letter, `{topic}/{subscription}/{time}-{batch}-{n}-{eventId}.json`,
+//!   holding the dead letter's JSON (event, reason, last status and error, attempts, times),
+//!   names starting with the dead-letter time in fixed width (`20261124T120000123Z`) so a
+//!   listing sorts by time. The container must exist (as with Event Grid in the cloud).
 
+use super::blobletters::{self, BlobFormat};
 use super::sharedkey::{SharedKey, Signed, VERSION};
 use crate::delivery::http::{Endpoint, HttpClient, HttpError};
 use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
@@ -254,12 +257,19 @@ pub struct BlobDeadLetterSink {
     signer: Signer,
     /// The connection string's SAS (appended to each URL) and when it expires.
     sas: Option<(String, Option<u64>)>,
+    /// Event Grid's layout and content, or gridlet's own record.
+    format: BlobFormat,
     what: String,
 }
 
 impl BlobDeadLetterSink {
-    /// A sink writing into `container` of `conn`'s account.
-    pub fn new(client: &HttpClient, conn: &StorageConn, container: &str) -> Self {
+    /// A sink writing into `container` of `conn`'s account, blobs in `format`.
+    pub fn new(
+        client: &HttpClient,
+        conn: &StorageConn,
+        container: &str,
+        format: BlobFormat,
+    ) -> Self {
         Self {
             client: client.clone(),
             base: format!("{}/{container}", conn.blob_endpoint),
@@ -270,9 +280,56 @@ impl BlobDeadLetterSink {
                 let se = sas_expiry(&s);
                 (s, se)
             }),
+            format,
             what: format!("StorageBlob {container}"),
         }
     }
+}
+
+impl BlobDeadLetterSink {
+    /// Put Blob `name` (relative to the container) with `body`.
+    async fn put_blob(&self, name: &str, body: Bytes) -> Outcome {
+        let url = match &self.sas {
+            Some((sas, _)) => format!("{}/{name}?{sas}", self.base),
+            None => format!("{}/{name}", self.base),
+        };
+        let endpoint = match self.client.endpoint(&url) {
+            Ok(e) => e,
+            Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
+        };
+        let h = self
+            .signer
+            .headers("PUT", &url_path(&url), &[], body.len(), JSON, true);
+        super::outcome(endpoint.send(Method::PUT, h, body).await, &self.what)
+    }
+}
+
+/// Event Grid's blobs for `letters` (dead-letter API JSON): one JSON array per UTC hour of
+/// their dead-letter times, named `{SUBSCRIPTION}/{y}/{m}/{d}/{h}/{guid}.json`.
+fn event_grid_blobs(subscription: &str, letters: &[Bytes]) -> Vec<(String, Bytes)> {
+    let mut hours: Vec<((u32, u32, u32, u32), Vec<serde_json::Value>)> = Vec::new();
+    for l in letters {
+        let v: serde_json::Value = serde_json::from_slice(l).unwrap_or_default();
+        let hour = v
+            .get("deadLetteredTime")
+            .and_then(serde_json::Value::as_str)
+            .and_then(blobletters::utc_hour)
+            .unwrap_or((1970, 1, 1, 0));
+        let e = blobletters::event_grid_letter(&v);
+        match hours.iter_mut().find(|(h, _)| *h == hour) {
+            Some((_, v)) => v.push(e),
+            None => hours.push((hour, vec![e])),
+        }
+    }
+    hours
+        .into_iter()
+        .map(|(h, events)| {
+            (
+                blobletters::event_grid_blob_name(subscription, h),
+                Bytes::from(serde_json::Value::Array(events).to_string()),
+            )
+        })
+        .collect()
 }
 
 /// `{topic}/{subscription}/{time}-{batch}-{n}-{eventId}.json` for a dead letter's JSON, each
@@ -306,23 +363,21 @@ impl Sink for BlobDeadLetterSink {
             if let Some(expired) = super::expired(self.sas.as_ref().and_then(|s| s.1), &self.what) {
                 return expired;
             }
-            for (n, letter) in req.events.iter().enumerate() {
-                let name = blob_name(&req.topic, &req.subscription, req.batch_id, n, letter);
-                let url = match &self.sas {
-                    Some((sas, _)) => format!("{}/{name}?{sas}", self.base),
-                    None => format!("{}/{name}", self.base),
-                };
-                let endpoint = match self.client.endpoint(&url) {
-                    Ok(e) => e,
-                    Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
-                };
-                let h = self
-                    .signer
-                    .headers("PUT", &url_path(&url), &[], letter.len(), JSON, true);
-                let o = super::outcome(
-                    endpoint.send(Method::PUT, h, letter.clone()).await,
-                    &self.what,
-                );
+            let blobs: Vec<(String, Bytes)> = match self.format {
+                BlobFormat::Gridlet => req
+                    .events
+                    .iter()
+                    .enumerate()
+                    .map(|(n, letter)| {
+                        let name =
+                            blob_name(&req.topic, &req.subscription, req.batch_id, n, letter);
+                        (name, letter.clone())
+                    })
+                    .collect(),
+                BlobFormat::EventGrid => event_grid_blobs(&req.subscription, &req.events),
+            };
+            for (name, body) in blobs {
+                let o = self.put_blob(&name, body).await;
                 if o != Outcome::Delivered {
                     return o;
                 }
