@@ -71,6 +71,48 @@ impl ConfigFault {
     }
 }
 
+/// How dead letters are forwarded to a dead-letter destination: batched for a while (or up
+/// to a size), retried for a bounded time, within a memory bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardPolicy {
+    /// Letters for one destination wait this long to go out together.
+    pub batch_window: std::time::Duration,
+    /// ... or until they reach this many bytes.
+    pub batch_max_bytes: usize,
+    /// A failing destination is retried this long after the batch's first attempt.
+    pub patience: std::time::Duration,
+    /// Bytes of letters waiting (batching or retrying), all destinations together.
+    pub max_pending_bytes: usize,
+}
+
+impl ForwardPolicy {
+    /// Delays between a failing batch's attempts; the last repeats until the patience ends.
+    pub const RETRY_DELAYS: [std::time::Duration; 5] = [
+        std::time::Duration::from_secs(10),
+        std::time::Duration::from_secs(30),
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(300),
+        std::time::Duration::from_secs(600),
+    ];
+
+    /// The delay after the `failures`-th failed attempt (1-based).
+    pub fn retry_delay(failures: u32) -> std::time::Duration {
+        let i = (failures.max(1) as usize - 1).min(Self::RETRY_DELAYS.len() - 1);
+        Self::RETRY_DELAYS[i]
+    }
+}
+
+impl Default for ForwardPolicy {
+    fn default() -> Self {
+        Self {
+            batch_window: std::time::Duration::from_secs(2),
+            batch_max_bytes: 1 << 20,
+            patience: std::time::Duration::from_secs(4 * 3600),
+            max_pending_bytes: 16 << 20,
+        }
+    }
+}
+
 /// What a publish does when a matching in-memory subscription's queue is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QueueFullPolicy {

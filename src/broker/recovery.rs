@@ -34,7 +34,9 @@ impl Broker {
                 per_subscription: cfg.resilience.dead_letter_capacity,
                 max_bytes: cfg.resilience.dead_letter_max_bytes,
             },
-            forwarder: crate::delivery::deadletter::Forwarder::start(),
+            forwarder: crate::delivery::deadletter::Forwarder::with_policy(
+                cfg.resilience.dead_letter_forward,
+            ),
             drain: Default::default(),
             writer: Arc::new(
                 crate::delivery::writer::StoreWriter::start()

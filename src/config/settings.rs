@@ -105,6 +105,10 @@ settings! {
     broker__queueFullPolicy = "reject" : "when an in-memory subscription holds `broker__maxPendingEventsPerSubscription` events: `reject` the publish with 503 (original), or `deadLetter` that subscription's copies and accept the publish for the others";
     broker__deadLetter__maxEventsPerSubscription = "10000" : "dead letters kept per subscription (oldest evicted first; on disk with the sled store); 0 = none kept";
     broker__deadLetter__maxBytes = "33554432" : "bytes of dead letters kept, all subscriptions together (event + id + error + 64 each; in memory with the memory store, on disk and counted against persistence__maxDiskBytes with the sled store): past it the subscription holding the most dead-letter bytes loses its oldest letter first; a letter larger than the bound is not kept; 0 = none kept";
+    broker__deadLetter__forwardBatchSeconds = "2" : "dead letters for a dead-letter destination (webhook or blob container) are held this long to go out together (Event Grid holds blob writes up to 300); the local dead-letter store has them meanwhile";
+    broker__deadLetter__forwardBatchBytes = "1048576" : "... or until they reach this many bytes";
+    broker__deadLetter__forwardPatienceMinutes = "240" : "how long a dead-letter destination that fails is retried (10 s, 30 s, 1 min, 5 min, then every 10 min) before its letters are kept locally only (Event Grid gives up after 4 hours)";
+    broker__deadLetter__forwardMaxBytes = "16777216" : "bytes of dead letters waiting to be forwarded (batching or retrying), all destinations together; past it new letters are kept locally only";
     broker__endpointHealth__enabled = "true" : "track each destination URL's health and slow down (disabled) or stop (frozen) deliveries to failing endpoints";
     broker__endpointHealth__disableFailureRatePercent = "70" : "an endpoint is disabled when its failure rate exceeds this percentage ...";
     broker__endpointHealth__disableMinAttempts = "100" : "... over more than this many recent attempts";
