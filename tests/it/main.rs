@@ -7,6 +7,7 @@ mod bench_smoke;
 mod bus_peer;
 mod crash;
 mod delivery;
+mod docs;
 mod durable_resilience;
 mod edge;
 mod fuzz;
