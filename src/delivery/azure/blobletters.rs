@@ -115,8 +115,11 @@ pub fn event_grid_letter(letter: &Value) -> Value {
     Value::Object(out)
 }
 
-/// `(year, month, day, hour)` of an RFC 3339 UTC time (`2026-11-24T09:59:59.999Z`).
-pub fn utc_hour(time: &str) -> Option<(u32, u32, u32, u32)> {
+/// `(year, month, day, hour)` in UTC.
+pub type UtcHour = (u32, u32, u32, u32);
+
+/// The [`UtcHour`] of an RFC 3339 UTC time (`2026-11-24T09:59:59.999Z`).
+pub fn utc_hour(time: &str) -> Option<UtcHour> {
     let n = |r: std::ops::Range<usize>| time.get(r)?.parse::<u32>().ok();
     Some((n(0..4)?, n(5..7)?, n(8..10)?, n(11..13)?))
 }
@@ -139,7 +142,7 @@ pub fn guid() -> String {
 }
 
 /// `{SUBSCRIPTION}/{y}/{m}/{d}/{h}/{guid}.json` (the subscription segment URL-encoded).
-pub fn event_grid_blob_name(subscription: &str, hour: (u32, u32, u32, u32)) -> String {
+pub fn event_grid_blob_name(subscription: &str, hour: UtcHour) -> String {
     let (y, m, d, h) = hour;
     format!(
         "{}/{y}/{m}/{d}/{h}/{}.json",

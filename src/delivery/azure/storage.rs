@@ -307,7 +307,7 @@ impl BlobDeadLetterSink {
 /// Event Grid's blobs for `letters` (dead-letter API JSON): one JSON array per UTC hour of
 /// their dead-letter times, named `{SUBSCRIPTION}/{y}/{m}/{d}/{h}/{guid}.json`.
 fn event_grid_blobs(subscription: &str, letters: &[Bytes]) -> Vec<(String, Bytes)> {
-    let mut hours: Vec<((u32, u32, u32, u32), Vec<serde_json::Value>)> = Vec::new();
+    let mut hours: Vec<(blobletters::UtcHour, Vec<serde_json::Value>)> = Vec::new();
     for l in letters {
         let v: serde_json::Value = serde_json::from_slice(l).unwrap_or_default();
         let hour = v
