@@ -319,11 +319,20 @@ impl StorageConn {
             (Err(_), Some(_)) if p.get(explicit).is_none() => Ok(String::new()),
             (r, _) => r,
         };
+        let (queue_endpoint, blob_endpoint) = (
+            either("QueueEndpoint", "queue")?,
+            either("BlobEndpoint", "blob")?,
+        );
+        if queue_endpoint.is_empty() && blob_endpoint.is_empty() {
+            return Err(err(
+                "connection string has no QueueEndpoint or BlobEndpoint (a SharedAccessSignature string names its endpoints)",
+            ));
+        }
         Ok(Self {
             account: account.to_string(),
             key: key.to_string(),
-            queue_endpoint: either("QueueEndpoint", "queue")?,
-            blob_endpoint: either("BlobEndpoint", "blob")?,
+            queue_endpoint,
+            blob_endpoint,
             sas,
         })
     }
