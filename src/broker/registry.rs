@@ -240,7 +240,7 @@ impl Broker {
 
 /// A destination whose ready-made shared access signature expires before the subscription's
 /// events would (their time to live from now): every delivery after it fails, so say so at PUT.
-fn warn_expiring_credential(sub: &Subscription, cfg: &crate::Config, now_ms: u64) {
+fn warn_expiring_credential(sub: &Subscription, cfg: &crate::config::Config, now_ms: u64) {
     let Some(expiry) = sub.destination.credential_expiry() else {
         return;
     };
