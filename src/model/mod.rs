@@ -19,6 +19,7 @@ pub(crate) mod json;
 pub(crate) mod media;
 pub(crate) mod names;
 pub(crate) mod reason;
+pub mod sas;
 pub(crate) mod signing_secret;
 pub mod subscription;
 pub mod topic;

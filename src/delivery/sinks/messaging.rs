@@ -15,11 +15,12 @@ use super::{DestinationKind, ParseContext, SinkContext};
 use crate::delivery::azure::messaging::{MessagingLimits, MessagingSink, Service};
 use crate::delivery::sink::Sink;
 use crate::model::attributes::AttributeTarget;
-use crate::model::azure::{sas_expiry, MessagingAuth, MessagingConn};
+use crate::model::azure::{MessagingAuth, MessagingConn};
 use crate::model::destination::{
     Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
 };
 use crate::model::json::Obj;
+use crate::model::sas::expiry as sas_expiry;
 use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;

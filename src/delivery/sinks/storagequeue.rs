@@ -10,11 +10,12 @@
 use super::{DestinationKind, ParseContext, SinkContext};
 use crate::delivery::azure::storage::StorageQueueSink;
 use crate::delivery::sink::Sink;
-use crate::model::azure::{check_queue_name, sas_expiry, MessageEncoding, StorageConn};
+use crate::model::azure::{check_queue_name, MessageEncoding, StorageConn};
 use crate::model::destination::{
     Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
 };
 use crate::model::json::Obj;
+use crate::model::sas::expiry as sas_expiry;
 use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
