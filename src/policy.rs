@@ -36,6 +36,83 @@ impl StatusCodePolicy {
     }
 }
 
+/// A destination configuration fault reported by an Azure service: retried on the schedule
+/// like any failure (the entity or key may come back), but logged at warn and counted apart,
+/// so a wrong connection string is told from an outage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConfigFault {
+    /// 401: wrong key, key name or token.
+    Unauthorized = 0,
+    /// 404: no such entity (Event Hubs, Storage).
+    NotFound = 1,
+    /// 410: the queue or topic does not exist (Service Bus).
+    Gone = 2,
+    /// The connection string's ready-made shared access signature has expired.
+    SasExpired = 3,
+}
+
+impl ConfigFault {
+    /// Every fault, in metric order (the discriminant indexes it).
+    pub const ALL: [Self; 4] = [
+        Self::Unauthorized,
+        Self::NotFound,
+        Self::Gone,
+        Self::SasExpired,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unauthorized => "unauthorized",
+            Self::NotFound => "notFound",
+            Self::Gone => "gone",
+            Self::SasExpired => "sasExpired",
+        }
+    }
+}
+
+/// How dead letters are forwarded to a dead-letter destination: batched for a while (or up
+/// to a size), retried for a bounded time, within a memory bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardPolicy {
+    /// Letters for one destination wait this long to go out together.
+    pub batch_window: std::time::Duration,
+    /// ... or until they reach this many bytes.
+    pub batch_max_bytes: usize,
+    /// A failing destination is retried this long after the batch's first attempt.
+    pub patience: std::time::Duration,
+    /// Bytes of letters waiting (batching or retrying), all destinations together.
+    pub max_pending_bytes: usize,
+}
+
+impl ForwardPolicy {
+    /// Delays between a failing batch's attempts; the last repeats until the patience ends.
+    pub const RETRY_DELAYS: [std::time::Duration; 5] = [
+        std::time::Duration::from_secs(10),
+        std::time::Duration::from_secs(30),
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(300),
+        std::time::Duration::from_secs(600),
+    ];
+
+    /// The delay after the `failures`-th failed attempt (1-based).
+    pub fn retry_delay(failures: u32) -> std::time::Duration {
+        let i = (failures.max(1) as usize - 1).min(Self::RETRY_DELAYS.len() - 1);
+        Self::RETRY_DELAYS[i]
+    }
+}
+
+impl Default for ForwardPolicy {
+    fn default() -> Self {
+        Self {
+            batch_window: std::time::Duration::from_secs(2),
+            batch_max_bytes: 1 << 20,
+            patience: std::time::Duration::from_secs(4 * 3600),
+            max_pending_bytes: 16 << 20,
+        }
+    }
+}
+
 /// What a publish does when a matching in-memory subscription's queue is full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QueueFullPolicy {

@@ -43,7 +43,9 @@ impl Broker {
             health: crate::delivery::health::HealthRegistry::restore(store.clone())?,
             dead_letters,
             dead_letter_bound,
-            forwarder: crate::delivery::deadletter::Forwarder::start(),
+            forwarder: crate::delivery::deadletter::Forwarder::with_policy(
+                cfg.resilience.dead_letter_forward,
+            ),
             drain: Default::default(),
             writer: Arc::new(writer),
             pending_bytes: Arc::new(crate::delivery::payload::PendingBytes::new(

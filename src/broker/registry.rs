@@ -156,6 +156,7 @@ impl Broker {
         let entry = self.find_topic(topic_name)?;
         let topic = entry.topic();
         let sub = Subscription::from_put(&topic, name, body, &self.inner.cfg, &DESTINATIONS)?;
+        warn_expiring_credential(&sub, &self.inner.cfg, self.inner.ctx.clock.now_ms());
         let subs = entry.subscriptions();
         let key = names::key(name);
         if let Some(existing) = subs.iter().find(|s| names::key(s.name()) == key) {
@@ -234,5 +235,59 @@ impl Broker {
             .collect();
         write(&entry.subs, Arc::new(list));
         Ok(())
+    }
+}
+
+/// When `sub`'s ready-made shared access signature expires (Unix seconds), if that is before
+/// its events would (their time to live from `now_ms`): every delivery after it fails.
+fn expires_within_ttl(sub: &Subscription, cfg: &crate::config::Config, now_ms: u64) -> Option<u64> {
+    let expiry = sub.destination.credential_expiry()?;
+    let ttl = sub.effective_policy(cfg).ttl;
+    (expiry < (now_ms / 1000).saturating_add(ttl.as_secs())).then_some(expiry)
+}
+
+/// Say so at PUT when [`expires_within_ttl`].
+fn warn_expiring_credential(sub: &Subscription, cfg: &crate::config::Config, now_ms: u64) {
+    if let Some(expiry) = expires_within_ttl(sub, cfg, now_ms) {
+        tracing::warn!(
+            topic = %sub.topic,
+            subscription = %sub.name,
+            expires = %crate::store::deadletter::rfc3339(expiry.saturating_mul(1000)),
+            ttl_minutes = sub.effective_policy(cfg).ttl.as_secs() / 60,
+            "the connection string's SharedAccessSignature expires within the events' time to live; deliveries after it fail until the connection string is replaced"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::topic::Topic;
+    use serde_json::json;
+
+    #[test]
+    fn a_ready_made_sas_expiring_within_the_ttl_is_flagged_at_put() {
+        let cfg = crate::config::Config::from_vars(std::iter::empty()).unwrap();
+        let topic = Topic::from_put("t", json!({})).unwrap();
+        let sub = |se: u64, ttl_min: u32| {
+            let cs = format!("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessSignature=SharedAccessSignature sr=x&sig=y&se={se}&skn=k;EntityPath=hub1");
+            let body = json!({"properties": {
+                "destination": {"endpointType": "EventHub", "properties": {"connectionString": cs}},
+                "retryPolicy": {"eventExpiryInMinutes": ttl_min}}});
+            Subscription::from_put(&topic, "s", body, &cfg, &DESTINATIONS).unwrap()
+        };
+        let now_ms = 1_000_000_000_000;
+        let now = now_ms / 1000;
+        // Expires in 30 minutes, events live 60: flagged; events live 20: not.
+        assert_eq!(
+            expires_within_ttl(&sub(now + 1800, 60), &cfg, now_ms),
+            Some(now + 1800)
+        );
+        assert_eq!(expires_within_ttl(&sub(now + 1800, 20), &cfg, now_ms), None);
+        // A key (no ready-made signature): never.
+        let body = json!({"properties": {"destination": {"endpointType": "EventHub", "properties": {
+            "connectionString": "Endpoint=sb://ns/;SharedAccessKeyName=a;SharedAccessKey=b;EntityPath=h"}}}});
+        let keyed = Subscription::from_put(&topic, "k", body, &cfg, &DESTINATIONS).unwrap();
+        assert_eq!(expires_within_ttl(&keyed, &cfg, now_ms), None);
     }
 }

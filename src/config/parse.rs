@@ -307,6 +307,14 @@ pub(super) fn resilience(raw: &Raw) -> Result<Resilience, ConfigError> {
             10_000_000,
         )? as usize,
         dead_letter_max_bytes: raw.int(K::broker__deadLetter__maxBytes, 0, u64::MAX)?,
+        dead_letter_forward: crate::policy::ForwardPolicy {
+            batch_window: raw.secs(K::broker__deadLetter__forwardBatchSeconds, 0, 3600)?,
+            batch_max_bytes: raw.int(K::broker__deadLetter__forwardBatchBytes, 1024, 1 << 30)?
+                as usize,
+            patience: raw.secs(K::broker__deadLetter__forwardPatienceMinutes, 0, 10_080)? * 60,
+            max_pending_bytes: raw.int(K::broker__deadLetter__forwardMaxBytes, 1024, 1 << 40)?
+                as usize,
+        },
         queue_full_policy: raw.choice(K::broker__queueFullPolicy, &QueueFullPolicy::ALL)?,
         health: health(raw)?,
     })

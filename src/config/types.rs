@@ -211,6 +211,8 @@ pub struct Resilience {
     pub dead_letter_capacity: usize,
     /// Dead-letter bytes kept, all subscriptions together (0 = none).
     pub dead_letter_max_bytes: u64,
+    /// Forwarding to dead-letter destinations: batching, patience, memory bound.
+    pub dead_letter_forward: crate::policy::ForwardPolicy,
     /// Full in-memory queue: reject the publish or dead-letter the copy.
     pub queue_full_policy: crate::policy::QueueFullPolicy,
     /// Endpoint health thresholds.

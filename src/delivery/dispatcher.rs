@@ -228,6 +228,7 @@ impl Task {
             schema: cfg.sub.delivery_schema,
             events: batch.items.iter().map(|p| p.event.body.clone()).collect(),
             attempt: batch.items.first().map(|p| p.attempts).unwrap_or(1),
+            attempts_each: batch.items.iter().map(|p| p.attempts).collect(),
             batch_id: batch.items.first().map(|p| p.seq).unwrap_or(0),
         };
         self.in_flight
@@ -301,7 +302,8 @@ async fn send(
     (batch, outcome, started.elapsed())
 }
 
-/// Apply an attempt's outcome to its batch.
+/// Apply an attempt's outcome to its batch: each event by its own outcome when the sink
+/// reported them apart ([`Outcome::PerEvent`]), else the whole batch alike.
 fn settle(
     shared: &Arc<SubscriptionState>,
     ctx: &DeliveryContext,
@@ -317,48 +319,86 @@ fn settle(
     if let Some(h) = &cfg.health {
         h.record_outcome(&ctx.health_cfg, &outcome, ctx.clock.now_ms());
     }
-    if outcome == Outcome::Delivered {
-        m.delivery_success_counts.add(n);
+    if let Some(fault) = policy::config_fault(&outcome) {
+        m.destination_faults[fault as usize].inc();
+    }
+    let retry_lane = batch.retry;
+    // (outcome, its events), in first-seen order.
+    let groups: Vec<(Outcome, Vec<Pending>)> = match outcome {
+        Outcome::PerEvent(each) if each.len() == batch.items.len() => {
+            let mut groups: Vec<(Outcome, Vec<Pending>)> = Vec::new();
+            for (p, o) in batch.items.into_iter().zip(each) {
+                match groups.iter_mut().find(|(x, _)| *x == o) {
+                    Some((_, v)) => v.push(p),
+                    None => groups.push((o, vec![p])),
+                }
+            }
+            groups
+        }
+        // A sink that miscounted: its summary decides for every event.
+        o @ Outcome::PerEvent(_) => vec![(o.summary().clone(), batch.items)],
+        o => vec![(o, batch.items)],
+    };
+    shared.queue().finish(retry_lane);
+    let (mut ok, mut failed) = (false, false);
+    for (o, items) in groups {
+        if o == Outcome::Delivered {
+            ok = true;
+            settle_delivered(shared, ctx, &cfg, items, ms);
+        } else {
+            failed = true;
+            m.delivery_failure_counts.add(items.len() as u64);
+            if let Outcome::Failed { kind, .. } = &o {
+                tracing::debug!(topic = %shared.topic, subscription = %shared.name, events = items.len(), failure = %kind, "delivery attempt failed");
+            }
+            settle_failed(shared, ctx, &cfg, items, &o);
+        }
+    }
+    if ok {
         m.delivery_success_latency_ms.observe_ms(ms);
-        if ctx.log_success {
-            tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, attempt = batch.items.first().map(|p| p.attempts), latency_ms = ms, "delivered");
-        }
-        if cfg.sub.persisted {
-            ctx.writer.submit(Write::Remove {
-                owner: shared.owner(),
-                seqs: batch.items.iter().map(|p| p.seq).collect(),
-            });
-        }
-        let mut q = shared.queue();
-        q.finish(batch.retry);
-        q.settle(batch.items.len());
-        drop(q);
-        shared.notify.notify_one();
-        return;
     }
-    m.delivery_failure_counts.add(n);
-    m.delivery_failure_latency_ms.observe_ms(ms);
-    if let Outcome::Failed { kind, .. } = &outcome {
-        tracing::debug!(topic = %shared.topic, subscription = %shared.name, events = n, failure = %kind, "delivery attempt failed");
+    if failed {
+        m.delivery_failure_latency_ms.observe_ms(ms);
     }
-    settle_failed(shared, ctx, &cfg, batch, &outcome);
     shared.notify.notify_one();
 }
 
-/// A failed attempt: each event is retried (state stored first for a persisted subscription),
-/// or dead-lettered by reason, as [`retry::next_step`] decides.
+/// Delivered events leave the queue (and the store).
+fn settle_delivered(
+    shared: &Arc<SubscriptionState>,
+    ctx: &DeliveryContext,
+    cfg: &SubConfig,
+    items: Vec<Pending>,
+    ms: u64,
+) {
+    let n = items.len() as u64;
+    shared.metrics.delivery_success_counts.add(n);
+    if ctx.log_success {
+        tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, attempt = items.first().map(|p| p.attempts), latency_ms = ms, "delivered");
+    }
+    if cfg.sub.persisted {
+        ctx.writer.submit(Write::Remove {
+            owner: shared.owner(),
+            seqs: items.iter().map(|p| p.seq).collect(),
+        });
+    }
+    shared.queue().settle(items.len());
+}
+
+/// Failed events: each is retried (state stored first for a persisted subscription), or
+/// dead-lettered by reason, as [`retry::next_step`] decides.
 fn settle_failed(
     shared: &Arc<SubscriptionState>,
     ctx: &DeliveryContext,
     cfg: &SubConfig,
-    batch: Batch,
+    items: Vec<Pending>,
     outcome: &Outcome,
 ) {
     let now_ms = ctx.clock.now_ms();
     let mut retry_items = Vec::new();
     let mut retry_delay = Duration::ZERO;
     let mut dropped: Vec<(DropReason, Vec<Pending>)> = Vec::new();
-    for p in batch.items {
+    for p in items {
         let jitter = policy::jitter_key(p.seq, p.attempts);
         match retry::next_step(
             &cfg.policy,
@@ -382,12 +422,10 @@ fn settle_failed(
     if cfg.sub.persisted && !retry_items.is_empty() {
         store_retry_state(shared, ctx, &retry_items, now_ms, retry_delay);
     }
-    {
-        let mut q = shared.queue();
-        q.finish(batch.retry);
-        if !retry_items.is_empty() {
-            q.schedule_retry(Instant::now() + retry_delay, retry_items);
-        }
+    if !retry_items.is_empty() {
+        shared
+            .queue()
+            .schedule_retry(Instant::now() + retry_delay, retry_items);
     }
     for (r, items) in dropped {
         drop_events(shared, ctx, items, r, Some(outcome));

@@ -139,6 +139,13 @@ pub fn verdict(outcome: &Outcome) -> Verdict {
     let kind = match outcome {
         Outcome::Delivered => return Verdict::Up,
         Outcome::Failed { kind, .. } => kind,
+        Outcome::PerEvent(each) => {
+            return match verdict(outcome.summary()) {
+                // Only events' own faults (too large): the endpoint took the others.
+                Verdict::Neither if each.contains(&Outcome::Delivered) => Verdict::Up,
+                v => v,
+            };
+        }
     };
     match kind {
         FailureKind::Status(s) | FailureKind::Service { status: s, .. } => match *s {
@@ -147,7 +154,8 @@ pub fn verdict(outcome: &Outcome) -> Verdict {
             _ => Verdict::Down,
         },
         FailureKind::TooLarge(_) => Verdict::Neither,
-        FailureKind::Timeout
+        FailureKind::CredentialExpired(_)
+        | FailureKind::Timeout
         | FailureKind::Connect
         | FailureKind::Unsupported(_)
         | FailureKind::Other(_) => Verdict::Down,

@@ -20,11 +20,13 @@
 //! * [`sinks`]: the destination types (one file each) and the registry that parses them and
 //!   builds their sinks.
 //! * [`azure`]: Event Hubs, Service Bus, Storage queue and blob dead-letter sinks.
+//! * [`forward`]: dead letters to a dead-letter destination (batched, retried with patience).
 
 pub mod azure;
 pub(crate) mod deadletter;
 pub(crate) mod dispatcher;
 pub(crate) mod engine;
+pub(crate) mod forward;
 pub(crate) mod health;
 pub mod http;
 pub(crate) mod payload;

@@ -8,6 +8,8 @@
 //! |---|---|---|
 //! | 200–204 | delivered | delivered |
 //! | 400, 413 | retried | dead-lettered at once when a dead-letter destination exists, else retried |
+//! | Azure service 400, 403, 413 | dead-lettered at once | the same |
+//! | Azure service 401, 404, 410 | retried; a configuration fault (warn, `gridlet_destination_faults_total`) | the same |
 //! | 408, 429, 5xx, other statuses | retried | retried (`Retry-After` honoured on 429/503, capped) |
 //! | timeout, connection error, other | retried | retried |
 //! | Azure service 429/500/503 | retried, `Retry-After` honoured (capped) | the same |
@@ -22,7 +24,7 @@
 //! ([`ScheduleName::NAMES`]). TTL and `maxDeliveryAttempts` apply on top of every schedule.
 
 use super::sink::{FailureKind, Outcome};
-pub use crate::policy::{QueueFullPolicy, Schedule, ScheduleName, StatusCodePolicy};
+pub use crate::policy::{ConfigFault, QueueFullPolicy, Schedule, ScheduleName, StatusCodePolicy};
 use std::time::Duration;
 
 /// Whether an attempt's outcome ends delivery, asks for a retry, or refuses the event for good.
@@ -44,6 +46,8 @@ pub fn classify(policy: StatusCodePolicy, outcome: &Outcome, dead_letter: bool) 
     let (kind, retry_after) = match outcome {
         Outcome::Delivered => return Verdict::Delivered,
         Outcome::Failed { kind, retry_after } => (kind, *retry_after),
+        // The dispatcher settles each event apart; asked for the batch, its summary answers.
+        Outcome::PerEvent(_) => return classify(policy, outcome.summary(), dead_letter),
     };
     match kind {
         // Never deliverable, whatever the policy.
@@ -53,6 +57,13 @@ pub fn classify(policy: StatusCodePolicy, outcome: &Outcome, dead_letter: bool) 
             status: 429 | 500 | 503,
             ..
         } => return Verdict::Retry { retry_after },
+        // Event Grid does not retry these from an Azure resource ("Event Grid message delivery
+        // and retry": dead-lettered, or dropped without a dead-letter destination; gridlet
+        // always keeps the letter locally): under every policy.
+        FailureKind::Service {
+            status: 400 | 403 | 413,
+            ..
+        } => return Verdict::Refuse,
         _ => {}
     }
     if policy == StatusCodePolicy::Original {
@@ -67,10 +78,33 @@ pub fn classify(policy: StatusCodePolicy, outcome: &Outcome, dead_letter: bool) 
         FailureKind::Status(_)
         | FailureKind::Service { .. }
         | FailureKind::TooLarge(_)
+        | FailureKind::CredentialExpired(_)
         | FailureKind::Timeout
         | FailureKind::Connect
         | FailureKind::Unsupported(_)
         | FailureKind::Other(_) => Verdict::Retry { retry_after: None },
+    }
+}
+
+/// The configuration fault an outcome reports, if any (Azure services only: a webhook's
+/// 401/404 is the receiver's business). Retried like any failure, but logged at warn and
+/// counted apart (`gridlet_destination_faults_total`).
+pub fn config_fault(outcome: &Outcome) -> Option<ConfigFault> {
+    match outcome.summary() {
+        Outcome::Failed {
+            kind: FailureKind::Service { status, .. },
+            ..
+        } => match status {
+            401 => Some(ConfigFault::Unauthorized),
+            404 => Some(ConfigFault::NotFound),
+            410 => Some(ConfigFault::Gone),
+            _ => None,
+        },
+        Outcome::Failed {
+            kind: FailureKind::CredentialExpired(_),
+            ..
+        } => Some(ConfigFault::SasExpired),
+        _ => None,
     }
 }
 
@@ -254,9 +288,19 @@ mod tests {
                 true,
                 Verdict::Retry { retry_after: ra },
             ),
-            (Original, svc(403, ra), true, retry),
-            (Standard, svc(404, ra), true, retry),
+            // Event Grid's no-retry codes for Azure resources: 400, 403, 413 under both
+            // policies, with or without a dead-letter destination.
+            (Original, svc(403, ra), true, Verdict::Refuse),
+            (Original, svc(403, None), false, Verdict::Refuse),
+            (Standard, svc(403, None), false, Verdict::Refuse),
+            (Original, svc(400, None), false, Verdict::Refuse),
+            (Original, svc(413, None), false, Verdict::Refuse),
+            (Standard, svc(413, None), false, Verdict::Refuse),
             (Standard, svc(400, None), true, Verdict::Refuse),
+            // Configuration faults: retried.
+            (Standard, svc(404, ra), true, retry),
+            (Original, svc(401, None), true, retry),
+            (Standard, svc(410, None), false, retry),
             (Original, too_large(), false, Verdict::Refuse),
             (Standard, too_large(), false, Verdict::Refuse),
         ];

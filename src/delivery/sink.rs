@@ -19,8 +19,11 @@ pub struct DeliveryRequest {
     pub schema: EventSchema,
     /// The events (each one JSON object's bytes).
     pub events: Vec<Bytes>,
-    /// 1-based attempt number of this batch.
+    /// 1-based attempt number of this batch (its first event's).
     pub attempt: u32,
+    /// 1-based attempt number of each event, in order (a retried batch may join events with
+    /// different histories); empty means every event is at [`DeliveryRequest::attempt`].
+    pub attempts_each: Vec<u32>,
     /// A stable id for this batch across its retries (first event's sequence number).
     pub batch_id: u64,
 }
@@ -29,6 +32,11 @@ impl DeliveryRequest {
     /// The events as one JSON array (the body webhooks always get, even for one event).
     pub fn json_array(&self) -> Bytes {
         json_array(&self.events)
+    }
+
+    /// The attempt number of event `i` (1-based).
+    pub fn attempt_of(&self, i: usize) -> u32 {
+        self.attempts_each.get(i).copied().unwrap_or(self.attempt)
     }
 }
 
@@ -63,6 +71,11 @@ pub enum FailureKind {
     /// The event can never be delivered to this destination (e.g. larger than a Storage queue
     /// message can hold): refused at once under every status-code policy.
     TooLarge(String),
+    /// The connection string's ready-made shared access signature has expired (its `se` has
+    /// passed): nothing was sent. A configuration fault (retried: a new connection string fixes
+    /// it), reported apart in the log, `gridlet_destination_faults_total{fault="sasExpired"}`
+    /// and the dead letter's `lastError`.
+    CredentialExpired(String),
     /// No response within the delivery timeout.
     Timeout,
     /// The connection could not be made or broke.
@@ -80,6 +93,7 @@ impl std::fmt::Display for FailureKind {
             Self::Service { status, message } if message.is_empty() => write!(f, "HTTP {status}"),
             Self::Service { status, message } => write!(f, "HTTP {status}: {message}"),
             Self::TooLarge(m) => write!(f, "too large: {m}"),
+            Self::CredentialExpired(m) => write!(f, "credential expired: {m}"),
             Self::Timeout => write!(f, "timeout"),
             Self::Connect => write!(f, "connection failed"),
             Self::Unsupported(m) => write!(f, "unsupported: {m}"),
@@ -100,6 +114,10 @@ pub enum Outcome {
         /// A `Retry-After` the endpoint asked for.
         retry_after: Option<Duration>,
     },
+    /// The batch's events fared differently (a sink that sends several requests per batch,
+    /// or refuses one oversized event and delivers the rest): one outcome per event, in order,
+    /// none of them `PerEvent`. Built by [`Outcome::per_event`].
+    PerEvent(Vec<Outcome>),
 }
 
 impl Outcome {
@@ -109,6 +127,39 @@ impl Outcome {
             kind,
             retry_after: None,
         }
+    }
+
+    /// The outcome of a batch whose events had `each` outcome: the common one when they all
+    /// agree (or there are none: delivered), else [`Outcome::PerEvent`].
+    pub fn per_event(each: Vec<Outcome>) -> Self {
+        match each.first() {
+            None => Self::Delivered,
+            Some(first) if each.iter().all(|o| o == first) => first.clone(),
+            Some(_) => Self::PerEvent(each),
+        }
+    }
+
+    /// The outcome that speaks for the batch as a whole (endpoint health, logs): the first
+    /// failure that is not an event's own fault (too large), else the first failure, else
+    /// delivered.
+    pub fn summary(&self) -> &Outcome {
+        let Self::PerEvent(each) = self else {
+            return self;
+        };
+        let failed = |o: &&Outcome| matches!(o, Self::Failed { .. });
+        each.iter()
+            .filter(failed)
+            .find(|o| {
+                !matches!(
+                    o,
+                    Self::Failed {
+                        kind: FailureKind::TooLarge(_),
+                        ..
+                    }
+                )
+            })
+            .or_else(|| each.iter().find(failed))
+            .unwrap_or(&Self::Delivered)
     }
 }
 
@@ -146,5 +197,25 @@ mod tests {
         ]);
         assert_eq!(&a[..], b"[{\"a\":1.50},{}]");
         assert_eq!(&json_array(&[])[..], b"[]");
+    }
+
+    #[test]
+    fn per_event_outcomes_collapse_when_they_agree() {
+        let big = Outcome::failed(FailureKind::TooLarge("e".into()));
+        let busy = Outcome::failed(FailureKind::Status(503));
+        assert_eq!(Outcome::per_event(vec![]), Outcome::Delivered);
+        assert_eq!(
+            Outcome::per_event(vec![busy.clone(), busy.clone()]),
+            busy.clone()
+        );
+        let mixed = Outcome::per_event(vec![Outcome::Delivered, big.clone(), busy.clone()]);
+        assert!(matches!(mixed, Outcome::PerEvent(ref v) if v.len() == 3));
+        assert_eq!(
+            mixed.summary(),
+            &busy,
+            "the endpoint's failure speaks for the batch"
+        );
+        let only_big = Outcome::per_event(vec![Outcome::Delivered, big.clone()]);
+        assert_eq!(only_big.summary(), &big);
     }
 }

@@ -5,11 +5,13 @@
 //! this one), and for Event Grid `aeg-sas-key`. Redirects are not followed (a 3xx is a failure).
 //! Success is 200–204; the response body is read (up to 64 KiB) so the connection can be reused.
 //! Opt-in per subscription ([`WebhookSink::with_options`]): Standard Webhooks signing headers and
-//! static headers (secret values are marked sensitive and never logged).
+//! delivery attributes: static headers (secret values are marked sensitive and never logged)
+//! and dynamic ones, valued from the batch's first event.
 
 use super::http::{Endpoint, HttpClient, HttpError};
 use super::signing::Signer;
 use super::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
+use crate::model::attributes::{AttributeValue, DeliveryAttribute};
 use crate::model::delivery_options::DeliveryOptions;
 use crate::model::topic::EventSchema;
 use bytes::Bytes;
@@ -35,7 +37,11 @@ pub struct WebhookSink {
     sas_key: Option<HeaderValue>,
     rewrite: TopicRewrite,
     signer: Option<(Signer, String)>,
+    /// Static delivery attributes, parsed once.
     headers: Vec<(HeaderName, HeaderValue)>,
+    /// Dynamic delivery attributes: header and the attribute (valued from the batch's first
+    /// event).
+    dynamic: Vec<(HeaderName, DeliveryAttribute)>,
     /// `aeg-subscription-name` value: a sink serves one subscription, so it is built once.
     subscription_name: std::sync::OnceLock<HeaderValue>,
 }
@@ -69,6 +75,7 @@ impl WebhookSink {
             rewrite,
             signer: None,
             headers: Vec::new(),
+            dynamic: Vec::new(),
             subscription_name: std::sync::OnceLock::new(),
         }
     }
@@ -92,16 +99,20 @@ impl WebhookSink {
                 Err(e) => tracing::error!(error = %e, "signing disabled: invalid secret"),
             }
         }
-        self.headers = o
-            .headers
-            .iter()
-            .filter_map(|h| {
-                let name = HeaderName::from_bytes(h.name.as_bytes()).ok()?;
-                let mut v = HeaderValue::from_str(&h.value).ok()?;
-                v.set_sensitive(h.is_secret);
-                Some((name, v))
-            })
-            .collect();
+        for a in &o.attributes {
+            let Ok(name) = HeaderName::from_bytes(a.name.as_bytes()) else {
+                continue;
+            };
+            match &a.value {
+                AttributeValue::Static(v) => {
+                    if let Ok(mut v) = HeaderValue::from_str(v) {
+                        v.set_sensitive(a.is_secret);
+                        self.headers.push((name, v));
+                    }
+                }
+                AttributeValue::Dynamic(_) => self.dynamic.push((name, a.clone())),
+            }
+        }
         self
     }
 
@@ -165,6 +176,21 @@ impl Sink for WebhookSink {
             );
             for (name, value) in &self.headers {
                 h.append(name.clone(), value.clone());
+            }
+            if !self.dynamic.is_empty() {
+                // A request carries a batch: dynamic values come from its first event.
+                let first = req
+                    .events
+                    .first()
+                    .and_then(|e| serde_json::from_slice::<Value>(e).ok());
+                for (name, a) in &self.dynamic {
+                    if let Some(v) = a
+                        .resolve(first.as_ref())
+                        .and_then(|v| HeaderValue::from_str(&v).ok())
+                    {
+                        h.append(name.clone(), v);
+                    }
+                }
             }
             if let Some((signer, prefix)) = &self.signer {
                 let id = format!("msg_{prefix}_{}", req.batch_id);

@@ -166,7 +166,7 @@ pub fn topic_families<'a>() -> [Family<TopicView<'a>>; 6] {
 }
 
 /// Subscription families: one series per subscription (per reason for drops).
-pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 17] {
+pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 18] {
     use Kind::*;
     [
         family("DeliverySuccessCounts", Counter, "Events delivered", |s| n(s.metrics.delivery_success_counts.get())),
@@ -184,6 +184,17 @@ pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 17] {
                 DropReason::ALL
                     .iter()
                     .map(|r| (r.as_str(), dropped(s.metrics, *r)))
+                    .collect()
+            }),
+        },
+        Family {
+            name: "gridlet_destination_faults_total",
+            kind: Counter,
+            help: "Delivery attempts an Azure destination answered with a configuration fault (401 unauthorized, 404 notFound, 410 gone, or the connection string's shared access signature expired: sasExpired); retried on the schedule",
+            read: Read::By("fault", |s| {
+                crate::policy::ConfigFault::ALL
+                    .iter()
+                    .map(|f| (f.as_str(), s.metrics.destination_faults[*f as usize].get()))
                     .collect()
             }),
         },

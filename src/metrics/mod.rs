@@ -104,6 +104,9 @@ pub struct SubscriptionMetrics {
     pub dropped_refused: Counter,
     /// Events dead-lettered at publish because the queue was full.
     pub dropped_queue_full: Counter,
+    /// Attempts an Azure service answered with a configuration fault, indexed by
+    /// [`crate::policy::ConfigFault`].
+    pub destination_faults: [Counter; 4],
     /// Events kept as dead letters.
     pub dead_lettered: Counter,
     /// Dead letters evicted to stay within the bound.

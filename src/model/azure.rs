@@ -213,6 +213,9 @@ pub struct StorageConn {
     pub queue_endpoint: String,
     /// Blob service base URL, no trailing `/`.
     pub blob_endpoint: String,
+    /// `SharedAccessSignature=` (the query string, no `?`): sent on each request's URL instead
+    /// of Shared Key (`key` is then empty).
+    pub sas: Option<String>,
 }
 
 impl fmt::Debug for StorageConn {
@@ -222,6 +225,7 @@ impl fmt::Debug for StorageConn {
             .field("key", &"***")
             .field("queue_endpoint", &self.queue_endpoint)
             .field("blob_endpoint", &self.blob_endpoint)
+            .field("sas", &self.sas.as_ref().map(|_| "***"))
             .finish()
     }
 }
@@ -244,14 +248,33 @@ impl StorageConn {
                 key: DEV_KEY.into(),
                 queue_endpoint: format!("{base}:10001/{DEV_ACCOUNT}"),
                 blob_endpoint: format!("{base}:10000/{DEV_ACCOUNT}"),
+                sas: None,
             });
         }
-        let account = p
-            .get("AccountName")
-            .ok_or_else(|| err("connection string has no AccountName"))?;
-        let key = p
-            .get("AccountKey")
-            .ok_or_else(|| err("connection string has no AccountKey"))?;
+        // A SAS instead of a key: `BlobEndpoint=…;QueueEndpoint=…;SharedAccessSignature=sv=…`.
+        let sas = p
+            .get("SharedAccessSignature")
+            .map(|s| s.trim_start_matches('?').to_string());
+        if sas.as_deref().is_some_and(|s| !s.contains("sig=")) {
+            return Err(err(
+                "connection string SharedAccessSignature must be a SAS query (sv=…&sig=…)",
+            ));
+        }
+        let account = match (p.get("AccountName"), &sas) {
+            (Some(a), _) => a,
+            // Endpoints must then be explicit (checked below).
+            (None, Some(_)) => "",
+            (None, None) => return Err(err("connection string has no AccountName")),
+        };
+        let key = match (p.get("AccountKey"), &sas) {
+            (_, Some(_)) => "",
+            (Some(k), None) => k,
+            (None, None) => {
+                return Err(err(
+                    "connection string has no AccountKey (or SharedAccessSignature)",
+                ))
+            }
+        };
         use base64::Engine as _;
         if base64::engine::general_purpose::STANDARD
             .decode(key)
@@ -281,17 +304,36 @@ impl StorageConn {
                     }
                     Ok(u.trim_end_matches('/').to_string())
                 }
+                None if account.is_empty() => Err(err(format!(
+                    "connection string has no {explicit} (a SharedAccessSignature string names its endpoints, or its AccountName)"
+                ))),
                 None => Ok(format!(
                     "{}://{account}.{service}.{suffix}",
                     protocol.to_ascii_lowercase()
                 )),
             }
         };
+        // A SAS string may name only the service it is for: the other endpoint is checked
+        // when a destination uses it.
+        let either = |explicit: &str, service: &str| match (endpoint(explicit, service), &sas) {
+            (Err(_), Some(_)) if p.get(explicit).is_none() => Ok(String::new()),
+            (r, _) => r,
+        };
+        let (queue_endpoint, blob_endpoint) = (
+            either("QueueEndpoint", "queue")?,
+            either("BlobEndpoint", "blob")?,
+        );
+        if queue_endpoint.is_empty() && blob_endpoint.is_empty() {
+            return Err(err(
+                "connection string has no QueueEndpoint or BlobEndpoint (a SharedAccessSignature string names its endpoints)",
+            ));
+        }
         Ok(Self {
             account: account.to_string(),
             key: key.to_string(),
-            queue_endpoint: endpoint("QueueEndpoint", "queue")?,
-            blob_endpoint: endpoint("BlobEndpoint", "blob")?,
+            queue_endpoint,
+            blob_endpoint,
+            sas,
         })
     }
 }
@@ -485,6 +527,34 @@ mod tests {
             let e = StorageConn::parse(s).unwrap_err();
             assert!(e.0.contains(part), "{s:?} -> {e}");
         }
+    }
+
+    #[test]
+    fn storage_strings_may_carry_a_sas_instead_of_a_key() {
+        let c = StorageConn::parse(
+            "BlobEndpoint=https://a.blob.core.windows.net;QueueEndpoint=https://a.queue.core.windows.net;SharedAccessSignature=sv=2021-12-02&ss=bq&se=2026-11-25T20:00:00Z&sig=abc%3D",
+        )
+        .unwrap();
+        assert_eq!(c.queue_endpoint, "https://a.queue.core.windows.net");
+        assert_eq!(
+            c.sas.as_deref(),
+            Some("sv=2021-12-02&ss=bq&se=2026-11-25T20:00:00Z&sig=abc%3D")
+        );
+        assert!(c.key.is_empty());
+        assert!(!format!("{c:?}").contains("sig="), "hidden in Debug");
+        let only_queue = StorageConn::parse(
+            "QueueEndpoint=https://a.queue.core.windows.net;SharedAccessSignature=?sv=1&sig=x",
+        )
+        .unwrap();
+        assert_eq!(only_queue.blob_endpoint, "");
+        assert!(
+            StorageConn::parse("SharedAccessSignature=sv=1&sig=x").is_err(),
+            "no endpoint"
+        );
+        assert!(
+            StorageConn::parse("QueueEndpoint=https://q;SharedAccessSignature=sv=1").is_err(),
+            "no sig"
+        );
     }
 
     #[test]

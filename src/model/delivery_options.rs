@@ -3,15 +3,16 @@
 //!
 //! * `destination.properties.signingSecrets`: `whsec_` secrets (one or more, for rotation):
 //!   deliveries carry Standard Webhooks `webhook-id`/`webhook-timestamp`/`webhook-signature`.
-//! * `destination.properties.deliveryAttributeMappings`: static headers, in the Azure Event Grid
-//!   cloud shape `[{"name": "X-Tenant", "type": "Static", "properties": {"value": "a",
-//!   "isSecret": false}}]`.
+//! * `destination.properties.deliveryAttributeMappings`: Event Grid's custom delivery
+//!   properties, static or dynamic, for destinations that take them (headers for webhooks,
+//!   message properties for Service Bus and Event Hubs): [`super::attributes`].
 //! * `properties.deadLetterDestination`: a destination whose type can take dead letters (e.g.
 //!   `{"endpointType": "WebHook", "properties": {"endpointUrl": "…"}}`), parsed by the same
 //!   destination registry; dead letters are kept locally and also sent there.
 //!
 //! Secrets never show in `Debug` output or logs.
 
+use super::attributes::{self, DeliveryAttribute};
 use super::destination::{Destination, DestinationTypes, Role};
 use super::json::Obj;
 use super::Invalid;
@@ -21,34 +22,14 @@ use serde_json::{json, Map, Value};
 
 /// Most signing secrets per subscription.
 pub const MAX_SECRETS: usize = 5;
-/// Most static headers per subscription.
-pub const MAX_HEADERS: usize = 10;
-
-/// A static header added to every delivery.
-#[derive(Clone, PartialEq, Eq)]
-pub struct StaticHeader {
-    /// Header name (as given).
-    pub name: String,
-    /// Value.
-    pub value: String,
-    /// The value is a secret (marked sensitive, never logged).
-    pub is_secret: bool,
-}
-
-impl std::fmt::Debug for StaticHeader {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let v = if self.is_secret { "***" } else { &self.value };
-        write!(f, "{}: {v}", self.name)
-    }
-}
 
 /// The options.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct DeliveryOptions {
     /// `whsec_` secrets; empty = unsigned.
     pub signing_secrets: Vec<String>,
-    /// Static headers.
-    pub headers: Vec<StaticHeader>,
+    /// `deliveryAttributeMappings` (headers, or message properties).
+    pub attributes: Vec<DeliveryAttribute>,
     /// Where dead letters are also sent (`deadLetterDestination`).
     pub dead_letter: Option<Destination>,
 }
@@ -57,7 +38,7 @@ impl std::fmt::Debug for DeliveryOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeliveryOptions")
             .field("signing_secrets", &self.signing_secrets.len())
-            .field("headers", &self.headers)
+            .field("attributes", &self.attributes)
             .field("dead_letter", &self.dead_letter)
             .finish()
     }
@@ -65,16 +46,6 @@ impl std::fmt::Debug for DeliveryOptions {
 
 fn bad(detail: &'static str, msg: impl Into<String>) -> Invalid {
     Invalid::new(detail, msg.into())
-}
-
-/// Header names gridlet sets itself.
-fn reserved(name: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    matches!(
-        n.as_str(),
-        "content-type" | "content-length" | "host" | "transfer-encoding" | "connection"
-    ) || n.starts_with("aeg-")
-        || n.starts_with("webhook-")
 }
 
 impl DeliveryOptions {
@@ -121,30 +92,23 @@ impl DeliveryOptions {
                 }
             }
             if let Some(v) = dp.get("deliveryattributemappings") {
-                let Value::Array(items) = v else {
+                let Some(target) = destination.attributes() else {
                     return Err(bad(
-                        "InvalidDeliveryAttributeMapping",
-                        "destination.properties.deliveryAttributeMappings must be an array",
+                        "InvalidDestination",
+                        format!(
+                            "deliveryAttributeMappings do not apply to {} destinations",
+                            destination.endpoint_type()
+                        ),
                     ));
                 };
-                for item in items {
-                    o.headers.push(parse_header(item)?);
-                }
-                if o.headers.len() > MAX_HEADERS {
-                    return Err(bad(
-                        "InvalidDeliveryAttributeMapping",
-                        format!("at most {MAX_HEADERS} delivery attribute mappings"),
-                    ));
-                }
+                o.attributes = attributes::parse(v, target)?;
             }
         }
-        if !destination.webhook_options()
-            && (!o.signing_secrets.is_empty() || !o.headers.is_empty())
-        {
+        if !destination.webhook_options() && !o.signing_secrets.is_empty() {
             return Err(bad(
                 "InvalidDestination",
                 format!(
-                    "signingSecrets and deliveryAttributeMappings do not apply to {} destinations",
+                    "signingSecrets do not apply to {} destinations",
                     destination.endpoint_type()
                 ),
             ));
@@ -173,55 +137,14 @@ impl DeliveryOptions {
         if !self.signing_secrets.is_empty() {
             dest_props.insert("signingSecrets".into(), json!(self.signing_secrets));
         }
-        if !self.headers.is_empty() {
-            let m: Vec<Value> = self
-                .headers
-                .iter()
-                .map(|h| {
-                    json!({"name": h.name, "type": "Static",
-                           "properties": {"value": h.value, "isSecret": h.is_secret}})
-                })
-                .collect();
+        if !self.attributes.is_empty() {
+            let m: Vec<Value> = self.attributes.iter().map(|a| a.to_json()).collect();
             dest_props.insert("deliveryAttributeMappings".into(), Value::Array(m));
         }
         if let Some(d) = &self.dead_letter {
             props.insert("deadLetterDestination".into(), d.to_json(masked));
         }
     }
-}
-
-fn parse_header(item: &Value) -> Result<StaticHeader, Invalid> {
-    let err = |m: &str| {
-        bad(
-            "InvalidDeliveryAttributeMapping",
-            format!("deliveryAttributeMappings: {m}"),
-        )
-    };
-    let o = Obj::new(item, "deliveryAttributeMappings[]")?;
-    let name = o.req_str("name", "name")?.trim().to_string();
-    let kind = o.str("type")?.unwrap_or("Static");
-    if !kind.eq_ignore_ascii_case("static") {
-        return Err(err("only type Static is supported"));
-    }
-    if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() || reserved(&name) {
-        return Err(err(&format!("'{name}' is not an allowed header name")));
-    }
-    let p = o
-        .obj("properties", "deliveryAttributeMappings[].properties")?
-        .ok_or_else(|| err("properties.value is required"))?;
-    let value = p
-        .str("value")?
-        .ok_or_else(|| err("properties.value is required"))?;
-    if hyper::header::HeaderValue::from_str(value).is_err() {
-        return Err(err(&format!(
-            "the value of '{name}' is not a valid header value"
-        )));
-    }
-    Ok(StaticHeader {
-        name,
-        value: value.to_string(),
-        is_secret: p.bool("issecret", "isSecret")?.unwrap_or(false),
-    })
 }
 
 #[cfg(test)]
@@ -254,7 +177,7 @@ mod tests {
         );
         let s = Subscription::from_put(&topic(), "s", b, &c, &TestTypes).unwrap();
         assert_eq!(s.delivery.signing_secrets.len(), 1);
-        assert_eq!(s.delivery.headers[0].name, "X-Tenant");
+        assert_eq!(s.delivery.attributes[0].name, "X-Tenant");
         assert_eq!(
             s.delivery.dead_letter.as_ref().and_then(|d| d.url()),
             Some("http://dl/x")
@@ -320,7 +243,7 @@ mod tests {
                 json!({}),
             ),
             body(
-                json!({"deliveryAttributeMappings": [{"name": "X", "type": "Dynamic", "properties": {"sourceField": "data"}}]}),
+                json!({"deliveryAttributeMappings": [{"name": "X", "type": "Dynamic", "properties": {"value": "data"}}]}),
                 json!({}),
             ),
             body(json!({}), json!({"retryPolicy": {"schedule": "hourly"}})),

@@ -12,6 +12,7 @@
 //! cloud returns the value of an `isSecret` delivery attribute), or, for URLs and connection
 //! strings, the same text with only the secret parts replaced by `***`.
 
+pub use super::attributes::AttributeTarget;
 use super::json::Obj;
 use super::Invalid;
 use crate::config::Config;
@@ -67,9 +68,19 @@ pub trait DestinationSpec: Any + fmt::Debug + Send + Sync {
     fn health_key(&self) -> Option<&str> {
         self.url()
     }
-    /// Whether `signingSecrets` and `deliveryAttributeMappings` apply (HTTP POSTs of events).
+    /// Whether `signingSecrets` apply (HTTP POSTs of events).
     fn webhook_options(&self) -> bool {
         false
+    }
+    /// When a ready-made credential in the properties expires (Unix seconds; a connection
+    /// string's `SharedAccessSignature`), if there is one.
+    fn credential_expiry(&self) -> Option<u64> {
+        None
+    }
+    /// Where `deliveryAttributeMappings` go (`None`: not taken). Webhook-like destinations:
+    /// headers.
+    fn attributes(&self) -> Option<AttributeTarget> {
+        self.webhook_options().then_some(AttributeTarget::Headers)
     }
 }
 
@@ -131,9 +142,19 @@ impl Destination {
         self.spec.health_key()
     }
 
-    /// Whether `signingSecrets` and `deliveryAttributeMappings` apply.
+    /// Whether `signingSecrets` apply.
     pub fn webhook_options(&self) -> bool {
         self.spec.webhook_options()
+    }
+
+    /// When a ready-made credential in the properties expires (Unix seconds), if there is one.
+    pub fn credential_expiry(&self) -> Option<u64> {
+        self.spec.credential_expiry()
+    }
+
+    /// Where `deliveryAttributeMappings` go, if they apply.
+    pub fn attributes(&self) -> Option<AttributeTarget> {
+        self.spec.attributes()
     }
 
     /// The secret properties of this destination.

@@ -8,6 +8,7 @@
 //! * [`azure`]: Azure connection strings and storage resource names.
 //! * [`invalid`]: the model's one error, [`Invalid`] (a code and a message; no HTTP).
 
+pub mod attributes;
 pub mod azure;
 pub(crate) mod delivery_options;
 pub mod destination;
@@ -18,6 +19,7 @@ pub(crate) mod json;
 pub(crate) mod media;
 pub(crate) mod names;
 pub(crate) mod reason;
+pub mod sas;
 pub(crate) mod signing_secret;
 pub mod subscription;
 pub mod topic;

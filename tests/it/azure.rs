@@ -8,21 +8,14 @@
 //! Test-side signing (Shared Key for reading Azurite back, SAS checking) is written here
 //! independently of gridlet's code.
 
+pub use crate::bus_peer::{StrictBus, BUS_KEY};
 use crate::util::{eg_event, eventually, eventually_within, poll_within, start, TestGridlet, WAIT};
-use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::Router;
 use base64::Engine as _;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 pub const DEV_ACCOUNT: &str = "devstoreaccount1";
 pub const DEV_KEY: &str =
@@ -119,7 +112,7 @@ impl Azurite {
     }
 
     /// A Shared-Key-signed request to Azurite; returns (status, body).
-    async fn call(&self, method: &str, url: &str, body: Vec<u8>) -> (u16, String) {
+    pub async fn call(&self, method: &str, url: &str, body: Vec<u8>) -> (u16, String) {
         let u = url::Url::parse(url).unwrap();
         let date = httpdate::fmt_http_date(std::time::SystemTime::now());
         let len = if body.is_empty() {
@@ -269,7 +262,7 @@ fn decode_b64_event(text: &str) -> Value {
     serde_json::from_slice(&raw).expect("an event's JSON")
 }
 
-async fn sub(
+pub async fn sub(
     t: &TestGridlet,
     topic: &str,
     name: &str,
@@ -291,7 +284,7 @@ fn storage_queue(conn: &str, queue: &str) -> Value {
     json!({"endpointType": "StorageQueue", "properties": {"connectionString": conn, "queueName": queue}})
 }
 
-async fn dead_letters(t: &TestGridlet, topic: &str, name: &str, n: usize) -> Vec<Value> {
+pub async fn dead_letters(t: &TestGridlet, topic: &str, name: &str, n: usize) -> Vec<Value> {
     eventually(&format!("{n} dead letters"), || async {
         let (s, b) = t
             .get(&format!(
@@ -309,7 +302,7 @@ async fn dead_letters(t: &TestGridlet, topic: &str, name: &str, n: usize) -> Vec
     .await
 }
 
-fn events(prefix: &str, n: usize) -> Value {
+pub fn events(prefix: &str, n: usize) -> Value {
     Value::Array(
         (0..n)
             .map(|i| eg_event(&format!("{prefix}{i}"), "s", "t", json!({"i": i})))
@@ -399,47 +392,98 @@ async fn storage_queue_text_encoding_and_oversized_event_dead_letter() {
 async fn storage_failures_surface_the_service_error_and_dead_letter_to_a_blob() {
     let az = Azurite::start().await;
     az.create_container("deadletters").await;
+    az.create_container("ownrecord").await;
     let t = start(&[]).await;
     t.topic("t").await;
-    // The queue does not exist: Azurite answers 404 QueueNotFound.
-    let (s, b) = sub(
-        &t,
-        "t",
-        "q",
-        storage_queue(&az.connection_string(), "missing"),
-        json!({
-            "retryPolicy": {"maxDeliveryAttempts": 1},
-            "deadLetterDestination": {"endpointType": "StorageBlob", "properties": {
-                "connectionString": az.connection_string(), "blobContainerName": "deadletters"}}
-        }),
-    )
-    .await;
-    assert_eq!(s, 200, "{b}");
-    let dest = &b["properties"]["deadLetterDestination"];
-    assert_eq!(dest["endpointType"], "StorageBlob", "{b}");
-    t.publish("t", events("d", 2)).await;
-    let dl = dead_letters(&t, "t", "q", 2).await;
-    for l in &dl {
-        assert_eq!(l["lastHttpStatusCode"], 404);
-        let err = l["lastError"].as_str().unwrap();
-        assert!(err.contains("QueueNotFound"), "{err}");
-    }
-    let names = poll_within(WAIT, || async {
-        let n = az.list_blobs("deadletters").await;
-        if n.len() >= 2 {
-            Ok(n)
-        } else {
-            Err(n)
+    // The queue does not exist: Azurite answers 404 QueueNotFound. One subscription writes
+    // Event Grid's blobs (the default), the other gridlet's own record.
+    for (name, container, format) in [
+        ("My-Sub", "deadletters", None),
+        ("own", "ownrecord", Some("gridlet")),
+    ] {
+        let mut dl = json!({"endpointType": "StorageBlob", "properties": {
+            "connectionString": az.connection_string(), "blobContainerName": container}});
+        if let Some(f) = format {
+            dl["properties"]["deadLetterFormat"] = json!(f);
         }
-    })
-    .await
-    .unwrap_or_else(|n| n);
+        let (s, b) = sub(
+            &t,
+            "t",
+            name,
+            storage_queue(&az.connection_string(), "missing"),
+            json!({"retryPolicy": {"maxDeliveryAttempts": 1}, "deadLetterDestination": dl}),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+        let dest = &b["properties"]["deadLetterDestination"];
+        assert_eq!(dest["endpointType"], "StorageBlob", "{b}");
+    }
+    t.publish("t", events("d", 2)).await;
+    for name in ["My-Sub", "own"] {
+        let dl = dead_letters(&t, "t", name, 2).await;
+        for l in &dl {
+            assert_eq!(l["lastHttpStatusCode"], 404);
+            let err = l["lastError"].as_str().unwrap();
+            assert!(err.contains("QueueNotFound"), "{err}");
+        }
+    }
+    let blobs = |container: &'static str, n: usize| {
+        let az = &az;
+        async move {
+            poll_within(WAIT, || async {
+                let names = az.list_blobs(container).await;
+                let mut count = 0;
+                for b in &names {
+                    let v: Value = serde_json::from_str(&az.get_blob(container, b).await).unwrap();
+                    count += v.as_array().map_or(1, Vec::len);
+                }
+                if count >= n {
+                    Ok(names)
+                } else {
+                    Err(names)
+                }
+            })
+            .await
+            .unwrap_or_else(|n| n)
+        }
+    };
+    // Event Grid's layout: SUBSCRIPTION/y/m/d/h/guid.json, each a JSON array of events with
+    // Event Grid's dead-letter fields.
+    let names = blobs("deadletters", 2).await;
+    let mut letters = Vec::new();
+    for n in &names {
+        let parts: Vec<&str> = n.split('/').collect();
+        assert_eq!(parts.len(), 6, "{n}");
+        assert_eq!(parts[0], "MY-SUB", "{n}");
+        for p in &parts[1..5] {
+            assert!(
+                !p.starts_with('0') && p.parse::<u32>().is_ok(),
+                "no zero padding: {n}"
+            );
+        }
+        assert!(parts[5].ends_with(".json") && parts[5].len() == 41, "{n}");
+        let v: Value = serde_json::from_str(&az.get_blob("deadletters", n).await).unwrap();
+        letters.extend(v.as_array().expect("a JSON array").clone());
+    }
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    for l in &letters {
+        assert!(l["id"].as_str().unwrap().starts_with('d'), "{l}");
+        assert_eq!(l["eventType"], "t", "the event itself: {l}");
+        assert_eq!(l["deadLetterReason"], "MaxDeliveryAttemptsExceeded", "{l}");
+        assert_eq!(l["deliveryAttempts"], 1, "{l}");
+        assert_eq!(l["lastDeliveryOutcome"], "NotFound", "{l}");
+        assert_eq!(l["lastHttpStatusCode"], 404, "{l}");
+        assert!(l["publishTime"].as_str().is_some(), "{l}");
+        assert!(l["lastDeliveryAttemptTime"].as_str().is_some(), "{l}");
+    }
+    // gridlet's own record: one blob per letter, time-sorted names.
+    let names = blobs("ownrecord", 2).await;
     assert_eq!(names.len(), 2, "{names:?}");
     let mut sorted = names.clone();
     sorted.sort();
     assert_eq!(sorted, names, "listed in name order");
-    assert!(names[0].starts_with("t/q/"), "{names:?}");
-    let blob: Value = serde_json::from_str(&az.get_blob("deadletters", &names[0]).await).unwrap();
+    assert!(names[0].starts_with("t/own/"), "{names:?}");
+    let blob: Value = serde_json::from_str(&az.get_blob("ownrecord", &names[0]).await).unwrap();
     assert_eq!(blob["reason"], "MaxDeliveryAttemptsExceeded", "{blob}");
     assert_eq!(blob["lastHttpStatusCode"], 404);
     assert!(blob["event"]["id"].as_str().unwrap().starts_with('d'));
@@ -530,202 +574,7 @@ async fn malformed_azure_destinations_are_400_naming_the_part() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Event Hubs / Service Bus: the strict REST receiver.
-
-/// What the strict receiver answers next.
-#[derive(Clone)]
-pub struct BusState {
-    /// `localhost:PORT`: the namespace host tokens must name.
-    host: Arc<Mutex<String>>,
-    key_name: &'static str,
-    key: &'static str,
-    entities: &'static [&'static str],
-    /// 0 = check and accept; any other status is answered as is (429/503 with Retry-After: 1).
-    force: Arc<AtomicU16>,
-    /// Bodies larger than this get 413.
-    max_body: Arc<AtomicUsize>,
-    tx: mpsc::UnboundedSender<(String, Vec<Value>)>,
-    requests: Arc<AtomicUsize>,
-}
-
-fn pct_decode(s: &str) -> String {
-    percent_encoding::percent_decode_str(s)
-        .decode_utf8_lossy()
-        .into_owned()
-}
-
-fn fail(status: u16, detail: &str) -> Response {
-    let body = format!("<Error><Code>{status}</Code><Detail>{detail}</Detail></Error>");
-    (StatusCode::from_u16(status).unwrap(), body).into_response()
-}
-
-/// Check a `SharedAccessSignature` header for `entity`; `Err(detail)` is a 401.
-fn check_token(s: &BusState, entity: &str, auth: &str) -> Result<(), String> {
-    let rest = auth
-        .strip_prefix("SharedAccessSignature ")
-        .ok_or("not a SharedAccessSignature")?;
-    let mut sr = None;
-    let mut sig = None;
-    let mut se = None;
-    let mut skn = None;
-    for kv in rest.split('&') {
-        let (k, v) = kv.split_once('=').ok_or("bad token field")?;
-        match k {
-            "sr" => sr = Some(v),
-            "sig" => sig = Some(v),
-            "se" => se = Some(v),
-            "skn" => skn = Some(v),
-            _ => return Err(format!("unknown token field {k}")),
-        }
-    }
-    let (sr, sig, se, skn) = (
-        sr.ok_or("no sr")?,
-        sig.ok_or("no sig")?,
-        se.ok_or("no se")?,
-        skn.ok_or("no skn")?,
-    );
-    if pct_decode(skn) != s.key_name {
-        return Err("unknown SharedAccessKeyName".into());
-    }
-    let expiry: u64 = se.parse().map_err(|_| "se is not a number")?;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    if expiry <= now {
-        return Err("token expired".into());
-    }
-    if expiry > now + 24 * 3600 {
-        return Err("token lives longer than a day".into());
-    }
-    let want = format!("https://{}/{entity}", s.host.lock().unwrap());
-    if !pct_decode(sr).eq_ignore_ascii_case(&want) {
-        return Err(format!("token is for {}, not {want}", pct_decode(sr)));
-    }
-    let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, s.key.as_bytes());
-    let expect = base64::engine::general_purpose::STANDARD
-        .encode(ring::hmac::sign(&k, format!("{sr}\n{se}").as_bytes()).as_ref());
-    if pct_decode(sig) != expect {
-        return Err("signature mismatch".into());
-    }
-    Ok(())
-}
-
-async fn bus_messages(
-    State(s): State<BusState>,
-    Path(entity): Path<String>,
-    RawQuery(q): RawQuery,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    s.requests.fetch_add(1, Ordering::SeqCst);
-    match s.force.load(Ordering::SeqCst) {
-        0 => {}
-        st @ (429 | 503) => {
-            let mut r = fail(st, "busy");
-            r.headers_mut()
-                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
-            return r;
-        }
-        st => return fail(st, "forced"),
-    }
-    let q = q.unwrap_or_default();
-    if !q.split('&').any(|p| p == "api-version=2014-01") || !q.split('&').any(|p| p == "timeout=60")
-    {
-        return fail(400, "query must carry timeout=60&api-version=2014-01");
-    }
-    let auth = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if let Err(detail) = check_token(&s, &entity, auth) {
-        return fail(401, &format!("InvalidSignature: {detail}"));
-    }
-    if !s.entities.contains(&entity.as_str()) {
-        return fail(404, &format!("MessagingEntityNotFound: {entity}"));
-    }
-    if headers.get("content-type").and_then(|v| v.to_str().ok())
-        != Some("application/vnd.microsoft.servicebus.json")
-    {
-        return fail(
-            400,
-            "Content-Type must be application/vnd.microsoft.servicebus.json",
-        );
-    }
-    if body.len() > s.max_body.load(Ordering::SeqCst) {
-        return fail(413, "MessageSizeExceeded");
-    }
-    let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(&body) else {
-        return fail(400, "body must be a JSON array");
-    };
-    if items.is_empty() {
-        return fail(400, "empty batch");
-    }
-    let mut events = Vec::new();
-    for m in &items {
-        let Some(b) = m.get("Body").and_then(Value::as_str) else {
-            return fail(400, "every message needs a string Body");
-        };
-        match serde_json::from_str::<Value>(b) {
-            Ok(v @ Value::Object(_)) => events.push(v),
-            _ => return fail(400, "Body must be one event's JSON object"),
-        }
-    }
-    let _ = s.tx.send((entity, events));
-    StatusCode::CREATED.into_response()
-}
-
-/// The strict Event Hubs / Service Bus receiver (HTTPS, self-signed).
-pub struct StrictBus {
-    pub state: BusState,
-    pub port: u16,
-    pub rx: mpsc::UnboundedReceiver<(String, Vec<Value>)>,
-    _task: tokio::task::JoinHandle<()>,
-}
-
-pub const BUS_KEY_NAME: &str = "send";
-pub const BUS_KEY: &str = "c2VjcmV0LWtleS1mb3ItdGVzdHM=";
-
-impl StrictBus {
-    pub async fn start() -> Self {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let state = BusState {
-            host: Arc::new(Mutex::new(String::new())),
-            key_name: BUS_KEY_NAME,
-            key: BUS_KEY,
-            entities: &["hub1", "queue1", "topic1"],
-            force: Arc::new(AtomicU16::new(0)),
-            max_body: Arc::new(AtomicUsize::new(1_000_000)),
-            tx,
-            requests: Arc::new(AtomicUsize::new(0)),
-        };
-        let app = Router::new()
-            .route("/{entity}/messages", post(bus_messages))
-            .with_state(state.clone());
-        let (port, task) = crate::util::serve_https(app).await;
-        *state.host.lock().unwrap() = format!("localhost:{port}");
-        Self {
-            state,
-            port,
-            rx,
-            _task: task,
-        }
-    }
-
-    pub fn connection_string(&self, entity: &str, key: &str) -> String {
-        format!(
-            "Endpoint=sb://localhost:{}/;SharedAccessKeyName={BUS_KEY_NAME};SharedAccessKey={key};EntityPath={entity}",
-            self.port
-        )
-    }
-
-    pub async fn next(&mut self) -> (String, Vec<Value>) {
-        tokio::time::timeout(WAIT, self.rx.recv())
-            .await
-            .expect("a batch within the wait")
-            .unwrap()
-    }
-}
+// Event Hubs / Service Bus against the strict REST receiver (`bus_peer.rs`).
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_hub_and_service_bus_get_one_message_per_event_in_one_batch_send() {
@@ -779,7 +628,8 @@ async fn bus_refusals_are_dead_lettered_with_the_service_text_and_413_splits() {
         "connectionString": bus.connection_string("hub1", "d3Jvbmc=")}});
     let one = json!({"retryPolicy": {"maxDeliveryAttempts": 1}});
     assert_eq!(sub(&t, "t", "wrongkey", wrong, one.clone()).await.0, 200);
-    // An entity the namespace does not have: 404.
+    // A queue the namespace does not have: Service Bus answers 410 (a configuration fault:
+    // retried, so with one attempt allowed the letter says the attempts ran out).
     let missing = json!({"endpointType": "ServiceBusQueue", "properties": {
         "connectionString": bus.connection_string("nosuch", BUS_KEY)}});
     assert_eq!(sub(&t, "t", "missing", missing, one.clone()).await.0, 200);
@@ -795,7 +645,8 @@ async fn bus_refusals_are_dead_lettered_with_the_service_text_and_413_splits() {
         dl[0]
     );
     let dl = dead_letters(&t, "t", "missing", 1).await;
-    assert_eq!(dl[0]["lastHttpStatusCode"], 404);
+    assert_eq!(dl[0]["lastHttpStatusCode"], 410);
+    assert_eq!(dl[0]["reason"], "MaxDeliveryAttemptsExceeded", "{}", dl[0]);
     assert!(dl[0]["lastError"]
         .as_str()
         .unwrap()
@@ -841,29 +692,31 @@ async fn bus_refusals_are_dead_lettered_with_the_service_text_and_413_splits() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bus_429_and_503_are_retried_not_dead_lettered() {
+async fn bus_429_is_retried_with_the_same_message_ids() {
     let mut bus = StrictBus::start().await;
     // The eventGridCloud schedule retries after 10 s; Retry-After: 1 is below it, so the
-    // retry comes at the schedule's delay: the test only checks that a throttled batch is
-    // retried and then delivered, not dropped.
+    // retry comes at the schedule's delay: the test checks that a throttled batch is retried
+    // and then delivered, not dropped, and that the retry carries the same MessageIds (so a
+    // Service Bus queue with duplicate detection absorbs a repeat).
     let t = start(&[]).await;
     t.topic("t").await;
     bus.state.force.store(429, Ordering::SeqCst);
-    let dest = json!({"endpointType": "EventHub", "properties": {
-        "connectionString": bus.connection_string("hub1", BUS_KEY)}});
+    let dest = json!({"endpointType": "ServiceBusQueue", "properties": {
+        "connectionString": bus.connection_string("queue1", BUS_KEY)}});
     assert_eq!(
         sub(
             &t,
             "t",
             "s",
             dest,
-            json!({"retryPolicy": {"maxDeliveryAttempts": 3, "schedule": "eventGridCloud"}})
+            json!({"retryPolicy": {"maxDeliveryAttempts": 3, "schedule": "eventGridCloud"},
+                   "deliveryPolicy": {"maxEventsPerBatch": 10}})
         )
         .await
         .0,
         200
     );
-    t.publish("t", events("r", 1)).await;
+    t.publish("t", events("r", 3)).await;
     eventually("an attempt", || async {
         match bus.state.requests.load(Ordering::SeqCst) {
             0 => Err("none".to_string()),
@@ -876,7 +729,51 @@ async fn bus_429_and_503_are_retried_not_dead_lettered() {
         .await
         .expect("retried within the schedule's 10 s")
         .unwrap();
-    assert_eq!(evs[0]["id"], "r0");
+    let mut got: Vec<&str> = evs.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    got.sort();
+    assert_eq!(got, ["r0", "r1", "r2"], "one batch, retried whole");
+    let log = bus.log();
+    let ids = |status: u16| -> Vec<(String, String, String)> {
+        let mut v: Vec<_> = log
+            .iter()
+            .filter(|l| l.status == status)
+            .flat_map(|l| l.messages.clone())
+            .map(|m| {
+                (
+                    m["BrokerProperties"]["MessageId"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                    m["UserProperties"]["aeg-output-event-id"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                    m["UserProperties"]["aeg-delivery-count"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                )
+            })
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let (refused, taken) = (ids(429), ids(201));
+    assert_eq!(taken.len(), 3, "{taken:?}");
+    let key = |v: &[(String, String, String)]| -> Vec<(String, String)> {
+        v.iter().map(|(m, e, _)| (m.clone(), e.clone())).collect()
+    };
+    assert_eq!(
+        key(&refused),
+        key(&taken),
+        "the retry carries the same MessageIds"
+    );
+    assert!(refused.iter().all(|(_, _, n)| n == "0"), "{refused:?}");
+    assert!(
+        taken.iter().all(|(_, _, n)| n != "0"),
+        "a retry counts: {taken:?}"
+    );
     let (_, b) = t.get("/topics/t/eventSubscriptions/s/deadLetters").await;
     assert_eq!(b["value"].as_array().map(Vec::len), Some(0), "{b}");
 }

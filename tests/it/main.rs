@@ -2,9 +2,12 @@
 
 mod api;
 mod azure;
+mod azure_eventgrid;
 mod bench_smoke;
+mod bus_peer;
 mod crash;
 mod delivery;
+mod docs;
 mod durable_resilience;
 mod edge;
 mod fuzz;

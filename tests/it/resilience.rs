@@ -444,6 +444,7 @@ fn req() -> DeliveryRequest {
         schema: EventSchema::EventGrid,
         events: vec![bytes::Bytes::from_static(b"{\"id\":\"1\"}")],
         attempt: 1,
+        attempts_each: Vec::new(),
         batch_id: 1,
     }
 }

@@ -254,6 +254,7 @@ impl Bench {
             &conn,
             &queue,
             MessageEncoding::Base64,
+            None,
         ));
         let done = Arc::new(AtomicU64::new(0));
         let failed = Arc::new(AtomicU64::new(0));
@@ -272,6 +273,7 @@ impl Bench {
                         schema: EventSchema::EventGrid,
                         events: vec![event(i)],
                         attempt: 1,
+                        attempts_each: Vec::new(),
                         batch_id: i,
                     };
                     if sink.send(&req).await == Outcome::Delivered {

@@ -5,19 +5,21 @@
 //! dead-letters and measures them exactly as it does webhooks. Each sink only sends and reports
 //! one [`Outcome`] per delivery batch, mapped from the service's answer by [`outcome`]:
 //!
-//! | answer | outcome |
+//! | answer | outcome (the decision is [`super::policy::classify`]'s) |
 //! |---|---|
 //! | 200–204 (201 is the services' success) | delivered |
-//! | 401, 403, 404 | failed with the service's error text (a configuration fault: logged at warn, kept in the dead letter, counted by endpoint health) |
-//! | 413 | the sink splits the batch and sends the halves; a single event is [`FailureKind::TooLarge`] (dead-lettered at once) |
-//! | 429, 500, 503 | failed, `Retry-After` honoured ([`super::policy::classify`]) |
+//! | 401, 404, 410 | failed with the service's error text: a configuration fault (warn, `gridlet_destination_faults_total`), retried |
+//! | 400, 403 | failed with the error text: not retried, as Event Grid does for Azure resources |
+//! | 413 (and Service Bus's 403 "message too large") | the messaging sink splits the batch; a single event is [`FailureKind::TooLarge`] (dead-lettered at once) |
+//! | 429, 500, 503 | failed, `Retry-After` honoured |
 //! | other statuses | failed with the error text |
 //! | timeout, connection error | failed, retried |
 //!
-//! A batch that needs several requests (split by size, or one Put Message per event) is
-//! delivered when every request succeeded; otherwise it is retried whole, so events a service
-//! already accepted may arrive again (at-least-once, as with webhooks).
+//! A batch that needs several requests (split by size, or one Put Message per event) reports
+//! each event's own outcome ([`Outcome::PerEvent`]): events a service accepted are delivered,
+//! an oversized one is dead-lettered alone, the rest are retried.
 
+pub mod blobletters;
 pub(crate) mod messaging;
 pub(crate) mod sas;
 pub mod sharedkey;
@@ -54,8 +56,14 @@ pub fn outcome(r: Result<HttpResponse, HttpError>, what: &str) -> Outcome {
                 return Outcome::Delivered;
             }
             let message = error_text(&resp.error_body);
-            if matches!(status, 401 | 403 | 404) {
-                tracing::warn!(destination = what, status, error = %message, "Azure destination refused the request: check the connection string and the entity");
+            match status {
+                401 | 404 | 410 => {
+                    tracing::warn!(destination = what, status, error = %message, "Azure destination configuration fault (retried): check the connection string's key and the entity");
+                }
+                400 | 403 | 413 => {
+                    tracing::warn!(destination = what, status, error = %message, "Azure destination refused the request; not retried (Event Grid's rule for Azure resources)");
+                }
+                _ => {}
             }
             Outcome::Failed {
                 kind: FailureKind::Service { status, message },
@@ -66,6 +74,17 @@ pub fn outcome(r: Result<HttpResponse, HttpError>, what: &str) -> Outcome {
         Err(HttpError::Connect(_)) => Outcome::failed(FailureKind::Connect),
         Err(HttpError::Other(m)) => Outcome::failed(FailureKind::Other(m)),
     }
+}
+
+/// A credential past its expiry (`expiry`, Unix seconds, of a connection string's ready-made
+/// shared access signature): the outcome that reports it without sending, logged at warn.
+pub fn expired(expiry: Option<u64>, what: &str) -> Option<Outcome> {
+    let se = expiry.filter(|se| *se <= unix_now())?;
+    let at = crate::delivery::deadletter::rfc3339(se.saturating_mul(1000));
+    tracing::warn!(destination = what, expired = %at, "the connection string's SharedAccessSignature has expired; not sent (replace the connection string)");
+    Some(Outcome::failed(FailureKind::CredentialExpired(format!(
+        "the connection string's SharedAccessSignature for {what} expired at {at}; replace the connection string"
+    ))))
 }
 
 /// The readable part of an error body: Azure answers XML (`<Error><Code>…</Code><Message>…`

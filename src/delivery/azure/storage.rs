@@ -6,18 +6,25 @@
 //!   message holds at most [`MAX_MESSAGE_BYTES`] of text, so events are never packed together).
 //!   The text is the event's JSON, base64-encoded by default (what Azure Functions' queue
 //!   trigger and the SDKs' base64 policy read) or XML-escaped plain text. An event whose text
-//!   would exceed the limit is [`FailureKind::TooLarge`] (dead-lettered at once) and nothing of
-//!   its batch is sent. A batch's messages go out at most [`PARALLEL_PUTS`] at a time.
-//! * **Put Blob**: `PUT {blobEndpoint}/{container}/{topic}/{subscription}/{time}-{batch}-{n}-{eventId}.json`
-//!   (`x-ms-blob-type: BlockBlob`, `application/json`) with the dead letter's JSON (event,
-//!   reason, last status and error, attempts, times). Names start with the dead-letter time in
-//!   fixed width (`20261124T120000123Z`), so a listing sorts by time. The container must exist
-//!   (as with Event Grid in the cloud).
+//!   would exceed the limit is [`FailureKind::TooLarge`] (dead-lettered at once, alone: the
+//!   batch's other events are sent). A batch's messages go out at most [`PARALLEL_PUTS`] at a
+//!   time; each event reports its own outcome ([`Outcome::PerEvent`]). With
+//!   `queueMessageTimeToLiveInSeconds` the request carries `?messagettl=` (seconds, -1 = never
+//!   expires; Put Message, version 2017-07-29 and later).
+//! * **Put Blob** (`x-ms-blob-type: BlockBlob`, `application/json`): by default Event Grid's
+//!   layout and content ([`blobletters`]: `{SUBSCRIPTION}/{y}/{m}/{d}/{h}/{guid}.json`, a JSON
+//!   array of the dead-lettered events with Event Grid's fields); with `deadLetterFormat:
+//!   gridlet`, one blob per letter, `{topic}/{subscription}/{time}-{batch}-{n}-{eventId}.json`,
+//!   holding the dead letter's JSON (event, reason, last status and error, attempts, times),
+//!   names starting with the dead-letter time in fixed width (`20261124T120000123Z`) so a
+//!   listing sorts by time. The container must exist (as with Event Grid in the cloud).
 
+use super::blobletters::{self, BlobFormat};
 use super::sharedkey::{SharedKey, Signed, VERSION};
 use crate::delivery::http::{Endpoint, HttpClient, HttpError};
 use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
 use crate::model::azure::{MessageEncoding, StorageConn};
+use crate::model::sas::expiry as sas_expiry;
 use base64::Engine as _;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -62,11 +69,13 @@ struct Signer {
 }
 
 impl Signer {
-    /// Headers for `method` on `url_path` with a body of `len` bytes of `content_type`.
+    /// Headers for `method` on `url_path` (with `query`) with a body of `len` bytes of
+    /// `content_type`.
     fn headers(
         &self,
         method: &str,
         url_path: &str,
+        query: &[(&str, &str)],
         len: usize,
         content_type: &'static str,
         blob: bool,
@@ -92,7 +101,7 @@ impl Signer {
             let signed = Signed {
                 method,
                 path: url_path,
-                query: &[],
+                query,
                 content_length: len,
                 content_type,
                 ms_headers: &ms,
@@ -115,25 +124,56 @@ pub struct StorageQueueSink {
     path: String,
     signer: Signer,
     encoding: MessageEncoding,
+    /// `messagettl` (seconds, -1 = never expires), when set.
+    ttl: Option<String>,
+    /// When the connection string's SAS expires (Unix seconds).
+    sas_expiry: Option<u64>,
     what: String,
 }
 
+/// The Shared Key of `conn`, unless it authorises with a SAS (then on each URL instead).
+fn shared_key(conn: &StorageConn) -> Option<SharedKey> {
+    match conn.sas {
+        Some(_) => None,
+        None => SharedKey::new(&conn.account, &conn.key),
+    }
+}
+
+/// `url` with `conn`'s SAS appended to its query, if it has one.
+fn with_sas(url: String, conn: &StorageConn) -> String {
+    match &conn.sas {
+        Some(sas) if url.contains('?') => format!("{url}&{sas}"),
+        Some(sas) => format!("{url}?{sas}"),
+        None => url,
+    }
+}
+
 impl StorageQueueSink {
-    /// A sink putting messages into `queue` of `conn`'s account.
+    /// A sink putting messages into `queue` of `conn`'s account; `ttl_secs` is each message's
+    /// time to live (`messagettl`: seconds, -1 = never; `None` = the service's 7 days).
     pub fn new(
         client: &HttpClient,
         conn: &StorageConn,
         queue: &str,
         encoding: MessageEncoding,
+        ttl_secs: Option<i64>,
     ) -> Self {
-        let url = format!("{}/{queue}/messages", conn.queue_endpoint);
+        let ttl = ttl_secs.map(|t| t.to_string());
+        let mut url = format!("{}/{queue}/messages", conn.queue_endpoint);
+        if let Some(t) = &ttl {
+            url.push_str("?messagettl=");
+            url.push_str(t);
+        }
+        let url = with_sas(url, conn);
         Self {
             endpoint: client.endpoint(&url),
             path: url_path(&url),
             signer: Signer {
-                key: SharedKey::new(&conn.account, &conn.key),
+                key: shared_key(conn),
             },
             encoding,
+            ttl,
+            sas_expiry: conn.sas.as_deref().and_then(sas_expiry),
             what: format!("StorageQueue {queue}"),
         }
     }
@@ -142,9 +182,15 @@ impl StorageQueueSink {
         let body = Bytes::from(format!(
             "<QueueMessage><MessageText>{text}</MessageText></QueueMessage>"
         ));
+        let query: Vec<(&str, &str)> = self
+            .ttl
+            .as_deref()
+            .map(|t| ("messagettl", t))
+            .into_iter()
+            .collect();
         let h = self
             .signer
-            .headers("POST", &self.path, body.len(), XML, false);
+            .headers("POST", &self.path, &query, body.len(), XML, false);
         super::outcome(endpoint.send(Method::POST, h, body).await, &self.what)
     }
 }
@@ -156,31 +202,50 @@ impl Sink for StorageQueueSink {
                 Ok(e) => e,
                 Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
             };
+            if let Some(expired) = super::expired(self.sas_expiry, &self.what) {
+                return expired;
+            }
             let texts: Vec<String> = req
                 .events
                 .iter()
                 .map(|e| message_text(self.encoding, e))
                 .collect();
-            if let Some((i, t)) = texts
-                .iter()
-                .enumerate()
-                .find(|(_, t)| t.len() > MAX_MESSAGE_BYTES)
-            {
-                return Outcome::failed(FailureKind::TooLarge(format!(
-                    "event {} of the batch is {} bytes as {} message text; a Storage queue message holds at most {MAX_MESSAGE_BYTES}",
-                    i + 1,
-                    t.len(),
-                    self.encoding.as_str()
-                )));
-            }
+            // Each event's own outcome: an oversized one is refused alone, the others go.
+            let mut each: Vec<Outcome> = Vec::with_capacity(texts.len());
+            let mut failed: Option<Outcome> = None;
             for chunk in texts.chunks(PARALLEL_PUTS) {
-                let puts = chunk.iter().map(|t| self.put(endpoint, t));
-                let results = futures_util::future::join_all(puts).await;
-                if let Some(failed) = results.into_iter().find(|o| *o != Outcome::Delivered) {
-                    return failed;
+                if let Some(f) = &failed {
+                    // A put of the batch failed: the rest are not tried this attempt.
+                    each.extend(chunk.iter().map(|_| f.clone()));
+                    continue;
                 }
+                let puts = chunk.iter().map(|t| async move {
+                    if t.len() > MAX_MESSAGE_BYTES {
+                        return Outcome::failed(FailureKind::TooLarge(format!(
+                            "the event is {} bytes as {} message text; a Storage queue message holds at most {MAX_MESSAGE_BYTES}",
+                            t.len(),
+                            self.encoding.as_str()
+                        )));
+                    }
+                    self.put(endpoint, t).await
+                });
+                let results = futures_util::future::join_all(puts).await;
+                failed = results
+                    .iter()
+                    .find(|o| {
+                        !matches!(
+                            o,
+                            Outcome::Delivered
+                                | Outcome::Failed {
+                                    kind: FailureKind::TooLarge(_),
+                                    ..
+                                }
+                        )
+                    })
+                    .cloned();
+                each.extend(results);
             }
-            Outcome::Delivered
+            Outcome::per_event(each)
         })
     }
 }
@@ -191,21 +256,81 @@ pub struct BlobDeadLetterSink {
     /// `{blobEndpoint}/{container}`.
     base: String,
     signer: Signer,
+    /// The connection string's SAS (appended to each URL) and when it expires.
+    sas: Option<(String, Option<u64>)>,
+    /// Event Grid's layout and content, or gridlet's own record.
+    format: BlobFormat,
     what: String,
 }
 
 impl BlobDeadLetterSink {
-    /// A sink writing into `container` of `conn`'s account.
-    pub fn new(client: &HttpClient, conn: &StorageConn, container: &str) -> Self {
+    /// A sink writing into `container` of `conn`'s account, blobs in `format`.
+    pub fn new(
+        client: &HttpClient,
+        conn: &StorageConn,
+        container: &str,
+        format: BlobFormat,
+    ) -> Self {
         Self {
             client: client.clone(),
             base: format!("{}/{container}", conn.blob_endpoint),
             signer: Signer {
-                key: SharedKey::new(&conn.account, &conn.key),
+                key: shared_key(conn),
             },
+            sas: conn.sas.clone().map(|s| {
+                let se = sas_expiry(&s);
+                (s, se)
+            }),
+            format,
             what: format!("StorageBlob {container}"),
         }
     }
+}
+
+impl BlobDeadLetterSink {
+    /// Put Blob `name` (relative to the container) with `body`.
+    async fn put_blob(&self, name: &str, body: Bytes) -> Outcome {
+        let url = match &self.sas {
+            Some((sas, _)) => format!("{}/{name}?{sas}", self.base),
+            None => format!("{}/{name}", self.base),
+        };
+        let endpoint = match self.client.endpoint(&url) {
+            Ok(e) => e,
+            Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
+        };
+        let h = self
+            .signer
+            .headers("PUT", &url_path(&url), &[], body.len(), JSON, true);
+        super::outcome(endpoint.send(Method::PUT, h, body).await, &self.what)
+    }
+}
+
+/// Event Grid's blobs for `letters` (dead-letter API JSON): one JSON array per UTC hour of
+/// their dead-letter times, named `{SUBSCRIPTION}/{y}/{m}/{d}/{h}/{guid}.json`.
+fn event_grid_blobs(subscription: &str, letters: &[Bytes]) -> Vec<(String, Bytes)> {
+    let mut hours: Vec<(blobletters::UtcHour, Vec<serde_json::Value>)> = Vec::new();
+    for l in letters {
+        let v: serde_json::Value = serde_json::from_slice(l).unwrap_or_default();
+        let hour = v
+            .get("deadLetteredTime")
+            .and_then(serde_json::Value::as_str)
+            .and_then(blobletters::utc_hour)
+            .unwrap_or((1970, 1, 1, 0));
+        let e = blobletters::event_grid_letter(&v);
+        match hours.iter_mut().find(|(h, _)| *h == hour) {
+            Some((_, v)) => v.push(e),
+            None => hours.push((hour, vec![e])),
+        }
+    }
+    hours
+        .into_iter()
+        .map(|(h, events)| {
+            (
+                blobletters::event_grid_blob_name(subscription, h),
+                Bytes::from(serde_json::Value::Array(events).to_string()),
+            )
+        })
+        .collect()
 }
 
 /// `{topic}/{subscription}/{time}-{batch}-{n}-{eventId}.json` for a dead letter's JSON, each
@@ -236,20 +361,24 @@ pub fn blob_name(topic: &str, subscription: &str, batch: u64, n: usize, letter: 
 impl Sink for BlobDeadLetterSink {
     fn send<'a>(&'a self, req: &'a DeliveryRequest) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
-            for (n, letter) in req.events.iter().enumerate() {
-                let name = blob_name(&req.topic, &req.subscription, req.batch_id, n, letter);
-                let url = format!("{}/{name}", self.base);
-                let endpoint = match self.client.endpoint(&url) {
-                    Ok(e) => e,
-                    Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
-                };
-                let h = self
-                    .signer
-                    .headers("PUT", &url_path(&url), letter.len(), JSON, true);
-                let o = super::outcome(
-                    endpoint.send(Method::PUT, h, letter.clone()).await,
-                    &self.what,
-                );
+            if let Some(expired) = super::expired(self.sas.as_ref().and_then(|s| s.1), &self.what) {
+                return expired;
+            }
+            let blobs: Vec<(String, Bytes)> = match self.format {
+                BlobFormat::Gridlet => req
+                    .events
+                    .iter()
+                    .enumerate()
+                    .map(|(n, letter)| {
+                        let name =
+                            blob_name(&req.topic, &req.subscription, req.batch_id, n, letter);
+                        (name, letter.clone())
+                    })
+                    .collect(),
+                BlobFormat::EventGrid => event_grid_blobs(&req.subscription, &req.events),
+            };
+            for (name, body) in blobs {
+                let o = self.put_blob(&name, body).await;
                 if o != Outcome::Delivered {
                     return o;
                 }

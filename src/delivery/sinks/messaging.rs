@@ -3,42 +3,53 @@
 //! types differ only in name, so one file declares them (three registry lines).
 //!
 //! Properties: `connectionString` (required, entity-level: `EntityPath`; parsed at PUT so a bad
-//! one is a 400 naming the part; secret: its key and signature parts). Health: by the entity's
-//! URL (no credentials). No dead letters.
+//! one is a 400 naming the part; secret: its key and signature parts) and
+//! `maxBatchSizeInKilobytes` (optional, 1–1024: the namespace tier's batch limit; default the
+//! Standard tier's, 256 for Service Bus, 1024 for Event Hubs). Health: by the entity's URL (no
+//! credentials). No dead letters. `deliveryAttributeMappings` (static or dynamic) become
+//! message properties: Event Grid's reserved names (`PartitionKey`; Service Bus also
+//! `MessageId`, `SessionId`, `CorrelationId`, `Label`, `ReplyTo`, `ReplyToSessionId`, `To`,
+//! `ViaPartitionKey`) broker properties, every other name an application property.
 
 use super::{DestinationKind, ParseContext, SinkContext};
-use crate::delivery::azure::messaging::MessagingSink;
+use crate::delivery::azure::messaging::{MessagingLimits, MessagingSink, Service};
 use crate::delivery::sink::Sink;
-use crate::model::azure::MessagingConn;
+use crate::model::attributes::AttributeTarget;
+use crate::model::azure::{MessagingAuth, MessagingConn};
 use crate::model::destination::{
     Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
 };
 use crate::model::json::Obj;
+use crate::model::sas::expiry as sas_expiry;
 use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
-const SECRETS: [SecretProperty; 1] = [SecretProperty::new(
-    "connectionString",
-    SecretKind::ConnectionString,
-)];
+const SECRETS: [SecretProperty; 2] = [
+    SecretProperty::new("connectionString", SecretKind::ConnectionString),
+    SecretProperty::new("deliveryAttributeMappings", SecretKind::AttributeMappings),
+];
 
 /// One messaging type.
 pub struct Messaging {
     names: &'static [&'static str],
+    service: Service,
 }
 
 /// Azure Event Hubs.
 pub const EVENT_HUB: Messaging = Messaging {
     names: &["EventHub"],
+    service: Service::EventHubs,
 };
 /// Azure Service Bus queue.
 pub const SERVICE_BUS_QUEUE: Messaging = Messaging {
     names: &["ServiceBusQueue"],
+    service: Service::ServiceBus,
 };
 /// Azure Service Bus topic.
 pub const SERVICE_BUS_TOPIC: Messaging = Messaging {
     names: &["ServiceBusTopic"],
+    service: Service::ServiceBus,
 };
 
 /// A parsed Event Hubs / Service Bus destination.
@@ -50,17 +61,38 @@ pub struct MessagingDestination {
     conn: MessagingConn,
     /// `{scheme}://{host}/{entity}`: SSRF checks and endpoint health.
     resource_uri: String,
+    /// `maxBatchSizeInKilobytes` as given (echoed when set).
+    max_batch_kib: Option<u64>,
+    /// What one request may hold.
+    limits: MessagingLimits,
+    /// Which service (where delivery attributes go).
+    limits_service: Service,
 }
 
 impl DestinationSpec for MessagingDestination {
     fn echo(&self, props: &mut Map<String, Value>) {
         props.insert("connectionString".into(), json!(self.connection_string));
+        if let Some(k) = self.max_batch_kib {
+            props.insert("maxBatchSizeInKilobytes".into(), json!(k));
+        }
     }
     fn secrets(&self) -> &'static [SecretProperty] {
         &SECRETS
     }
     fn url(&self) -> Option<&str> {
         Some(&self.resource_uri)
+    }
+    fn credential_expiry(&self) -> Option<u64> {
+        match &self.conn.auth {
+            MessagingAuth::Token(t) => sas_expiry(t),
+            MessagingAuth::Key { .. } => None,
+        }
+    }
+    fn attributes(&self) -> Option<AttributeTarget> {
+        Some(match self.limits_service {
+            Service::EventHubs => AttributeTarget::EventHubs,
+            Service::ServiceBus => AttributeTarget::ServiceBus,
+        })
     }
 }
 
@@ -78,12 +110,24 @@ impl DestinationKind for Messaging {
         let conn =
             MessagingConn::parse(cs).map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
         let resource_uri = conn.resource_uri();
+        let max_batch_kib = props.int(
+            "maxbatchsizeinkilobytes",
+            "maxBatchSizeInKilobytes",
+            1,
+            1024,
+        )?;
+        let limits = MessagingLimits::from_kib(
+            max_batch_kib.unwrap_or_else(|| self.service.default_batch_kib()),
+        );
         Ok(Destination::new(
             self.names[0],
             MessagingDestination {
                 connection_string: cs.to_string(),
                 conn,
                 resource_uri,
+                max_batch_kib,
+                limits,
+                limits_service: self.service,
             },
         ))
     }
@@ -92,7 +136,14 @@ impl DestinationKind for Messaging {
         let Some(d) = sub.destination.spec::<MessagingDestination>() else {
             return super::mismatched(self.names[0]);
         };
-        Arc::new(MessagingSink::new(&ctx.client, &d.conn, self.names[0]))
+        Arc::new(MessagingSink::new(
+            &ctx.client,
+            &d.conn,
+            self.names[0],
+            self.service,
+            d.limits,
+            sub.delivery.attributes.clone(),
+        ))
     }
 
     fn example(&self, base: &str) -> Value {
@@ -100,6 +151,11 @@ impl DestinationKind for Messaging {
         json!({ "connectionString": format!(
             "Endpoint=sb://{host}/;SharedAccessKeyName=send;SharedAccessKey={}-key-secret;EntityPath=entity;UseDevelopmentEmulator=true",
             self.names[0]
-        ) })
+        ),
+        "deliveryAttributeMappings": [
+            {"name": "Tenant", "type": "Static",
+             "properties": {"value": format!("{}-attribute-secret", self.names[0]), "isSecret": true}},
+            {"name": "PartitionKey", "type": "Dynamic", "properties": {"sourceField": "subject"}}
+        ] })
     }
 }

@@ -1,5 +1,6 @@
 //! `endpointType: StorageBlob`, as a `deadLetterDestination` only (Event Grid cloud's shape):
-//! each dead letter is written as a time-sorted blob
+//! dead letters are written as blobs in Event Grid's layout and content, or gridlet's own
+//! record with `deadLetterFormat: gridlet`
 //! ([`crate::delivery::azure::storage::BlobDeadLetterSink`]).
 //!
 //! Properties: `blobContainerName` (required, container naming rules), `connectionString`
@@ -8,6 +9,7 @@
 
 use super::storagequeue::{account_example, SECRETS};
 use super::{DestinationKind, ParseContext, SinkContext};
+use crate::delivery::azure::blobletters::BlobFormat;
 use crate::delivery::azure::storage::BlobDeadLetterSink;
 use crate::delivery::sink::Sink;
 use crate::model::azure::{check_container_name, StorageConn};
@@ -28,12 +30,17 @@ pub struct StorageBlobDestination {
     conn: StorageConn,
     /// `{blob endpoint}/{container}`: SSRF checks.
     container_url: String,
+    /// `deadLetterFormat` as given (`None`: Event Grid's).
+    format: Option<BlobFormat>,
 }
 
 impl DestinationSpec for StorageBlobDestination {
     fn echo(&self, props: &mut Map<String, Value>) {
         props.insert("connectionString".into(), json!(self.connection_string));
         props.insert("blobContainerName".into(), json!(self.container));
+        if let Some(f) = self.format {
+            props.insert("deadLetterFormat".into(), json!(f.as_str()));
+        }
     }
     fn secrets(&self) -> &'static [SecretProperty] {
         &SECRETS
@@ -58,9 +65,20 @@ impl DestinationKind for StorageBlob {
     ) -> Result<Destination, DestinationError> {
         let container = ctx.required(props, "blobcontainername", "blobContainerName")?;
         check_container_name(container).map_err(|e| ctx.invalid(e.to_string()))?;
+        let format = match props.str("deadletterformat")? {
+            None => None,
+            Some(v) => Some(
+                BlobFormat::parse(v)
+                    .ok_or_else(|| ctx.invalid("deadLetterFormat must be eventGrid or gridlet"))?,
+            ),
+        };
         let cs = ctx.required(props, "connectionstring", "connectionString")?;
         let conn =
             StorageConn::parse(cs).map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
+        if conn.blob_endpoint.is_empty() {
+            return Err(ctx
+                .invalid("connectionString: a SharedAccessSignature string needs BlobEndpoint=…"));
+        }
         Ok(Destination::new(
             "StorageBlob",
             StorageBlobDestination {
@@ -68,6 +86,7 @@ impl DestinationKind for StorageBlob {
                 container: container.to_string(),
                 connection_string: cs.to_string(),
                 conn,
+                format,
             },
         ))
     }
@@ -84,7 +103,12 @@ impl DestinationKind for StorageBlob {
         let Some(d) = sub.destination.spec::<StorageBlobDestination>() else {
             return super::mismatched("StorageBlob");
         };
-        Arc::new(BlobDeadLetterSink::new(&ctx.client, &d.conn, &d.container))
+        Arc::new(BlobDeadLetterSink::new(
+            &ctx.client,
+            &d.conn,
+            &d.container,
+            d.format.unwrap_or_default(),
+        ))
     }
 
     fn example(&self, base: &str) -> Value {

@@ -3,7 +3,9 @@
 //!
 //! Properties: `queueName` (required, Storage naming rules), `connectionString` (required,
 //! account-level; parsed at PUT; secret: its key and signature parts), `messageEncoding`
-//! (`base64`, the default, or `text`). Health: by the queue's URL. No dead letters.
+//! (`base64`, the default, or `text`), `queueMessageTimeToLiveInSeconds` (Event Grid's
+//! property: seconds each message lives in the queue, -1 = never expires; Put Message's
+//! `messagettl`; absent: the service's 7 days). Health: by the queue's URL. No dead letters.
 
 use super::{DestinationKind, ParseContext, SinkContext};
 use crate::delivery::azure::storage::StorageQueueSink;
@@ -13,6 +15,7 @@ use crate::model::destination::{
     Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
 };
 use crate::model::json::Obj;
+use crate::model::sas::expiry as sas_expiry;
 use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
@@ -32,6 +35,8 @@ pub struct StorageQueueDestination {
     connection_string: String,
     /// `None` = not supplied (base64).
     message_encoding: Option<MessageEncoding>,
+    /// `queueMessageTimeToLiveInSeconds` (-1 or 1..).
+    message_ttl: Option<i64>,
     conn: StorageConn,
     /// `{queue endpoint}/{queue}`: SSRF checks and endpoint health.
     queue_url: String,
@@ -44,12 +49,18 @@ impl DestinationSpec for StorageQueueDestination {
         if let Some(e) = self.message_encoding {
             props.insert("messageEncoding".into(), json!(e.as_str()));
         }
+        if let Some(t) = self.message_ttl {
+            props.insert("queueMessageTimeToLiveInSeconds".into(), json!(t));
+        }
     }
     fn secrets(&self) -> &'static [SecretProperty] {
         &SECRETS
     }
     fn url(&self) -> Option<&str> {
         Some(&self.queue_url)
+    }
+    fn credential_expiry(&self) -> Option<u64> {
+        self.conn.sas.as_deref().and_then(sas_expiry)
     }
 }
 
@@ -72,9 +83,22 @@ impl DestinationKind for StorageQueue {
                     .ok_or_else(|| ctx.invalid("messageEncoding must be base64 or text"))?,
             ),
         };
+        let message_ttl = match props.get("queuemessagetimetoliveinseconds") {
+            None => None,
+            Some(v) => Some(parse_ttl(v).ok_or_else(|| {
+                ctx.invalid(
+                    "queueMessageTimeToLiveInSeconds must be -1 (never expires) or a whole number of seconds from 1",
+                )
+            })?),
+        };
         let cs = ctx.required(props, "connectionstring", "connectionString")?;
         let conn =
             StorageConn::parse(cs).map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
+        if conn.queue_endpoint.is_empty() {
+            return Err(ctx.invalid(
+                "connectionString: a SharedAccessSignature string needs QueueEndpoint=…",
+            ));
+        }
         Ok(Destination::new(
             "StorageQueue",
             StorageQueueDestination {
@@ -82,6 +106,7 @@ impl DestinationKind for StorageQueue {
                 queue_name: queue_name.to_string(),
                 connection_string: cs.to_string(),
                 message_encoding,
+                message_ttl,
                 conn,
             },
         ))
@@ -96,6 +121,7 @@ impl DestinationKind for StorageQueue {
             &d.conn,
             &d.queue_name,
             d.message_encoding.unwrap_or_default(),
+            d.message_ttl,
         ))
     }
 
@@ -105,6 +131,17 @@ impl DestinationKind for StorageQueue {
             "connectionString": account_example(base, "storagequeue"),
         })
     }
+}
+
+/// `queueMessageTimeToLiveInSeconds`: -1, or 1 to `i32::MAX` seconds (a number, or a numeric
+/// string as twins send them).
+fn parse_ttl(v: &Value) -> Option<i64> {
+    let n = match v {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse::<i64>().ok(),
+        _ => None,
+    }?;
+    (n == -1 || (1..=i64::from(i32::MAX)).contains(&n)).then_some(n)
 }
 
 /// A storage account string for `base` with a distinct (base64) key per `who`.
