@@ -222,10 +222,19 @@ impl SubQueue {
     /// Add an event recovered from the store that waits for its first attempt, by sequence
     /// number only (its body is read when it enters the window). On a queue without a window
     /// this does nothing but count it: call it only on windowed queues.
+    #[cfg(test)]
     pub fn push_spilled(&mut self, seq: u64) {
         if let Some(s) = &mut self.spill {
             self.pending += 1;
             s.seqs.push_back(seq);
+        }
+    }
+
+    /// [`SubQueue::push_spilled`] for `count` consecutive sequence numbers from `first`.
+    pub fn push_spilled_run(&mut self, first: u64, count: u32) {
+        if let Some(s) = &mut self.spill {
+            self.pending += count as usize;
+            s.seqs.push_back_run(first, count);
         }
     }
 

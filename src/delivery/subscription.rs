@@ -311,18 +311,24 @@ impl SubscriptionHandle {
     /// Unreadable store data.
     pub fn restore(&self) -> Result<(), StoreError> {
         let store = &self.ctx.store;
-        let index = store.pending_index(self.shared.queue_id)?;
+        let index = store.pending_runs(self.shared.queue_id)?;
         let now_ms = self.ctx.clock.now_ms();
         let now = Instant::now();
         let policy = self.config().policy;
         let mut expired = Vec::new();
         {
             let mut q = self.shared.queue();
-            for (seq, state) in index {
+            for run in index.fresh {
+                let seqs = run.first..run.first + u64::from(run.count);
+                if retry::is_expired(&policy, run.first_enqueued_ms, now_ms) {
+                    expired.extend(seqs);
+                } else {
+                    q.push_spilled_run(run.first, run.count);
+                }
+            }
+            for (seq, state) in index.retrying {
                 if retry::is_expired(&policy, state.first_enqueued_ms, now_ms) {
                     expired.push(seq);
-                } else if state.attempts == 0 {
-                    q.push_spilled(seq);
                 } else {
                     let wait = Duration::from_millis(state.due_ms.saturating_sub(now_ms));
                     q.push_spilled_retry(now + wait, seq);

@@ -38,7 +38,7 @@ pub trait FsFile: Send + Sync + 'static {
     ///
     /// # Errors
     /// I/O failure.
-    fn len(&self) -> io::Result<u64>;
+    fn size(&self) -> io::Result<u64>;
 
     /// Cut the file to `len` bytes.
     ///
@@ -120,7 +120,7 @@ impl FsFile for RealFile {
         Ok(done)
     }
 
-    fn len(&self) -> io::Result<u64> {
+    fn size(&self) -> io::Result<u64> {
         Ok(self.0.metadata()?.len())
     }
 

@@ -344,10 +344,18 @@ impl Store for LogStore {
     }
 
     fn pending_index(&self, queue: QueueId) -> Result<Vec<(u64, RetryState)>, StoreError> {
+        Ok(self.pending_runs(queue)?.events())
+    }
+
+    fn pending_runs(&self, queue: QueueId) -> Result<crate::store::PendingRuns, StoreError> {
         if let Some(v) = crate::sync::lock(&self.recovered).remove(&queue) {
             return Ok(v);
         }
-        self.shared.log().index_of(queue)
+        let mut out = crate::store::PendingRuns::default();
+        for (seq, st) in self.shared.log().index_of(queue)? {
+            out.push(seq, st);
+        }
+        Ok(out)
     }
 
     fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {

@@ -86,6 +86,85 @@ pub struct StoredEvent {
     pub state: RetryState,
 }
 
+/// A run of events never attempted: sequence numbers `first .. first + count`, all first
+/// enqueued at `first_enqueued_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FreshRun {
+    /// First sequence number.
+    pub first: u64,
+    /// How many.
+    pub count: u32,
+    /// Their first-enqueue time (wall ms).
+    pub first_enqueued_ms: WallMs,
+}
+
+/// A queue's pending events for recovery ([`Store::pending_runs`]), in sequence order within
+/// each list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PendingRuns {
+    /// Events never attempted, as runs.
+    pub fresh: Vec<FreshRun>,
+    /// Events that failed at least once, with their state.
+    pub retrying: Vec<(u64, RetryState)>,
+}
+
+impl PendingRuns {
+    /// Add an event (in sequence order).
+    pub fn push(&mut self, seq: u64, st: RetryState) {
+        if st.attempts > 0 {
+            self.retrying.push((seq, st));
+            return;
+        }
+        if let Some(r) = self.fresh.last_mut() {
+            if r.first_enqueued_ms == st.first_enqueued_ms
+                && r.count < u32::MAX
+                && r.first + u64::from(r.count) == seq
+            {
+                r.count += 1;
+                return;
+            }
+        }
+        self.fresh.push(FreshRun {
+            first: seq,
+            count: 1,
+            first_enqueued_ms: st.first_enqueued_ms,
+        });
+    }
+
+    /// Every event with its state, in sequence order.
+    pub fn events(&self) -> Vec<(u64, RetryState)> {
+        let mut v: Vec<(u64, RetryState)> = self
+            .fresh
+            .iter()
+            .flat_map(|r| {
+                (0..u64::from(r.count)).map(move |i| {
+                    (
+                        r.first + i,
+                        RetryState {
+                            attempts: 0,
+                            first_enqueued_ms: r.first_enqueued_ms,
+                            due_ms: 0,
+                        },
+                    )
+                })
+            })
+            .chain(self.retrying.iter().copied())
+            .collect();
+        v.sort_unstable_by_key(|(s, _)| *s);
+        v
+    }
+
+    /// Events held.
+    pub fn len(&self) -> usize {
+        self.fresh.iter().map(|r| r.count as usize).sum::<usize>() + self.retrying.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.fresh.is_empty() && self.retrying.is_empty()
+    }
+}
+
 /// What a store holds at start-up.
 #[derive(Debug, Default)]
 pub struct Snapshot {
@@ -187,6 +266,21 @@ pub trait Store: Send + Sync + 'static {
             .into_iter()
             .map(|e| (e.seq, e.state))
             .collect())
+    }
+
+    /// What [`Store::pending_index`] says, compactly: events never attempted as runs of
+    /// consecutive sequence numbers with one first-enqueue time, and the retrying ones apart.
+    /// Recovery uses this, so a large backlog is restored without a list entry per event. The
+    /// default builds it from [`Store::pending_index`].
+    ///
+    /// # Errors
+    /// Unreadable data.
+    fn pending_runs(&self, queue: QueueId) -> Result<PendingRuns, StoreError> {
+        let mut out = PendingRuns::default();
+        for (seq, st) in self.pending_index(queue)? {
+            out.push(seq, st);
+        }
+        Ok(out)
     }
 
     /// Read events of one queue by sequence number, in the order asked; `None` for one that is

@@ -43,6 +43,23 @@ impl SeqRuns {
         self.runs.push_back((seq, 1));
     }
 
+    /// Add `first .. first + count` at the back.
+    pub fn push_back_run(&mut self, first: u64, count: u32) {
+        if count == 0 {
+            return;
+        }
+        self.len += count as usize;
+        if let Some((f, n)) = self.runs.back_mut() {
+            if f.checked_add(u64::from(*n)) == Some(first) {
+                if let Some(sum) = n.checked_add(count) {
+                    *n = sum;
+                    return;
+                }
+            }
+        }
+        self.runs.push_back((first, count));
+    }
+
     /// Add `seq` at the front.
     pub fn push_front(&mut self, seq: u64) {
         self.len += 1;
@@ -110,5 +127,16 @@ mod tests {
         assert_eq!(r.take_front(100), vec![0, 1, 2, 3, 7, 8, 20, 4]);
         assert!(r.is_empty());
         assert_eq!(r.take_front(5), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn whole_runs_join_the_run_they_continue() {
+        let mut r = SeqRuns::default();
+        r.push_back_run(1, 100);
+        r.push_back_run(101, 50);
+        r.push_back_run(200, 0);
+        r.push_back(151);
+        assert_eq!((r.len(), r.runs()), (151, 1));
+        assert_eq!(r.take_front(2), vec![1, 2]);
     }
 }

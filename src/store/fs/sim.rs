@@ -293,7 +293,7 @@ impl FsFile for SimFile {
         })
     }
 
-    fn len(&self) -> io::Result<u64> {
+    fn size(&self) -> io::Result<u64> {
         self.with(false, |f| f.current.len() as u64)
     }
 
@@ -412,7 +412,7 @@ mod tests {
         fs.power_cut();
         assert!(f.write_at(b"!", 0).is_err(), "no writes after the cut");
         fs.reboot();
-        assert!(f.len().is_err(), "old handles are stale");
+        assert!(f.size().is_err(), "old handles are stale");
         assert_eq!(fs.list(dir).unwrap(), vec!["a".to_string()]);
         let a = fs.open(&dir.join("a")).unwrap();
         let mut buf = vec![0; 64];

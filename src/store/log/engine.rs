@@ -123,8 +123,8 @@ impl Seg {
     }
 }
 
-/// What a store open found, per queue: `(seq, retry state)` of every pending event, in order.
-pub type Recovered = HashMap<QueueId, Vec<(u64, RetryState)>>;
+/// What a store open found, per queue: its pending events (fresh ones as runs), in order.
+pub type Recovered = HashMap<QueueId, crate::store::PendingRuns>;
 
 /// A write prepared under the lock, done outside it: one frame at an offset of a file.
 pub struct FrameWrite {
@@ -268,7 +268,7 @@ impl Log {
     ) -> Result<(), StoreError> {
         let path = self.path(no);
         let file = self.fs.open(&path).map_err(|e| io_err(&path, e))?;
-        let size = file.len().map_err(|e| io_err(&path, e))?;
+        let size = file.size().map_err(|e| io_err(&path, e))?;
         let mut hb = [0u8; HEADER];
         let read = file.read_at(&mut hb, 0).map_err(|e| io_err(&path, e))?;
         let hdr = match Header::decode(&hb[..read]) {
@@ -479,6 +479,7 @@ impl Log {
             let Some(first) = s.first_seq else { continue };
             for (q, bits) in &s.live {
                 let v = out.entry(*q).or_default();
+                // Segments come in sequence order, and so do their bits.
                 for i in bits.iter() {
                     let seq = first + i;
                     let st = self.retries.get(&(*q, seq)).copied().unwrap_or_else(|| {
@@ -493,12 +494,9 @@ impl Log {
                             due_ms: 0,
                         }
                     });
-                    v.push((seq, st));
+                    v.push(seq, st);
                 }
             }
-        }
-        for v in out.values_mut() {
-            v.sort_unstable_by_key(|(s, _)| *s);
         }
         out
     }

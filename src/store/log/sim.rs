@@ -212,9 +212,10 @@ fn check(
     recovered: &super::engine::Recovered,
 ) -> Result<u64, String> {
     let mut found: HashSet<(QueueId, u64)> = HashSet::new();
-    for (q, list) in recovered {
+    for (q, runs) in recovered {
+        let list = runs.events();
         let mut last = 0;
-        for (seq, st) in list {
+        for (seq, st) in &list {
             if *seq <= last {
                 return Err(format!(
                     "seed {seed}: queue {q} lists {seq} twice or out of order"

@@ -198,7 +198,7 @@ fn a_torn_tail_is_cut_and_writing_goes_on() {
     let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
     f.set_len(len - 10).unwrap();
     let (mut log, rec) = Log::open(fs.clone(), lo.clone(), &known, 4).unwrap();
-    let seqs: Vec<u64> = rec[&1].iter().map(|(s, _)| *s).collect();
+    let seqs: Vec<u64> = rec[&1].events().iter().map(|(s, _)| *s).collect();
     assert_eq!(
         seqs,
         vec![1, 2],
@@ -208,7 +208,7 @@ fn a_torn_tail_is_cut_and_writing_goes_on() {
     log.commit(5).unwrap();
     drop(log);
     let (_, rec) = Log::open(fs, lo, &known, 6).unwrap();
-    let seqs: Vec<u64> = rec[&1].iter().map(|(s, _)| *s).collect();
+    let seqs: Vec<u64> = rec[&1].events().iter().map(|(s, _)| *s).collect();
     assert_eq!(seqs, vec![1, 2, 4]);
 }
 
