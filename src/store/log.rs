@@ -178,6 +178,7 @@ impl LogStore {
             // still counts until it is rolled over (see `Log::stage_collection`).
             segment_bytes: opts.segment_bytes.min((opts.max_disk_bytes / 8).max(4096)),
             max_disk_bytes: opts.max_disk_bytes,
+            tail_bytes: engine::TAIL_BYTES,
         };
         let (log, recovered) = Log::open(fs, log_opts, &known, now_ms())?;
         let shared = Arc::new(Shared {

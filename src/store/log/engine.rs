@@ -34,6 +34,18 @@ use std::sync::Arc;
 
 /// A sparse-index entry is added at a frame that starts this many bytes after the last one.
 const INDEX_STRIDE: u64 = 32 << 10;
+/// Bodies of the most recently written events kept for reads (a subscription's window refills
+/// usually ask for what was just published): this many bytes at most, by default.
+pub const TAIL_BYTES: usize = 4 << 20;
+
+/// A recently written event, for reads without the disk.
+#[derive(Debug, Clone)]
+struct Cached {
+    seq: u64,
+    id: String,
+    body: Bytes,
+    first_ms: u64,
+}
 
 /// Options of the log.
 #[derive(Debug, Clone)]
@@ -45,6 +57,9 @@ pub struct LogOptions {
     /// Bound on the bytes of all segments together (`persistence__maxDiskBytes` less what
     /// other parts of the store hold).
     pub max_disk_bytes: u64,
+    /// Bodies of recently written events kept in memory for reads ([`TAIL_BYTES`] in the
+    /// store; the simulation varies it so reads also go to the disk).
+    pub tail_bytes: usize,
 }
 
 /// One bit per sequence number from `first`.
@@ -164,7 +179,10 @@ pub struct Log {
     staged: Vec<u8>,
     /// The events in `staged`, in order: they join the segment their frame goes to when it is
     /// taken ([`Log::take_frame`]), which may be a new head.
-    pending_events: Vec<(u64, Vec<QueueId>)>,
+    pending_events: Vec<(Cached, Vec<QueueId>)>,
+    /// The most recently written events, in sequence order, `opts.tail_bytes` of bodies at most.
+    tail: std::collections::VecDeque<Cached>,
+    tail_bytes: usize,
     max_seq: u64,
     failed: Option<String>,
     /// Frames written and synced (the group-commit counter).
@@ -239,6 +257,8 @@ impl Log {
             dropped: HashSet::new(),
             staged: Vec::new(),
             pending_events: Vec::new(),
+            tail: std::collections::VecDeque::new(),
+            tail_bytes: 0,
             max_seq: 0,
             failed: None,
             syncs: 0,
@@ -625,9 +645,22 @@ impl Log {
             body: e.body.clone(),
         };
         rec.encode(&mut self.staged);
-        if let Record::Event { seq, queues, .. } = rec {
+        if let Record::Event {
+            seq,
+            first_ms,
+            queues,
+            id,
+            body,
+        } = rec
+        {
             self.max_seq = self.max_seq.max(seq);
-            self.pending_events.push((seq, queues));
+            let cached = Cached {
+                seq,
+                id,
+                body,
+                first_ms,
+            };
+            self.pending_events.push((cached, queues));
         }
     }
 
@@ -695,9 +728,17 @@ impl Log {
         }
         let payload = std::mem::take(&mut self.staged);
         let pending = std::mem::take(&mut self.pending_events);
-        let first_event = pending.first().map(|(s, _)| *s);
-        for (seq, queues) in pending {
-            self.add_event(seq, queues.into_iter());
+        let first_event = pending.first().map(|(c, _)| c.seq);
+        for (cached, queues) in pending {
+            self.add_event(cached.seq, queues.into_iter());
+            self.tail_bytes += cached.body.len();
+            self.tail.push_back(cached);
+        }
+        while self.tail_bytes > self.opts.tail_bytes {
+            match self.tail.pop_front() {
+                Some(c) => self.tail_bytes -= c.body.len(),
+                None => break,
+            }
         }
         let Some(seg) = self.segs.last_mut() else {
             return Err(StoreError::Io("event log has no segment".into()));
@@ -878,20 +919,37 @@ impl Log {
             .iter()
             .filter_map(|s| self.retries.get(&(queue, *s)).map(|st| (*s, *st)))
             .collect();
+        let mut cached = Vec::new();
+        let mut from_disk = Vec::new();
+        for (pos, seq) in seqs.iter().enumerate() {
+            if !self.is_pending(queue, *seq) {
+                continue;
+            }
+            match self.cached(*seq) {
+                Some(c) => cached.push((pos, c.clone())),
+                None => from_disk.push((pos, *seq)),
+            }
+        }
         Reads {
-            plans: self.plan_reads(queue, seqs),
+            plans: self.plan_reads(&from_disk),
+            cached,
             states,
             n: seqs.len(),
         }
     }
 
-    fn plan_reads(&self, queue: QueueId, seqs: &[u64]) -> Vec<ReadPlan> {
+    /// A recently written event, if the tail still holds it.
+    fn cached(&self, seq: u64) -> Option<&Cached> {
+        let i = self.tail.partition_point(|c| c.seq < seq);
+        self.tail.get(i).filter(|c| c.seq == seq)
+    }
+
+    /// Reads of pending events (`(position asked, seq)`) from their segments.
+    fn plan_reads(&self, wanted: &[(usize, u64)]) -> Vec<ReadPlan> {
         // Group the wanted events by the index entry they start from.
         let mut groups: BTreeMap<(usize, u64), Vec<(usize, u64)>> = BTreeMap::new();
-        for (pos, seq) in seqs.iter().enumerate() {
-            if !self.is_pending(queue, *seq) {
-                continue;
-            }
+        for &(pos, seq) in wanted {
+            let seq = &seq;
             let Some(i) = self.seg_of(*seq) else { continue };
             let Some(seg) = self.segs.get(i) else {
                 continue;
@@ -922,6 +980,8 @@ impl Log {
 /// Reads planned under the log's lock ([`Log::plan_get`]).
 pub struct Reads {
     plans: Vec<ReadPlan>,
+    /// Events the tail held: `(position asked, event)`.
+    cached: Vec<(usize, Cached)>,
     /// Retry states of the wanted events that have one.
     states: HashMap<u64, RetryState>,
     n: usize,
@@ -934,6 +994,21 @@ impl Reads {
     /// Unreadable data.
     pub fn run(self) -> Result<Vec<Option<StoredEvent>>, StoreError> {
         let mut out: Vec<Option<StoredEvent>> = vec![None; self.n];
+        for (pos, c) in &self.cached {
+            let state = self.states.get(&c.seq).copied().unwrap_or(RetryState {
+                attempts: 0,
+                first_enqueued_ms: c.first_ms,
+                due_ms: 0,
+            });
+            if let Some(slot) = out.get_mut(*pos) {
+                *slot = Some(StoredEvent {
+                    seq: c.seq,
+                    id: c.id.clone(),
+                    body: c.body.clone(),
+                    state,
+                });
+            }
+        }
         for p in &self.plans {
             self.run_read(p, &mut out)?;
         }

@@ -181,6 +181,7 @@ fn a_torn_tail_is_cut_and_writing_goes_on() {
         dir: dir.path().join("log"),
         segment_bytes: 1 << 20,
         max_disk_bytes: 1 << 30,
+        tail_bytes: 0,
     };
     let known: HashSet<QueueId> = [1].into_iter().collect();
     let fs: Arc<dyn Fs> = Arc::new(RealFs);
@@ -219,6 +220,7 @@ fn a_damaged_frame_in_a_closed_segment_stops_start_up_naming_the_file() {
         dir: dir.path().join("log"),
         segment_bytes: 1024,
         max_disk_bytes: 1 << 30,
+        tail_bytes: 0,
     };
     let known: HashSet<QueueId> = [1].into_iter().collect();
     let fs: Arc<dyn Fs> = Arc::new(RealFs);
@@ -272,6 +274,7 @@ fn the_simulated_disk_is_what_the_log_runs_on() {
         dir: "/x/log".into(),
         segment_bytes: 4096,
         max_disk_bytes: 1 << 20,
+        tail_bytes: 0,
     };
     let known: HashSet<QueueId> = [1].into_iter().collect();
     let (mut log, _) = Log::open(Arc::new(fs.clone()), lo.clone(), &known, 1).unwrap();
