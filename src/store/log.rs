@@ -205,9 +205,15 @@ impl LogStore {
         })
     }
 
+    /// Settlements were staged: the committer writes them within [`SETTLE_EVERY`]. Only the
+    /// first since the last frame wakes it (one wake per frame, not per delivered batch).
     fn nudge(&self) {
-        self.shared.waiting().dirty = true;
-        self.shared.wake.notify_one();
+        let mut w = self.shared.waiting();
+        if !w.dirty {
+            w.dirty = true;
+            drop(w);
+            self.shared.wake.notify_one();
+        }
     }
 
     /// Write what is staged and give back dead segments, waiting for it (management calls on
