@@ -373,20 +373,46 @@ fn local_addr(l: &TcpListener) -> Result<SocketAddr, StartError> {
     })
 }
 
-/// The production sinks: one HTTP client (under IoT Edge with the trust bundle and the module
+/// The outbound TLS settings of credentialed Azure destinations (Event Hubs, Service Bus,
+/// Storage, cloud Event Grid): the chain and host name are always verified, against Mozilla's
+/// roots plus `outbound__azure__trustedCertificatesFile` (and, under IoT Edge, the trust
+/// bundle). The `outbound__webhook__*` settings are the original's *webhook* settings and do
+/// not apply: an Azure key must not go to whichever server answers TLS for the name.
+///
+/// # Errors
+/// The trusted-certificates file cannot be read.
+pub fn azure_tls(cfg: &Config) -> Result<OutboundTls, StartError> {
+    let extra_roots_pem = match &cfg.outbound.azure_trusted_certs_file {
+        Some(path) => Some(std::fs::read(path).map_err(|source| TlsError::Io {
+            path: path.display().to_string(),
+            source,
+        })?),
+        None => None,
+    };
+    Ok(OutboundTls {
+        accept_any_server_cert: false,
+        extra_roots_pem,
+        identity: None,
+    })
+}
+
+/// The production sinks: two HTTP clients (webhooks per the `outbound__webhook__*` settings,
+/// Azure destinations always verifying; under IoT Edge both with the trust bundle and the module
 /// identity certificate) and, under IoT Edge, the edgeHub connection.
 fn default_sinks(cfg: &Config, edge: Option<&EdgeRuntime>) -> Result<DefaultSinks, StartError> {
     let timeout = cfg.broker.delivery_timeout;
-    let client = match edge {
-        Some(edge) => edge.outbound_http_client(outbound_tls(cfg), timeout)?,
-        None => HttpClient::new(tls::client_config(&outbound_tls(cfg))?, timeout),
+    let client = |o: OutboundTls| -> Result<HttpClient, StartError> {
+        let client = match edge {
+            Some(edge) => edge.outbound_http_client(o, timeout)?,
+            None => HttpClient::new(tls::client_config(&o)?, timeout),
+        };
+        // Every delivery holds one of `maxInFlightTotal` permits, so no more connections than
+        // that are ever in use at once: keep them all reusable (see `delivery::http`).
+        Ok(client
+            .with_max_idle_per_host(cfg.broker.max_in_flight_total)
+            .with_denied_ranges(cfg.outbound.denied_ranges.clone()))
     };
-    // Every delivery holds one of `maxInFlightTotal` permits, so no more connections than that
-    // are ever in use at once: keep them all reusable (see `delivery::http`).
-    let client = client
-        .with_max_idle_per_host(cfg.broker.max_in_flight_total)
-        .with_denied_ranges(cfg.outbound.denied_ranges.clone());
-    let sinks = DefaultSinks::new(client);
+    let sinks = DefaultSinks::new(client(outbound_tls(cfg))?, client(azure_tls(cfg)?)?);
     Ok(match edge.and_then(EdgeRuntime::edgehub) {
         Some(hub) => sinks.with_module_outputs(Arc::new(hub), timeout),
         None => sinks,

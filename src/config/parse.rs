@@ -212,6 +212,9 @@ pub(super) fn outbound(raw: &Raw) -> Result<Outbound, ConfigError> {
         webhook_skip_server_cert_validation: raw
             .bool(K::outbound__webhook__skipServerCertValidation)?,
         webhook_allow_unknown_ca: raw.bool(K::outbound__webhook__allowUnknownCA)?,
+        azure_trusted_certs_file: Some(raw.text(K::outbound__azure__trustedCertificatesFile))
+            .filter(|p| !p.trim().is_empty())
+            .map(|p| std::path::PathBuf::from(p.trim())),
         eventgrid_https_only: raw.bool(K::outbound__eventgrid__httpsOnly)?,
         eventgrid_allow_invalid_hostnames: raw
             .bool(K::outbound__eventgrid__allowInvalidHostnames)?,

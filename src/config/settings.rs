@@ -77,6 +77,7 @@ settings! {
     outbound__webhook__httpsOnly = "true" : "only `https://` webhook endpoints may be subscribed";
     outbound__webhook__skipServerCertValidation = "false" : "do not validate webhook server certificates at all";
     outbound__webhook__allowUnknownCA = "true" : "accept self-signed / unknown-CA webhook server certificates";
+    outbound__azure__trustedCertificatesFile = "" : "PEM file of root certificates trusted for Azure destinations (Event Hubs, Service Bus, Storage queues and blobs, cloud Event Grid) besides Mozilla's roots and the IoT Edge trust bundle (a private CA or a TLS-inspecting proxy); those destinations always verify the certificate chain and host name, whatever the `outbound__webhook__*` settings say";
     outbound__eventgrid__httpsOnly = "true" : "cloud Event Grid destinations must be `https://`";
     outbound__eventgrid__allowInvalidHostnames = "false" : "allow Event Grid destination hosts outside `eventgrid.azure.{net,us,cn}`";
     outbound__deniedAddressRanges = "169.254.0.0/16,fe80::/10" : "address ranges (CIDR, comma-separated) no destination may reach: refused at subscription time for an address in the URL, and at connect time for the resolved address; the default denies link-local (cloud metadata services); empty denies none";

@@ -91,6 +91,8 @@ pub struct Outbound {
     pub webhook_skip_server_cert_validation: bool,
     /// Accept unknown-CA webhook certificates.
     pub webhook_allow_unknown_ca: bool,
+    /// Extra roots (PEM file) for Azure destinations, which always verify chain and host name.
+    pub azure_trusted_certs_file: Option<std::path::PathBuf>,
     /// Only https Event Grid destinations.
     pub eventgrid_https_only: bool,
     /// Allow Event Grid destination hosts outside Azure's domains.

@@ -245,7 +245,7 @@ impl EdgeRuntime {
         })
     }
 
-    /// The outbound HTTP client: trust bundle as extra roots, identity certificate presented
+    /// The outbound HTTP client: trust bundle as extra roots (besides `base`'s), identity certificate presented
     /// when `outbound__clientAuth__clientCert__enabled`.
     ///
     /// # Errors
@@ -255,8 +255,11 @@ impl EdgeRuntime {
         base: OutboundTls,
         timeout: Duration,
     ) -> Result<HttpClient, EdgeError> {
+        let mut roots = base.extra_roots_pem.clone().unwrap_or_default();
+        roots.extend_from_slice(b"\n");
+        roots.extend_from_slice(self.trust_bundle_pem.as_bytes());
         let o = OutboundTls {
-            extra_roots_pem: Some(self.trust_bundle_pem.clone().into_bytes()),
+            extra_roots_pem: Some(roots),
             identity: None,
             ..base
         };

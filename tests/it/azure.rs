@@ -680,6 +680,9 @@ pub struct StrictBus {
     pub state: BusState,
     pub port: u16,
     pub rx: mpsc::UnboundedReceiver<(String, Vec<Value>)>,
+    /// Its certificate's PEM, for `outbound__azure__trustedCertificatesFile` (Azure
+    /// destinations always verify the server).
+    pub trust_file: tempfile::NamedTempFile,
     _task: tokio::task::JoinHandle<()>,
 }
 
@@ -702,12 +705,15 @@ impl StrictBus {
         let app = Router::new()
             .route("/{entity}/messages", post(bus_messages))
             .with_state(state.clone());
-        let (port, task) = crate::util::serve_https(app).await;
+        let (port, task, pem) = crate::util::serve_https_as(app, &["localhost"]).await;
         *state.host.lock().unwrap() = format!("localhost:{port}");
+        let trust_file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(trust_file.path(), pem).unwrap();
         Self {
             state,
             port,
             rx,
+            trust_file,
             _task: task,
         }
     }
@@ -716,6 +722,14 @@ impl StrictBus {
         format!(
             "Endpoint=sb://localhost:{}/;SharedAccessKeyName={BUS_KEY_NAME};SharedAccessKey={key};EntityPath={entity}",
             self.port
+        )
+    }
+
+    /// The setting that makes gridlet trust this peer's certificate.
+    pub fn trust(&self) -> (&'static str, &str) {
+        (
+            "outbound__azure__trustedCertificatesFile",
+            self.trust_file.path().to_str().unwrap(),
         )
     }
 
@@ -730,7 +744,7 @@ impl StrictBus {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_hub_and_service_bus_get_one_message_per_event_in_one_batch_send() {
     let mut bus = StrictBus::start().await;
-    let t = start(&[]).await;
+    let t = start(&[bus.trust()]).await;
     t.topic("t").await;
     for (kind, entity) in [
         ("EventHub", "hub1"),
@@ -772,7 +786,7 @@ async fn event_hub_and_service_bus_get_one_message_per_event_in_one_batch_send()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bus_refusals_are_dead_lettered_with_the_service_text_and_413_splits() {
     let mut bus = StrictBus::start().await;
-    let t = start(&[]).await;
+    let t = start(&[bus.trust()]).await;
     t.topic("t").await;
     // A wrong key: 401 from the receiver, its detail in the dead letter.
     let wrong = json!({"endpointType": "EventHub", "properties": {
@@ -846,7 +860,7 @@ async fn bus_429_and_503_are_retried_not_dead_lettered() {
     // The eventGridCloud schedule retries after 10 s; Retry-After: 1 is below it, so the
     // retry comes at the schedule's delay: the test only checks that a throttled batch is
     // retried and then delivered, not dropped.
-    let t = start(&[]).await;
+    let t = start(&[bus.trust()]).await;
     t.topic("t").await;
     bus.state.force.store(429, Ordering::SeqCst);
     let dest = json!({"endpointType": "EventHub", "properties": {
@@ -896,7 +910,12 @@ impl Drop for Proc {
     }
 }
 
-async fn spawn_gridlet(dir: &std::path::Path, client: &reqwest::Client, cycle: usize) -> Proc {
+async fn spawn_gridlet(
+    dir: &std::path::Path,
+    client: &reqwest::Client,
+    cycle: usize,
+    trust: (&str, &str),
+) -> Proc {
     let http = free_port();
     let https = free_port();
     let log_path = dir.join(format!("gridlet-{cycle}.log"));
@@ -911,6 +930,7 @@ async fn spawn_gridlet(dir: &std::path::Path, client: &reqwest::Client, cycle: u
         ])
         .env("inbound__httpPort", http.to_string())
         .env("inbound__httpsPort", https.to_string())
+        .env(trust.0, trust.1)
         .env("persistence__metadataPath", dir.join("metadataDb"))
         .env("persistence__eventsPath", dir.join("eventsDb"))
         .stdout(Stdio::null())
@@ -969,7 +989,7 @@ async fn persisted_azure_subscriptions_lose_no_acknowledged_event_across_sigkill
     eprintln!("azure crash test seed {seed}");
     const CYCLES: usize = 4;
     for cycle in 0..CYCLES {
-        let mut p = spawn_gridlet(dir.path(), &client, cycle).await;
+        let mut p = spawn_gridlet(dir.path(), &client, cycle, bus.trust()).await;
         if cycle == 0 {
             let put = |path: &str, body: Value| {
                 client
@@ -1015,7 +1035,7 @@ async fn persisted_azure_subscriptions_lose_no_acknowledged_event_across_sigkill
     }
     assert!(acked.len() > 40, "published too little: {}", acked.len());
     // A last run without a kill delivers whatever was still pending.
-    let _p = spawn_gridlet(dir.path(), &client, CYCLES).await;
+    let _p = spawn_gridlet(dir.path(), &client, CYCLES, bus.trust()).await;
     let in_queue = std::cell::RefCell::new(std::collections::HashSet::new());
     let in_hub = std::cell::RefCell::new(std::collections::HashSet::new());
     let hub_rx = std::cell::RefCell::new(&mut bus.rx);

@@ -717,10 +717,20 @@ async fn eventgrid_destination_posts_batches_with_the_sas_key_and_topic_rewrite(
         false,
     );
     let mut rx = TlsReceiver::start(&server, None).await;
-    let t = start(&[("outbound__eventgrid__allowInvalidHostnames", "true")]).await;
+    // Event Grid keys go only to a verified server: trust the test CA, use the certified name.
+    let roots = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(roots.path(), &pki.ca_pem).unwrap();
+    let t = start(&[
+        ("outbound__eventgrid__allowInvalidHostnames", "true"),
+        (
+            "outbound__azure__trustedCertificatesFile",
+            roots.path().to_str().unwrap(),
+        ),
+    ])
+    .await;
     t.topic("local").await;
     let url = format!(
-        "https://127.0.0.1:{}/api/events?api-version=2018-01-01",
+        "https://localhost:{}/api/events?api-version=2018-01-01",
         rx.addr.port()
     );
     let sub = |topic_name: Value| {

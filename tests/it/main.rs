@@ -21,5 +21,6 @@ mod resilience;
 mod schedule;
 mod secrets;
 mod security;
+mod trust;
 mod util;
 mod wait;

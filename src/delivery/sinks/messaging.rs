@@ -92,7 +92,11 @@ impl DestinationKind for Messaging {
         let Some(d) = sub.destination.spec::<MessagingDestination>() else {
             return super::mismatched(self.names[0]);
         };
-        Arc::new(MessagingSink::new(&ctx.client, &d.conn, self.names[0]))
+        Arc::new(MessagingSink::new(
+            &ctx.azure_client,
+            &d.conn,
+            self.names[0],
+        ))
     }
 
     fn example(&self, base: &str) -> Value {

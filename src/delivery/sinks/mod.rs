@@ -173,8 +173,11 @@ impl ParseContext<'_> {
 
 /// What sink builders share.
 pub struct SinkContext {
-    /// The outbound HTTP client (one pool for every HTTP destination).
+    /// The webhook HTTP client (`outbound__webhook__*` TLS settings).
     pub client: HttpClient,
+    /// The client of credentialed Azure destinations: always verifies the server's chain and
+    /// host name (the server builds it from `outbound__azure__trustedCertificatesFile`).
+    pub azure_client: HttpClient,
     /// A random per-process id: Standard Webhooks `webhook-id`s stay unique across restarts
     /// (batch ids are sequence numbers, which restart with a memory store).
     pub boot_id: String,
@@ -261,13 +264,15 @@ pub struct DefaultSinks {
 }
 
 impl DefaultSinks {
-    /// Sinks sharing `client` (see [`crate::delivery::http::HttpClient::new`] over [`crate::tls::client_config`]).
-    pub fn new(client: HttpClient) -> Self {
+    /// Sinks sharing `client` for webhooks and `azure_client` for Azure destinations (see
+    /// [`crate::delivery::http::HttpClient::new`] over [`crate::tls::client_config`]).
+    pub fn new(client: HttpClient, azure_client: HttpClient) -> Self {
         let mut b = [0u8; 6];
         let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
         Self {
             ctx: SinkContext {
                 client,
+                azure_client,
                 boot_id: b.iter().map(|x| format!("{x:02x}")).collect(),
                 module_outputs: None,
             },

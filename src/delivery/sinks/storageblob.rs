@@ -84,7 +84,11 @@ impl DestinationKind for StorageBlob {
         let Some(d) = sub.destination.spec::<StorageBlobDestination>() else {
             return super::mismatched("StorageBlob");
         };
-        Arc::new(BlobDeadLetterSink::new(&ctx.client, &d.conn, &d.container))
+        Arc::new(BlobDeadLetterSink::new(
+            &ctx.azure_client,
+            &d.conn,
+            &d.container,
+        ))
     }
 
     fn example(&self, base: &str) -> Value {

@@ -92,7 +92,7 @@ impl DestinationKind for StorageQueue {
             return super::mismatched("StorageQueue");
         };
         Arc::new(StorageQueueSink::new(
-            &ctx.client,
+            &ctx.azure_client,
             &d.conn,
             &d.queue_name,
             d.message_encoding.unwrap_or_default(),
