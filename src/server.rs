@@ -201,10 +201,16 @@ impl Gridlet {
         if let Some(l) = listeners.https.filter(|_| cfg.inbound.tls_policy.https()) {
             let store = server_certificate(&cfg, edge.as_ref())?;
             let client = client_cert_policy(&cfg, edge.as_ref())?;
+            let identities = tls::IdentityCheck::new(&client)?;
+            if matches!(identities, tls::IdentityCheck::Never)
+                && !cfg.inbound.admin_identities.is_empty()
+            {
+                tracing::warn!("inbound__clientAuth__clientCert__adminIdentities is set but no client certificate can be verified (no IoT Edge trust bundle): every certificate may only publish");
+            }
             let acceptor = TlsAcceptor::from(tls::server_config(store.clone(), client)?);
             https_addr = Some(local_addr(&l)?);
             certs = Some(store);
-            let serve = accept_loop(l, Some(acceptor), router, limits, stop_rx);
+            let serve = accept_loop(l, Some((acceptor, identities)), router, limits, stop_rx);
             tasks.push(tokio::spawn(serve));
         }
         if let Some(dir) = heartbeat.clone() {

@@ -51,7 +51,8 @@ pub struct ConnInfo {
     pub scheme: &'static str,
     /// A client certificate was presented and accepted by the TLS verifier.
     pub client_cert: bool,
-    /// That certificate's identity (subject CN), when it has one.
+    /// That certificate's identity (subject CN), when it has one and its chain was verified
+    /// (`tls::IdentityCheck`): an unverified certificate authenticates but names nobody.
     pub client_identity: Option<Arc<str>>,
 }
 

@@ -231,7 +231,8 @@ impl EdgeRuntime {
     }
 
     /// How inbound client certificates are judged: against the trust bundle unless
-    /// `allowUnknownCA`.
+    /// `allowUnknownCA`; then any certificate authenticates, but only one that chains to the
+    /// trust bundle carries an identity.
     ///
     /// # Errors
     /// An unusable trust bundle.
@@ -239,7 +240,7 @@ impl EdgeRuntime {
         Ok(if !cfg.inbound.client_cert_enabled {
             ClientCerts::Off
         } else if cfg.inbound.client_cert_allow_unknown_ca {
-            ClientCerts::AnyCa
+            ClientCerts::AnyCaIdentityFrom(tls::root_store(self.trust_bundle_pem.as_bytes())?)
         } else {
             ClientCerts::Roots(tls::root_store(self.trust_bundle_pem.as_bytes())?)
         })

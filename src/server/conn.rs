@@ -72,7 +72,7 @@ impl ConnLimits {
 /// Accept connections until `stop` fires, then close them gracefully within [`GRACE`].
 pub async fn accept_loop(
     listener: TcpListener,
-    tls: Option<TlsAcceptor>,
+    tls: Option<(TlsAcceptor, tls::IdentityCheck)>,
     router: Router,
     limits: ConnLimits,
     mut stop: watch::Receiver<bool>,
@@ -106,7 +106,7 @@ pub async fn accept_loop(
         tokio::spawn(async move {
             let _permit = permit;
             let stream = StallTimeout::new(stream, limits.write);
-            let Some(acceptor) = tls else {
+            let Some((acceptor, identities)) = tls else {
                 let info = ConnInfo {
                     scheme,
                     client_cert: false,
@@ -116,15 +116,13 @@ pub async fn accept_loop(
             };
             match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
                 Ok(Ok(tls_stream)) => {
-                    let first = tls_stream
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|c| c.first());
+                    let chain = tls_stream.get_ref().1.peer_certificates().unwrap_or(&[]);
                     let info = ConnInfo {
                         scheme,
-                        client_cert: first.is_some(),
-                        client_identity: first.and_then(|c| tls::common_name(c)).map(Arc::from),
+                        client_cert: !chain.is_empty(),
+                        // Only a verified chain names someone (issue 20: identities that
+                        // cannot be forged).
+                        client_identity: identities.identity(chain).map(Arc::from),
                     };
                     serve(tls_stream, router, info, &limits, watcher).await;
                 }

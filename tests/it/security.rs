@@ -230,17 +230,21 @@ async fn publish_only_sas_keys_may_only_publish() {
     assert_eq!(send(publish, "unknown").await.0, 401);
 }
 
-/// With `inbound__clientAuth__clientCert__adminIdentities` set, a client certificate whose
-/// subject CN (the module id of an IoT Edge identity certificate) is listed manages; any other
-/// accepted certificate may only publish.
+/// With `inbound__clientAuth__clientCert__adminIdentities` set, only a certificate whose chain
+/// was verified (against the IoT Edge trust bundle) can carry a listed identity: outside IoT
+/// Edge, with `allowUnknownCA=true`, a self-signed certificate naming the listed CN may only
+/// publish, like any other accepted certificate (issue 20, High 2; the verified case is
+/// `edge::only_verified_certificates_carry_admin_identities`).
 #[tokio::test]
-async fn only_listed_certificate_identities_manage() {
+async fn a_self_signed_certificate_naming_an_admin_identity_may_only_publish() {
     let t = start(&[
         ("inbound__clientAuth__clientCert__enabled", "true"),
         (
             "inbound__clientAuth__clientCert__adminIdentities",
             "opsmodule",
         ),
+        ("inbound__clientAuth__sasKeys__enabled", "true"),
+        ("inbound__clientAuth__sasKeys__key1", "admin-key"),
     ])
     .await;
     let https = t.https_base.clone().unwrap();
@@ -258,16 +262,27 @@ async fn only_listed_certificate_identities_manage() {
             .build()
             .unwrap()
     };
-    let (ops, sensor) = (client_as("opsmodule"), client_as("sensor"));
+    let (forged, sensor) = (client_as("opsmodule"), client_as("sensor"));
     let topic = format!("{https}/topics/t1?{V}");
-    let r = sensor.put(&topic).json(&json!({})).send().await.unwrap();
-    assert_eq!(r.status(), 403);
-    let r = ops.put(&topic).json(&json!({})).send().await.unwrap();
-    assert_eq!(r.status(), 200);
+    for c in [&forged, &sensor] {
+        let r = c.put(&topic).json(&json!({})).send().await.unwrap();
+        assert_eq!(
+            r.status(),
+            403,
+            "an unverified certificate is not an identity"
+        );
+    }
+    let r = t
+        .client
+        .put(t.url("/topics/t1"))
+        .header("aeg-sas-key", "admin-key");
+    assert_eq!(r.json(&json!({})).send().await.unwrap().status(), 200);
     let events = json!([eg_event("e1", "s", "t", json!({}))]);
     let publish = format!("{https}/topics/t1/events?{V}");
-    let r = sensor.post(&publish).json(&events).send().await.unwrap();
-    assert_eq!(r.status(), 200);
+    for c in [&forged, &sensor] {
+        let r = c.post(&publish).json(&events).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
     // No certificate at all: 401, as before.
     let r = t.client.post(&publish).json(&events).send().await.unwrap();
     assert_eq!(r.status(), 401);
