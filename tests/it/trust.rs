@@ -168,3 +168,91 @@ async fn azure_destinations_check_the_host_name_of_a_trusted_certificate() {
         "every Azure destination reached the verified server"
     );
 }
+
+/// High 3: an event with two top-level keys that differ only in case (or are equal) is refused
+/// with 400 naming the key, whichever comes first: filters and receivers whose JSON readers
+/// are case-insensitive and keep the last key would otherwise see different events.
+#[tokio::test]
+async fn case_variant_or_duplicate_top_level_keys_are_refused_naming_the_key() {
+    let t = start(&[]).await;
+    t.topic("t").await;
+    for schema in ["CustomEventSchema", "CloudEventSchemaV1_0"] {
+        let name = schema.to_ascii_lowercase();
+        let (s, b) = t
+            .put(
+                &format!("/topics/{name}"),
+                json!({"properties": {"inputSchema": schema}}),
+            )
+            .await;
+        assert_eq!(s, 200, "{b}");
+    }
+    let eg = r#""id":"1","subject":"s","eventType":"Sensor.Read","eventTime":"2017-08-10T21:03:07+00:00","dataVersion":"1.0","data":{}"#;
+    let cases: &[(&str, &str, &str)] = &[
+        ("t", "eventType", r#""EVENTTYPE":"Admin.Wipe""#),
+        ("t", "id", r#""ID":"2""#),
+        ("t", "subject", r#""Subject":"other""#),
+        ("t", "topic", r#""topic":"t","TOPIC":"t""#),
+        ("t", "data", r#""data":{"x":1}"#),
+        ("t", "eventType", r#""eventType":"Admin.Wipe""#),
+        ("t", "subject", r#""\u0053ubject":"escaped""#),
+        (
+            "customeventschema",
+            "eventType",
+            r#""EventType":"Admin.Wipe""#,
+        ),
+    ];
+    for (topic, key, extra) in cases {
+        for extra_first in [false, true] {
+            let body = if extra_first {
+                format!("[{{{extra},{eg}}}]")
+            } else {
+                format!("[{{{eg},{extra}}}]")
+            };
+            let r = t
+                .client
+                .post(t.url(&format!("/topics/{topic}/events")))
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let text = r.text().await.unwrap();
+            assert_eq!(status, 400, "{body}: {text}");
+            assert!(
+                text.to_ascii_lowercase()
+                    .contains(&format!("'{}'", key.to_ascii_lowercase())),
+                "the error names '{key}': {text}"
+            );
+        }
+    }
+    let ce = r#""id":"1","source":"s","type":"Sensor.Read","specversion":"1.0""#;
+    for body in [
+        format!(r#"[{{{ce},"TYPE":"Admin.Wipe"}}]"#),
+        format!(r#"[{{"Type":"Admin.Wipe",{ce}}}]"#),
+    ] {
+        let r = t
+            .client
+            .post(t.url("/topics/cloudeventschemav1_0/events"))
+            .header("content-type", "application/cloudevents-batch+json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, 400, "{body}: {text}");
+        assert!(text.to_ascii_lowercase().contains("'type'"), "{text}");
+    }
+    // Distinct keys still pass, including one that only shares a prefix.
+    let ok = format!(r#"[{{{eg},"eventTypeVersion":"2"}}]"#);
+    let r = t
+        .client
+        .post(t.url("/topics/t/events"))
+        .header("content-type", "application/json")
+        .body(ok)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}
