@@ -256,3 +256,77 @@ async fn case_variant_or_duplicate_top_level_keys_are_refused_naming_the_key() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
 }
+
+/// Medium 4: under `outbound__webhook__httpsOnly=true`, the endpoints an Azure connection string
+/// derives follow the webhook rules: plain HTTP only to a loopback host (the emulators), and
+/// never an address in a denied range.
+#[tokio::test]
+async fn azure_connection_strings_follow_the_webhook_address_rules() {
+    let t = start(&[("outbound__webhook__httpsOnly", "true")]).await;
+    t.topic("t").await;
+    let key = "c2VjcmV0LWtleS1mb3ItdGVzdHM=";
+    let bus = |endpoint: &str, extra: &str| {
+        json!({"endpointType": "EventHub", "properties": {"connectionString": format!(
+            "Endpoint={endpoint};SharedAccessKeyName=send;SharedAccessKey={key};EntityPath=hub1{extra}")}})
+    };
+    let queue = |cs: String| json!({"endpointType": "StorageQueue", "properties": {"connectionString": cs, "queueName": "queue1"}});
+    let account = |rest: &str| format!("AccountName=acct;AccountKey={key};{rest}");
+    let refused = [
+        bus("sb://ns.example.com/", ";UseDevelopmentEmulator=true"),
+        bus("sb://169.254.169.254/", ""),
+        queue(account("DefaultEndpointsProtocol=http")),
+        queue(account("QueueEndpoint=http://10.0.0.5/acct")),
+        queue(account("QueueEndpoint=https://169.254.169.254/acct")),
+        queue(
+            "UseDevelopmentStorage=true;DevelopmentStorageProxyUri=http://proxy.example.com".into(),
+        ),
+    ];
+    for (n, d) in refused.iter().enumerate() {
+        let (s, b) = t
+            .put(
+                &format!("/topics/t/eventSubscriptions/r{n}"),
+                json!({"properties": {"destination": d}}),
+            )
+            .await;
+        assert_eq!(s, 400, "{d}: {b}");
+    }
+    let (s, b) = t
+        .put(
+            "/topics/t/eventSubscriptions/dl",
+            json!({"properties": {
+                "destination": {"endpointType": "WebHook", "properties": {"endpointUrl": "https://example.com/x"}},
+                "deadLetterDestination": {"endpointType": "StorageBlob", "properties": {
+                    "connectionString": account("BlobEndpoint=http://blob.example.com/acct"),
+                    "blobContainerName": "letters"}}}}),
+        )
+        .await;
+    assert_eq!(s, 400, "{b}");
+    let allowed = [
+        bus("sb://localhost:5672/", ";UseDevelopmentEmulator=true"),
+        bus("sb://ns.servicebus.windows.net/", ""),
+        queue("UseDevelopmentStorage=true".into()),
+        queue(account(
+            "QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1",
+        )),
+        queue(account("DefaultEndpointsProtocol=https")),
+    ];
+    for (n, d) in allowed.iter().enumerate() {
+        let (s, b) = t
+            .put(
+                &format!("/topics/t/eventSubscriptions/a{n}"),
+                json!({"properties": {"destination": d}}),
+            )
+            .await;
+        assert_eq!(s, 200, "{d}: {b}");
+    }
+    // httpsOnly=false: plain HTTP anywhere outside the denied ranges, as for webhooks.
+    let t = start(&[("outbound__webhook__httpsOnly", "false")]).await;
+    t.topic("t").await;
+    let (s, b) = t
+        .put(
+            "/topics/t/eventSubscriptions/h",
+            json!({"properties": {"destination": queue(account("QueueEndpoint=http://10.0.0.5/acct"))}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+}

@@ -78,6 +78,7 @@ impl DestinationKind for Messaging {
         let conn =
             MessagingConn::parse(cs).map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
         let resource_uri = conn.resource_uri();
+        ctx.azure_endpoint(&resource_uri, "connectionString Endpoint")?;
         Ok(Destination::new(
             self.names[0],
             MessagingDestination {

@@ -144,6 +144,29 @@ impl ParseContext<'_> {
         Ok(url)
     }
 
+    /// An endpoint derived from an Azure connection string (Event Hubs / Service Bus namespace,
+    /// Storage queue or blob service): the webhook rules of [`ParseContext::outbound_url`] under
+    /// `outbound__webhook__httpsOnly`, except that plain HTTP may reach a loopback host (the
+    /// emulators: `UseDevelopmentStorage`, `UseDevelopmentEmulator`). Shared Key signatures and
+    /// SAS tokens never cross the network in clear text while `httpsOnly` is on.
+    ///
+    /// # Errors
+    /// 400 naming `display`.
+    pub fn azure_endpoint(&self, raw: &str, display: &str) -> Result<Url, DestinationError> {
+        let loopback = match Url::parse(raw).ok().as_ref().and_then(Url::host) {
+            Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+            Some(url::Host::Ipv4(a)) => a.is_loopback(),
+            Some(url::Host::Ipv6(a)) => a.is_loopback(),
+            None => false,
+        };
+        self.outbound_url(
+            raw,
+            display,
+            self.cfg.outbound.webhook_https_only && !loopback,
+            Key::outbound__webhook__httpsOnly.name(),
+        )
+    }
+
     /// Refuse a URL whose host is an address in `outbound__deniedAddressRanges` (host names are
     /// checked on their resolved address at connect time, by the HTTP client).
     ///

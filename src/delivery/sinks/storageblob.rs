@@ -61,10 +61,12 @@ impl DestinationKind for StorageBlob {
         let cs = ctx.required(props, "connectionstring", "connectionString")?;
         let conn =
             StorageConn::parse(cs).map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
+        let container_url = format!("{}/{container}", conn.blob_endpoint);
+        ctx.azure_endpoint(&container_url, "connectionString blob endpoint")?;
         Ok(Destination::new(
             "StorageBlob",
             StorageBlobDestination {
-                container_url: format!("{}/{container}", conn.blob_endpoint),
+                container_url,
                 container: container.to_string(),
                 connection_string: cs.to_string(),
                 conn,

@@ -75,10 +75,12 @@ impl DestinationKind for StorageQueue {
         let cs = ctx.required(props, "connectionstring", "connectionString")?;
         let conn =
             StorageConn::parse(cs).map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
+        let queue_url = format!("{}/{queue_name}", conn.queue_endpoint);
+        ctx.azure_endpoint(&queue_url, "connectionString queue endpoint")?;
         Ok(Destination::new(
             "StorageQueue",
             StorageQueueDestination {
-                queue_url: format!("{}/{queue_name}", conn.queue_endpoint),
+                queue_url,
                 queue_name: queue_name.to_string(),
                 connection_string: cs.to_string(),
                 message_encoding,
