@@ -8,6 +8,7 @@
 //! up to 10 s to finish, then the broker's tasks are dropped.
 
 mod conn;
+mod slots;
 
 use crate::api::{self, AppState};
 use crate::broker::{Broker, OpenError};

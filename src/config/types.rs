@@ -60,6 +60,8 @@ pub struct Inbound {
     pub bind_address: IpAddr,
     /// Open client connections, both listeners together.
     pub max_connections: usize,
+    /// Open client connections from one IP address (0 = no cap).
+    pub max_connections_per_peer: usize,
     /// Close a connection with no request in progress after this long.
     pub idle_timeout: Duration,
     /// A request body must arrive within this long of being read.

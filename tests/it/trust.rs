@@ -330,3 +330,44 @@ async fn azure_connection_strings_follow_the_webhook_address_rules() {
         .await;
     assert_eq!(s, 200, "{b}");
 }
+
+/// Medium 5: 3,000 sockets that connect and send nothing, against the default cap (1,024) and
+/// idle timeout (30 s): at the cap the oldest idle connections make room, so `/healthz` and a
+/// publish on fresh connections are answered within 2 s, and the event is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_idle_sockets_leaves_health_and_publishing_answered_within_2_s() {
+    let t = start(&[]).await;
+    let mut rx = Receiver::start().await;
+    t.topic("t").await;
+    t.webhook_sub("t", "s", &rx.url("/s"), json!({})).await;
+    let addr = t.g.http_addr.unwrap();
+    let mut idle = Vec::with_capacity(3_000);
+    for _ in 0..3_000 {
+        let s = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
+            .await
+            .expect("connects within 5 s (the listener keeps accepting)")
+            .unwrap();
+        idle.push(s);
+    }
+    let fresh = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let within = Duration::from_secs(2);
+    let r = tokio::time::timeout(within, fresh.get(format!("{}/healthz", t.base)).send())
+        .await
+        .expect("/healthz answers within 2 s")
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let events = json!([eg_event("e1", "s", "t", json!({}))]);
+    let r = tokio::time::timeout(
+        within,
+        fresh.post(t.url("/topics/t/events")).json(&events).send(),
+    )
+    .await
+    .expect("a publish is answered within 2 s")
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(rx.next().await.json()[0]["id"], "e1");
+    drop(idle);
+}

@@ -5,7 +5,7 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::{any, post};
+use axum::routing::any;
 use axum::Router;
 use gridlet::{Config, Gridlet, Parts};
 use serde_json::Value;
