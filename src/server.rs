@@ -189,6 +189,9 @@ impl Gridlet {
             broker: broker.clone(),
             metrics_enabled: cfg.metrics == MetricsReporter::Prometheus,
             ready: ready.clone(),
+            bodies: Arc::new(api::body::BodyBudget::new(
+                cfg.inbound.max_body_bytes_in_flight,
+            )),
         });
         let (stop, stop_rx) = watch::channel(false);
         let limits = ConnLimits::new(&cfg.inbound);

@@ -65,6 +65,8 @@ pub struct AppState {
     pub metrics_enabled: bool,
     /// Liveness/readiness flag (false while shutting down).
     pub ready: Arc<std::sync::atomic::AtomicBool>,
+    /// Request bodies being read, all connections together (`inbound__maxBodyBytesInFlight`).
+    pub bodies: Arc<body::BodyBudget>,
 }
 
 /// The connection facts a handler may extract (absent in router tests without a listener).
@@ -277,16 +279,29 @@ fn api_version(req: &Request) -> Result<(), ApiError> {
 ///
 /// # Errors
 /// 413 over the limit; 408 past the body deadline; 400 when the body cannot be read.
-pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    if let Some(len) = headers
+pub async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    budget: &body::BodyBudget,
+) -> Result<Bytes, ApiError> {
+    let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        if len > limit as u64 {
-            return Err(ApiError::payload_too_large(limit));
-        }
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(ApiError::payload_too_large(limit));
     }
+    let reserve = declared.map_or(limit, |len| len as usize);
+    let Some(_reserved) = budget.reserve(reserve).await else {
+        return Err(ApiError::unavailable(
+            format!(
+                "request bodies being read fill {}; retry later",
+                crate::config::Key::inbound__maxBodyBytesInFlight.name()
+            ),
+            std::time::Duration::from_secs(1),
+        ));
+    };
     match axum::body::to_bytes(body, limit).await {
         Ok(b) => Ok(b),
         Err(e) => {
@@ -318,7 +333,7 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
 async fn read_json(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
     require_json(headers)?;
     let limit = s.broker.config().broker.max_request_body_bytes;
-    let bytes = read_body(headers, body, limit).await?;
+    let bytes = read_body(headers, body, limit, &s.bodies).await?;
     Ok(parse_body(&bytes)?)
 }
 

@@ -70,6 +70,7 @@ settings! {
     inbound__bindAddress = "0.0.0.0" : "address both listeners bind to";
     inbound__maxConnections = "1024" : "open client connections, both listeners together; at it the least recently used connection with no request in progress is closed for a new one (only when all are busy do new connections wait in the listen backlog); past half of it new connections get a 3 s TLS handshake and at most a 5 s idle timeout";
     inbound__maxConnectionsPerPeer = "256" : "open client connections from one IP address; a peer at it gets its least recently used idle connection closed for a new one, or the new one refused when all of its connections are busy; 0 = no per-peer cap";
+    inbound__maxBodyBytesInFlight = "67108864" : "bytes of request bodies being read at once, all connections together (each request reserves its `Content-Length`, or `broker__maxRequestBodyBytes` when it has none); a request that finds the budget taken waits up to 1 s, then gets 503 + Retry-After";
     inbound__idleTimeoutInSeconds = "30" : "a connection with no request in progress (never sent one, idle between keep-alive requests, or slow to send its headers) is closed after this long";
     inbound__requestBodyTimeoutInSeconds = "60" : "a request body must arrive within this long of being read; slower gets 408 and the connection closes";
     inbound__responseWriteTimeoutInSeconds = "30" : "a connection whose client reads none of a pending response for this long is closed";

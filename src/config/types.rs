@@ -60,6 +60,8 @@ pub struct Inbound {
     pub bind_address: IpAddr,
     /// Open client connections, both listeners together.
     pub max_connections: usize,
+    /// Bytes of request bodies being read at once, all connections together.
+    pub max_body_bytes_in_flight: usize,
     /// Open client connections from one IP address (0 = no cap).
     pub max_connections_per_peer: usize,
     /// Close a connection with no request in progress after this long.

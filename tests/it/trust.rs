@@ -371,3 +371,51 @@ async fn a_flood_of_idle_sockets_leaves_health_and_publishing_answered_within_2_
     assert_eq!(rx.next().await.json()[0]["id"], "e1");
     drop(idle);
 }
+
+/// Medium 6: request bodies being read share one budget (`inbound__maxBodyBytesInFlight`):
+/// while a slow client holds it, another publish waits briefly, then gets 503 + `Retry-After`;
+/// once the slow body completes, publishing goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_in_flight_share_one_budget() {
+    use tokio::io::AsyncWriteExt;
+    let t = start(&[
+        ("inbound__maxBodyBytesInFlight", "4096"),
+        ("broker__maxRequestBodyBytes", "4096"),
+    ])
+    .await;
+    t.topic("t").await;
+    let mut slow = tokio::net::TcpStream::connect(t.g.http_addr.unwrap())
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /topics/t/events?{} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n[",
+        crate::util::V
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    let events = json!([eg_event("e1", "s", "e", json!({}))]);
+    let refused =
+        crate::util::eventually("a publish refused while the budget is taken", || async {
+            let r = t
+                .client
+                .post(t.url("/topics/t/events"))
+                .json(&events)
+                .send()
+                .await
+                .unwrap();
+            match r.status().as_u16() {
+                503 => Ok(r),
+                s => Err(format!("{s}")),
+            }
+        })
+        .await;
+    assert!(refused.headers().contains_key("retry-after"));
+    let text = refused.text().await.unwrap();
+    assert!(text.contains("maxBodyBytesInFlight"), "{text}");
+    // The slow body completes (its 400 does not matter): the budget is free again.
+    slow.write_all(&vec![b' '; 3999]).await.unwrap();
+    let mut answer = Vec::new();
+    use tokio::io::AsyncReadExt;
+    let _ = tokio::time::timeout(Duration::from_secs(5), slow.read_buf(&mut answer)).await;
+    let (s, b) = t.post_json("/topics/t/events", &events).await;
+    assert_eq!(s, 200, "{b}");
+}
