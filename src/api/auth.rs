@@ -12,12 +12,19 @@
 //! * a client certificate: administrator when `inbound__clientAuth__clientCert__adminIdentities`
 //!   is empty (the default) or lists its subject CN, publisher otherwise.
 //!
+//! With every credential off (the original's open mode, and the compose example), any request is
+//! an administrator, so [`browser_guard`] refuses what only a browser on a hostile page would
+//! send: a request the browser marks cross-site (`Sec-Fetch-Site`), an `Origin` other than the
+//! `Host` it is sent to, and a `Host` that is not an address, `localhost`, the module id or an
+//! `inbound__allowedHostNames` entry (a DNS-rebinding page names its own domain, which it has
+//! pointed at gridlet). Tools and modules send neither `Origin` nor `Sec-Fetch-Site`.
+//!
 //! A publisher may only publish (`POST /topics/{topic}/events[/{id}]`); any other API route
 //! answers 403 `Forbidden` with the documented body. When a request carries several credentials
 //! the strongest counts.
 
 use super::ConnInfo;
-use crate::config::Inbound;
+use crate::config::{Config, Inbound, Key};
 use crate::error::ApiError;
 use axum::extract::Request;
 use axum::http::{HeaderMap, Method, StatusCode};
@@ -114,6 +121,82 @@ fn forbidden() -> ApiError {
         message: "this credential may only publish events (POST /topics/{topic}/events)".into(),
         retry_after: None,
     }
+}
+
+/// With every credential off, refuse browser requests from other sites and DNS-rebinding
+/// pages (see the module docs); with a credential required, nothing (a page cannot send it).
+///
+/// # Errors
+/// 403 with the documented body.
+pub fn browser_guard(cfg: &Config, req: &Request) -> Result<(), ApiError> {
+    let inbound = &cfg.inbound;
+    if inbound.sas_enabled || inbound.client_cert_enabled {
+        return Ok(());
+    }
+    let h = req.headers();
+    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+    let refuse = |why: String| ApiError {
+        status: StatusCode::FORBIDDEN,
+        detail: "Forbidden",
+        message: why,
+        retry_after: None,
+    };
+    if let Some(site) = text("sec-fetch-site") {
+        if !matches!(site, "same-origin" | "none") {
+            return Err(refuse(format!(
+                "a {site} browser request is refused while no credential is required"
+            )));
+        }
+    }
+    let host = text("host").or_else(|| req.uri().authority().map(|a| a.as_str()));
+    if let Some(origin) = h.get("origin") {
+        let origin_host = origin
+            .to_str()
+            .ok()
+            .and_then(|o| o.split_once("://"))
+            .map(|(_, rest)| rest.trim_end_matches('/'));
+        let same = matches!((origin_host, host), (Some(o), Some(h)) if o.eq_ignore_ascii_case(h));
+        if !same {
+            return Err(refuse(
+                "a request from another origin is refused while no credential is required".into(),
+            ));
+        }
+    }
+    match host {
+        Some(host) if !known_host(cfg, host) => Err(refuse(format!(
+            "Host '{host}' is not one of gridlet's names; add it to {} (or require a credential)",
+            Key::inbound__allowedHostNames.name()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// An IP address, `localhost`, the module id or a configured name (`host` may carry a port).
+fn known_host(cfg: &Config, host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => {
+            return v6
+                .split(']')
+                .next()
+                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
+        }
+        None => host.rsplit_once(':').map_or(host, |(n, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                n
+            } else {
+                host
+            }
+        }),
+    };
+    let name = name.trim_end_matches('.');
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || name.eq_ignore_ascii_case(&cfg.edge.module_id)
+        || cfg
+            .inbound
+            .allowed_host_names
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(name))
 }
 
 /// 401 unless the request is authenticated; 403 when its credential may not use this route.

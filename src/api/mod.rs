@@ -219,8 +219,10 @@ where
     }
 
     fn call(&mut self, req: Request) -> Self::Future {
-        let checked =
-            auth::require(&self.broker.config().inbound, &req).and_then(|()| api_version(&req));
+        let cfg = self.broker.config();
+        let checked = auth::require(&cfg.inbound, &req)
+            .and_then(|()| auth::browser_guard(cfg, &req))
+            .and_then(|()| api_version(&req));
         match checked {
             Ok(()) => {
                 let span = request_span(&req);

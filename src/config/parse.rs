@@ -189,6 +189,7 @@ pub(super) fn inbound(raw: &Raw) -> Result<Inbound, ConfigError> {
         https_port: raw.int(K::inbound__httpsPort, 0, 65535)? as u16,
         bind_address,
         max_connections: raw.int(K::inbound__maxConnections, 1, 1_000_000)? as usize,
+        allowed_host_names: comma_list(Some(raw.text(K::inbound__allowedHostNames))),
         max_body_bytes_in_flight: raw.int(K::inbound__maxBodyBytesInFlight, 1024, 1 << 40)?
             as usize,
         max_connections_per_peer: raw.int(K::inbound__maxConnectionsPerPeer, 0, 1_000_000)?

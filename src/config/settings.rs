@@ -65,6 +65,7 @@ settings! {
     inbound__clientAuth__sasKeys__key2 = "" : "second accepted SAS key, for rotation (secret, never logged)";
     inbound__clientAuth__sasKeys__publishOnlyKeys = "" : "comma-separated SAS keys that may only publish (`POST .../events`); anything else gets 403 (secret, never logged; needs `sasKeys__enabled`). Beyond the original, opt-in";
     inbound__clientAuth__clientCert__adminIdentities = "" : "comma-separated client identities (the subject CN of the client certificate: the module id of an IoT Edge module identity certificate) that may manage topics and subscriptions; other accepted certificates may only publish. A CN counts only when the certificate chains to the IoT Edge trust bundle: with `allowUnknownCA=true` a self-signed certificate naming a listed identity may only publish. Empty: every accepted certificate is administrator (the original's behaviour)";
+    inbound__allowedHostNames = "" : "with every credential off (SAS keys and client certificates disabled): comma-separated host names requests may name in `Host`, besides IP addresses, `localhost` and the module id (DNS-rebinding protection; requests a browser marks cross-site are refused too)";
     inbound__httpPort = "5888" : "plain HTTP port (0 = any free port)";
     inbound__httpsPort = "4438" : "HTTPS port (0 = any free port)";
     inbound__bindAddress = "0.0.0.0" : "address both listeners bind to";

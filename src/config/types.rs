@@ -60,6 +60,8 @@ pub struct Inbound {
     pub bind_address: IpAddr,
     /// Open client connections, both listeners together.
     pub max_connections: usize,
+    /// With auth off: `Host` names accepted besides addresses, `localhost` and the module id.
+    pub allowed_host_names: Vec<String>,
     /// Bytes of request bodies being read at once, all connections together.
     pub max_body_bytes_in_flight: usize,
     /// Open client connections from one IP address (0 = no cap).

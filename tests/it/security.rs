@@ -383,7 +383,7 @@ async fn a_slow_body_is_cut_at_the_body_timeout() {
         .await
         .unwrap();
     let head = format!(
-        "POST /topics/t/events?{V} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[{{\"id\":"
+        "POST /topics/t/events?{V} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[{{\"id\":"
     );
     s.write_all(head.as_bytes()).await.unwrap();
     let mut response = Vec::new();

