@@ -520,3 +520,43 @@ async fn with_auth_off_browser_cross_site_and_rebinding_requests_are_refused() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// Low 9: a page asked for more than the page limit (1,000) is cut to it and says where the
+/// next one starts (it answered 1,000 letters and `nextAfter: null` with 1,500 kept).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_page_over_the_limit_still_points_to_the_next() {
+    let t = start(&[]).await;
+    t.topic("t").await;
+    t.webhook_sub(
+        "t",
+        "s",
+        "http://127.0.0.1:9/refused",
+        json!({"retryPolicy": {"maxDeliveryAttempts": 1}, "deliveryPolicy": {"maxEventsPerBatch": 50}}),
+    )
+    .await;
+    for chunk in 0..3 {
+        let evs: Vec<Value> = (0..500)
+            .map(|i| eg_event(&format!("{chunk}-{i}"), "s", "e", json!({})))
+            .collect();
+        t.publish("t", Value::Array(evs)).await;
+    }
+    t.wait_metric(
+        "gridlet_dead_letters",
+        "topic=\"t\",subscription=\"s\"",
+        1500,
+    )
+    .await;
+    let (s, page) = t
+        .get("/topics/t/eventSubscriptions/s/deadLetters?top=5000")
+        .await;
+    assert_eq!(s, 200, "{page}");
+    assert_eq!(page["value"].as_array().unwrap().len(), 1000);
+    let next = page["nextAfter"].as_str().expect("a next page").to_string();
+    let (_, rest) = t
+        .get(&format!(
+            "/topics/t/eventSubscriptions/s/deadLetters?top=5000&after={next}"
+        ))
+        .await;
+    assert_eq!(rest["value"].as_array().unwrap().len(), 500);
+    assert_eq!(rest["nextAfter"], Value::Null);
+}
