@@ -179,9 +179,14 @@ impl Gridlet {
         } else {
             None
         };
+        let own: Vec<SocketAddr> = [listeners.http.as_ref(), listeners.https.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.local_addr().ok())
+            .collect();
         let sinks = match parts.sinks {
             Some(s) => s,
-            None => Arc::new(default_sinks(&cfg, edge.as_ref())?),
+            None => Arc::new(default_sinks(&cfg, edge.as_ref(), &own)?),
         };
         let broker = on_exiting_thread(|| Broker::open(cfg.clone(), store, sinks, clock))?;
         let ready = Arc::new(AtomicBool::new(true));
@@ -409,7 +414,11 @@ pub fn azure_tls(cfg: &Config) -> Result<OutboundTls, StartError> {
 /// The production sinks: two HTTP clients (webhooks per the `outbound__webhook__*` settings,
 /// Azure destinations always verifying; under IoT Edge both with the trust bundle and the module
 /// identity certificate) and, under IoT Edge, the edgeHub connection.
-fn default_sinks(cfg: &Config, edge: Option<&EdgeRuntime>) -> Result<DefaultSinks, StartError> {
+fn default_sinks(
+    cfg: &Config,
+    edge: Option<&EdgeRuntime>,
+    own: &[SocketAddr],
+) -> Result<DefaultSinks, StartError> {
     let timeout = cfg.broker.delivery_timeout;
     let client = |o: OutboundTls| -> Result<HttpClient, StartError> {
         let client = match edge {
@@ -420,7 +429,8 @@ fn default_sinks(cfg: &Config, edge: Option<&EdgeRuntime>) -> Result<DefaultSink
         // that are ever in use at once: keep them all reusable (see `delivery::http`).
         Ok(client
             .with_max_idle_per_host(cfg.broker.max_in_flight_total)
-            .with_denied_ranges(cfg.outbound.denied_ranges.clone()))
+            .with_denied_ranges(cfg.outbound.denied_ranges.clone())
+            .with_own_listeners(own.to_vec()))
     };
     let sinks = DefaultSinks::new(client(outbound_tls(cfg))?, client(azure_tls(cfg)?)?);
     Ok(match edge.and_then(EdgeRuntime::edgehub) {

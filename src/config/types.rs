@@ -125,7 +125,19 @@ impl IpRange {
         let net: std::net::IpAddr = addr.trim().parse().ok()?;
         let max = if net.is_ipv4() { 32 } else { 128 };
         let prefix = prefix.unwrap_or(max);
-        (prefix <= max).then_some(Self { net, prefix })
+        if prefix > max {
+            return None;
+        }
+        // `::ffff:a.b.c.d/n`: addresses are matched as IPv4 (`contains`), so the range is too.
+        if let std::net::IpAddr::V6(v6) = net {
+            if let (Some(v4), true) = (v6.to_ipv4_mapped(), prefix >= 96) {
+                return Some(Self {
+                    net: v4.into(),
+                    prefix: prefix - 96,
+                });
+            }
+        }
+        Some(Self { net, prefix })
     }
 
     /// Whether `ip` is in the range.

@@ -560,3 +560,26 @@ async fn a_dead_letter_page_over_the_limit_still_points_to_the_next() {
     assert_eq!(rest["value"].as_array().unwrap().len(), 500);
     assert_eq!(rest["nextAfter"], Value::Null);
 }
+
+/// Low 11: a subscription to gridlet's own API (with auth off, an event loop or a way around
+/// the API's checks) is refused at connect time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gridlet_never_delivers_to_its_own_listeners() {
+    let t = start(&[]).await;
+    t.topic("t").await;
+    let own = format!("{}/topics/t/events?{}", t.base, crate::util::V);
+    let localhost = own.replace("127.0.0.1", "localhost");
+    t.webhook_sub("t", "self", &own, json!({})).await;
+    t.webhook_sub("t", "self2", &localhost, json!({})).await;
+    t.publish("t", json!([eg_event("1", "s", "e", json!({}))]))
+        .await;
+    for s in ["self", "self2"] {
+        let labels = format!("topic=\"t\",subscription=\"{s}\"");
+        t.wait_metric("DeliveryFailureCounts", &labels, 1).await;
+    }
+    let m = t.metrics().await;
+    assert_eq!(
+        crate::util::metric(&m, "EventsReceived", "topic=\"t\""),
+        Some(1)
+    );
+}
