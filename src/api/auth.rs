@@ -41,11 +41,21 @@ pub enum Role {
     Admin,
 }
 
+/// A fixed-length stand-in for a key: comparing SHA-256 digests takes the same time whatever
+/// the given key's length (comparing the keys themselves returned early on a length mismatch,
+/// which told a caller the key's length).
+fn digest(key: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, key);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+/// Whether `a` and `b` are equal, in time independent of where they differ and of their
+/// lengths (digests compared without an early exit).
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    let (a, b) = (digest(a), digest(b));
+    a.iter().zip(&b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Every key is compared (no early exit on a match), so timing shows neither which key matched
@@ -220,6 +230,18 @@ mod tests {
     use crate::config::Config;
     use axum::http::HeaderValue;
     use std::sync::Arc;
+
+    /// Issue 20, Low 15: keys are compared as fixed-length digests, so neither a length
+    /// mismatch nor the first differing byte ends the comparison early.
+    #[test]
+    fn keys_are_compared_as_fixed_length_digests() {
+        assert_eq!(digest(b"k").len(), digest(&[b'k'; 10_000]).len());
+        assert!(constant_time_eq(b"secret-key", b"secret-key"));
+        assert!(!constant_time_eq(b"secret-key", b"secret-ke"));
+        assert!(!constant_time_eq(b"secret-key", b"secret-keyX"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(any_key_matches(b"b", &["a".into(), "b".into()]));
+    }
 
     fn inbound(pairs: &[(&str, &str)]) -> Inbound {
         Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
