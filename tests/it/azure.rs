@@ -67,7 +67,7 @@ impl Azurite {
         gridlet::tls::install_default_provider();
         let bin = azurite_binary().expect(
             "Azurite is not installed: these tests use the real Azure Storage emulator. \
-             Run scripts/test.sh (it installs `azurite@3` with npm under ~/.cache/gridlet/azurite).",
+             Run scripts/test.sh (it installs `azurite@3.37.0` with npm under ~/.cache/gridlet/azurite).",
         );
         let dir = tempfile::tempdir().unwrap();
         let (queue_port, blob_port, table_port) = (free_port(), free_port(), free_port());
