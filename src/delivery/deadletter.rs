@@ -53,7 +53,15 @@ pub struct ForwardStats {
 /// Attempts of one forward, with the delay before each retry.
 const FORWARD_RETRIES: [Duration; 2] = [Duration::from_secs(10), Duration::from_secs(60)];
 
-/// A bounded queue to one forwarding task (owned by the broker's engine, aborted on drop).
+/// Letters waiting for one subscription's forwarding lane; more are counted as failed.
+const LANE_QUEUE: usize = 64;
+/// A lane with nothing to forward for this long ends (a new one starts with the next letter).
+const LANE_IDLE: Duration = Duration::from_secs(60);
+
+/// A bounded queue to the forwarding task (owned by the broker's engine, aborted on drop). It
+/// hands each subscription's letters to a lane of their own (a task, in order), so a dead-letter
+/// destination that hangs holds up only its own subscription's letters, as deliveries are
+/// isolated per subscription.
 pub struct Forwarder {
     tx: mpsc::Sender<Forward>,
     /// Counters.
@@ -89,38 +97,74 @@ impl Forwarder {
 }
 
 async fn forward_loop(mut rx: mpsc::Receiver<Forward>, stats: Arc<ForwardStats>) {
+    // The lanes end with this task: aborting it drops the set, which aborts them.
+    let mut lanes_tasks = tokio::task::JoinSet::new();
+    let mut lanes: std::collections::HashMap<(Arc<str>, Arc<str>), mpsc::Sender<Forward>> =
+        std::collections::HashMap::new();
     while let Some(f) = rx.recv().await {
-        let req = DeliveryRequest {
-            topic: f.topic.clone(),
-            subscription: f.subscription.clone(),
-            schema: EventSchema::Custom,
-            events: f
-                .letters
-                .iter()
-                .map(|l| Bytes::from(l.to_json().to_string()))
-                .collect(),
-            attempt: 1,
-            batch_id: f.letters.first().map_or(0, |l| l.seq),
-        };
+        while lanes_tasks.try_join_next().is_some() {}
+        let key = (f.topic.clone(), f.subscription.clone());
+        if lanes.get(&key).is_some_and(mpsc::Sender::is_closed) {
+            lanes.remove(&key);
+        }
+        let lane = lanes.entry(key).or_insert_with(|| {
+            let (tx, mut lane_rx) = mpsc::channel::<Forward>(LANE_QUEUE);
+            let stats = stats.clone();
+            lanes_tasks.spawn(async move {
+                while let Ok(Some(f)) = tokio::time::timeout(LANE_IDLE, lane_rx.recv()).await {
+                    forward_one(f, &stats).await;
+                }
+                // Idle: no more letters are taken; forward any that raced in, then end.
+                lane_rx.close();
+                while let Ok(f) = lane_rx.try_recv() {
+                    forward_one(f, &stats).await;
+                }
+            });
+            tx
+        });
         let n = f.letters.len() as u64;
-        let mut ok = false;
-        for (i, wait) in std::iter::once(Duration::ZERO)
-            .chain(FORWARD_RETRIES)
-            .enumerate()
-        {
-            tokio::time::sleep(wait).await;
-            let mut r = req.clone();
-            r.attempt = i as u32 + 1;
-            if f.sink.send(&r).await == Outcome::Delivered {
-                ok = true;
-                break;
-            }
-        }
-        if ok {
-            stats.forwarded.add(n);
-        } else {
+        if lane.try_send(f).is_err() {
             stats.failed.add(n);
-            tracing::warn!(subscription = %f.subscription, letters = n, "dead-letter webhook unreachable; kept locally only");
+            tracing::warn!(
+                letters = n,
+                "dead-letter forwarding queue of the subscription full; kept locally only"
+            );
         }
+    }
+}
+
+/// Forward one batch of letters, with [`FORWARD_RETRIES`].
+async fn forward_one(f: Forward, stats: &ForwardStats) {
+    let req = DeliveryRequest {
+        topic: f.topic.clone(),
+        subscription: f.subscription.clone(),
+        schema: EventSchema::Custom,
+        events: f
+            .letters
+            .iter()
+            .map(|l| Bytes::from(l.to_json().to_string()))
+            .collect(),
+        attempt: 1,
+        batch_id: f.letters.first().map_or(0, |l| l.seq),
+    };
+    let n = f.letters.len() as u64;
+    let mut ok = false;
+    for (i, wait) in std::iter::once(Duration::ZERO)
+        .chain(FORWARD_RETRIES)
+        .enumerate()
+    {
+        tokio::time::sleep(wait).await;
+        let mut r = req.clone();
+        r.attempt = i as u32 + 1;
+        if f.sink.send(&r).await == Outcome::Delivered {
+            ok = true;
+            break;
+        }
+    }
+    if ok {
+        stats.forwarded.add(n);
+    } else {
+        stats.failed.add(n);
+        tracing::warn!(subscription = %f.subscription, letters = n, "dead-letter webhook unreachable; kept locally only");
     }
 }

@@ -296,7 +296,11 @@ fn downloads_in_builds_and_tests_are_pinned_and_verified() {
         .filter(|w| w.len() == 64)
         .count();
     assert_eq!(hashes, 2, "one SHA-256 per build-host architecture");
-    for f in ["Dockerfile.amd64", "Dockerfile.arm64v8", "Dockerfile.arm32v7"] {
+    for f in [
+        "Dockerfile.amd64",
+        "Dockerfile.arm64v8",
+        "Dockerfile.arm32v7",
+    ] {
         let text = read(f);
         assert!(
             text.contains("documented import") && text.contains("@sha256:"),
@@ -311,5 +315,8 @@ fn downloads_in_builds_and_tests_are_pinned_and_verified() {
             let v = w.trim_start_matches("azurite@");
             v.split('.').count() == 3 && v.split('.').all(|p| p.parse::<u32>().is_ok())
         });
-    assert!(pinned && test_sh.contains("azurite@"), "azurite pinned exactly");
+    assert!(
+        pinned && test_sh.contains("azurite@"),
+        "azurite pinned exactly"
+    );
 }

@@ -583,3 +583,54 @@ async fn gridlet_never_delivers_to_its_own_listeners() {
         Some(1)
     );
 }
+
+/// Low 17: dead-letter forwarding is isolated per subscription: letters for a dead-letter
+/// webhook that accepts connections and never answers do not hold up another subscription's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_dead_letter_destination_does_not_stall_the_others() {
+    let hang = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hang_addr = hang.local_addr().unwrap();
+    let _hang = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = hang.accept().await {
+            held.push(s);
+        }
+    });
+    let mut letters = Receiver::start().await;
+    let t = start(&[]).await;
+    t.topic("a").await;
+    t.topic("b").await;
+    let sub = |dl: String| {
+        json!({"properties": {
+            "destination": {"endpointType": "WebHook", "properties": {"endpointUrl": "http://127.0.0.1:9/refused"}},
+            "retryPolicy": {"maxDeliveryAttempts": 1},
+            "deadLetterDestination": {"endpointType": "WebHook", "properties": {"endpointUrl": dl}}}})
+    };
+    let (s, b) = t
+        .put(
+            "/topics/a/eventSubscriptions/hanging",
+            sub(format!("http://{hang_addr}/letters")),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    t.publish("a", json!([eg_event("a1", "s", "e", json!({}))]))
+        .await;
+    t.wait_metric(
+        "gridlet_dead_letters",
+        "topic=\"a\",subscription=\"hanging\"",
+        1,
+    )
+    .await;
+    let (s, b) = t
+        .put(
+            "/topics/b/eventSubscriptions/ok",
+            sub(letters.url("/letters")),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    t.publish("b", json!([eg_event("b1", "s", "e", json!({}))]))
+        .await;
+    let got = letters.next().await;
+    assert_eq!(got.path, "/letters");
+    assert!(String::from_utf8_lossy(&got.body).contains("b1"));
+}
