@@ -9,6 +9,7 @@
 //! What they may do ([`Role`]), an opt-in split beyond the original:
 //! * `key1`/`key2`: administrator;
 //! * `inbound__clientAuth__sasKeys__publishOnlyKeys`: publisher;
+//! * `inbound__clientAuth__sasKeys__metricsKeys`: `GET /metrics` only (a scraper's key);
 //! * a client certificate: administrator when `inbound__clientAuth__clientCert__adminIdentities`
 //!   is empty (the default) or lists its subject CN, publisher otherwise.
 //!
@@ -35,6 +36,8 @@ pub const SAS_HEADER: &str = "aeg-sas-key";
 /// What an authenticated caller may do. Ordered: the stronger role compares greater.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Role {
+    /// Read `GET /metrics`, nothing else (`inbound__clientAuth__sasKeys__metricsKeys`).
+    Metrics,
     /// Publish events, nothing else.
     Publisher,
     /// Everything: topics, subscriptions, dead letters, metrics, publishing.
@@ -78,6 +81,8 @@ pub fn authenticate(cfg: &Inbound, headers: &HeaderMap, conn: Option<&ConnInfo>)
             }
             if any_key_matches(given.as_bytes(), &cfg.publish_only_sas_keys) {
                 role = Some(Role::Publisher);
+            } else if any_key_matches(given.as_bytes(), &cfg.metrics_sas_keys) {
+                role = Some(Role::Metrics);
             }
         }
     }
@@ -221,6 +226,15 @@ pub fn require(cfg: &Inbound, req: &Request) -> Result<(), ApiError> {
         Some(Role::Admin) => Ok(()),
         Some(Role::Publisher) if is_publish(req) => Ok(()),
         Some(Role::Publisher) => Err(forbidden()),
+        Some(Role::Metrics) if req.method() == Method::GET && req.uri().path() == "/metrics" => {
+            Ok(())
+        }
+        Some(Role::Metrics) => Err(ApiError {
+            status: StatusCode::FORBIDDEN,
+            detail: "Forbidden",
+            message: "this credential may only read GET /metrics".into(),
+            retry_after: None,
+        }),
     }
 }
 

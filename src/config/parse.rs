@@ -141,7 +141,10 @@ fn sources(raw: &Raw) -> Result<(), ConfigError> {
 }
 
 /// SAS authentication: whether it is on, the accepted keys, the publish-only keys.
-fn sas(raw: &Raw) -> Result<(bool, Vec<String>, Vec<String>), ConfigError> {
+/// `(enabled, admin keys, publish-only keys, metrics keys)`.
+type SasKeys = (bool, Vec<String>, Vec<String>, Vec<String>);
+
+fn sas(raw: &Raw) -> Result<SasKeys, ConfigError> {
     let enabled = raw.bool(K::inbound__clientAuth__sasKeys__enabled)?;
     let keys: Vec<String> = [
         raw.secret(K::inbound__clientAuth__sasKeys__key1),
@@ -154,7 +157,11 @@ fn sas(raw: &Raw) -> Result<(bool, Vec<String>, Vec<String>), ConfigError> {
         raw.secret(K::inbound__clientAuth__sasKeys__publishOnlyKeys)
             .as_deref(),
     );
-    if enabled && keys.is_empty() && publish_only.is_empty() {
+    let metrics = comma_list(
+        raw.secret(K::inbound__clientAuth__sasKeys__metricsKeys)
+            .as_deref(),
+    );
+    if enabled && keys.is_empty() && publish_only.is_empty() && metrics.is_empty() {
         return Err(ConfigError {
             key: K::inbound__clientAuth__sasKeys__key1.name().into(),
             value: String::new(),
@@ -164,7 +171,7 @@ fn sas(raw: &Raw) -> Result<(bool, Vec<String>, Vec<String>), ConfigError> {
             ),
         });
     }
-    Ok((enabled, keys, publish_only))
+    Ok((enabled, keys, publish_only, metrics))
 }
 
 /// `inbound__*` (and the outbound certificate source, checked with the inbound ones).
@@ -182,7 +189,7 @@ pub(super) fn inbound(raw: &Raw) -> Result<Inbound, ConfigError> {
         .text(K::inbound__bindAddress)
         .parse::<IpAddr>()
         .map_err(|_| raw.err(K::inbound__bindAddress, "an IPv4 or IPv6 address"))?;
-    let (sas_enabled, sas_keys, publish_only_sas_keys) = sas(raw)?;
+    let (sas_enabled, sas_keys, publish_only_sas_keys, metrics_sas_keys) = sas(raw)?;
     Ok(Inbound {
         tls_policy,
         http_port: raw.int(K::inbound__httpPort, 0, 65535)? as u16,
@@ -203,6 +210,7 @@ pub(super) fn inbound(raw: &Raw) -> Result<Inbound, ConfigError> {
         sas_enabled,
         sas_keys,
         publish_only_sas_keys,
+        metrics_sas_keys,
         admin_identities: comma_list(Some(
             raw.text(K::inbound__clientAuth__clientCert__adminIdentities),
         )),

@@ -82,6 +82,8 @@ pub struct Inbound {
     pub sas_keys: Vec<String>,
     /// SAS keys that may only publish. Secrets, like `sas_keys`.
     pub publish_only_sas_keys: Vec<String>,
+    /// SAS keys that may only read `/metrics`.
+    pub metrics_sas_keys: Vec<String>,
     /// Client-certificate identities (subject CN) that may manage; empty = every certificate.
     pub admin_identities: Vec<String>,
 }

@@ -634,3 +634,36 @@ async fn a_hanging_dead_letter_destination_does_not_stall_the_others() {
     assert_eq!(got.path, "/letters");
     assert!(String::from_utf8_lossy(&got.body).contains("b1"));
 }
+
+/// Low 14: a Prometheus scraper needs no administrator key: a metrics-only key reads
+/// `/metrics` and nothing else.
+#[tokio::test]
+async fn a_metrics_key_reads_metrics_and_nothing_else() {
+    let t = start(&[
+        ("inbound__clientAuth__sasKeys__enabled", "true"),
+        ("inbound__clientAuth__sasKeys__key1", "admin-key"),
+        ("inbound__clientAuth__sasKeys__metricsKeys", "scrape-key"),
+    ])
+    .await;
+    let with = |path: &str, key: &str| t.client.get(t.url(path)).header("aeg-sas-key", key);
+    assert_eq!(
+        with("/topics", "admin-key").send().await.unwrap().status(),
+        200
+    );
+    let r = with("/metrics", "scrape-key").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("gridlet_"));
+    assert_eq!(
+        with("/topics", "scrape-key").send().await.unwrap().status(),
+        403
+    );
+    let r = t
+        .client
+        .post(t.url("/topics/t/events"))
+        .header("aeg-sas-key", "scrape-key")
+        .json(&json!([]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+}
