@@ -65,6 +65,7 @@ impl IncomingEvent {
                     object: &self.object,
                     subject: subject.and_then(|k| get_ci(m, k)).and_then(Value::as_str),
                     event_type: get_ci(m, event_type).and_then(Value::as_str),
+                    lowered: Default::default(),
                 }
             }
             ViewKeys::Text {
@@ -79,6 +80,7 @@ impl IncomingEvent {
                     object: &self.object,
                     subject: text(*subject),
                     event_type: text(*event_type),
+                    lowered: Default::default(),
                 }
             }
         }

@@ -667,3 +667,62 @@ async fn a_metrics_key_reads_metrics_and_nothing_else() {
         .unwrap();
     assert_eq!(r.status(), 403);
 }
+
+/// Low 13, measurement (run by hand with `--ignored --nocapture`; `SUBS`, default 10): one
+/// publish of an event with a 1 MB string, routed to `SUBS` subscriptions with 25 advanced
+/// string filters each (`StringNotIn`, `StringBeginsWith`, `StringEndsWith` that pass, the last a
+/// `StringIn` that fails), so every filter reads the value. Prints how long the publish took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+#[ignore = "measurement; prints numbers"]
+async fn measure_advanced_string_filters_worst_case() {
+    let subs: usize = std::env::var("SUBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let t = start(&[("broker__maxRequestBodyBytes", "2000000")]).await;
+    let rx = Receiver::start().await;
+    t.topic("w").await;
+    let values: Vec<String> = (0..25).map(|i| format!("zz{i:03}")).collect();
+    let ops = ["StringNotIn", "StringBeginsWith", "StringEndsWith"];
+    // The last filter fails: every filter is read, no subscription matches (so the measure is
+    // routing alone, not copies of the event for matching subscriptions).
+    let filters: Vec<Value> = (0..25)
+        .map(|i| {
+            if i == 24 {
+                return json!({"operatorType": "StringIn", "key": "data.s", "values": values});
+            }
+            let op = ops[i % 3];
+            let values = if op == "StringNotIn" {
+                values.clone()
+            } else {
+                vec!["A".repeat(400)]
+            };
+            json!({"operatorType": op, "key": "data.s", "values": values})
+        })
+        .collect();
+    for s in 0..subs {
+        t.webhook_sub(
+            "w",
+            &format!("s{s}"),
+            &rx.url("/w"),
+            json!({"filter": {"advancedFilters": filters}}),
+        )
+        .await;
+    }
+    let big = "A".repeat(1_000_000);
+    let body = json!([eg_event("1", "s", "e", json!({"s": big}))]).to_string();
+    let at = std::time::Instant::now();
+    let r = t
+        .client
+        .post(t.url("/topics/w/events"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    println!(
+        "subs={subs} x 25 string filters, 1 MB value: publish {} after {:?}",
+        r.status(),
+        at.elapsed()
+    );
+}
