@@ -320,3 +320,22 @@ fn downloads_in_builds_and_tests_are_pinned_and_verified() {
         "azurite pinned exactly"
     );
 }
+
+/// Issue 20, Low 12: release builds abort on a panic (`panic = "abort"`), so catching an unwind
+/// in the store writer was dead code there; gridlet decided for abort (a panicking store write
+/// stops the process, the publish journal replays acknowledged events at restart) and keeps no
+/// `catch_unwind` on a delivery path.
+#[test]
+fn release_builds_abort_on_panic_and_the_settle_thread_catches_nothing() {
+    let manifest = read("Cargo.toml");
+    let release = manifest
+        .split("[profile.release]")
+        .nth(1)
+        .expect("a release profile");
+    assert!(release.contains("panic = \"abort\""));
+    let writer = read("src/delivery/writer.rs");
+    assert!(
+        !writer.contains("catch_unwind"),
+        "no unwind handling that release builds never run"
+    );
+}
