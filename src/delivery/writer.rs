@@ -167,17 +167,4 @@ mod tests {
         w.wait_for(w.mark());
         assert_eq!(*crate::sync::lock(&w.progress.done), QUEUE_BOUND as u64 + 2);
     }
-
-    #[test]
-    fn a_panicking_job_does_not_stop_the_writer() {
-        let w = StoreWriter::start().unwrap();
-        w.submit(Box::new(|| panic!("boom")));
-        let ran = Arc::new(AtomicU64::new(0));
-        let r = ran.clone();
-        w.submit(Box::new(move || {
-            r.store(1, Ordering::SeqCst);
-        }));
-        w.wait_for(w.mark());
-        assert_eq!(ran.load(Ordering::SeqCst), 1);
-    }
 }

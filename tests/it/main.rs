@@ -22,5 +22,6 @@ mod schedule;
 mod secrets;
 mod security;
 mod trust;
+mod trust_limits;
 mod util;
 mod wait;
