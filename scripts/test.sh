@@ -19,9 +19,9 @@ fi
 AZURITE_DIR="${HOME}/.cache/gridlet/azurite"
 if [ -z "${GRIDLET_AZURITE:-}" ] && [ ! -x "$AZURITE_DIR/node_modules/.bin/azurite" ]; then
   if command -v npm >/dev/null 2>&1; then
-    echo "== installing azurite@3 into $AZURITE_DIR (needed by the Azure Storage tests)"
+    echo "== installing azurite@3.37.0 into $AZURITE_DIR (needed by the Azure Storage tests)"
     mkdir -p "$AZURITE_DIR"
-    npm install --prefix "$AZURITE_DIR" --no-audit --no-fund --loglevel=error azurite@3
+    npm install --prefix "$AZURITE_DIR" --no-audit --no-fund --loglevel=error azurite@3.37.0
   else
     echo "npm is missing: install Node.js 20 and npm (Azurite, the Storage emulator, is an npm package) and rerun" >&2
     exit 1

@@ -16,6 +16,7 @@ mod replay;
 mod resilience;
 
 pub use error::BrokerError;
+pub use resilience::MAX_PAGE;
 
 use crate::clock::Clock;
 use crate::config::Config;

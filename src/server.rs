@@ -8,6 +8,7 @@
 //! up to 10 s to finish, then the broker's tasks are dropped.
 
 mod conn;
+mod slots;
 
 use crate::api::{self, AppState};
 use crate::broker::{Broker, OpenError};
@@ -178,9 +179,14 @@ impl Gridlet {
         } else {
             None
         };
+        let own: Vec<SocketAddr> = [listeners.http.as_ref(), listeners.https.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.local_addr().ok())
+            .collect();
         let sinks = match parts.sinks {
             Some(s) => s,
-            None => Arc::new(default_sinks(&cfg, edge.as_ref())?),
+            None => Arc::new(default_sinks(&cfg, edge.as_ref(), &own)?),
         };
         let broker = on_exiting_thread(|| Broker::open(cfg.clone(), store, sinks, clock))?;
         let ready = Arc::new(AtomicBool::new(true));
@@ -188,6 +194,9 @@ impl Gridlet {
             broker: broker.clone(),
             metrics_enabled: cfg.metrics == MetricsReporter::Prometheus,
             ready: ready.clone(),
+            bodies: Arc::new(api::body::BodyBudget::new(
+                cfg.inbound.max_body_bytes_in_flight,
+            )),
         });
         let (stop, stop_rx) = watch::channel(false);
         let limits = ConnLimits::new(&cfg.inbound);
@@ -201,10 +210,16 @@ impl Gridlet {
         if let Some(l) = listeners.https.filter(|_| cfg.inbound.tls_policy.https()) {
             let store = server_certificate(&cfg, edge.as_ref())?;
             let client = client_cert_policy(&cfg, edge.as_ref())?;
+            let identities = tls::IdentityCheck::new(&client)?;
+            if matches!(identities, tls::IdentityCheck::Never)
+                && !cfg.inbound.admin_identities.is_empty()
+            {
+                tracing::warn!("inbound__clientAuth__clientCert__adminIdentities is set but no client certificate can be verified (no IoT Edge trust bundle): every certificate may only publish");
+            }
             let acceptor = TlsAcceptor::from(tls::server_config(store.clone(), client)?);
             https_addr = Some(local_addr(&l)?);
             certs = Some(store);
-            let serve = accept_loop(l, Some(acceptor), router, limits, stop_rx);
+            let serve = accept_loop(l, Some((acceptor, identities)), router, limits, stop_rx);
             tasks.push(tokio::spawn(serve));
         }
         if let Some(dir) = heartbeat.clone() {
@@ -373,20 +388,51 @@ fn local_addr(l: &TcpListener) -> Result<SocketAddr, StartError> {
     })
 }
 
-/// The production sinks: one HTTP client (under IoT Edge with the trust bundle and the module
-/// identity certificate) and, under IoT Edge, the edgeHub connection.
-fn default_sinks(cfg: &Config, edge: Option<&EdgeRuntime>) -> Result<DefaultSinks, StartError> {
-    let timeout = cfg.broker.delivery_timeout;
-    let client = match edge {
-        Some(edge) => edge.outbound_http_client(outbound_tls(cfg), timeout)?,
-        None => HttpClient::new(tls::client_config(&outbound_tls(cfg))?, timeout),
+/// The outbound TLS settings of credentialed Azure destinations (Event Hubs, Service Bus,
+/// Storage, cloud Event Grid): the chain and host name are always verified, against Mozilla's
+/// roots plus `outbound__azure__trustedCertificatesFile` (and, under IoT Edge, the trust
+/// bundle). The `outbound__webhook__*` settings are the original's *webhook* settings and do
+/// not apply: an Azure key must not go to whichever server answers TLS for the name.
+///
+/// # Errors
+/// The trusted-certificates file cannot be read.
+pub fn azure_tls(cfg: &Config) -> Result<OutboundTls, StartError> {
+    let extra_roots_pem = match &cfg.outbound.azure_trusted_certs_file {
+        Some(path) => Some(std::fs::read(path).map_err(|source| TlsError::Io {
+            path: path.display().to_string(),
+            source,
+        })?),
+        None => None,
     };
-    // Every delivery holds one of `maxInFlightTotal` permits, so no more connections than that
-    // are ever in use at once: keep them all reusable (see `delivery::http`).
-    let client = client
-        .with_max_idle_per_host(cfg.broker.max_in_flight_total)
-        .with_denied_ranges(cfg.outbound.denied_ranges.clone());
-    let sinks = DefaultSinks::new(client);
+    Ok(OutboundTls {
+        accept_any_server_cert: false,
+        extra_roots_pem,
+        identity: None,
+    })
+}
+
+/// The production sinks: two HTTP clients (webhooks per the `outbound__webhook__*` settings,
+/// Azure destinations always verifying; under IoT Edge both with the trust bundle and the module
+/// identity certificate) and, under IoT Edge, the edgeHub connection.
+fn default_sinks(
+    cfg: &Config,
+    edge: Option<&EdgeRuntime>,
+    own: &[SocketAddr],
+) -> Result<DefaultSinks, StartError> {
+    let timeout = cfg.broker.delivery_timeout;
+    let client = |o: OutboundTls| -> Result<HttpClient, StartError> {
+        let client = match edge {
+            Some(edge) => edge.outbound_http_client(o, timeout)?,
+            None => HttpClient::new(tls::client_config(&o)?, timeout),
+        };
+        // Every delivery holds one of `maxInFlightTotal` permits, so no more connections than
+        // that are ever in use at once: keep them all reusable (see `delivery::http`).
+        Ok(client
+            .with_max_idle_per_host(cfg.broker.max_in_flight_total)
+            .with_denied_ranges(cfg.outbound.denied_ranges.clone())
+            .with_own_listeners(own.to_vec()))
+    };
+    let sinks = DefaultSinks::new(client(outbound_tls(cfg))?, client(azure_tls(cfg)?)?);
     Ok(match edge.and_then(EdgeRuntime::edgehub) {
         Some(hub) => sinks.with_module_outputs(Arc::new(hub), timeout),
         None => sinks,

@@ -222,10 +222,71 @@ impl ClientCertVerifier for AnyClientCert {
 pub enum ClientCerts {
     /// Not requested.
     Off,
-    /// Any certificate (allowUnknownCA).
+    /// Any certificate (allowUnknownCA) and no roots to verify one against: a certificate
+    /// authenticates, but its subject names nobody (no identity).
     AnyCa,
+    /// Any certificate (allowUnknownCA, under IoT Edge); its subject is an identity only when
+    /// its chain verifies against these roots (the trust bundle).
+    AnyCaIdentityFrom(RootCertStore),
     /// Must chain to these roots (the IoT Edge trust bundle).
     Roots(RootCertStore),
+}
+
+/// Whether a presented client certificate's subject can be believed: only when its chain was
+/// verified. With `allowUnknownCA=true` anyone can write any CN into a self-signed certificate,
+/// so an unverified certificate authenticates (the original's behaviour) but carries no
+/// identity (`inbound__clientAuth__clientCert__adminIdentities` never matches it).
+#[derive(Clone)]
+pub enum IdentityCheck {
+    /// No certificate is verified (no roots): no identities.
+    Never,
+    /// rustls verified every accepted certificate against the roots in the handshake.
+    Always,
+    /// Verify the presented chain against these roots after the handshake.
+    Against(Arc<dyn ClientCertVerifier>),
+}
+
+impl std::fmt::Debug for IdentityCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Never => "Never",
+            Self::Always => "Always",
+            Self::Against(_) => "Against(roots)",
+        })
+    }
+}
+
+impl IdentityCheck {
+    /// How `client` certificates get an identity.
+    ///
+    /// # Errors
+    /// The roots make no verifier.
+    pub fn new(client: &ClientCerts) -> Result<Self, TlsError> {
+        Ok(match client {
+            ClientCerts::Off | ClientCerts::AnyCa => Self::Never,
+            ClientCerts::Roots(_) => Self::Always,
+            ClientCerts::AnyCaIdentityFrom(roots) => Self::Against(
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots.clone()), provider())
+                    .build()
+                    .map_err(|e| TlsError::Material(format!("client certificate verifier: {e}")))?,
+            ),
+        })
+    }
+
+    /// The identity (subject CN) of a peer that presented `chain`, if its chain is verified.
+    pub fn identity(&self, chain: &[CertificateDer<'_>]) -> Option<String> {
+        let (first, rest) = chain.split_first()?;
+        let verified = match self {
+            Self::Never => false,
+            Self::Always => true,
+            Self::Against(v) => v.verify_client_cert(first, rest, UnixTime::now()).is_ok(),
+        };
+        if verified {
+            common_name(first)
+        } else {
+            None
+        }
+    }
 }
 
 /// The HTTPS listener's configuration.
@@ -241,7 +302,7 @@ pub fn server_config(
         .with_safe_default_protocol_versions()?;
     let verifier: Arc<dyn ClientCertVerifier> = match client {
         ClientCerts::Off => WebPkiClientVerifier::no_client_auth(),
-        ClientCerts::AnyCa => Arc::new(AnyClientCert {
+        ClientCerts::AnyCa | ClientCerts::AnyCaIdentityFrom(_) => Arc::new(AnyClientCert {
             algs: provider.signature_verification_algorithms,
         }),
         ClientCerts::Roots(roots) => {

@@ -9,15 +9,23 @@
 //! What they may do ([`Role`]), an opt-in split beyond the original:
 //! * `key1`/`key2`: administrator;
 //! * `inbound__clientAuth__sasKeys__publishOnlyKeys`: publisher;
+//! * `inbound__clientAuth__sasKeys__metricsKeys`: `GET /metrics` only (a scraper's key);
 //! * a client certificate: administrator when `inbound__clientAuth__clientCert__adminIdentities`
 //!   is empty (the default) or lists its subject CN, publisher otherwise.
+//!
+//! With every credential off (the original's open mode, and the compose example), any request is
+//! an administrator, so [`browser_guard`] refuses what only a browser on a hostile page would
+//! send: a request the browser marks cross-site (`Sec-Fetch-Site`), an `Origin` other than the
+//! `Host` it is sent to, and a `Host` that is not an address, `localhost`, the module id or an
+//! `inbound__allowedHostNames` entry (a DNS-rebinding page names its own domain, which it has
+//! pointed at gridlet). Tools and modules send neither `Origin` nor `Sec-Fetch-Site`.
 //!
 //! A publisher may only publish (`POST /topics/{topic}/events[/{id}]`); any other API route
 //! answers 403 `Forbidden` with the documented body. When a request carries several credentials
 //! the strongest counts.
 
 use super::ConnInfo;
-use crate::config::Inbound;
+use crate::config::{Config, Inbound, Key};
 use crate::error::ApiError;
 use axum::extract::Request;
 use axum::http::{HeaderMap, Method, StatusCode};
@@ -28,17 +36,29 @@ pub const SAS_HEADER: &str = "aeg-sas-key";
 /// What an authenticated caller may do. Ordered: the stronger role compares greater.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Role {
+    /// Read `GET /metrics`, nothing else (`inbound__clientAuth__sasKeys__metricsKeys`).
+    Metrics,
     /// Publish events, nothing else.
     Publisher,
     /// Everything: topics, subscriptions, dead letters, metrics, publishing.
     Admin,
 }
 
+/// A fixed-length stand-in for a key: comparing SHA-256 digests takes the same time whatever
+/// the given key's length (comparing the keys themselves returned early on a length mismatch,
+/// which told a caller the key's length).
+fn digest(key: &[u8]) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, key);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
+}
+
+/// Whether `a` and `b` are equal, in time independent of where they differ and of their
+/// lengths (digests compared without an early exit).
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    let (a, b) = (digest(a), digest(b));
+    a.iter().zip(&b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Every key is compared (no early exit on a match), so timing shows neither which key matched
@@ -61,6 +81,8 @@ pub fn authenticate(cfg: &Inbound, headers: &HeaderMap, conn: Option<&ConnInfo>)
             }
             if any_key_matches(given.as_bytes(), &cfg.publish_only_sas_keys) {
                 role = Some(Role::Publisher);
+            } else if any_key_matches(given.as_bytes(), &cfg.metrics_sas_keys) {
+                role = Some(Role::Metrics);
             }
         }
     }
@@ -116,6 +138,82 @@ fn forbidden() -> ApiError {
     }
 }
 
+/// With every credential off, refuse browser requests from other sites and DNS-rebinding
+/// pages (see the module docs); with a credential required, nothing (a page cannot send it).
+///
+/// # Errors
+/// 403 with the documented body.
+pub fn browser_guard(cfg: &Config, req: &Request) -> Result<(), ApiError> {
+    let inbound = &cfg.inbound;
+    if inbound.sas_enabled || inbound.client_cert_enabled {
+        return Ok(());
+    }
+    let h = req.headers();
+    let text = |name: &str| h.get(name).and_then(|v| v.to_str().ok());
+    let refuse = |why: String| ApiError {
+        status: StatusCode::FORBIDDEN,
+        detail: "Forbidden",
+        message: why,
+        retry_after: None,
+    };
+    if let Some(site) = text("sec-fetch-site") {
+        if !matches!(site, "same-origin" | "none") {
+            return Err(refuse(format!(
+                "a {site} browser request is refused while no credential is required"
+            )));
+        }
+    }
+    let host = text("host").or_else(|| req.uri().authority().map(|a| a.as_str()));
+    if let Some(origin) = h.get("origin") {
+        let origin_host = origin
+            .to_str()
+            .ok()
+            .and_then(|o| o.split_once("://"))
+            .map(|(_, rest)| rest.trim_end_matches('/'));
+        let same = matches!((origin_host, host), (Some(o), Some(h)) if o.eq_ignore_ascii_case(h));
+        if !same {
+            return Err(refuse(
+                "a request from another origin is refused while no credential is required".into(),
+            ));
+        }
+    }
+    match host {
+        Some(host) if !known_host(cfg, host) => Err(refuse(format!(
+            "Host '{host}' is not one of gridlet's names; add it to {} (or require a credential)",
+            Key::inbound__allowedHostNames.name()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// An IP address, `localhost`, the module id or a configured name (`host` may carry a port).
+fn known_host(cfg: &Config, host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => {
+            return v6
+                .split(']')
+                .next()
+                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
+        }
+        None => host.rsplit_once(':').map_or(host, |(n, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                n
+            } else {
+                host
+            }
+        }),
+    };
+    let name = name.trim_end_matches('.');
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || name.eq_ignore_ascii_case(&cfg.edge.module_id)
+        || cfg
+            .inbound
+            .allowed_host_names
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(name))
+}
+
 /// 401 unless the request is authenticated; 403 when its credential may not use this route.
 /// The API's one layer ([`super::Guard`]) calls this first on every API route.
 ///
@@ -128,6 +226,15 @@ pub fn require(cfg: &Inbound, req: &Request) -> Result<(), ApiError> {
         Some(Role::Admin) => Ok(()),
         Some(Role::Publisher) if is_publish(req) => Ok(()),
         Some(Role::Publisher) => Err(forbidden()),
+        Some(Role::Metrics) if req.method() == Method::GET && req.uri().path() == "/metrics" => {
+            Ok(())
+        }
+        Some(Role::Metrics) => Err(ApiError {
+            status: StatusCode::FORBIDDEN,
+            detail: "Forbidden",
+            message: "this credential may only read GET /metrics".into(),
+            retry_after: None,
+        }),
     }
 }
 
@@ -137,6 +244,18 @@ mod tests {
     use crate::config::Config;
     use axum::http::HeaderValue;
     use std::sync::Arc;
+
+    /// Issue 20, Low 15: keys are compared as fixed-length digests, so neither a length
+    /// mismatch nor the first differing byte ends the comparison early.
+    #[test]
+    fn keys_are_compared_as_fixed_length_digests() {
+        assert_eq!(digest(b"k").len(), digest(&[b'k'; 10_000]).len());
+        assert!(constant_time_eq(b"secret-key", b"secret-key"));
+        assert!(!constant_time_eq(b"secret-key", b"secret-ke"));
+        assert!(!constant_time_eq(b"secret-key", b"secret-keyX"));
+        assert!(!constant_time_eq(b"", b"x"));
+        assert!(any_key_matches(b"b", &["a".into(), "b".into()]));
+    }
 
     fn inbound(pairs: &[(&str, &str)]) -> Inbound {
         Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))

@@ -14,6 +14,46 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Sleep;
 
+/// How long a request waits for room in the [`BodyBudget`] before it gets 503.
+pub const BUDGET_WAIT: Duration = Duration::from_secs(1);
+
+/// The bytes of request bodies being read at once, all connections together
+/// (`inbound__maxBodyBytesInFlight`): without it, every connection could hold a body of
+/// `broker__maxRequestBodyBytes` while sending it slowly (1,024 × 1 MiB), outside every other
+/// memory bound. Each read reserves its `Content-Length` (or the body limit when there is none)
+/// until the body is read.
+pub struct BodyBudget {
+    bytes: tokio::sync::Semaphore,
+    total: usize,
+}
+
+impl BodyBudget {
+    /// A budget of `total` bytes.
+    pub fn new(total: usize) -> Self {
+        let total = total.clamp(
+            1,
+            tokio::sync::Semaphore::MAX_PERMITS.min(u32::MAX as usize),
+        );
+        Self {
+            bytes: tokio::sync::Semaphore::new(total),
+            total,
+        }
+    }
+
+    /// Reserve `n` bytes (at most the whole budget, so one large body can still be read
+    /// alone), waiting up to [`BUDGET_WAIT`].
+    ///
+    /// # Errors
+    /// `None` when the budget stayed taken.
+    pub async fn reserve(&self, n: usize) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let n = u32::try_from(n.clamp(1, self.total)).unwrap_or(u32::MAX);
+        match tokio::time::timeout(BUDGET_WAIT, self.bytes.acquire_many(n)).await {
+            Ok(Ok(p)) => Some(p),
+            _ => None,
+        }
+    }
+}
+
 /// The request body did not arrive within its deadline.
 #[derive(Debug, thiserror::Error)]
 #[error("the request body did not arrive within {0:?}")]

@@ -49,11 +49,14 @@ pub(super) async fn list(
         Some(v) => v.parse::<usize>().map_err(|_| bad_query("top"))?,
         None => DEFAULT_TOP,
     };
+    // The page the store returns is at most MAX_PAGE: a larger `top` is cut to it here, so a
+    // full page still points to the next.
+    let top = top.clamp(1, crate::broker::MAX_PAGE);
     let letters = s
         .broker
-        .manage(move |b| b.dead_letters(&topic, &name, after, top.max(1)))
+        .manage(move |b| b.dead_letters(&topic, &name, after, top))
         .await?;
-    let next = if letters.len() >= top.max(1) {
+    let next = if letters.len() >= top {
         letters.last().map(|l| l.id.to_string())
     } else {
         None

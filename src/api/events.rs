@@ -43,7 +43,7 @@ async fn run(
     };
     let result = async {
         let limits = &s.broker.config().broker;
-        let bytes = read_body(&headers, body, limits.max_request_body_bytes).await?;
+        let bytes = read_body(&headers, body, limits.max_request_body_bytes, &s.bodies).await?;
         let t = entry.topic();
         let events = event::parse(&PublishInput {
             schema: t.input_schema,

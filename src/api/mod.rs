@@ -51,7 +51,8 @@ pub struct ConnInfo {
     pub scheme: &'static str,
     /// A client certificate was presented and accepted by the TLS verifier.
     pub client_cert: bool,
-    /// That certificate's identity (subject CN), when it has one.
+    /// That certificate's identity (subject CN), when it has one and its chain was verified
+    /// (`tls::IdentityCheck`): an unverified certificate authenticates but names nobody.
     pub client_identity: Option<Arc<str>>,
 }
 
@@ -64,6 +65,8 @@ pub struct AppState {
     pub metrics_enabled: bool,
     /// Liveness/readiness flag (false while shutting down).
     pub ready: Arc<std::sync::atomic::AtomicBool>,
+    /// Request bodies being read, all connections together (`inbound__maxBodyBytesInFlight`).
+    pub bodies: Arc<body::BodyBudget>,
 }
 
 /// The connection facts a handler may extract (absent in router tests without a listener).
@@ -216,8 +219,10 @@ where
     }
 
     fn call(&mut self, req: Request) -> Self::Future {
-        let checked =
-            auth::require(&self.broker.config().inbound, &req).and_then(|()| api_version(&req));
+        let cfg = self.broker.config();
+        let checked = auth::require(&cfg.inbound, &req)
+            .and_then(|()| auth::browser_guard(cfg, &req))
+            .and_then(|()| api_version(&req));
         match checked {
             Ok(()) => {
                 let span = request_span(&req);
@@ -276,16 +281,29 @@ fn api_version(req: &Request) -> Result<(), ApiError> {
 ///
 /// # Errors
 /// 413 over the limit; 408 past the body deadline; 400 when the body cannot be read.
-pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
-    if let Some(len) = headers
+pub async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    budget: &body::BodyBudget,
+) -> Result<Bytes, ApiError> {
+    let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        if len > limit as u64 {
-            return Err(ApiError::payload_too_large(limit));
-        }
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return Err(ApiError::payload_too_large(limit));
     }
+    let reserve = declared.map_or(limit, |len| len as usize);
+    let Some(_reserved) = budget.reserve(reserve).await else {
+        return Err(ApiError::unavailable(
+            format!(
+                "request bodies being read fill {}; retry later",
+                crate::config::Key::inbound__maxBodyBytesInFlight.name()
+            ),
+            std::time::Duration::from_secs(1),
+        ));
+    };
     match axum::body::to_bytes(body, limit).await {
         Ok(b) => Ok(b),
         Err(e) => {
@@ -317,7 +335,7 @@ pub async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<
 async fn read_json(s: &AppState, headers: &HeaderMap, body: Body) -> Result<Value, ApiError> {
     require_json(headers)?;
     let limit = s.broker.config().broker.max_request_body_bytes;
-    let bytes = read_body(headers, body, limit).await?;
+    let bytes = read_body(headers, body, limit, &s.bodies).await?;
     Ok(parse_body(&bytes)?)
 }
 

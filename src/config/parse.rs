@@ -141,7 +141,10 @@ fn sources(raw: &Raw) -> Result<(), ConfigError> {
 }
 
 /// SAS authentication: whether it is on, the accepted keys, the publish-only keys.
-fn sas(raw: &Raw) -> Result<(bool, Vec<String>, Vec<String>), ConfigError> {
+/// `(enabled, admin keys, publish-only keys, metrics keys)`.
+type SasKeys = (bool, Vec<String>, Vec<String>, Vec<String>);
+
+fn sas(raw: &Raw) -> Result<SasKeys, ConfigError> {
     let enabled = raw.bool(K::inbound__clientAuth__sasKeys__enabled)?;
     let keys: Vec<String> = [
         raw.secret(K::inbound__clientAuth__sasKeys__key1),
@@ -154,7 +157,11 @@ fn sas(raw: &Raw) -> Result<(bool, Vec<String>, Vec<String>), ConfigError> {
         raw.secret(K::inbound__clientAuth__sasKeys__publishOnlyKeys)
             .as_deref(),
     );
-    if enabled && keys.is_empty() && publish_only.is_empty() {
+    let metrics = comma_list(
+        raw.secret(K::inbound__clientAuth__sasKeys__metricsKeys)
+            .as_deref(),
+    );
+    if enabled && keys.is_empty() && publish_only.is_empty() && metrics.is_empty() {
         return Err(ConfigError {
             key: K::inbound__clientAuth__sasKeys__key1.name().into(),
             value: String::new(),
@@ -164,7 +171,7 @@ fn sas(raw: &Raw) -> Result<(bool, Vec<String>, Vec<String>), ConfigError> {
             ),
         });
     }
-    Ok((enabled, keys, publish_only))
+    Ok((enabled, keys, publish_only, metrics))
 }
 
 /// `inbound__*` (and the outbound certificate source, checked with the inbound ones).
@@ -182,13 +189,18 @@ pub(super) fn inbound(raw: &Raw) -> Result<Inbound, ConfigError> {
         .text(K::inbound__bindAddress)
         .parse::<IpAddr>()
         .map_err(|_| raw.err(K::inbound__bindAddress, "an IPv4 or IPv6 address"))?;
-    let (sas_enabled, sas_keys, publish_only_sas_keys) = sas(raw)?;
+    let (sas_enabled, sas_keys, publish_only_sas_keys, metrics_sas_keys) = sas(raw)?;
     Ok(Inbound {
         tls_policy,
         http_port: raw.int(K::inbound__httpPort, 0, 65535)? as u16,
         https_port: raw.int(K::inbound__httpsPort, 0, 65535)? as u16,
         bind_address,
         max_connections: raw.int(K::inbound__maxConnections, 1, 1_000_000)? as usize,
+        allowed_host_names: comma_list(Some(raw.text(K::inbound__allowedHostNames))),
+        max_body_bytes_in_flight: raw.int(K::inbound__maxBodyBytesInFlight, 1024, 1 << 40)?
+            as usize,
+        max_connections_per_peer: raw.int(K::inbound__maxConnectionsPerPeer, 0, 1_000_000)?
+            as usize,
         idle_timeout: raw.secs(K::inbound__idleTimeoutInSeconds, 1, 86_400)?,
         body_timeout: raw.secs(K::inbound__requestBodyTimeoutInSeconds, 1, 86_400)?,
         write_timeout: raw.secs(K::inbound__responseWriteTimeoutInSeconds, 1, 86_400)?,
@@ -198,6 +210,7 @@ pub(super) fn inbound(raw: &Raw) -> Result<Inbound, ConfigError> {
         sas_enabled,
         sas_keys,
         publish_only_sas_keys,
+        metrics_sas_keys,
         admin_identities: comma_list(Some(
             raw.text(K::inbound__clientAuth__clientCert__adminIdentities),
         )),
@@ -212,6 +225,9 @@ pub(super) fn outbound(raw: &Raw) -> Result<Outbound, ConfigError> {
         webhook_skip_server_cert_validation: raw
             .bool(K::outbound__webhook__skipServerCertValidation)?,
         webhook_allow_unknown_ca: raw.bool(K::outbound__webhook__allowUnknownCA)?,
+        azure_trusted_certs_file: Some(raw.text(K::outbound__azure__trustedCertificatesFile))
+            .filter(|p| !p.trim().is_empty())
+            .map(|p| std::path::PathBuf::from(p.trim())),
         eventgrid_https_only: raw.bool(K::outbound__eventgrid__httpsOnly)?,
         eventgrid_allow_invalid_hostnames: raw
             .bool(K::outbound__eventgrid__allowInvalidHostnames)?,

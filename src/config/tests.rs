@@ -138,3 +138,29 @@ fn iot_edge_identity_is_read() {
     assert_eq!(c.edge.module_id, "eventgridmodule");
     assert!(!c.edge.is_iot_edge());
 }
+
+/// Issue 20, Low 11: the defaults deny the other metadata addresses and 0.0.0.0; a range
+/// written as an IPv4-mapped IPv6 range matches (it never did).
+#[test]
+fn denied_defaults_cover_wireserver_aws_ipv6_and_this_host_and_mapped_ranges_match() {
+    let c = cfg(&[]).unwrap();
+    let denied = |ip: &str| {
+        let ip: std::net::IpAddr = ip.parse().unwrap();
+        c.outbound.denied_ranges.iter().any(|r| r.contains(ip))
+    };
+    for ip in [
+        "168.63.129.16",
+        "fd00:ec2::254",
+        "0.0.0.0",
+        "::",
+        "::ffff:168.63.129.16",
+    ] {
+        assert!(denied(ip), "{ip}");
+    }
+    assert!(!denied("168.63.129.17") && !denied("fd00:ec2::253"));
+    let c = cfg(&[("outbound__deniedAddressRanges", "::ffff:10.0.0.0/104")]).unwrap();
+    let r = c.outbound.denied_ranges[0];
+    assert!(r.contains("10.1.2.3".parse().unwrap()));
+    assert!(r.contains("::ffff:10.1.2.3".parse().unwrap()));
+    assert!(!r.contains("11.0.0.1".parse().unwrap()));
+}

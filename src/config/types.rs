@@ -60,6 +60,12 @@ pub struct Inbound {
     pub bind_address: IpAddr,
     /// Open client connections, both listeners together.
     pub max_connections: usize,
+    /// With auth off: `Host` names accepted besides addresses, `localhost` and the module id.
+    pub allowed_host_names: Vec<String>,
+    /// Bytes of request bodies being read at once, all connections together.
+    pub max_body_bytes_in_flight: usize,
+    /// Open client connections from one IP address (0 = no cap).
+    pub max_connections_per_peer: usize,
     /// Close a connection with no request in progress after this long.
     pub idle_timeout: Duration,
     /// A request body must arrive within this long of being read.
@@ -76,6 +82,8 @@ pub struct Inbound {
     pub sas_keys: Vec<String>,
     /// SAS keys that may only publish. Secrets, like `sas_keys`.
     pub publish_only_sas_keys: Vec<String>,
+    /// SAS keys that may only read `/metrics`.
+    pub metrics_sas_keys: Vec<String>,
     /// Client-certificate identities (subject CN) that may manage; empty = every certificate.
     pub admin_identities: Vec<String>,
 }
@@ -91,6 +99,8 @@ pub struct Outbound {
     pub webhook_skip_server_cert_validation: bool,
     /// Accept unknown-CA webhook certificates.
     pub webhook_allow_unknown_ca: bool,
+    /// Extra roots (PEM file) for Azure destinations, which always verify chain and host name.
+    pub azure_trusted_certs_file: Option<std::path::PathBuf>,
     /// Only https Event Grid destinations.
     pub eventgrid_https_only: bool,
     /// Allow Event Grid destination hosts outside Azure's domains.
@@ -117,7 +127,19 @@ impl IpRange {
         let net: std::net::IpAddr = addr.trim().parse().ok()?;
         let max = if net.is_ipv4() { 32 } else { 128 };
         let prefix = prefix.unwrap_or(max);
-        (prefix <= max).then_some(Self { net, prefix })
+        if prefix > max {
+            return None;
+        }
+        // `::ffff:a.b.c.d/n`: addresses are matched as IPv4 (`contains`), so the range is too.
+        if let std::net::IpAddr::V6(v6) = net {
+            if let (Some(v4), true) = (v6.to_ipv4_mapped(), prefix >= 96) {
+                return Some(Self {
+                    net: v4.into(),
+                    prefix: prefix - 96,
+                });
+            }
+        }
+        Some(Self { net, prefix })
     }
 
     /// Whether `ip` is in the range.

@@ -441,14 +441,17 @@ fn off_runtime_thread<R>(f: impl FnOnce() -> R) -> R {
     }
 }
 
-/// The URL without query string or user info (query strings often carry keys).
+/// The URL without query string or user info, token-like path segments masked (query strings
+/// and webhook paths often carry keys).
 pub fn redact_url(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut u) => {
             u.set_query(None);
             let _ = u.set_password(None);
             let _ = u.set_username("");
-            u.to_string()
+            let path = crate::model::destination::mask_path(u.path());
+            u.set_path("");
+            format!("{}{}", u.as_str().trim_end_matches('/'), path)
         }
         Err(_) => "<invalid url>".into(),
     }
@@ -528,6 +531,18 @@ impl HealthRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 20, Low 10: the health-change log line names the endpoint without the keys
+    /// webhook URLs carry in their path.
+    #[test]
+    fn logged_endpoints_hide_path_tokens() {
+        let url = "https://discord.com/api/webhooks/112233445566778899/AbC-dEf_GhIjKlMnOpQrStUvWxYz0123?wait=true";
+        assert_eq!(redact_url(url), "https://discord.com/api/webhooks/***/***");
+        assert_eq!(
+            redact_url("http://h.example:8080/hook?code=k"),
+            "http://h.example:8080/hook"
+        );
+    }
 
     #[test]
     fn only_what_concerns_the_endpoint_counts() {

@@ -125,6 +125,8 @@ struct Inner {
     max_idle_per_host: std::sync::atomic::AtomicUsize,
     /// Address ranges no connection may reach (`outbound__deniedAddressRanges`), set once.
     denied: std::sync::OnceLock<Vec<IpRange>>,
+    /// gridlet's own listeners, never a destination (a subscription to its own API), set once.
+    own: std::sync::OnceLock<Vec<SocketAddr>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -225,6 +227,7 @@ impl HttpClient {
                 reaper: std::sync::atomic::AtomicBool::new(false),
                 max_idle_per_host: std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_IDLE_PER_HOST),
                 denied: std::sync::OnceLock::new(),
+                own: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -245,6 +248,14 @@ impl HttpClient {
     #[must_use]
     pub fn with_denied_ranges(self, ranges: Vec<IpRange>) -> Self {
         let _ = self.inner.denied.set(ranges);
+        self
+    }
+
+    /// Never connect to these listening sockets (gridlet's own; set once): their port on the
+    /// same address, a loopback or the unspecified address.
+    #[must_use]
+    pub fn with_own_listeners(self, listeners: Vec<SocketAddr>) -> Self {
+        let _ = self.inner.own.set(listeners);
         self
     }
 
@@ -510,8 +521,18 @@ impl Endpoint {
     /// Connect to the first address of `addrs` outside the denied ranges that accepts.
     async fn connect_allowed(&self, addrs: &[SocketAddr]) -> Result<TcpStream, HttpError> {
         let denied = self.inner.denied.get().map_or(&[][..], Vec::as_slice);
+        let own = self.inner.own.get().map_or(&[][..], Vec::as_slice);
         let mut last = None;
         for a in addrs {
+            let ip = a.ip();
+            if own.iter().any(|l| {
+                l.port() == a.port() && (l.ip() == ip || ip.is_loopback() || ip.is_unspecified())
+            }) {
+                last.get_or_insert(HttpError::Other(format!(
+                    "the destination {a} is gridlet's own listener"
+                )));
+                continue;
+            }
             if let Some(r) = denied.iter().find(|r| r.contains(a.ip())) {
                 last.get_or_insert(HttpError::Other(format!(
                     "the destination's address {} is in the denied range {r} ({})",

@@ -231,7 +231,8 @@ impl EdgeRuntime {
     }
 
     /// How inbound client certificates are judged: against the trust bundle unless
-    /// `allowUnknownCA`.
+    /// `allowUnknownCA`; then any certificate authenticates, but only one that chains to the
+    /// trust bundle carries an identity.
     ///
     /// # Errors
     /// An unusable trust bundle.
@@ -239,13 +240,13 @@ impl EdgeRuntime {
         Ok(if !cfg.inbound.client_cert_enabled {
             ClientCerts::Off
         } else if cfg.inbound.client_cert_allow_unknown_ca {
-            ClientCerts::AnyCa
+            ClientCerts::AnyCaIdentityFrom(tls::root_store(self.trust_bundle_pem.as_bytes())?)
         } else {
             ClientCerts::Roots(tls::root_store(self.trust_bundle_pem.as_bytes())?)
         })
     }
 
-    /// The outbound HTTP client: trust bundle as extra roots, identity certificate presented
+    /// The outbound HTTP client: trust bundle as extra roots (besides `base`'s), identity certificate presented
     /// when `outbound__clientAuth__clientCert__enabled`.
     ///
     /// # Errors
@@ -255,8 +256,11 @@ impl EdgeRuntime {
         base: OutboundTls,
         timeout: Duration,
     ) -> Result<HttpClient, EdgeError> {
+        let mut roots = base.extra_roots_pem.clone().unwrap_or_default();
+        roots.extend_from_slice(b"\n");
+        roots.extend_from_slice(self.trust_bundle_pem.as_bytes());
         let o = OutboundTls {
-            extra_roots_pem: Some(self.trust_bundle_pem.clone().into_bytes()),
+            extra_roots_pem: Some(roots),
             identity: None,
             ..base
         };

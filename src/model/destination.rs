@@ -262,27 +262,34 @@ fn mask_attribute_values(v: &mut Value) {
 
 const MASK: &str = "***";
 
-/// Query parameter names that carry credentials (substring match, lowercase): Azure SAS
-/// (`sig`, `sv`…`&sig`), Functions (`code`), API keys, tokens, passwords.
-const SECRET_QUERY_PARTS: [&str; 9] = [
-    "sig",
-    "key",
-    "code",
-    "token",
-    "secret",
-    "pass",
-    "pwd",
-    "auth",
-    "credential",
-];
+/// Whether a URL path segment looks like a token (Slack, Teams and Discord webhook URLs carry
+/// their keys in the path): at least 16 characters of the kinds tokens use, with digits or
+/// both letter cases (`order-created-events` stays readable, `IncomingWebhook` is shorter).
+fn token_like(segment: &str) -> bool {
+    let b = segment.as_bytes();
+    let charset = b
+        .iter()
+        .all(|c| c.is_ascii_alphanumeric() || b"-_.@=~+%".contains(c));
+    let digit = b.iter().any(u8::is_ascii_digit);
+    let mixed = b.iter().any(u8::is_ascii_uppercase) && b.iter().any(u8::is_ascii_lowercase);
+    b.len() >= 16 && charset && (digit || mixed)
+}
+
+/// `path` with every token-like segment replaced by `***`.
+pub fn mask_path(path: &str) -> String {
+    path.split('/')
+        .map(|s| if token_like(s) { MASK } else { s })
+        .collect::<Vec<_>>()
+        .join("/")
+}
 
 fn secret_name(name: &str, parts: &[&str]) -> bool {
     let n = name.to_ascii_lowercase();
     parts.iter().any(|p| n.contains(p))
 }
 
-/// `url` with its password (or a lone user name) and key-bearing query values replaced by `***`,
-/// the rest of the text unchanged; anything that does not parse as a URL is masked whole.
+/// `url` with its password (or a lone user name), every query value but `api-version` and every
+/// token-like path segment ([`mask_path`]) replaced by `***`, the rest of the text unchanged; anything that does not parse as a URL is masked whole.
 pub fn mask_url(url: &str) -> String {
     if url::Url::parse(url).is_err() {
         return MASK.into();
@@ -306,7 +313,7 @@ pub fn mask_url(url: &str) -> String {
                 },
                 None => authority.to_string(),
             };
-            format!("{scheme}://{authority}{path}")
+            format!("{scheme}://{authority}{}", mask_path(path))
         }
         None => head.to_string(),
     };
@@ -314,7 +321,8 @@ pub fn mask_url(url: &str) -> String {
         let masked: Vec<String> = q
             .split('&')
             .map(|pair| match pair.split_once('=') {
-                Some((k, _)) if secret_name(k, &SECRET_QUERY_PARTS) => format!("{k}={MASK}"),
+                // Every value: a list of secret names always misses one (`sas`, `hmac`, …).
+                Some((k, _)) if !k.eq_ignore_ascii_case("api-version") => format!("{k}={MASK}"),
                 _ => pair.to_string(),
             })
             .collect();
@@ -397,11 +405,17 @@ fn url_fragments(url: &str, out: &mut Vec<String>) {
     }
     for pair in u.query().unwrap_or_default().split('&') {
         if let Some((k, v)) = pair.split_once('=') {
-            if secret_name(k, &SECRET_QUERY_PARTS) {
+            if !k.eq_ignore_ascii_case("api-version") {
                 out.push(v.to_string());
             }
         }
     }
+    out.extend(
+        u.path()
+            .split('/')
+            .filter(|s| token_like(s))
+            .map(String::from),
+    );
 }
 
 fn string_leaves(v: &Value, out: &mut Vec<String>) {
@@ -507,12 +521,35 @@ mod tests {
     fn urls_keep_everything_but_their_credentials() {
         assert_eq!(
             mask_url("https://user:pw@h.example/p?api-version=1&code=abc&sv=2020&sig=xyz"),
-            "https://user:***@h.example/p?api-version=1&code=***&sv=2020&sig=***"
+            "https://user:***@h.example/p?api-version=1&code=***&sv=***&sig=***"
         );
         assert_eq!(mask_url("https://tok@h.example/"), "https://***@h.example/");
         assert_eq!(mask_url("https://h.example/x"), "https://h.example/x");
         assert_eq!(mask_url("https://h.example:4430"), "https://h.example:4430");
         assert_eq!(mask_url("not a url"), "***");
+    }
+
+    /// Issue 20, Low 10: masked by rule, not by a list of names: every query value (but
+    /// `api-version`) and every path segment that looks like a token.
+    #[test]
+    fn key_bearing_paths_and_every_query_value_are_masked() {
+        for (url, secret) in [
+            ("https://hooks.slack.com/services/T0AB12CD3/B0EF45GH6/aBcDeFgHiJkLmNoPqRsTuVwX", "aBcDeFgHiJkLmNoPqRsTuVwX"),
+            ("https://contoso.webhook.office.com/webhookb2/0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0@72f988bf-86f1-41af-91ab-2d7cd011db47/IncomingWebhook/5d1c8e0f2a3b4c5d6e7f8091a2b3c4d5/0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9", "5d1c8e0f2a3b4c5d6e7f8091a2b3c4d5"),
+            ("https://discord.com/api/webhooks/112233445566778899/AbC-dEf_GhIjKlMnOpQrStUvWxYz0123456789AbCdEfGhIjKlMnOpQrStUvWxYz01234", "AbC-dEf_GhIjKlMnOpQrStUvWxYz0123456789"),
+            ("https://h.example/x?sas=opaque-sas-value", "opaque-sas-value"),
+            ("https://h.example/x?hmac=deadbeef", "deadbeef"),
+            ("https://h.example/x?s=abc&sig=xyz", "abc"),
+            ("https://fn.azurewebsites.net/api/f?code=functionkey", "functionkey"),
+        ] {
+            let masked = mask_url(url);
+            assert!(!masked.contains(secret), "{url} -> {masked}");
+        }
+        // Ordinary paths and the API version stay readable.
+        assert_eq!(
+            mask_url("https://h.example/api/events/order-created?api-version=2018-01-01"),
+            "https://h.example/api/events/order-created?api-version=2018-01-01"
+        );
     }
 
     #[test]

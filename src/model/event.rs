@@ -65,6 +65,7 @@ impl IncomingEvent {
                     object: &self.object,
                     subject: subject.and_then(|k| get_ci(m, k)).and_then(Value::as_str),
                     event_type: get_ci(m, event_type).and_then(Value::as_str),
+                    lowered: Default::default(),
                 }
             }
             ViewKeys::Text {
@@ -79,6 +80,7 @@ impl IncomingEvent {
                     object: &self.object,
                     subject: text(*subject),
                     event_type: text(*event_type),
+                    lowered: Default::default(),
                 }
             }
         }
@@ -288,10 +290,64 @@ fn first_byte(b: &[u8]) -> Option<u8> {
 
 fn object_of(raw: &RawValue, i: usize) -> Result<Map<String, Value>, PublishError> {
     match serde_json::from_str::<Value>(raw.get()) {
-        Ok(Value::Object(m)) => Ok(m),
+        Ok(Value::Object(m)) => unique_keys(raw, i).map(|()| m),
         Ok(_) => Err(bad(
             "InvalidEvents",
             format!("event [{i}] must be a JSON object"),
+        )),
+        Err(e) => Err(bad(
+            "InvalidJson",
+            format!("event [{i}] is not valid JSON: {e}"),
+        )),
+    }
+}
+
+/// Refuse an event whose top-level keys repeat, exactly or in another case (`eventType` and
+/// `EVENTTYPE`, or `\u0053ubject` and `subject`): filters read one, while receivers whose JSON
+/// readers match keys case-insensitively and keep the last (Newtonsoft, ASP.NET Core's web
+/// defaults, Go's `encoding/json`) would read the other. Case is folded as those readers fold it
+/// (Unicode simple folding: `ſ` is `s`, the Kelvin sign `k`). Linear: one set of folded keys.
+fn unique_keys(raw: &RawValue, i: usize) -> Result<(), PublishError> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+    struct Keys(Option<(String, String)>);
+    impl<'de> Visitor<'de> for Keys {
+        type Value = Option<(String, String)>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut seen = std::collections::HashMap::<String, String>::new();
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                map.next_value::<IgnoredAny>()?;
+                if self.0.is_some() {
+                    continue;
+                }
+                let folded = fold(&key);
+                match seen.get(&folded) {
+                    Some(earlier) => self.0 = Some((earlier.clone(), key.into_owned())),
+                    None => {
+                        seen.insert(folded, key.into_owned());
+                    }
+                }
+            }
+            Ok(self.0)
+        }
+    }
+    fn fold(key: &str) -> String {
+        if key.is_ascii() {
+            key.to_ascii_lowercase()
+        } else {
+            key.to_uppercase().to_lowercase()
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    match de.deserialize_map(Keys(None)) {
+        Ok(None) => Ok(()),
+        Ok(Some((earlier, later))) => Err(bad(
+            "InvalidEvents",
+            format!(
+                "event [{i}]: duplicate top-level key '{later}' (also given as '{earlier}'); keys must be unique in any letter case"
+            ),
         )),
         Err(e) => Err(bad(
             "InvalidJson",

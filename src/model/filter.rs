@@ -276,7 +276,7 @@ fn operand(operator: Operator, raw_values: &[Value], path: &str) -> Result<Opera
                     ))
                 })?;
                 check_len(s, &format!("{path}.values"))?;
-                out.push(s.to_lowercase());
+                out.push(fold::lower(s));
             }
             Operand::Strings(out)
         }
@@ -319,7 +319,7 @@ impl AdvancedFilter {
         })
     }
 
-    fn matches(&self, event: &Map<String, Value>) -> bool {
+    fn matches(&self, event: &Map<String, Value>, lowered: &fold::Lowered) -> bool {
         let Some(v) = lookup(event, &self.path) else {
             return false;
         };
@@ -345,17 +345,18 @@ impl AdvancedFilter {
                 }
             }
             (Operand::Bool(b), Value::Bool(x)) => b == x,
-            (Operand::Strings(strs), Value::String(s)) => {
-                let s = s.to_lowercase();
-                match self.operator {
-                    StringIn => strs.contains(&s),
-                    StringNotIn => strs.iter().all(|y| s != *y),
-                    StringBeginsWith => strs.iter().any(|y| s.starts_with(y.as_str())),
-                    StringEndsWith => strs.iter().any(|y| s.ends_with(y.as_str())),
-                    StringContains => strs.iter().any(|y| s.contains(y.as_str())),
-                    _ => false,
+            // Compared without lowercasing the value per filter (`filter/fold.rs`).
+            (Operand::Strings(strs), Value::String(s)) => match self.operator {
+                StringIn => strs.iter().any(|y| fold::eq(s, y)),
+                StringNotIn => strs.iter().all(|y| !fold::eq(s, y)),
+                StringBeginsWith => strs.iter().any(|y| fold::starts_with(s, y)),
+                StringEndsWith => strs.iter().any(|y| fold::ends_with(s, y)),
+                StringContains => {
+                    let s = lowered.get(s);
+                    strs.iter().any(|y| s.contains(y.as_str()))
                 }
-            }
+                _ => false,
+            },
             // Missing key, another JSON type, or an array: the filter fails.
             _ => false,
         }
@@ -437,6 +438,8 @@ pub struct EventView<'a> {
     pub subject: Option<&'a str>,
     /// Its type (`eventType` / CloudEvents `type`).
     pub event_type: Option<&'a str>,
+    /// Its string values lowercased for `StringContains`, once per event (`filter/fold.rs`).
+    pub lowered: fold::Lowered,
 }
 
 /// `s` lowercased, without a copy when it already is (the common case for event types).
@@ -554,7 +557,9 @@ impl Filter {
                 return false;
             }
         }
-        self.advanced.iter().all(|a| a.matches(ev.object.get()))
+        self.advanced
+            .iter()
+            .all(|a| a.matches(ev.object.get(), &ev.lowered))
     }
 
     /// The filter as echoed (canonical camelCase).
@@ -579,6 +584,8 @@ impl Filter {
         Value::Object(m)
     }
 }
+
+pub mod fold;
 
 #[cfg(test)]
 mod tests;

@@ -1,10 +1,12 @@
 //! Client connections: accepting under a cap, and the limits every connection lives under.
 //!
-//! * **Cap** (`inbound__maxConnections`, both listeners together): each connection holds a
-//!   permit from one semaphore from accept to close. Past the cap the accept loop stops
-//!   accepting: new connections wait in the kernel's listen backlog (they are not refused) and
-//!   are accepted as others close. Idle connections close by themselves (next point), so a table
-//!   full of idle sockets empties within the idle timeout.
+//! * **Cap** (`inbound__maxConnections`, both listeners together, and
+//!   `inbound__maxConnectionsPerPeer`): each connection holds a slot of one table
+//!   (`server/slots.rs`) from accept to close. At the cap the least recently used connection
+//!   with no request in progress is closed for the new one; only when every connection is busy
+//!   do new connections wait in the kernel's listen backlog. Past half the cap, new connections
+//!   get shorter handshake and idle timeouts ([`HANDSHAKE_UNDER_PRESSURE`],
+//!   [`IDLE_UNDER_PRESSURE`]).
 //! * **Idle** (`inbound__idleTimeoutInSeconds`): hyper's header-read timer runs whenever the
 //!   connection waits for a request head: a connection that never sends one, one that sits idle
 //!   between keep-alive requests, and a slow header sender are all closed after it.
@@ -16,6 +18,7 @@
 //! Stopping: the accept loop ends on the stop signal; open connections are closed gracefully
 //! (in-flight requests finish) within [`GRACE`].
 
+use super::slots::{Slot, Slots};
 use crate::api::body::DeadlineBody;
 use crate::api::ConnInfo;
 use crate::config::Inbound;
@@ -34,7 +37,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
@@ -43,12 +46,16 @@ use tower::ServiceExt;
 pub const GRACE: Duration = Duration::from_secs(10);
 /// How long a TLS handshake may take.
 const HANDSHAKE: Duration = Duration::from_secs(10);
+/// ... when more than half the connection cap is in use.
+pub const HANDSHAKE_UNDER_PRESSURE: Duration = Duration::from_secs(3);
+/// The longest idle timeout of a connection accepted when more than half the cap is in use.
+pub const IDLE_UNDER_PRESSURE: Duration = Duration::from_secs(5);
 
 /// The limits of [`accept_loop`], from `inbound__*`.
 #[derive(Clone)]
 pub struct ConnLimits {
-    /// One permit per open connection, shared by both listeners.
-    pub permits: Arc<Semaphore>,
+    /// One slot per open connection, shared by both listeners.
+    pub slots: Arc<Slots>,
     /// No request in progress for this long: closed.
     pub idle: Duration,
     /// Request body deadline.
@@ -61,7 +68,7 @@ impl ConnLimits {
     /// From the inbound settings.
     pub fn new(cfg: &Inbound) -> Self {
         Self {
-            permits: Arc::new(Semaphore::new(cfg.max_connections)),
+            slots: Slots::new(cfg.max_connections, cfg.max_connections_per_peer),
             idle: cfg.idle_timeout,
             body: cfg.body_timeout,
             write: cfg.write_timeout,
@@ -72,22 +79,19 @@ impl ConnLimits {
 /// Accept connections until `stop` fires, then close them gracefully within [`GRACE`].
 pub async fn accept_loop(
     listener: TcpListener,
-    tls: Option<TlsAcceptor>,
+    tls: Option<(TlsAcceptor, tls::IdentityCheck)>,
     router: Router,
     limits: ConnLimits,
     mut stop: watch::Receiver<bool>,
 ) {
     let graceful = GracefulShutdown::new();
-    let scheme = if tls.is_some() { "https" } else { "http" };
     loop {
-        // A permit first: past the cap nothing is accepted until a connection closes.
-        let permit = tokio::select! {
-            p = limits.permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
+        // Room first: at the cap the least recently used idle connection is closed; with every
+        // connection busy nothing is accepted until one is released.
+        tokio::select! {
+            () = limits.slots.room() => {}
             _ = stop.changed() => break,
-        };
+        }
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -100,36 +104,24 @@ pub async fn accept_loop(
             },
             _ = stop.changed() => break,
         };
+        let Some(slot) = limits.slots.admit(peer.ip()) else {
+            tracing::debug!(%peer, "refused: the peer's connections are all busy and at its cap");
+            continue;
+        };
         let _ = stream.set_nodelay(true);
-        let (router, tls, limits) = (router.clone(), tls.clone(), limits.clone());
+        let (router, tls, mut limits) = (router.clone(), tls.clone(), limits.clone());
+        let handshake = if limits.slots.under_pressure() {
+            limits.idle = limits.idle.min(IDLE_UNDER_PRESSURE);
+            HANDSHAKE_UNDER_PRESSURE
+        } else {
+            HANDSHAKE
+        };
         let watcher = graceful.watcher();
+        let slot = Arc::new(slot);
         tokio::spawn(async move {
-            let _permit = permit;
-            let stream = StallTimeout::new(stream, limits.write);
-            let Some(acceptor) = tls else {
-                let info = ConnInfo {
-                    scheme,
-                    client_cert: false,
-                    client_identity: None,
-                };
-                return serve(stream, router, info, &limits, watcher).await;
-            };
-            match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {
-                Ok(Ok(tls_stream)) => {
-                    let first = tls_stream
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|c| c.first());
-                    let info = ConnInfo {
-                        scheme,
-                        client_cert: first.is_some(),
-                        client_identity: first.and_then(|c| tls::common_name(c)).map(Arc::from),
-                    };
-                    serve(tls_stream, router, info, &limits, watcher).await;
-                }
-                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+            tokio::select! {
+                () = connection(stream, peer, tls, router, limits, watcher, slot.clone(), handshake) => {}
+                () = slot.evicted() => tracing::debug!(%peer, "idle connection closed to make room"),
             }
         });
     }
@@ -142,15 +134,67 @@ pub async fn accept_loop(
     }
 }
 
-async fn serve<I>(io: I, router: Router, info: ConnInfo, limits: &ConnLimits, watcher: Watcher)
-where
+/// One accepted connection: the TLS handshake (within `handshake`), then HTTP.
+#[allow(clippy::too_many_arguments)]
+async fn connection(
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    tls: Option<(TlsAcceptor, tls::IdentityCheck)>,
+    router: Router,
+    limits: ConnLimits,
+    watcher: Watcher,
+    slot: Arc<Slot>,
+    handshake: Duration,
+) {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let stream = StallTimeout::new(stream, limits.write);
+    let Some((acceptor, identities)) = tls else {
+        let info = ConnInfo {
+            scheme,
+            client_cert: false,
+            client_identity: None,
+        };
+        return serve(stream, router, info, &limits, watcher, slot).await;
+    };
+    match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+        Ok(Ok(tls_stream)) => {
+            let chain = tls_stream.get_ref().1.peer_certificates().unwrap_or(&[]);
+            let info = ConnInfo {
+                scheme,
+                client_cert: !chain.is_empty(),
+                // Only a verified chain names someone (issue 20: identities that
+                // cannot be forged).
+                client_identity: identities.identity(chain).map(Arc::from),
+            };
+            serve(tls_stream, router, info, &limits, watcher, slot).await;
+        }
+        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+    }
+}
+
+async fn serve<I>(
+    io: I,
+    router: Router,
+    info: ConnInfo,
+    limits: &ConnLimits,
+    watcher: Watcher,
+    slot: Arc<Slot>,
+) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let body_timeout = limits.body;
-    let svc = router.map_request(move |req: axum::http::Request<Incoming>| {
+    // A request in progress keeps the connection from being evicted to make room.
+    let svc = tower::service_fn(move |req: axum::http::Request<Incoming>| {
+        let busy = slot.busy();
         let mut req = req.map(|b| Body::new(DeadlineBody::new(b, body_timeout)));
         req.extensions_mut().insert(info.clone());
-        req
+        let response = router.clone().oneshot(req);
+        async move {
+            let r = response.await;
+            drop(busy);
+            r
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())

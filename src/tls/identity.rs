@@ -1,8 +1,8 @@
 //! The client identity of a TLS client certificate: its subject common name (CN).
 //!
 //! An IoT Edge module identity certificate carries the module id as its CN; that is what
-//! `inbound__clientAuth__clientCert__adminIdentities` lists. The certificate was already
-//! verified by the TLS layer; this only reads a field of it. A minimal DER walk (certificate →
+//! `inbound__clientAuth__clientCert__adminIdentities` lists. Only read from a certificate whose
+//! chain was verified ([`super::IdentityCheck`]); this only reads a field of it. A minimal DER walk (certificate →
 //! tbsCertificate → subject → each RDN's attributes) rather than a full X.509 parser: every
 //! length is bounds-checked, and anything unexpected yields `None` (no identity: the
 //! certificate may publish but not manage).

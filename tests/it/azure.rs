@@ -60,7 +60,7 @@ impl Azurite {
         gridlet::tls::install_default_provider();
         let bin = azurite_binary().expect(
             "Azurite is not installed: these tests use the real Azure Storage emulator. \
-             Run scripts/test.sh (it installs `azurite@3` with npm under ~/.cache/gridlet/azurite).",
+             Run scripts/test.sh (it installs `azurite@3.37.0` with npm under ~/.cache/gridlet/azurite).",
         );
         let dir = tempfile::tempdir().unwrap();
         let (queue_port, blob_port, table_port) = (free_port(), free_port(), free_port());
@@ -579,7 +579,7 @@ async fn malformed_azure_destinations_are_400_naming_the_part() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_hub_and_service_bus_get_one_message_per_event_in_one_batch_send() {
     let mut bus = StrictBus::start().await;
-    let t = start(&[]).await;
+    let t = start(&[bus.trust()]).await;
     t.topic("t").await;
     for (kind, entity) in [
         ("EventHub", "hub1"),
@@ -621,7 +621,7 @@ async fn event_hub_and_service_bus_get_one_message_per_event_in_one_batch_send()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bus_refusals_are_dead_lettered_with_the_service_text_and_413_splits() {
     let mut bus = StrictBus::start().await;
-    let t = start(&[]).await;
+    let t = start(&[bus.trust()]).await;
     t.topic("t").await;
     // A wrong key: 401 from the receiver, its detail in the dead letter.
     let wrong = json!({"endpointType": "EventHub", "properties": {
@@ -698,7 +698,7 @@ async fn bus_429_is_retried_with_the_same_message_ids() {
     // retry comes at the schedule's delay: the test checks that a throttled batch is retried
     // and then delivered, not dropped, and that the retry carries the same MessageIds (so a
     // Service Bus queue with duplicate detection absorbs a repeat).
-    let t = start(&[]).await;
+    let t = start(&[bus.trust()]).await;
     t.topic("t").await;
     bus.state.force.store(429, Ordering::SeqCst);
     let dest = json!({"endpointType": "ServiceBusQueue", "properties": {
@@ -793,7 +793,12 @@ impl Drop for Proc {
     }
 }
 
-async fn spawn_gridlet(dir: &std::path::Path, client: &reqwest::Client, cycle: usize) -> Proc {
+async fn spawn_gridlet(
+    dir: &std::path::Path,
+    client: &reqwest::Client,
+    cycle: usize,
+    trust: (&str, &str),
+) -> Proc {
     let http = free_port();
     let https = free_port();
     let log_path = dir.join(format!("gridlet-{cycle}.log"));
@@ -808,6 +813,7 @@ async fn spawn_gridlet(dir: &std::path::Path, client: &reqwest::Client, cycle: u
         ])
         .env("inbound__httpPort", http.to_string())
         .env("inbound__httpsPort", https.to_string())
+        .env(trust.0, trust.1)
         .env("persistence__metadataPath", dir.join("metadataDb"))
         .env("persistence__eventsPath", dir.join("eventsDb"))
         .stdout(Stdio::null())
@@ -866,7 +872,7 @@ async fn persisted_azure_subscriptions_lose_no_acknowledged_event_across_sigkill
     eprintln!("azure crash test seed {seed}");
     const CYCLES: usize = 4;
     for cycle in 0..CYCLES {
-        let mut p = spawn_gridlet(dir.path(), &client, cycle).await;
+        let mut p = spawn_gridlet(dir.path(), &client, cycle, bus.trust()).await;
         if cycle == 0 {
             let put = |path: &str, body: Value| {
                 client
@@ -912,7 +918,7 @@ async fn persisted_azure_subscriptions_lose_no_acknowledged_event_across_sigkill
     }
     assert!(acked.len() > 40, "published too little: {}", acked.len());
     // A last run without a kill delivers whatever was still pending.
-    let _p = spawn_gridlet(dir.path(), &client, CYCLES).await;
+    let _p = spawn_gridlet(dir.path(), &client, CYCLES, bus.trust()).await;
     let in_queue = std::cell::RefCell::new(std::collections::HashSet::new());
     let in_hub = std::cell::RefCell::new(std::collections::HashSet::new());
     let hub_rx = std::cell::RefCell::new(&mut bus.rx);

@@ -26,7 +26,7 @@ fn event_id(message: &Value) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bus_messages_carry_event_grids_application_properties() {
     let mut bus = StrictBus::start().await;
-    let t = start(&[]).await;
+    let t = start(&[bus.trust()]).await;
     t.topic("t").await;
     for (kind, entity, name) in [
         ("ServiceBusQueue", "queue1", "toQueue"),
@@ -77,7 +77,7 @@ async fn one_oversized_event_is_dead_lettered_alone_and_the_rest_delivered() {
     bus.state
         .max_body
         .store(20_000, std::sync::atomic::Ordering::SeqCst);
-    let t = start(&[]).await;
+    let t = start(&[bus.trust()]).await;
     t.topic("t").await;
     let dest = json!({"endpointType": "ServiceBusQueue", "properties": {
         "connectionString": bus.connection_string("queue1", BUS_KEY),
@@ -133,7 +133,7 @@ async fn one_oversized_event_is_dead_lettered_alone_and_the_rest_delivered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn azure_400_and_403_are_not_retried_under_either_policy() {
     let bus = StrictBus::start().await;
-    let t = start(&[]).await;
+    let t = start(&[bus.trust()]).await;
     t.topic("t").await;
     for policy in ["original", "standard"] {
         let dest = json!({"endpointType": "ServiceBusQueue", "properties": {
@@ -179,7 +179,7 @@ async fn azure_400_and_403_are_not_retried_under_either_policy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn configuration_faults_are_retried_logged_and_counted_apart() {
     let bus = StrictBus::start().await;
-    let t = start(&[]).await;
+    let t = start(&[bus.trust()]).await;
     t.topic("t").await;
     let one = json!({"retryPolicy": {"maxDeliveryAttempts": 1}});
     for (name, kind, entity, key) in [
@@ -316,7 +316,7 @@ async fn storage_queue_message_ttl_and_per_event_refusal() {
 async fn delivery_attributes_static_and_dynamic_for_bus_hub_and_webhook() {
     let mut bus = StrictBus::start().await;
     let mut hook = crate::util::Receiver::start().await;
-    let t = start(&[("outbound__webhook__httpsOnly", "false")]).await;
+    let t = start(&[bus.trust(), ("outbound__webhook__httpsOnly", "false")]).await;
     t.topic("t").await;
     let sb = json!({"endpointType": "ServiceBusQueue", "properties": {
     "connectionString": bus.connection_string("queue1", BUS_KEY),
@@ -565,7 +565,7 @@ async fn storage_connection_strings_with_a_sas_deliver_and_dead_letter_to_blobs(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ready_made_bus_sas_is_used_until_it_expires_then_reported_apart() {
     let mut bus = StrictBus::start().await;
-    let t = start(&[]).await;
+    let t = start(&[bus.trust()]).await;
     t.topic("t").await;
     let cs = |se: u64| {
         format!(

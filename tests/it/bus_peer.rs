@@ -305,6 +305,9 @@ pub struct StrictBus {
     pub state: BusState,
     pub port: u16,
     pub rx: mpsc::UnboundedReceiver<(String, Vec<Value>)>,
+    /// Its certificate's PEM, for `outbound__azure__trustedCertificatesFile` (Azure
+    /// destinations verify the server: [`StrictBus::trust`]).
+    trust_file: tempfile::NamedTempFile,
     _task: tokio::task::JoinHandle<()>,
 }
 
@@ -323,14 +326,25 @@ impl StrictBus {
         let app = Router::new()
             .route("/{entity}/messages", post(bus_messages))
             .with_state(state.clone());
-        let (port, task) = crate::util::serve_https(app).await;
+        let (port, task, pem) = crate::util::serve_https_as(app, &["localhost"]).await;
         *state.host.lock().unwrap() = format!("localhost:{port}");
+        let trust_file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(trust_file.path(), pem).unwrap();
         Self {
             state,
             port,
             rx,
+            trust_file,
             _task: task,
         }
+    }
+
+    /// The setting that makes gridlet trust this peer's certificate.
+    pub fn trust(&self) -> (&'static str, &str) {
+        (
+            "outbound__azure__trustedCertificatesFile",
+            self.trust_file.path().to_str().unwrap(),
+        )
     }
 
     pub fn connection_string(&self, entity: &str, key: &str) -> String {

@@ -618,6 +618,66 @@ async fn https_certificate_comes_from_the_workload_api_and_is_renewed_in_place()
     assert_eq!(s, 200, "the HTTP listener kept serving");
 }
 
+/// Issue 20, High 2: with `adminIdentities` set and the default `allowUnknownCA=true`, a
+/// listed identity manages only when its certificate chains to the trust bundle; a
+/// self-signed certificate naming it may only publish.
+#[tokio::test]
+async fn only_verified_certificates_carry_admin_identities() {
+    let pki = Arc::new(Pki::new());
+    let dir = tempfile::tempdir().unwrap();
+    let wl = Workload::start(dir.path(), pki.clone(), 90 * 86_400).await;
+    let t = start_edge(
+        &[
+            ("inbound__clientAuth__clientCert__enabled", "true"),
+            ("inbound__clientAuth__clientCert__adminIdentities", "ops"),
+        ],
+        wl.env(None),
+    )
+    .await;
+    let https = format!("https://127.0.0.1:{}", t.g.https_addr.unwrap().port());
+    let client_with = |chain: String, key: String| {
+        let o = gridlet::tls::OutboundTls {
+            accept_any_server_cert: true,
+            extra_roots_pem: None,
+            identity: Some((chain.into_bytes(), key.into_bytes())),
+        };
+        reqwest::Client::builder()
+            .tls_backend_preconfigured(gridlet::tls::client_config(&o).unwrap())
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    };
+    let ops = pki.issue("ops", &["ops"], true);
+    let ops = client_with(ops.chain_pem, ops.key_pem);
+    let sensor = pki.issue("sensor", &["sensor"], true);
+    let sensor = client_with(sensor.chain_pem, sensor.key_pem);
+    let forged = {
+        let mut params = CertificateParams::new(vec!["ops".to_string()]).unwrap();
+        params.distinguished_name.push(DnType::CommonName, "ops");
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        client_with(cert.pem(), key.serialize_pem())
+    };
+    let put = |c: &reqwest::Client, name: &str| {
+        c.put(format!("{https}/topics/{name}?{V}"))
+            .json(&json!({}))
+            .send()
+    };
+    assert_eq!(put(&forged, "x").await.unwrap().status(), 403);
+    assert_eq!(put(&sensor, "x").await.unwrap().status(), 403);
+    assert_eq!(put(&ops, "x").await.unwrap().status(), 200);
+    let events = json!([eg_event("e1", "s", "t", json!({}))]);
+    for c in [&forged, &sensor, &ops] {
+        let r = c
+            .post(format!("{https}/topics/x/events?{V}"))
+            .json(&events)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "every accepted certificate may publish");
+    }
+}
+
 #[tokio::test]
 async fn client_certificates_are_validated_against_the_trust_bundle() {
     let pki = Arc::new(Pki::new());
@@ -717,10 +777,20 @@ async fn eventgrid_destination_posts_batches_with_the_sas_key_and_topic_rewrite(
         false,
     );
     let mut rx = TlsReceiver::start(&server, None).await;
-    let t = start(&[("outbound__eventgrid__allowInvalidHostnames", "true")]).await;
+    // Event Grid keys go only to a verified server: trust the test CA, use the certified name.
+    let roots = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(roots.path(), &pki.ca_pem).unwrap();
+    let t = start(&[
+        ("outbound__eventgrid__allowInvalidHostnames", "true"),
+        (
+            "outbound__azure__trustedCertificatesFile",
+            roots.path().to_str().unwrap(),
+        ),
+    ])
+    .await;
     t.topic("local").await;
     let url = format!(
-        "https://127.0.0.1:{}/api/events?api-version=2018-01-01",
+        "https://localhost:{}/api/events?api-version=2018-01-01",
         rx.addr.port()
     );
     let sub = |topic_name: Value| {

@@ -24,5 +24,7 @@ mod resilience;
 mod schedule;
 mod secrets;
 mod security;
+mod trust;
+mod trust_limits;
 mod util;
 mod wait;

@@ -5,7 +5,7 @@
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::post;
+use axum::routing::any;
 use axum::Router;
 use gridlet::{Config, Gridlet, Parts};
 use serde_json::Value;
@@ -86,8 +86,8 @@ fn recording_app() -> Recording {
         count: count.clone(),
     };
     let app = Router::new()
-        .route("/{*path}", post(record))
-        .route("/", post(record))
+        .route("/{*path}", any(record))
+        .route("/", any(record))
         .with_state(state);
     (app, rx, status, count)
 }
@@ -344,11 +344,37 @@ pub async fn https_receiver() -> Receiver {
 
 /// Serve `app` over HTTPS (self-signed for `localhost`/`127.0.0.1`) on a free 127.0.0.1 port.
 pub async fn serve_https(app: Router) -> (u16, tokio::task::JoinHandle<()>) {
+    let (port, task, _) = serve_https_as(app, &["localhost", "127.0.0.1"]).await;
+    (port, task)
+}
+
+/// A recording HTTPS receiver with a self-signed certificate for `names`, and that
+/// certificate's PEM (to trust it explicitly).
+pub async fn https_receiver_as(names: &[&str]) -> (Receiver, String) {
+    let (app, rx, status, count) = recording_app();
+    let (port, task, pem) = serve_https_as(app, names).await;
+    let r = Receiver {
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        rx,
+        status,
+        count,
+        _task: task,
+    };
+    (r, pem)
+}
+
+/// Serve `app` over HTTPS with a self-signed certificate for `names` on a free 127.0.0.1 port;
+/// also returns the certificate's PEM.
+pub async fn serve_https_as(
+    app: Router,
+    names: &[&str],
+) -> (u16, tokio::task::JoinHandle<()>, String) {
     use hyper_util::rt::TokioIo;
     gridlet::tls::install_default_provider();
     let ck =
-        rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+        rcgen::generate_simple_self_signed(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
             .unwrap();
+    let pem = ck.cert.pem();
     let key = gridlet::tls::certified_key(
         ck.cert.pem().as_bytes(),
         ck.signing_key.serialize_pem().as_bytes(),
@@ -377,7 +403,7 @@ pub async fn serve_https(app: Router) -> (u16, tokio::task::JoinHandle<()>) {
             });
         }
     });
-    (addr.port(), task)
+    (addr.port(), task, pem)
 }
 
 impl Receiver {

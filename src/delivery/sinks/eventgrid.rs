@@ -118,8 +118,10 @@ impl DestinationKind for EventGrid {
         let Some(d) = sub.destination.spec::<EventGridDestination>() else {
             return mismatched("EventGrid");
         };
+        // A cloud Event Grid key: the always-verifying client, whatever the webhook settings.
         webhook_sink(
             sub,
+            &ctx.azure_client,
             ctx,
             &d.endpoint_url,
             Some(&d.sas_key),

@@ -119,6 +119,7 @@ impl DestinationKind for Messaging {
         let limits = MessagingLimits::from_kib(
             max_batch_kib.unwrap_or_else(|| self.service.default_batch_kib()),
         );
+        ctx.azure_endpoint(&resource_uri, "connectionString Endpoint")?;
         Ok(Destination::new(
             self.names[0],
             MessagingDestination {
@@ -137,7 +138,7 @@ impl DestinationKind for Messaging {
             return super::mismatched(self.names[0]);
         };
         Arc::new(MessagingSink::new(
-            &ctx.client,
+            &ctx.azure_client,
             &d.conn,
             self.names[0],
             self.service,

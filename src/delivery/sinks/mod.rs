@@ -144,6 +144,29 @@ impl ParseContext<'_> {
         Ok(url)
     }
 
+    /// An endpoint derived from an Azure connection string (Event Hubs / Service Bus namespace,
+    /// Storage queue or blob service): the webhook rules of [`ParseContext::outbound_url`] under
+    /// `outbound__webhook__httpsOnly`, except that plain HTTP may reach a loopback host (the
+    /// emulators: `UseDevelopmentStorage`, `UseDevelopmentEmulator`). Shared Key signatures and
+    /// SAS tokens never cross the network in clear text while `httpsOnly` is on.
+    ///
+    /// # Errors
+    /// 400 naming `display`.
+    pub fn azure_endpoint(&self, raw: &str, display: &str) -> Result<Url, DestinationError> {
+        let loopback = match Url::parse(raw).ok().as_ref().and_then(Url::host) {
+            Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+            Some(url::Host::Ipv4(a)) => a.is_loopback(),
+            Some(url::Host::Ipv6(a)) => a.is_loopback(),
+            None => false,
+        };
+        self.outbound_url(
+            raw,
+            display,
+            self.cfg.outbound.webhook_https_only && !loopback,
+            Key::outbound__webhook__httpsOnly.name(),
+        )
+    }
+
     /// Refuse a URL whose host is an address in `outbound__deniedAddressRanges` (host names are
     /// checked on their resolved address at connect time, by the HTTP client).
     ///
@@ -173,8 +196,11 @@ impl ParseContext<'_> {
 
 /// What sink builders share.
 pub struct SinkContext {
-    /// The outbound HTTP client (one pool for every HTTP destination).
+    /// The webhook HTTP client (`outbound__webhook__*` TLS settings).
     pub client: HttpClient,
+    /// The client of credentialed Azure destinations: always verifies the server's chain and
+    /// host name (the server builds it from `outbound__azure__trustedCertificatesFile`).
+    pub azure_client: HttpClient,
     /// A random per-process id: Standard Webhooks `webhook-id`s stay unique across restarts
     /// (batch ids are sequence numbers, which restart with a memory store).
     pub boot_id: String,
@@ -261,13 +287,15 @@ pub struct DefaultSinks {
 }
 
 impl DefaultSinks {
-    /// Sinks sharing `client` (see [`crate::delivery::http::HttpClient::new`] over [`crate::tls::client_config`]).
-    pub fn new(client: HttpClient) -> Self {
+    /// Sinks sharing `client` for webhooks and `azure_client` for Azure destinations (see
+    /// [`crate::delivery::http::HttpClient::new`] over [`crate::tls::client_config`]).
+    pub fn new(client: HttpClient, azure_client: HttpClient) -> Self {
         let mut b = [0u8; 6];
         let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
         Self {
             ctx: SinkContext {
                 client,
+                azure_client,
                 boot_id: b.iter().map(|x| format!("{x:02x}")).collect(),
                 module_outputs: None,
             },

@@ -79,10 +79,12 @@ impl DestinationKind for StorageBlob {
             return Err(ctx
                 .invalid("connectionString: a SharedAccessSignature string needs BlobEndpoint=…"));
         }
+        let container_url = format!("{}/{container}", conn.blob_endpoint);
+        ctx.azure_endpoint(&container_url, "connectionString blob endpoint")?;
         Ok(Destination::new(
             "StorageBlob",
             StorageBlobDestination {
-                container_url: format!("{}/{container}", conn.blob_endpoint),
+                container_url,
                 container: container.to_string(),
                 connection_string: cs.to_string(),
                 conn,
@@ -104,7 +106,7 @@ impl DestinationKind for StorageBlob {
             return super::mismatched("StorageBlob");
         };
         Arc::new(BlobDeadLetterSink::new(
-            &ctx.client,
+            &ctx.azure_client,
             &d.conn,
             &d.container,
             d.format.unwrap_or_default(),

@@ -99,10 +99,12 @@ impl DestinationKind for StorageQueue {
                 "connectionString: a SharedAccessSignature string needs QueueEndpoint=…",
             ));
         }
+        let queue_url = format!("{}/{queue_name}", conn.queue_endpoint);
+        ctx.azure_endpoint(&queue_url, "connectionString queue endpoint")?;
         Ok(Destination::new(
             "StorageQueue",
             StorageQueueDestination {
-                queue_url: format!("{}/{queue_name}", conn.queue_endpoint),
+                queue_url,
                 queue_name: queue_name.to_string(),
                 connection_string: cs.to_string(),
                 message_encoding,
@@ -117,7 +119,7 @@ impl DestinationKind for StorageQueue {
             return super::mismatched("StorageQueue");
         };
         Arc::new(StorageQueueSink::new(
-            &ctx.client,
+            &ctx.azure_client,
             &d.conn,
             &d.queue_name,
             d.message_encoding.unwrap_or_default(),

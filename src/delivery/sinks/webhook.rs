@@ -83,7 +83,14 @@ impl DestinationKind for WebHook {
         let Some(d) = sub.destination.spec::<WebHookDestination>() else {
             return mismatched("WebHook");
         };
-        webhook_sink(sub, ctx, &d.endpoint_url, None, TopicRewrite::None)
+        webhook_sink(
+            sub,
+            &ctx.client,
+            ctx,
+            &d.endpoint_url,
+            None,
+            TopicRewrite::None,
+        )
     }
 
     fn example(&self, base: &str) -> Value {
@@ -102,16 +109,18 @@ impl DestinationKind for WebHook {
 
 /// `base` with user `gridlet`, a password and `path_and_query` (for examples).
 /// The HTTP POST sink of a destination that takes webhook options (WebHook, EventGrid): to
-/// `url`, with `aeg-sas-key: sas_key` when given, the subscription's signing and static headers.
+/// `url` through `client`, with `aeg-sas-key: sas_key` when given, the subscription's signing
+/// and static headers.
 pub(super) fn webhook_sink(
     sub: &Subscription,
+    client: &crate::delivery::http::HttpClient,
     ctx: &SinkContext,
     url: &str,
     sas_key: Option<&str>,
     rewrite: TopicRewrite,
 ) -> Arc<dyn Sink> {
     Arc::new(
-        WebhookSink::new(ctx.client.clone(), url.to_string(), sas_key, rewrite)
+        WebhookSink::new(client.clone(), url.to_string(), sas_key, rewrite)
             .with_options(&sub.delivery, &ctx.boot_id),
     )
 }

@@ -277,3 +277,31 @@ fn limits_and_media_types() {
     let deep = format!("[{}{}]", "[".repeat(200), "]".repeat(200));
     assert!(run(EventSchema::Custom, None, &deep).is_err());
 }
+
+#[test]
+fn top_level_keys_repeated_in_any_case_are_refused_in_both_paths() {
+    let eg = r#""id":"1","subject":"s","eventType":"e","eventTime":"t","dataVersion":"1.0""#;
+    for extra in [
+        r#""EVENTTYPE":"x""#,
+        r#""data":1,"Data":2"#,
+        r#""data":1,"data":2"#,
+        // Unicode simple folding, as .NET and Go fold: long s, Kelvin sign.
+        r#""ſubject":"x""#,
+        r#""data":1,"ſ":1,"S":2"#,
+        r#""\u0065ventType":"x""#,
+    ] {
+        for body in [format!("[{{{eg},{extra}}}]"), format!("[{{{extra},{eg}}}]")] {
+            let e = run(EventSchema::EventGrid, None, &body).unwrap_err();
+            assert!(
+                e.to_string().contains("duplicate top-level key"),
+                "{body}: {e}"
+            );
+        }
+    }
+    // More members than the one-pass compares: the full parse decides, and still refuses.
+    let many: String = (0..40).map(|i| format!(r#","k{i}":{i}"#)).collect();
+    let body = format!(r#"[{{{eg}{many},"K39":0}}]"#);
+    assert!(run(EventSchema::EventGrid, None, &body).is_err());
+    let body = format!(r#"[{{{eg}{many}}}]"#);
+    assert!(run(EventSchema::EventGrid, None, &body).is_ok());
+}

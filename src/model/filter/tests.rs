@@ -17,6 +17,7 @@ fn event(v: &Value) -> EventView<'_> {
         object,
         subject: o.get("subject").and_then(Value::as_str),
         event_type: o.get("eventType").and_then(Value::as_str),
+        lowered: Default::default(),
     }
 }
 
@@ -80,6 +81,7 @@ fn included_event_types_are_capped_and_hashed() {
         subject: None,
         event_type: Some(t),
         object: &object,
+        lowered: Default::default(),
     };
     assert!(f.matches(&view("TYPE.2")));
     assert!(f.matches(&view("type.0")));
