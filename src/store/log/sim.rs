@@ -63,7 +63,7 @@ fn opts(seed: u64) -> LogOptions {
         segment_bytes: 16 << 10,
         max_disk_bytes: 64 << 20,
         // Half the seeds read every body back from the disk, half mostly from the tail.
-        tail_bytes: if seed % 2 == 0 { 0 } else { 8 << 10 },
+        tail_bytes: if seed.is_multiple_of(2) { 0 } else { 8 << 10 },
     }
 }
 
