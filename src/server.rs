@@ -8,6 +8,7 @@
 //! up to 10 s to finish, then the broker's tasks are dropped.
 
 mod conn;
+mod otlp;
 
 use crate::api::{self, AppState};
 use crate::broker::{Broker, OpenError};
@@ -81,6 +82,8 @@ pub struct Gridlet {
     listeners: Vec<JoinHandle<()>>,
     /// Under IoT Edge: owns the edgeHub, twin and certificate-renewal tasks.
     edge: Option<EdgeRuntime>,
+    /// The OTLP span exporter, when an endpoint is configured.
+    exporter: Option<otlp::Exporter>,
 }
 
 /// The outbound TLS settings from configuration (no IoT Edge identity here; see `edge`).
@@ -183,6 +186,7 @@ impl Gridlet {
             None => Arc::new(default_sinks(&cfg, edge.as_ref())?),
         };
         let broker = on_exiting_thread(|| Broker::open(cfg.clone(), store, sinks, clock))?;
+        let exporter = otlp::Exporter::start(&cfg, broker.tracer(), edge.as_ref())?;
         let ready = Arc::new(AtomicBool::new(true));
         let router = api::router(AppState {
             broker: broker.clone(),
@@ -229,6 +233,7 @@ impl Gridlet {
             stop,
             listeners: tasks,
             edge,
+            exporter,
         })
     }
 
@@ -251,6 +256,10 @@ impl Gridlet {
             );
         }
         drop(self.edge);
+        if let Some(e) = self.exporter {
+            // The spans of the drained deliveries, bounded by the export timeout.
+            e.stop(self.broker.config().telemetry.timeout).await;
+        }
         tracing::info!("gridlet stopped");
     }
 }

@@ -54,6 +54,7 @@ impl Broker {
                     syncs: c.syncs,
                     checkpoints: c.checkpoints,
                 }),
+                spans: ctx.tracer.stats(),
             },
         };
         metrics::render(&snapshot)

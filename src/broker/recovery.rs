@@ -36,6 +36,7 @@ impl Broker {
             },
             forwarder: crate::delivery::deadletter::Forwarder::start(),
             drain: Default::default(),
+            tracer: crate::telemetry::Tracer::new(&cfg.telemetry, &cfg.edge),
             writer: Arc::new(
                 crate::delivery::writer::StoreWriter::start()
                     .map_err(|e| StoreError::Io(format!("cannot start the store writer: {e}")))?,

@@ -101,6 +101,8 @@ async fn forward_loop(mut rx: mpsc::Receiver<Forward>, stats: Arc<ForwardStats>)
                 .collect(),
             attempt: 1,
             batch_id: f.letters.first().map_or(0, |l| l.seq),
+            trace: None,
+            event_traces: Vec::new(),
         };
         let n = f.letters.len() as u64;
         let mut ok = false;

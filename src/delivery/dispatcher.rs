@@ -26,8 +26,10 @@ use super::refill::{refill, Lane};
 use super::retry::{self, DropReason, Step};
 use super::sink::{DeliveryRequest, Outcome, Sink};
 use super::subscription::{SubConfig, SubscriptionState};
+use super::trace::{self, first_trace, LogIds};
 use crate::store::RetryState;
 use crate::sync::AbortOnDrop;
+use crate::telemetry::{now_ns, TraceContext, Tracer};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
@@ -44,7 +46,9 @@ pub(super) fn spawn(shared: Arc<SubscriptionState>, ctx: Arc<DeliveryContext>) -
     }))
 }
 
-type SendResult = (Batch, Outcome, Duration);
+/// A finished attempt: its batch, outcome and latency, and its `deliver` span's context (the
+/// `settle` span's parent; tracer on only).
+type SendResult = (Batch, Outcome, Duration, Option<TraceContext>);
 
 /// While sending is held back (endpoint disabled or frozen), queued events are checked for
 /// expiry this often.
@@ -85,8 +89,8 @@ async fn run(shared: Arc<SubscriptionState>, ctx: Arc<DeliveryContext>) {
         if t.ctx.drain.started() {
             // Shutting down: start nothing, settle what is in flight, then end.
             match t.in_flight.join_next().await {
-                Some(Ok((batch, outcome, latency))) => {
-                    settle(&t.shared, &t.ctx, batch, outcome, latency)
+                Some(Ok((batch, outcome, latency, span))) => {
+                    settle(&t.shared, &t.ctx, batch, outcome, latency, span)
                 }
                 Some(Err(_)) => {}
                 None => return,
@@ -221,16 +225,28 @@ impl Task {
             }
             p.attempts += 1;
         }
+        let attempt = batch.items.first().map(|p| p.attempts).unwrap_or(1);
+        let (onward, span) = trace::start(
+            &self.ctx.tracer,
+            cfg,
+            &self.shared.topic,
+            &self.shared.name,
+            &batch,
+            attempt,
+        );
         let req = DeliveryRequest {
             topic: self.shared.topic.clone(),
             subscription: self.shared.name.clone(),
             schema: cfg.sub.delivery_schema,
             events: batch.items.iter().map(|p| p.event.body.clone()).collect(),
-            attempt: batch.items.first().map(|p| p.attempts).unwrap_or(1),
+            attempt,
             batch_id: batch.items.first().map(|p| p.seq).unwrap_or(0),
+            trace: onward.request,
+            event_traces: onward.events,
         };
+        let tracer = self.ctx.tracer.clone();
         self.in_flight
-            .spawn(send(cfg.sink.clone(), req, batch, permit));
+            .spawn(send(cfg.sink.clone(), req, batch, permit, tracer, span));
     }
 
     /// Wait for what the round left pending: a wake-up, a finished send (settled here), a
@@ -246,7 +262,7 @@ impl Task {
             _ = self.shared.notify.notified() => {}
             Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
                 match done {
-                    Ok((batch, outcome, latency)) => settle(&self.shared, &self.ctx, batch, outcome, latency),
+                    Ok((batch, outcome, latency, span)) => settle(&self.shared, &self.ctx, batch, outcome, latency, span),
                     Err(e) if e.is_panic() => tracing::error!(subscription = %self.shared.name, "delivery task panicked"),
                     Err(_) => {}
                 }
@@ -284,6 +300,8 @@ async fn send(
     req: DeliveryRequest,
     batch: Batch,
     permit: OwnedSemaphorePermit,
+    tracer: Tracer,
+    deliver: Option<Box<trace::DeliverSpan>>,
 ) -> SendResult {
     // One span per attempt, debug level: disabled (and nearly free) at the default level.
     let span = tracing::debug_span!(
@@ -297,7 +315,9 @@ async fn send(
     let outcome = sink.send(&req).instrument(span.clone()).await;
     span.record("outcome", tracing::field::debug(&outcome));
     drop(permit);
-    (batch, outcome, started.elapsed())
+    let latency = started.elapsed();
+    let deliver = deliver.map(|d| trace::finish_deliver(&tracer, d, &outcome));
+    (batch, outcome, latency, deliver)
 }
 
 /// Apply an attempt's outcome to its batch.
@@ -307,7 +327,34 @@ fn settle(
     batch: Batch,
     outcome: Outcome,
     latency: Duration,
+    deliver: Option<TraceContext>,
 ) {
+    let Some(deliver) = deliver else {
+        // Not recorded: log lines name the context the first event travels in.
+        let first = first_trace(&batch.items).cloned();
+        settle_batch(shared, ctx, batch, outcome, latency, first.as_ref());
+        return;
+    };
+    let start_ns = now_ns();
+    let settled = settle_batch(shared, ctx, batch, outcome, latency, Some(&deliver));
+    trace::settle_span(
+        &ctx.tracer,
+        &deliver,
+        start_ns,
+        ctx.clock.now_ms(),
+        &settled,
+    );
+}
+
+/// Apply an attempt's outcome to its batch; answers what became of its events.
+fn settle_batch(
+    shared: &Arc<SubscriptionState>,
+    ctx: &DeliveryContext,
+    batch: Batch,
+    outcome: Outcome,
+    latency: Duration,
+    span: Option<&TraceContext>,
+) -> trace::Settled {
     let cfg = shared.config();
     let m = &shared.metrics;
     let n = batch.items.len() as u64;
@@ -320,14 +367,15 @@ fn settle(
         m.delivery_success_counts.add(n);
         m.delivery_success_latency_ms.observe_ms(ms);
         if ctx.log_success {
-            tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, attempt = batch.items.first().map(|p| p.attempts), latency_ms = ms, "delivered");
+            tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, attempt = batch.items.first().map(|p| p.attempts), latency_ms = ms, trace_id = span.map(TraceContext::trace_hex), span_id = span.map(TraceContext::span_hex), "delivered");
         }
         if cfg.sub.persisted {
             let seqs: Vec<u64> = batch.items.iter().map(|p| p.seq).collect();
             let (store, queue, name) = (ctx.store.clone(), shared.queue_id, shared.name.clone());
+            let ids = LogIds::of(span.or_else(|| first_trace(&batch.items)));
             ctx.writer.submit(Box::new(move || {
                 if let Err(e) = store.remove(queue, &seqs) {
-                    tracing::error!(subscription = %name, error = %e, "could not remove delivered events from the store; they may be delivered again after a restart");
+                    tracing::error!(subscription = %name, error = %e, trace_id = ids.trace(), span_id = ids.span(), "could not remove delivered events from the store; they may be delivered again after a restart");
                 }
             }));
         }
@@ -336,15 +384,19 @@ fn settle(
         q.settle(batch.items.len());
         drop(q);
         shared.notify.notify_one();
-        return;
+        return trace::Settled {
+            acked: n as usize,
+            ..Default::default()
+        };
     }
     m.delivery_failure_counts.add(n);
     m.delivery_failure_latency_ms.observe_ms(ms);
     if let Outcome::Failed { kind, .. } = &outcome {
-        tracing::debug!(topic = %shared.topic, subscription = %shared.name, events = n, failure = %kind, "delivery attempt failed");
+        tracing::debug!(topic = %shared.topic, subscription = %shared.name, events = n, failure = %kind, trace_id = span.map(TraceContext::trace_hex), span_id = span.map(TraceContext::span_hex), "delivery attempt failed");
     }
-    settle_failed(shared, ctx, &cfg, batch, &outcome);
+    let settled = settle_failed(shared, ctx, &cfg, batch, &outcome);
     shared.notify.notify_one();
+    settled
 }
 
 /// A failed attempt: each event is retried (state stored first for a persisted subscription),
@@ -355,7 +407,7 @@ fn settle_failed(
     cfg: &SubConfig,
     batch: Batch,
     outcome: &Outcome,
-) {
+) -> trace::Settled {
     let now_ms = ctx.clock.now_ms();
     let mut retry_items = Vec::new();
     let mut retry_delay = Duration::ZERO;
@@ -384,6 +436,7 @@ fn settle_failed(
     if cfg.sub.persisted && !retry_items.is_empty() {
         store_retry_state(shared, ctx, &retry_items, now_ms, retry_delay);
     }
+    let retry_items_len = retry_items.len();
     {
         let mut q = shared.queue();
         q.finish(batch.retry);
@@ -391,9 +444,16 @@ fn settle_failed(
             q.schedule_retry(Instant::now() + retry_delay, retry_items);
         }
     }
+    let settled = trace::Settled {
+        acked: 0,
+        retried: retry_items_len,
+        delay: retry_delay,
+        dropped: dropped.iter().map(|(r, v)| (*r, v.len())).collect(),
+    };
     for (r, items) in dropped {
         drop_events(shared, ctx, items, r, Some(outcome));
     }
+    settled
 }
 
 /// Record a retrying batch's state (attempts, first enqueue, due time) in the store, through
@@ -418,9 +478,10 @@ fn store_retry_state(
         due_ms: now_ms + delay.as_millis() as u64,
     };
     let (store, queue, name) = (ctx.store.clone(), shared.queue_id, shared.name.clone());
+    let ids = LogIds::of(first_trace(items));
     ctx.writer.submit(Box::new(move || {
         if let Err(e) = store.update(queue, &seqs, state) {
-            tracing::error!(subscription = %name, error = %e, "could not persist retry state");
+            tracing::error!(subscription = %name, error = %e, trace_id = ids.trace(), span_id = ids.span(), "could not persist retry state");
         }
     }));
 }
@@ -463,7 +524,8 @@ pub(super) fn dead_letter(
         DropReason::DeliveryRefused => m.dropped_refused.add(n as u64),
         DropReason::QueueFull => m.dropped_queue_full.add(n as u64),
     }
-    tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, reason = reason.as_str(), first_event_id = items.first().map(|p| &*p.event.id).unwrap_or(""), "events dead-lettered");
+    let trace = first_trace(items);
+    tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, reason = reason.as_str(), first_event_id = items.first().map(|p| &*p.event.id).unwrap_or(""), trace_id = trace.map(TraceContext::trace_hex), span_id = trace.map(TraceContext::span_hex), "events dead-lettered");
     let cfg = shared.config();
     let now_ms = ctx.clock.now_ms();
     let (last_status, last_error) = super::deadletter::describe(last);
@@ -489,8 +551,14 @@ pub(super) fn dead_letter(
     } else {
         Vec::new()
     };
-    ctx.writer
-        .submit(keep_letters(shared.clone(), ctx, letters.clone(), seqs));
+    let ids = LogIds::of(trace);
+    ctx.writer.submit(keep_letters(
+        shared.clone(),
+        ctx,
+        letters.clone(),
+        seqs,
+        ids,
+    ));
     if let Some(sink) = &cfg.dead_letter_sink {
         ctx.forwarder.submit(Forward {
             sink: sink.clone(),
@@ -508,6 +576,7 @@ fn keep_letters(
     ctx: &DeliveryContext,
     letters: Vec<DeadLetter>,
     seqs: Vec<u64>,
+    ids: LogIds,
 ) -> super::writer::Job {
     let (dead_letters, store) = (ctx.dead_letters.clone(), ctx.store.clone());
     let bound = ctx.dead_letter_bound;
@@ -525,13 +594,13 @@ fn keep_letters(
                     m.dead_letters_evicted.add(evicted as u64);
                 }
                 Err(e) => {
-                    tracing::error!(subscription = %shared.name, error = %e, "could not keep a dead letter")
+                    tracing::error!(subscription = %shared.name, error = %e, trace_id = ids.trace(), span_id = ids.span(), "could not keep a dead letter")
                 }
             }
         }
         if !seqs.is_empty() {
             if let Err(e) = store.remove_dropped(shared.queue_id, &seqs) {
-                tracing::error!(subscription = %shared.name, error = %e, "could not remove dropped events from the store");
+                tracing::error!(subscription = %shared.name, error = %e, trace_id = ids.trace(), span_id = ids.span(), "could not remove dropped events from the store");
             }
         }
     })

@@ -3,6 +3,7 @@
 
 use crate::model::subscription::Subscription;
 use crate::model::topic::EventSchema;
+use crate::telemetry::TraceContext;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
@@ -23,6 +24,12 @@ pub struct DeliveryRequest {
     pub attempt: u32,
     /// A stable id for this batch across its retries (first event's sequence number).
     pub batch_id: u64,
+    /// The trace context the request carries onward (`traceparent` / `tracestate` headers):
+    /// the `deliver` span's, or with tracing off the first event's as published.
+    pub trace: Option<TraceContext>,
+    /// Each event's trace context (per-message properties on Service Bus and Event Hubs);
+    /// empty when no event has one.
+    pub event_traces: Vec<Option<TraceContext>>,
 }
 
 impl DeliveryRequest {

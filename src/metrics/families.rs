@@ -102,6 +102,8 @@ pub struct BrokerView {
     pub dead_letter_bytes: u64,
     /// Group-commit counters, for a journaling store.
     pub commits: Option<CommitView>,
+    /// Spans exported and dropped, when OpenTelemetry export is on.
+    pub spans: Option<(u64, u64)>,
 }
 
 /// Everything one exposition shows.
@@ -200,7 +202,7 @@ pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 17] {
 }
 
 /// Broker-wide families: one series each (omitted when not applicable).
-pub fn broker_families() -> [Family<BrokerView>; 7] {
+pub fn broker_families() -> [Family<BrokerView>; 8] {
     use Kind::*;
     [
         family("gridlet_pending_event_bytes", Gauge, "Bytes of undelivered events held in memory, all subscriptions (limit: broker__maxPendingBytes)", |b| n(b.pending_event_bytes)),
@@ -217,6 +219,15 @@ pub fn broker_families() -> [Family<BrokerView>; 7] {
         family("gridlet_store_commits_total", Counter, "Persisted publishes made durable (answered only after their group's sync)", |b| b.commits.and_then(|c| n(c.commits))),
         family("gridlet_store_journal_syncs_total", Counter, "Publish-journal writes, one fdatasync each (commits / syncs = events per group commit)", |b| b.commits.and_then(|c| n(c.syncs))),
         family("gridlet_store_checkpoints_total", Counter, "Checkpoints: journaled events still pending moved into sled, sled flushed and fsynced", |b| b.commits.and_then(|c| n(c.checkpoints))),
+        Family {
+            name: "gridlet_telemetry_spans_total",
+            kind: Counter,
+            help: "OpenTelemetry spans by result: exported (accepted by the collector) or dropped (queue full, or the collector failed or timed out)",
+            read: Read::By("result", |b| match b.spans {
+                Some((exported, dropped)) => vec![("exported", exported), ("dropped", dropped)],
+                None => Vec::new(),
+            }),
+        },
     ]
 }
 
@@ -363,6 +374,7 @@ mod tests {
                 store_disk_bytes: 0,
                 dead_letter_bytes: 0,
                 commits: None,
+                spans: Some((3, 1)),
             },
         };
         let out = render(&snap);
@@ -375,6 +387,10 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("gridlet_dropped_events_total{topic=\"t\",subscription=\"s\",reason=\"DeliveryRefused\"} 3"), "{out}");
+        assert!(
+            out.contains("gridlet_telemetry_spans_total{result=\"dropped\"} 1"),
+            "{out}"
+        );
         assert!(
             out.contains("# TYPE gridlet_endpoint_health_state gauge\n# HELP"),
             "no series while health is untracked: {out}"

@@ -445,6 +445,8 @@ fn req() -> DeliveryRequest {
         events: vec![bytes::Bytes::from_static(b"{\"id\":\"1\"}")],
         attempt: 1,
         batch_id: 1,
+        trace: None,
+        event_traces: Vec::new(),
     }
 }
 

@@ -273,6 +273,8 @@ impl Bench {
                         events: vec![event(i)],
                         attempt: 1,
                         batch_id: i,
+                        trace: None,
+                        event_traces: Vec::new(),
                     };
                     if sink.send(&req).await == Outcome::Delivered {
                         done.fetch_add(1, Relaxed);

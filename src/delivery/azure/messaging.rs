@@ -17,6 +17,7 @@ use super::sas::TokenSource;
 use crate::delivery::http::{Endpoint, HttpClient, HttpError};
 use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
 use crate::model::azure::MessagingConn;
+use crate::telemetry::TraceContext;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
@@ -55,14 +56,30 @@ impl MessagingSink {
     }
 }
 
-/// `{"Body":"<event>"}` for each event.
-pub fn messages(events: &[Bytes]) -> Vec<Bytes> {
+/// `{"Body":"<event>"}` for each event; an event with a trace context also gets the
+/// application properties the Azure SDKs write and read (`Diagnostic-Id` and `traceparent`,
+/// both the W3C `traceparent`, and `tracestate`): `{"Body":…,"UserProperties":{…}}`.
+pub fn messages(events: &[Bytes], traces: &[Option<TraceContext>]) -> Vec<Bytes> {
     events
         .iter()
-        .map(|e| {
+        .enumerate()
+        .map(|(i, e)| {
             let text = String::from_utf8_lossy(e);
             let body = serde_json::Value::String(text.into_owned());
-            Bytes::from(format!("{{\"Body\":{body}}}"))
+            match traces.get(i).and_then(Option::as_ref) {
+                None => Bytes::from(format!("{{\"Body\":{body}}}")),
+                Some(t) => {
+                    let tp = t.traceparent();
+                    let mut props = serde_json::Map::new();
+                    props.insert("Diagnostic-Id".into(), tp.clone().into());
+                    props.insert("traceparent".into(), tp.into());
+                    if let Some(state) = &t.state {
+                        props.insert("tracestate".into(), state.to_string().into());
+                    }
+                    let props = serde_json::Value::Object(props);
+                    Bytes::from(format!("{{\"Body\":{body},\"UserProperties\":{props}}}"))
+                }
+            }
         })
         .collect()
 }
@@ -96,7 +113,7 @@ impl Sink for MessagingSink {
                 Ok(e) => e,
                 Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
             };
-            let msgs = messages(&req.events);
+            let msgs = messages(&req.events, &req.event_traces);
             if let Some((i, m)) = msgs
                 .iter()
                 .enumerate()
@@ -152,7 +169,10 @@ mod tests {
 
     #[test]
     fn each_event_is_one_message_whose_body_is_the_event_json() {
-        let m = messages(&[Bytes::from_static(b"{\"id\":\"1\",\"data\":\"q\\\"\"}")]);
+        let m = messages(
+            &[Bytes::from_static(b"{\"id\":\"1\",\"data\":\"q\\\"\"}")],
+            &[],
+        );
         let v: serde_json::Value = serde_json::from_slice(&m[0]).unwrap();
         assert_eq!(v["Body"], "{\"id\":\"1\",\"data\":\"q\\\"\"}");
     }
