@@ -120,7 +120,7 @@ settings! {
     api__filterLimits__maxIncludedEventTypes = "256" : "most entries in a subscription's `filter.includedEventTypes` (400 above); matched in constant time, this bounds the memory of one subscription's type set";
     metrics__reporterType = "none" : "`none`, `prometheus` (serve `/metrics`), `console` (log metrics every 60 s)";
     log__format = "text" : "`text`: one line per record with the syslog severity prefix IoT Edge filters on (`<6>` info, `<4>` warn, `<3>` error), colours only on a terminal and never with `NO_COLOR`; `json`: one JSON object per line, for log shippers. Level: `RUST_LOG` (default `info`)";
-    OTEL_EXPORTER_OTLP_ENDPOINT = "" : "OpenTelemetry: base URL of an OTLP/HTTP collector (`http://host:4318`); traces go to `<base>/v1/traces`. Unset (with `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`): no spans are recorded or exported (trace context is still carried to subscribers). docs/OBSERVABILITY.md";
+    OTEL_EXPORTER_OTLP_ENDPOINT = "" : "OpenTelemetry: base URL of an OTLP/HTTP collector (`http://host:4318`); traces go to `<base>/v1/traces`. Both this and `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` unset: no spans are recorded or exported (trace context is still carried to subscribers). docs/OBSERVABILITY.md";
     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "" : "OpenTelemetry: full URL for traces (wins over `OTEL_EXPORTER_OTLP_ENDPOINT`)";
     OTEL_EXPORTER_OTLP_PROTOCOL = "http/protobuf" : "OpenTelemetry: only `http/protobuf` is supported";
     OTEL_EXPORTER_OTLP_HEADERS = "" : "OpenTelemetry: `key=value,…` headers on export requests, values percent-decoded (secret, never logged)";
@@ -129,7 +129,7 @@ settings! {
     OTEL_RESOURCE_ATTRIBUTES = "" : "OpenTelemetry: `key=value,…` resource attributes, values percent-decoded; under IoT Edge the device and module ids are added";
     OTEL_TRACES_SAMPLER = "parentbased_always_on" : "OpenTelemetry: `always_on`, `always_off`, `traceidratio`, `parentbased_always_on`, `parentbased_always_off`, `parentbased_traceidratio`";
     OTEL_TRACES_SAMPLER_ARG = "1.0" : "OpenTelemetry: the ratio (0 to 1) of the `traceidratio` samplers";
-    OTEL_BSP_MAX_QUEUE_SIZE = "2048" : "OpenTelemetry: finished spans queued for export; past it new spans are dropped and counted (`gridlet_telemetry_spans_total{result=\"dropped\"}`), never waited for";
+    OTEL_BSP_MAX_QUEUE_SIZE = "2048" : "OpenTelemetry: finished spans queued for export; past it new spans are dropped and counted (`gridlet_telemetry_spans_total`, result `dropped`), never waited for";
     OTEL_BSP_MAX_EXPORT_BATCH_SIZE = "512" : "OpenTelemetry: most spans in one export request";
     OTEL_BSP_SCHEDULE_DELAY = "5000" : "OpenTelemetry: milliseconds between exports (sooner when a batch is full)";
     telemetry__eventIdsOnSpans = "false" : "put event ids on spans (`messaging.message.id`, `gridlet.event_ids`); off because ids may be sensitive";

@@ -666,10 +666,23 @@ async fn bus_messages(
         let Some(b) = m.get("Body").and_then(Value::as_str) else {
             return fail(400, "every message needs a string Body");
         };
-        match serde_json::from_str::<Value>(b) {
-            Ok(v @ Value::Object(_)) => events.push(v),
+        let mut event = match serde_json::from_str::<Value>(b) {
+            Ok(v @ Value::Object(_)) => v,
             _ => return fail(400, "Body must be one event's JSON object"),
+        };
+        // Application properties: an object of simple values. Passed to the test beside the
+        // event (`__UserProperties`), so tests of the trace context can read them.
+        if let Some(p) = m.get("UserProperties") {
+            let simple = p.as_object().is_some_and(|o| {
+                o.values()
+                    .all(|v| v.is_string() || v.is_number() || v.is_boolean())
+            });
+            if !simple {
+                return fail(400, "UserProperties must be an object of simple values");
+            }
+            event["__UserProperties"] = p.clone();
         }
+        events.push(event);
     }
     let _ = s.tx.send((entity, events));
     StatusCode::CREATED.into_response()

@@ -517,3 +517,48 @@ async fn a_failing_collector_costs_a_counter_never_a_delivery() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_bus_and_event_hubs_messages_carry_diagnostic_id_and_traceparent() {
+    use crate::azure::{StrictBus, BUS_KEY};
+    let mut c = Collector::start();
+    let mut bus = StrictBus::start().await;
+    let t = start_traced(&otel_env(&c)).await;
+    t.topic("t").await;
+    for (kind, entity) in [("EventHub", "hub1"), ("ServiceBusQueue", "queue1")] {
+        let (s, b) = t
+            .put(
+                &format!("/topics/t/eventSubscriptions/{entity}"),
+                json!({"properties": {"destination": {"endpointType": kind, "properties": {
+                    "connectionString": bus.connection_string(entity, BUS_KEY)}}}}),
+            )
+            .await;
+        assert_eq!(s, 200, "{b}");
+    }
+    let r = t
+        .client
+        .post(t.url("/topics/t/events"))
+        .header("traceparent", traceparent())
+        .json(&json!([eg_event("m1", "s", "t", json!({}))]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut props = std::collections::HashMap::new();
+    while props.len() < 2 {
+        let (entity, evs) = bus.next().await;
+        props.insert(entity, evs[0]["__UserProperties"].clone());
+    }
+    let spans = c
+        .until("two deliveries", |s| count(s, "deliver") == 2)
+        .await;
+    for (entity, p) in props {
+        let deliver = named(&spans, "deliver")
+            .into_iter()
+            .find(|d| d["attributes"]["messaging.destination.subscription.name"] == entity.as_str())
+            .unwrap();
+        let want = format!("00-{TRACE}-{}-01", deliver["span_id"].as_str().unwrap());
+        assert_eq!(p["Diagnostic-Id"], want, "{entity}: {p}");
+        assert_eq!(p["traceparent"], want, "{entity}: {p}");
+    }
+}

@@ -178,6 +178,32 @@ mod tests {
     }
 
     #[test]
+    fn a_traced_event_carries_diagnostic_id_and_traceparent_as_the_azure_sdks_do() {
+        let t = TraceContext::parse(
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            Some("v=1"),
+        );
+        let m = messages(
+            &[Bytes::from_static(b"{}"), Bytes::from_static(b"[]")],
+            &[t, None],
+        );
+        let v: serde_json::Value = serde_json::from_slice(&m[0]).unwrap();
+        let p = &v["UserProperties"];
+        assert_eq!(
+            p["Diagnostic-Id"],
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        );
+        assert_eq!(p["traceparent"], p["Diagnostic-Id"]);
+        assert_eq!(p["tracestate"], "v=1");
+        assert_eq!(v["Body"], "{}");
+        let v: serde_json::Value = serde_json::from_slice(&m[1]).unwrap();
+        assert!(
+            v.get("UserProperties").is_none(),
+            "no context, no properties"
+        );
+    }
+
+    #[test]
     fn groups_stay_under_the_limit_in_order() {
         let m: Vec<Bytes> = [10, 10, 10, 25, 3]
             .iter()
