@@ -562,3 +562,144 @@ async fn service_bus_and_event_hubs_messages_carry_diagnostic_id_and_traceparent
         assert_eq!(p["traceparent"], want, "{entity}: {p}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_log_lines_of_a_traced_event_carry_its_trace_and_span_ids() {
+    use std::io::BufRead;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gridlet"))
+        .current_dir(dir.path())
+        .env("inbound__serverAuth__tlsPolicy", "disabled")
+        .env("inbound__clientAuth__clientCert__enabled", "false")
+        .env("inbound__bindAddress", "127.0.0.1")
+        .env("inbound__httpPort", port.to_string())
+        .env("outbound__webhook__httpsOnly", "false")
+        .env("log__format", "json")
+        .env("broker__logDeliverySuccess", "true")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, mut lines) = mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    gridlet::tls::install_default_provider();
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let url = |p: &str| format!("{base}{p}?{V}");
+    let up = poll_within(WAIT, || client.get(format!("{base}/healthz")).send()).await;
+    assert!(up.is_ok_and(|r| r.status() == 200));
+    let ok = Receiver::start().await;
+    let bad = Receiver::start().await;
+    bad.respond_with(500);
+    let put = |p: String, body: Value| client.put(url(&p)).json(&body).send();
+    assert_eq!(
+        put("/topics/t1".into(), json!({})).await.unwrap().status(),
+        200
+    );
+    for (name, rx) in [("ok", &ok), ("bad", &bad)] {
+        let body = json!({"properties": {
+            "destination": {"endpointType": "WebHook", "properties": {"endpointUrl": rx.url("/h")}},
+            "retryPolicy": {"maxDeliveryAttempts": 1}}});
+        let r = put(format!("/topics/t1/eventSubscriptions/{name}"), body)
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let r = client
+        .post(url("/topics/t1/events"))
+        .header("traceparent", traceparent())
+        .json(&json!([eg_event("e-1", "s", "t", json!({}))]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Export is off: the ids are the publisher's (the context the event travels in).
+    let mut want = vec!["delivered", "events dead-lettered"];
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !want.is_empty() {
+        let line = tokio::time::timeout_at(deadline, lines.recv())
+            .await
+            .expect("the delivered and dead-lettered lines")
+            .unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+        let msg = v["fields"]["message"].as_str().unwrap_or("");
+        if let Some(i) = want.iter().position(|w| *w == msg) {
+            assert_eq!(v["fields"]["trace_id"], TRACE, "{line}");
+            assert_eq!(v["fields"]["span_id"], PARENT, "{line}");
+            want.remove(i);
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_azure_sdks_span_is_the_parent_of_gridlets() {
+    let mut c = Collector::start();
+    let t = start_traced(&otel_env(&c)).await;
+    let mut rx = Receiver::start().await;
+    let (s, _) = t
+        .put(
+            "/topics/ce",
+            json!({"properties":{"inputSchema":"CloudEventSchemaV1_0"}}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    t.webhook_sub("ce", "s", &rx.url("/ce"), json!({})).await;
+    let endpoint = format!("{}/topics/ce/events", t.base);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/otel/sdk_publish.py");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .arg(script)
+            .arg(endpoint)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sdk: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    // The SDK's HTTP request span (kind CLIENT) sent the traceparent header.
+    let http = sdk
+        .iter()
+        .find(|s| s["kind"] == "CLIENT")
+        .unwrap_or_else(|| panic!("an HTTP span from the SDK: {sdk:#?}"));
+    let delivered = rx.next().await;
+    let e = &delivered.json()[0];
+    assert_eq!(e["source"], "/sdk");
+    if let Some(tp) = e.get("traceparent") {
+        // The SDK's CloudEvents tracing policy wrote the extension attribute: left intact.
+        assert!(
+            tp.as_str()
+                .unwrap()
+                .contains(http["trace_id"].as_str().unwrap()),
+            "{e}"
+        );
+    }
+    let spans = c
+        .until("publish and deliver", |s| count(s, "deliver") == 1)
+        .await;
+    let publish = named(&spans, "publish")[0];
+    assert_eq!(publish["trace_id"], http["trace_id"], "{sdk:#?}");
+    assert_eq!(publish["parent_span_id"], http["span_id"], "{sdk:#?}");
+    let deliver = named(&spans, "deliver")[0];
+    assert_eq!(deliver["trace_id"], http["trace_id"]);
+    assert!(header(&delivered, "traceparent").contains(http["trace_id"].as_str().unwrap()));
+}
