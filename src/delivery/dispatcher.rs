@@ -516,6 +516,9 @@ pub(super) fn dead_letter(
         return;
     }
     let n = items.len();
+    if last.is_none() {
+        trace::dropped_span(&ctx.tracer, items, reason);
+    }
     let m = &shared.metrics;
     m.expired_counts.add(n as u64);
     match reason {

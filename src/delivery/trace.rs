@@ -263,6 +263,60 @@ pub(super) fn settle_span(
     tracer.record(d, deliver.sampled());
 }
 
+/// The `settle` span of events dead-lettered without an attempt deciding it (time to live
+/// passed while waiting, a full queue under `queueFullPolicy=deadLetter`): a child of the
+/// context the first of them travels in, the others' traces linked.
+pub(super) fn dropped_span(tracer: &Tracer, items: &[Pending], reason: DropReason) {
+    if !tracer.enabled() {
+        return;
+    }
+    let parent = first_trace(items);
+    let Some(ctx) = tracer.start(parent) else {
+        return;
+    };
+    let mut links: Vec<Link> = Vec::new();
+    for t in items.iter().filter_map(|p| p.event.trace.as_ref()) {
+        if t.trace_id != ctx.trace_id
+            && links.len() < MAX_LINKS
+            && !links.iter().any(|l| l.trace_id == t.trace_id)
+        {
+            links.push(Link {
+                trace_id: t.trace_id,
+                span_id: t.span_id,
+            });
+        }
+    }
+    let now = now_ns();
+    let mut d = SpanData {
+        trace_id: ctx.trace_id,
+        span_id: ctx.span_id,
+        parent_span_id: parent.map_or(0, |p| p.span_id),
+        trace_state: ctx.state.clone(),
+        name: "settle",
+        kind: SpanKind::Internal,
+        start_ns: now,
+        end_ns: now,
+        attributes: Vec::with_capacity(4),
+        links,
+        status: Status::Error("dead-lettered".into()),
+    };
+    d.attr("gridlet.settle.outcome", "dead_letter");
+    d.attr("gridlet.settle.dead_lettered", items.len() as u64);
+    d.attr(
+        "gridlet.dead_letter.reason",
+        Value::StrList(vec![Arc::from(reason.as_str())]),
+    );
+    if tracer.event_ids() {
+        let ids: Vec<Arc<str>> = items
+            .iter()
+            .take(MAX_IDS)
+            .map(|p| Arc::from(&*p.event.id))
+            .collect();
+        d.attr("gridlet.event_ids", Value::StrList(ids));
+    }
+    tracer.record(d, ctx.sampled());
+}
+
 /// The trace context the first of `items` that has one travels in.
 pub(super) fn first_trace(items: &[Pending]) -> Option<&TraceContext> {
     items.iter().find_map(|p| p.event.trace.as_ref())

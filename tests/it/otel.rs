@@ -703,3 +703,53 @@ async fn the_azure_sdks_span_is_the_parent_of_gridlets() {
     assert_eq!(deliver["trace_id"], http["trace_id"]);
     assert!(header(&delivered, "traceparent").contains(http["trace_id"].as_str().unwrap()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_dead_lettered_without_an_attempt_gets_a_settle_span_in_its_trace() {
+    let mut c = Collector::start();
+    let mut env = otel_env(&c);
+    env.push(("broker__queueFullPolicy", "deadLetter".into()));
+    env.push(("broker__maxPendingEventsPerSubscription", "1".into()));
+    let t = start_traced(&env).await;
+    let mut rx = Receiver::start().await;
+    rx.respond_with(500); // the first event stays pending, retrying
+    t.topic("t1").await;
+    t.webhook_sub("t1", "s1", &rx.url("/s1"), json!({})).await;
+    t.publish("t1", json!([eg_event("first", "s", "t", json!({}))]))
+        .await;
+    rx.next().await;
+    let r = t
+        .client
+        .post(t.url("/topics/t1/events"))
+        .header("traceparent", traceparent())
+        .json(&json!([eg_event("overflow", "s", "t", json!({}))]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let spans = c
+        .until("the overflow's publish and settle", |s| {
+            ["publish", "settle"]
+                .iter()
+                .all(|n| named(s, n).iter().any(|x| x["trace_id"] == TRACE))
+        })
+        .await;
+    let publish = named(&spans, "publish")
+        .into_iter()
+        .find(|p| p["trace_id"] == TRACE)
+        .unwrap();
+    let settle = named(&spans, "settle")
+        .into_iter()
+        .find(|x| x["trace_id"] == TRACE)
+        .unwrap();
+    assert_eq!(settle["parent_span_id"], publish["span_id"]);
+    assert_eq!(
+        settle["attributes"]["gridlet.settle.outcome"],
+        "dead_letter"
+    );
+    assert_eq!(
+        settle["attributes"]["gridlet.dead_letter.reason"],
+        json!(["QueueFull"])
+    );
+    assert_eq!(settle["status_code"], 2);
+}
