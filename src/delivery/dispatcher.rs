@@ -316,7 +316,7 @@ async fn send(
     span.record("outcome", tracing::field::debug(&outcome));
     drop(permit);
     let latency = started.elapsed();
-    let deliver = deliver.map(|d| trace::finish_deliver(&tracer, d, &outcome));
+    let deliver = deliver.map(|d| trace::finish_deliver(&tracer, *d, &outcome));
     (batch, outcome, latency, deliver)
 }
 

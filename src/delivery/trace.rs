@@ -138,7 +138,7 @@ pub(super) fn start(
 /// span's parent).
 pub(super) fn finish_deliver(
     tracer: &Tracer,
-    span: Box<DeliverSpan>,
+    span: DeliverSpan,
     outcome: &Outcome,
 ) -> TraceContext {
     let DeliverSpan {
@@ -147,7 +147,7 @@ pub(super) fn finish_deliver(
         start_ns,
         links,
         mut attributes,
-    } = *span;
+    } = span;
     let status = match outcome {
         Outcome::Delivered => {
             attributes.push(("gridlet.outcome", "delivered".into()));

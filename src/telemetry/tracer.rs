@@ -223,10 +223,12 @@ mod tests {
     use super::*;
 
     fn tracer(sampler: Sampler, max_queue: usize) -> Tracer {
-        let mut cfg = Telemetry::default();
-        cfg.traces_endpoint = Some("http://127.0.0.1:4318/v1/traces".into());
-        cfg.sampler = sampler;
-        cfg.max_queue_size = max_queue;
+        let cfg = Telemetry {
+            traces_endpoint: Some("http://127.0.0.1:4318/v1/traces".into()),
+            sampler,
+            max_queue_size: max_queue,
+            ..Telemetry::default()
+        };
         Tracer::new(&cfg, &crate::Config::from_vars(Vec::new()).unwrap().edge)
     }
 

@@ -3,7 +3,8 @@
 Decodes every `POST /v1/traces` with the official protobuf definitions (PyPI
 `opentelemetry-proto`) and prints one JSON line per span on stdout; the first line is the port.
 `POST /control/status/<code>` makes later exports answer `<code>` (a failing collector);
-`POST /control/delay/<seconds>` makes them wait first (a slow one).
+`POST /control/delay/<seconds>` makes them wait first (a slow one). With `--discard` it only
+answers 200 (a collector that costs the machine little, for measuring gridlet's side).
 """
 
 import json
@@ -16,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-STATE = {"status": 200, "delay": 0.0}
+STATE = {"status": 200, "delay": 0.0, "discard": "--discard" in sys.argv}
 
 
 def any_value(v):
@@ -46,6 +47,11 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(STATE["delay"])
         if STATE["status"] != 200:
             self.send_response(STATE["status"])
+            self.end_headers()
+            return
+        if STATE["discard"]:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
             self.end_headers()
             return
         req = ExportTraceServiceRequest()
