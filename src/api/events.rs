@@ -139,8 +139,9 @@ impl<'a> PublishTrace<'a> {
         if !self.tracer.enabled() {
             // Nothing recorded: pass the publisher's context on unchanged.
             if let Some(h) = &self.header {
+                let shared = Arc::new(h.clone());
                 for ev in events.iter_mut().filter(|e| e.trace.is_none()) {
-                    ev.trace = Some(h.clone());
+                    ev.trace = Some(shared.clone());
                 }
             }
             return;
@@ -148,10 +149,11 @@ impl<'a> PublishTrace<'a> {
         self.parent = self
             .header
             .clone()
-            .or_else(|| events.first().and_then(|e| e.trace.clone()));
+            .or_else(|| events.first().and_then(|e| e.trace.as_deref().cloned()));
         let Some(span) = self.tracer.start(self.parent.as_ref()) else {
             return;
         };
+        let shared = Arc::new(span.clone());
         for ev in events.iter_mut() {
             match &ev.trace {
                 Some(own) if own.trace_id != span.trace_id => {
@@ -164,7 +166,7 @@ impl<'a> PublishTrace<'a> {
                         });
                     }
                 }
-                _ => ev.trace = Some(span.clone()),
+                _ => ev.trace = Some(shared.clone()),
             }
         }
         if self.tracer.event_ids() {

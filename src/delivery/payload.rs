@@ -57,9 +57,10 @@ pub struct EventData {
     pub body: Bytes,
     /// Event id.
     pub id: Box<str>,
-    /// The trace context it travels in (from its publisher, or the `publish` span); in memory
-    /// only: an event read back from the store has none.
-    pub trace: Option<TraceContext>,
+    /// The trace context it travels in (from its publisher, or the `publish` span; shared by
+    /// the events of a request, 8 bytes when there is none); in memory only: an event read
+    /// back from the store has none.
+    pub trace: Option<Arc<TraceContext>>,
     counted_in: Option<Arc<PendingBytes>>,
 }
 
@@ -94,7 +95,7 @@ impl EventData {
     }
 
     /// The same payload, travelling in trace `trace`.
-    pub fn with_trace(mut self, trace: Option<TraceContext>) -> Self {
+    pub fn with_trace(mut self, trace: Option<Arc<TraceContext>>) -> Self {
         self.trace = trace;
         self
     }

@@ -43,10 +43,14 @@ pub(super) fn start(
     batch: &Batch,
     attempt: u32,
 ) -> (Onward, Option<Box<DeliverSpan>>) {
-    let first = batch.items.iter().find_map(|p| p.event.trace.as_ref());
+    let first = batch.items.iter().find_map(|p| p.event.trace.as_deref());
     if !tracer.enabled() {
         let events = match first {
-            Some(_) => batch.items.iter().map(|p| p.event.trace.clone()).collect(),
+            Some(_) => batch
+                .items
+                .iter()
+                .map(|p| p.event.trace.as_deref().cloned())
+                .collect(),
             None => Vec::new(),
         };
         let request = first.cloned();
@@ -65,7 +69,7 @@ pub(super) fn start(
     let events = batch
         .items
         .iter()
-        .map(|p| match &p.event.trace {
+        .map(|p| match p.event.trace.as_deref() {
             Some(t) if t.trace_id != ctx.trace_id => {
                 if links.len() < MAX_LINKS && !links.iter().any(|l| l.trace_id == t.trace_id) {
                     links.push(Link {
@@ -275,7 +279,7 @@ pub(super) fn dropped_span(tracer: &Tracer, items: &[Pending], reason: DropReaso
         return;
     };
     let mut links: Vec<Link> = Vec::new();
-    for t in items.iter().filter_map(|p| p.event.trace.as_ref()) {
+    for t in items.iter().filter_map(|p| p.event.trace.as_deref()) {
         if t.trace_id != ctx.trace_id
             && links.len() < MAX_LINKS
             && !links.iter().any(|l| l.trace_id == t.trace_id)
@@ -319,7 +323,7 @@ pub(super) fn dropped_span(tracer: &Tracer, items: &[Pending], reason: DropReaso
 
 /// The trace context the first of `items` that has one travels in.
 pub(super) fn first_trace(items: &[Pending]) -> Option<&TraceContext> {
-    items.iter().find_map(|p| p.event.trace.as_ref())
+    items.iter().find_map(|p| p.event.trace.as_deref())
 }
 
 /// Trace and span ids for a log line written later (on the store writer): the ids only, kept

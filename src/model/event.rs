@@ -23,6 +23,7 @@ use bytes::Bytes;
 use onepass::fast;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use std::sync::Arc;
 
 /// One validated event, ready to route.
 #[derive(Debug)]
@@ -38,7 +39,7 @@ pub struct IncomingEvent {
     /// The trace context the event carries: its CloudEvents `traceparent` / `tracestate`
     /// attributes (structured mode, or `ce-traceparent` in binary mode); the publish handler
     /// then puts the publish span's context on the others (see [`crate::telemetry`]).
-    pub trace: Option<TraceContext>,
+    pub trace: Option<Arc<TraceContext>>,
 }
 
 /// Where [`IncomingEvent::view`] finds the subject and the type.
@@ -202,7 +203,7 @@ pub fn parse(input: &PublishInput<'_>) -> Result<Vec<IncomingEvent>, PublishErro
     let mut events = parse_events(input, media, content_type, binary)?;
     if input.schema == EventSchema::CloudEventV1_0 {
         for ev in &mut events {
-            ev.trace = carried_trace(&ev.body);
+            ev.trace = carried_trace(&ev.body).map(Arc::new);
         }
     }
     Ok(events)
