@@ -40,6 +40,8 @@ struct Collector {
 
 impl Collector {
     fn start() -> Self {
+        // The control requests' client needs rustls' provider.
+        gridlet::tls::install_default_provider();
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/otel/collector.py");
         let mut child = Command::new(python())
             .arg(script)
@@ -752,4 +754,31 @@ async fn an_event_dead_lettered_without_an_attempt_gets_a_settle_span_in_its_tra
         json!(["QueueFull"])
     );
     assert_eq!(settle["status_code"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_collector_is_cut_off_at_the_export_timeout() {
+    let c = Collector::start();
+    let r = reqwest::Client::new()
+        .post(format!("{}/control/delay/5", c.endpoint()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let mut env = otel_env(&c);
+    env.push(("OTEL_EXPORTER_OTLP_TIMEOUT", "200".into()));
+    let t = start_traced(&env).await;
+    let mut rx = Receiver::start().await;
+    t.topic("t1").await;
+    t.webhook_sub("t1", "s1", &rx.url("/s1"), json!({})).await;
+    // Each export would take 5 s; deliveries never wait for one.
+    for i in 0..5 {
+        t.publish("t1", json!([eg_event(&i.to_string(), "s", "t", json!({}))]))
+            .await;
+        rx.next().await;
+    }
+    t.wait_metrics("15 spans dropped", |m| {
+        metric(m, "gridlet_telemetry_spans_total", "result=\"dropped\"") == Some(15)
+    })
+    .await;
 }
