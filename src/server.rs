@@ -82,8 +82,8 @@ pub struct Gridlet {
     listeners: Vec<JoinHandle<()>>,
     /// Under IoT Edge: owns the edgeHub, twin and certificate-renewal tasks.
     edge: Option<EdgeRuntime>,
-    /// The OTLP span exporter, when an endpoint is configured.
-    exporter: Option<otlp::Exporter>,
+    /// The OTLP span and metrics exporters, when endpoints are configured.
+    exporters: Vec<otlp::Exporter>,
 }
 
 /// The outbound TLS settings from configuration (no IoT Edge identity here; see `edge`).
@@ -186,7 +186,13 @@ impl Gridlet {
             None => Arc::new(default_sinks(&cfg, edge.as_ref())?),
         };
         let broker = on_exiting_thread(|| Broker::open(cfg.clone(), store, sinks, clock))?;
-        let exporter = otlp::Exporter::start(&cfg, broker.tracer(), edge.as_ref())?;
+        let exporters: Vec<otlp::Exporter> = [
+            otlp::Exporter::start(&cfg, broker.tracer(), edge.as_ref())?,
+            otlp::Exporter::start_metrics(&cfg, &broker, edge.as_ref())?,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         let ready = Arc::new(AtomicBool::new(true));
         let router = api::router(AppState {
             broker: broker.clone(),
@@ -233,7 +239,7 @@ impl Gridlet {
             stop,
             listeners: tasks,
             edge,
-            exporter,
+            exporters,
         })
     }
 
@@ -256,8 +262,8 @@ impl Gridlet {
             );
         }
         drop(self.edge);
-        if let Some(e) = self.exporter {
-            // The spans of the drained deliveries, bounded by the export timeout.
+        for e in self.exporters {
+            // The spans of the drained deliveries and the final counts, within the timeout.
             e.stop(self.broker.config().telemetry.timeout).await;
         }
         tracing::info!("gridlet stopped");

@@ -122,6 +122,8 @@ settings! {
     log__format = "text" : "`text`: one line per record with the syslog severity prefix IoT Edge filters on (`<6>` info, `<4>` warn, `<3>` error), colours only on a terminal and never with `NO_COLOR`; `json`: one JSON object per line, for log shippers. Level: `RUST_LOG` (default `info`)";
     OTEL_EXPORTER_OTLP_ENDPOINT = "" : "OpenTelemetry: base URL of an OTLP/HTTP collector (`http://host:4318`); traces go to `<base>/v1/traces`. Both this and `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` unset: no spans are recorded or exported (trace context is still carried to subscribers). docs/OBSERVABILITY.md";
     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "" : "OpenTelemetry: full URL for traces (wins over `OTEL_EXPORTER_OTLP_ENDPOINT`)";
+    OTEL_EXPORTER_OTLP_METRICS_ENDPOINT = "" : "OpenTelemetry: full URL for metrics (default `<OTEL_EXPORTER_OTLP_ENDPOINT>/v1/metrics`); the families of `/metrics`, every `OTEL_METRIC_EXPORT_INTERVAL`";
+    OTEL_METRIC_EXPORT_INTERVAL = "60000" : "OpenTelemetry: milliseconds between metrics exports";
     OTEL_EXPORTER_OTLP_PROTOCOL = "http/protobuf" : "OpenTelemetry: only `http/protobuf` is supported";
     OTEL_EXPORTER_OTLP_HEADERS = "" : "OpenTelemetry: `key=value,…` headers on export requests, values percent-decoded (secret, never logged)";
     OTEL_EXPORTER_OTLP_TIMEOUT = "10000" : "OpenTelemetry: milliseconds one export request may take; its spans are dropped (and counted) after";

@@ -310,6 +310,10 @@ impl Sampler {
 pub struct Telemetry {
     /// Full URL spans are posted to (`None`: no spans recorded).
     pub traces_endpoint: Option<String>,
+    /// Full URL metrics are posted to (`None`: no metrics export).
+    pub metrics_endpoint: Option<String>,
+    /// Time between metrics exports.
+    pub metrics_interval: Duration,
     /// Headers on export requests (secret values).
     pub headers: Vec<(String, String)>,
     /// Bound on one export request.
@@ -334,6 +338,8 @@ impl Default for Telemetry {
     fn default() -> Self {
         Self {
             traces_endpoint: None,
+            metrics_endpoint: None,
+            metrics_interval: Duration::from_secs(60),
             headers: Vec::new(),
             timeout: Duration::from_secs(10),
             service_name: None,
@@ -356,6 +362,8 @@ impl std::fmt::Debug for Telemetry {
         let headers: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
         f.debug_struct("Telemetry")
             .field("traces_endpoint", &self.traces_endpoint)
+            .field("metrics_endpoint", &self.metrics_endpoint)
+            .field("metrics_interval", &self.metrics_interval)
             .field("headers", &headers)
             .field("timeout", &self.timeout)
             .field("service_name", &self.service_name)

@@ -283,38 +283,37 @@ fn series<'a, V: 'a>(
     out
 }
 
-/// The Prometheus text exposition of `s`: every family, in table order.
-pub fn render(s: &Snapshot<'_>) -> String {
-    let mut out = String::with_capacity(4096);
-    for f in topic_families() {
+/// What [`visit`] hands each family to: name, kind, help, series.
+pub type FamilyVisitor<'f> = dyn FnMut(&'static str, Kind, &'static str, &[Series<'_>]) + 'f;
+
+/// Every family of `s` in table order, handed to `f` with its series (a broker family with
+/// no series is left out): the one walk both the Prometheus text and the OTLP export take.
+pub fn visit(s: &Snapshot<'_>, f: &mut FamilyVisitor<'_>) {
+    for fam in topic_families() {
         let views = s.topics.iter().map(|t| (vec![("topic", t.name)], t));
-        write_family(
-            &mut out,
-            f.name,
-            f.kind.as_str(),
-            f.help,
-            &series(&f, views),
-        );
+        f(fam.name, fam.kind, fam.help, &series(&fam, views));
     }
-    for f in subscription_families() {
+    for fam in subscription_families() {
         let views = s
             .subscriptions
             .iter()
             .map(|v| (vec![("topic", v.topic), ("subscription", v.name)], v));
-        write_family(
-            &mut out,
-            f.name,
-            f.kind.as_str(),
-            f.help,
-            &series(&f, views),
-        );
+        f(fam.name, fam.kind, fam.help, &series(&fam, views));
     }
-    for f in broker_families() {
-        let one = series(&f, std::iter::once((Vec::new(), &s.broker)));
+    for fam in broker_families() {
+        let one = series(&fam, std::iter::once((Vec::new(), &s.broker)));
         if !one.is_empty() {
-            write_family(&mut out, f.name, f.kind.as_str(), f.help, &one);
+            f(fam.name, fam.kind, fam.help, &one);
         }
     }
+}
+
+/// The Prometheus text exposition of `s`: every family, in table order.
+pub fn render(s: &Snapshot<'_>) -> String {
+    let mut out = String::with_capacity(4096);
+    visit(s, &mut |name, kind, help, series| {
+        write_family(&mut out, name, kind.as_str(), help, series)
+    });
     out
 }
 

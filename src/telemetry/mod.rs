@@ -14,11 +14,13 @@
 
 mod context;
 pub mod export;
+mod metrics;
 pub mod otlp;
 mod span;
 mod tracer;
 
 pub use context::{TraceContext, MAX_TRACESTATE};
 pub use export::Transport;
+pub use metrics::{MetricFamily, MetricKind, MetricPoint, PointValue};
 pub use span::{Link, SpanData, SpanKind, Status, Value};
-pub use tracer::{now_ns, SpanStats, Tracer};
+pub use tracer::{now_ns, resource, SpanStats, Tracer};

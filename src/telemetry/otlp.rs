@@ -4,6 +4,7 @@
 //! `common/v1/common.proto` and `resource/v1/resource.proto` (stable since OTLP 1.0); the tests
 //! decode what this writes with the official definitions (`tests/it/otel.rs`).
 
+use super::metrics::{MetricFamily, MetricKind, PointValue};
 use super::span::{SpanData, Status, Value};
 
 /// Protobuf wire types.
@@ -135,6 +136,105 @@ pub fn export_trace_request(
             });
             for s in spans {
                 message(ss, 2, |m| span(m, s));
+            }
+        });
+    });
+    out
+}
+
+/// `NumberDataPoint` / `HistogramDataPoint` common part: attributes and times.
+fn point_head(
+    out: &mut Vec<u8>,
+    attrs_field: u32,
+    attrs: &[(&'static str, String)],
+    start_ns: u64,
+    now_ns: u64,
+) {
+    for (k, v) in attrs {
+        key_value(out, attrs_field, k, &Value::Str(v.as_str().into()));
+    }
+    fixed64(out, 2, start_ns);
+    fixed64(out, 3, now_ns);
+}
+
+/// The `ExportMetricsServiceRequest` body for `families` from one resource: counters as
+/// cumulative monotonic sums, gauges, and histograms (cumulative, explicit bounds in ms), every
+/// point with `start_ns` (gridlet's start) and `now_ns`.
+pub fn export_metrics_request(
+    resource: &[(String, String)],
+    scope_version: &str,
+    start_ns: u64,
+    now_ns: u64,
+    families: &[MetricFamily],
+) -> Vec<u8> {
+    const CUMULATIVE: u64 = 2;
+    let mut out = Vec::with_capacity(4096);
+    message(&mut out, 1, |rm| {
+        message(rm, 1, |r| {
+            for (k, v) in resource {
+                key_value(r, 1, k, &Value::Str(v.as_str().into()));
+            }
+        });
+        message(rm, 2, |sm| {
+            message(sm, 1, |scope| {
+                string(scope, 1, "gridlet");
+                string(scope, 2, scope_version);
+            });
+            for f in families {
+                message(sm, 2, |m| {
+                    string(m, 1, f.name);
+                    string(m, 2, f.help);
+                    if f.kind == MetricKind::Histogram {
+                        string(m, 3, "ms");
+                    }
+                    let field = match f.kind {
+                        MetricKind::Gauge => 5,
+                        MetricKind::Sum => 7,
+                        MetricKind::Histogram => 9,
+                    };
+                    message(m, field, |data| {
+                        for p in &f.points {
+                            match &p.value {
+                                PointValue::Int(n) => message(data, 1, |dp| {
+                                    point_head(dp, 7, &p.attributes, start_ns, now_ns);
+                                    key(dp, 6, FIXED64); // as_int (sfixed64)
+                                    dp.extend_from_slice(&(*n as i64).to_le_bytes());
+                                }),
+                                PointValue::Histogram {
+                                    count,
+                                    sum,
+                                    buckets,
+                                    bounds,
+                                } => {
+                                    message(data, 1, |dp| {
+                                        point_head(dp, 9, &p.attributes, start_ns, now_ns);
+                                        fixed64(dp, 4, *count);
+                                        key(dp, 5, FIXED64); // sum (double)
+                                        dp.extend_from_slice(&(*sum as f64).to_le_bytes());
+                                        let mut packed = Vec::with_capacity(buckets.len() * 8);
+                                        for b in buckets {
+                                            packed.extend_from_slice(&b.to_le_bytes());
+                                        }
+                                        bytes(dp, 6, &packed);
+                                        let mut packed = Vec::with_capacity(bounds.len() * 8);
+                                        for b in bounds.iter() {
+                                            packed.extend_from_slice(&(*b as f64).to_le_bytes());
+                                        }
+                                        bytes(dp, 7, &packed);
+                                    })
+                                }
+                            }
+                        }
+                        if f.kind != MetricKind::Gauge {
+                            key(data, 2, VARINT);
+                            varint(data, CUMULATIVE);
+                        }
+                        if f.kind == MetricKind::Sum {
+                            key(data, 3, VARINT);
+                            varint(data, 1); // is_monotonic
+                        }
+                    });
+                });
             }
         });
     });

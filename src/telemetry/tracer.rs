@@ -179,7 +179,7 @@ impl Inner {
 /// The resource attributes: `OTEL_RESOURCE_ATTRIBUTES`, then `service.name`
 /// (`OTEL_SERVICE_NAME` wins), `service.version`, and the IoT Edge identity when running under
 /// IoT Edge.
-fn resource(cfg: &Telemetry, edge: &EdgeEnv) -> Vec<(String, String)> {
+pub fn resource(cfg: &Telemetry, edge: &EdgeEnv) -> Vec<(String, String)> {
     let mut attrs: Vec<(String, String)> = cfg.resource_attributes.clone();
     let mut set = |k: &str, v: String| match attrs.iter_mut().find(|(key, _)| key == k) {
         Some((_, old)) => *old = v,

@@ -782,3 +782,72 @@ async fn a_slow_collector_is_cut_off_at_the_export_timeout() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_families_are_exported_over_otlp_too() {
+    let mut c = Collector::start();
+    let t = start(&[
+        (
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            &format!("{}/v1/metrics", c.endpoint()),
+        ),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "100"),
+    ])
+    .await;
+    let mut rx = Receiver::start().await;
+    t.topic("t1").await;
+    t.webhook_sub("t1", "s1", &rx.url("/s1"), json!({})).await;
+    t.publish(
+        "t1",
+        json!([
+            eg_event("1", "s", "t", json!({})),
+            eg_event("2", "s", "t", json!({}))
+        ]),
+    )
+    .await;
+    rx.next().await;
+    let point = |m: &Value, want: &str| -> Option<Value> {
+        m["points"]
+            .as_array()?
+            .iter()
+            .find(|p| p["attributes"]["subscription"] == want || p["attributes"]["topic"] == want)
+            .cloned()
+    };
+    let seen = c
+        .until("EventsReceived 2 and a latency histogram", |s| {
+            let received = s.iter().any(|m| {
+                m["metric"] == "EventsReceived" && point(m, "t1").is_some_and(|p| p["value"] == 2)
+            });
+            let latency = s.iter().any(|m| {
+                m["kind"] == "histogram"
+                    && point(m, "s1").is_some_and(|p| p["count"].as_u64() >= Some(1))
+            });
+            received && latency
+        })
+        .await;
+    let received = seen
+        .iter()
+        .rev()
+        .find(|m| m["metric"] == "EventsReceived")
+        .unwrap();
+    assert_eq!(received["kind"], "sum");
+    assert_eq!(received["monotonic"], true);
+    assert_eq!(received["temporality"], 2, "cumulative");
+    assert_eq!(received["resource"]["service.name"], "gridlet");
+    let h = seen
+        .iter()
+        .rev()
+        .find(|m| {
+            m["kind"] == "histogram"
+                && point(m, "s1").is_some_and(|p| p["count"].as_u64() >= Some(1))
+        })
+        .unwrap();
+    assert_eq!(h["unit"], "ms");
+    let p = point(h, "s1").unwrap();
+    let buckets: Vec<u64> = serde_json::from_value(p["buckets"].clone()).unwrap();
+    assert_eq!(buckets.len(), p["bounds"].as_array().unwrap().len() + 1);
+    assert_eq!(buckets.iter().sum::<u64>(), p["count"].as_u64().unwrap());
+    assert_eq!(p["attributes"]["topic"], "t1");
+    // No traces endpoint: no spans.
+    assert!(seen.iter().all(|m| m.get("name").is_none()), "{seen:#?}");
+}

@@ -12,6 +12,9 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -54,6 +57,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        if self.path == "/v1/metrics":
+            self.metrics(body)
+            return
         req = ExportTraceServiceRequest()
         req.ParseFromString(body)
         for rs in req.resource_spans:
@@ -85,6 +91,35 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()
         self.wfile.write(out)
+
+
+    def metrics(self, body):
+        """One JSON line per metric: `{"metric": name, "kind", "points": [...]}`."""
+        req = ExportMetricsServiceRequest()
+        req.ParseFromString(body)
+        for rm in req.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    kind = m.WhichOneof("data")
+                    data = getattr(m, kind)
+                    points = []
+                    for p in data.data_points:
+                        point = {"attributes": attrs(p.attributes), "start": p.start_time_unix_nano, "time": p.time_unix_nano}
+                        if kind == "histogram":
+                            point.update(count=p.count, sum=p.sum, buckets=list(p.bucket_counts), bounds=list(p.explicit_bounds))
+                        else:
+                            point["value"] = p.as_int
+                        points.append(point)
+                    line = {"metric": m.name, "kind": kind, "unit": m.unit, "description": m.description,
+                            "resource": attrs(rm.resource.attributes), "points": points}
+                    if kind in ("sum", "histogram"):
+                        line["temporality"] = data.aggregation_temporality
+                    if kind == "sum":
+                        line["monotonic"] = data.is_monotonic
+                    print(json.dumps(line), flush=True)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
 
 server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -8,18 +8,8 @@ use std::time::Duration;
 /// `OTEL_*`, `telemetry__*`.
 pub(in crate::config) fn telemetry(raw: &Raw) -> Result<Telemetry, ConfigError> {
     raw.choice(K::OTEL_EXPORTER_OTLP_PROTOCOL, &[("http/protobuf", ())])?;
-    let traces_endpoint = match raw.given(K::OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) {
-        Some(url) if !url.is_empty() => {
-            Some(endpoint(raw, K::OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, url)?)
-        }
-        _ => match raw.given(K::OTEL_EXPORTER_OTLP_ENDPOINT) {
-            Some(base) if !base.is_empty() => {
-                let base = endpoint(raw, K::OTEL_EXPORTER_OTLP_ENDPOINT, base)?;
-                Some(format!("{}/v1/traces", base.trim_end_matches('/')))
-            }
-            _ => None,
-        },
-    };
+    let traces_endpoint = signal_endpoint(raw, K::OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "traces")?;
+    let metrics_endpoint = signal_endpoint(raw, K::OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, "metrics")?;
     let headers = match raw.given(K::OTEL_EXPORTER_OTLP_HEADERS) {
         Some(h) => pairs(h).ok_or_else(|| {
             // The value is a secret: the error names the key and the form only.
@@ -62,6 +52,12 @@ pub(in crate::config) fn telemetry(raw: &Raw) -> Result<Telemetry, ConfigError> 
     };
     Ok(Telemetry {
         traces_endpoint,
+        metrics_endpoint,
+        metrics_interval: Duration::from_millis(raw.int(
+            K::OTEL_METRIC_EXPORT_INTERVAL,
+            100,
+            86_400_000,
+        )?),
         headers,
         timeout: Duration::from_millis(raw.int(K::OTEL_EXPORTER_OTLP_TIMEOUT, 1, 600_000)?),
         service_name: raw
@@ -77,6 +73,20 @@ pub(in crate::config) fn telemetry(raw: &Raw) -> Result<Telemetry, ConfigError> 
         max_export_batch_size: raw.int(K::OTEL_BSP_MAX_EXPORT_BATCH_SIZE, 1, 100_000)? as usize,
         schedule_delay: Duration::from_millis(raw.int(K::OTEL_BSP_SCHEDULE_DELAY, 1, 3_600_000)?),
         event_ids_on_spans: raw.bool(K::telemetry__eventIdsOnSpans)?,
+    })
+}
+
+/// A signal's URL: its own variable (used as is), else `<OTEL_EXPORTER_OTLP_ENDPOINT>/v1/<signal>`.
+fn signal_endpoint(raw: &Raw, own: K, signal: &str) -> Result<Option<String>, ConfigError> {
+    Ok(match raw.given(own) {
+        Some(url) if !url.is_empty() => Some(endpoint(raw, own, url)?),
+        _ => match raw.given(K::OTEL_EXPORTER_OTLP_ENDPOINT) {
+            Some(base) if !base.is_empty() => {
+                let base = endpoint(raw, K::OTEL_EXPORTER_OTLP_ENDPOINT, base)?;
+                Some(format!("{}/v1/{signal}", base.trim_end_matches('/')))
+            }
+            _ => None,
+        },
     })
 }
 
@@ -129,6 +139,10 @@ mod tests {
         assert_eq!(
             t.traces_endpoint.as_deref(),
             Some("http://c:4318/v1/traces")
+        );
+        assert_eq!(
+            t.metrics_endpoint.as_deref(),
+            Some("http://c:4318/v1/metrics")
         );
         let t = cfg(&[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
