@@ -229,7 +229,7 @@ mod tests {
             max_queue_size: max_queue,
             ..Telemetry::default()
         };
-        Tracer::new(&cfg, &crate::Config::from_vars(Vec::new()).unwrap().edge)
+        Tracer::new(&cfg, &crate::config::Config::from_vars(Vec::new()).unwrap().edge)
     }
 
     fn span() -> SpanData {
@@ -252,7 +252,7 @@ mod tests {
     fn off_without_an_endpoint() {
         let t = Tracer::new(
             &Telemetry::default(),
-            &crate::Config::from_vars(Vec::new()).unwrap().edge,
+            &crate::config::Config::from_vars(Vec::new()).unwrap().edge,
         );
         assert!(!t.enabled());
         assert_eq!(t.start(None), None);
