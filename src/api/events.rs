@@ -169,7 +169,7 @@ impl<'a> PublishTrace<'a> {
                 _ => ev.trace = Some(shared.clone()),
             }
         }
-        if self.tracer.event_ids() {
+        if self.tracer.event_ids() && span.sampled() {
             self.ids = events
                 .iter()
                 .take(MAX_IDS_ON_SPAN)
@@ -190,6 +190,9 @@ impl<'a> PublishTrace<'a> {
                 None => return,
             },
         };
+        if !span.sampled() {
+            return;
+        }
         let parent = self.parent.as_ref().or(self.header.as_ref());
         let mut d = SpanData {
             trace_id: span.trace_id,

@@ -82,6 +82,16 @@ pub(super) fn start(
             _ => Some(ctx.clone()),
         })
         .collect();
+    if !ctx.sampled() {
+        // Not recorded: the context goes onward, nothing else is built.
+        return (
+            Onward {
+                request: Some(ctx),
+                events,
+            },
+            None,
+        );
+    }
     let dest = &cfg.sub.destination;
     let mut attributes: Vec<(&'static str, Value)> = Vec::with_capacity(14);
     attributes.push(("messaging.system", "eventgrid".into()));

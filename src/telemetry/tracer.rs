@@ -229,7 +229,10 @@ mod tests {
             max_queue_size: max_queue,
             ..Telemetry::default()
         };
-        Tracer::new(&cfg, &crate::config::Config::from_vars(Vec::new()).unwrap().edge)
+        Tracer::new(
+            &cfg,
+            &crate::config::Config::from_vars(Vec::new()).unwrap().edge,
+        )
     }
 
     fn span() -> SpanData {

@@ -851,3 +851,41 @@ async fn the_metrics_families_are_exported_over_otlp_too() {
     // No traces endpoint: no spans.
     assert!(seen.iter().all(|m| m.get("name").is_none()), "{seen:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_that_did_not_sample_gets_no_spans_but_its_trace_goes_on() {
+    let c = Collector::start();
+    let t = start_traced(&otel_env(&c)).await;
+    let mut rx = Receiver::start().await;
+    t.topic("t1").await;
+    t.webhook_sub("t1", "s1", &rx.url("/s1"), json!({})).await;
+    let r = t
+        .client
+        .post(t.url("/topics/t1/events"))
+        .header("traceparent", format!("00-{TRACE}-{PARENT}-00"))
+        .json(&json!([eg_event("e-1", "s", "t", json!({}))]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let tp = header(&rx.next().await, "traceparent");
+    assert!(
+        tp.starts_with(&format!("00-{TRACE}-")) && tp.ends_with("-00"),
+        "{tp}"
+    );
+    assert!(
+        !tp.contains(PARENT),
+        "gridlet's own (unrecorded) span id: {tp}"
+    );
+    // Parent-based sampling: nothing recorded, nothing dropped.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let m = t.metrics().await;
+    assert_eq!(
+        metric(&m, "gridlet_telemetry_spans_total", "result=\"exported\""),
+        Some(0)
+    );
+    assert_eq!(
+        metric(&m, "gridlet_telemetry_spans_total", "result=\"dropped\""),
+        Some(0)
+    );
+}
