@@ -27,8 +27,8 @@ pub struct DeliveryRequest {
     /// The trace context the request carries onward (`traceparent` / `tracestate` headers):
     /// the `deliver` span's, or with tracing off the first event's as published.
     pub trace: Option<TraceContext>,
-    /// Each event's trace context (per-message properties on Service Bus and Event Hubs);
-    /// empty when no event has one.
+    /// Each event's trace context (per-message properties on Service Bus and Event Hubs) when
+    /// the batch mixes contexts; empty when every event travels in `trace`'s (or none).
     pub event_traces: Vec<Option<TraceContext>>,
 }
 

@@ -45,13 +45,19 @@ pub(super) fn start(
 ) -> (Onward, Option<Box<DeliverSpan>>) {
     let first = batch.items.iter().find_map(|p| p.event.trace.as_deref());
     if !tracer.enabled() {
-        let events = match first {
-            Some(_) => batch
+        // Per event only when the batch's events travel in different contexts.
+        let mixed = first.is_some()
+            && batch
+                .items
+                .iter()
+                .any(|p| p.event.trace.as_deref() != first);
+        let events = match mixed {
+            true => batch
                 .items
                 .iter()
                 .map(|p| p.event.trace.as_deref().cloned())
                 .collect(),
-            None => Vec::new(),
+            false => Vec::new(),
         };
         let request = first.cloned();
         return (Onward { request, events }, None);
@@ -82,6 +88,11 @@ pub(super) fn start(
             _ => Some(ctx.clone()),
         })
         .collect();
+    // Every event in the request's context (the usual case): no per-event list.
+    let events = match links.is_empty() {
+        true => Vec::new(),
+        false => events,
+    };
     if !ctx.sampled() {
         // Not recorded: the context goes onward, nothing else is built.
         return (

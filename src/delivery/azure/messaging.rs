@@ -59,14 +59,22 @@ impl MessagingSink {
 /// `{"Body":"<event>"}` for each event; an event with a trace context also gets the
 /// application properties the Azure SDKs write and read (`Diagnostic-Id` and `traceparent`,
 /// both the W3C `traceparent`, and `tracestate`): `{"Body":…,"UserProperties":{…}}`.
-pub fn messages(events: &[Bytes], traces: &[Option<TraceContext>]) -> Vec<Bytes> {
+pub fn messages(
+    events: &[Bytes],
+    traces: &[Option<TraceContext>],
+    all: Option<&TraceContext>,
+) -> Vec<Bytes> {
     events
         .iter()
         .enumerate()
         .map(|(i, e)| {
             let text = String::from_utf8_lossy(e);
             let body = serde_json::Value::String(text.into_owned());
-            match traces.get(i).and_then(Option::as_ref) {
+            let trace = match traces.is_empty() {
+                true => all,
+                false => traces.get(i).and_then(Option::as_ref),
+            };
+            match trace {
                 None => Bytes::from(format!("{{\"Body\":{body}}}")),
                 Some(t) => {
                     let tp = t.traceparent();
@@ -113,7 +121,7 @@ impl Sink for MessagingSink {
                 Ok(e) => e,
                 Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
             };
-            let msgs = messages(&req.events, &req.event_traces);
+            let msgs = messages(&req.events, &req.event_traces, req.trace.as_ref());
             if let Some((i, m)) = msgs
                 .iter()
                 .enumerate()
@@ -172,6 +180,7 @@ mod tests {
         let m = messages(
             &[Bytes::from_static(b"{\"id\":\"1\",\"data\":\"q\\\"\"}")],
             &[],
+            None,
         );
         let v: serde_json::Value = serde_json::from_slice(&m[0]).unwrap();
         assert_eq!(v["Body"], "{\"id\":\"1\",\"data\":\"q\\\"\"}");
@@ -185,8 +194,11 @@ mod tests {
         );
         let m = messages(
             &[Bytes::from_static(b"{}"), Bytes::from_static(b"[]")],
-            &[t, None],
+            &[t.clone(), None],
+            None,
         );
+        let all = messages(&[Bytes::from_static(b"{}")], &[], t.as_ref());
+        assert_eq!(all[0], m[0], "one context for the whole batch");
         let v: serde_json::Value = serde_json::from_slice(&m[0]).unwrap();
         let p = &v["UserProperties"];
         assert_eq!(
