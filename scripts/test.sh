@@ -27,4 +27,19 @@ if [ -z "${GRIDLET_AZURITE:-}" ] && [ ! -x "$AZURITE_DIR/node_modules/.bin/azuri
     exit 1
   fi
 fi
+# The OpenTelemetry tests decode gridlet's OTLP export with the official protobuf definitions
+# and publish with the Azure SDK's tracing on: Python packages from PyPI, installed once into a
+# virtualenv under ~/.cache/gridlet/otel-py (GRIDLET_OTEL_PYTHON points at another interpreter).
+OTEL_PY_DIR="${HOME}/.cache/gridlet/otel-py"
+OTEL_PY_PKGS="opentelemetry-proto==1.45.2 opentelemetry-sdk==1.45.2 azure-core-tracing-opentelemetry==1.0.0b13 azure-eventgrid==4.22.1"
+if [ -z "${GRIDLET_OTEL_PYTHON:-}" ] && ! "$OTEL_PY_DIR/bin/python" -c 'import opentelemetry.proto, azure.eventgrid' >/dev/null 2>&1; then
+  if command -v python3 >/dev/null 2>&1; then
+    echo "== installing $OTEL_PY_PKGS into $OTEL_PY_DIR (needed by the OpenTelemetry tests)"
+    python3 -m venv "$OTEL_PY_DIR"
+    "$OTEL_PY_DIR/bin/pip" install -q $OTEL_PY_PKGS
+  else
+    echo "python3 is missing: install Python 3 (with venv) and rerun" >&2
+    exit 1
+  fi
+fi
 exec cargo test "$@"

@@ -142,6 +142,11 @@ impl Broker {
         ctx.drain.running()
     }
 
+    /// The tracer spans are recorded with (off unless an OTLP endpoint is configured).
+    pub fn tracer(&self) -> &crate::telemetry::Tracer {
+        &self.inner.ctx.tracer
+    }
+
     /// The schema a topic accepts, if it exists.
     pub fn topic_schema(&self, name: &str) -> Option<EventSchema> {
         self.topic(name).map(|t| t.topic().input_schema)

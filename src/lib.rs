@@ -22,6 +22,7 @@
 //! * `store`: storage trait and implementations; `tls`: certificates and verifiers.
 //! * `edge`: running as an IoT Edge module (workload API, edgeHub, module twin).
 //! * `metrics`: counters and the one table of families; `clock`: time seam.
+//! * `telemetry`: OpenTelemetry trace context, spans and their OTLP export.
 //!
 //! The crate exports only what the binary, the benchmark and the tests use; everything else is
 //! `pub(crate)`, so the compiler reports what nothing uses.
@@ -47,6 +48,7 @@ pub(crate) mod policy;
 pub mod server;
 pub mod store;
 pub mod sync;
+pub mod telemetry;
 pub mod tls;
 
 pub use config::Config;

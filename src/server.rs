@@ -8,6 +8,7 @@
 //! up to 10 s to finish, then the broker's tasks are dropped.
 
 mod conn;
+mod otlp;
 mod slots;
 
 use crate::api::{self, AppState};
@@ -82,6 +83,8 @@ pub struct Gridlet {
     listeners: Vec<JoinHandle<()>>,
     /// Under IoT Edge: owns the edgeHub, twin and certificate-renewal tasks.
     edge: Option<EdgeRuntime>,
+    /// The OTLP span and metrics exporters, when endpoints are configured.
+    exporters: Vec<otlp::Exporter>,
 }
 
 /// The outbound TLS settings from configuration (no IoT Edge identity here; see `edge`).
@@ -189,6 +192,13 @@ impl Gridlet {
             None => Arc::new(default_sinks(&cfg, edge.as_ref(), &own)?),
         };
         let broker = on_exiting_thread(|| Broker::open(cfg.clone(), store, sinks, clock))?;
+        let exporters: Vec<otlp::Exporter> = [
+            otlp::Exporter::start(&cfg, broker.tracer(), edge.as_ref())?,
+            otlp::Exporter::start_metrics(&cfg, &broker, edge.as_ref())?,
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         let ready = Arc::new(AtomicBool::new(true));
         let router = api::router(AppState {
             broker: broker.clone(),
@@ -244,6 +254,7 @@ impl Gridlet {
             stop,
             listeners: tasks,
             edge,
+            exporters,
         })
     }
 
@@ -266,6 +277,10 @@ impl Gridlet {
             );
         }
         drop(self.edge);
+        for e in self.exporters {
+            // The spans of the drained deliveries and the final counts, within the timeout.
+            e.stop(self.broker.config().telemetry.timeout).await;
+        }
         tracing::info!("gridlet stopped");
     }
 }

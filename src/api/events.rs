@@ -2,11 +2,13 @@
 
 use super::{read_body, AppState};
 use crate::error::ApiError;
-use crate::model::event::{self, PublishInput};
+use crate::model::event::{self, IncomingEvent, PublishInput};
+use crate::telemetry::{now_ns, Link, SpanData, SpanKind, Status, TraceContext, Tracer};
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
 use tokio::time::Instant;
 
 // The handlers take the whole request and split it instead of extracting `HeaderMap`: that
@@ -37,6 +39,7 @@ async fn run(
     body: Body,
 ) -> Response {
     let started = Instant::now();
+    let mut trace = PublishTrace::start(s.broker.tracer(), &headers);
     let entry = match s.broker.find_topic(&topic) {
         Ok(entry) => entry,
         Err(e) => return ApiError::from(e).into_response(),
@@ -44,8 +47,9 @@ async fn run(
     let result = async {
         let limits = &s.broker.config().broker;
         let bytes = read_body(&headers, body, limits.max_request_body_bytes, &s.bodies).await?;
+        trace.bytes = bytes.len();
         let t = entry.topic();
-        let events = event::parse(&PublishInput {
+        let mut events = event::parse(&PublishInput {
             schema: t.input_schema,
             topic: &t.name,
             headers: &headers,
@@ -53,18 +57,20 @@ async fn run(
             single_id: single_id.as_deref(),
             max_events: limits.max_events_per_request,
         })?;
+        trace.assign(&mut events);
         s.broker.publish(&entry, events).await?;
         Ok::<(), ApiError>(())
     }
     .await;
-    match result {
+    let response = match result {
         Ok(()) => {
             entry.metrics.success_requests.inc();
             entry
                 .metrics
                 .success_request_latency_ms
                 .observe_ms(started.elapsed().as_millis() as u64);
-            StatusCode::OK.into_response()
+            trace.finish(&topic, StatusCode::OK, None);
+            return StatusCode::OK.into_response();
         }
         Err(e) => {
             if e.is_user_error() {
@@ -72,7 +78,158 @@ async fn run(
             } else {
                 entry.metrics.system_error_requests.inc();
             }
-            e.into_response()
+            e
         }
+    };
+    trace.finish(&topic, response.status, Some(&response));
+    response.into_response()
+}
+
+/// The `publish` span of one request, and the trace context its events travel in.
+///
+/// Parent: the request's `traceparent` header, else the first event's CloudEvents
+/// `traceparent` attribute (Event Grid's own schema defines no trace field: the header is the
+/// only source there). Every event that carries no context of another trace travels in the
+/// `publish` span's; with the tracer off, in the header's (passed on unchanged).
+struct PublishTrace<'a> {
+    tracer: &'a Tracer,
+    /// The request's `traceparent` / `tracestate` headers.
+    header: Option<TraceContext>,
+    /// The publisher's span (the `publish` span's parent).
+    parent: Option<TraceContext>,
+    /// The `publish` span (tracer on).
+    span: Option<TraceContext>,
+    start_ns: u64,
+    bytes: usize,
+    events: usize,
+    ids: Vec<Arc<str>>,
+    links: Vec<Link>,
+}
+
+/// Event ids on a span at most (the attribute is for finding one event, not for bulk).
+const MAX_IDS_ON_SPAN: usize = 100;
+/// Links to other traces on one span at most.
+pub(crate) const MAX_LINKS: usize = 32;
+
+impl<'a> PublishTrace<'a> {
+    fn start(tracer: &'a Tracer, headers: &HeaderMap) -> Self {
+        let header = headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|tp| {
+                let state = headers.get("tracestate").and_then(|v| v.to_str().ok());
+                TraceContext::parse(tp, state)
+            });
+        Self {
+            tracer,
+            header,
+            parent: None,
+            span: None,
+            start_ns: if tracer.enabled() { now_ns() } else { 0 },
+            bytes: 0,
+            events: 0,
+            ids: Vec::new(),
+            links: Vec::new(),
+        }
+    }
+
+    /// Decide the `publish` span and the context each event travels in.
+    fn assign(&mut self, events: &mut [IncomingEvent]) {
+        self.events = events.len();
+        if !self.tracer.enabled() {
+            // Nothing recorded: pass the publisher's context on unchanged.
+            if let Some(h) = &self.header {
+                let shared = Arc::new(h.clone());
+                for ev in events.iter_mut().filter(|e| e.trace.is_none()) {
+                    ev.trace = Some(shared.clone());
+                }
+            }
+            return;
+        }
+        self.parent = self
+            .header
+            .clone()
+            .or_else(|| events.first().and_then(|e| e.trace.as_deref().cloned()));
+        let Some(span) = self.tracer.start(self.parent.as_ref()) else {
+            return;
+        };
+        let shared = Arc::new(span.clone());
+        for ev in events.iter_mut() {
+            match &ev.trace {
+                Some(own) if own.trace_id != span.trace_id => {
+                    if self.links.len() < MAX_LINKS
+                        && !self.links.iter().any(|l| l.trace_id == own.trace_id)
+                    {
+                        self.links.push(Link {
+                            trace_id: own.trace_id,
+                            span_id: own.span_id,
+                        });
+                    }
+                }
+                _ => ev.trace = Some(shared.clone()),
+            }
+        }
+        if self.tracer.event_ids() && span.sampled() {
+            self.ids = events
+                .iter()
+                .take(MAX_IDS_ON_SPAN)
+                .map(|e| Arc::from(e.id.as_str()))
+                .collect();
+        }
+        self.span = Some(span);
+    }
+
+    /// Record the span (when the request got as far as one) with the request's answer.
+    fn finish(self, topic: &str, status: StatusCode, error: Option<&ApiError>) {
+        let span = match self.span {
+            Some(s) => s,
+            // Refused before its events were read (unknown topic, body, invalid events): a
+            // span all the same, so a publisher's trace shows why.
+            None => match self.tracer.start(self.header.as_ref()) {
+                Some(s) => s,
+                None => return,
+            },
+        };
+        if !span.sampled() {
+            return;
+        }
+        let parent = self.parent.as_ref().or(self.header.as_ref());
+        let mut d = SpanData {
+            trace_id: span.trace_id,
+            span_id: span.span_id,
+            parent_span_id: parent.map_or(0, |p| p.span_id),
+            trace_state: span.state.clone(),
+            name: "publish",
+            kind: SpanKind::Server,
+            start_ns: self.start_ns,
+            end_ns: now_ns(),
+            attributes: Vec::with_capacity(12),
+            links: self.links,
+            status: match error {
+                Some(e) => Status::Error(format!("{}: {}", e.detail, e.message)),
+                None => Status::Unset,
+            },
+        };
+        d.attr("messaging.system", "eventgrid");
+        d.attr("messaging.operation.name", "publish");
+        d.attr("messaging.destination.name", topic);
+        d.attr("messaging.batch.message_count", self.events as u64);
+        d.attr("http.request.method", "POST");
+        d.attr("http.route", "/topics/{topic}/events");
+        d.attr("http.request.body.size", self.bytes as u64);
+        d.attr("http.response.status_code", u32::from(status.as_u16()));
+        d.attr("gridlet.outcome", error.map_or("accepted", |e| e.detail));
+        if let Some(e) = error {
+            d.attr("error.type", e.detail);
+        }
+        match self.ids.len() {
+            0 => {}
+            1 => d.attr("messaging.message.id", self.ids[0].clone()),
+            _ => d.attr(
+                "gridlet.event_ids",
+                crate::telemetry::Value::StrList(self.ids),
+            ),
+        }
+        self.tracer.record(d, span.sampled());
     }
 }

@@ -2,11 +2,29 @@
 //! store and dead letters. What the families are, and how they are written, is `metrics`'.
 
 use super::*;
-use crate::metrics::{BrokerView, CommitView, SubscriptionView, TopicView};
+use crate::metrics::text::{Series, SeriesValue};
+use crate::metrics::{BrokerView, CommitView, Kind, SubscriptionView, TopicView};
+use crate::telemetry::{MetricFamily, MetricKind, MetricPoint, PointValue};
 
 impl Broker {
     /// Prometheus text exposition of every metric.
     pub fn render_metrics(&self) -> String {
+        self.with_snapshot(metrics::render)
+    }
+
+    /// Every metric family as plain data, for the OTLP metrics export (the same values
+    /// `/metrics` shows).
+    pub fn metric_families(&self) -> Vec<MetricFamily> {
+        self.with_snapshot(|s| {
+            let mut out = Vec::new();
+            metrics::visit(s, &mut |name, kind, help, series| {
+                out.push(family(name, kind, help, series))
+            });
+            out
+        })
+    }
+
+    fn with_snapshot<T>(&self, f: impl FnOnce(&metrics::Snapshot<'_>) -> T) -> T {
         let ctx = &self.inner.ctx;
         let topics = self.topics();
         let names: Vec<String> = topics.iter().map(|t| t.topic().name).collect();
@@ -54,8 +72,48 @@ impl Broker {
                     syncs: c.syncs,
                     checkpoints: c.checkpoints,
                 }),
+                spans: ctx.tracer.stats(),
             },
         };
-        metrics::render(&snapshot)
+        f(&snapshot)
+    }
+}
+
+fn family(
+    name: &'static str,
+    kind: Kind,
+    help: &'static str,
+    series: &[Series<'_>],
+) -> MetricFamily {
+    let points = series
+        .iter()
+        .map(|s| MetricPoint {
+            attributes: s.labels.iter().map(|(k, v)| (*k, v.to_string())).collect(),
+            value: match &s.value {
+                SeriesValue::Number(n) => PointValue::Int(*n),
+                SeriesValue::Histogram(h) => {
+                    let (buckets, sum, count) = h.read();
+                    let mut buckets = buckets.to_vec();
+                    let within: u64 = buckets.iter().sum();
+                    buckets.push(count.saturating_sub(within));
+                    PointValue::Histogram {
+                        count,
+                        sum,
+                        buckets,
+                        bounds: &metrics::LATENCY_BUCKETS_MS,
+                    }
+                }
+            },
+        })
+        .collect();
+    MetricFamily {
+        name,
+        help,
+        kind: match kind {
+            Kind::Counter => MetricKind::Sum,
+            Kind::Gauge => MetricKind::Gauge,
+            Kind::Histogram => MetricKind::Histogram,
+        },
+        points,
     }
 }

@@ -237,7 +237,9 @@ impl Broker {
                     std::mem::take(&mut ev.body)
                 };
                 let id = std::mem::take(&mut ev.id).into_boxed_str();
-                *slot = Some((seq, Arc::new(EventData::new(body, id, Some(pending_bytes)))));
+                let data =
+                    EventData::new(body, id, Some(pending_bytes)).with_trace(ev.trace.take());
+                *slot = Some((seq, Arc::new(data)));
             }
         }
         payloads

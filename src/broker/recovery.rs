@@ -47,6 +47,7 @@ impl Broker {
                 cfg.resilience.dead_letter_forward,
             ),
             drain: Default::default(),
+            tracer: crate::telemetry::Tracer::new(&cfg.telemetry, &cfg.edge),
             writer: Arc::new(writer),
             pending_bytes: Arc::new(crate::delivery::payload::PendingBytes::new(
                 cfg.broker.max_pending_bytes,

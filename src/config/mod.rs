@@ -18,7 +18,7 @@ mod types;
 pub use settings::{Key, Setting, SETTINGS};
 pub use types::{
     ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, Outbound,
-    Persistence, Resilience, StoreKind, TlsPolicy,
+    Persistence, Resilience, Sampler, StoreKind, Telemetry, TlsPolicy,
 };
 
 use parse::Raw;
@@ -99,6 +99,8 @@ pub struct Config {
     pub persistence: Persistence,
     /// IoT Edge identity.
     pub edge: EdgeEnv,
+    /// OpenTelemetry (`OTEL_*`, `telemetry__*`).
+    pub telemetry: Telemetry,
     /// Keys that looked like settings but are not known (reported as a warning at start-up).
     pub unknown_keys: Vec<String>,
 }
@@ -122,6 +124,7 @@ impl fmt::Debug for Config {
             .field("metrics", &self.metrics)
             .field("persistence", &self.persistence)
             .field("edge", &self.edge)
+            .field("telemetry", &self.telemetry)
             .finish()
     }
 }
@@ -153,6 +156,7 @@ impl Config {
         let persistence = parse::persistence(&raw)?;
         let edge = parse::edge(&raw);
         let log_format = parse::log_format(&raw)?;
+        let telemetry = parse::telemetry(&raw)?;
         Ok(Self {
             inbound,
             outbound,
@@ -163,6 +167,7 @@ impl Config {
             log_format,
             persistence,
             edge,
+            telemetry,
             unknown_keys: raw.unknown,
         })
     }

@@ -9,10 +9,13 @@ use super::types::{
     Persistence, Resilience, StoreKind, TlsPolicy,
 };
 use super::ConfigError;
+
+mod telemetry;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+pub(super) use telemetry::telemetry;
 
 const U32_MAX: u64 = u32::MAX as u64;
 

@@ -307,3 +307,96 @@ impl EdgeEnv {
         self.workload_uri.is_some()
     }
 }
+
+/// A trace sampler (`OTEL_TRACES_SAMPLER`, `OTEL_TRACES_SAMPLER_ARG`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampler {
+    /// A span with a parent follows the parent's decision.
+    pub parent_based: bool,
+    /// Share of new traces sampled (0 to 1), by trace id.
+    pub ratio: f64,
+}
+
+impl Sampler {
+    /// Whether a trace with this id is sampled at `ratio`: the low 56 bits of the id (random
+    /// in W3C ids) against the ratio, so every participant decides the same way.
+    pub fn samples(&self, trace_id: u128) -> bool {
+        if self.ratio >= 1.0 {
+            return true;
+        }
+        let low = (trace_id & ((1u128 << 56) - 1)) as f64;
+        low < self.ratio * (1u64 << 56) as f64
+    }
+}
+
+/// OpenTelemetry export (the standard `OTEL_*` variables) and what spans carry.
+#[derive(Clone)]
+pub struct Telemetry {
+    /// Full URL spans are posted to (`None`: no spans recorded).
+    pub traces_endpoint: Option<String>,
+    /// Full URL metrics are posted to (`None`: no metrics export).
+    pub metrics_endpoint: Option<String>,
+    /// Time between metrics exports.
+    pub metrics_interval: Duration,
+    /// Headers on export requests (secret values).
+    pub headers: Vec<(String, String)>,
+    /// Bound on one export request.
+    pub timeout: Duration,
+    /// `OTEL_SERVICE_NAME`.
+    pub service_name: Option<String>,
+    /// `OTEL_RESOURCE_ATTRIBUTES`, in order.
+    pub resource_attributes: Vec<(String, String)>,
+    /// Sampler.
+    pub sampler: Sampler,
+    /// Spans queued for export.
+    pub max_queue_size: usize,
+    /// Spans per export request.
+    pub max_export_batch_size: usize,
+    /// Time between exports.
+    pub schedule_delay: Duration,
+    /// Event ids on spans.
+    pub event_ids_on_spans: bool,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self {
+            traces_endpoint: None,
+            metrics_endpoint: None,
+            metrics_interval: Duration::from_secs(60),
+            headers: Vec::new(),
+            timeout: Duration::from_secs(10),
+            service_name: None,
+            resource_attributes: Vec::new(),
+            sampler: Sampler {
+                parent_based: true,
+                ratio: 1.0,
+            },
+            max_queue_size: 2048,
+            max_export_batch_size: 512,
+            schedule_delay: Duration::from_secs(5),
+            event_ids_on_spans: false,
+        }
+    }
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Header values are credentials: names only.
+        let headers: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("Telemetry")
+            .field("traces_endpoint", &self.traces_endpoint)
+            .field("metrics_endpoint", &self.metrics_endpoint)
+            .field("metrics_interval", &self.metrics_interval)
+            .field("headers", &headers)
+            .field("timeout", &self.timeout)
+            .field("service_name", &self.service_name)
+            .field("resource_attributes", &self.resource_attributes)
+            .field("sampler", &self.sampler)
+            .field("max_queue_size", &self.max_queue_size)
+            .field("max_export_batch_size", &self.max_export_batch_size)
+            .field("schedule_delay", &self.schedule_delay)
+            .field("event_ids_on_spans", &self.event_ids_on_spans)
+            .finish()
+    }
+}

@@ -26,9 +26,11 @@ use super::refill::{refill, Lane};
 use super::retry::{self, DropReason, Step};
 use super::sink::{DeliveryRequest, Outcome, Sink};
 use super::subscription::{SubConfig, SubscriptionState};
+use super::trace::{self, first_trace};
 use super::writer::Write;
 use crate::store::RetryState;
 use crate::sync::AbortOnDrop;
+use crate::telemetry::{now_ns, TraceContext, Tracer};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
@@ -45,7 +47,9 @@ pub(super) fn spawn(shared: Arc<SubscriptionState>, ctx: Arc<DeliveryContext>) -
     }))
 }
 
-type SendResult = (Batch, Outcome, Duration);
+/// A finished attempt: its batch, outcome and latency, and its `deliver` span's context (the
+/// `settle` span's parent; tracer on only).
+type SendResult = (Batch, Outcome, Duration, Option<TraceContext>);
 
 /// While sending is held back (endpoint disabled or frozen), queued events are checked for
 /// expiry this often.
@@ -86,8 +90,8 @@ async fn run(shared: Arc<SubscriptionState>, ctx: Arc<DeliveryContext>) {
         if t.ctx.drain.started() {
             // Shutting down: start nothing, settle what is in flight, then end.
             match t.in_flight.join_next().await {
-                Some(Ok((batch, outcome, latency))) => {
-                    settle(&t.shared, &t.ctx, batch, outcome, latency)
+                Some(Ok((batch, outcome, latency, span))) => {
+                    settle(&t.shared, &t.ctx, batch, outcome, latency, span)
                 }
                 Some(Err(_)) => {}
                 None => return,
@@ -222,17 +226,29 @@ impl Task {
             }
             p.attempts += 1;
         }
+        let attempt = batch.items.first().map(|p| p.attempts).unwrap_or(1);
+        let (onward, span) = trace::start(
+            &self.ctx.tracer,
+            cfg,
+            &self.shared.topic,
+            &self.shared.name,
+            &batch,
+            attempt,
+        );
         let req = DeliveryRequest {
             topic: self.shared.topic.clone(),
             subscription: self.shared.name.clone(),
             schema: cfg.sub.delivery_schema,
             events: batch.items.iter().map(|p| p.event.body.clone()).collect(),
-            attempt: batch.items.first().map(|p| p.attempts).unwrap_or(1),
+            attempt,
             attempts_each: batch.items.iter().map(|p| p.attempts).collect(),
             batch_id: batch.items.first().map(|p| p.seq).unwrap_or(0),
+            trace: onward.request,
+            event_traces: onward.events,
         };
+        let tracer = self.ctx.tracer.clone();
         self.in_flight
-            .spawn(send(cfg.sink.clone(), req, batch, permit));
+            .spawn(send(cfg.sink.clone(), req, batch, permit, tracer, span));
     }
 
     /// Wait for what the round left pending: a wake-up, a finished send (settled here), a
@@ -248,7 +264,7 @@ impl Task {
             _ = self.shared.notify.notified() => {}
             Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
                 match done {
-                    Ok((batch, outcome, latency)) => settle(&self.shared, &self.ctx, batch, outcome, latency),
+                    Ok((batch, outcome, latency, span)) => settle(&self.shared, &self.ctx, batch, outcome, latency, span),
                     Err(e) if e.is_panic() => tracing::error!(subscription = %self.shared.name, "delivery task panicked"),
                     Err(_) => {}
                 }
@@ -286,6 +302,8 @@ async fn send(
     req: DeliveryRequest,
     batch: Batch,
     permit: OwnedSemaphorePermit,
+    tracer: Tracer,
+    deliver: Option<Box<trace::DeliverSpan>>,
 ) -> SendResult {
     // One span per attempt, debug level: disabled (and nearly free) at the default level.
     let span = tracing::debug_span!(
@@ -299,7 +317,9 @@ async fn send(
     let outcome = sink.send(&req).instrument(span.clone()).await;
     span.record("outcome", tracing::field::debug(&outcome));
     drop(permit);
-    (batch, outcome, started.elapsed())
+    let latency = started.elapsed();
+    let deliver = deliver.map(|d| trace::finish_deliver(&tracer, *d, &outcome));
+    (batch, outcome, latency, deliver)
 }
 
 /// Apply an attempt's outcome to its batch: each event by its own outcome when the sink
@@ -310,7 +330,34 @@ fn settle(
     batch: Batch,
     outcome: Outcome,
     latency: Duration,
+    deliver: Option<TraceContext>,
 ) {
+    let Some(deliver) = deliver else {
+        // Not recorded: log lines name the context the first event travels in.
+        let first = first_trace(&batch.items).cloned();
+        settle_batch(shared, ctx, batch, outcome, latency, first.as_ref());
+        return;
+    };
+    let start_ns = now_ns();
+    let settled = settle_batch(shared, ctx, batch, outcome, latency, Some(&deliver));
+    trace::settle_span(
+        &ctx.tracer,
+        &deliver,
+        start_ns,
+        ctx.clock.now_ms(),
+        &settled,
+    );
+}
+
+/// Apply an attempt's outcome to its batch; answers what became of its events.
+fn settle_batch(
+    shared: &Arc<SubscriptionState>,
+    ctx: &DeliveryContext,
+    batch: Batch,
+    outcome: Outcome,
+    latency: Duration,
+    span: Option<&TraceContext>,
+) -> trace::Settled {
     let cfg = shared.config();
     let m = &shared.metrics;
     let n = batch.items.len() as u64;
@@ -341,17 +388,21 @@ fn settle(
     };
     shared.queue().finish(retry_lane);
     let (mut ok, mut failed) = (false, false);
+    let mut settled = trace::Settled::default();
     for (o, items) in groups {
         if o == Outcome::Delivered {
             ok = true;
-            settle_delivered(shared, ctx, &cfg, items, ms);
+            settled.acked += settle_delivered(shared, ctx, &cfg, items, ms, span);
         } else {
             failed = true;
             m.delivery_failure_counts.add(items.len() as u64);
             if let Outcome::Failed { kind, .. } = &o {
-                tracing::debug!(topic = %shared.topic, subscription = %shared.name, events = items.len(), failure = %kind, "delivery attempt failed");
+                tracing::debug!(topic = %shared.topic, subscription = %shared.name, events = items.len(), failure = %kind, trace_id = span.map(TraceContext::trace_hex), span_id = span.map(TraceContext::span_hex), "delivery attempt failed");
             }
-            settle_failed(shared, ctx, &cfg, items, &o);
+            let s = settle_failed(shared, ctx, &cfg, items, &o);
+            settled.retried += s.retried;
+            settled.delay = settled.delay.max(s.delay);
+            settled.dropped.extend(s.dropped);
         }
     }
     if ok {
@@ -361,20 +412,23 @@ fn settle(
         m.delivery_failure_latency_ms.observe_ms(ms);
     }
     shared.notify.notify_one();
+    settled
 }
 
-/// Delivered events leave the queue (and the store).
+/// Delivered events leave the queue (and the store); answers how many.
 fn settle_delivered(
     shared: &Arc<SubscriptionState>,
     ctx: &DeliveryContext,
     cfg: &SubConfig,
     items: Vec<Pending>,
     ms: u64,
-) {
+    span: Option<&TraceContext>,
+) -> usize {
     let n = items.len() as u64;
     shared.metrics.delivery_success_counts.add(n);
     if ctx.log_success {
-        tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, attempt = items.first().map(|p| p.attempts), latency_ms = ms, "delivered");
+        let span = span.or_else(|| first_trace(&items));
+        tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, attempt = items.first().map(|p| p.attempts), latency_ms = ms, trace_id = span.map(TraceContext::trace_hex), span_id = span.map(TraceContext::span_hex), "delivered");
     }
     if cfg.sub.persisted {
         ctx.writer.submit(Write::Remove {
@@ -383,6 +437,7 @@ fn settle_delivered(
         });
     }
     shared.queue().settle(items.len());
+    items.len()
 }
 
 /// Failed events: each is retried (state stored first for a persisted subscription), or
@@ -393,7 +448,7 @@ fn settle_failed(
     cfg: &SubConfig,
     items: Vec<Pending>,
     outcome: &Outcome,
-) {
+) -> trace::Settled {
     let now_ms = ctx.clock.now_ms();
     let mut retry_items = Vec::new();
     let mut retry_delay = Duration::ZERO;
@@ -422,14 +477,22 @@ fn settle_failed(
     if cfg.sub.persisted && !retry_items.is_empty() {
         store_retry_state(shared, ctx, &retry_items, now_ms, retry_delay);
     }
+    let retry_items_len = retry_items.len();
     if !retry_items.is_empty() {
         shared
             .queue()
             .schedule_retry(Instant::now() + retry_delay, retry_items);
     }
+    let settled = trace::Settled {
+        acked: 0,
+        retried: retry_items_len,
+        delay: retry_delay,
+        dropped: dropped.iter().map(|(r, v)| (*r, v.len())).collect(),
+    };
     for (r, items) in dropped {
         drop_events(shared, ctx, items, r, Some(outcome));
     }
+    settled
 }
 
 /// Record a retrying batch's state (attempts, first enqueue, due time) in the store, through
@@ -490,6 +553,9 @@ pub(super) fn dead_letter(
         return;
     }
     let n = items.len();
+    if last.is_none() {
+        trace::dropped_span(&ctx.tracer, items, reason);
+    }
     let m = &shared.metrics;
     m.expired_counts.add(n as u64);
     match reason {
@@ -498,7 +564,8 @@ pub(super) fn dead_letter(
         DropReason::DeliveryRefused => m.dropped_refused.add(n as u64),
         DropReason::QueueFull => m.dropped_queue_full.add(n as u64),
     }
-    tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, reason = reason.as_str(), first_event_id = items.first().map(|p| &*p.event.id).unwrap_or(""), "events dead-lettered");
+    let trace = first_trace(items);
+    tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, reason = reason.as_str(), first_event_id = items.first().map(|p| &*p.event.id).unwrap_or(""), trace_id = trace.map(TraceContext::trace_hex), span_id = trace.map(TraceContext::span_hex), "events dead-lettered");
     let cfg = shared.config();
     let now_ms = ctx.clock.now_ms();
     let (last_status, last_error) = super::deadletter::describe(last);

@@ -36,6 +36,8 @@ pub struct DeliveryContext {
     pub writer: Arc<super::writer::StoreWriter>,
     /// Shutdown drain.
     pub drain: Drain,
+    /// Spans of delivery attempts and their settling (off unless an OTLP endpoint is set).
+    pub tracer: crate::telemetry::Tracer,
 }
 
 /// The shutdown drain. Once [`Drain::start`]ed, every subscription task sends nothing new,

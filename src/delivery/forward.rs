@@ -117,6 +117,8 @@ impl Batch {
             attempt,
             attempts_each: Vec::new(),
             batch_id: self.first_seq,
+            trace: None,
+            event_traces: Vec::new(),
         }
     }
 }

@@ -38,5 +38,6 @@ pub mod signing;
 pub mod sink;
 pub mod sinks;
 pub(crate) mod subscription;
+mod trace;
 pub mod webhook;
 pub(crate) mod writer;

@@ -3,6 +3,7 @@
 //! one subscription's copy of it ([`Pending`]: sequence number, attempts, age).
 
 use crate::store::{RetryState, StoredEvent};
+use crate::telemetry::TraceContext;
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -56,6 +57,10 @@ pub struct EventData {
     pub body: Bytes,
     /// Event id.
     pub id: Box<str>,
+    /// The trace context it travels in (from its publisher, or the `publish` span; shared by
+    /// the events of a request, 8 bytes when there is none); in memory only: an event read
+    /// back from the store has none.
+    pub trace: Option<Arc<TraceContext>>,
     counted_in: Option<Arc<PendingBytes>>,
 }
 
@@ -80,12 +85,19 @@ impl EventData {
         let data = Self {
             body,
             id,
+            trace: None,
             counted_in: pending.cloned(),
         };
         if let Some(p) = &data.counted_in {
             p.used.fetch_add(data.size(), Ordering::Relaxed);
         }
         data
+    }
+
+    /// The same payload, travelling in trace `trace`.
+    pub fn with_trace(mut self, trace: Option<Arc<TraceContext>>) -> Self {
+        self.trace = trace;
+        self
     }
 
     /// The bytes it counts for (see [`payload_size`]).

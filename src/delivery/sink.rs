@@ -3,6 +3,7 @@
 
 use crate::model::subscription::Subscription;
 use crate::model::topic::EventSchema;
+use crate::telemetry::TraceContext;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures_util::future::BoxFuture;
 use std::sync::Arc;
@@ -26,6 +27,12 @@ pub struct DeliveryRequest {
     pub attempts_each: Vec<u32>,
     /// A stable id for this batch across its retries (first event's sequence number).
     pub batch_id: u64,
+    /// The trace context the request carries onward (`traceparent` / `tracestate` headers):
+    /// the `deliver` span's, or with tracing off the first event's as published.
+    pub trace: Option<TraceContext>,
+    /// Each event's trace context (per-message properties on Service Bus and Event Hubs) when
+    /// the batch mixes contexts; empty when every event travels in `trace`'s (or none).
+    pub event_traces: Vec<Option<TraceContext>>,
 }
 
 impl DeliveryRequest {

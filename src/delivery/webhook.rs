@@ -14,6 +14,7 @@ use super::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
 use crate::model::attributes::{AttributeValue, DeliveryAttribute};
 use crate::model::delivery_options::DeliveryOptions;
 use crate::model::topic::EventSchema;
+use crate::telemetry::TraceContext;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -54,6 +55,8 @@ static AEG_SAS_KEY: HeaderName = HeaderName::from_static("aeg-sas-key");
 static WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
 static WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
 static WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
+static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 impl WebhookSink {
     /// A sink posting to `url` through `client`.
@@ -142,6 +145,20 @@ impl WebhookSink {
     }
 }
 
+/// W3C Trace Context headers: the subscriber's span becomes a child of the `deliver` span.
+fn append_trace_headers(h: &mut HeaderMap, t: &TraceContext) {
+    if let Ok(v) = HeaderValue::from_str(&t.traceparent()) {
+        h.insert(TRACEPARENT.clone(), v);
+    }
+    if let Some(v) = t
+        .state
+        .as_deref()
+        .and_then(|s| HeaderValue::from_str(s).ok())
+    {
+        h.insert(TRACESTATE.clone(), v);
+    }
+}
+
 /// Parse `Retry-After`: delay-seconds or an HTTP-date.
 pub fn parse_retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let v = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
@@ -210,6 +227,9 @@ impl Sink for WebhookSink {
             }
             if let Some(k) = &self.sas_key {
                 h.append(AEG_SAS_KEY.clone(), k.clone());
+            }
+            if let Some(t) = &req.trace {
+                append_trace_headers(&mut h, t);
             }
             match endpoint.post(h, body).await {
                 Ok(resp) => {

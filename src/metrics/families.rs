@@ -102,6 +102,8 @@ pub struct BrokerView {
     pub dead_letter_bytes: u64,
     /// Group-commit counters, for a journaling store.
     pub commits: Option<CommitView>,
+    /// Spans exported and dropped, when OpenTelemetry export is on.
+    pub spans: Option<(u64, u64)>,
 }
 
 /// Everything one exposition shows.
@@ -211,7 +213,7 @@ pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 18] {
 }
 
 /// Broker-wide families: one series each (omitted when not applicable).
-pub fn broker_families() -> [Family<BrokerView>; 7] {
+pub fn broker_families() -> [Family<BrokerView>; 8] {
     use Kind::*;
     [
         family("gridlet_pending_event_bytes", Gauge, "Bytes of undelivered events held in memory, all subscriptions (limit: broker__maxPendingBytes)", |b| n(b.pending_event_bytes)),
@@ -228,6 +230,15 @@ pub fn broker_families() -> [Family<BrokerView>; 7] {
         family("gridlet_store_commits_total", Counter, "Persisted publishes made durable (answered only after their group's sync)", |b| b.commits.and_then(|c| n(c.commits))),
         family("gridlet_store_journal_syncs_total", Counter, "Event-log frames that acknowledged publishes, one fdatasync each (commits / syncs = publishes per group commit)", |b| b.commits.and_then(|c| n(c.syncs))),
         family("gridlet_store_checkpoints_total", Counter, "Event-log collections: segments with nothing pending deleted (after restating what older live segments owe)", |b| b.commits.and_then(|c| n(c.checkpoints))),
+        Family {
+            name: "gridlet_telemetry_spans_total",
+            kind: Counter,
+            help: "OpenTelemetry spans by result: exported (accepted by the collector) or dropped (queue full, or the collector failed or timed out)",
+            read: Read::By("result", |b| match b.spans {
+                Some((exported, dropped)) => vec![("exported", exported), ("dropped", dropped)],
+                None => Vec::new(),
+            }),
+        },
     ]
 }
 
@@ -283,38 +294,37 @@ fn series<'a, V: 'a>(
     out
 }
 
-/// The Prometheus text exposition of `s`: every family, in table order.
-pub fn render(s: &Snapshot<'_>) -> String {
-    let mut out = String::with_capacity(4096);
-    for f in topic_families() {
+/// What [`visit`] hands each family to: name, kind, help, series.
+pub type FamilyVisitor<'f> = dyn FnMut(&'static str, Kind, &'static str, &[Series<'_>]) + 'f;
+
+/// Every family of `s` in table order, handed to `f` with its series (a broker family with
+/// no series is left out): the one walk both the Prometheus text and the OTLP export take.
+pub fn visit(s: &Snapshot<'_>, f: &mut FamilyVisitor<'_>) {
+    for fam in topic_families() {
         let views = s.topics.iter().map(|t| (vec![("topic", t.name)], t));
-        write_family(
-            &mut out,
-            f.name,
-            f.kind.as_str(),
-            f.help,
-            &series(&f, views),
-        );
+        f(fam.name, fam.kind, fam.help, &series(&fam, views));
     }
-    for f in subscription_families() {
+    for fam in subscription_families() {
         let views = s
             .subscriptions
             .iter()
             .map(|v| (vec![("topic", v.topic), ("subscription", v.name)], v));
-        write_family(
-            &mut out,
-            f.name,
-            f.kind.as_str(),
-            f.help,
-            &series(&f, views),
-        );
+        f(fam.name, fam.kind, fam.help, &series(&fam, views));
     }
-    for f in broker_families() {
-        let one = series(&f, std::iter::once((Vec::new(), &s.broker)));
+    for fam in broker_families() {
+        let one = series(&fam, std::iter::once((Vec::new(), &s.broker)));
         if !one.is_empty() {
-            write_family(&mut out, f.name, f.kind.as_str(), f.help, &one);
+            f(fam.name, fam.kind, fam.help, &one);
         }
     }
+}
+
+/// The Prometheus text exposition of `s`: every family, in table order.
+pub fn render(s: &Snapshot<'_>) -> String {
+    let mut out = String::with_capacity(4096);
+    visit(s, &mut |name, kind, help, series| {
+        write_family(&mut out, name, kind.as_str(), help, series)
+    });
     out
 }
 
@@ -374,6 +384,7 @@ mod tests {
                 store_disk_bytes: 0,
                 dead_letter_bytes: 0,
                 commits: None,
+                spans: Some((3, 1)),
             },
         };
         let out = render(&snap);
@@ -386,6 +397,10 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("gridlet_dropped_events_total{topic=\"t\",subscription=\"s\",reason=\"DeliveryRefused\"} 3"), "{out}");
+        assert!(
+            out.contains("gridlet_telemetry_spans_total{result=\"dropped\"} 1"),
+            "{out}"
+        );
         assert!(
             out.contains("# TYPE gridlet_endpoint_health_state gauge\n# HELP"),
             "no series while health is untracked: {out}"

@@ -11,7 +11,9 @@
 pub mod families;
 pub mod text;
 
-pub use families::{render, BrokerView, CommitView, Snapshot, SubscriptionView, TopicView};
+pub use families::{
+    render, visit, BrokerView, CommitView, Kind, Snapshot, SubscriptionView, TopicView,
+};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// A monotonically increasing count.
@@ -52,6 +54,13 @@ impl Histogram {
         }
         self.sum.fetch_add(ms, Relaxed);
         self.count.fetch_add(1, Relaxed);
+    }
+
+    /// Observations per bucket (not cumulative; those above the last bound are the count less
+    /// their sum), the sum in ms, and the count.
+    pub fn read(&self) -> ([u64; LATENCY_BUCKETS_MS.len()], u64, u64) {
+        let buckets = std::array::from_fn(|i| self.buckets[i].load(Relaxed));
+        (buckets, self.sum.load(Relaxed), self.count.load(Relaxed))
     }
 
     /// Number of observations.

@@ -16,12 +16,14 @@ mod onepass;
 use super::topic::EventSchema;
 use super::{media, Invalid};
 use crate::model::filter::{EventView, LazyObject};
+use crate::telemetry::TraceContext;
 use axum::http::HeaderMap;
 use binary::binary_cloud_event;
 use bytes::Bytes;
 use onepass::fast;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
+use std::sync::Arc;
 
 /// One validated event, ready to route.
 #[derive(Debug)]
@@ -34,6 +36,10 @@ pub struct IncomingEvent {
     object: LazyObject,
     /// Where the view finds subject and type.
     keys: ViewKeys,
+    /// The trace context the event carries: its CloudEvents `traceparent` / `tracestate`
+    /// attributes (structured mode, or `ce-traceparent` in binary mode); the publish handler
+    /// then puts the publish span's context on the others (see [`crate::telemetry`]).
+    pub trace: Option<Arc<TraceContext>>,
 }
 
 /// Where [`IncomingEvent::view`] finds the subject and the type.
@@ -101,6 +107,7 @@ impl IncomingEvent {
                 subject: Some("subject"),
                 event_type,
             },
+            trace: None,
         }
     }
 }
@@ -195,6 +202,35 @@ pub fn parse(input: &PublishInput<'_>) -> Result<Vec<IncomingEvent>, PublishErro
     let binary = input.schema == EventSchema::CloudEventV1_0
         && (media == Media::Other
             || (media == Media::Json && input.headers.contains_key("ce-specversion")));
+    let mut events = parse_events(input, media, content_type, binary)?;
+    if input.schema == EventSchema::CloudEventV1_0 {
+        for ev in &mut events {
+            ev.trace = carried_trace(&ev.body).map(Arc::new);
+        }
+    }
+    Ok(events)
+}
+
+/// The CloudEvents distributed-tracing extension's `traceparent` / `tracestate` attributes of
+/// one event (top level only; an invalid `traceparent` is ignored, as W3C says). The event's
+/// bytes are searched first, so an event without one costs one `memmem`.
+fn carried_trace(body: &[u8]) -> Option<TraceContext> {
+    #[derive(serde::Deserialize)]
+    struct Attrs {
+        traceparent: Option<String>,
+        tracestate: Option<String>,
+    }
+    memchr::memmem::find(body, b"\"traceparent\"")?;
+    let a: Attrs = serde_json::from_slice(body).ok()?;
+    TraceContext::parse(&a.traceparent?, a.tracestate.as_deref())
+}
+
+fn parse_events(
+    input: &PublishInput<'_>,
+    media: Media,
+    content_type: Option<String>,
+    binary: bool,
+) -> Result<Vec<IncomingEvent>, PublishError> {
     if binary {
         return binary_cloud_event(input, content_type.as_deref()).map(|e| vec![e]);
     }

@@ -22,6 +22,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("model", 3),
     ("metrics", 3),
     ("tls", 3),
+    // Trace context, spans and their OTLP encoding (the HTTP client comes from the server).
+    ("telemetry", 3),
     ("store", 4),
     ("delivery", 5),
     ("broker", 6),

@@ -16,6 +16,7 @@ mod health_isolation;
 mod layering;
 mod management;
 mod node;
+mod otel;
 mod outbound;
 mod packaging;
 mod persistence;

@@ -446,6 +446,8 @@ fn req() -> DeliveryRequest {
         attempt: 1,
         attempts_each: Vec::new(),
         batch_id: 1,
+        trace: None,
+        event_traces: Vec::new(),
     }
 }
 

@@ -275,6 +275,8 @@ impl Bench {
                         attempt: 1,
                         attempts_each: Vec::new(),
                         batch_id: i,
+                        trace: None,
+                        event_traces: Vec::new(),
                     };
                     if sink.send(&req).await == Outcome::Delivered {
                         done.fetch_add(1, Relaxed);

@@ -128,8 +128,12 @@ impl Gridlet {
             .env("persistence__metadataPath", spec.dir.join("metadataDb"))
             .env("persistence__eventsPath", spec.dir.join("eventsDb"))
             .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            // Allocator experiments (MIMALLOC_PURGE_DELAY=0, …) reach the gridlet under test.
-            .envs(std::env::vars().filter(|(k, _)| k.starts_with("MIMALLOC_")))
+            // Allocator experiments (MIMALLOC_PURGE_DELAY=0, …) and OpenTelemetry export
+            // (OTEL_EXPORTER_OTLP_ENDPOINT=…, the cost of tracing) reach the gridlet under test.
+            .envs(
+                std::env::vars()
+                    .filter(|(k, _)| k.starts_with("MIMALLOC_") || k.starts_with("OTEL_")),
+            )
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log2);

@@ -243,6 +243,20 @@ pub fn messages(
                     None => user.insert(a.name.clone(), v.into()),
                 };
             }
+            // The trace context, as the Azure SDKs write and read it (`Diagnostic-Id` and
+            // `traceparent`, both the W3C traceparent, and `tracestate`).
+            let trace = match req.event_traces.is_empty() {
+                true => req.trace.as_ref(),
+                false => req.event_traces.get(i).and_then(Option::as_ref),
+            };
+            if let Some(t) = trace {
+                let tp = t.traceparent();
+                user.insert("Diagnostic-Id".into(), tp.clone().into());
+                user.insert("traceparent".into(), tp.into());
+                if let Some(state) = &t.state {
+                    user.insert("tracestate".into(), state.to_string().into());
+                }
+            }
             if !broker.is_empty() {
                 m.insert("BrokerProperties".into(), Value::Object(broker));
             }
@@ -387,6 +401,8 @@ mod tests {
             attempt: 1,
             attempts_each: attempts,
             batch_id: 1,
+            trace: None,
+            event_traces: Vec::new(),
         }
     }
 
@@ -491,6 +507,34 @@ mod tests {
         .is_some());
         assert!(too_large(&svc(403, "QuotaExceeded: the entity is full")).is_none());
         assert!(too_large(&svc(401, "size")).is_none());
+    }
+
+    #[test]
+    fn a_traced_event_carries_diagnostic_id_and_traceparent_as_the_azure_sdks_do() {
+        let t = crate::telemetry::TraceContext::parse(
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            Some("v=1"),
+        );
+        let mut each = req(&[r#"{"id":"1"}"#, r#"{"id":"2"}"#], vec![]);
+        each.event_traces = vec![t.clone(), None];
+        let m = messages(&each, Service::ServiceBus, &[]);
+        let mut whole = req(&[r#"{"id":"1"}"#], vec![]);
+        whole.trace = t.clone();
+        let all = messages(&whole, Service::ServiceBus, &[]);
+        assert_eq!(all[0], m[0], "one context for the whole batch");
+        let v: serde_json::Value = serde_json::from_slice(&m[0]).unwrap();
+        let p = &v["UserProperties"];
+        assert_eq!(
+            p["Diagnostic-Id"],
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        );
+        assert_eq!(p["traceparent"], p["Diagnostic-Id"]);
+        assert_eq!(p["tracestate"], "v=1");
+        let v: serde_json::Value = serde_json::from_slice(&m[1]).unwrap();
+        assert!(
+            v["UserProperties"].get("traceparent").is_none(),
+            "no context, no trace properties"
+        );
     }
 
     #[test]

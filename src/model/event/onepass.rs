@@ -93,6 +93,7 @@ pub(super) fn fast(input: &PublishInput<'_>, raw: &RawValue) -> Option<IncomingE
             event_type: range(event_type),
         },
         object: LazyObject::from_json(source),
+        trace: None,
     })
 }
 

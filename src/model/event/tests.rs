@@ -305,3 +305,70 @@ fn top_level_keys_repeated_in_any_case_are_refused_in_both_paths() {
     let body = format!(r#"[{{{eg}{many}}}]"#);
     assert!(run(EventSchema::EventGrid, None, &body).is_ok());
 }
+
+#[test]
+fn cloud_events_carry_their_traceparent_attribute_only_at_top_level() {
+    let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let ce = |extra: &str| {
+        format!(
+            r#"{{"specversion":"1.0","id":"1","source":"/s","type":"t"{extra},"data":{{"traceparent":"00-11111111111111111111111111111111-2222222222222222-01"}}}}"#
+        )
+    };
+    let batch = format!(
+        "[{},{},{}]",
+        ce(&format!(r#","traceparent":"{tp}","tracestate":"a=b""#)),
+        ce(""),
+        ce(r#","traceparent":"not-a-traceparent""#)
+    );
+    let evs = run(
+        EventSchema::CloudEventV1_0,
+        Some("application/cloudevents-batch+json"),
+        &batch,
+    )
+    .unwrap();
+    let t = evs[0].trace.as_ref().unwrap();
+    assert_eq!(t.traceparent(), tp);
+    assert_eq!(t.state.as_deref(), Some("a=b"));
+    assert_eq!(evs[1].trace, None, "one inside `data` is not the event's");
+    assert_eq!(evs[2].trace, None, "an invalid one is ignored");
+    assert!(
+        std::str::from_utf8(&evs[0].body).unwrap().contains(tp),
+        "the attribute stays"
+    );
+
+    // Event Grid's schema defines no trace field: a member of that name is the event's own.
+    let eg = format!(
+        r#"[{{"id":"1","subject":"s","eventType":"e","eventTime":"t","dataVersion":"1","traceparent":"{tp}","data":{{}}}}]"#
+    );
+    let evs = run(EventSchema::EventGrid, Some("application/json"), &eg).unwrap();
+    assert_eq!(evs[0].trace, None);
+}
+
+#[test]
+fn binary_mode_ce_traceparent_is_the_events_context() {
+    let tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+    let mut headers = HeaderMap::new();
+    for (k, v) in [
+        ("ce-specversion", "1.0"),
+        ("ce-id", "1"),
+        ("ce-source", "/s"),
+        ("ce-type", "t"),
+        ("ce-traceparent", tp),
+        ("content-type", "text/plain"),
+    ] {
+        headers.insert(k, HeaderValue::from_static(v));
+    }
+    let body = Bytes::from_static(b"hello");
+    let evs = parse(&PublishInput {
+        schema: EventSchema::CloudEventV1_0,
+        topic: "t1",
+        headers: &headers,
+        body: &body,
+        single_id: None,
+        max_events: 100,
+    })
+    .unwrap();
+    let t = evs[0].trace.as_ref().unwrap();
+    assert_eq!(t.traceparent(), tp);
+    assert!(!t.sampled());
+}

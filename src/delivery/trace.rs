@@ -1,0 +1,358 @@
+//! The spans of a delivery: `deliver`, one per attempt (a child of the context the batch's first
+//! event travels in; the batch's other traces as links), and `settle`, what the attempt's
+//! outcome did to the batch (a child of `deliver`). Built only when the tracer is on; with it
+//! off, each event's context is passed to the destination unchanged.
+
+use super::payload::Pending;
+use super::queue::Batch;
+use super::retry::DropReason;
+use super::sink::{FailureKind, Outcome};
+use super::subscription::SubConfig;
+use crate::telemetry::{now_ns, Link, SpanData, SpanKind, Status, TraceContext, Tracer, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Links to other traces on one span at most.
+const MAX_LINKS: usize = 32;
+/// Event ids on one span at most.
+const MAX_IDS: usize = 100;
+
+/// What goes onward with an attempt: the context of the request as a whole (`traceparent` on a
+/// webhook request) and of each event (per-message properties); empty when no event carries
+/// one and the tracer is off.
+pub(super) struct Onward {
+    pub request: Option<TraceContext>,
+    pub events: Vec<Option<TraceContext>>,
+}
+
+/// A `deliver` span in progress.
+pub(super) struct DeliverSpan {
+    pub ctx: TraceContext,
+    parent_span_id: u64,
+    start_ns: u64,
+    links: Vec<Link>,
+    attributes: Vec<(&'static str, Value)>,
+}
+
+/// The `deliver` span of an attempt about to start (tracer on), and what goes onward.
+pub(super) fn start(
+    tracer: &Tracer,
+    cfg: &SubConfig,
+    topic: &Arc<str>,
+    subscription: &Arc<str>,
+    batch: &Batch,
+    attempt: u32,
+) -> (Onward, Option<Box<DeliverSpan>>) {
+    let first = batch.items.iter().find_map(|p| p.event.trace.as_deref());
+    if !tracer.enabled() {
+        // Per event only when the batch's events travel in different contexts.
+        let mixed = first.is_some()
+            && batch
+                .items
+                .iter()
+                .any(|p| p.event.trace.as_deref() != first);
+        let events = match mixed {
+            true => batch
+                .items
+                .iter()
+                .map(|p| p.event.trace.as_deref().cloned())
+                .collect(),
+            false => Vec::new(),
+        };
+        let request = first.cloned();
+        return (Onward { request, events }, None);
+    }
+    let Some(ctx) = tracer.start(first) else {
+        return (
+            Onward {
+                request: None,
+                events: Vec::new(),
+            },
+            None,
+        );
+    };
+    let mut links: Vec<Link> = Vec::new();
+    let events = batch
+        .items
+        .iter()
+        .map(|p| match p.event.trace.as_deref() {
+            Some(t) if t.trace_id != ctx.trace_id => {
+                if links.len() < MAX_LINKS && !links.iter().any(|l| l.trace_id == t.trace_id) {
+                    links.push(Link {
+                        trace_id: t.trace_id,
+                        span_id: t.span_id,
+                    });
+                }
+                Some(t.clone())
+            }
+            _ => Some(ctx.clone()),
+        })
+        .collect();
+    // Every event in the request's context (the usual case): no per-event list.
+    let events = match links.is_empty() {
+        true => Vec::new(),
+        false => events,
+    };
+    if !ctx.sampled() {
+        // Not recorded: the context goes onward, nothing else is built.
+        return (
+            Onward {
+                request: Some(ctx),
+                events,
+            },
+            None,
+        );
+    }
+    let dest = &cfg.sub.destination;
+    let mut attributes: Vec<(&'static str, Value)> = Vec::with_capacity(14);
+    attributes.push(("messaging.system", "eventgrid".into()));
+    attributes.push(("messaging.operation.name", "deliver".into()));
+    attributes.push(("messaging.operation.type", "send".into()));
+    attributes.push(("messaging.destination.name", topic.clone().into()));
+    attributes.push((
+        "messaging.destination.subscription.name",
+        subscription.clone().into(),
+    ));
+    attributes.push((
+        "messaging.batch.message_count",
+        (batch.items.len() as u64).into(),
+    ));
+    attributes.push(("gridlet.destination.type", dest.endpoint_type().into()));
+    if let Some(host) = dest
+        .url()
+        .and_then(|u| url::Url::parse(u).ok())
+        .and_then(|u| u.host_str().map(str::to_string))
+    {
+        attributes.push(("server.address", host.into()));
+    }
+    attributes.push(("gridlet.delivery.attempt", attempt.into()));
+    attributes.push((
+        "http.request.resend_count",
+        attempt.saturating_sub(1).into(),
+    ));
+    attributes.push(("gridlet.retry_lane", batch.retry.into()));
+    if tracer.event_ids() {
+        let ids: Vec<Arc<str>> = batch
+            .items
+            .iter()
+            .take(MAX_IDS)
+            .map(|p| Arc::from(&*p.event.id))
+            .collect();
+        match ids.len() {
+            1 => attributes.push(("messaging.message.id", ids[0].clone().into())),
+            _ => attributes.push(("gridlet.event_ids", Value::StrList(ids))),
+        }
+    }
+    let span = DeliverSpan {
+        parent_span_id: first.map_or(0, |f| f.span_id),
+        ctx: ctx.clone(),
+        start_ns: now_ns(),
+        links,
+        attributes,
+    };
+    (
+        Onward {
+            request: Some(ctx),
+            events,
+        },
+        Some(Box::new(span)),
+    )
+}
+
+/// Record the `deliver` span with the attempt's outcome; answers its context (the `settle`
+/// span's parent).
+pub(super) fn finish_deliver(
+    tracer: &Tracer,
+    span: DeliverSpan,
+    outcome: &Outcome,
+) -> TraceContext {
+    let DeliverSpan {
+        ctx,
+        parent_span_id,
+        start_ns,
+        links,
+        mut attributes,
+    } = span;
+    // Events reported apart: the attempt's span tells the batch's summary.
+    let outcome = match outcome {
+        Outcome::PerEvent(_) => outcome.summary(),
+        o => o,
+    };
+    let status = match outcome {
+        Outcome::Delivered => {
+            attributes.push(("gridlet.outcome", "delivered".into()));
+            Status::Unset
+        }
+        Outcome::PerEvent(_) => {
+            attributes.push(("gridlet.outcome", "mixed".into()));
+            Status::Unset
+        }
+        Outcome::Failed { kind, retry_after } => {
+            let (error_type, code) = match kind {
+                FailureKind::Status(s) | FailureKind::Service { status: s, .. } => {
+                    (s.to_string(), Some(*s))
+                }
+                FailureKind::TooLarge(_) => ("too_large".to_string(), None),
+                FailureKind::Timeout => ("timeout".to_string(), None),
+                FailureKind::Connect => ("connect".to_string(), None),
+                FailureKind::Unsupported(_) => ("unsupported".to_string(), None),
+                FailureKind::Other(_) => ("_OTHER".to_string(), None),
+                FailureKind::CredentialExpired(_) => ("credential_expired".to_string(), None),
+            };
+            if let Some(c) = code {
+                attributes.push(("http.response.status_code", u32::from(c).into()));
+            }
+            if let Some(r) = retry_after {
+                attributes.push(("gridlet.retry_after_ms", (r.as_millis() as u64).into()));
+            }
+            attributes.push(("gridlet.outcome", "failed".into()));
+            attributes.push(("error.type", error_type.into()));
+            Status::Error(kind.to_string())
+        }
+    };
+    let sampled = ctx.sampled();
+    tracer.record(
+        SpanData {
+            trace_id: ctx.trace_id,
+            span_id: ctx.span_id,
+            parent_span_id,
+            trace_state: ctx.state.clone(),
+            name: "deliver",
+            kind: SpanKind::Client,
+            start_ns,
+            end_ns: now_ns(),
+            attributes,
+            links,
+            status,
+        },
+        sampled,
+    );
+    ctx
+}
+
+/// What settling an attempt did to its batch.
+#[derive(Debug, Default)]
+pub(super) struct Settled {
+    /// Acknowledged and removed.
+    pub acked: usize,
+    /// Scheduled for another attempt after this delay.
+    pub retried: usize,
+    pub delay: Duration,
+    /// Dead-lettered, by reason.
+    pub dropped: Vec<(DropReason, usize)>,
+}
+
+/// Record the `settle` span of an attempt (a child of its `deliver` span).
+pub(super) fn settle_span(
+    tracer: &Tracer,
+    deliver: &TraceContext,
+    start_ns: u64,
+    now_ms: u64,
+    s: &Settled,
+) {
+    let mut d = SpanData {
+        trace_id: deliver.trace_id,
+        span_id: match tracer.start(Some(deliver)) {
+            Some(c) => c.span_id,
+            None => return,
+        },
+        parent_span_id: deliver.span_id,
+        trace_state: deliver.state.clone(),
+        name: "settle",
+        kind: SpanKind::Internal,
+        start_ns,
+        end_ns: now_ns(),
+        attributes: Vec::with_capacity(6),
+        links: Vec::new(),
+        status: Status::Unset,
+    };
+    let outcome = match (s.acked > 0, s.retried > 0, !s.dropped.is_empty()) {
+        (true, false, false) => "ack",
+        (false, true, false) => "retry",
+        (false, false, true) => "dead_letter",
+        _ => "mixed",
+    };
+    d.attr("gridlet.settle.outcome", outcome);
+    if s.acked > 0 {
+        d.attr("gridlet.settle.acked", s.acked as u64);
+    }
+    if s.retried > 0 {
+        d.attr("gridlet.settle.retried", s.retried as u64);
+        d.attr("gridlet.retry.delay_ms", s.delay.as_millis() as u64);
+        d.attr(
+            "gridlet.retry.due_unix_ms",
+            now_ms + s.delay.as_millis() as u64,
+        );
+    }
+    if !s.dropped.is_empty() {
+        let n: usize = s.dropped.iter().map(|(_, n)| n).sum();
+        d.attr("gridlet.settle.dead_lettered", n as u64);
+        let reasons: Vec<Arc<str>> = s
+            .dropped
+            .iter()
+            .map(|(r, _)| Arc::from(r.as_str()))
+            .collect();
+        d.attr("gridlet.dead_letter.reason", Value::StrList(reasons));
+        d.status = Status::Error("dead-lettered".into());
+    }
+    tracer.record(d, deliver.sampled());
+}
+
+/// The `settle` span of events dead-lettered without an attempt deciding it (time to live
+/// passed while waiting, a full queue under `queueFullPolicy=deadLetter`): a child of the
+/// context the first of them travels in, the others' traces linked.
+pub(super) fn dropped_span(tracer: &Tracer, items: &[Pending], reason: DropReason) {
+    if !tracer.enabled() {
+        return;
+    }
+    let parent = first_trace(items);
+    let Some(ctx) = tracer.start(parent) else {
+        return;
+    };
+    let mut links: Vec<Link> = Vec::new();
+    for t in items.iter().filter_map(|p| p.event.trace.as_deref()) {
+        if t.trace_id != ctx.trace_id
+            && links.len() < MAX_LINKS
+            && !links.iter().any(|l| l.trace_id == t.trace_id)
+        {
+            links.push(Link {
+                trace_id: t.trace_id,
+                span_id: t.span_id,
+            });
+        }
+    }
+    let now = now_ns();
+    let mut d = SpanData {
+        trace_id: ctx.trace_id,
+        span_id: ctx.span_id,
+        parent_span_id: parent.map_or(0, |p| p.span_id),
+        trace_state: ctx.state.clone(),
+        name: "settle",
+        kind: SpanKind::Internal,
+        start_ns: now,
+        end_ns: now,
+        attributes: Vec::with_capacity(4),
+        links,
+        status: Status::Error("dead-lettered".into()),
+    };
+    d.attr("gridlet.settle.outcome", "dead_letter");
+    d.attr("gridlet.settle.dead_lettered", items.len() as u64);
+    d.attr(
+        "gridlet.dead_letter.reason",
+        Value::StrList(vec![Arc::from(reason.as_str())]),
+    );
+    if tracer.event_ids() {
+        let ids: Vec<Arc<str>> = items
+            .iter()
+            .take(MAX_IDS)
+            .map(|p| Arc::from(&*p.event.id))
+            .collect();
+        d.attr("gridlet.event_ids", Value::StrList(ids));
+    }
+    tracer.record(d, ctx.sampled());
+}
+
+/// The trace context the first of `items` that has one travels in.
+pub(super) fn first_trace(items: &[Pending]) -> Option<&TraceContext> {
+    items.iter().find_map(|p| p.event.trace.as_deref())
+}
