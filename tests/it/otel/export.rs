@@ -80,7 +80,10 @@ async fn service_bus_and_event_hubs_messages_carry_diagnostic_id_and_traceparent
     use crate::azure::{StrictBus, BUS_KEY};
     let mut c = Collector::start();
     let mut bus = StrictBus::start().await;
-    let t = start_traced(&otel_env(&c)).await;
+    let mut env = otel_env(&c);
+    let (k, v) = bus.trust();
+    env.push((k, v.to_string()));
+    let t = start_traced(&env).await;
     t.topic("t").await;
     for (kind, entity) in [("EventHub", "hub1"), ("ServiceBusQueue", "queue1")] {
         let (s, b) = t
@@ -103,8 +106,16 @@ async fn service_bus_and_event_hubs_messages_carry_diagnostic_id_and_traceparent
     assert_eq!(r.status(), 200);
     let mut props = std::collections::HashMap::new();
     while props.len() < 2 {
-        let (entity, evs) = bus.next().await;
-        props.insert(entity, evs[0]["__UserProperties"].clone());
+        let (entity, _) = bus.next().await;
+        // The messages as sent (`{"Body", "BrokerProperties", "UserProperties"}`).
+        let sent = bus
+            .log()
+            .into_iter()
+            .filter(|l| l.entity == entity && l.status == 201)
+            .flat_map(|l| l.messages)
+            .next()
+            .unwrap();
+        props.insert(entity, sent["UserProperties"].clone());
     }
     let spans = c
         .until("two deliveries", |s| count(s, "deliver") == 2)
