@@ -1,7 +1,11 @@
 //! The event log's engine: segments on an [`Fs`], what each one still owes each queue, group
 //! commit of frames, recovery, and giving space back. Synchronous and single-owner: the store
-//! (`log/mod.rs`) runs it on its committer thread behind a mutex, the simulation (`sim.rs`) calls
+//! (`log.rs`) runs it on its committer thread behind a mutex, the simulation (`sim.rs`) calls
 //! it step by step.
+//!
+//! Files: this one stages and writes frames, settles, rolls and collects segments;
+//! `engine/segment.rs` is a segment in memory (its bits); `engine/recover.rs` opens the log;
+//! `engine/read.rs` reads events back (tail first, then frames).
 //!
 //! # Invariants
 //!
@@ -24,10 +28,17 @@
 //! 6. **Fail-stop.** After a failed write or sync the log refuses every later write: what the
 //!    page cache holds is unknown (as PostgreSQL learned), and a restart recovers from the disk.
 
+mod read;
+mod recover;
+mod segment;
+
 use super::format::{self, Header, QueueState, Record, FRAME_HEAD, HEADER};
 use crate::store::fs::{Fs, FsFile};
 use crate::store::{QueueId, RetryState, StoreError, StoredEvent};
 use bytes::Bytes;
+pub use read::Reads;
+pub use segment::Bits;
+use segment::Seg;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -62,82 +73,6 @@ pub struct LogOptions {
     pub tail_bytes: usize,
 }
 
-/// One bit per sequence number from `first`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Bits {
-    words: Vec<u64>,
-    ones: u64,
-}
-
-impl Bits {
-    fn set(&mut self, i: u64) {
-        let (w, b) = ((i / 64) as usize, i % 64);
-        if self.words.len() <= w {
-            self.words.resize(w + 1, 0);
-        }
-        if let Some(word) = self.words.get_mut(w) {
-            if *word & (1 << b) == 0 {
-                *word |= 1 << b;
-                self.ones += 1;
-            }
-        }
-    }
-    fn clear(&mut self, i: u64) -> bool {
-        let (w, b) = ((i / 64) as usize, i % 64);
-        match self.words.get_mut(w) {
-            Some(word) if *word & (1 << b) != 0 => {
-                *word &= !(1 << b);
-                self.ones -= 1;
-                true
-            }
-            _ => false,
-        }
-    }
-    fn get(&self, i: u64) -> bool {
-        self.words
-            .get((i / 64) as usize)
-            .is_some_and(|w| w & (1 << (i % 64)) != 0)
-    }
-    fn from_words(words: Vec<u64>) -> Self {
-        let ones = words.iter().map(|w| u64::from(w.count_ones())).sum();
-        Self { words, ones }
-    }
-    fn iter(&self) -> impl Iterator<Item = u64> + '_ {
-        self.words.iter().enumerate().flat_map(|(w, word)| {
-            (0..64u64)
-                .filter(move |b| word & (1 << b) != 0)
-                .map(move |b| w as u64 * 64 + b)
-        })
-    }
-}
-
-/// One segment file and what it still owes.
-struct Seg {
-    hdr: Header,
-    file: Arc<dyn FsFile>,
-    /// Bytes of valid frames (the head's next frame goes here).
-    len: u64,
-    /// Sequence number of bit 0 of every queue's bits (its first event's; `None`: no event yet).
-    first_seq: Option<u64>,
-    last_seq: u64,
-    /// `(first event seq of a frame, frame offset)`, every [`INDEX_STRIDE`] bytes or more.
-    index: Vec<(u64, u64)>,
-    live: HashMap<QueueId, Bits>,
-    /// Recovery only: `(first seq, first-enqueued ms)` of each run of events with the same ms.
-    ms_runs: Vec<(u64, u64)>,
-}
-
-impl Seg {
-    fn pending(&self) -> u64 {
-        self.live.values().map(|b| b.ones).sum()
-    }
-    fn bit(&self, seq: u64) -> Option<u64> {
-        self.first_seq
-            .filter(|f| seq >= *f && seq <= self.last_seq)
-            .map(|f| seq - f)
-    }
-}
-
 /// What a store open found, per queue: its pending events (fresh ones as runs), in order.
 pub type Recovered = HashMap<QueueId, crate::store::PendingRuns>;
 
@@ -157,15 +92,6 @@ impl FrameWrite {
         self.file.write_at(&self.bytes, self.offset)?;
         self.file.sync_data()
     }
-}
-
-/// A point read prepared under the lock: frames of one file from an offset.
-struct ReadPlan {
-    file: Arc<dyn FsFile>,
-    salt: u64,
-    from: u64,
-    end: u64,
-    want: Vec<(usize, u64)>,
 }
 
 /// The log. See the module docs.
@@ -197,233 +123,9 @@ fn corrupt(path: &Path, e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(format!("{}: {e}", path.display()))
 }
 
-/// Read one frame at `offset`: `Some((payload, next offset))`, `None` at the end of the valid
-/// frames (short, wrong length, or CRC mismatch).
-fn read_frame(
-    file: &dyn FsFile,
-    salt: u64,
-    offset: u64,
-    end: u64,
-) -> std::io::Result<Option<(Bytes, u64)>> {
-    let mut head = [0u8; FRAME_HEAD];
-    if offset + FRAME_HEAD as u64 > end || file.read_at(&mut head, offset)? < FRAME_HEAD {
-        return Ok(None);
-    }
-    let mut r = format::Reader(&head);
-    let (Some(len), Some(crc)) = (r.u32(), r.u32()) else {
-        return Ok(None);
-    };
-    let next = offset + FRAME_HEAD as u64 + u64::from(len);
-    if len > format::MAX_FRAME || next > end {
-        return Ok(None);
-    }
-    let mut payload = vec![0u8; len as usize];
-    if file.read_at(&mut payload, offset + FRAME_HEAD as u64)? < payload.len() {
-        return Ok(None);
-    }
-    if format::frame_crc(salt, &payload) != crc {
-        return Ok(None);
-    }
-    Ok(Some((Bytes::from(payload), next)))
-}
-
 impl Log {
-    /// Open the log in `opts.dir` (created if missing), recovering every segment. Events of
-    /// queues not in `known` (their subscription is gone) are not pending any more.
-    ///
-    /// # Errors
-    /// [`StoreError::Corrupt`] naming the file when a segment other than the newest is damaged
-    /// (a crash cannot do that, see invariant 3); I/O failures.
-    pub fn open(
-        fs: Arc<dyn Fs>,
-        opts: LogOptions,
-        known: &HashSet<QueueId>,
-        now_ms: u64,
-    ) -> Result<(Self, Recovered), StoreError> {
-        fs.create_dir_all(&opts.dir)
-            .map_err(|e| io_err(&opts.dir, e))?;
-        let mut numbers: Vec<u64> = fs
-            .list(&opts.dir)
-            .map_err(|e| io_err(&opts.dir, e))?
-            .iter()
-            .filter_map(|n| format::parse_segment_name(n))
-            .collect();
-        numbers.sort_unstable();
-        let mut log = Log {
-            fs,
-            opts,
-            segs: Vec::new(),
-            retries: HashMap::new(),
-            dropped: HashSet::new(),
-            staged: Vec::new(),
-            pending_events: Vec::new(),
-            tail: std::collections::VecDeque::new(),
-            tail_bytes: 0,
-            max_seq: 0,
-            failed: None,
-            syncs: 0,
-        };
-        let count = numbers.len();
-        for (i, no) in numbers.into_iter().enumerate() {
-            log.recover_segment(no, i + 1 == count, known)?;
-        }
-        if log.segs.is_empty() {
-            log.roll(now_ms)?;
-        }
-        log.forget_unknown(known);
-        let recovered = log.recovered();
-        Ok((log, recovered))
-    }
-
     fn path(&self, no: u64) -> PathBuf {
         self.opts.dir.join(format::segment_name(no))
-    }
-
-    /// Read one segment's frames and apply their records.
-    fn recover_segment(
-        &mut self,
-        no: u64,
-        newest: bool,
-        known: &HashSet<QueueId>,
-    ) -> Result<(), StoreError> {
-        let path = self.path(no);
-        let file = self.fs.open(&path).map_err(|e| io_err(&path, e))?;
-        let size = file.size().map_err(|e| io_err(&path, e))?;
-        let mut hb = [0u8; HEADER];
-        let read = file.read_at(&mut hb, 0).map_err(|e| io_err(&path, e))?;
-        let hdr = match Header::decode(&hb[..read]) {
-            Some(h) if h.no == no => h,
-            // A segment whose header never became durable held no acknowledged frame.
-            _ if newest => {
-                tracing::warn!(file = %path.display(), "removing a segment whose header was never completed");
-                self.fs.remove(&path).map_err(|e| io_err(&path, e))?;
-                self.fs
-                    .sync_dir(&self.opts.dir)
-                    .map_err(|e| io_err(&self.opts.dir, e))?;
-                return Ok(());
-            }
-            _ => return Err(corrupt(&path, "segment header is damaged")),
-        };
-        self.max_seq = self.max_seq.max(hdr.base_seq);
-        self.segs.push(Seg {
-            hdr,
-            file: file.clone(),
-            len: HEADER as u64,
-            first_seq: None,
-            last_seq: hdr.base_seq,
-            index: Vec::new(),
-            live: HashMap::new(),
-            ms_runs: Vec::new(),
-        });
-        let mut offset = HEADER as u64;
-        loop {
-            let frame = read_frame(&*file, hdr.salt, offset, size).map_err(|e| io_err(&path, e))?;
-            let Some((payload, next)) = frame else { break };
-            let records = format::decode_records(&payload)
-                .ok_or_else(|| corrupt(&path, format!("unreadable records at offset {offset}")))?;
-            self.note_frame(offset, &records);
-            for r in records {
-                self.apply(r, known);
-            }
-            offset = next;
-            if let Some(s) = self.segs.last_mut() {
-                s.len = offset;
-            }
-        }
-        if offset < size {
-            if !newest {
-                return Err(corrupt(
-                    &path,
-                    format!("damaged frame at offset {offset} of a segment that was complete"),
-                ));
-            }
-            // The torn tail of the last group, never acknowledged: cut it so new frames follow
-            // the last good one.
-            tracing::warn!(file = %path.display(), offset, bytes = size - offset, "cutting a torn tail (an unacknowledged write cut short by a crash)");
-            file.set_len(offset)
-                .and_then(|_| file.sync_data())
-                .map_err(|e| io_err(&path, e))?;
-        }
-        Ok(())
-    }
-
-    /// Index a frame that is about to be applied (recovery) or was just staged.
-    fn note_frame(&mut self, offset: u64, records: &[Record]) {
-        let Some(seg) = self.segs.last_mut() else {
-            return;
-        };
-        let first = records.iter().find_map(|r| match r {
-            Record::Event { seq, .. } => Some(*seq),
-            _ => None,
-        });
-        if let Some(seq) = first {
-            let far = seg
-                .index
-                .last()
-                .is_none_or(|(_, o)| offset >= o + INDEX_STRIDE);
-            if far {
-                seg.index.push((seq, offset));
-            }
-        }
-    }
-
-    /// Apply one record to the in-memory state.
-    fn apply(&mut self, r: Record, known: &HashSet<QueueId>) {
-        match r {
-            Record::Event {
-                seq,
-                first_ms,
-                queues,
-                ..
-            } => {
-                if let Some(seg) = self.segs.last_mut() {
-                    if seg.ms_runs.last().is_none_or(|(_, ms)| *ms != first_ms) {
-                        seg.ms_runs.push((seq, first_ms));
-                    }
-                }
-                self.add_event(seq, queues.iter().filter(|q| known.contains(q)).copied())
-            }
-            Record::Settle { queue, seqs } => {
-                for s in seqs {
-                    self.settle_one(queue, s);
-                }
-            }
-            Record::Retry { queue, state, seqs } => {
-                for s in seqs {
-                    if self.is_pending(queue, s) {
-                        self.retries.insert((queue, s), state);
-                    }
-                }
-            }
-            Record::DropQueue { queue } => self.drop_queue_state(queue),
-            Record::State {
-                segment,
-                first_seq,
-                queues,
-            } => {
-                let Some(seg) = self.segs.iter_mut().find(|s| s.hdr.no == segment) else {
-                    return;
-                };
-                if seg.first_seq != Some(first_seq) {
-                    return;
-                }
-                // Everything said of this segment before is replaced, every queue.
-                let old = std::mem::take(&mut seg.live);
-                for qs in queues.into_iter().filter(|q| known.contains(&q.queue)) {
-                    seg.live.insert(qs.queue, Bits::from_words(qs.words));
-                    for (s, st) in qs.retries {
-                        self.retries.insert((qs.queue, s), st);
-                    }
-                }
-                for (q, bits) in old {
-                    for i in bits.iter() {
-                        if !seg.live.get(&q).is_some_and(|b| b.get(i)) {
-                            self.retries.remove(&(q, first_seq + i));
-                        }
-                    }
-                }
-            }
-        }
     }
 
     fn add_event(&mut self, seq: u64, queues: impl Iterator<Item = QueueId>) {
@@ -481,65 +183,6 @@ impl Log {
             s.live.remove(&queue);
         }
         self.retries.retain(|(q, _), _| *q != queue);
-    }
-
-    fn forget_unknown(&mut self, known: &HashSet<QueueId>) {
-        for s in &mut self.segs {
-            s.live.retain(|q, _| known.contains(q));
-        }
-        self.retries.retain(|(q, _), _| known.contains(q));
-    }
-
-    /// Per queue, `(seq, retry state)` of every pending event, in order (a fresh event's state:
-    /// 0 attempts, first enqueued `first_ms` from its record).
-    fn recovered(&mut self) -> Recovered {
-        let mut out: Recovered = HashMap::new();
-        for s in &mut self.segs {
-            let runs = std::mem::take(&mut s.ms_runs);
-            let Some(first) = s.first_seq else { continue };
-            for (q, bits) in &s.live {
-                let v = out.entry(*q).or_default();
-                // Segments come in sequence order, and so do their bits.
-                for i in bits.iter() {
-                    let seq = first + i;
-                    let st = self.retries.get(&(*q, seq)).copied().unwrap_or_else(|| {
-                        let run = runs.partition_point(|(f, _)| *f <= seq);
-                        let ms = run
-                            .checked_sub(1)
-                            .and_then(|r| runs.get(r))
-                            .map_or(0, |r| r.1);
-                        RetryState {
-                            attempts: 0,
-                            first_enqueued_ms: ms,
-                            due_ms: 0,
-                        }
-                    });
-                    v.push(seq, st);
-                }
-            }
-        }
-        out
-    }
-
-    /// `(seq, retry state)` of every pending event of `queue`, in order, reading the log for the
-    /// first-enqueued times (after start-up; recovery answers the first call per queue).
-    ///
-    /// # Errors
-    /// Unreadable data.
-    pub fn index_of(&self, queue: QueueId) -> Result<Vec<(u64, RetryState)>, StoreError> {
-        let seqs: Vec<u64> = self
-            .segs
-            .iter()
-            .filter_map(|s| Some((s.first_seq?, s.live.get(&queue)?)))
-            .flat_map(|(first, bits)| bits.iter().map(move |i| first + i))
-            .collect();
-        Ok(self
-            .plan_get(queue, &seqs)
-            .run()?
-            .into_iter()
-            .flatten()
-            .map(|e| (e.seq, e.state))
-            .collect())
     }
 
     /// Highest sequence number ever appended (or reserved by a segment header).
@@ -908,155 +551,6 @@ impl Log {
                 return self.check();
             }
             self.syncs += 1;
-        }
-        Ok(())
-    }
-
-    /// Plan reading events of `queue` by sequence number (run it with [`Reads::run`], outside
-    /// the lock); `None` for one not pending.
-    pub fn plan_get(&self, queue: QueueId, seqs: &[u64]) -> Reads {
-        let states = seqs
-            .iter()
-            .filter_map(|s| self.retries.get(&(queue, *s)).map(|st| (*s, *st)))
-            .collect();
-        let mut cached = Vec::new();
-        let mut from_disk = Vec::new();
-        for (pos, seq) in seqs.iter().enumerate() {
-            if !self.is_pending(queue, *seq) {
-                continue;
-            }
-            match self.cached(*seq) {
-                Some(c) => cached.push((pos, c.clone())),
-                None => from_disk.push((pos, *seq)),
-            }
-        }
-        Reads {
-            plans: self.plan_reads(&from_disk),
-            cached,
-            states,
-            n: seqs.len(),
-        }
-    }
-
-    /// A recently written event, if the tail still holds it.
-    fn cached(&self, seq: u64) -> Option<&Cached> {
-        let i = self.tail.partition_point(|c| c.seq < seq);
-        self.tail.get(i).filter(|c| c.seq == seq)
-    }
-
-    /// Reads of pending events (`(position asked, seq)`) from their segments.
-    fn plan_reads(&self, wanted: &[(usize, u64)]) -> Vec<ReadPlan> {
-        // Group the wanted events by the index entry they start from.
-        let mut groups: BTreeMap<(usize, u64), Vec<(usize, u64)>> = BTreeMap::new();
-        for &(pos, seq) in wanted {
-            let seq = &seq;
-            let Some(i) = self.seg_of(*seq) else { continue };
-            let Some(seg) = self.segs.get(i) else {
-                continue;
-            };
-            let at = seg.index.partition_point(|(s, _)| *s <= *seq);
-            let from = at
-                .checked_sub(1)
-                .and_then(|k| seg.index.get(k))
-                .map_or(HEADER as u64, |(_, o)| *o);
-            groups.entry((i, from)).or_default().push((pos, *seq));
-        }
-        groups
-            .into_iter()
-            .filter_map(|((i, from), want)| {
-                let seg = self.segs.get(i)?;
-                Some(ReadPlan {
-                    file: seg.file.clone(),
-                    salt: seg.hdr.salt,
-                    from,
-                    end: seg.len,
-                    want,
-                })
-            })
-            .collect()
-    }
-}
-
-/// Reads planned under the log's lock ([`Log::plan_get`]).
-pub struct Reads {
-    plans: Vec<ReadPlan>,
-    /// Events the tail held: `(position asked, event)`.
-    cached: Vec<(usize, Cached)>,
-    /// Retry states of the wanted events that have one.
-    states: HashMap<u64, RetryState>,
-    n: usize,
-}
-
-impl Reads {
-    /// Read the events, in the order asked.
-    ///
-    /// # Errors
-    /// Unreadable data.
-    pub fn run(self) -> Result<Vec<Option<StoredEvent>>, StoreError> {
-        let mut out: Vec<Option<StoredEvent>> = vec![None; self.n];
-        for (pos, c) in &self.cached {
-            let state = self.states.get(&c.seq).copied().unwrap_or(RetryState {
-                attempts: 0,
-                first_enqueued_ms: c.first_ms,
-                due_ms: 0,
-            });
-            if let Some(slot) = out.get_mut(*pos) {
-                *slot = Some(StoredEvent {
-                    seq: c.seq,
-                    id: c.id.clone(),
-                    body: c.body.clone(),
-                    state,
-                });
-            }
-        }
-        for p in &self.plans {
-            self.run_read(p, &mut out)?;
-        }
-        Ok(out)
-    }
-
-    fn run_read(&self, p: &ReadPlan, out: &mut [Option<StoredEvent>]) -> Result<(), StoreError> {
-        let mut want: HashMap<u64, usize> = p.want.iter().map(|(pos, s)| (*s, *pos)).collect();
-        let last = p.want.iter().map(|(_, s)| *s).max().unwrap_or(0);
-        let mut offset = p.from;
-        while !want.is_empty() {
-            let frame = read_frame(&*p.file, p.salt, offset, p.end)
-                .map_err(|e| StoreError::Io(e.to_string()))?;
-            let Some((payload, next)) = frame else { break };
-            let records = format::decode_records(&payload)
-                .ok_or_else(|| StoreError::Corrupt(format!("unreadable records at {offset}")))?;
-            let mut past = false;
-            for r in records {
-                if let Record::Event {
-                    seq,
-                    first_ms,
-                    id,
-                    body,
-                    ..
-                } = r
-                {
-                    past |= seq > last;
-                    if let Some(pos) = want.remove(&seq) {
-                        let state = self.states.get(&seq).copied().unwrap_or(RetryState {
-                            attempts: 0,
-                            first_enqueued_ms: first_ms,
-                            due_ms: 0,
-                        });
-                        if let Some(slot) = out.get_mut(pos) {
-                            *slot = Some(StoredEvent {
-                                seq,
-                                id,
-                                body,
-                                state,
-                            });
-                        }
-                    }
-                }
-            }
-            if past {
-                break;
-            }
-            offset = next;
         }
         Ok(())
     }

@@ -1,0 +1,244 @@
+//! Recovery: opening the log reads every segment once, in order, and rebuilds what each
+//! segment owes each queue (see the invariants in [`super`]).
+
+use super::format::{self, Header, Record, HEADER};
+use super::read::read_frame;
+use super::{corrupt, io_err, Bits, Log, LogOptions, Recovered, Seg, INDEX_STRIDE};
+use crate::store::fs::Fs;
+use crate::store::{QueueId, RetryState, StoreError};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+impl Log {
+    /// Open the log in `opts.dir` (created if missing), recovering every segment. Events of
+    /// queues not in `known` (their subscription is gone) are not pending any more.
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] naming the file when a segment other than the newest is damaged
+    /// (a crash cannot do that, see invariant 3); I/O failures.
+    pub fn open(
+        fs: Arc<dyn Fs>,
+        opts: LogOptions,
+        known: &HashSet<QueueId>,
+        now_ms: u64,
+    ) -> Result<(Self, Recovered), StoreError> {
+        fs.create_dir_all(&opts.dir)
+            .map_err(|e| io_err(&opts.dir, e))?;
+        let mut numbers: Vec<u64> = fs
+            .list(&opts.dir)
+            .map_err(|e| io_err(&opts.dir, e))?
+            .iter()
+            .filter_map(|n| format::parse_segment_name(n))
+            .collect();
+        numbers.sort_unstable();
+        let mut log = Log {
+            fs,
+            opts,
+            segs: Vec::new(),
+            retries: HashMap::new(),
+            dropped: HashSet::new(),
+            staged: Vec::new(),
+            pending_events: Vec::new(),
+            tail: std::collections::VecDeque::new(),
+            tail_bytes: 0,
+            max_seq: 0,
+            failed: None,
+            syncs: 0,
+        };
+        let count = numbers.len();
+        for (i, no) in numbers.into_iter().enumerate() {
+            log.recover_segment(no, i + 1 == count, known)?;
+        }
+        if log.segs.is_empty() {
+            log.roll(now_ms)?;
+        }
+        log.forget_unknown(known);
+        let recovered = log.recovered();
+        Ok((log, recovered))
+    }
+
+    /// Read one segment's frames and apply their records.
+    fn recover_segment(
+        &mut self,
+        no: u64,
+        newest: bool,
+        known: &HashSet<QueueId>,
+    ) -> Result<(), StoreError> {
+        let path = self.path(no);
+        let file = self.fs.open(&path).map_err(|e| io_err(&path, e))?;
+        let size = file.size().map_err(|e| io_err(&path, e))?;
+        let mut hb = [0u8; HEADER];
+        let read = file.read_at(&mut hb, 0).map_err(|e| io_err(&path, e))?;
+        let hdr = match Header::decode(&hb[..read]) {
+            Some(h) if h.no == no => h,
+            // A segment whose header never became durable held no acknowledged frame.
+            _ if newest => {
+                tracing::warn!(file = %path.display(), "removing a segment whose header was never completed");
+                self.fs.remove(&path).map_err(|e| io_err(&path, e))?;
+                self.fs
+                    .sync_dir(&self.opts.dir)
+                    .map_err(|e| io_err(&self.opts.dir, e))?;
+                return Ok(());
+            }
+            _ => return Err(corrupt(&path, "segment header is damaged")),
+        };
+        self.max_seq = self.max_seq.max(hdr.base_seq);
+        self.segs.push(Seg {
+            hdr,
+            file: file.clone(),
+            len: HEADER as u64,
+            first_seq: None,
+            last_seq: hdr.base_seq,
+            index: Vec::new(),
+            live: HashMap::new(),
+            ms_runs: Vec::new(),
+        });
+        let mut offset = HEADER as u64;
+        loop {
+            let frame = read_frame(&*file, hdr.salt, offset, size).map_err(|e| io_err(&path, e))?;
+            let Some((payload, next)) = frame else { break };
+            let records = format::decode_records(&payload)
+                .ok_or_else(|| corrupt(&path, format!("unreadable records at offset {offset}")))?;
+            self.note_frame(offset, &records);
+            for r in records {
+                self.apply(r, known);
+            }
+            offset = next;
+            if let Some(s) = self.segs.last_mut() {
+                s.len = offset;
+            }
+        }
+        if offset < size {
+            if !newest {
+                return Err(corrupt(
+                    &path,
+                    format!("damaged frame at offset {offset} of a segment that was complete"),
+                ));
+            }
+            // The torn tail of the last group, never acknowledged: cut it so new frames follow
+            // the last good one.
+            tracing::warn!(file = %path.display(), offset, bytes = size - offset, "cutting a torn tail (an unacknowledged write cut short by a crash)");
+            file.set_len(offset)
+                .and_then(|_| file.sync_data())
+                .map_err(|e| io_err(&path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Index a frame that is about to be applied (recovery) or was just staged.
+    fn note_frame(&mut self, offset: u64, records: &[Record]) {
+        let Some(seg) = self.segs.last_mut() else {
+            return;
+        };
+        let first = records.iter().find_map(|r| match r {
+            Record::Event { seq, .. } => Some(*seq),
+            _ => None,
+        });
+        if let Some(seq) = first {
+            let far = seg
+                .index
+                .last()
+                .is_none_or(|(_, o)| offset >= o + INDEX_STRIDE);
+            if far {
+                seg.index.push((seq, offset));
+            }
+        }
+    }
+
+    /// Apply one record to the in-memory state.
+    fn apply(&mut self, r: Record, known: &HashSet<QueueId>) {
+        match r {
+            Record::Event {
+                seq,
+                first_ms,
+                queues,
+                ..
+            } => {
+                if let Some(seg) = self.segs.last_mut() {
+                    if seg.ms_runs.last().is_none_or(|(_, ms)| *ms != first_ms) {
+                        seg.ms_runs.push((seq, first_ms));
+                    }
+                }
+                self.add_event(seq, queues.iter().filter(|q| known.contains(q)).copied())
+            }
+            Record::Settle { queue, seqs } => {
+                for s in seqs {
+                    self.settle_one(queue, s);
+                }
+            }
+            Record::Retry { queue, state, seqs } => {
+                for s in seqs {
+                    if self.is_pending(queue, s) {
+                        self.retries.insert((queue, s), state);
+                    }
+                }
+            }
+            Record::DropQueue { queue } => self.drop_queue_state(queue),
+            Record::State {
+                segment,
+                first_seq,
+                queues,
+            } => {
+                let Some(seg) = self.segs.iter_mut().find(|s| s.hdr.no == segment) else {
+                    return;
+                };
+                if seg.first_seq != Some(first_seq) {
+                    return;
+                }
+                // Everything said of this segment before is replaced, every queue.
+                let old = std::mem::take(&mut seg.live);
+                for qs in queues.into_iter().filter(|q| known.contains(&q.queue)) {
+                    seg.live.insert(qs.queue, Bits::from_words(qs.words));
+                    for (s, st) in qs.retries {
+                        self.retries.insert((qs.queue, s), st);
+                    }
+                }
+                for (q, bits) in old {
+                    for i in bits.iter() {
+                        if !seg.live.get(&q).is_some_and(|b| b.get(i)) {
+                            self.retries.remove(&(q, first_seq + i));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn forget_unknown(&mut self, known: &HashSet<QueueId>) {
+        for s in &mut self.segs {
+            s.live.retain(|q, _| known.contains(q));
+        }
+        self.retries.retain(|(q, _), _| known.contains(q));
+    }
+
+    /// Per queue, `(seq, retry state)` of every pending event, in order (a fresh event's state:
+    /// 0 attempts, first enqueued `first_ms` from its record).
+    fn recovered(&mut self) -> Recovered {
+        let mut out: Recovered = HashMap::new();
+        for s in &mut self.segs {
+            let runs = std::mem::take(&mut s.ms_runs);
+            let Some(first) = s.first_seq else { continue };
+            for (q, bits) in &s.live {
+                let v = out.entry(*q).or_default();
+                // Segments come in sequence order, and so do their bits.
+                for i in bits.iter() {
+                    let seq = first + i;
+                    let st = self.retries.get(&(*q, seq)).copied().unwrap_or_else(|| {
+                        let run = runs.partition_point(|(f, _)| *f <= seq);
+                        let ms = run
+                            .checked_sub(1)
+                            .and_then(|r| runs.get(r))
+                            .map_or(0, |r| r.1);
+                        RetryState {
+                            attempts: 0,
+                            first_enqueued_ms: ms,
+                            due_ms: 0,
+                        }
+                    });
+                    v.push(seq, st);
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,84 @@
+//! A segment file in memory: its header, valid length, sparse index, and what it still owes
+//! each queue (one bit per sequence number).
+
+use super::format::Header;
+use crate::store::fs::FsFile;
+use crate::store::QueueId;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// One bit per sequence number from `first`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Bits {
+    pub(super) words: Vec<u64>,
+    pub(super) ones: u64,
+}
+
+impl Bits {
+    pub(super) fn set(&mut self, i: u64) {
+        let (w, b) = ((i / 64) as usize, i % 64);
+        if self.words.len() <= w {
+            self.words.resize(w + 1, 0);
+        }
+        if let Some(word) = self.words.get_mut(w) {
+            if *word & (1 << b) == 0 {
+                *word |= 1 << b;
+                self.ones += 1;
+            }
+        }
+    }
+    pub(super) fn clear(&mut self, i: u64) -> bool {
+        let (w, b) = ((i / 64) as usize, i % 64);
+        match self.words.get_mut(w) {
+            Some(word) if *word & (1 << b) != 0 => {
+                *word &= !(1 << b);
+                self.ones -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+    pub(super) fn get(&self, i: u64) -> bool {
+        self.words
+            .get((i / 64) as usize)
+            .is_some_and(|w| w & (1 << (i % 64)) != 0)
+    }
+    pub(super) fn from_words(words: Vec<u64>) -> Self {
+        let ones = words.iter().map(|w| u64::from(w.count_ones())).sum();
+        Self { words, ones }
+    }
+    pub(super) fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.words.iter().enumerate().flat_map(|(w, word)| {
+            (0..64u64)
+                .filter(move |b| word & (1 << b) != 0)
+                .map(move |b| w as u64 * 64 + b)
+        })
+    }
+}
+
+/// One segment file and what it still owes.
+pub(super) struct Seg {
+    pub(super) hdr: Header,
+    pub(super) file: Arc<dyn FsFile>,
+    /// Bytes of valid frames (the head's next frame goes here).
+    pub(super) len: u64,
+    /// Sequence number of bit 0 of every queue's bits (its first event's; `None`: no event yet).
+    pub(super) first_seq: Option<u64>,
+    pub(super) last_seq: u64,
+    /// `(first event seq of a frame, frame offset)`, every [`INDEX_STRIDE`] bytes or more.
+    pub(super) index: Vec<(u64, u64)>,
+    pub(super) live: HashMap<QueueId, Bits>,
+    /// Recovery only: `(first seq, first-enqueued ms)` of each run of events with the same ms.
+    pub(super) ms_runs: Vec<(u64, u64)>,
+}
+
+impl Seg {
+    pub(super) fn pending(&self) -> u64 {
+        self.live.values().map(|b| b.ones).sum()
+    }
+    pub(super) fn bit(&self, seq: u64) -> Option<u64> {
+        self.first_seq
+            .filter(|f| seq >= *f && seq <= self.last_seq)
+            .map(|f| seq - f)
+    }
+}
