@@ -391,13 +391,7 @@ impl Log {
         format::frame(seg.hdr.salt, &payload, &mut bytes);
         seg.len += bytes.len() as u64;
         if let Some(first) = first_event {
-            let far = seg
-                .index
-                .last()
-                .is_none_or(|(_, o)| offset >= o + INDEX_STRIDE);
-            if far {
-                seg.index.push((first, offset));
-            }
+            seg.index_frame(first, offset, INDEX_STRIDE);
         }
         Ok(Some(FrameWrite {
             file: seg.file.clone(),

@@ -125,7 +125,7 @@ impl Log {
         Ok(())
     }
 
-    /// Index a frame that is about to be applied (recovery) or was just staged.
+    /// Index a frame that is about to be applied.
     fn note_frame(&mut self, offset: u64, records: &[Record]) {
         let Some(seg) = self.segs.last_mut() else {
             return;
@@ -135,13 +135,7 @@ impl Log {
             _ => None,
         });
         if let Some(seq) = first {
-            let far = seg
-                .index
-                .last()
-                .is_none_or(|(_, o)| offset >= o + INDEX_STRIDE);
-            if far {
-                seg.index.push((seq, offset));
-            }
+            seg.index_frame(seq, offset, INDEX_STRIDE);
         }
     }
 

@@ -73,6 +73,14 @@ pub(super) struct Seg {
 }
 
 impl Seg {
+    /// Note the frame at `offset`, whose first event is `first_seq`, in the sparse index when it
+    /// starts `stride` bytes or more after the last entry.
+    pub(super) fn index_frame(&mut self, first_seq: u64, offset: u64, stride: u64) {
+        if self.index.last().is_none_or(|(_, o)| offset >= o + stride) {
+            self.index.push((first_seq, offset));
+        }
+    }
+
     pub(super) fn pending(&self) -> u64 {
         self.live.values().map(|b| b.ones).sum()
     }
