@@ -370,22 +370,7 @@ fn settle_batch(
         m.destination_faults[fault as usize].inc();
     }
     let retry_lane = batch.retry;
-    // (outcome, its events), in first-seen order.
-    let groups: Vec<(Outcome, Vec<Pending>)> = match outcome {
-        Outcome::PerEvent(each) if each.len() == batch.items.len() => {
-            let mut groups: Vec<(Outcome, Vec<Pending>)> = Vec::new();
-            for (p, o) in batch.items.into_iter().zip(each) {
-                match groups.iter_mut().find(|(x, _)| *x == o) {
-                    Some((_, v)) => v.push(p),
-                    None => groups.push((o, vec![p])),
-                }
-            }
-            groups
-        }
-        // A sink that miscounted: its summary decides for every event.
-        o @ Outcome::PerEvent(_) => vec![(o.summary().clone(), batch.items)],
-        o => vec![(o, batch.items)],
-    };
+    let groups = outcome.group(batch.items);
     shared.queue().finish(retry_lane);
     let (mut ok, mut failed) = (false, false);
     let mut settled = trace::Settled::default();

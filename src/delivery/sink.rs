@@ -146,6 +146,26 @@ impl Outcome {
         }
     }
 
+    /// The batch's `items` grouped by their own outcome, in first-seen order: one group when the
+    /// outcome is the batch's; by event for [`Outcome::PerEvent`] (a sink that miscounted gets
+    /// its summary for every event).
+    pub fn group<T>(self, items: Vec<T>) -> Vec<(Outcome, Vec<T>)> {
+        match self {
+            Outcome::PerEvent(each) if each.len() == items.len() => {
+                let mut groups: Vec<(Outcome, Vec<T>)> = Vec::new();
+                for (p, o) in items.into_iter().zip(each) {
+                    match groups.iter_mut().find(|(x, _)| *x == o) {
+                        Some((_, v)) => v.push(p),
+                        None => groups.push((o, vec![p])),
+                    }
+                }
+                groups
+            }
+            o @ Outcome::PerEvent(_) => vec![(o.summary().clone(), items)],
+            o => vec![(o, items)],
+        }
+    }
+
     /// The outcome that speaks for the batch as a whole (endpoint health, logs): the first
     /// failure that is not an event's own fault (too large), else the first failure, else
     /// delivered.
