@@ -293,7 +293,7 @@ async fn disk_per_event(n: u64) {
     fill(&store, q, 1, n, &body).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let full = store.size_on_disk();
-    let live = store.live_bytes();
+    let live = store.log_bytes();
     println!(
         "  {n} queued events of {} B (body) + 36 B id: {} on disk = {:.0} B/event ({:.2}x the counted live bytes {}); empty store {}",
         body.len(),
@@ -313,7 +313,7 @@ async fn disk_per_event(n: u64) {
     println!(
         "  after delivering all: {} on disk (live {})",
         mib(drained),
-        mib(store.live_bytes()),
+        mib(store.log_bytes()),
     );
     // Steady state: queue and drain the same backlog again, several times.
     let mut next = n + 1;

@@ -188,6 +188,15 @@ pub trait DeadLetterStore: Send + Sync + 'static {
     /// # Errors
     /// Write failure.
     fn delete_queue(&self, queue: QueueId) -> Result<(), StoreError>;
+
+    /// Make every letter put so far durable now. Stores whose puts are durable at once, or
+    /// never, do nothing.
+    ///
+    /// # Errors
+    /// Write failure.
+    fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// Whether `letter` is not kept at all (the caller counts it as evicted): `bound` keeps no

@@ -1,11 +1,11 @@
-//! The default store: persisted events in gridlet's own append-only log, metadata and dead
-//! letters in sled.
+//! The default store: persisted events and dead letters in gridlet's own append-only logs,
+//! metadata in sled.
 //!
 //! ```text
 //! <persistence__metadataPath>/gridlet-v1/meta/        sled: topics, subscriptions, queue ids,
 //!                                                      endpoint health ([`super::sled`])
 //! <persistence__eventsPath>/gridlet-v2/log/*.seg      the event log ([`engine`], [`format`])
-//! <persistence__eventsPath>/gridlet-v2/letters/       sled: dead letters
+//! <persistence__eventsPath>/gridlet-v2/dead-letters/*.dlq   dead letters ([`letters`])
 //! ```
 //!
 //! # Group commit
@@ -20,25 +20,28 @@
 //! same way without waiting: they ride on the next publish's frame, or on a frame of their own
 //! within [`SETTLE_EVERY`]. A crash can therefore repeat a delivery that had just succeeded (at
 //! least once) or resume an event with an attempt count one step old; it never loses an
-//! acknowledged event. Dead letters are flushed to their database **before** the removal of their
+//! acknowledged event. Dead letters are synced to their log **before** the removal of their
 //! events is staged, so after a crash an event is pending, a dead letter, or both; never neither.
 //!
 //! # Disk bound
 //!
-//! A publish is refused ([`StoreError::Full`]) when the log's segments plus the dead letters'
-//! counted bytes (× 2.5 for sled's overhead) plus the new events would pass
-//! `persistence__maxDiskBytes`. Segments with nothing pending are deleted after the frame that
-//! made them so (see [`engine`]), so the space comes back as events are delivered.
+//! A publish is refused ([`StoreError::Full`]) when the log's segments plus the dead-letter
+//! files plus the new events would pass `persistence__maxDiskBytes`. Segments with nothing
+//! pending are deleted after the frame that made them so (see [`engine`]), so the space comes
+//! back as events are delivered. Dead letters keep within half of what the event log leaves of
+//! the bound, and their files are compacted (see [`letters`]): the two logs together stay within
+//! the bound plus one letter segment plus one letter.
 
 pub mod engine;
 pub mod format;
+pub mod letters;
 pub mod sim;
 #[cfg(test)]
 mod tests;
 
 use crate::store::deadletter::DeadLetterStore;
 use crate::store::fs::{Fs, RealFs};
-use crate::store::sled::{deadletters::SledDeadLetterStore, SledMeta};
+use crate::store::sled::SledMeta;
 use crate::store::{
     Commit, CommitCounters, QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent,
 };
@@ -56,8 +59,6 @@ pub const SUBDIR: &str = "gridlet-v2";
 pub const SETTLE_EVERY: Duration = Duration::from_millis(100);
 /// Default size at which the head segment is closed and a new one started.
 pub const SEGMENT_BYTES: u64 = 16 << 20;
-/// Bytes of disk budgeted per counted dead-letter byte, in tenths (sled's overhead).
-const LETTER_SPACE_TENTHS: u64 = 25;
 
 /// Options of the log store (from `persistence__*` settings).
 #[derive(Debug, Clone)]
@@ -68,9 +69,9 @@ pub struct LogStoreOptions {
     pub events_path: PathBuf,
     /// `persistence__maxDiskBytes`.
     pub max_disk_bytes: u64,
-    /// `persistence__cacheBytes`: sled page cache of the dead-letter database.
+    /// `persistence__cacheBytes` (unused since dead letters left sled; kept for the setting).
     pub cache_bytes: u64,
-    /// `persistence__flushEveryMs`: sled's background sync of metadata and letters (0 = off).
+    /// `persistence__flushEveryMs`: sled's background sync of the metadata (0 = off).
     pub flush_every_ms: u64,
     /// Size at which a segment is closed.
     pub segment_bytes: u64,
@@ -114,8 +115,6 @@ struct Shared {
     /// Frames that answered at least one publish.
     publish_syncs: AtomicU64,
     collections: AtomicU64,
-    /// Counted bytes of the dead letters (their store adds and subtracts).
-    letter_bytes: Arc<AtomicU64>,
 }
 
 impl Shared {
@@ -125,16 +124,12 @@ impl Shared {
     fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
         crate::sync::lock(&self.waiting)
     }
-    fn letters_reserved(&self) -> u64 {
-        self.letter_bytes.load(Ordering::Relaxed) * LETTER_SPACE_TENTHS / 10
-    }
 }
 
 /// The store. See the module docs.
 pub struct LogStore {
     meta: SledMeta,
-    letters_db: sled::Db,
-    letters: Arc<SledDeadLetterStore>,
+    letters: Arc<letters::LogLetters>,
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
     recovered: Mutex<Recovered>,
@@ -163,15 +158,6 @@ impl LogStore {
         let meta = SledMeta::open(&opts.metadata_path, opts.flush_every_ms)?;
         let known = meta.known_queues()?;
         let root = opts.events_path.join(SUBDIR);
-        let letters_db =
-            crate::store::sled::open_db(&root, "letters", opts.cache_bytes, opts.flush_every_ms)?;
-        let letter_bytes = Arc::new(AtomicU64::new(0));
-        let letters = SledDeadLetterStore::open(
-            &letters_db,
-            &known,
-            letter_bytes.clone(),
-            root.join("letters"),
-        )?;
         let log_opts = LogOptions {
             dir: root.join("log"),
             // At most an eighth of the disk bound: a head segment whose events are all settled
@@ -180,7 +166,7 @@ impl LogStore {
             max_disk_bytes: opts.max_disk_bytes,
             tail_bytes: engine::TAIL_BYTES,
         };
-        let (log, recovered) = Log::open(fs, log_opts, &known, now_ms())?;
+        let (log, recovered) = Log::open(fs.clone(), log_opts, &known, now_ms())?;
         let shared = Arc::new(Shared {
             log: Mutex::new(log),
             waiting: Mutex::new(Waiting::default()),
@@ -188,17 +174,28 @@ impl LogStore {
             commits: AtomicU64::new(0),
             publish_syncs: AtomicU64::new(0),
             collections: AtomicU64::new(0),
-            letter_bytes,
         });
-        let s = shared.clone();
+        let for_letters = shared.clone();
+        let letters = letters::LogLetters::open(
+            fs,
+            letters::LetterOptions {
+                dir: root.join(letters::DIR),
+                segment_bytes: letters::SEGMENT_BYTES,
+                max_disk_bytes: opts.max_disk_bytes,
+            },
+            &known,
+            Box::new(move || for_letters.log().disk_bytes()),
+        )?;
+        let letters = Arc::new(letters);
+        let (s, l) = (shared.clone(), letters.clone());
+        let every = Duration::from_millis(opts.flush_every_ms);
         let thread = std::thread::Builder::new()
             .name("gridlet-commit".into())
-            .spawn(move || committer(&s))
+            .spawn(move || committer(&s, &l, every))
             .map_err(|e| StoreError::Io(format!("cannot start the committer: {e}")))?;
         Ok(Self {
             meta,
-            letters_db,
-            letters: Arc::new(letters),
+            letters,
             shared,
             thread: Some(thread),
             recovered: Mutex::new(recovered),
@@ -231,9 +228,9 @@ impl LogStore {
         self.shared.log().segments()
     }
 
-    /// Counted bytes of the dead letters (item costs in sled), for the disk bound.
-    pub fn live_bytes(&self) -> u64 {
-        self.shared.letter_bytes.load(Ordering::Relaxed)
+    /// Bytes of the dead-letter files, for the disk bound.
+    pub fn letter_disk_bytes(&self) -> u64 {
+        self.letters.disk_bytes()
     }
 
     /// Bytes the log's segments occupy (tests, metrics).
@@ -244,12 +241,29 @@ impl LogStore {
 
 /// The committer thread: one frame per round, every publish staged before it answered after
 /// its sync; then dead segments given back.
-fn committer(s: &Shared) {
+fn committer(s: &Shared, letters: &letters::LogLetters, letters_every: Duration) {
     loop {
         let waiters = {
             let mut w = s.waiting();
             while w.waiters.is_empty() && !w.dirty && !w.shutdown {
-                w = s.wake.wait(w).unwrap_or_else(|p| p.into_inner());
+                if letters_every.is_zero() {
+                    w = s.wake.wait(w).unwrap_or_else(|p| p.into_inner());
+                    continue;
+                }
+                let (g, t) = s
+                    .wake
+                    .wait_timeout(w, letters_every)
+                    .unwrap_or_else(|p| p.into_inner());
+                w = g;
+                if t.timed_out() {
+                    // Letters of subscriptions that are not persisted (no event removal makes
+                    // them durable): synced every `persistence__flushEveryMs` when idle.
+                    drop(w);
+                    if let Err(e) = letters.sync() {
+                        tracing::error!(error = %e, "could not make dead letters durable");
+                    }
+                    w = s.waiting();
+                }
             }
             if w.waiters.is_empty() && w.dirty && !w.shutdown {
                 // Settlements only: let more gather (and publishes join them).
@@ -328,6 +342,16 @@ fn refuse_old_format(events_path: &std::path::Path) -> Result<(), StoreError> {
             old.join("events.journal").display(),
         )));
     }
+    let letters = events_path.join(SUBDIR).join("letters");
+    if letters.join("db").exists() || letters.join("conf").exists() {
+        return Err(StoreError::Corrupt(format!(
+            "{}: this directory holds dead letters of an earlier gridlet development build \
+             (sled), which this build does not read. Replay or read them with the build that \
+             wrote them, or delete {} (events, topics and subscriptions are kept)",
+            letters.display(),
+            letters.display(),
+        )));
+    }
     Ok(())
 }
 
@@ -402,7 +426,7 @@ impl Store for LogStore {
     }
 
     fn append(&self, items: &[(QueueId, StoredEvent)]) -> Result<(), StoreError> {
-        let reserved = self.shared.letters_reserved();
+        let reserved = self.letters.disk_bytes();
         self.shared.log().stage_events(items, reserved)
     }
 
@@ -417,7 +441,7 @@ impl Store for LogStore {
     }
 
     fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {
-        let reserved = self.shared.letters_reserved();
+        let reserved = self.letters.disk_bytes();
         let (tx, rx) = tokio::sync::oneshot::channel();
         {
             // Staged and queued for an answer under the log's lock: frames keep the submission
@@ -445,14 +469,12 @@ impl Store for LogStore {
 
     fn remove_dropped(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
         // The letters first, durably: see the module docs.
-        self.letters_db
-            .flush()
-            .map_err(|e| StoreError::Io(format!("dead letters: {e}")))?;
+        self.letters.sync()?;
         self.remove(queue, seqs)
     }
 
     fn size_on_disk(&self) -> u64 {
-        self.shared.log().disk_bytes() + self.letters_db.size_on_disk().unwrap_or(0)
+        self.shared.log().disk_bytes() + self.letters.disk_bytes()
     }
 
     fn commit_counters(&self) -> Option<CommitCounters> {
@@ -483,7 +505,7 @@ impl Drop for LogStore {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = self.letters_db.flush();
+        let _ = self.letters.sync();
         self.meta.flush();
     }
 }

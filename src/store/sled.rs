@@ -1,5 +1,5 @@
-//! sled (0.34.7) databases of the store: metadata ([`SledMeta`]) and dead letters
-//! ([`deadletters`]). Persisted events are in the event log (`store::log`), not here.
+//! The sled (0.34.7) database of the store: metadata ([`SledMeta`]). Persisted events and dead
+//! letters are in gridlet's own logs (`store::log`), not here.
 //!
 //! # Layout
 //!
@@ -7,8 +7,6 @@
 //! <persistence__metadataPath>/gridlet-v1/meta/        sled db: trees `topics`, `subs`, `health`,
 //!                                                      `gridlet`
 //! <persistence__metadataPath>/gridlet-v1/meta.format  marker: written once the db is initialised
-//! <persistence__eventsPath>/gridlet-v2/letters/       sled db: tree `deadletters`
-//! <persistence__eventsPath>/gridlet-v2/letters.format
 //! ```
 //!
 //! * `topics`: topic key → `order u64 BE ‖ record JSON` (order = creation order).
@@ -20,7 +18,6 @@
 //! [`StoreError::Corrupt`] naming the path: gridlet refuses to start rather than start empty.
 
 mod codec;
-pub mod deadletters;
 mod metadata;
 mod open;
 
@@ -31,11 +28,6 @@ use std::path::Path;
 
 /// Directory (under `persistence__metadataPath`) holding the metadata database.
 pub const SUBDIR: &str = "gridlet-v1";
-/// Estimated per-item cost in sled beyond key and value (node entry, lengths, page headers).
-const ITEM_OVERHEAD: u64 = 48;
-/// Most operations in one sled batch: until it is applied, a batch costs ≈ 7 KB of memory per
-/// operation (measured: 1,000,000 removals 7.6 GB; in batches of 256: 20 MB).
-const SLED_BATCH: usize = 256;
 
 fn io(e: sled::Error) -> StoreError {
     match e {
@@ -46,8 +38,4 @@ fn io(e: sled::Error) -> StoreError {
 
 fn corrupt(path: &Path, what: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(format!("{}: {what}", path.display()))
-}
-
-fn item_cost(value_len: usize) -> u64 {
-    12 + value_len as u64 + ITEM_OVERHEAD
 }

@@ -36,6 +36,7 @@ use super::format::{self, Header, QueueState, Record, FRAME_HEAD, HEADER};
 use crate::store::fs::{Fs, FsFile};
 use crate::store::{QueueId, RetryState, StoreError, StoredEvent};
 use bytes::Bytes;
+pub(crate) use read::read_frame;
 pub use read::Reads;
 pub use segment::Bits;
 use segment::Seg;
@@ -552,7 +553,7 @@ impl Log {
 
 /// 64 random bits for a segment's salt (time and address entropy are enough: the salt only has
 /// to differ between segment incarnations, it is no secret).
-fn rand_u64() -> u64 {
+pub(crate) fn rand_u64() -> u64 {
     let mut b = [0u8; 8];
     if ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b).is_err() {
         return crate::clock::system_wall_ms().rotate_left(17) ^ 0x5bd1_e995;

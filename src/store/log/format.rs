@@ -33,6 +33,9 @@ pub const HEADER: usize = 48;
 /// Bytes before a frame's payload.
 pub const FRAME_HEAD: usize = 8;
 const MAGIC: &[u8; 8] = b"GRDLOG02";
+/// Magic of a dead-letter segment (`letters.rs`): the same header, `base_seq` holding the next
+/// letter id.
+pub const LETTERS_MAGIC: &[u8; 8] = b"GRDDLQ01";
 /// Largest frame accepted when reading (a length beyond it is damage, not a frame).
 pub const MAX_FRAME: u32 = 256 << 20;
 
@@ -52,9 +55,14 @@ pub struct Header {
 impl Header {
     /// The header's bytes.
     pub fn encode(&self) -> [u8; HEADER] {
+        self.encode_with(MAGIC)
+    }
+
+    /// The header's bytes, with another file kind's magic.
+    pub fn encode_with(&self, magic: &[u8; 8]) -> [u8; HEADER] {
         let mut b = [0u8; HEADER];
         let mut w = Vec::with_capacity(HEADER);
-        w.extend_from_slice(MAGIC);
+        w.extend_from_slice(magic);
         w.extend_from_slice(&self.no.to_le_bytes());
         w.extend_from_slice(&self.salt.to_le_bytes());
         w.extend_from_slice(&self.base_seq.to_le_bytes());
@@ -68,8 +76,13 @@ impl Header {
 
     /// Read a header; `None` when the bytes are not one (wrong magic or CRC).
     pub fn decode(b: &[u8]) -> Option<Header> {
+        Self::decode_with(b, MAGIC)
+    }
+
+    /// [`Header::decode`] of another file kind's magic.
+    pub fn decode_with(b: &[u8], magic: &[u8; 8]) -> Option<Header> {
         let mut r = Reader(b.get(..HEADER)?);
-        if r.take(8)? != MAGIC {
+        if r.take(8)? != magic {
             return None;
         }
         let h = Header {

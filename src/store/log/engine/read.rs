@@ -21,7 +21,7 @@ struct ReadPlan {
 
 /// Read one frame at `offset`: `Some((payload, next offset))`, `None` at the end of the valid
 /// frames (short, wrong length, or CRC mismatch).
-pub(super) fn read_frame(
+pub(crate) fn read_frame(
     file: &dyn FsFile,
     salt: u64,
     offset: u64,
