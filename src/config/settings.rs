@@ -109,7 +109,7 @@ settings! {
     broker__retryAfterMaxSeconds = "3600" : "longest `Retry-After` honoured; longer requests are capped";
     broker__queueFullPolicy = "reject" : "when an in-memory subscription holds `broker__maxPendingEventsPerSubscription` events: `reject` the publish with 503 (original), or `deadLetter` that subscription's copies and accept the publish for the others";
     broker__deadLetter__maxEventsPerSubscription = "10000" : "dead letters kept per subscription (oldest evicted first; on disk with the sled store); 0 = none kept";
-    broker__deadLetter__maxBytes = "33554432" : "bytes of dead letters kept, all subscriptions together (event + id + error + 64 each; in memory with the memory store, on disk and counted against persistence__maxDiskBytes with the sled store): past it the subscription holding the most dead-letter bytes loses its oldest letter first; a letter larger than the bound is not kept; 0 = none kept";
+    broker__deadLetter__maxBytes = "33554432" : "bytes of dead letters kept, all subscriptions together (event + id + error + 64 each; in memory with the memory store; on disk with the sled store, where they also keep within half of what the event log leaves of persistence__maxDiskBytes): past it the subscription holding the most dead-letter bytes loses its oldest letter first; a letter larger than the bound is not kept; 0 = none kept";
     broker__deadLetter__forwardBatchSeconds = "2" : "dead letters for a dead-letter destination (webhook or blob container) are held this long to go out together (Event Grid holds blob writes up to 300); the local dead-letter store has them meanwhile";
     broker__deadLetter__forwardBatchBytes = "1048576" : "... or until they reach this many bytes";
     broker__deadLetter__forwardPatienceMinutes = "240" : "how long a dead-letter destination that fails is retried (10 s, 30 s, 1 min, 5 min, then every 10 min) before its letters are kept locally only (Event Grid gives up after 4 hours)";
@@ -146,10 +146,10 @@ settings! {
     telemetry__eventIdsOnSpans = "false" : "put event ids on spans (`messaging.message.id`, `gridlet.event_ids`); off because ids may be sensitive";
     persistence__metadataPath = "metadataDb" : "directory holding topics, subscriptions and the self-signed certificate";
     persistence__eventsPath = "eventsDb" : "directory holding persisted events";
-    persistence__store = "sled" : "`sled`: the events of persisted subscriptions in gridlet's append-only event log (`eventsPath/gridlet-v2/log/`), metadata, endpoint health and dead letters in sled databases; `memory`: everything in memory, lost on restart";
-    persistence__maxDiskBytes = "268435456" : "bound on the event store: persisted publishes get 507 + Retry-After when the event log's segments plus dead-letter bytes x 2.5 plus the new events would exceed it (each event body counts once, however many subscriptions it goes to); bounds disk only: a persisted backlog stays on disk, memory holds a window of 2048 events per subscription";
-    persistence__cacheBytes = "8388608" : "sled page cache of the dead-letter database (counts on-disk page bytes; RSS is higher)";
-    persistence__flushEveryMs = "1000" : "period of sled's own background fsync (`sync_all`) of the metadata and dead-letter databases; acknowledged events are already fsynced by the event log's group commit; 0 = off";
+    persistence__store = "sled" : "`sled`: the events of persisted subscriptions in gridlet's append-only event log (`eventsPath/gridlet-v2/log/`), dead letters in a log of their own (`eventsPath/gridlet-v2/dead-letters/`), metadata and endpoint health in a sled database; `memory`: everything in memory, lost on restart";
+    persistence__maxDiskBytes = "268435456" : "bound on the event store: persisted publishes get 507 + Retry-After when the event log's segments plus the dead-letter files plus the new events would exceed it (each event body counts once, however many subscriptions it goes to); bounds disk only: a persisted backlog stays on disk, memory holds a window of 2048 events per subscription";
+    persistence__cacheBytes = "8388608" : "accepted and ignored: it sized sled's cache of the dead-letter database, and dead letters now live in their own log (the metadata database has a fixed 1 MiB cache)";
+    persistence__flushEveryMs = "1000" : "period of sled's own background fsync (`sync_all`) of the metadata database, and of the sync of dead letters of non-persisted subscriptions; acknowledged events are already fsynced by the event log's group commit; 0 = off";
 }
 
 #[cfg(test)]

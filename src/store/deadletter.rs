@@ -1,6 +1,6 @@
 //! Dead-letter storage: what a dead letter is, and the bounded store of them
-//! ([`DeadLetterStore`]: [`MemoryDeadLetters`] here, the sled store's `SledDeadLetterStore` in
-//! `sled/deadletters.rs`). Every implementation passes `contract::run` (test-only). Deciding
+//! ([`DeadLetterStore`]: [`MemoryDeadLetters`] here, the log store's `LogLetters` in
+//! `log/letters.rs`). Every implementation passes `contract::run` (test-only). Deciding
 //! *that* an event becomes a dead letter, and forwarding letters, is delivery's
 //! (`crate::delivery::deadletter`).
 //!
@@ -22,8 +22,8 @@
 //!    and is counted as evicted, like any letter when a bound is 0.
 //!
 //! Evicted letters are counted in the number `put` returns (`gridlet_dead_letters_evicted_total`
-//! of the subscription whose letter arrived). With the sled store the letters also count
-//! against `persistence__maxDiskBytes` (see `sled/deadletters.rs`).
+//! of the subscription whose letter arrived). With the log store the letters also count
+//! against `persistence__maxDiskBytes` (see `log/letters.rs`).
 
 use super::{QueueId, StoreError};
 use crate::clock::WallMs;
