@@ -165,6 +165,7 @@ impl LogStore {
             segment_bytes: opts.segment_bytes.min((opts.max_disk_bytes / 8).max(4096)),
             max_disk_bytes: opts.max_disk_bytes,
             tail_bytes: engine::TAIL_BYTES,
+            checkpoint_bytes: engine::CHECKPOINT_BYTES,
         };
         let (log, recovered) = Log::open(fs.clone(), log_opts, &known, now_ms())?;
         let shared = Arc::new(Shared {
@@ -302,7 +303,8 @@ fn clone_err(e: &StoreError) -> StoreError {
     }
 }
 
-/// Write what is staged (one frame, synced), then delete segments with nothing pending.
+/// Write what is staged (one frame, synced), then delete segments with nothing pending, then
+/// write a checkpoint when one is due.
 fn write_round(s: &Shared) -> Result<(), StoreError> {
     write_frame(s)?;
     let dead = s.log().stage_collection(now_ms());
@@ -311,7 +313,25 @@ fn write_round(s: &Shared) -> Result<(), StoreError> {
         s.log().remove_segments(&dead)?;
         s.collections.fetch_add(1, Ordering::Relaxed);
     }
+    let due = {
+        let log = s.log();
+        log.since_checkpoint() >= log.checkpoint_every()
+    };
+    if due {
+        checkpoint(s);
+    }
     Ok(())
+}
+
+/// Write a checkpoint (prepared under the log's lock, written outside it). A failure is logged:
+/// the previous checkpoint stays valid, and opening the log reads more.
+fn checkpoint(s: &Shared) {
+    let prepared = s.log().prepare_checkpoint();
+    let result = prepared.and_then(|w| w.run());
+    if let Err(e) = &result {
+        tracing::warn!(error = %e, "could not write the event log's checkpoint; the next start reads more of the log");
+    }
+    s.log().checkpoint_done(result.is_ok());
 }
 
 fn write_frame(s: &Shared) -> Result<(), StoreError> {
@@ -504,6 +524,10 @@ impl Drop for LogStore {
         self.shared.wake.notify_one();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // A clean stop leaves a checkpoint of everything: the next start reads nothing more.
+        if self.shared.log().since_checkpoint() > 0 {
+            checkpoint(&self.shared);
         }
         let _ = self.letters.sync();
         self.meta.flush();

@@ -28,6 +28,7 @@
 //! 6. **Fail-stop.** After a failed write or sync the log refuses every later write: what the
 //!    page cache holds is unknown (as PostgreSQL learned), and a restart recovers from the disk.
 
+mod checkpoint;
 mod read;
 mod recover;
 mod segment;
@@ -36,6 +37,7 @@ use super::format::{self, Header, QueueState, Record, FRAME_HEAD, HEADER};
 use crate::store::fs::{Fs, FsFile};
 use crate::store::{QueueId, RetryState, StoreError, StoredEvent};
 use bytes::Bytes;
+pub use checkpoint::CheckpointWrite;
 pub(crate) use read::read_frame;
 pub use read::Reads;
 pub use segment::Bits;
@@ -72,7 +74,13 @@ pub struct LogOptions {
     /// Bodies of recently written events kept in memory for reads ([`TAIL_BYTES`] in the
     /// store; the simulation varies it so reads also go to the disk).
     pub tail_bytes: usize,
+    /// A checkpoint is due once this many bytes of frames were written since the last one
+    /// ([`CHECKPOINT_BYTES`] in the store): opening the log reads at most about this much.
+    pub checkpoint_bytes: u64,
 }
+
+/// Bytes of frames between checkpoints, by default.
+pub const CHECKPOINT_BYTES: u64 = 64 << 20;
 
 /// What a store open found, per queue: its pending events (fresh ones as runs), in order.
 pub type Recovered = HashMap<QueueId, crate::store::PendingRuns>;
@@ -114,6 +122,15 @@ pub struct Log {
     failed: Option<String>,
     /// Frames written and synced (the group-commit counter).
     pub syncs: u64,
+    /// Bytes of frames taken since open.
+    written: u64,
+    /// The last checkpoint written: its generation and `written` then.
+    ck_generation: u64,
+    ck_written: u64,
+    /// The checkpoint slot files, once opened.
+    ck_files: HashMap<u64, Arc<dyn FsFile>>,
+    /// A checkpoint prepared and not yet written: `(generation, written)`.
+    ck_pending: Option<(u64, u64)>,
 }
 
 fn io_err(path: &Path, e: impl std::fmt::Display) -> StoreError {
@@ -213,6 +230,11 @@ impl Log {
     /// Bytes the segment files occupy on disk.
     pub fn disk_bytes(&self) -> u64 {
         self.segs.iter().map(|s| s.file.disk_bytes()).sum()
+    }
+
+    /// Bytes of frames between checkpoints ([`LogOptions::checkpoint_bytes`]).
+    pub fn checkpoint_every(&self) -> u64 {
+        self.opts.checkpoint_bytes
     }
 
     /// Segment files.
@@ -375,6 +397,9 @@ impl Log {
         let first_event = pending.first().map(|(c, _)| c.seq);
         for (cached, queues) in pending {
             self.add_event(cached.seq, queues.into_iter());
+            if let Some(seg) = self.segs.last_mut() {
+                seg.note_ms(cached.seq, cached.first_ms);
+            }
             self.tail_bytes += cached.body.len();
             self.tail.push_back(cached);
         }
@@ -391,6 +416,7 @@ impl Log {
         let mut bytes = Vec::with_capacity(FRAME_HEAD + payload.len());
         format::frame(seg.hdr.salt, &payload, &mut bytes);
         seg.len += bytes.len() as u64;
+        self.written += bytes.len() as u64;
         if let Some(first) = first_event {
             seg.index_frame(first, offset, INDEX_STRIDE);
         }

@@ -64,6 +64,13 @@ fn opts(seed: u64) -> LogOptions {
         max_disk_bytes: 64 << 20,
         // Half the seeds read every body back from the disk, half mostly from the tail.
         tail_bytes: if seed.is_multiple_of(2) { 0 } else { 8 << 10 },
+        // Checkpoints every few frames in a third of the seeds, never in another third (those
+        // read every segment at open); the rest also take them at random steps.
+        checkpoint_bytes: match seed % 3 {
+            0 => 6 << 10,
+            1 => u64::MAX,
+            _ => 40 << 10,
+        },
     }
 }
 
@@ -174,6 +181,18 @@ fn step(
             };
             log.stage_retry(q, &[s], st);
             m.states.entry((q, s)).or_default().push(st);
+        }
+        8 if rng.chance(1, 2) => {
+            // A checkpoint between frames (as the committer takes them); a failed one is only a
+            // warning: the previous one stays valid.
+            // Sometimes with settlements staged and not yet written (as when a delivery settles
+            // while the committer writes): the checkpoint holds them a frame early.
+            if rng.chance(1, 2) {
+                commit(log, m, now)?;
+            }
+            if log.since_checkpoint() >= log.checkpoint_every() || rng.chance(1, 3) {
+                let _ = log.checkpoint();
+            }
         }
         7 if rng.chance(1, 8) && !m.dropped.contains(&3) => {
             log.stage_drop_queue(3);

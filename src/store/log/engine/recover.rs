@@ -1,6 +1,8 @@
-//! Recovery: opening the log reads every segment once, in order, and rebuilds what each
-//! segment owes each queue (see the invariants in [`super`]).
+//! Recovery: opening the log rebuilds what each segment owes each queue (see the invariants in
+//! [`super`]): from the newest checkpoint and the frames written after it (`checkpoint.rs`),
+//! or, without one, by reading every segment once, in order.
 
+use super::checkpoint::{Checkpoint, SegState};
 use super::format::{self, Header, Record, HEADER};
 use super::read::read_frame;
 use super::{corrupt, io_err, Bits, Log, LogOptions, Recovered, Seg, INDEX_STRIDE};
@@ -31,7 +33,38 @@ impl Log {
             .filter_map(|n| format::parse_segment_name(n))
             .collect();
         numbers.sort_unstable();
-        let mut log = Log {
+        let mut log = Log::empty(fs.clone(), opts.clone());
+        let ck = log.load_checkpoint()?;
+        let generation = ck.as_ref().map_or(0, |c| c.generation);
+        let from_checkpoint = match ck {
+            Some(ck) => match log.recover_from(&ck, &numbers, known) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the event log's checkpoint does not match its segments: reading every segment");
+                    log = Log::empty(fs, opts);
+                    false
+                }
+            },
+            None => false,
+        };
+        if !from_checkpoint {
+            let count = numbers.len();
+            for (i, no) in numbers.into_iter().enumerate() {
+                log.recover_segment(no, i + 1 == count, known)?;
+            }
+        }
+        // The next checkpoint goes above every one on disk, whichever was used.
+        log.ck_generation = generation;
+        if log.segs.is_empty() {
+            log.roll(now_ms)?;
+        }
+        log.forget_unknown(known);
+        let recovered = log.recovered();
+        Ok((log, recovered))
+    }
+
+    fn empty(fs: Arc<dyn Fs>, opts: LogOptions) -> Self {
+        Log {
             fs,
             opts,
             segs: Vec::new(),
@@ -44,17 +77,62 @@ impl Log {
             max_seq: 0,
             failed: None,
             syncs: 0,
-        };
+            written: 0,
+            ck_generation: 0,
+            ck_written: 0,
+            ck_files: HashMap::new(),
+            ck_pending: None,
+        }
+    }
+
+    /// Recover from checkpoint `ck`: the segments it lists from it plus their frames written
+    /// since, newer segments whole (see `checkpoint.rs`). An error means "read everything".
+    fn recover_from(
+        &mut self,
+        ck: &Checkpoint,
+        numbers: &[u64],
+        known: &HashSet<QueueId>,
+    ) -> Result<(), StoreError> {
+        self.max_seq = ck.max_seq;
+        self.dropped = ck.dropped.iter().copied().collect();
+        self.retries = ck.retries.iter().copied().collect();
+        let listed: HashMap<u64, &SegState> = ck.segs.iter().map(|s| (s.no, s)).collect();
+        let ck_newest = ck.segs.iter().map(|s| s.no).max().unwrap_or(0);
         let count = numbers.len();
-        for (i, no) in numbers.into_iter().enumerate() {
-            log.recover_segment(no, i + 1 == count, known)?;
+        for (i, &no) in numbers.iter().enumerate() {
+            let newest = i + 1 == count;
+            if let Some(st) = listed.get(&no) {
+                let path = self.path(no);
+                let file = self.fs.open(&path).map_err(|e| io_err(&path, e))?;
+                let size = file.size().map_err(|e| io_err(&path, e))?;
+                let mut hb = [0u8; HEADER];
+                let read = file.read_at(&mut hb, 0).map_err(|e| io_err(&path, e))?;
+                let hdr = Header::decode(&hb[..read])
+                    .filter(|h| h.no == no)
+                    .ok_or_else(|| corrupt(&path, "header differs from the checkpoint's"))?;
+                if size < st.len {
+                    return Err(corrupt(&path, "shorter than the checkpoint recorded"));
+                }
+                self.restore_seg(st, hdr, file.clone(), known);
+                self.replay(&path, &*file, hdr.salt, st.len, size, newest, known)?;
+            } else if no <= ck_newest {
+                // Deleted before the checkpoint; a crash undid the removal's directory entry.
+                let path = self.path(no);
+                self.fs.remove(&path).map_err(|e| io_err(&path, e))?;
+                self.fs
+                    .sync_dir(&self.opts.dir)
+                    .map_err(|e| io_err(&self.opts.dir, e))?;
+            } else {
+                self.recover_segment(no, newest, known)?;
+            }
         }
-        if log.segs.is_empty() {
-            log.roll(now_ms)?;
-        }
-        log.forget_unknown(known);
-        let recovered = log.recovered();
-        Ok((log, recovered))
+        // Retry states of events settled (or in segments deleted) since the checkpoint.
+        let retries = std::mem::take(&mut self.retries);
+        self.retries = retries
+            .into_iter()
+            .filter(|((q, s), _)| self.is_pending(*q, *s))
+            .collect();
+        Ok(())
     }
 
     /// Read one segment's frames and apply their records.
@@ -93,9 +171,25 @@ impl Log {
             live: HashMap::new(),
             ms_runs: Vec::new(),
         });
-        let mut offset = HEADER as u64;
+        self.replay(&path, &*file, hdr.salt, HEADER as u64, size, newest, known)
+    }
+
+    /// Apply the frames of the newest segment in memory (`file`) from `offset` to `size`,
+    /// cutting a torn tail of the newest segment.
+    #[allow(clippy::too_many_arguments)]
+    fn replay(
+        &mut self,
+        path: &std::path::Path,
+        file: &dyn crate::store::fs::FsFile,
+        salt: u64,
+        mut offset: u64,
+        size: u64,
+        newest: bool,
+        known: &HashSet<QueueId>,
+    ) -> Result<(), StoreError> {
+        let path = path.to_path_buf();
         loop {
-            let frame = read_frame(&*file, hdr.salt, offset, size).map_err(|e| io_err(&path, e))?;
+            let frame = read_frame(file, salt, offset, size).map_err(|e| io_err(&path, e))?;
             let Some((payload, next)) = frame else { break };
             let records = format::decode_records(&payload)
                 .ok_or_else(|| corrupt(&path, format!("unreadable records at offset {offset}")))?;
@@ -149,9 +243,7 @@ impl Log {
                 ..
             } => {
                 if let Some(seg) = self.segs.last_mut() {
-                    if seg.ms_runs.last().is_none_or(|(_, ms)| *ms != first_ms) {
-                        seg.ms_runs.push((seq, first_ms));
-                    }
+                    seg.note_ms(seq, first_ms);
                 }
                 self.add_event(seq, queues.iter().filter(|q| known.contains(q)).copied())
             }
@@ -210,7 +302,7 @@ impl Log {
     fn recovered(&mut self) -> Recovered {
         let mut out: Recovered = HashMap::new();
         for s in &mut self.segs {
-            let runs = std::mem::take(&mut s.ms_runs);
+            let runs = &s.ms_runs;
             let Some(first) = s.first_seq else { continue };
             for (q, bits) in &s.live {
                 let v = out.entry(*q).or_default();

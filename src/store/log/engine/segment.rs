@@ -68,7 +68,10 @@ pub(super) struct Seg {
     /// `(first event seq of a frame, frame offset)`, every [`INDEX_STRIDE`] bytes or more.
     pub(super) index: Vec<(u64, u64)>,
     pub(super) live: HashMap<QueueId, Bits>,
-    /// Recovery only: `(first seq, first-enqueued ms)` of each run of events with the same ms.
+    /// `(first seq, first-enqueued ms)` of each run of events first enqueued within the same
+    /// second (the run's ms is its latest event's: a time to live restored from it ends up to a
+    /// second late, never early). Kept for recovery and checkpoints: one pair per second of
+    /// publishing, not per event.
     pub(super) ms_runs: Vec<(u64, u64)>,
 }
 
@@ -78,6 +81,14 @@ impl Seg {
     pub(super) fn index_frame(&mut self, first_seq: u64, offset: u64, stride: u64) {
         if self.index.last().is_none_or(|(_, o)| offset >= o + stride) {
             self.index.push((first_seq, offset));
+        }
+    }
+
+    /// Note event `seq`'s first-enqueue time in the runs.
+    pub(super) fn note_ms(&mut self, seq: u64, ms: u64) {
+        match self.ms_runs.last_mut() {
+            Some((_, run_ms)) if *run_ms / 1000 == ms / 1000 => *run_ms = (*run_ms).max(ms),
+            _ => self.ms_runs.push((seq, ms)),
         }
     }
 

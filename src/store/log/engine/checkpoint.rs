@@ -1,0 +1,478 @@
+//! Checkpoints: what every segment owes, written now and then so that opening the log reads
+//! only the frames written since, not the whole backlog.
+//!
+//! ```text
+//! checkpoint.0, checkpoint.1   (written in turn, in place)
+//!   magic "GRDCKP01" | generation u64 | body len u32 | crc32(body) u32 | body
+//!   body: max seq u64 | dropped queues (count u32, queue u32…)
+//!       | retry states (count u32, (queue u32, seq u64, attempts u32, first ms u64, due ms u64)…)
+//!       | segments (count u32, then each: no u64, valid length u64, first seq u64 (0: none),
+//!         last seq u64, index (count u32, (seq u64, offset u64)…), first-enqueue runs
+//!         (count u32, (seq u64, ms u64)…), queues (count u32, then each: queue u32,
+//!         word count u32, run count u32, runs: (0 | 1 u8, words u32) for all-zero / all-one
+//!         words, (2 u8, word u64) for one mixed word))
+//! ```
+//!
+//! A checkpoint is taken by the committer between frames (no frame in flight), so it describes
+//! the log exactly up to every segment's recorded length; settlements staged but not yet written
+//! are already in it, which at worst makes a delivery's settlement durable a frame early.
+//!
+//! Opening with a checkpoint (the newer valid slot; a torn one fails its CRC and the other is
+//! used): a segment it lists is restored from it and its frames past the recorded length are
+//! replayed; a segment it does not list but numbered below its newest was deleted before it (a
+//! removal whose directory sync a crash undid) and is removed again; a newer segment is read
+//! whole; a listed segment that is gone was deleted after it. Anything that does not add up
+//! (a file shorter than recorded, a header that differs) falls back to reading every segment.
+
+use super::format::Reader;
+use super::segment::{Bits, Seg};
+use super::{io_err, Log};
+use crate::store::fs::FsFile;
+use crate::store::{QueueId, RetryState, StoreError};
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+const MAGIC: &[u8; 8] = b"GRDCKP01";
+const HEAD: usize = 24;
+/// Largest checkpoint body read (a longer length is damage).
+const MAX_BODY: u32 = 512 << 20;
+
+/// One segment as a checkpoint records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct SegState {
+    pub(super) no: u64,
+    pub(super) len: u64,
+    pub(super) first_seq: Option<u64>,
+    pub(super) last_seq: u64,
+    pub(super) index: Vec<(u64, u64)>,
+    pub(super) ms_runs: Vec<(u64, u64)>,
+    pub(super) live: Vec<(QueueId, Vec<u64>)>,
+}
+
+/// A checkpoint's content.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(super) struct Checkpoint {
+    pub(super) generation: u64,
+    pub(super) max_seq: u64,
+    pub(super) dropped: Vec<QueueId>,
+    pub(super) retries: Vec<((QueueId, u64), RetryState)>,
+    pub(super) segs: Vec<SegState>,
+}
+
+/// A checkpoint prepared under the lock, written outside it.
+pub struct CheckpointWrite {
+    file: Arc<dyn FsFile>,
+    path: PathBuf,
+    bytes: Vec<u8>,
+}
+
+impl CheckpointWrite {
+    /// Write and sync the checkpoint into its slot.
+    ///
+    /// # Errors
+    /// I/O failure (the previous checkpoint in the other slot stays valid).
+    pub fn run(&self) -> Result<(), StoreError> {
+        self.file
+            .write_at(&self.bytes, 0)
+            .and_then(|()| self.file.set_len(self.bytes.len() as u64))
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| io_err(&self.path, e))
+    }
+
+    /// Bytes written.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Whether it is empty (never: a checkpoint has a header).
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+}
+
+fn put_words(out: &mut Vec<u8>, words: &[u64]) {
+    let mut runs: Vec<(u8, u64)> = Vec::new();
+    for w in words {
+        let tag = match *w {
+            0 => 0,
+            u64::MAX => 1,
+            _ => 2,
+        };
+        match runs.last_mut() {
+            Some((t, n)) if *t == tag && tag != 2 && *n < u64::from(u32::MAX) => *n += 1,
+            _ => runs.push((tag, if tag == 2 { *w } else { 1 })),
+        }
+    }
+    out.extend_from_slice(&(words.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(runs.len() as u32).to_le_bytes());
+    for (tag, v) in runs {
+        out.push(tag);
+        if tag == 2 {
+            out.extend_from_slice(&v.to_le_bytes());
+        } else {
+            out.extend_from_slice(&(v as u32).to_le_bytes());
+        }
+    }
+}
+
+fn get_words(r: &mut Reader<'_>) -> Option<Vec<u64>> {
+    let n = r.u32()? as usize;
+    let runs = r.u32()? as usize;
+    if runs > r.0.len() / 5 || n > MAX_BODY as usize * 8 {
+        return None;
+    }
+    let mut words = Vec::with_capacity(n.min(1 << 20));
+    for _ in 0..runs {
+        match r.u8()? {
+            2 => words.push(r.u64()?),
+            t @ (0 | 1) => {
+                let k = r.u32()? as usize;
+                if words.len() + k > n {
+                    return None;
+                }
+                words.resize(words.len() + k, if t == 1 { u64::MAX } else { 0 });
+            }
+            _ => return None,
+        }
+    }
+    (words.len() == n).then_some(words)
+}
+
+fn put_pairs(out: &mut Vec<u8>, v: &[(u64, u64)]) {
+    out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    for (a, b) in v {
+        out.extend_from_slice(&a.to_le_bytes());
+        out.extend_from_slice(&b.to_le_bytes());
+    }
+}
+
+fn get_pairs(r: &mut Reader<'_>) -> Option<Vec<(u64, u64)>> {
+    let n = r.u32()? as usize;
+    if n > r.0.len() / 16 {
+        return None;
+    }
+    (0..n).map(|_| Some((r.u64()?, r.u64()?))).collect()
+}
+
+impl Checkpoint {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&self.max_seq.to_le_bytes());
+        b.extend_from_slice(&(self.dropped.len() as u32).to_le_bytes());
+        for q in &self.dropped {
+            b.extend_from_slice(&q.to_le_bytes());
+        }
+        b.extend_from_slice(&(self.retries.len() as u32).to_le_bytes());
+        for ((q, seq), st) in &self.retries {
+            b.extend_from_slice(&q.to_le_bytes());
+            b.extend_from_slice(&seq.to_le_bytes());
+            b.extend_from_slice(&st.attempts.to_le_bytes());
+            b.extend_from_slice(&st.first_enqueued_ms.to_le_bytes());
+            b.extend_from_slice(&st.due_ms.to_le_bytes());
+        }
+        b.extend_from_slice(&(self.segs.len() as u32).to_le_bytes());
+        for s in &self.segs {
+            b.extend_from_slice(&s.no.to_le_bytes());
+            b.extend_from_slice(&s.len.to_le_bytes());
+            b.extend_from_slice(&s.first_seq.unwrap_or(0).to_le_bytes());
+            b.extend_from_slice(&s.last_seq.to_le_bytes());
+            put_pairs(&mut b, &s.index);
+            put_pairs(&mut b, &s.ms_runs);
+            b.extend_from_slice(&(s.live.len() as u32).to_le_bytes());
+            for (q, words) in &s.live {
+                b.extend_from_slice(&q.to_le_bytes());
+                put_words(&mut b, words);
+            }
+        }
+        let mut out = Vec::with_capacity(HEAD + b.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&self.generation.to_le_bytes());
+        out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+        out.extend_from_slice(&crc32fast::hash(&b).to_le_bytes());
+        out.extend_from_slice(&b);
+        out
+    }
+
+    /// Decode a slot's bytes; `None` when they are not a whole, valid checkpoint.
+    pub(super) fn decode(bytes: &[u8]) -> Option<Self> {
+        let mut h = Reader(bytes.get(..HEAD)?);
+        if h.take(8)? != MAGIC {
+            return None;
+        }
+        let generation = h.u64()?;
+        let len = h.u32()?;
+        let crc = h.u32()?;
+        if len > MAX_BODY {
+            return None;
+        }
+        let body = bytes.get(HEAD..HEAD + len as usize)?;
+        if crc32fast::hash(body) != crc {
+            return None;
+        }
+        let mut r = Reader(body);
+        let max_seq = r.u64()?;
+        let nd = r.u32()? as usize;
+        if nd > r.0.len() / 4 {
+            return None;
+        }
+        let dropped = (0..nd).map(|_| r.u32()).collect::<Option<Vec<_>>>()?;
+        let nr = r.u32()? as usize;
+        if nr > r.0.len() / 36 {
+            return None;
+        }
+        let retries = (0..nr)
+            .map(|_| {
+                let q = r.u32()?;
+                let seq = r.u64()?;
+                Some((
+                    (q, seq),
+                    RetryState {
+                        attempts: r.u32()?,
+                        first_enqueued_ms: r.u64()?,
+                        due_ms: r.u64()?,
+                    },
+                ))
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let ns = r.u32()? as usize;
+        if ns > r.0.len() / 32 {
+            return None;
+        }
+        let mut segs = Vec::with_capacity(ns);
+        for _ in 0..ns {
+            let no = r.u64()?;
+            let len = r.u64()?;
+            let first = r.u64()?;
+            let last_seq = r.u64()?;
+            let index = get_pairs(&mut r)?;
+            let ms_runs = get_pairs(&mut r)?;
+            let nq = r.u32()? as usize;
+            if nq > r.0.len() / 12 {
+                return None;
+            }
+            let live = (0..nq)
+                .map(|_| Some((r.u32()?, get_words(&mut r)?)))
+                .collect::<Option<Vec<_>>>()?;
+            segs.push(SegState {
+                no,
+                len,
+                first_seq: (first != 0).then_some(first),
+                last_seq,
+                index,
+                ms_runs,
+                live,
+            });
+        }
+        r.is_empty().then_some(Self {
+            generation,
+            max_seq,
+            dropped,
+            retries,
+            segs,
+        })
+    }
+}
+
+impl Log {
+    fn slot_path(&self, slot: u64) -> PathBuf {
+        self.opts.dir.join(format!("checkpoint.{slot}"))
+    }
+
+    /// The newest valid checkpoint of the two slots, if any.
+    pub(super) fn load_checkpoint(&self) -> Result<Option<Checkpoint>, StoreError> {
+        let names = self
+            .fs
+            .list(&self.opts.dir)
+            .map_err(|e| io_err(&self.opts.dir, e))?;
+        let mut best: Option<Checkpoint> = None;
+        for slot in 0..2u64 {
+            let path = self.slot_path(slot);
+            if !names.iter().any(|n| *n == format!("checkpoint.{slot}")) {
+                continue;
+            }
+            let file = self.fs.open(&path).map_err(|e| io_err(&path, e))?;
+            let size = file.size().map_err(|e| io_err(&path, e))?;
+            if size > u64::from(MAX_BODY) + HEAD as u64 {
+                continue;
+            }
+            let mut buf = vec![0u8; size as usize];
+            let n = file.read_at(&mut buf, 0).map_err(|e| io_err(&path, e))?;
+            buf.truncate(n);
+            if let Some(c) = Checkpoint::decode(&buf) {
+                if best.as_ref().is_none_or(|b| c.generation > b.generation) {
+                    best = Some(c);
+                }
+            }
+        }
+        Ok(best)
+    }
+
+    /// What the log owes now, as a checkpoint (the caller makes sure no frame is in flight).
+    fn snapshot(&self) -> Checkpoint {
+        let mut dropped: Vec<QueueId> = self.dropped.iter().copied().collect();
+        dropped.sort_unstable();
+        let mut retries: Vec<((QueueId, u64), RetryState)> =
+            self.retries.iter().map(|(k, v)| (*k, *v)).collect();
+        retries.sort_unstable_by_key(|(k, _)| *k);
+        Checkpoint {
+            generation: self.ck_generation + 1,
+            max_seq: self.max_seq,
+            dropped,
+            retries,
+            segs: self
+                .segs
+                .iter()
+                .map(|s| {
+                    let mut live: Vec<(QueueId, Vec<u64>)> =
+                        s.live.iter().map(|(q, b)| (*q, b.words.clone())).collect();
+                    live.sort_unstable_by_key(|(q, _)| *q);
+                    SegState {
+                        no: s.hdr.no,
+                        len: s.len,
+                        first_seq: s.first_seq,
+                        last_seq: s.last_seq,
+                        index: s.index.clone(),
+                        ms_runs: s.ms_runs.clone(),
+                        live,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Bytes written to segments since the last checkpoint.
+    pub fn since_checkpoint(&self) -> u64 {
+        self.written.saturating_sub(self.ck_written)
+    }
+
+    /// Prepare a checkpoint for the slot its generation goes to (created on first use, its
+    /// directory entry synced). Write it with [`CheckpointWrite::run`] outside any lock, then
+    /// call [`Log::checkpoint_done`].
+    ///
+    /// # Errors
+    /// The slot file could not be created.
+    pub fn prepare_checkpoint(&mut self) -> Result<CheckpointWrite, StoreError> {
+        let ck = self.snapshot();
+        let slot = ck.generation % 2;
+        let path = self.slot_path(slot);
+        let file = match self.ck_files.get(&slot) {
+            Some(f) => f.clone(),
+            None => {
+                let f = match self.fs.open(&path) {
+                    Ok(f) => f,
+                    Err(_) => {
+                        let f = self.fs.create(&path).map_err(|e| io_err(&path, e))?;
+                        self.fs
+                            .sync_dir(&self.opts.dir)
+                            .map_err(|e| io_err(&self.opts.dir, e))?;
+                        f
+                    }
+                };
+                self.ck_files.insert(slot, f.clone());
+                f
+            }
+        };
+        self.ck_pending = Some((ck.generation, self.written));
+        Ok(CheckpointWrite {
+            file,
+            path,
+            bytes: ck.encode(),
+        })
+    }
+
+    /// A checkpoint prepared by [`Log::prepare_checkpoint`] was written (`ok`) or not.
+    pub fn checkpoint_done(&mut self, ok: bool) {
+        if let Some((generation, written)) = self.ck_pending.take() {
+            if ok {
+                self.ck_generation = generation;
+                self.ck_written = written;
+            }
+        }
+    }
+
+    /// Prepare, write and finish a checkpoint in one call (the simulation, shutdown).
+    ///
+    /// # Errors
+    /// I/O failure (the older checkpoint stays valid; the log goes on).
+    pub fn checkpoint(&mut self) -> Result<(), StoreError> {
+        let w = self.prepare_checkpoint()?;
+        let r = w.run();
+        self.checkpoint_done(r.is_ok());
+        r
+    }
+
+    /// Restore segment `no` from a checkpoint's record of it (its file open, header read).
+    pub(super) fn restore_seg(
+        &mut self,
+        st: &SegState,
+        hdr: super::Header,
+        file: Arc<dyn FsFile>,
+        known: &HashSet<QueueId>,
+    ) {
+        let live: HashMap<QueueId, Bits> = st
+            .live
+            .iter()
+            .filter(|(q, _)| known.contains(q))
+            .map(|(q, w)| (*q, Bits::from_words(w.clone())))
+            .collect();
+        self.max_seq = self.max_seq.max(hdr.base_seq).max(st.last_seq);
+        self.segs.push(Seg {
+            hdr,
+            file,
+            len: st.len,
+            first_seq: st.first_seq,
+            last_seq: st.last_seq,
+            index: st.index.clone(),
+            live,
+            ms_runs: st.ms_runs.clone(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoints_round_trip_and_damage_is_refused() {
+        let mut words = vec![u64::MAX; 1000];
+        words.push(0b1011);
+        words.extend([0, 0, 0]);
+        let c = Checkpoint {
+            generation: 7,
+            max_seq: 99,
+            dropped: vec![4],
+            retries: vec![(
+                (1, 5),
+                RetryState {
+                    attempts: 2,
+                    first_enqueued_ms: 3,
+                    due_ms: 4,
+                },
+            )],
+            segs: vec![SegState {
+                no: 3,
+                len: 4096,
+                first_seq: Some(1),
+                last_seq: 64_067,
+                index: vec![(1, 48), (900, 33_000)],
+                ms_runs: vec![(1, 1000), (500, 2000)],
+                live: vec![(1, words), (2, vec![])],
+            }],
+        };
+        let b = c.encode();
+        assert!(
+            b.len() < 300,
+            "runs keep a full backlog's bits small: {}",
+            b.len()
+        );
+        assert_eq!(Checkpoint::decode(&b), Some(c.clone()));
+        for cut in [0, 10, HEAD, b.len() - 1] {
+            assert_eq!(Checkpoint::decode(&b[..cut]), None, "cut at {cut}");
+        }
+        let mut flipped = b.clone();
+        flipped[HEAD + 3] ^= 1;
+        assert_eq!(Checkpoint::decode(&flipped), None);
+    }
+}
