@@ -33,7 +33,11 @@ impl Bench {
         let g = Gridlet::start(&self.backlog_spec()).await?;
         setup(&g, 1, &rx, Some(50)).await?;
         let queued = self.queue_backlog(&g, &rx).await?;
-        let g = g.restart().await?;
+        let g = if self.opts.e_kill {
+            g.crash_restart().await?
+        } else {
+            g.restart().await?
+        };
         let (restored, note) = self.after_restart(&g, &rx).await?;
         let drained = self.drain(&g, &rx).await;
         self.extras.push((

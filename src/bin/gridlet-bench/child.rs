@@ -177,9 +177,19 @@ impl Gridlet {
 
     /// Stop it (SIGTERM, then SIGKILL after 15 s) and start it again on the same ports and
     /// directories; returns the new process (its `startup` is the restart time).
-    pub async fn restart(mut self) -> Result<Self, String> {
+    pub async fn restart(self) -> Result<Self, String> {
+        self.restart_after("-TERM").await
+    }
+
+    /// Kill it (SIGKILL: a crash, no clean stop) and start it again on the same ports and
+    /// directories.
+    pub async fn crash_restart(self) -> Result<Self, String> {
+        self.restart_after("-KILL").await
+    }
+
+    async fn restart_after(mut self, signal: &str) -> Result<Self, String> {
         let _ = Command::new("kill")
-            .args(["-TERM", &self.pid.to_string()])
+            .args([signal, &self.pid.to_string()])
             .status();
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {

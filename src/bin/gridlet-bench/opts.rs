@@ -19,6 +19,8 @@ pub(super) struct Opts {
     pub(super) down: Mode,
     /// (e) with persisted subscriptions (default) or in-memory ones.
     pub(super) e_persisted: bool,
+    /// Scenario e restarts with SIGKILL (a crash) instead of SIGTERM.
+    pub(super) e_kill: bool,
     /// Paired rounds per throughput scenario (0 = none): see [`Bench::paired`].
     pub(super) rounds: u32,
     /// Length of each slice of a paired round.
@@ -43,7 +45,7 @@ pub(super) struct Opts {
 const USAGE: &str =
     "usage: gridlet-bench [--scenario a|b|c|d|e|store|footprint|crashsim|azure|all (comma list ok)] [--quick]
                      [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
-                     [--down stall|refuse] [--e-in-memory] [--gridlet PATH] [--max-seconds SECS]
+                     [--down stall|refuse] [--e-in-memory] [--e-kill] [--gridlet PATH] [--max-seconds SECS]
                      [--rounds N] [--slice SECS]
                      [--store-events N] [--store-watch SECS] [--segment-bytes BYTES]
                      [--nats PATH] [--no-peer] [--seeds N] [--first-seed N]
@@ -58,6 +60,8 @@ back (the backlog waits in the ready lane); refuse = it answers 503 (every event
 1-minute retry lane, so the drain waits for the retry schedule).
 --e-in-memory: scenario e with in-memory subscriptions (default: persisted, so the backlog can
 survive the restart).
+--e-kill: scenario e restarts gridlet with SIGKILL (a crash: it reads the frames since its last
+checkpoint) instead of SIGTERM (a clean stop leaves a checkpoint of everything).
 --store-events N (scenario store, default 100000, quick 20000): persisted 1 KB events published
 behind a stalled subscriber, then drained; the fan-out (2,000 x 4 KB) and dead-letter (80 x 900 KB)
 rows scale down below 20000. --store-watch SECS (default 10): how long disk is watched after
@@ -80,6 +84,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         max_seconds: 900,
         down: Mode::Stall,
         e_persisted: true,
+        e_kill: false,
         rounds: if quick { 1 } else { 4 },
         slice: Duration::from_secs_f64(if quick { 0.3 } else { 2.0 }),
         store_events: if quick { 20_000 } else { 100_000 },
@@ -134,6 +139,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
                 }
             }
             "--e-in-memory" => o.e_persisted = false,
+            "--e-kill" => o.e_kill = true,
             "--rounds" => {
                 o.rounds = val()?
                     .parse()
