@@ -75,13 +75,13 @@ pub fn authenticate(cfg: &Inbound, headers: &HeaderMap, conn: Option<&ConnInfo>)
     }
     let mut role = None;
     if cfg.sas_enabled {
-        if let Some(given) = headers.get(SAS_HEADER) {
-            if any_key_matches(given.as_bytes(), &cfg.sas_keys) {
+        if let Some(given) = sas_key(headers) {
+            if any_key_matches(given, &cfg.sas_keys) {
                 return Some(Role::Admin);
             }
-            if any_key_matches(given.as_bytes(), &cfg.publish_only_sas_keys) {
+            if any_key_matches(given, &cfg.publish_only_sas_keys) {
                 role = Some(Role::Publisher);
-            } else if any_key_matches(given.as_bytes(), &cfg.metrics_sas_keys) {
+            } else if any_key_matches(given, &cfg.metrics_sas_keys) {
                 role = Some(Role::Metrics);
             }
         }
@@ -104,10 +104,31 @@ pub fn authenticate(cfg: &Inbound, headers: &HeaderMap, conn: Option<&ConnInfo>)
     role
 }
 
-/// Whether this request is a publish (`POST /topics/{topic}/events` or `.../events/{id}`).
+/// The SAS key a request carries: the `aeg-sas-key` header, or `Authorization: SharedAccessKey
+/// <key>` (what Event Grid namespaces' SDKs send for an `AzureKeyCredential`).
+fn sas_key(headers: &HeaderMap) -> Option<&[u8]> {
+    if let Some(k) = headers.get(SAS_HEADER) {
+        return Some(k.as_bytes());
+    }
+    let auth = headers.get(axum::http::header::AUTHORIZATION)?.as_bytes();
+    let (scheme, key) = auth.split_at(auth.iter().position(|b| *b == b' ')?);
+    scheme
+        .eq_ignore_ascii_case(b"SharedAccessKey")
+        .then(|| key.trim_ascii())
+}
+
+/// Whether this request is a publish (`POST /topics/{topic}/events`, `.../events/{id}`, or a
+/// namespace topic's `POST /topics/{topic}:publish`).
 fn is_publish(req: &Request) -> bool {
     if req.method() != Method::POST {
         return false;
+    }
+    let path = req.uri().path();
+    if let Some(topic) = path
+        .strip_prefix("/topics/")
+        .and_then(|t| t.strip_suffix(":publish"))
+    {
+        return !topic.is_empty() && !topic.contains('/');
     }
     let mut segments = req.uri().path().trim_start_matches('/').split('/');
     matches!(
@@ -314,6 +335,25 @@ mod tests {
     }
 
     #[test]
+    fn the_namespace_sdks_key_header_is_a_sas_key() {
+        let c = inbound(&[
+            ("inbound__clientAuth__sasKeys__enabled", "true"),
+            ("inbound__clientAuth__sasKeys__key1", "k1"),
+            ("inbound__clientAuth__sasKeys__publishOnlyKeys", "p1"),
+        ]);
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("authorization", HeaderValue::from_str(v).unwrap());
+            authenticate(&c, &h, Some(&https(None)))
+        };
+        assert_eq!(with("SharedAccessKey k1"), Some(Role::Admin));
+        assert_eq!(with("sharedaccesskey p1"), Some(Role::Publisher));
+        assert_eq!(with("SharedAccessKey k2"), None);
+        assert_eq!(with("Bearer k1"), None);
+        assert_eq!(with("SharedAccessKey"), None);
+    }
+
+    #[test]
     fn all_off_allows_everything() {
         let c = inbound(&[("inbound__clientAuth__clientCert__enabled", "false")]);
         assert_eq!(authenticate(&c, &headers(None), None), Some(Role::Admin));
@@ -356,6 +396,14 @@ mod tests {
             "/topics/t/events?api-version=x"
         )));
         assert!(is_publish(&req(Method::POST, "/topics/t/events/id1")));
+        assert!(is_publish(&req(
+            Method::POST,
+            "/topics/t:publish?api-version=x"
+        )));
+        assert!(!is_publish(&req(
+            Method::POST,
+            "/topics/t/eventsubscriptions/s:receive"
+        )));
         assert!(!is_publish(&req(Method::PUT, "/topics/t")));
         assert!(!is_publish(&req(Method::GET, "/topics/t/events")));
         assert!(!is_publish(&req(

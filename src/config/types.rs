@@ -197,6 +197,8 @@ pub struct Broker {
     pub max_events_per_request: usize,
     /// Pending events per in-memory subscription.
     pub max_pending_events_per_subscription: usize,
+    /// Received, unsettled events per queue subscription.
+    pub max_locks_per_subscription: usize,
     /// Event payload bytes held in memory, all subscriptions (0 = no limit).
     pub max_pending_bytes: u64,
     /// Topic count limit.

@@ -18,6 +18,8 @@ pub struct DeliveryContext {
     pub global: Arc<Semaphore>,
     /// Per-subscription in-flight bound.
     pub max_in_flight: usize,
+    /// Per-queue-subscription bound of received, unsettled events.
+    pub max_locks: usize,
     /// Log each successful delivery.
     pub log_success: bool,
     /// Endpoint health thresholds.
