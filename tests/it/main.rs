@@ -22,6 +22,7 @@ mod packaging;
 mod persistence;
 mod process;
 mod pull;
+mod pull_clock;
 mod resilience;
 mod schedule;
 mod secrets;
