@@ -23,6 +23,7 @@ mod persistence;
 mod process;
 mod pull;
 mod pull_clock;
+mod pull_process;
 mod resilience;
 mod schedule;
 mod secrets;

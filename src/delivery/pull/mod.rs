@@ -26,7 +26,7 @@
 
 mod locks;
 pub(super) mod task;
-mod token;
+pub mod token;
 
 use super::dispatcher::drop_events;
 use super::engine::DeliveryContext;
@@ -54,16 +54,16 @@ pub struct PullState {
     locks: Mutex<Locks>,
     /// Receivers waiting for events (woken by the task and by releases).
     arrived: Notify,
-    key: TokenKey,
+    key: Arc<TokenKey>,
 }
 
 impl PullState {
-    /// A pull state holding at most `max_locks` locks.
-    pub fn new(max_locks: usize) -> Self {
+    /// A pull state holding at most `max_locks` locks, its tokens signed with `key`.
+    pub fn new(max_locks: usize, key: Arc<TokenKey>) -> Self {
         Self {
             locks: Mutex::new(Locks::new(max_locks)),
             arrived: Notify::new(),
-            key: TokenKey::random(),
+            key,
         }
     }
 
@@ -96,7 +96,7 @@ pub enum TokenFailure {
     /// A token of another event subscription.
     Foreign,
     /// No such lock: the event was settled, or received again since (an older attempt's
-    /// token), or the token is from before a restart.
+    /// token), or the token is from before a restart (or its tag does not verify).
     Unknown,
     /// The lock expired.
     Expired,
@@ -332,9 +332,10 @@ impl Puller<'_> {
         let mut locks = self.pull.locks();
         for t in tokens {
             let r = match self.pull.key.open(t) {
-                None => Err(TokenFailure::Malformed),
-                Some(id) if id.queue != self.shared.queue_id => Err(TokenFailure::Foreign),
-                Some(id) => op(&mut locks, id, now).map_err(TokenFailure::from),
+                Err(token::Refused::Malformed) => Err(TokenFailure::Malformed),
+                Err(token::Refused::Unverified) => Err(TokenFailure::Unknown),
+                Ok(id) if id.queue != self.shared.queue_id => Err(TokenFailure::Foreign),
+                Ok(id) => op(&mut locks, id, now).map_err(TokenFailure::from),
             };
             match r {
                 Ok(item) => {

@@ -2,10 +2,12 @@
 //!
 //! A token names `(queue, sequence number, attempt)`, the subscription's store queue, the event
 //! and the receive that locked it, and carries an HMAC-SHA256 tag (truncated to 128 bits) under
-//! a key drawn at random when gridlet starts. So a token cannot be forged or altered, a token
+//! a key drawn at random when gridlet starts (one for all subscriptions). So a token cannot be forged or altered, a token
 //! from before a redelivery names an older attempt and is refused as lost, a token of another
 //! subscription names another queue, and tokens from before a restart are refused as lost (the
-//! key is gone with the process; their events come back when their locks expire).
+//! key is gone with the process; their events come back when their locks expire). A token
+//! whose tag does not verify is answered as lost, not as malformed: a restart is the usual
+//! reason, and a forger learns nothing either way.
 //!
 //! Wire form: base64url without padding of `queue (4) | seq (8) | attempt (4) | tag (16)`, 43
 //! characters.
@@ -28,6 +30,15 @@ pub struct TokenId {
     pub seq: u64,
     /// The receive (attempt number, = the `deliveryCount` it was delivered with).
     pub attempt: u32,
+}
+
+/// Why a token was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Not a token's shape at all.
+    Malformed,
+    /// A token's shape whose tag this key did not make: from before a restart (or forged).
+    Unverified,
 }
 
 /// The process's token key.
@@ -66,14 +77,19 @@ impl TokenKey {
         URL_SAFE_NO_PAD.encode(buf)
     }
 
-    /// What `token` names, if it is one this key issued (`None`: malformed or forged).
-    pub fn open(&self, token: &str) -> Option<TokenId> {
+    /// What `token` names, if it is one this key issued.
+    ///
+    /// # Errors
+    /// [`Refused`]: malformed, or not issued under this key.
+    pub fn open(&self, token: &str) -> Result<TokenId, Refused> {
         if token.len() > 64 {
-            return None;
+            return Err(Refused::Malformed);
         }
-        let raw = URL_SAFE_NO_PAD.decode(token.trim()).ok()?;
+        let raw = URL_SAFE_NO_PAD
+            .decode(token.trim())
+            .map_err(|_| Refused::Malformed)?;
         if raw.len() != BODY + TAG {
-            return None;
+            return Err(Refused::Malformed);
         }
         let (body, tag) = raw.split_at(BODY);
         let want = hmac::sign(&self.0, body);
@@ -83,15 +99,21 @@ impl TokenKey {
             .zip(tag)
             .fold(0u8, |acc, (a, b)| acc | (a ^ b));
         if diff != 0 {
-            return None;
+            return Err(Refused::Unverified);
         }
         let u32_at = |i: usize| body.get(i..i + 4)?.try_into().ok().map(u32::from_be_bytes);
-        let seq = body.get(4..12)?.try_into().ok().map(u64::from_be_bytes)?;
-        Some(TokenId {
-            queue: u32_at(0)?,
-            seq,
-            attempt: u32_at(12)?,
-        })
+        let seq = body
+            .get(4..12)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_be_bytes);
+        match (u32_at(0), seq, u32_at(12)) {
+            (Some(queue), Some(seq), Some(attempt)) => Ok(TokenId {
+                queue,
+                seq,
+                attempt,
+            }),
+            _ => Err(Refused::Malformed),
+        }
     }
 }
 
@@ -109,14 +131,17 @@ mod tests {
         };
         let t = k.issue(id);
         assert_eq!(t.len(), 43);
-        assert_eq!(k.open(&t), Some(id));
-        // Another process's key, a flipped character, junk: refused.
-        assert_eq!(TokenKey::random().open(&t), None);
+        assert_eq!(k.open(&t), Ok(id));
+        // Another process's key, a flipped character: unverified; junk: malformed.
+        assert_eq!(TokenKey::random().open(&t), Err(Refused::Unverified));
         let mut flipped = t.clone().into_bytes();
         flipped[3] = if flipped[3] == b'A' { b'B' } else { b'A' };
-        assert_eq!(k.open(&String::from_utf8(flipped).unwrap()), None);
+        assert_eq!(
+            k.open(&String::from_utf8(flipped).unwrap()),
+            Err(Refused::Unverified)
+        );
         for junk in ["", "x", "CgMKATESCQoHdG9rZW4tMQ==", &"A".repeat(500)] {
-            assert_eq!(k.open(junk), None);
+            assert_eq!(k.open(junk), Err(Refused::Malformed));
         }
     }
 }
