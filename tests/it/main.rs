@@ -24,6 +24,7 @@ mod process;
 mod pull;
 mod pull_clock;
 mod pull_process;
+mod pull_sdk;
 mod resilience;
 mod schedule;
 mod secrets;
