@@ -40,6 +40,9 @@ pub enum Role {
     Metrics,
     /// Publish events, nothing else.
     Publisher,
+    /// Receive from and settle one queue subscription, nothing else: the index of its entry in
+    /// `inbound__clientAuth__sasKeys__receiveKeys`.
+    Receiver(usize),
     /// Everything: topics, subscriptions, dead letters, metrics, publishing.
     Admin,
 }
@@ -83,6 +86,17 @@ pub fn authenticate(cfg: &Inbound, headers: &HeaderMap, conn: Option<&ConnInfo>)
                 role = Some(Role::Publisher);
             } else if any_key_matches(given, &cfg.metrics_sas_keys) {
                 role = Some(Role::Metrics);
+            } else {
+                // Every entry compared, as for the other lists.
+                role = cfg
+                    .receive_sas_keys
+                    .iter()
+                    .enumerate()
+                    .fold(None, |hit, (i, k)| {
+                        let m = constant_time_eq(given, k.key.as_bytes());
+                        hit.or(m.then_some(Role::Receiver(i)))
+                    })
+                    .or(role);
             }
         }
     }
@@ -147,6 +161,22 @@ fn is_publish(req: &Request) -> bool {
             None
         )
     )
+}
+
+/// The queue subscription a pull operation (`POST /topics/{t}/eventsubscriptions/{s}:{op}`,
+/// `op` one of receive, acknowledge, release, reject, renewLock) is for.
+fn pull_target(req: &Request) -> Option<(&str, &str)> {
+    if req.method() != Method::POST {
+        return None;
+    }
+    let rest = req.uri().path().strip_prefix("/topics/")?;
+    let (topic, rest) = rest.split_once('/')?;
+    let (coll, last) = rest.split_once('/')?;
+    let (sub, op) = last.rsplit_once(':')?;
+    let ops = ["receive", "acknowledge", "release", "reject", "renewLock"];
+    (coll.eq_ignore_ascii_case("eventsubscriptions")
+        && ops.iter().any(|o| o.eq_ignore_ascii_case(op)))
+    .then_some((topic, sub))
 }
 
 /// 403 for a publisher on anything but publishing.
@@ -247,6 +277,23 @@ pub fn require(cfg: &Inbound, req: &Request) -> Result<(), ApiError> {
         Some(Role::Admin) => Ok(()),
         Some(Role::Publisher) if is_publish(req) => Ok(()),
         Some(Role::Publisher) => Err(forbidden()),
+        Some(Role::Receiver(i)) => {
+            let allowed = cfg.receive_sas_keys.get(i).is_some_and(|k| {
+                pull_target(req).is_some_and(|(t, s)| {
+                    t.eq_ignore_ascii_case(&k.topic) && s.eq_ignore_ascii_case(&k.subscription)
+                })
+            });
+            if allowed {
+                Ok(())
+            } else {
+                Err(ApiError {
+                    status: StatusCode::FORBIDDEN,
+                    detail: "Forbidden",
+                    message: "this credential may only receive from and settle its own queue subscription (POST /topics/{topic}/eventsubscriptions/{subscription}:receive, ...)".into(),
+                    retry_after: None,
+                })
+            }
+        }
         Some(Role::Metrics) if req.method() == Method::GET && req.uri().path() == "/metrics" => {
             Ok(())
         }
@@ -351,6 +398,86 @@ mod tests {
         assert_eq!(with("SharedAccessKey k2"), None);
         assert_eq!(with("Bearer k1"), None);
         assert_eq!(with("SharedAccessKey"), None);
+    }
+
+    #[test]
+    fn a_receive_key_may_only_pull_from_its_subscription() {
+        let c = inbound(&[
+            ("inbound__clientAuth__sasKeys__enabled", "true"),
+            (
+                "inbound__clientAuth__sasKeys__receiveKeys",
+                "orders/billing=r1, orders/audit=r2",
+            ),
+        ]);
+        let req = |m: Method, path: &str, key: &str| {
+            let mut r = axum::http::Request::builder()
+                .method(m)
+                .uri(path)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            r.headers_mut().insert(
+                "authorization",
+                HeaderValue::from_str(&format!("SharedAccessKey {key}")).unwrap(),
+            );
+            require(&c, &r).map_err(|e| e.status.as_u16())
+        };
+        assert_eq!(
+            req(
+                Method::POST,
+                "/topics/orders/eventsubscriptions/billing:receive",
+                "r1"
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            req(
+                Method::POST,
+                "/topics/Orders/eventSubscriptions/Billing:acknowledge",
+                "r1"
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            req(
+                Method::POST,
+                "/topics/orders/eventsubscriptions/audit:receive",
+                "r1"
+            ),
+            Err(403)
+        );
+        assert_eq!(
+            req(
+                Method::POST,
+                "/topics/orders/eventsubscriptions/audit:release",
+                "r2"
+            ),
+            Ok(())
+        );
+        assert_eq!(req(Method::POST, "/topics/orders:publish", "r1"), Err(403));
+        assert_eq!(
+            req(
+                Method::GET,
+                "/topics/orders/eventSubscriptions/billing",
+                "r1"
+            ),
+            Err(403)
+        );
+        assert_eq!(
+            req(
+                Method::POST,
+                "/topics/orders/eventsubscriptions/billing:receive",
+                "r3"
+            ),
+            Err(401)
+        );
+        let bad = Config::from_vars([(
+            "inbound__clientAuth__sasKeys__receiveKeys".to_string(),
+            "orders=k".to_string(),
+        )]);
+        assert!(bad
+            .unwrap_err()
+            .to_string()
+            .contains("topic/subscription=key"));
     }
 
     #[test]
