@@ -78,7 +78,12 @@ pub fn authenticate(cfg: &Inbound, headers: &HeaderMap, conn: Option<&ConnInfo>)
     }
     let mut role = None;
     if cfg.sas_enabled {
-        if let Some(given) = sas_key(headers) {
+        if let Some(token) = sas_token(headers) {
+            role = token_role(cfg, token);
+            if role == Some(Role::Admin) {
+                return role;
+            }
+        } else if let Some(given) = sas_key(headers) {
             if any_key_matches(given, &cfg.sas_keys) {
                 return Some(Role::Admin);
             }
@@ -129,6 +134,50 @@ fn sas_key(headers: &HeaderMap) -> Option<&[u8]> {
     scheme
         .eq_ignore_ascii_case(b"SharedAccessKey")
         .then(|| key.trim_ascii())
+}
+
+/// A shared access signature the request carries: `aeg-sas-token`, or `Authorization:
+/// SharedAccessSignature <token>` ([`super::sas_token`]).
+fn sas_token(headers: &HeaderMap) -> Option<&str> {
+    if let Some(t) = headers.get("aeg-sas-token") {
+        return t.to_str().ok();
+    }
+    let auth = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = auth.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("SharedAccessSignature")
+        .then(|| token.trim())
+}
+
+/// The role of the key that signed `token`, if one did and it has not expired. Every key is
+/// tried (no early exit), as for keys themselves.
+fn token_role(cfg: &Inbound, token: &str) -> Option<Role> {
+    let now = crate::clock::system_wall_ms() / 1000;
+    let valid = |k: &str| super::sas_token::signed_with(token, k).is_some_and(|e| e > now);
+    let any = |keys: &[String]| keys.iter().fold(false, |hit, k| valid(k) | hit);
+    let admin = any(&cfg.sas_keys);
+    let publisher = any(&cfg.publish_only_sas_keys);
+    let metrics = any(&cfg.metrics_sas_keys);
+    let receiver = cfg
+        .receive_sas_keys
+        .iter()
+        .enumerate()
+        .fold(None, |hit, (i, k)| {
+            let m = valid(&k.key);
+            hit.or(m.then_some(Role::Receiver(i)))
+        });
+    if admin {
+        Some(Role::Admin)
+    } else if publisher {
+        Some(Role::Publisher)
+    } else if metrics {
+        Some(Role::Metrics)
+    } else {
+        receiver
+    }
 }
 
 /// Whether this request is a publish (`POST /topics/{topic}/events`, `.../events/{id}`, or a
@@ -478,6 +527,55 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("topic/subscription=key"));
+    }
+
+    #[test]
+    fn shared_access_signatures_authenticate_by_the_key_that_signed_them() {
+        use base64::Engine;
+        let c = inbound(&[
+            ("inbound__clientAuth__sasKeys__enabled", "true"),
+            ("inbound__clientAuth__sasKeys__key1", "admin-key"),
+            ("inbound__clientAuth__sasKeys__publishOnlyKeys", "pub-key"),
+        ]);
+        let token = |key: &str, e: u64| {
+            let unsigned = format!("r=https%3A%2F%2Fgridlet&e={e}");
+            let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key.as_bytes());
+            let s = base64::engine::general_purpose::STANDARD
+                .encode(ring::hmac::sign(&k, unsigned.as_bytes()));
+            format!(
+                "{unsigned}&s={}",
+                s.replace('+', "%2B")
+                    .replace('/', "%2F")
+                    .replace('=', "%3D")
+            )
+        };
+        let later = crate::clock::system_wall_ms() / 1000 + 3600;
+        let with = |name: &str, v: String| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_str(&v).unwrap(),
+            );
+            authenticate(&c, &h, Some(&https(None)))
+        };
+        let auth = "authorization";
+        assert_eq!(
+            with(
+                auth,
+                format!("SharedAccessSignature {}", token("admin-key", later))
+            ),
+            Some(Role::Admin)
+        );
+        assert_eq!(
+            with("aeg-sas-token", token("pub-key", later)),
+            Some(Role::Publisher)
+        );
+        assert_eq!(
+            with("aeg-sas-token", token("admin-key", 1_000)),
+            None,
+            "expired"
+        );
+        assert_eq!(with("aeg-sas-token", token("other", later)), None);
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod deadletters;
 mod events;
 mod health;
 mod pull;
+mod sas_token;
 mod subscriptions;
 mod topics;
 
