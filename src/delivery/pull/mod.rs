@@ -372,6 +372,8 @@ impl Puller<'_> {
         self.shared.metrics.delivery_success_counts.add(n as u64);
         self.shared.metrics.acknowledged.add(n as u64);
         drop(items);
+        // Places in the lock table came free: a receive waiting at the bound may go on.
+        self.pull.arrived.notify_waiters();
         if persisted {
             self.durable().await?;
         }
@@ -425,6 +427,7 @@ impl Puller<'_> {
             DropReason::DeliveryRefused,
             Some(&why),
         );
+        self.pull.arrived.notify_waiters();
         Ok(out)
     }
 
