@@ -6,9 +6,10 @@
 //!   with the tokens it got, against a server in this process that answers both from canned
 //!   bodies (no broker): the loopback limit of the request pattern, the client's JSON work
 //!   included.
-//! * **gridlet**: the same loop against a queue subscription preloaded with 256-byte CloudEvents
-//!   (persisted, the default for queue subscriptions), until it is drained: events/s and the
-//!   ratio to raw.
+//! * **gridlet**: the same loop against a queue subscription preloaded with 256-byte CloudEvents,
+//!   until it is drained: events/s and the ratio to raw; persisted (the default for queue
+//!   subscriptions: each receive and acknowledgement waits for its group commit), then not
+//!   persisted (the commits' share).
 //! * **rss**: 1,000,000 events (100,000 with `--quick`) published to a queue subscription and
 //!   waiting; gridlet's RSS then, and after one receive + acknowledge.
 
@@ -197,7 +198,8 @@ async fn preload(addr: SocketAddr, n: u64) -> Result<f64, String> {
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
-async fn queue_setup(g: &Gridlet) -> Result<(), String> {
+/// Topic `bench` (CloudEvents) with queue subscription `q`, persisted or not.
+async fn queue_setup(g: &Gridlet, persisted: bool) -> Result<(), String> {
     let (s, b) = net::request(
         g.addr,
         "PUT",
@@ -212,7 +214,9 @@ async fn queue_setup(g: &Gridlet) -> Result<(), String> {
         g.addr,
         "PUT",
         &format!("/topics/{TOPIC}/eventSubscriptions/q?{API}"),
-        r#"{"properties":{"deliveryConfiguration":{"deliveryMode":"Queue"}}}"#,
+        &format!(
+            r#"{{"properties":{{"deliveryConfiguration":{{"deliveryMode":"Queue"}},"persistencePolicy":{{"isPersisted":{persisted}}}}}}}"#
+        ),
     )
     .await?;
     if s != 200 {
@@ -225,11 +229,12 @@ impl Bench {
     pub(super) async fn scenario_pull(&mut self) -> Result<(), String> {
         let raw = canned_server().await?;
         let slice = self.opts.duration;
-        for batch in [1usize, 100] {
+        for (batch, persisted) in [(1usize, true), (100, true), (1, false), (100, false)] {
             let (n, secs) = receive_ack(raw, batch, Instant::now() + slice, false).await?;
             let raw_eps = n as f64 / secs.max(1e-9);
-            let g = Gridlet::start(&self.spec(&format!("pull-{batch}"), &[])).await?;
-            queue_setup(&g).await?;
+            let name = format!("pull-{batch}-{persisted}");
+            let g = Gridlet::start(&self.spec(&name, &[])).await?;
+            queue_setup(&g, persisted).await?;
             // Enough that the receivers rarely run dry within the slice; they stop when drained.
             let events: u64 = match (batch, self.opts.quick) {
                 (1, true) => 5_000,
@@ -243,19 +248,19 @@ impl Bench {
             let after = Footprint::of(g.pid);
             let eps = n as f64 / secs.max(1e-9);
             println!(
-                "pull batch {batch:>3}: raw {raw_eps:>9.0} ev/s | gridlet {eps:>9.0} ev/s = {:.2} × raw | {n} events in {secs:.1} s, gridlet CPU {:.1} µs/event | preload {pub_eps:.0} ev/s",
+                "pull batch {batch:>3}, persisted {persisted:>5}: raw {raw_eps:>9.0} ev/s | gridlet {eps:>9.0} ev/s = {:.2} × raw | {n} events in {secs:.1} s, gridlet CPU {:.1} µs/event | preload {pub_eps:.0} ev/s",
                 eps / raw_eps.max(1.0),
                 (after.cpu_s - before.cpu_s) * 1e6 / (n.max(1) as f64),
             );
             self.extras.push((
-                format!("pull, receive + acknowledge, maxEvents {batch}"),
+                format!("pull, receive + acknowledge, maxEvents {batch}, persisted {persisted}"),
                 format!("{eps:.0} events/s = {:.2} × the raw loop ({raw_eps:.0} events/s), {RECEIVERS} receivers", eps / raw_eps.max(1.0)),
             ));
         }
         // Memory with a large backlog waiting.
         let waiting: u64 = if self.opts.quick { 100_000 } else { 1_000_000 };
         let g = Gridlet::start(&self.spec("pull-rss", &[])).await?;
-        queue_setup(&g).await?;
+        queue_setup(&g, true).await?;
         let idle = Footprint::of(g.pid);
         let pub_eps = preload(g.addr, waiting).await?;
         let queued = Footprint::of(g.pid);
