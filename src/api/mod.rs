@@ -4,6 +4,8 @@
 //! order, before any API handler:
 //! 1. [`auth::require`]: the only authentication check (SAS key, then client certificate);
 //! 2. `api_version`: `api-version=2019-01-01-preview` everywhere, `2018-01-01` also on publish;
+//!    on Event Grid namespaces' data plane (`POST …/{name}:{operation}`, [`pull`]) only
+//!    `2023-11-01` and `2024-06-01`;
 //!
 //! then the handler reads the body under the size limit, parses, calls the broker and maps the
 //! result.
