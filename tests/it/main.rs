@@ -22,6 +22,7 @@ mod packaging;
 mod persistence;
 mod process;
 mod pull;
+mod pull_auth;
 mod pull_clock;
 mod pull_process;
 mod pull_sdk;
