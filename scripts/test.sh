@@ -42,4 +42,20 @@ if [ -z "${GRIDLET_OTEL_PYTHON:-}" ] && ! "$OTEL_PY_DIR/bin/python" -c 'import o
     exit 1
   fi
 fi
+# The pull-delivery tests run Microsoft's Event Grid namespaces SDKs: the Python one is
+# azure-eventgrid in the virtualenv above; the npm one, @azure/eventgrid-namespaces, is installed
+# with `npm ci` from tests/pull/js/package-lock.json into ~/.cache/gridlet/eventgrid-js
+# (GRIDLET_EVENTGRID_JS points at another install), again whenever the lock file changes.
+EG_JS_DIR="${HOME}/.cache/gridlet/eventgrid-js"
+if [ -z "${GRIDLET_EVENTGRID_JS:-}" ] && ! cmp -s tests/pull/js/package-lock.json "$EG_JS_DIR/package-lock.json"; then
+  if command -v npm >/dev/null 2>&1; then
+    echo "== installing tests/pull/js/package-lock.json into $EG_JS_DIR (needed by the pull-delivery SDK tests)"
+    mkdir -p "$EG_JS_DIR"
+    cp tests/pull/js/package.json tests/pull/js/package-lock.json "$EG_JS_DIR/"
+    (cd "$EG_JS_DIR" && npm ci --no-audit --no-fund --loglevel=error)
+  else
+    echo "npm is missing: install Node.js 20 and npm (the Event Grid namespaces SDK is an npm package) and rerun" >&2
+    exit 1
+  fi
+fi
 exec cargo test "$@"

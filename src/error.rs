@@ -183,6 +183,16 @@ impl From<BrokerError> for ApiError {
     }
 }
 
+impl From<crate::delivery::pull::PullError> for ApiError {
+    fn from(e: crate::delivery::pull::PullError) -> Self {
+        use crate::delivery::pull::PullError;
+        match e {
+            PullError::NotQueue => Self::bad_request("NotAQueueSubscription", e.to_string()),
+            PullError::Store(s) => Self::from_broker(&BrokerError::Store(s)),
+        }
+    }
+}
+
 /// .NET-style status names, as the original put in `error.code` (`BadRequest`, `NotFound`, …).
 fn status_name(status: StatusCode) -> &'static str {
     match status.as_u16() {

@@ -40,6 +40,9 @@ pub enum Role {
     Metrics,
     /// Publish events, nothing else.
     Publisher,
+    /// Receive from and settle one queue subscription, nothing else: the index of its entry in
+    /// `inbound__clientAuth__sasKeys__receiveKeys`.
+    Receiver(usize),
     /// Everything: topics, subscriptions, dead letters, metrics, publishing.
     Admin,
 }
@@ -75,14 +78,30 @@ pub fn authenticate(cfg: &Inbound, headers: &HeaderMap, conn: Option<&ConnInfo>)
     }
     let mut role = None;
     if cfg.sas_enabled {
-        if let Some(given) = headers.get(SAS_HEADER) {
-            if any_key_matches(given.as_bytes(), &cfg.sas_keys) {
+        if let Some(token) = sas_token(headers) {
+            role = token_role(cfg, token);
+            if role == Some(Role::Admin) {
+                return role;
+            }
+        } else if let Some(given) = sas_key(headers) {
+            if any_key_matches(given, &cfg.sas_keys) {
                 return Some(Role::Admin);
             }
-            if any_key_matches(given.as_bytes(), &cfg.publish_only_sas_keys) {
+            if any_key_matches(given, &cfg.publish_only_sas_keys) {
                 role = Some(Role::Publisher);
-            } else if any_key_matches(given.as_bytes(), &cfg.metrics_sas_keys) {
+            } else if any_key_matches(given, &cfg.metrics_sas_keys) {
                 role = Some(Role::Metrics);
+            } else {
+                // Every entry compared, as for the other lists.
+                role = cfg
+                    .receive_sas_keys
+                    .iter()
+                    .enumerate()
+                    .fold(None, |hit, (i, k)| {
+                        let m = constant_time_eq(given, k.key.as_bytes());
+                        hit.or(m.then_some(Role::Receiver(i)))
+                    })
+                    .or(role);
             }
         }
     }
@@ -104,10 +123,75 @@ pub fn authenticate(cfg: &Inbound, headers: &HeaderMap, conn: Option<&ConnInfo>)
     role
 }
 
-/// Whether this request is a publish (`POST /topics/{topic}/events` or `.../events/{id}`).
+/// The SAS key a request carries: the `aeg-sas-key` header, or `Authorization: SharedAccessKey
+/// <key>` (what Event Grid namespaces' SDKs send for an `AzureKeyCredential`).
+fn sas_key(headers: &HeaderMap) -> Option<&[u8]> {
+    if let Some(k) = headers.get(SAS_HEADER) {
+        return Some(k.as_bytes());
+    }
+    let auth = headers.get(axum::http::header::AUTHORIZATION)?.as_bytes();
+    let (scheme, key) = auth.split_at(auth.iter().position(|b| *b == b' ')?);
+    scheme
+        .eq_ignore_ascii_case(b"SharedAccessKey")
+        .then(|| key.trim_ascii())
+}
+
+/// A shared access signature the request carries: `aeg-sas-token`, or `Authorization:
+/// SharedAccessSignature <token>` ([`super::sas_token`]).
+fn sas_token(headers: &HeaderMap) -> Option<&str> {
+    if let Some(t) = headers.get("aeg-sas-token") {
+        return t.to_str().ok();
+    }
+    let auth = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = auth.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("SharedAccessSignature")
+        .then(|| token.trim())
+}
+
+/// The role of the key that signed `token`, if one did and it has not expired. Every key is
+/// tried (no early exit), as for keys themselves.
+fn token_role(cfg: &Inbound, token: &str) -> Option<Role> {
+    let now = crate::clock::system_wall_ms() / 1000;
+    let valid = |k: &str| super::sas_token::signed_with(token, k).is_some_and(|e| e > now);
+    let any = |keys: &[String]| keys.iter().fold(false, |hit, k| valid(k) | hit);
+    let admin = any(&cfg.sas_keys);
+    let publisher = any(&cfg.publish_only_sas_keys);
+    let metrics = any(&cfg.metrics_sas_keys);
+    let receiver = cfg
+        .receive_sas_keys
+        .iter()
+        .enumerate()
+        .fold(None, |hit, (i, k)| {
+            let m = valid(&k.key);
+            hit.or(m.then_some(Role::Receiver(i)))
+        });
+    if admin {
+        Some(Role::Admin)
+    } else if publisher {
+        Some(Role::Publisher)
+    } else if metrics {
+        Some(Role::Metrics)
+    } else {
+        receiver
+    }
+}
+
+/// Whether this request is a publish (`POST /topics/{topic}/events`, `.../events/{id}`, or a
+/// namespace topic's `POST /topics/{topic}:publish`).
 fn is_publish(req: &Request) -> bool {
     if req.method() != Method::POST {
         return false;
+    }
+    let path = req.uri().path();
+    if let Some(topic) = path
+        .strip_prefix("/topics/")
+        .and_then(|t| t.strip_suffix(":publish"))
+    {
+        return !topic.is_empty() && !topic.contains('/');
     }
     let mut segments = req.uri().path().trim_start_matches('/').split('/');
     matches!(
@@ -126,6 +210,22 @@ fn is_publish(req: &Request) -> bool {
             None
         )
     )
+}
+
+/// The queue subscription a pull operation (`POST /topics/{t}/eventsubscriptions/{s}:{op}`,
+/// `op` one of receive, acknowledge, release, reject, renewLock) is for.
+fn pull_target(req: &Request) -> Option<(&str, &str)> {
+    if req.method() != Method::POST {
+        return None;
+    }
+    let rest = req.uri().path().strip_prefix("/topics/")?;
+    let (topic, rest) = rest.split_once('/')?;
+    let (coll, last) = rest.split_once('/')?;
+    let (sub, op) = last.rsplit_once(':')?;
+    let ops = ["receive", "acknowledge", "release", "reject", "renewLock"];
+    (coll.eq_ignore_ascii_case("eventsubscriptions")
+        && ops.iter().any(|o| o.eq_ignore_ascii_case(op)))
+    .then_some((topic, sub))
 }
 
 /// 403 for a publisher on anything but publishing.
@@ -226,6 +326,23 @@ pub fn require(cfg: &Inbound, req: &Request) -> Result<(), ApiError> {
         Some(Role::Admin) => Ok(()),
         Some(Role::Publisher) if is_publish(req) => Ok(()),
         Some(Role::Publisher) => Err(forbidden()),
+        Some(Role::Receiver(i)) => {
+            let allowed = cfg.receive_sas_keys.get(i).is_some_and(|k| {
+                pull_target(req).is_some_and(|(t, s)| {
+                    t.eq_ignore_ascii_case(&k.topic) && s.eq_ignore_ascii_case(&k.subscription)
+                })
+            });
+            if allowed {
+                Ok(())
+            } else {
+                Err(ApiError {
+                    status: StatusCode::FORBIDDEN,
+                    detail: "Forbidden",
+                    message: "this credential may only receive from and settle its own queue subscription (POST /topics/{topic}/eventsubscriptions/{subscription}:receive, ...)".into(),
+                    retry_after: None,
+                })
+            }
+        }
         Some(Role::Metrics) if req.method() == Method::GET && req.uri().path() == "/metrics" => {
             Ok(())
         }
@@ -239,133 +356,4 @@ pub fn require(cfg: &Inbound, req: &Request) -> Result<(), ApiError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::Config;
-    use axum::http::HeaderValue;
-    use std::sync::Arc;
-
-    /// Issue 20, Low 15: keys are compared as fixed-length digests, so neither a length
-    /// mismatch nor the first differing byte ends the comparison early.
-    #[test]
-    fn keys_are_compared_as_fixed_length_digests() {
-        assert_eq!(digest(b"k").len(), digest(&[b'k'; 10_000]).len());
-        assert!(constant_time_eq(b"secret-key", b"secret-key"));
-        assert!(!constant_time_eq(b"secret-key", b"secret-ke"));
-        assert!(!constant_time_eq(b"secret-key", b"secret-keyX"));
-        assert!(!constant_time_eq(b"", b"x"));
-        assert!(any_key_matches(b"b", &["a".into(), "b".into()]));
-    }
-
-    fn inbound(pairs: &[(&str, &str)]) -> Inbound {
-        Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
-            .unwrap()
-            .inbound
-    }
-
-    fn headers(key: Option<&str>) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        if let Some(k) = key {
-            h.insert(SAS_HEADER, HeaderValue::from_str(k).unwrap());
-        }
-        h
-    }
-
-    fn https(cert: Option<&str>) -> ConnInfo {
-        ConnInfo {
-            scheme: "https",
-            client_cert: cert.is_some(),
-            client_identity: cert.filter(|c| !c.is_empty()).map(Arc::from),
-        }
-    }
-
-    #[test]
-    fn defaults_need_a_client_certificate() {
-        let c = inbound(&[]);
-        assert_eq!(authenticate(&c, &headers(None), Some(&https(None))), None);
-        assert_eq!(
-            authenticate(&c, &headers(None), Some(&https(Some("any")))),
-            Some(Role::Admin)
-        );
-    }
-
-    #[test]
-    fn either_sas_key_or_certificate_suffices() {
-        let c = inbound(&[
-            ("inbound__clientAuth__sasKeys__enabled", "true"),
-            ("inbound__clientAuth__sasKeys__key1", "k1"),
-            ("inbound__clientAuth__sasKeys__key2", "k2"),
-        ]);
-        let none = https(None);
-        assert_eq!(
-            authenticate(&c, &headers(Some("k1")), Some(&none)),
-            Some(Role::Admin)
-        );
-        assert_eq!(
-            authenticate(&c, &headers(Some("k2")), Some(&none)),
-            Some(Role::Admin)
-        );
-        assert_eq!(authenticate(&c, &headers(Some("bad")), Some(&none)), None);
-        let cert = https(Some("m"));
-        assert_eq!(
-            authenticate(&c, &headers(Some("bad")), Some(&cert)),
-            Some(Role::Admin)
-        );
-    }
-
-    #[test]
-    fn all_off_allows_everything() {
-        let c = inbound(&[("inbound__clientAuth__clientCert__enabled", "false")]);
-        assert_eq!(authenticate(&c, &headers(None), None), Some(Role::Admin));
-    }
-
-    #[test]
-    fn publish_only_keys_and_admin_identities() {
-        let c = inbound(&[
-            ("inbound__clientAuth__sasKeys__enabled", "true"),
-            ("inbound__clientAuth__sasKeys__key1", "admin"),
-            ("inbound__clientAuth__sasKeys__publishOnlyKeys", "p1, p2"),
-            (
-                "inbound__clientAuth__clientCert__adminIdentities",
-                "ops,Manager",
-            ),
-        ]);
-        let none = https(None);
-        let role = |key: Option<&str>, conn: &ConnInfo| authenticate(&c, &headers(key), Some(conn));
-        assert_eq!(role(Some("p2"), &none), Some(Role::Publisher));
-        assert_eq!(role(Some("admin"), &none), Some(Role::Admin));
-        assert_eq!(role(Some("p3"), &none), None);
-        assert_eq!(role(None, &https(Some("sensor"))), Some(Role::Publisher));
-        assert_eq!(role(None, &https(Some("manager"))), Some(Role::Admin));
-        assert_eq!(role(None, &https(Some(""))), Some(Role::Publisher));
-        // The strongest credential counts.
-        assert_eq!(role(Some("p1"), &https(Some("ops"))), Some(Role::Admin));
-    }
-
-    #[test]
-    fn publishers_may_only_publish() {
-        let req = |m: Method, path: &str| {
-            axum::http::Request::builder()
-                .method(m)
-                .uri(path)
-                .body(axum::body::Body::empty())
-                .unwrap()
-        };
-        assert!(is_publish(&req(
-            Method::POST,
-            "/topics/t/events?api-version=x"
-        )));
-        assert!(is_publish(&req(Method::POST, "/topics/t/events/id1")));
-        assert!(!is_publish(&req(Method::PUT, "/topics/t")));
-        assert!(!is_publish(&req(Method::GET, "/topics/t/events")));
-        assert!(!is_publish(&req(
-            Method::POST,
-            "/topics/events/eventSubscriptions/s/deadLetters/replay"
-        )));
-        assert!(!is_publish(&req(
-            Method::POST,
-            "/topics/t/eventSubscriptions/s/deadLetters/replay"
-        )));
-        assert!(!is_publish(&req(Method::POST, "/topics/t/events/id/x")));
-    }
-}
+mod tests;

@@ -31,7 +31,7 @@ pub(super) async fn publish_single(
     run(s, topic, Some(id), parts.headers, body).await
 }
 
-async fn run(
+pub(super) async fn run(
     s: AppState,
     topic: String,
     single_id: Option<String>,

@@ -4,6 +4,8 @@
 //! order, before any API handler:
 //! 1. [`auth::require`]: the only authentication check (SAS key, then client certificate);
 //! 2. `api_version`: `api-version=2019-01-01-preview` everywhere, `2018-01-01` also on publish;
+//!    on Event Grid namespaces' data plane (`POST …/{name}:{operation}`, [`pull`]) only
+//!    `2023-11-01` and `2024-06-01`;
 //!
 //! then the handler reads the body under the size limit, parses, calls the broker and maps the
 //! result.
@@ -16,6 +18,8 @@ pub mod body;
 pub mod deadletters;
 mod events;
 mod health;
+mod pull;
+mod sas_token;
 mod subscriptions;
 mod topics;
 
@@ -43,6 +47,8 @@ use tracing::instrument::{Instrument, Instrumented};
 pub const API_VERSION: &str = "2019-01-01-preview";
 /// The cloud data-plane version the official SDKs send when publishing.
 pub const SDK_PUBLISH_API_VERSION: &str = "2018-01-01";
+/// Event Grid namespaces' data-plane versions (`:publish`, `:receive`, ...; those routes only).
+pub const NAMESPACE_API_VERSIONS: [&str; 2] = ["2023-11-01", "2024-06-01"];
 
 /// Per-connection facts the listener attaches to every request.
 #[derive(Debug, Clone)]
@@ -106,7 +112,10 @@ pub fn router(state: AppState) -> Router {
         .route("/topics/", get(topics::list))
         .route(
             "/topics/{topic}",
-            put(topics::put).get(topics::get).delete(topics::delete),
+            put(topics::put)
+                .get(topics::get)
+                .delete(topics::delete)
+                .post(pull::topic_post),
         )
         .route(
             "/topics/{topic}/eventSubscriptions",
@@ -120,7 +129,12 @@ pub fn router(state: AppState) -> Router {
             "/topics/{topic}/eventSubscriptions/{sub}",
             put(subscriptions::put)
                 .get(subscriptions::get)
-                .delete(subscriptions::delete),
+                .delete(subscriptions::delete)
+                .post(pull::subscription_post),
+        )
+        .route(
+            "/topics/{topic}/eventsubscriptions/{sub}",
+            post(pull::subscription_post),
         )
         .route(
             "/topics/{topic}/eventSubscriptions/{sub}/deadLetters",
@@ -250,10 +264,34 @@ fn request_span(req: &Request) -> tracing::Span {
     tracing::debug_span!("request", method = %req.method(), route, topic)
 }
 
+/// Whether `req` is one of Event Grid namespaces' data-plane operations: a POST whose last
+/// path segment is `{name}:{operation}`.
+pub fn is_namespace_op(req: &Request) -> bool {
+    req.method() == axum::http::Method::POST
+        && req
+            .uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .is_some_and(|last| last.contains(':'))
+}
+
 /// Enforce `api-version`.
 fn api_version(req: &Request) -> Result<(), ApiError> {
     let query = req.uri().query().unwrap_or("");
     let version = query_param(query, "api-version");
+    if is_namespace_op(req) {
+        return match version {
+            Some(v) if NAMESPACE_API_VERSIONS.contains(&v) => Ok(()),
+            _ => Err(ApiError::bad_request(
+                "InvalidApiVersion",
+                format!(
+                    "the query parameter api-version={} is required",
+                    NAMESPACE_API_VERSIONS.join(" or ")
+                ),
+            )),
+        };
+    }
     let is_publish =
         req.method() == axum::http::Method::POST && req.uri().path().contains("/events");
     let ok = match version {

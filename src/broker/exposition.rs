@@ -55,6 +55,7 @@ impl Broker {
                     metrics: s.metrics(),
                     pending: s.pending() as u64,
                     in_flight: s.in_flight() as u64,
+                    locked: s.pull().map(|p| p.locked() as u64),
                     dead_letters: ctx.dead_letters.count(s.queue_id()) as u64,
                     health: s
                         .endpoint_health()

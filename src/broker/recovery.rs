@@ -38,6 +38,8 @@ impl Broker {
             store: store.clone(),
             global: Arc::new(Semaphore::new(cfg.broker.max_in_flight_total)),
             max_in_flight: cfg.broker.max_in_flight_per_subscription,
+            max_locks: cfg.broker.max_locks_per_subscription,
+            lock_tokens: Arc::new(crate::delivery::pull::token::TokenKey::random()),
             log_success: cfg.broker.log_delivery_success,
             health_cfg: cfg.resilience.health.clone(),
             health: crate::delivery::health::HealthRegistry::restore(store.clone())?,

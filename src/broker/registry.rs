@@ -164,6 +164,12 @@ impl Broker {
             if old.sub.persisted != sub.persisted {
                 return Err(BrokerError::PersistenceImmutable);
             }
+            if old.sub.queue.is_some() != sub.queue.is_some() {
+                return Err(BrokerError::Invalid(crate::model::Invalid::new(
+                    "InvalidDeliveryConfiguration",
+                    "deliveryMode cannot change on an existing event subscription (Queue and Push keep their events differently): delete it and create it again",
+                )));
+            }
             let mut sub = sub;
             sub.name = old.sub.name.clone();
             self.inner

@@ -18,7 +18,7 @@ mod types;
 pub use settings::{Key, Setting, SETTINGS};
 pub use types::{
     ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, Outbound,
-    Persistence, Resilience, Sampler, StoreKind, Telemetry, TlsPolicy,
+    Persistence, ReceiveKey, Resilience, Sampler, StoreKind, Telemetry, TlsPolicy,
 };
 
 use parse::Raw;

@@ -6,7 +6,7 @@
 use super::settings::Key as K;
 use super::types::{
     ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, Outbound,
-    Persistence, Resilience, StoreKind, TlsPolicy,
+    Persistence, ReceiveKey, Resilience, StoreKind, TlsPolicy,
 };
 use super::ConfigError;
 
@@ -144,8 +144,33 @@ fn sources(raw: &Raw) -> Result<(), ConfigError> {
 }
 
 /// SAS authentication: whether it is on, the accepted keys, the publish-only keys.
-/// `(enabled, admin keys, publish-only keys, metrics keys)`.
-type SasKeys = (bool, Vec<String>, Vec<String>, Vec<String>);
+/// `(enabled, admin keys, publish-only keys, metrics keys, receive keys)`.
+type SasKeys = (bool, Vec<String>, Vec<String>, Vec<String>, Vec<ReceiveKey>);
+
+/// `topic/subscription=key, ...`.
+fn receive_keys(raw: &Raw) -> Result<Vec<ReceiveKey>, ConfigError> {
+    let key = K::inbound__clientAuth__sasKeys__receiveKeys;
+    let text = raw.secret(key);
+    comma_list(text.as_deref())
+        .into_iter()
+        .map(|entry| {
+            let parsed = entry.split_once('=').and_then(|(names, k)| {
+                let (topic, sub) = names.trim().split_once('/')?;
+                (!topic.is_empty() && !sub.is_empty() && !k.is_empty()).then(|| ReceiveKey {
+                    topic: topic.trim().to_string(),
+                    subscription: sub.trim().to_string(),
+                    key: k.to_string(),
+                })
+            });
+            parsed.ok_or_else(|| ConfigError {
+                key: key.name().into(),
+                // A secret: never echoed.
+                value: "***".into(),
+                expected: "comma-separated topic/subscription=key entries".into(),
+            })
+        })
+        .collect()
+}
 
 fn sas(raw: &Raw) -> Result<SasKeys, ConfigError> {
     let enabled = raw.bool(K::inbound__clientAuth__sasKeys__enabled)?;
@@ -164,7 +189,13 @@ fn sas(raw: &Raw) -> Result<SasKeys, ConfigError> {
         raw.secret(K::inbound__clientAuth__sasKeys__metricsKeys)
             .as_deref(),
     );
-    if enabled && keys.is_empty() && publish_only.is_empty() && metrics.is_empty() {
+    let receive = receive_keys(raw)?;
+    if enabled
+        && keys.is_empty()
+        && publish_only.is_empty()
+        && metrics.is_empty()
+        && receive.is_empty()
+    {
         return Err(ConfigError {
             key: K::inbound__clientAuth__sasKeys__key1.name().into(),
             value: String::new(),
@@ -174,7 +205,7 @@ fn sas(raw: &Raw) -> Result<SasKeys, ConfigError> {
             ),
         });
     }
-    Ok((enabled, keys, publish_only, metrics))
+    Ok((enabled, keys, publish_only, metrics, receive))
 }
 
 /// `inbound__*` (and the outbound certificate source, checked with the inbound ones).
@@ -192,7 +223,8 @@ pub(super) fn inbound(raw: &Raw) -> Result<Inbound, ConfigError> {
         .text(K::inbound__bindAddress)
         .parse::<IpAddr>()
         .map_err(|_| raw.err(K::inbound__bindAddress, "an IPv4 or IPv6 address"))?;
-    let (sas_enabled, sas_keys, publish_only_sas_keys, metrics_sas_keys) = sas(raw)?;
+    let (sas_enabled, sas_keys, publish_only_sas_keys, metrics_sas_keys, receive_sas_keys) =
+        sas(raw)?;
     Ok(Inbound {
         tls_policy,
         http_port: raw.int(K::inbound__httpPort, 0, 65535)? as u16,
@@ -214,6 +246,7 @@ pub(super) fn inbound(raw: &Raw) -> Result<Inbound, ConfigError> {
         sas_keys,
         publish_only_sas_keys,
         metrics_sas_keys,
+        receive_sas_keys,
         admin_identities: comma_list(Some(
             raw.text(K::inbound__clientAuth__clientCert__adminIdentities),
         )),
@@ -267,6 +300,8 @@ pub(super) fn broker(raw: &Raw) -> Result<Broker, ConfigError> {
             1,
             U32_MAX,
         )? as usize,
+        max_locks_per_subscription: raw.int(K::broker__maxLocksPerSubscription, 1, 10_000_000)?
+            as usize,
         max_pending_bytes: raw.int(K::broker__maxPendingBytes, 0, u64::MAX)?,
         max_topics: raw.int(K::broker__maxTopics, 1, 1_000_000)? as usize,
         max_subscriptions_per_topic: raw.int(K::broker__maxSubscriptionsPerTopic, 1, 100_000)?

@@ -84,6 +84,8 @@ pub struct Inbound {
     pub publish_only_sas_keys: Vec<String>,
     /// SAS keys that may only read `/metrics`.
     pub metrics_sas_keys: Vec<String>,
+    /// SAS keys that may only receive from (and settle) one queue subscription.
+    pub receive_sas_keys: Vec<ReceiveKey>,
     /// Client-certificate identities (subject CN) that may manage; empty = every certificate.
     pub admin_identities: Vec<String>,
 }
@@ -197,6 +199,8 @@ pub struct Broker {
     pub max_events_per_request: usize,
     /// Pending events per in-memory subscription.
     pub max_pending_events_per_subscription: usize,
+    /// Received, unsettled events per queue subscription.
+    pub max_locks_per_subscription: usize,
     /// Event payload bytes held in memory, all subscriptions (0 = no limit).
     pub max_pending_bytes: u64,
     /// Topic count limit.
@@ -398,5 +402,23 @@ impl std::fmt::Debug for Telemetry {
             .field("schedule_delay", &self.schedule_delay)
             .field("event_ids_on_spans", &self.event_ids_on_spans)
             .finish()
+    }
+}
+
+/// A SAS key limited to one queue subscription's receive operations
+/// (`inbound__clientAuth__sasKeys__receiveKeys`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ReceiveKey {
+    /// Topic name.
+    pub topic: String,
+    /// Subscription name.
+    pub subscription: String,
+    /// The key (a secret: `Debug` masks it).
+    pub key: String,
+}
+
+impl std::fmt::Debug for ReceiveKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}=***", self.topic, self.subscription)
     }
 }

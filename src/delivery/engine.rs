@@ -18,6 +18,11 @@ pub struct DeliveryContext {
     pub global: Arc<Semaphore>,
     /// Per-subscription in-flight bound.
     pub max_in_flight: usize,
+    /// Per-queue-subscription bound of received, unsettled events.
+    pub max_locks: usize,
+    /// The key every queue subscription's lock tokens are signed with (one per process, so a
+    /// token of another subscription is known as such).
+    pub lock_tokens: Arc<super::pull::token::TokenKey>,
     /// Log each successful delivery.
     pub log_success: bool,
     /// Endpoint health thresholds.

@@ -31,6 +31,7 @@ pub(crate) mod health;
 pub mod http;
 pub(crate) mod payload;
 pub mod policy;
+pub mod pull;
 pub(crate) mod queue;
 mod refill;
 pub(crate) mod retry;

@@ -12,6 +12,7 @@ use super::dispatcher;
 use super::engine::DeliveryContext;
 use super::health::{EndpointHealth, HealthSnapshot};
 use super::payload::{EventData, Pending};
+use super::pull::{PullState, Puller};
 use super::queue::{SubQueue, Window};
 use super::retry::{self, DropReason};
 use super::sink::Sink;
@@ -123,6 +124,8 @@ impl Drop for Reservation {
 pub struct SubscriptionHandle {
     shared: Arc<SubscriptionState>,
     ctx: Arc<DeliveryContext>,
+    /// A queue subscription's locks (pull delivery; `None`: push).
+    pull: Option<Arc<PullState>>,
     _task: AbortOnDrop,
 }
 
@@ -145,12 +148,30 @@ impl SubscriptionHandle {
             metrics: Arc::default(),
             retired: Arc::default(),
         });
-        let task = dispatcher::spawn(shared.clone(), ctx.clone());
+        // A queue subscription is received from; its task only refills and expires locks.
+        let (pull, task) = match shared.config().sub.queue {
+            Some(_) => {
+                let pull = Arc::new(PullState::new(ctx.max_locks, ctx.lock_tokens.clone()));
+                let task = super::pull::task::spawn(shared.clone(), ctx.clone(), pull.clone());
+                (Some(pull), task)
+            }
+            None => (None, dispatcher::spawn(shared.clone(), ctx.clone())),
+        };
         Self {
             shared,
             ctx: ctx.clone(),
+            pull,
             _task: task,
         }
+    }
+
+    /// A queue subscription's receive and settle operations (`None`: a push subscription).
+    pub fn pull(&self) -> Option<Puller<'_>> {
+        self.pull.as_deref().map(|pull| Puller {
+            shared: &self.shared,
+            ctx: &self.ctx,
+            pull,
+        })
     }
 
     /// The store queue id.

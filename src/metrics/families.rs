@@ -70,6 +70,8 @@ pub struct SubscriptionView<'a> {
     pub pending: u64,
     /// Delivery requests in flight.
     pub in_flight: u64,
+    /// Received, unsettled events (queue subscriptions only).
+    pub locked: Option<u64>,
     /// Dead letters kept.
     pub dead_letters: u64,
     /// `(state, consecutive failures)` of its destination, when health is tracked (state: 0
@@ -168,7 +170,7 @@ pub fn topic_families<'a>() -> [Family<TopicView<'a>>; 6] {
 }
 
 /// Subscription families: one series per subscription (per reason for drops).
-pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 18] {
+pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 20] {
     use Kind::*;
     [
         family("DeliverySuccessCounts", Counter, "Events delivered", |s| n(s.metrics.delivery_success_counts.get())),
@@ -207,6 +209,22 @@ pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 18] {
         family("gridlet_dead_letters_evicted_total", Counter, "Dead letters evicted (or not kept) to stay within broker__deadLetter__maxEventsPerSubscription and broker__deadLetter__maxBytes, counted on the subscription whose letter arrived", |s| n(s.metrics.dead_letters_evicted.get())),
         family("gridlet_dead_letters_replayed_total", Counter, "Dead letters replayed through the API", |s| n(s.metrics.dead_letters_replayed.get())),
         family("gridlet_dead_letters", Gauge, "Dead letters currently kept", |s| n(s.dead_letters)),
+        family("gridlet_pull_locked_events", Gauge, "Queue subscriptions: events received and not yet settled (bounded by broker__maxLocksPerSubscription); gridlet_pending_events less this is the queue's depth", |s| s.locked.and_then(n)),
+        Family {
+            name: "gridlet_pull_operations_total",
+            kind: Counter,
+            help: "Queue subscriptions: events by pull operation (received, acknowledged, released, rejected, lockExpired)",
+            read: Read::By("operation", |s| match s.locked {
+                None => Vec::new(),
+                Some(_) => vec![
+                    ("received", s.metrics.received.get()),
+                    ("acknowledged", s.metrics.acknowledged.get()),
+                    ("released", s.metrics.released.get()),
+                    ("rejected", s.metrics.rejected.get()),
+                    ("lockExpired", s.metrics.lock_expired.get()),
+                ],
+            }),
+        },
         family("gridlet_endpoint_health_state", Gauge, "Destination health: 0 enabled, 1 disabled (probed), 2 frozen", |s| s.health.map(|h| SeriesValue::Number(h.0))),
         family("gridlet_endpoint_consecutive_failures", Gauge, "Consecutive failed attempts to the destination URL", |s| s.health.map(|h| SeriesValue::Number(h.1))),
     ]
@@ -374,6 +392,7 @@ mod tests {
                 metrics: &s,
                 pending: 7,
                 in_flight: 1,
+                locked: None,
                 dead_letters: 2,
                 health: None,
             }],

@@ -122,4 +122,14 @@ pub struct SubscriptionMetrics {
     pub dead_letters_evicted: Counter,
     /// Dead letters replayed through the API.
     pub dead_letters_replayed: Counter,
+    /// Queue subscriptions: events received (each receive of an event counts).
+    pub received: Counter,
+    /// Queue subscriptions: events acknowledged.
+    pub acknowledged: Counter,
+    /// Queue subscriptions: events released.
+    pub released: Counter,
+    /// Queue subscriptions: events rejected (dead-lettered by the receiver).
+    pub rejected: Counter,
+    /// Queue subscriptions: locks that expired unsettled.
+    pub lock_expired: Counter,
 }

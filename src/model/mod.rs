@@ -18,6 +18,7 @@ pub(crate) mod invalid;
 pub(crate) mod json;
 pub(crate) mod media;
 pub(crate) mod names;
+pub mod queue;
 pub(crate) mod reason;
 pub mod sas;
 pub(crate) mod signing_secret;

@@ -8,6 +8,7 @@ use super::delivery_options::DeliveryOptions;
 use super::destination::{mask_properties, Destination, DestinationTypes, Role};
 use super::json::{loose_bool, lower_keys, Obj};
 use super::names;
+use super::queue::{self, QueueSettings};
 use super::topic::{EventSchema, ResourceContext, Topic};
 use super::Invalid;
 use crate::config::Config;
@@ -189,6 +190,9 @@ pub struct Subscription {
     pub filter: Option<Filter>,
     /// Signing, static headers, dead-letter webhook.
     pub delivery: DeliveryOptions,
+    /// `deliveryConfiguration.deliveryMode` `Queue`: events wait to be received (pull delivery,
+    /// `delivery::pull`); the destination is a placeholder. `None`: pushed to the destination.
+    pub queue: Option<QueueSettings>,
 }
 
 /// `properties.destination`: the type's own parser (through `types`), plus what every type
@@ -338,7 +342,8 @@ impl Subscription {
         types: &dyn DestinationTypes,
     ) -> Result<Self, Invalid> {
         names::validate("event subscription", url_name)?;
-        let body = lower_keys(body);
+        let mut body = lower_keys(body);
+        let queue = queue::normalize(&mut body)?;
         let root = Obj::new(&body, "")?;
         check_name(&root, url_name)?;
         let empty = Value::Object(Map::new());
@@ -346,35 +351,51 @@ impl Subscription {
             .obj("properties", "properties")?
             .unwrap_or(Obj::new(&empty, "properties")?);
         check_topic(&props, topic)?;
-        let dest = props
-            .obj("destination", "properties.destination")?
-            .ok_or_else(|| Role::Delivery.invalid("properties.destination is required"))?;
-        let (destination, mut batching, schema_hint) = parse_destination(&dest, cfg, types)?;
+        let dest = match &queue {
+            Some(_) => None,
+            None => Some(
+                props
+                    .obj("destination", "properties.destination")?
+                    .ok_or_else(|| Role::Delivery.invalid("properties.destination is required"))?,
+            ),
+        };
+        let (destination, mut batching, schema_hint) = match &dest {
+            Some(dest) => parse_destination(dest, cfg, types)?,
+            None => (queue::destination(), Batching::default(), None),
+        };
         // Twin style: `deliveryPolicy` carries the batching knobs.
         if let Some(dp) = props.obj("deliverypolicy", "properties.deliveryPolicy")? {
             batching = batching.or(Batching::parse(&dp, cfg)?);
         }
         let delivery_schema = delivery_schema(&props, schema_hint, topic)?;
+        if queue.is_some() && topic.input_schema != EventSchema::CloudEventV1_0 {
+            return Err(Invalid::new(
+                "InvalidSchema",
+                format!(
+                    "a Queue subscription needs a topic with inputSchema CloudEventSchemaV1_0 (this topic's is {})",
+                    topic.input_schema.as_str()
+                ),
+            ));
+        }
         let retry_policy = match props.obj("retrypolicy", "properties.retryPolicy")? {
             Some(rp) => Some(RetryPolicy::parse(&rp)?),
             None => None,
         };
         let persisted = match props.get("persistencepolicy") {
             Some(v) => parse_persisted(v)?,
-            None => cfg.broker.default_is_persisted,
+            // Received events are settled one by one: a queue subscription keeps them on disk.
+            None => queue.is_some() || cfg.broker.default_is_persisted,
         };
         let filter = match props.obj("filter", "properties.filter")? {
             Some(f) => Some(Filter::parse(&f, cfg.api.max_included_event_types)?),
             None => None,
         };
-        let delivery = DeliveryOptions::parse(
-            &props,
-            dest.obj("properties", "properties.destination.properties")?
-                .as_ref(),
-            &destination,
-            cfg,
-            types,
-        )?;
+        let dest_props = match &dest {
+            Some(d) => d.obj("properties", "properties.destination.properties")?,
+            None => None,
+        };
+        let delivery =
+            DeliveryOptions::parse(&props, dest_props.as_ref(), &destination, cfg, types)?;
         Ok(Self {
             name: url_name.to_string(),
             topic: topic.name.clone(),
@@ -385,12 +406,17 @@ impl Subscription {
             batching,
             filter,
             delivery,
+            queue,
         })
     }
 
     /// Limits that apply: `retryPolicy` over the module defaults.
     pub fn effective_policy(&self, cfg: &Config) -> EffectivePolicy {
-        let rp = self.retry_policy.clone().unwrap_or_default();
+        let mut rp = self.retry_policy.clone().unwrap_or_default();
+        if let Some(q) = &self.queue {
+            // Receives count as attempts; the queue's own time to live.
+            rp.max_delivery_attempts = Some(q.max_delivery_count);
+        }
         let r = &cfg.resilience;
         let status_codes = rp.status_code_policy.unwrap_or(r.status_code_policy);
         EffectivePolicy {
@@ -406,10 +432,13 @@ impl Subscription {
             max_attempts: rp
                 .max_delivery_attempts
                 .unwrap_or(cfg.broker.default_max_delivery_attempts),
-            ttl: rp
-                .event_expiry_in_minutes
-                .map(|m| Duration::from_secs(u64::from(m) * 60))
-                .unwrap_or(cfg.broker.default_event_ttl),
+            ttl: match &self.queue {
+                Some(q) => q.event_ttl,
+                None => rp
+                    .event_expiry_in_minutes
+                    .map(|m| Duration::from_secs(u64::from(m) * 60))
+                    .unwrap_or(cfg.broker.default_event_ttl),
+            },
         }
     }
 
@@ -461,10 +490,13 @@ impl Subscription {
             "persistencePolicy".into(),
             json!({ "isPersisted": self.persisted }),
         );
-        props.insert(
-            "destination".into(),
-            json!({ "endpointType": self.destination.endpoint_type(), "properties": dest_props }),
-        );
+        match &self.queue {
+            Some(q) => props.insert("deliveryConfiguration".into(), q.to_json()),
+            None => props.insert(
+                "destination".into(),
+                json!({ "endpointType": self.destination.endpoint_type(), "properties": dest_props }),
+            ),
+        };
         if let Some(f) = &self.filter {
             props.insert("filter".into(), f.to_json());
         }
@@ -488,92 +520,4 @@ pub fn subscription_resource(s: &Subscription, ctx: &ResourceContext) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::destination::testing::{cfg, topic, TestTypes};
-
-    fn webhook(url: &str) -> Value {
-        json!({"properties":{"destination":{"endpointType":"WebHook","properties":{"endpointUrl":url}}}})
-    }
-
-    #[test]
-    fn batching_limits_apply_at_creation() {
-        let c = cfg(&[]);
-        let with = |k: &str, v: u32| json!({"properties":{"destination":{"endpointType":"webhook","properties":{"endpointUrl":"https://x", k: v}}}});
-        assert!(Subscription::from_put(
-            &topic(),
-            "s",
-            with("maxEventsPerBatch", 51),
-            &c,
-            &TestTypes
-        )
-        .is_err());
-        assert!(Subscription::from_put(
-            &topic(),
-            "s",
-            with("preferredBatchSizeInKilobytes", 1034),
-            &c,
-            &TestTypes
-        )
-        .is_err());
-        let s =
-            Subscription::from_put(&topic(), "s", with("maxEventsPerBatch", 10), &c, &TestTypes)
-                .unwrap();
-        assert_eq!(
-            s.batching.caps(&c),
-            BatchCaps {
-                max_events: 10,
-                max_bytes: 1_058_576
-            }
-        );
-        let s = Subscription::from_put(
-            &topic(),
-            "s",
-            with("preferredBatchSizeInKilobytes", 64),
-            &c,
-            &TestTypes,
-        )
-        .unwrap();
-        assert_eq!(
-            s.batching.caps(&c),
-            BatchCaps {
-                max_events: 10,
-                max_bytes: 64 * 1024
-            }
-        );
-    }
-
-    #[test]
-    fn persistence_policy_shapes_are_all_accepted() {
-        let c = cfg(&[]);
-        for pp in [
-            json!({"isPersisted":"true"}),
-            json!({"isPersisted":true}),
-            json!("true"),
-            json!(true),
-        ] {
-            let mut b = webhook("https://x");
-            b["properties"]["persistencePolicy"] = pp;
-            assert!(
-                Subscription::from_put(&topic(), "s", b, &c, &TestTypes)
-                    .unwrap()
-                    .persisted
-            );
-        }
-    }
-
-    #[test]
-    fn record_round_trips() {
-        let c = cfg(&[]);
-        let mut b = webhook("https://x");
-        b["properties"]["retryPolicy"] = json!({"eventExpiryInMinutes":30,"maxDeliveryAttempts":3});
-        b["properties"]["filter"] = json!({"subjectBeginsWith":"a","advancedFilters":[{"operatorType":"NumberIn","key":"data.n","values":[1,2]}]});
-        let s = Subscription::from_put(&topic(), "s", b, &c, &TestTypes).unwrap();
-        let again = Subscription::from_put(&topic(), "s", s.to_record(), &c, &TestTypes).unwrap();
-        assert_eq!(s.properties(), again.properties());
-        assert_eq!(
-            s.effective_policy(&c),
-            EffectivePolicy::original(3, Duration::from_secs(1800))
-        );
-    }
-}
+mod tests;

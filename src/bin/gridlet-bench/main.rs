@@ -23,6 +23,9 @@
 //!   ([`store_cost`], [`nats`]);
 //! * footprint: release binary size, idle RSS, start-up to serving;
 //! * crashsim: the event log's power-cut simulation over many seeds ([`crashsim`]);
+//! * pull (opt-in, not in `all`): pull delivery's receive + acknowledge throughput (batches of 1
+//!   and 100) against the same client loop on a canned server, and RSS with 1,000,000 events
+//!   waiting in a queue subscription ([`pull`]);
 //! * azure (opt-in, not in `all`): delivery to a Storage queue in Azurite beside webhook
 //!   delivery, with the raw Azurite limit ([`azure`]).
 //!
@@ -38,6 +41,7 @@ mod crashsim;
 mod nats;
 mod net;
 mod opts;
+mod pull;
 mod report;
 mod store_cost;
 mod throughput;
@@ -261,6 +265,10 @@ impl Bench {
         if wants(&o, "crashsim") {
             let seeds = o.sim_seeds.unwrap_or(if o.quick { 2_000 } else { 50_000 });
             crashsim::run(o.sim_first_seed, seeds)?;
+        }
+        // Opt-in: a million events to publish, so `all` leaves it out.
+        if o.scenarios.iter().any(|s| s == "pull") {
+            self.scenario_pull().await?;
         }
         // Opt-in: needs Azurite, so `all` leaves it out.
         if o.scenarios.iter().any(|s| s == "azure") {

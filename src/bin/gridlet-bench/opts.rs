@@ -43,7 +43,7 @@ pub(super) struct Opts {
 }
 
 const USAGE: &str =
-    "usage: gridlet-bench [--scenario a|b|c|d|e|store|footprint|crashsim|azure|all (comma list ok)] [--quick]
+    "usage: gridlet-bench [--scenario a|b|c|d|e|store|footprint|crashsim|azure|pull|all (comma list ok)] [--quick]
                      [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
                      [--down stall|refuse] [--e-in-memory] [--e-kill] [--gridlet PATH] [--max-seconds SECS]
                      [--rounds N] [--slice SECS]
@@ -195,6 +195,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         "footprint",
         "crashsim",
         "azure",
+        "pull",
         "all",
     ];
     if let Some(bad) = o.scenarios.iter().find(|s| !known.contains(&s.as_str())) {

@@ -1,0 +1,189 @@
+//! A queue subscription's lock table: the events received and not yet settled, each with the
+//! time its lock expires. Pure data: no I/O, no clock reads (callers pass `now`).
+//!
+//! Bounded: at most `max` locks (received events) per subscription; a receive first
+//! [`Locks::reserve`]s room, so concurrent receivers never pass the bound between the check and
+//! the insert.
+
+use super::super::payload::Pending;
+use std::collections::{BTreeSet, HashMap};
+use tokio::time::Instant;
+
+/// Why a token's lock could not be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lost {
+    /// No lock for that event (settled, never received, or received again since: the token
+    /// names an older attempt).
+    Unknown,
+    /// The lock expired (the event is, or is about to be, available again).
+    Expired,
+}
+
+/// One received event.
+#[derive(Debug)]
+pub struct Lock {
+    /// The event (its `attempts` is the receive that locked it).
+    pub item: Pending,
+    /// When the lock expires.
+    pub expires: Instant,
+}
+
+/// The table.
+#[derive(Debug)]
+pub struct Locks {
+    by_seq: HashMap<u64, Lock>,
+    by_expiry: BTreeSet<(Instant, u64)>,
+    reserved: usize,
+    max: usize,
+}
+
+impl Locks {
+    /// An empty table holding at most `max` locks.
+    pub fn new(max: usize) -> Self {
+        Self {
+            by_seq: HashMap::new(),
+            by_expiry: BTreeSet::new(),
+            reserved: 0,
+            max: max.max(1),
+        }
+    }
+
+    /// Locks held.
+    pub fn len(&self) -> usize {
+        self.by_seq.len()
+    }
+
+    /// Reserve room for up to `n` locks; answers how many were granted (0 when full).
+    pub fn reserve(&mut self, n: usize) -> usize {
+        let room = self.max.saturating_sub(self.by_seq.len() + self.reserved);
+        let granted = n.min(room);
+        self.reserved += granted;
+        granted
+    }
+
+    /// Lock `items` (within a reservation of `granted`), until `expires`.
+    pub fn insert(&mut self, granted: usize, items: Vec<Pending>, expires: Instant) {
+        self.reserved = self.reserved.saturating_sub(granted);
+        for item in items {
+            self.by_expiry.insert((expires, item.seq));
+            if let Some(old) = self.by_seq.insert(item.seq, Lock { item, expires }) {
+                self.by_expiry.remove(&(old.expires, old.item.seq));
+            }
+        }
+    }
+
+    fn check(&self, seq: u64, attempt: u32, now: Instant) -> Result<&Lock, Lost> {
+        let lock = self.by_seq.get(&seq).ok_or(Lost::Unknown)?;
+        if lock.item.attempts != attempt {
+            return Err(Lost::Unknown);
+        }
+        if lock.expires <= now {
+            return Err(Lost::Expired);
+        }
+        Ok(lock)
+    }
+
+    /// Take the lock of `seq` at `attempt` (to settle its event), if it holds at `now`.
+    ///
+    /// # Errors
+    /// [`Lost`] when there is no such lock or it expired (an expired lock stays for
+    /// [`Locks::expired`]).
+    pub fn take(&mut self, seq: u64, attempt: u32, now: Instant) -> Result<Pending, Lost> {
+        let expires = self.check(seq, attempt, now)?.expires;
+        self.by_expiry.remove(&(expires, seq));
+        self.by_seq
+            .remove(&seq)
+            .map(|l| l.item)
+            .ok_or(Lost::Unknown)
+    }
+
+    /// Extend the lock of `seq` at `attempt` to `until`; answers the event's retry facts
+    /// (attempts, first enqueue) for the store.
+    ///
+    /// # Errors
+    /// As [`Locks::take`].
+    pub fn renew(
+        &mut self,
+        seq: u64,
+        attempt: u32,
+        now: Instant,
+        until: Instant,
+    ) -> Result<(u32, u64), Lost> {
+        let old = self.check(seq, attempt, now)?.expires;
+        self.by_expiry.remove(&(old, seq));
+        self.by_expiry.insert((until, seq));
+        let lock = self.by_seq.get_mut(&seq).ok_or(Lost::Unknown)?;
+        lock.expires = until;
+        Ok((lock.item.attempts, lock.item.first_enqueued_ms))
+    }
+
+    /// Remove and answer every lock expired at `now`.
+    pub fn expired(&mut self, now: Instant) -> Vec<Pending> {
+        let mut out = Vec::new();
+        while let Some(&(at, seq)) = self.by_expiry.first() {
+            if at > now {
+                break;
+            }
+            self.by_expiry.pop_first();
+            if let Some(l) = self.by_seq.remove(&seq) {
+                out.push(l.item);
+            }
+        }
+        if self.by_seq.is_empty() && self.by_seq.capacity() > 1024 {
+            self.by_seq.shrink_to_fit();
+        }
+        out
+    }
+
+    /// When the next lock expires.
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.by_expiry.first().map(|(at, _)| *at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::payload::EventData;
+    use super::*;
+    use bytes::Bytes;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn p(seq: u64, attempts: u32) -> Pending {
+        Pending {
+            seq,
+            event: Arc::new(EventData::new(Bytes::from_static(b"{}"), "e".into(), None)),
+            attempts,
+            first_enqueued_ms: 5,
+            enqueued_at: Instant::now(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn locks_are_bounded_named_by_attempt_and_expire() {
+        let t0 = Instant::now();
+        let min = Duration::from_secs(60);
+        let mut l = Locks::new(3);
+        assert_eq!(l.reserve(2), 2);
+        assert_eq!(l.reserve(5), 1, "bounded, reservations counted");
+        assert_eq!(l.reserve(1), 0);
+        l.insert(2, vec![p(1, 1), p(2, 1)], t0 + min);
+        l.insert(1, vec![p(3, 2)], t0 + 2 * min);
+        assert_eq!(l.len(), 3);
+        assert_eq!(
+            l.take(1, 2, t0).unwrap_err(),
+            Lost::Unknown,
+            "older attempt"
+        );
+        assert_eq!(l.take(9, 1, t0).unwrap_err(), Lost::Unknown);
+        assert_eq!(l.take(1, 1, t0).unwrap().seq, 1);
+        assert_eq!(l.take(1, 1, t0).unwrap_err(), Lost::Unknown, "settled once");
+        assert_eq!(l.renew(2, 1, t0, t0 + 3 * min), Ok((1, 5)));
+        assert_eq!(l.next_expiry(), Some(t0 + 2 * min));
+        assert_eq!(l.take(3, 2, t0 + 2 * min).unwrap_err(), Lost::Expired);
+        let gone: Vec<u64> = l.expired(t0 + 2 * min).iter().map(|p| p.seq).collect();
+        assert_eq!(gone, vec![3]);
+        assert_eq!(l.len(), 1);
+        assert_eq!(l.reserve(5), 2);
+    }
+}

@@ -1,0 +1,484 @@
+//! Pull delivery: a queue subscription (`deliveryMode: Queue`), whose events wait until a
+//! client receives them under a lock and then acknowledges, releases, rejects or renews them
+//! (Event Grid namespaces' data plane).
+//!
+//! A sibling of the push [`super::dispatcher`] behind the same seams: the same
+//! [`super::queue::SubQueue`] (ready lane, retry lane, the window over a spilled backlog), the
+//! same admission, restore, refill, dead-letter and store-writer paths. What differs is who
+//! takes batches: a receive [`SubQueue::pick`]s them (so concurrent receivers get distinct
+//! events, under the queue's lock) and locks them in a bounded [`locks::Locks`] table, and the
+//! subscription's task ([`task`]) only refills the window, expires locks and wakes waiting
+//! receivers.
+//!
+//! Durable state, on the store's existing records (no new record kind):
+//! * a receive is a delivery attempt: the event's retry state becomes `attempts` = its
+//!   `deliveryCount`, `due` = its lock's expiry, durable before the receive answers. After a
+//!   crash or restart an unsettled event comes back when its lock would have expired, with its
+//!   count kept ([`super::subscription::SubscriptionHandle::restore`] reads exactly that);
+//! * acknowledge removes the event and answers only once the removal is durable (the store's
+//!   commit), so an acknowledged event never comes back;
+//! * release makes it due again (now, or after the delay) with its count kept; renew moves
+//!   `due` to the new expiry;
+//! * reject, a receive past `maxDeliveryCount`, and the time to live end in the dead-letter
+//!   path every subscription uses.
+//!
+//! Lock tokens ([`token`]) are unforgeable and name (subscription, event, attempt).
+
+mod locks;
+pub(super) mod task;
+pub mod token;
+
+use super::dispatcher::drop_events;
+use super::engine::DeliveryContext;
+use super::payload::Pending;
+use super::queue::{Limits, SubQueue};
+use super::retry::{self, DropReason};
+use super::sink::{FailureKind, Outcome};
+use super::subscription::SubscriptionState;
+use super::writer::Write;
+use crate::model::queue::QueueSettings;
+use crate::store::{RetryState, StoreError};
+use bytes::Bytes;
+use locks::{Locks, Lost};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use token::{TokenId, TokenKey};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// The release delays Event Grid accepts (`releaseDelayInSeconds`).
+pub const RELEASE_DELAYS: [u64; 5] = [0, 10, 60, 600, 3600];
+
+/// A queue subscription's pull state, shared by its handle and its task.
+pub struct PullState {
+    locks: Mutex<Locks>,
+    /// Receivers waiting for events (woken by the task and by releases).
+    arrived: Notify,
+    key: Arc<TokenKey>,
+}
+
+impl PullState {
+    /// A pull state holding at most `max_locks` locks, its tokens signed with `key`.
+    pub fn new(max_locks: usize, key: Arc<TokenKey>) -> Self {
+        Self {
+            locks: Mutex::new(Locks::new(max_locks)),
+            arrived: Notify::new(),
+            key,
+        }
+    }
+
+    fn locks(&self) -> std::sync::MutexGuard<'_, Locks> {
+        crate::sync::lock(&self.locks)
+    }
+
+    /// Events received and not yet settled.
+    pub fn locked(&self) -> usize {
+        self.locks().len()
+    }
+}
+
+/// One received event.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The event as published (a CloudEvent).
+    pub body: Bytes,
+    /// Its lock token.
+    pub lock_token: String,
+    /// Receives of it so far, this one included.
+    pub delivery_count: u32,
+}
+
+/// Why a lock token could not be used (`failedLockTokens[].error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenFailure {
+    /// Not a lock token gridlet issued (malformed or altered).
+    Malformed,
+    /// A token of another event subscription.
+    Foreign,
+    /// No such lock: the event was settled, or received again since (an older attempt's
+    /// token), or the token is from before a restart (or its tag does not verify).
+    Unknown,
+    /// The lock expired.
+    Expired,
+}
+
+impl TokenFailure {
+    /// The error code on the wire.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Malformed | Self::Foreign => "BadToken",
+            Self::Unknown | Self::Expired => "TokenLost",
+        }
+    }
+
+    /// The error message on the wire.
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::Malformed => "the lock token is malformed",
+            Self::Foreign => "the lock token belongs to another event subscription",
+            Self::Unknown => "the lock token is unknown: its event was settled or received again, or the token predates a restart",
+            Self::Expired => "the lock expired: the event is available to receivers again",
+        }
+    }
+}
+
+impl From<Lost> for TokenFailure {
+    fn from(l: Lost) -> Self {
+        match l {
+            Lost::Unknown => Self::Unknown,
+            Lost::Expired => Self::Expired,
+        }
+    }
+}
+
+/// The answer of acknowledge, release, reject and renew: each token succeeded or failed.
+#[derive(Debug, Default, Clone)]
+pub struct Settlement {
+    /// Tokens whose operation was done.
+    pub succeeded: Vec<String>,
+    /// Tokens refused, with why.
+    pub failed: Vec<(String, TokenFailure)>,
+}
+
+/// What can go wrong in a pull operation as a whole.
+#[derive(Debug, thiserror::Error)]
+pub enum PullError {
+    /// The subscription is not a queue subscription.
+    #[error("the event subscription's deliveryMode is Push: it cannot be received from")]
+    NotQueue,
+    /// The store could not make the operation durable.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A queue subscription's operations (see the module docs).
+pub struct Puller<'a> {
+    pub(super) shared: &'a Arc<SubscriptionState>,
+    pub(super) ctx: &'a Arc<DeliveryContext>,
+    pub(super) pull: &'a PullState,
+}
+
+impl Puller<'_> {
+    fn settings(
+        &self,
+    ) -> Result<
+        (
+            QueueSettings,
+            crate::model::subscription::EffectivePolicy,
+            bool,
+        ),
+        PullError,
+    > {
+        let cfg = self.shared.config();
+        let q = cfg.sub.queue.clone().ok_or(PullError::NotQueue)?;
+        Ok((q, cfg.policy, cfg.sub.persisted))
+    }
+
+    /// Events received and not yet settled.
+    pub fn locked(&self) -> usize {
+        self.pull.locked()
+    }
+
+    /// Receive up to `max` events, waiting up to `wait` for the first to be available
+    /// (answering as soon as some are). Each is locked for the subscription's lock duration.
+    ///
+    /// # Errors
+    /// [`PullError::NotQueue`]; the store failed to record the receive.
+    pub async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Received>, PullError> {
+        let deadline = Instant::now() + wait;
+        loop {
+            let arrived = self.pull.arrived.notified();
+            tokio::pin!(arrived);
+            arrived.as_mut().enable();
+            let got = self.take(max)?;
+            if !got.is_empty() {
+                return self.record(got).await;
+            }
+            if Instant::now() >= deadline || self.ctx.drain.started() {
+                return Ok(Vec::new());
+            }
+            tokio::select! {
+                _ = arrived => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// Take and lock up to `max` events from the queue.
+    fn take(&self, max: usize) -> Result<Vec<Pending>, PullError> {
+        let (q, policy, _) = self.settings()?;
+        let granted = self.pull.locks().reserve(max);
+        if granted == 0 {
+            return Ok(Vec::new());
+        }
+        let now = Instant::now();
+        let now_ms = self.ctx.clock.now_ms();
+        let (mut items, mut expired) = (Vec::new(), Vec::new());
+        {
+            let mut queue = self.shared.queue();
+            while items.len() < granted {
+                let lim = Limits {
+                    max_events: granted - items.len(),
+                    max_bytes: usize::MAX,
+                    max_in_flight: usize::MAX,
+                    retry_cap: usize::MAX,
+                };
+                let is_expired =
+                    |p: &Pending| retry::is_expired(&policy, p.first_enqueued_ms, now_ms);
+                match pick(&mut queue, now, &lim, is_expired, &mut expired) {
+                    Some(batch) => items.extend(batch),
+                    None => break,
+                }
+            }
+        }
+        drop_events(
+            self.shared,
+            self.ctx,
+            expired,
+            DropReason::TimeToLiveExceeded,
+            None,
+        );
+        // Received `maxDeliveryCount` times already (a lock that expired, or a release, after
+        // the last one; or recovered so after a restart): a dead letter, not another receive.
+        let (spent, mut items): (Vec<Pending>, Vec<Pending>) = items
+            .into_iter()
+            .partition(|p| p.attempts >= q.max_delivery_count);
+        drop_events(
+            self.shared,
+            self.ctx,
+            spent,
+            DropReason::MaxDeliveryAttemptsExceeded,
+            None,
+        );
+        for p in &mut items {
+            p.attempts += 1;
+        }
+        let n = items.len();
+        let expires = now + q.lock_duration;
+        let locked: Vec<Pending> = items.clone();
+        self.pull.locks().insert(granted, locked, expires);
+        self.shared.metrics.delivery_attempts_count.add(n as u64);
+        self.shared.metrics.received.add(n as u64);
+        // The window may want refilling now that events left it.
+        if n > 0 {
+            self.shared.notify.notify_one();
+        }
+        Ok(items)
+    }
+
+    /// Make the receive of `items` durable (persisted subscriptions), then answer it.
+    async fn record(&self, items: Vec<Pending>) -> Result<Vec<Received>, PullError> {
+        let (q, _, persisted) = self.settings()?;
+        if persisted {
+            let due_ms = self.ctx.clock.now_ms() + q.lock_duration.as_millis() as u64;
+            self.write_states(&items, due_ms);
+            self.durable().await?;
+        }
+        let queue = self.shared.queue_id;
+        Ok(items
+            .into_iter()
+            .map(|p| Received {
+                lock_token: self.pull.key.issue(TokenId {
+                    queue,
+                    seq: p.seq,
+                    attempt: p.attempts,
+                }),
+                delivery_count: p.attempts,
+                body: p.event.body.clone(),
+            })
+            .collect())
+    }
+
+    /// Store the retry state of `items` (their attempts, due at `due_ms`), one write per
+    /// distinct (attempts, first enqueue).
+    fn write_states(&self, items: &[Pending], due_ms: u64) {
+        let mut groups: Vec<(RetryState, Vec<u64>)> = Vec::new();
+        for p in items {
+            let state = RetryState {
+                attempts: p.attempts,
+                first_enqueued_ms: p.first_enqueued_ms,
+                due_ms,
+            };
+            match groups.iter_mut().find(|(s, _)| *s == state) {
+                Some((_, seqs)) => seqs.push(p.seq),
+                None => groups.push((state, vec![p.seq])),
+            }
+        }
+        for (state, seqs) in groups {
+            self.ctx.writer.submit(Write::RetryState {
+                owner: self.shared.owner(),
+                seqs,
+                state,
+            });
+        }
+    }
+
+    /// Wait until every store write submitted so far is durable.
+    async fn durable(&self) -> Result<(), StoreError> {
+        self.ctx.writer.flush().await;
+        self.ctx.store.commit().await
+    }
+
+    /// Check each token; for those that name a lock of this subscription that holds, `op`
+    /// runs on the lock table (under its mutex) and answers the event it settles, if any.
+    fn settle_with(
+        &self,
+        tokens: &[String],
+        mut op: impl FnMut(&mut Locks, TokenId, Instant) -> Result<Option<Pending>, Lost>,
+    ) -> (Settlement, Vec<Pending>) {
+        let now = Instant::now();
+        let mut out = Settlement::default();
+        let mut items = Vec::new();
+        let mut locks = self.pull.locks();
+        for t in tokens {
+            let r = match self.pull.key.open(t) {
+                Err(token::Refused::Malformed) => Err(TokenFailure::Malformed),
+                Err(token::Refused::Unverified) => Err(TokenFailure::Unknown),
+                Ok(id) if id.queue != self.shared.queue_id => Err(TokenFailure::Foreign),
+                Ok(id) => op(&mut locks, id, now).map_err(TokenFailure::from),
+            };
+            match r {
+                Ok(item) => {
+                    out.succeeded.push(t.clone());
+                    items.extend(item);
+                }
+                Err(f) => out.failed.push((t.clone(), f)),
+            }
+        }
+        (out, items)
+    }
+
+    /// Acknowledge: the events are delivered; answered once their removal is durable.
+    ///
+    /// # Errors
+    /// [`PullError::NotQueue`]; the store could not make the removal durable (the events may
+    /// then be received again after a restart).
+    pub async fn acknowledge(&self, tokens: &[String]) -> Result<Settlement, PullError> {
+        let (_, _, persisted) = self.settings()?;
+        let (out, items) = self.settle_with(tokens, |l, id, now| {
+            l.take(id.seq, id.attempt, now).map(Some)
+        });
+        if items.is_empty() {
+            return Ok(out);
+        }
+        let n = items.len();
+        if persisted {
+            self.ctx.writer.submit(Write::Remove {
+                owner: self.shared.owner(),
+                seqs: items.iter().map(|p| p.seq).collect(),
+            });
+        }
+        self.shared.queue().settle(n);
+        self.shared.metrics.delivery_success_counts.add(n as u64);
+        self.shared.metrics.acknowledged.add(n as u64);
+        drop(items);
+        // Places in the lock table came free: a receive waiting at the bound may go on.
+        self.pull.arrived.notify_waiters();
+        if persisted {
+            self.durable().await?;
+        }
+        Ok(out)
+    }
+
+    /// Release: the events are available again now, or after `delay`, with their delivery
+    /// counts kept.
+    ///
+    /// # Errors
+    /// [`PullError::NotQueue`].
+    pub fn release(&self, tokens: &[String], delay: Duration) -> Result<Settlement, PullError> {
+        let (_, _, persisted) = self.settings()?;
+        let (out, items) = self.settle_with(tokens, |l, id, now| {
+            l.take(id.seq, id.attempt, now).map(Some)
+        });
+        if items.is_empty() {
+            return Ok(out);
+        }
+        self.shared.metrics.released.add(items.len() as u64);
+        if persisted {
+            let due_ms = self.ctx.clock.now_ms() + delay.as_millis() as u64;
+            self.write_states(&items, due_ms);
+        }
+        requeue(&self.shared.queue, Instant::now() + delay, items);
+        // Waiting receivers look now; the task sets its timer for a delayed release.
+        self.pull.arrived.notify_waiters();
+        self.shared.notify.notify_one();
+        Ok(out)
+    }
+
+    /// Reject: the events become dead letters at once (reason `DeliveryRefused`, last error
+    /// "rejected by the receiver").
+    ///
+    /// # Errors
+    /// [`PullError::NotQueue`].
+    pub fn reject(&self, tokens: &[String]) -> Result<Settlement, PullError> {
+        self.settings()?;
+        let (out, items) = self.settle_with(tokens, |l, id, now| {
+            l.take(id.seq, id.attempt, now).map(Some)
+        });
+        if items.is_empty() {
+            return Ok(out);
+        }
+        self.shared.metrics.rejected.add(items.len() as u64);
+        let why = Outcome::failed(FailureKind::Other("rejected by the receiver".into()));
+        drop_events(
+            self.shared,
+            self.ctx,
+            items,
+            DropReason::DeliveryRefused,
+            Some(&why),
+        );
+        self.pull.arrived.notify_waiters();
+        Ok(out)
+    }
+
+    /// Renew: each lock holds for another lock duration from now.
+    ///
+    /// # Errors
+    /// [`PullError::NotQueue`].
+    pub fn renew(&self, tokens: &[String]) -> Result<Settlement, PullError> {
+        let (q, _, persisted) = self.settings()?;
+        let mut renewed: Vec<(u64, u32, u64)> = Vec::new();
+        let (out, _) = self.settle_with(tokens, |l, id, now| {
+            let (attempts, first) = l.renew(id.seq, id.attempt, now, now + q.lock_duration)?;
+            renewed.push((id.seq, attempts, first));
+            Ok(None)
+        });
+        if persisted && !renewed.is_empty() {
+            let due_ms = self.ctx.clock.now_ms() + q.lock_duration.as_millis() as u64;
+            for (seq, attempts, first_enqueued_ms) in renewed {
+                self.ctx.writer.submit(Write::RetryState {
+                    owner: self.shared.owner(),
+                    seqs: vec![seq],
+                    state: RetryState {
+                        attempts,
+                        first_enqueued_ms,
+                        due_ms,
+                    },
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One [`SubQueue::pick`], the slot it counts given back at once (a receive holds no send).
+fn pick(
+    queue: &mut SubQueue,
+    now: Instant,
+    lim: &Limits,
+    expired: impl Fn(&Pending) -> bool,
+    expired_out: &mut Vec<Pending>,
+) -> Option<Vec<Pending>> {
+    let batch = queue.pick(now, lim, expired, expired_out)?;
+    queue.finish(batch.retry);
+    Some(batch.items)
+}
+
+/// Put events back in the queue's retry lane, due at `due`, one entry each (a later receive
+/// takes as many as it asks for, never a whole released batch).
+fn requeue(queue: &Mutex<SubQueue>, due: Instant, items: Vec<Pending>) {
+    let mut q = crate::sync::lock(queue);
+    for p in items {
+        q.schedule_retry(due, vec![p]);
+    }
+}

@@ -1,0 +1,423 @@
+//! Event Grid namespaces' subscription shape on gridlet's own subscription routes:
+//! `properties.deliveryConfiguration` with `deliveryMode` `Queue` (pull delivery: clients
+//! receive under a lock and settle each event) or `Push` (gridlet's existing destinations), and
+//! `properties.filtersConfiguration`.
+//!
+//! [`normalize`] rewrites a (lowercase-keyed) PUT body of that shape into gridlet's own shape
+//! before [`super::subscription::Subscription::from_put`] reads it, so one parser stays the
+//! only parser:
+//! * `Push`: `push.destination` becomes `destination`, `push.maxDeliveryCount` and
+//!   `push.eventTimeToLive` the `retryPolicy`, the dead-letter destination `deadLetterDestination`;
+//! * `Queue`: the queue settings are parsed into [`QueueSettings`] (the subscription has no
+//!   destination), the dead-letter destination becomes `deadLetterDestination`;
+//! * `filtersConfiguration` (`includedEventTypes`, `filters`) becomes `filter`.
+//!
+//! Limits as Event Grid documents them: `receiveLockDurationInSeconds` 60–300 (default 60),
+//! `maxDeliveryCount` 1–10 (default 10), `eventTimeToLive` an ISO 8601 duration from one minute
+//! to seven days (default seven days).
+
+use super::destination::{Destination, DestinationSpec, SecretProperty};
+use super::Invalid;
+use serde_json::{json, Map, Value};
+use std::time::Duration;
+
+/// The `endpointType` a queue subscription's placeholder destination answers (never parsed
+/// from a body, never delivered to: a queue subscription is read by receivers).
+pub const QUEUE_ENDPOINT_TYPE: &str = "Queue";
+
+/// Default and bounds of `receiveLockDurationInSeconds`.
+pub const LOCK_SECONDS: (u64, u64, u64) = (60, 60, 300);
+/// Default and bounds of `maxDeliveryCount`.
+pub const MAX_DELIVERY_COUNT: (u64, u64, u64) = (10, 1, 10);
+/// Default and longest `eventTimeToLive`.
+pub const EVENT_TTL_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// A queue subscription's settings (`deliveryConfiguration.queue`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueSettings {
+    /// `receiveLockDurationInSeconds`: how long a received event stays locked to its receiver.
+    pub lock_duration: Duration,
+    /// `maxDeliveryCount`: receives before an unsettled event is dead-lettered.
+    pub max_delivery_count: u32,
+    /// `eventTimeToLive`: how long an event waits, from its publication.
+    pub event_ttl: Duration,
+    /// `eventTimeToLive` as given (echoed as is).
+    pub event_ttl_text: String,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        Self {
+            lock_duration: Duration::from_secs(LOCK_SECONDS.0),
+            max_delivery_count: MAX_DELIVERY_COUNT.0 as u32,
+            event_ttl: EVENT_TTL_MAX,
+            event_ttl_text: "P7D".into(),
+        }
+    }
+}
+
+impl QueueSettings {
+    /// `deliveryConfiguration` as echoed.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "deliveryMode": "Queue",
+            "queue": {
+                "receiveLockDurationInSeconds": self.lock_duration.as_secs(),
+                "maxDeliveryCount": self.max_delivery_count,
+                "eventTimeToLive": self.event_ttl_text,
+            }
+        })
+    }
+}
+
+/// The destination a queue subscription holds in place of one: it delivers nowhere.
+#[derive(Debug)]
+struct QueueDestination;
+
+impl DestinationSpec for QueueDestination {
+    fn echo(&self, _props: &mut Map<String, Value>) {}
+    fn secrets(&self) -> &'static [SecretProperty] {
+        &[]
+    }
+}
+
+/// The placeholder destination of a queue subscription.
+pub fn destination() -> Destination {
+    Destination::new(QUEUE_ENDPOINT_TYPE, QueueDestination)
+}
+
+fn bad(message: impl Into<String>) -> Invalid {
+    Invalid::new("InvalidDeliveryConfiguration", message)
+}
+
+/// Rewrite `body` (keys lowercased) from the namespace shape into gridlet's (see the module
+/// docs). Answers the queue settings when `deliveryMode` is `Queue`.
+///
+/// # Errors
+/// [`Invalid`] naming the field: a missing or unknown `deliveryMode`, a setting out of range, a
+/// `destination` on a queue subscription, a push configuration without a destination.
+pub fn normalize(body: &mut Value) -> Result<Option<QueueSettings>, Invalid> {
+    let Some(props) = body.get_mut("properties").and_then(Value::as_object_mut) else {
+        return Ok(None);
+    };
+    if let Some(fc) = props.remove("filtersconfiguration") {
+        let Value::Object(mut fc) = fc else {
+            return Err(Invalid::new(
+                "InvalidFilter",
+                "properties.filtersConfiguration must be a JSON object",
+            ));
+        };
+        if !props.contains_key("filter") {
+            let mut filter = Map::new();
+            if let Some(t) = fc.remove("includedeventtypes") {
+                filter.insert("includedeventtypes".into(), t);
+            }
+            if let Some(f) = fc.remove("filters") {
+                filter.insert("advancedfilters".into(), f);
+            }
+            props.insert("filter".into(), Value::Object(filter));
+        }
+    }
+    let Some(dc) = props.remove("deliveryconfiguration") else {
+        return Ok(None);
+    };
+    let Value::Object(mut dc) = dc else {
+        return Err(bad(
+            "properties.deliveryConfiguration must be a JSON object",
+        ));
+    };
+    let mode = match dc.get("deliverymode") {
+        Some(Value::String(m)) => m.to_ascii_lowercase(),
+        _ => {
+            return Err(bad(
+                "properties.deliveryConfiguration.deliveryMode is required: Queue or Push",
+            ))
+        }
+    };
+    match mode.as_str() {
+        "queue" => {
+            if props.contains_key("destination") {
+                return Err(bad(
+                    "a Queue subscription has no destination: its events are received (remove properties.destination, or use deliveryMode Push)",
+                ));
+            }
+            let q = match dc.remove("queue") {
+                None | Some(Value::Null) => Map::new(),
+                Some(Value::Object(q)) => q,
+                Some(_) => {
+                    return Err(bad(
+                        "properties.deliveryConfiguration.queue must be a JSON object",
+                    ))
+                }
+            };
+            move_dead_letter(&q, props);
+            queue_settings(&q).map(Some)
+        }
+        "push" => {
+            let p =
+                match dc.remove("push") {
+                    Some(Value::Object(p)) => p,
+                    _ => return Err(bad(
+                        "properties.deliveryConfiguration.push is required with deliveryMode Push",
+                    )),
+                };
+            push_settings(p, props)?;
+            Ok(None)
+        }
+        _ => Err(bad(format!(
+            "properties.deliveryConfiguration.deliveryMode '{mode}' is not Queue or Push"
+        ))),
+    }
+}
+
+/// `deadLetterDestinationWithResourceIdentity.deadLetterDestination` (or a bare
+/// `deadLetterDestination`) becomes the subscription's `deadLetterDestination`, unless it has one.
+fn move_dead_letter(from: &Map<String, Value>, props: &mut Map<String, Value>) {
+    let dl = from
+        .get("deadletterdestinationwithresourceidentity")
+        .and_then(|d| d.get("deadletterdestination"))
+        .or_else(|| from.get("deadletterdestination"))
+        .filter(|d| !d.is_null());
+    if let Some(dl) = dl {
+        if !props.contains_key("deadletterdestination") {
+            props.insert("deadletterdestination".into(), dl.clone());
+        }
+    }
+}
+
+fn int(
+    q: &Map<String, Value>,
+    key: &str,
+    display: &str,
+    (dflt, min, max): (u64, u64, u64),
+) -> Result<u64, Invalid> {
+    let n = match q.get(key) {
+        None | Some(Value::Null) => return Ok(dflt),
+        Some(Value::Number(n)) => n.as_u64(),
+        Some(Value::String(s)) => s.trim().parse().ok(),
+        Some(_) => None,
+    };
+    match n {
+        Some(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(bad(format!(
+            "properties.deliveryConfiguration.{display} must be a whole number from {min} to {max}"
+        ))),
+    }
+}
+
+fn ttl(q: &Map<String, Value>, path: &str) -> Result<Option<(Duration, String)>, Invalid> {
+    match q.get("eventtimetolive") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => {
+            let d = parse_duration(s).ok_or_else(|| {
+                bad(format!(
+                    "properties.deliveryConfiguration.{path}.eventTimeToLive '{s}' is not an ISO 8601 duration (e.g. P1D, PT12H)"
+                ))
+            })?;
+            if d < Duration::from_secs(60) || d > EVENT_TTL_MAX {
+                return Err(bad(format!(
+                    "properties.deliveryConfiguration.{path}.eventTimeToLive must be from PT1M to P7D"
+                )));
+            }
+            Ok(Some((d, s.trim().to_ascii_uppercase())))
+        }
+        Some(_) => Err(bad(format!(
+            "properties.deliveryConfiguration.{path}.eventTimeToLive must be a string"
+        ))),
+    }
+}
+
+fn queue_settings(q: &Map<String, Value>) -> Result<QueueSettings, Invalid> {
+    let lock = int(
+        q,
+        "receivelockdurationinseconds",
+        "queue.receiveLockDurationInSeconds",
+        LOCK_SECONDS,
+    )?;
+    let count = int(
+        q,
+        "maxdeliverycount",
+        "queue.maxDeliveryCount",
+        MAX_DELIVERY_COUNT,
+    )?;
+    let mut s = QueueSettings {
+        lock_duration: Duration::from_secs(lock),
+        max_delivery_count: count as u32,
+        ..QueueSettings::default()
+    };
+    if let Some((d, text)) = ttl(q, "queue")? {
+        s.event_ttl = d;
+        s.event_ttl_text = text;
+    }
+    Ok(s)
+}
+
+fn push_settings(mut p: Map<String, Value>, props: &mut Map<String, Value>) -> Result<(), Invalid> {
+    let dest = p.remove("destination").filter(|d| !d.is_null()).ok_or_else(|| {
+        bad("properties.deliveryConfiguration.push.destination is required with deliveryMode Push")
+    })?;
+    if props.contains_key("destination") {
+        return Err(bad(
+            "give the destination once: in properties.deliveryConfiguration.push.destination",
+        ));
+    }
+    props.insert("destination".into(), dest);
+    move_dead_letter(&p, props);
+    let mut retry = Map::new();
+    if p.contains_key("maxdeliverycount") {
+        let n = int(
+            &p,
+            "maxdeliverycount",
+            "push.maxDeliveryCount",
+            MAX_DELIVERY_COUNT,
+        )?;
+        retry.insert("maxdeliveryattempts".into(), json!(n));
+    }
+    if let Some((d, _)) = ttl(&p, "push")? {
+        retry.insert(
+            "eventexpiryinminutes".into(),
+            json!(d.as_secs().div_ceil(60)),
+        );
+    }
+    if !retry.is_empty() {
+        match props.get_mut("retrypolicy") {
+            Some(Value::Object(rp)) => {
+                for (k, v) in retry {
+                    rp.entry(k).or_insert(v);
+                }
+            }
+            _ => {
+                props.insert("retrypolicy".into(), Value::Object(retry));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An ISO 8601 duration (`P[nW][nY][nM][nD][T[nH][nM][n[.f]S]]`; a year counts 365 days, a
+/// month 30), or `None`.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim().to_ascii_uppercase();
+    let rest = s.strip_prefix('P')?;
+    let (date, time) = match rest.split_once('T') {
+        Some((d, t)) if !t.is_empty() => (d, Some(t)),
+        Some(_) => return None,
+        None => (rest, None),
+    };
+    let mut secs = 0f64;
+    let mut any = false;
+    let mut walk = |part: &str, units: &[(char, f64)]| -> Option<()> {
+        let mut num = String::new();
+        let mut next = 0usize;
+        for c in part.chars() {
+            if c.is_ascii_digit() || c == '.' {
+                num.push(c);
+                continue;
+            }
+            let i = units.iter().skip(next).position(|(u, _)| *u == c)? + next;
+            let n: f64 = num.parse().ok()?;
+            secs += n * units[i].1;
+            any = true;
+            num.clear();
+            next = i + 1;
+        }
+        num.is_empty().then_some(())
+    };
+    walk(
+        date,
+        &[
+            ('Y', 365.0 * 86400.0),
+            ('M', 30.0 * 86400.0),
+            ('W', 7.0 * 86400.0),
+            ('D', 86400.0),
+        ],
+    )?;
+    if let Some(t) = time {
+        walk(t, &[('H', 3600.0), ('M', 60.0), ('S', 1.0)])?;
+    }
+    (any && secs.is_finite() && secs >= 0.0).then(|| Duration::from_millis((secs * 1000.0) as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::json::lower_keys;
+
+    #[test]
+    fn iso_durations() {
+        let d = |s| parse_duration(s).map(|d| d.as_secs());
+        assert_eq!(d("P1D"), Some(86400));
+        assert_eq!(d("PT12H"), Some(43200));
+        assert_eq!(d("P1DT1H1M1S"), Some(90061));
+        assert_eq!(d("pt1m"), Some(60));
+        assert_eq!(d("P1W"), Some(7 * 86400));
+        assert_eq!(d("PT0.5S").map(|_| ()), Some(()));
+        for bad in ["", "P", "PT", "1D", "P1H", "PT1D", "P1D2", "PXD", "P1M1Y"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+    }
+
+    fn norm(v: Value) -> (Value, Result<Option<QueueSettings>, Invalid>) {
+        let mut v = lower_keys(v);
+        let r = normalize(&mut v);
+        (v, r)
+    }
+
+    #[test]
+    fn queue_settings_take_their_defaults_and_bounds() {
+        let (_, r) = norm(json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Queue"}}}));
+        assert_eq!(r.unwrap(), Some(QueueSettings::default()));
+        let (_, r) = norm(
+            json!({"properties":{"deliveryConfiguration":{"deliveryMode":"queue",
+            "queue":{"receiveLockDurationInSeconds":300,"maxDeliveryCount":1,"eventTimeToLive":"PT1H"}}}}),
+        );
+        let s = r.unwrap().unwrap();
+        assert_eq!(s.lock_duration, Duration::from_secs(300));
+        assert_eq!(s.max_delivery_count, 1);
+        assert_eq!(s.event_ttl, Duration::from_secs(3600));
+        for q in [
+            json!({"receiveLockDurationInSeconds":59}),
+            json!({"receiveLockDurationInSeconds":301}),
+            json!({"maxDeliveryCount":0}),
+            json!({"maxDeliveryCount":11}),
+            json!({"eventTimeToLive":"P8D"}),
+            json!({"eventTimeToLive":"PT30S"}),
+            json!({"eventTimeToLive":"one day"}),
+        ] {
+            let (_, r) = norm(
+                json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Queue","queue":q}}}),
+            );
+            assert_eq!(r.unwrap_err().code, "InvalidDeliveryConfiguration");
+        }
+        let (_, r) =
+            norm(json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Stream"}}}));
+        assert!(r.is_err());
+        let (_, r) = norm(
+            json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Queue"},
+            "destination":{"endpointType":"WebHook"}}}),
+        );
+        assert!(r.is_err(), "a queue subscription has no destination");
+    }
+
+    #[test]
+    fn push_and_filters_map_onto_gridlets_shape() {
+        let (v, r) = norm(json!({"properties":{
+            "deliveryConfiguration":{"deliveryMode":"Push","push":{
+                "maxDeliveryCount":3,"eventTimeToLive":"PT90S",
+                "destination":{"endpointType":"WebHook","properties":{"endpointUrl":"https://x"}},
+                "deadLetterDestinationWithResourceIdentity":{"deadLetterDestination":{"endpointType":"StorageBlob"}}}},
+            "filtersConfiguration":{"includedEventTypes":["a"],"filters":[{"operatorType":"BoolEquals","key":"data.b","value":true}]}}}));
+        assert_eq!(r.unwrap(), None);
+        let p = &v["properties"];
+        assert_eq!(p["destination"]["endpointtype"], "WebHook");
+        assert_eq!(
+            p["retrypolicy"],
+            json!({"maxdeliveryattempts":3,"eventexpiryinminutes":2})
+        );
+        assert_eq!(p["deadletterdestination"]["endpointtype"], "StorageBlob");
+        assert_eq!(p["filter"]["includedeventtypes"], json!(["a"]));
+        assert_eq!(p["filter"]["advancedfilters"][0]["key"], "data.b");
+        let (_, r) = norm(json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Push"}}}));
+        assert!(r.is_err(), "push needs a destination");
+    }
+}

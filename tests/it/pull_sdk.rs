@@ -1,0 +1,151 @@
+//! Pull delivery with Microsoft's own clients, unmodified: Python `azure-eventgrid` 4.22.1
+//! (`EventGridPublisherClient(namespace_topic=...)`, `EventGridConsumerClient`) and npm
+//! `@azure/eventgrid-namespaces` 1.0.0 (`EventGridSenderClient`, `EventGridReceiverClient`),
+//! each authenticating with an `AzureKeyCredential` (`Authorization: SharedAccessKey`), over HTTP
+//! (both clients allow it). `scripts/test.sh` installs them pinned: the Python package in the
+//! virtualenv the OpenTelemetry tests use (`~/.cache/gridlet/otel-py`, `GRIDLET_OTEL_PYTHON`
+//! overrides), the npm package from `tests/pull/js/package-lock.json` into
+//! `~/.cache/gridlet/eventgrid-js` (`GRIDLET_EVENTGRID_JS` overrides).
+//!
+//! Each script publishes five events (a batch and a single one), receives them, acknowledges,
+//! renews, releases (at once and with a 10 s delay), rejects, receives again (the released one
+//! with `deliveryCount` 2), and tries a settled and a malformed token; it prints what it saw.
+//! Lock expiry and the release delay's end are proven on the paused clock (`pull_clock.rs`);
+//! a restart's redelivery on the real binary (`pull_process.rs`).
+
+use crate::util::start;
+use serde_json::{json, Value};
+use std::process::Command;
+
+const KEY: &str = "pull-sdk-test-key";
+
+fn home() -> String {
+    std::env::var("HOME").unwrap_or_default()
+}
+
+fn python() -> String {
+    std::env::var("GRIDLET_OTEL_PYTHON")
+        .unwrap_or_else(|_| format!("{}/.cache/gridlet/otel-py/bin/python", home()))
+}
+
+fn js_modules() -> String {
+    std::env::var("GRIDLET_EVENTGRID_JS")
+        .unwrap_or_else(|_| format!("{}/.cache/gridlet/eventgrid-js", home()))
+        + "/node_modules"
+}
+
+/// Run one SDK script against a fresh gridlet and check what it saw; `p` is its id prefix.
+async fn scenario(p: &str, program: &str, script: &str, env: &[(&str, String)]) {
+    let g = start(&[
+        ("inbound__clientAuth__sasKeys__enabled", "true"),
+        ("inbound__clientAuth__sasKeys__key1", KEY),
+    ])
+    .await;
+    for (path, body) in [
+        (
+            "/topics/q",
+            json!({"properties":{"inputSchema":"CloudEventSchemaV1_0"}}),
+        ),
+        (
+            "/topics/q/eventSubscriptions/s",
+            json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Queue"}}}),
+        ),
+    ] {
+        let r = g
+            .client
+            .put(g.url(path))
+            .header("aeg-sas-key", KEY)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let script = format!("{}/tests/pull/{script}", env!("CARGO_MANIFEST_DIR"));
+    let (program, base) = (program.to_string(), g.base.clone());
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    // The client runs while this runtime keeps serving gridlet.
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(&program)
+            .arg(&script)
+            .args([base.as_str(), KEY, "q", "s"])
+            .envs(env)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{program} could not run ({e}): run scripts/test.sh once to install the SDKs"
+                )
+            })
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ids = |v: &[(u32, u64)]| {
+        json!(v
+            .iter()
+            .map(|(i, n)| json!([format!("{p}{i}"), n]))
+            .collect::<Vec<_>>())
+    };
+    assert_eq!(
+        got["received"],
+        ids(&[(0, 1), (1, 1), (2, 1), (3, 1), (4, 1)]),
+        "{got}"
+    );
+    assert_eq!(got["data"][format!("{p}2")], json!({"n": 2}), "{got}");
+    for op in [
+        "acknowledged",
+        "renewed",
+        "released",
+        "released_later",
+        "rejected",
+    ] {
+        assert_eq!(got[op], true, "{op}: {got}");
+    }
+    assert_eq!(
+        got["again"],
+        ids(&[(1, 2)]),
+        "released at once, delivered again; {got}"
+    );
+    assert_eq!(got["bad"], json!(["BadToken", "TokenLost"]), "{got}");
+    assert_eq!(got["acknowledged_rest"], 2, "{got}");
+    // The rejected event is a dead letter; the one released for 10 s still waits.
+    let r = g
+        .client
+        .get(g.url("/topics/q/eventSubscriptions/s/deadLetters"))
+        .header("aeg-sas-key", KEY)
+        .send()
+        .await
+        .unwrap();
+    let letters = r.text().await.unwrap();
+    assert!(
+        letters.contains(&format!("{p}3")) && letters.contains("rejected by the receiver"),
+        "{letters}"
+    );
+    let h = g.g.broker.find_subscription("q", "s").unwrap();
+    assert_eq!((h.pending(), h.pull().unwrap().locked()), (1, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_publishes_receives_and_settles() {
+    scenario("py", &python(), "sdk_pull.py", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn javascript_sdk_publishes_receives_and_settles() {
+    scenario(
+        "js",
+        "node",
+        "js/sdk_pull.cjs",
+        &[("NODE_PATH", js_modules())],
+    )
+    .await;
+}
