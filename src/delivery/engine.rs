@@ -1,9 +1,10 @@
 //! What every subscription's delivery shares: the broker-wide engine context (clock, store,
 //! in-flight bound, endpoint health, dead letters, memory bound) and the shutdown drain.
 
-use super::deadletter::{DeadLetterBound, DeadLetterStore, Forwarder};
+use super::forward::Forwarder;
 use super::health::{HealthConfig, HealthRegistry};
 use crate::clock::Clock;
+use crate::store::deadletter::{DeadLetterBound, DeadLetterStore};
 use crate::store::Store;
 use std::sync::Arc;
 use tokio::sync::Semaphore;

@@ -22,6 +22,7 @@
 //! * [`azure`]: Event Hubs, Service Bus, Storage queue and blob dead-letter sinks.
 //! * [`forward`]: dead letters to a dead-letter destination (batched, retried with patience).
 
+mod apply;
 pub mod azure;
 pub(crate) mod deadletter;
 pub(crate) mod dispatcher;
@@ -34,9 +35,11 @@ pub mod policy;
 pub(crate) mod queue;
 mod refill;
 pub(crate) mod retry;
+mod settle;
 pub mod signing;
 pub mod sink;
 pub mod sinks;
+mod state;
 pub(crate) mod subscription;
 mod trace;
 pub mod webhook;
