@@ -1,8 +1,9 @@
 //! Event subscriptions: destination, retry policy, batching, persistence, filter.
 //!
-//! [`Subscription::from_put`] is the only parser: the API, the module twin and the metadata store
-//! (which keeps [`Subscription::to_record`]) all go through it, so a stored subscription is
-//! re-validated exactly like a new one.
+//! [`Subscription::from_put`] is the only parser of subscription bodies: the API and the module
+//! twin go through it, under the settings in force. The metadata store keeps a typed record of
+//! its own instead (`super::record`: [`Subscription::to_record`] / `from_record`), read back
+//! without the parser or the settings.
 
 use super::delivery_options::DeliveryOptions;
 use super::destination::{mask_properties, Destination, DestinationTypes, Role};
@@ -16,14 +17,19 @@ use crate::policy::{names_list, ScheduleName, StatusCodePolicy};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
-/// Output batching knobs of a destination, as the subscriber set them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Output batching knobs of a destination, as the subscriber set them (also their metadata
+/// record).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", default)]
 pub struct Batching {
     /// `maxEventsPerBatch`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_events_per_batch: Option<u32>,
     /// `preferredBatchSizeInKilobytes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub preferred_batch_size_kb: Option<u32>,
     /// `deliveryPolicy.approxBatchSizeInBytes` (older twin knob).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub approx_batch_size_bytes: Option<u64>,
 }
 
@@ -413,8 +419,8 @@ impl Subscription {
         }
     }
 
-    /// The `properties` object as stored (secrets in clear: only the metadata store keeps it;
-    /// a retry schedule by its old name, which every release reads).
+    /// The `properties` object with secrets in clear (tests compare subscriptions by it; a
+    /// retry schedule by its old name).
     pub fn properties(&self) -> Value {
         self.properties_with(false)
     }
@@ -469,11 +475,6 @@ impl Subscription {
             props.insert("filter".into(), f.to_json());
         }
         Value::Object(props)
-    }
-
-    /// The stored form, read back through [`Subscription::from_put`].
-    pub fn to_record(&self) -> Value {
-        json!({ "name": self.name, "properties": self.properties() })
     }
 }
 
@@ -569,7 +570,7 @@ mod tests {
         b["properties"]["retryPolicy"] = json!({"eventExpiryInMinutes":30,"maxDeliveryAttempts":3});
         b["properties"]["filter"] = json!({"subjectBeginsWith":"a","advancedFilters":[{"operatorType":"NumberIn","key":"data.n","values":[1,2]}]});
         let s = Subscription::from_put(&topic(), "s", b, &c, &TestTypes).unwrap();
-        let again = Subscription::from_put(&topic(), "s", s.to_record(), &c, &TestTypes).unwrap();
+        let again = Subscription::from_record(s.to_record(), &TestTypes).unwrap();
         assert_eq!(s.properties(), again.properties());
         assert_eq!(
             s.effective_policy(&c),

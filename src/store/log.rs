@@ -36,6 +36,7 @@ pub mod sim;
 #[cfg(test)]
 mod tests;
 
+use crate::model::record::{SubscriptionRecord, TopicRecord};
 use crate::store::deadletter::DeadLetterStore;
 use crate::store::fs::{Fs, RealFs};
 use crate::store::sled::{deadletters::SledDeadLetterStore, SledMeta};
@@ -370,7 +371,7 @@ impl Store for LogStore {
         plans.run()
     }
 
-    fn put_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
+    fn put_topic(&self, key: &str, record: &TopicRecord) -> Result<(), StoreError> {
         self.meta.write_topic(key, record)
     }
 
@@ -380,11 +381,10 @@ impl Store for LogStore {
 
     fn put_subscription(
         &self,
-        topic: &str,
         queue: QueueId,
-        record: &Value,
+        record: &SubscriptionRecord,
     ) -> Result<(), StoreError> {
-        self.meta.write_subscription(topic, queue, record)
+        self.meta.write_subscription(queue, record)
     }
 
     fn delete_subscription(&self, queue: QueueId) -> Result<(), StoreError> {

@@ -11,8 +11,9 @@
 //! <persistence__eventsPath>/gridlet-v2/letters.format
 //! ```
 //!
-//! * `topics`: topic key → `order u64 BE ‖ record JSON` (order = creation order).
-//! * `subs`: `queue_id u32 BE` → `{"topic": name, "record": {...}}`.
+//! * `topics`: topic key → `order u64 BE ‖ TopicRecord JSON` (order = creation order).
+//! * `subs`: `queue_id u32 BE` → `SubscriptionRecord JSON` (`crate::model::record`: typed,
+//!   with a format version `v`).
 //! * `health`: destination URL → endpoint-health record JSON (disabled or frozen endpoints only).
 //!
 //! Metadata writes are flushed before the call returns. A database that cannot be opened, or

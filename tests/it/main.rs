@@ -21,6 +21,7 @@ mod outbound;
 mod packaging;
 mod persistence;
 mod process;
+mod records;
 mod resilience;
 mod schedule;
 mod secrets;

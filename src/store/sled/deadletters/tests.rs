@@ -3,7 +3,6 @@
 use super::*;
 use crate::store::log::{LogStore as SledStore, LogStoreOptions as SledOptions};
 use crate::store::Store;
-use serde_json::json;
 use std::path::Path;
 
 fn opts(dir: &Path) -> SledOptions {
@@ -42,7 +41,8 @@ fn with_queues(dir: &Path) -> SledStore {
     let s = SledStore::open(&opts(dir)).unwrap();
     for _ in 0..3 {
         let q = s.next_queue_id().unwrap();
-        s.put_subscription("t", q, &json!({})).unwrap();
+        s.put_subscription(q, &crate::store::contract::sub("s"))
+            .unwrap();
     }
     s
 }
