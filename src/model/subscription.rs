@@ -419,8 +419,8 @@ impl Subscription {
         }
     }
 
-    /// The `properties` object with secrets in clear (tests compare subscriptions by it; a
-    /// retry schedule by its old name).
+    /// The `properties` object with secrets in clear (tests compare subscriptions by it and
+    /// find the secrets to look for; a retry schedule by its old name). Never shown to anyone.
     pub fn properties(&self) -> Value {
         self.properties_with(false)
     }
