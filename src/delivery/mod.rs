@@ -4,16 +4,20 @@
 //! broker::publish ─► SubQueue.ready ─► dispatcher (one task per subscription)
 //!                                        │ pick batch (caps, in-flight budget, retry budget)
 //!                                        ▼
-//!                                   Sink::send ─► WebHook | EventGrid | EdgeHub
+//!                                   Sink::send ─► WebHook | EventGrid | EdgeHub | Azure
 //!                                        │
 //!                                        ▼
-//!                          retry::next_step(policy, attempts, age, outcome)
-//!                             Done ─► store.remove        Retry(d) ─► SubQueue.retry (+ store.update)
-//!                             Drop(reason) ─► metrics, log, store.remove
+//!             settle::settle(rules, batch, outcome, now) ─► Effects (pure, per event:
+//!                                        │                 retry::next_step)
+//!                                        ▼
+//!   apply: delivered ─► Write::Remove          retried ─► Write::RetryState, then SubQueue.retry
+//!          dead-lettered ─► Write::KeepLetters (kept, then removed), forwarded; metrics, logs
+//!          (writes: one job for the store writer, in order)
 //! ```
 //!
 //! * [`sink`]: the `Sink` trait and outcome types (the test seam).
 //! * [`retry`]: the pure schedule/limit decision.
+//! * `settle`: what an outcome (or an expiry) does, as typed effects; `apply` does them.
 //! * [`queue`]: ready lane and retry timer map.
 //! * [`dispatcher`]: the per-subscription task.
 //! * [`webhook`]: HTTP destinations, over [`http`] (gridlet's own HTTP/1.1 client).
