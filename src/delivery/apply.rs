@@ -29,7 +29,9 @@ pub(super) fn apply(
     for d in &fx.dropped {
         dead_lettered(shared, ctx, d);
     }
-    ctx.writer.submit(shared.owner(), fx.writes);
+    if !fx.writes.is_empty() {
+        ctx.writer.submit(shared.owner(), fx.writes);
+    }
     if !fx.forward.is_empty() {
         if let Some(sink) = &shared.config().dead_letter_sink {
             ctx.forwarder.submit(Forward {

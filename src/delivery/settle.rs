@@ -109,7 +109,11 @@ pub(super) fn settle(rules: Rules<'_>, batch: Batch, outcome: Outcome, now_ms: W
                     seqs: items.iter().map(|p| p.seq).collect(),
                 });
             }
-            fx.delivered.extend(items);
+            if fx.delivered.is_empty() {
+                fx.delivered = items; // the common case: no copy
+            } else {
+                fx.delivered.extend(items);
+            }
         } else {
             fx.failed.push((o.clone(), items.len()));
             failed(rules, &mut fx, items, &o, now_ms);
