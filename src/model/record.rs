@@ -30,6 +30,7 @@ use super::Invalid;
 use crate::policy::{ScheduleName, StatusCodePolicy};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use std::fmt;
 
 /// The record format this build writes and reads.
 pub const RECORD_VERSION: u32 = 1;
@@ -75,8 +76,8 @@ pub struct TopicRecord {
 }
 
 /// A destination as stored: its type and the type's own record of it (its properties, secrets
-/// in clear: only the metadata store keeps them).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// in clear: only the metadata store keeps them; `Debug` shows the property names only).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DestinationRecord {
     /// Canonical `endpointType`.
@@ -104,8 +105,8 @@ pub struct RetryPolicyRecord {
 }
 
 /// A subscription as stored. Fields added after version 1 carry `#[serde(default)]` (see the
-/// module docs).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// module docs). `Debug` leaves the secrets out.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SubscriptionRecord {
     /// Format version ([`RECORD_VERSION`]).
@@ -138,6 +139,34 @@ pub struct SubscriptionRecord {
     /// `deadLetterDestination`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DestinationRecord>,
+}
+
+impl fmt::Debug for DestinationRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DestinationRecord")
+            .field("endpoint_type", &self.endpoint_type)
+            .field("properties", &self.properties.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl fmt::Debug for SubscriptionRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SubscriptionRecord")
+            .field("v", &self.v)
+            .field("name", &self.name)
+            .field("topic", &self.topic)
+            .field("delivery_schema", &self.delivery_schema)
+            .field("persisted", &self.persisted)
+            .field("retry_policy", &self.retry_policy)
+            .field("destination", &self.destination)
+            .field("batching", &self.batching)
+            .field("filter", &self.filter)
+            .field("signing_secrets", &self.signing_secrets.len())
+            .field("attributes", &self.attributes)
+            .field("dead_letter", &self.dead_letter)
+            .finish()
+    }
 }
 
 fn bad_record(msg: impl Into<String>) -> Invalid {

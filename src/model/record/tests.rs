@@ -120,3 +120,17 @@ fn a_record_naming_what_this_build_does_not_know_is_an_error() {
     let e = Subscription::from_record(r, &TestTypes).unwrap_err();
     assert!(e.message.contains("fortnightly"), "{}", e.message);
 }
+
+#[test]
+fn debug_output_leaves_the_secrets_out() {
+    let r = full(&cfg(&[(
+        "api__deliveryPolicyLimits__maxEventsPerBatch",
+        "100",
+    )]))
+    .to_record();
+    let d = format!("{r:?}");
+    for secret in ["pw", "code=abc", "whsec_", "hidden"] {
+        assert!(!d.contains(secret), "{secret} in {d}");
+    }
+    assert!(d.contains("Sub1") && d.contains("endpointUrl"), "{d}");
+}
