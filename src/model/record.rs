@@ -56,8 +56,8 @@ pub fn check_version(bytes: &[u8]) -> Result<(), String> {
         )),
         Ok(Versioned { v: None }) => Err("record in an earlier development format (the API's \
              JSON, written before typed records; no release wrote it): move the metadata \
-             directory aside (or delete it) and create the topics and subscriptions again (the \
-             module twin re-creates its own)"
+             directory aside (or delete it), with the events directory of the same build, and \
+             create the topics and subscriptions again (the module twin re-creates its own)"
             .to_string()),
         Err(e) => Err(format!("unreadable record: {e}")),
     }

@@ -323,7 +323,8 @@ fn refuse_old_format(events_path: &std::path::Path) -> Result<(), StoreError> {
             "{}: this directory holds an event store of an earlier gridlet development build \
              (sled + publish journal, format 1), which this build does not read. Deliver its \
              events with the build that wrote them, or delete {} and {} to start with an empty \
-             event store (topics and subscriptions in the metadata directory are kept)",
+             event store (the metadata directory such a build wrote is refused too, with what \
+             to do: its topics and subscriptions are the API's JSON, not typed records)",
             old.display(),
             old.join("events").display(),
             old.join("events.journal").display(),
