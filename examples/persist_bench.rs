@@ -288,7 +288,12 @@ async fn disk_per_event(n: u64) {
     let dir = tempfile::tempdir().unwrap();
     let store = SledStore::open(&opts(dir.path(), 64 << 30)).unwrap();
     let q = store.next_queue_id().unwrap();
-    store.put_subscription("t", q, &json!({})).unwrap();
+    let record = json!({"v": 1, "name": "s", "topic": "t", "deliverySchema": "EventGridSchema",
+        "persisted": true,
+        "destination": {"endpointType": "WebHook", "properties": {"endpointUrl": "http://x/"}}});
+    store
+        .put_subscription(q, &serde_json::from_value(record).unwrap())
+        .unwrap();
     let base = store.size_on_disk();
     fill(&store, q, 1, n, &body).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -360,7 +365,7 @@ async fn startup(n: u64) {
     {
         let store = SledStore::open(&opts(dir.path(), 64 << 30)).unwrap();
         let snap = store.load().unwrap();
-        let q = snap.subscriptions[0].1;
+        let q = snap.subscriptions[0].0;
         fill(&store, q, snap.max_seq + 1, n, &body).await;
         println!(
             "  queued {n} events of {} B in {:.1} s (1000 per commit); {} on disk",

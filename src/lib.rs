@@ -11,7 +11,8 @@
 //!   ─► broker::publish (route, admit = reserve places, persist, enqueue)
 //!   ─► delivery::subscription::SubscriptionHandle ─► delivery::dispatcher (one task each)
 //!   ─► delivery::sink (webhook, Event Grid, edgeHub, Azure messaging)
-//!   ─► delivery::retry::next_step ─► done | retry lane | dead letter (store writes: delivery::writer)
+//!   ─► delivery::settle (pure: retry::next_step per event) ─► Effects ─► delivery::apply
+//!      (queue, retry lane, dead letters; store writes: delivery::writer)
 //! ```
 //!
 //! * `config`: the one typed configuration, from the environment.

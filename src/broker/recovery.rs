@@ -1,6 +1,7 @@
 //! Start-up recovery: topics, subscriptions and persisted events restored from the store.
 
 use super::*;
+use crate::model::record::{SubscriptionRecord, TopicRecord};
 use crate::store::QueueId;
 
 impl Broker {
@@ -39,7 +40,7 @@ impl Broker {
             global: Arc::new(Semaphore::new(cfg.broker.max_in_flight_total)),
             max_in_flight: cfg.broker.max_in_flight_per_subscription,
             max_locks: cfg.broker.max_locks_per_subscription,
-            lock_tokens: Arc::new(crate::delivery::pull::token::TokenKey::random()),
+            lock_tokens: Arc::new(crate::delivery::lock_token::TokenKey::random()),
             log_success: cfg.broker.log_delivery_success,
             health_cfg: cfg.resilience.health.clone(),
             health: crate::delivery::health::HealthRegistry::restore(store.clone())?,
@@ -66,61 +67,35 @@ impl Broker {
                 seq: Mutex::new(snapshot.max_seq + 1),
             }),
         };
-        let topics = restore_topics(snapshot.topics)?;
+        let topics = restore_topics(snapshot.topics);
         broker.restore_subscriptions(&topics, snapshot.subscriptions)?;
         write(&broker.inner.topics, Arc::new(topics));
         broker.inner.ctx.health.prune_unclaimed();
         Ok(broker)
     }
 
-    /// Subscriptions from their stored records, each started (and its persisted events
-    /// restored) under its topic.
+    /// Subscriptions from their stored records (read back as they were created: no setting
+    /// applies), each started (and its persisted events restored) under its topic.
     fn restore_subscriptions(
         &self,
         topics: &HashMap<String, Arc<TopicEntry>>,
-        records: Vec<(String, QueueId, serde_json::Value)>,
+        records: Vec<(QueueId, SubscriptionRecord)>,
     ) -> Result<(), OpenError> {
-        // Stored subscriptions were valid when created; outbound rules may have been tightened
-        // since (e.g. httpsOnly). Load them anyway, with a warning, rather than lose them.
-        let mut lenient = (*self.inner.cfg).clone();
-        lenient.outbound.webhook_https_only = false;
-        lenient.outbound.eventgrid_https_only = false;
-        lenient.outbound.eventgrid_allow_invalid_hostnames = true;
-        // Still refused at connect time (the HTTP client checks the resolved address).
-        lenient.outbound.denied_ranges = Vec::new();
-        for (topic_name, queue_id, rec) in records {
-            let name = rec
-                .get("name")
-                .and_then(|v| v.as_str())
-                .unwrap_or_default()
-                .to_string();
+        for (queue_id, rec) in records {
+            let name = rec.name.clone();
             let entry = topics
-                .get(&names::key(&topic_name))
+                .get(&names::key(&rec.topic))
                 .ok_or_else(|| OpenError::Record {
                     what: "subscription",
                     name: name.clone(),
-                    reason: format!("its topic '{topic_name}' is missing"),
+                    reason: format!("its topic '{}' is missing", rec.topic),
                 })?;
-            let topic = entry.topic();
-            let sub = match Subscription::from_put(
-                &topic,
-                &name,
-                rec.clone(),
-                &self.inner.cfg,
-                &DESTINATIONS,
-            ) {
-                Ok(s) => s,
-                Err(strict) => {
-                    let s = Subscription::from_put(&topic, &name, rec, &lenient, &DESTINATIONS)
-                        .map_err(|e| OpenError::Record {
-                            what: "subscription",
-                            name: name.clone(),
-                            reason: e.message,
-                        })?;
-                    tracing::warn!(subscription = %name, reason = %strict.message, "stored subscription no longer meets the current settings; loaded anyway");
-                    s
-                }
-            };
+            let sub =
+                Subscription::from_record(rec, &DESTINATIONS).map_err(|e| OpenError::Record {
+                    what: "subscription",
+                    name,
+                    reason: e.message,
+                })?;
             let sub_entry = self.start_subscription(queue_id, sub);
             if sub_entry.config().sub.persisted {
                 sub_entry.restore()?;
@@ -134,21 +109,10 @@ impl Broker {
 }
 
 /// Topics from their stored records, by key.
-fn restore_topics(
-    records: Vec<serde_json::Value>,
-) -> Result<HashMap<String, Arc<TopicEntry>>, OpenError> {
+fn restore_topics(records: Vec<TopicRecord>) -> HashMap<String, Arc<TopicEntry>> {
     let mut topics = HashMap::new();
     for rec in records {
-        let name = rec
-            .get("name")
-            .and_then(|v| v.as_str())
-            .unwrap_or_default()
-            .to_string();
-        let topic = Topic::from_put(&name, rec).map_err(|e| OpenError::Record {
-            what: "topic",
-            name: name.clone(),
-            reason: e.message,
-        })?;
+        let topic = Topic::from_record(rec);
         topics.insert(
             names::key(&topic.name),
             Arc::new(TopicEntry {
@@ -158,5 +122,5 @@ fn restore_topics(
             }),
         );
     }
-    Ok(topics)
+    topics
 }

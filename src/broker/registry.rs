@@ -175,7 +175,7 @@ impl Broker {
             self.inner
                 .ctx
                 .store
-                .put_subscription(&topic.name, existing.queue_id(), &sub.to_record())
+                .put_subscription(existing.queue_id(), &sub.to_record())
                 .map_err(BrokerError::Store)?;
             existing.set_config(self.sub_config(sub.clone()));
             return Ok(sub);
@@ -196,7 +196,7 @@ impl Broker {
         self.inner
             .ctx
             .store
-            .put_subscription(&topic.name, queue_id, &sub.to_record())
+            .put_subscription(queue_id, &sub.to_record())
             .map_err(BrokerError::Store)?;
         let sub_entry = self.start_subscription(queue_id, sub.clone());
         let mut list = (*subs).clone();

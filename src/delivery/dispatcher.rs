@@ -1,7 +1,8 @@
 //! One task per subscription: picks batches from its [`super::queue::SubQueue`], sends them
-//! through its [`Sink`], and applies [`retry::next_step`] to every outcome. The store writes
-//! that follow (remove, retry state, dead letters) go to the store writer
-//! ([`super::writer`]); reading spilled events back is [`super::refill`]'s.
+//! through its [`Sink`], and settles every outcome: [`settle::settle`] decides (a pure function,
+//! [`retry::next_step`] per event), [`apply`] does (the queue, the store writer
+//! ([`super::writer`]), the dead-letter forwarder). Reading spilled events back is
+//! [`super::refill`]'s.
 //!
 //! The task owns its in-flight sends (a `JoinSet`): deleting the subscription aborts the task and
 //! with it every send. Completions are processed by the task itself, so queue state has a single
@@ -14,21 +15,20 @@
 //!
 //! Endpoint health ([`super::health`]) gates sending: a disabled endpoint gets one probe batch
 //! per interval, a frozen one nothing; its events still expire by TTL. Events that leave
-//! undelivered become dead letters ([`super::deadletter`]).
+//! undelivered become dead letters ([`super::deadletter`], [`settle::dead_letter`]).
 
-use super::deadletter::{DeadLetter, Forward};
+use super::apply::apply;
 use super::engine::{DeliveryContext, Running};
 use super::health::Admission;
 use super::payload::Pending;
 use super::policy;
 use super::queue::{Batch, Limits};
 use super::refill::{refill, Lane};
-use super::retry::{self, DropReason, Step};
+use super::retry::{self, DropReason};
+use super::settle::{self, Effects};
 use super::sink::{DeliveryRequest, Outcome, Sink};
-use super::subscription::{SubConfig, SubscriptionState};
+use super::state::{SubConfig, SubscriptionState};
 use super::trace::{self, first_trace};
-use super::writer::Write;
-use crate::store::RetryState;
 use crate::sync::AbortOnDrop;
 use crate::telemetry::{now_ns, TraceContext, Tracer};
 use std::sync::Arc;
@@ -126,7 +126,7 @@ impl Task {
     fn send_ready(&mut self) -> Option<Round> {
         loop {
             let cfg = self.shared.config();
-            let lim = limits(&cfg, &self.ctx);
+            let lim = cfg.limits(self.ctx.max_in_flight);
             let now_ms = self.ctx.clock.now_ms();
             let admission = cfg
                 .health
@@ -163,10 +163,7 @@ impl Task {
                 |p| retry::is_expired(&cfg.policy, p.first_enqueued_ms, now_ms),
                 &mut expired,
             );
-            if !expired.is_empty() {
-                let reason = DropReason::TimeToLiveExceeded;
-                drop_events(&self.shared, &self.ctx, expired, reason, None);
-            }
+            self.expire(&cfg, expired, now_ms);
             let Some(batch) = picked else {
                 return Some(Round {
                     lim,
@@ -198,10 +195,7 @@ impl Task {
                 .shared
                 .queue()
                 .take_expired(|p| retry::is_expired(&cfg.policy, p.first_enqueued_ms, now_ms));
-            if !expired.is_empty() {
-                let reason = DropReason::TimeToLiveExceeded;
-                drop_events(&self.shared, &self.ctx, expired, reason, None);
-            }
+            self.expire(cfg, expired, now_ms);
         }
         let sweep = (self.shared.queue().pending() > 0).then_some(self.next_sweep);
         match admission {
@@ -210,6 +204,18 @@ impl Task {
                 Some(sweep.map_or(probe, |s| s.min(probe)))
             }
             _ => sweep,
+        }
+    }
+
+    /// Queued events past their time to live leave as dead letters.
+    fn expire(&self, cfg: &SubConfig, expired: Vec<Pending>, now_ms: u64) {
+        if !expired.is_empty() {
+            let reason = DropReason::TimeToLiveExceeded;
+            apply(
+                &self.shared,
+                &self.ctx,
+                settle::dead_letter(cfg.rules(), expired, reason, now_ms, true),
+            );
         }
     }
 
@@ -281,15 +287,6 @@ impl Task {
     }
 }
 
-pub(super) fn limits(cfg: &SubConfig, ctx: &DeliveryContext) -> Limits {
-    Limits {
-        max_events: cfg.batch.max_events,
-        max_bytes: cfg.batch.max_bytes,
-        max_in_flight: ctx.max_in_flight,
-        retry_cap: (ctx.max_in_flight / 4).max(1),
-    }
-}
-
 async fn sleep_until_opt(due: Option<Instant>) {
     match due {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -349,7 +346,8 @@ fn settle(
     );
 }
 
-/// Apply an attempt's outcome to its batch; answers what became of its events.
+/// Apply an attempt's outcome to its batch (decided by [`settle::settle`], done by
+/// [`apply`]); answers what became of its events.
 fn settle_batch(
     shared: &Arc<SubscriptionState>,
     ctx: &DeliveryContext,
@@ -360,233 +358,46 @@ fn settle_batch(
 ) -> trace::Settled {
     let cfg = shared.config();
     let m = &shared.metrics;
-    let n = batch.items.len() as u64;
-    m.delivery_attempts_count.add(n);
-    let ms = latency.as_millis() as u64;
+    m.delivery_attempts_count.add(batch.items.len() as u64);
+    let now_ms = ctx.clock.now_ms();
     if let Some(h) = &cfg.health {
-        h.record_outcome(&ctx.health_cfg, &outcome, ctx.clock.now_ms());
+        h.record_outcome(&ctx.health_cfg, &outcome, now_ms);
     }
     if let Some(fault) = policy::config_fault(&outcome) {
         m.destination_faults[fault as usize].inc();
     }
-    let retry_lane = batch.retry;
-    let groups = outcome.group(batch.items);
-    shared.queue().finish(retry_lane);
-    let (mut ok, mut failed) = (false, false);
-    let mut settled = trace::Settled::default();
-    for (o, items) in groups {
-        if o == Outcome::Delivered {
-            ok = true;
-            settled.acked += settle_delivered(shared, ctx, &cfg, items, ms, span);
-        } else {
-            failed = true;
-            m.delivery_failure_counts.add(items.len() as u64);
-            if let Outcome::Failed { kind, .. } = &o {
-                tracing::debug!(topic = %shared.topic, subscription = %shared.name, events = items.len(), failure = %kind, trace_id = span.map(TraceContext::trace_hex), span_id = span.map(TraceContext::span_hex), "delivery attempt failed");
-            }
-            let s = settle_failed(shared, ctx, &cfg, items, &o);
-            settled.retried += s.retried;
-            settled.delay = settled.delay.max(s.delay);
-            settled.dropped.extend(s.dropped);
-        }
-    }
-    if ok {
-        m.delivery_success_latency_ms.observe_ms(ms);
-    }
-    if failed {
-        m.delivery_failure_latency_ms.observe_ms(ms);
-    }
+    let fx = settle::settle(cfg.rules(), batch, outcome, now_ms);
+    count_attempt(shared, ctx, &fx, latency.as_millis() as u64, span);
+    let settled = apply(shared, ctx, fx);
     shared.notify.notify_one();
     settled
 }
 
-/// Delivered events leave the queue (and the store); answers how many.
-fn settle_delivered(
-    shared: &Arc<SubscriptionState>,
-    ctx: &DeliveryContext,
-    cfg: &SubConfig,
-    items: Vec<Pending>,
-    ms: u64,
-    span: Option<&TraceContext>,
-) -> usize {
-    let n = items.len() as u64;
-    shared.metrics.delivery_success_counts.add(n);
-    if ctx.log_success {
-        let span = span.or_else(|| first_trace(&items));
-        tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, attempt = items.first().map(|p| p.attempts), latency_ms = ms, trace_id = span.map(TraceContext::trace_hex), span_id = span.map(TraceContext::span_hex), "delivered");
-    }
-    if cfg.sub.persisted {
-        ctx.writer.submit(Write::Remove {
-            owner: shared.owner(),
-            seqs: items.iter().map(|p| p.seq).collect(),
-        });
-    }
-    shared.queue().settle(items.len());
-    items.len()
-}
-
-/// Failed events: each is retried (state stored first for a persisted subscription), or
-/// dead-lettered by reason, as [`retry::next_step`] decides.
-fn settle_failed(
-    shared: &Arc<SubscriptionState>,
-    ctx: &DeliveryContext,
-    cfg: &SubConfig,
-    items: Vec<Pending>,
-    outcome: &Outcome,
-) -> trace::Settled {
-    let now_ms = ctx.clock.now_ms();
-    let mut retry_items = Vec::new();
-    let mut retry_delay = Duration::ZERO;
-    let mut dropped: Vec<(DropReason, Vec<Pending>)> = Vec::new();
-    for p in items {
-        let jitter = policy::jitter_key(p.seq, p.attempts);
-        match retry::next_step(
-            &cfg.policy,
-            p.attempts,
-            p.first_enqueued_ms,
-            now_ms,
-            outcome,
-            jitter,
-        ) {
-            Step::Retry(d) => {
-                retry_delay = retry_delay.max(d);
-                retry_items.push(p);
-            }
-            Step::Drop(r) => match dropped.iter_mut().find(|(x, _)| *x == r) {
-                Some((_, v)) => v.push(p),
-                None => dropped.push((r, vec![p])),
-            },
-            Step::Done => {}
-        }
-    }
-    if cfg.sub.persisted && !retry_items.is_empty() {
-        store_retry_state(shared, ctx, &retry_items, now_ms, retry_delay);
-    }
-    let retry_items_len = retry_items.len();
-    if !retry_items.is_empty() {
-        shared
-            .queue()
-            .schedule_retry(Instant::now() + retry_delay, retry_items);
-    }
-    let settled = trace::Settled {
-        acked: 0,
-        retried: retry_items_len,
-        delay: retry_delay,
-        dropped: dropped.iter().map(|(r, v)| (*r, v.len())).collect(),
-    };
-    for (r, items) in dropped {
-        drop_events(shared, ctx, items, r, Some(outcome));
-    }
-    settled
-}
-
-/// Record a retrying batch's state (attempts, first enqueue, due time) in the store, through
-/// the writer: a restart neither retries early nor resets attempts, and a spilled retry is
-/// read back with it.
-fn store_retry_state(
+/// What the attempt counts and logs: its events delivered and failed, its latency.
+fn count_attempt(
     shared: &SubscriptionState,
     ctx: &DeliveryContext,
-    items: &[Pending],
-    now_ms: u64,
-    delay: Duration,
+    fx: &Effects,
+    ms: u64,
+    span: Option<&TraceContext>,
 ) {
-    let seqs: Vec<u64> = items.iter().map(|p| p.seq).collect();
-    let first = items
-        .iter()
-        .map(|p| p.first_enqueued_ms)
-        .min()
-        .unwrap_or(now_ms);
-    let state = RetryState {
-        attempts: items.first().map(|p| p.attempts).unwrap_or(0),
-        first_enqueued_ms: first,
-        due_ms: now_ms + delay.as_millis() as u64,
-    };
-    ctx.writer.submit(Write::RetryState {
-        owner: shared.owner(),
-        seqs,
-        state,
-    });
-}
-
-/// Events leave the queue undelivered: dead-lettered ([`dead_letter`]) and settled.
-pub(super) fn drop_events(
-    shared: &Arc<SubscriptionState>,
-    ctx: &DeliveryContext,
-    items: Vec<Pending>,
-    reason: DropReason,
-    last: Option<&Outcome>,
-) {
-    if items.is_empty() {
-        return;
-    }
-    let n = items.len();
-    dead_letter(shared, ctx, &items, reason, last);
-    shared.queue().settle(n);
-}
-
-/// Events that will not be delivered: counted, logged, kept as dead letters (and forwarded to
-/// the dead-letter webhook), removed from the store. `last` is the attempt that decided it, if
-/// any. The caller settles them in the queue if they were in it.
-pub(super) fn dead_letter(
-    shared: &Arc<SubscriptionState>,
-    ctx: &DeliveryContext,
-    items: &[Pending],
-    reason: DropReason,
-    last: Option<&Outcome>,
-) {
-    if items.is_empty() {
-        return;
-    }
-    let n = items.len();
-    if last.is_none() {
-        trace::dropped_span(&ctx.tracer, items, reason);
-    }
     let m = &shared.metrics;
-    m.expired_counts.add(n as u64);
-    match reason {
-        DropReason::MaxDeliveryAttemptsExceeded => m.dropped_max_attempts.add(n as u64),
-        DropReason::TimeToLiveExceeded => m.dropped_expired.add(n as u64),
-        DropReason::DeliveryRefused => m.dropped_refused.add(n as u64),
-        DropReason::QueueFull => m.dropped_queue_full.add(n as u64),
+    if !fx.delivered.is_empty() {
+        let n = fx.delivered.len() as u64;
+        m.delivery_success_counts.add(n);
+        if ctx.log_success {
+            let span = span.or_else(|| first_trace(&fx.delivered));
+            tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, attempt = fx.delivered.first().map(|p| p.attempts), latency_ms = ms, trace_id = span.map(TraceContext::trace_hex), span_id = span.map(TraceContext::span_hex), "delivered");
+        }
+        m.delivery_success_latency_ms.observe_ms(ms);
     }
-    let trace = first_trace(items);
-    tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, reason = reason.as_str(), first_event_id = items.first().map(|p| &*p.event.id).unwrap_or(""), trace_id = trace.map(TraceContext::trace_hex), span_id = trace.map(TraceContext::span_hex), "events dead-lettered");
-    let cfg = shared.config();
-    let now_ms = ctx.clock.now_ms();
-    let (last_status, last_error) = super::deadletter::describe(last);
-    let letters: Vec<DeadLetter> = items
-        .iter()
-        .map(|p| DeadLetter {
-            id: 0,
-            seq: p.seq,
-            event_id: p.event.id.to_string(),
-            body: p.event.body.clone(),
-            reason,
-            last_status,
-            last_error: last_error.clone(),
-            attempts: p.attempts,
-            first_enqueued_ms: p.first_enqueued_ms,
-            dead_lettered_ms: now_ms,
-        })
-        .collect();
-    // Kept (and their events removed from the store) on the writer thread, in that order:
-    // after a crash each event is pending, a dead letter, or both, never neither.
-    let seqs: Vec<u64> = if cfg.sub.persisted {
-        items.iter().map(|p| p.seq).collect()
-    } else {
-        Vec::new()
-    };
-    ctx.writer.submit(Write::KeepLetters {
-        owner: shared.owner(),
-        letters: letters.clone(),
-        seqs,
-    });
-    if let Some(sink) = &cfg.dead_letter_sink {
-        ctx.forwarder.submit(Forward {
-            sink: sink.clone(),
-            topic: shared.topic.clone(),
-            subscription: shared.name.clone(),
-            letters,
-        });
+    for (o, n) in &fx.failed {
+        m.delivery_failure_counts.add(*n as u64);
+        if let Outcome::Failed { kind, .. } = o {
+            tracing::debug!(topic = %shared.topic, subscription = %shared.name, events = n, failure = %kind, trace_id = span.map(TraceContext::trace_hex), span_id = span.map(TraceContext::span_hex), "delivery attempt failed");
+        }
+    }
+    if !fx.failed.is_empty() {
+        m.delivery_failure_latency_ms.observe_ms(ms);
     }
 }

@@ -1,9 +1,10 @@
 //! What every subscription's delivery shares: the broker-wide engine context (clock, store,
 //! in-flight bound, endpoint health, dead letters, memory bound) and the shutdown drain.
 
-use super::deadletter::{DeadLetterBound, DeadLetterStore, Forwarder};
+use super::forward::Forwarder;
 use super::health::{HealthConfig, HealthRegistry};
 use crate::clock::Clock;
+use crate::store::deadletter::{DeadLetterBound, DeadLetterStore};
 use crate::store::Store;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
@@ -22,7 +23,7 @@ pub struct DeliveryContext {
     pub max_locks: usize,
     /// The key every queue subscription's lock tokens are signed with (one per process, so a
     /// token of another subscription is known as such).
-    pub lock_tokens: Arc<super::pull::token::TokenKey>,
+    pub lock_tokens: Arc<super::lock_token::TokenKey>,
     /// Log each successful delivery.
     pub log_success: bool,
     /// Endpoint health thresholds.

@@ -13,10 +13,10 @@
 //! counted as failed forwards. Sends run concurrently, so one slow destination does not hold
 //! up another's letters.
 
-use super::deadletter::DeadLetter;
 use super::sink::{DeliveryRequest, Outcome, Sink};
 use crate::model::topic::EventSchema;
 use crate::policy::ForwardPolicy;
+use crate::store::deadletter::DeadLetter;
 use bytes::Bytes;
 use std::sync::Arc;
 use tokio::sync::mpsc;

@@ -4,16 +4,20 @@
 //! broker::publish ─► SubQueue.ready ─► dispatcher (one task per subscription)
 //!                                        │ pick batch (caps, in-flight budget, retry budget)
 //!                                        ▼
-//!                                   Sink::send ─► WebHook | EventGrid | EdgeHub
+//!                                   Sink::send ─► WebHook | EventGrid | EdgeHub | Azure
 //!                                        │
 //!                                        ▼
-//!                          retry::next_step(policy, attempts, age, outcome)
-//!                             Done ─► store.remove        Retry(d) ─► SubQueue.retry (+ store.update)
-//!                             Drop(reason) ─► metrics, log, store.remove
+//!             settle::settle(rules, batch, outcome, now) ─► Effects (pure, per event:
+//!                                        │                 retry::next_step)
+//!                                        ▼
+//!   apply: delivered ─► Write::Remove          retried ─► Write::RetryState, then SubQueue.retry
+//!          dead-lettered ─► Write::KeepLetters (kept, then removed), forwarded; metrics, logs
+//!          (writes: one job for the store writer, in order)
 //! ```
 //!
 //! * [`sink`]: the `Sink` trait and outcome types (the test seam).
 //! * [`retry`]: the pure schedule/limit decision.
+//! * `settle`: what an outcome (or an expiry) does, as typed effects; `apply` does them.
 //! * [`queue`]: ready lane and retry timer map.
 //! * [`dispatcher`]: the per-subscription task.
 //! * [`webhook`]: HTTP destinations, over [`http`] (gridlet's own HTTP/1.1 client).
@@ -22,6 +26,7 @@
 //! * [`azure`]: Event Hubs, Service Bus, Storage queue and blob dead-letter sinks.
 //! * [`forward`]: dead letters to a dead-letter destination (batched, retried with patience).
 
+mod apply;
 pub mod azure;
 pub(crate) mod deadletter;
 pub(crate) mod dispatcher;
@@ -29,15 +34,18 @@ pub(crate) mod engine;
 pub(crate) mod forward;
 pub(crate) mod health;
 pub mod http;
+pub mod lock_token;
 pub(crate) mod payload;
 pub mod policy;
 pub mod pull;
 pub(crate) mod queue;
 mod refill;
 pub(crate) mod retry;
+mod settle;
 pub mod signing;
 pub mod sink;
 pub mod sinks;
+mod state;
 pub(crate) mod subscription;
 mod trace;
 pub mod webhook;

@@ -3,11 +3,12 @@
 //! spilled retries fall due, the dispatcher reads their bodies and retry states from the store,
 //! on the blocking pool, after the store writer has run every write submitted before.
 
-use super::dispatcher::drop_events;
+use super::apply::apply;
 use super::engine::DeliveryContext;
 use super::payload::{EventData, Pending};
 use super::retry::{self, DropReason};
-use super::subscription::SubscriptionState;
+use super::settle;
+use super::state::SubscriptionState;
 use crate::store::{QueueId, Store, StoreError, StoredEvent};
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,7 +126,12 @@ pub(super) async fn refill(
         tracing::warn!(subscription = %shared.name, events = missing, "queued events were no longer in the store; skipped");
     }
     if !expired.is_empty() {
-        drop_events(shared, ctx, expired, DropReason::TimeToLiveExceeded, None);
+        let reason = DropReason::TimeToLiveExceeded;
+        apply(
+            shared,
+            ctx,
+            settle::dead_letter(cfg.rules(), expired, reason, now_ms, true),
+        );
         // An expired backlog is walked through window by window without waiting for a send.
         shared.notify.notify_one();
     }
@@ -142,7 +148,7 @@ fn hand_back(
     match lane {
         Lane::Ready => shared.queue().refilled(loaded, unread),
         Lane::Retry => {
-            let lim = super::dispatcher::limits(&shared.config(), ctx);
+            let lim = shared.config().limits(ctx.max_in_flight);
             shared
                 .queue()
                 .retries_loaded(loaded, unread, Instant::now(), &lim);

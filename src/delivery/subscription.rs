@@ -8,82 +8,26 @@
 //! back when the reservation drops, so the bound (`broker__maxPendingEventsPerSubscription`)
 //! holds exactly, with no window between the check and the push.
 
+use super::apply::apply;
 use super::dispatcher;
 use super::engine::DeliveryContext;
-use super::health::{EndpointHealth, HealthSnapshot};
+use super::health::HealthSnapshot;
 use super::payload::{EventData, Pending};
 use super::pull::{PullState, Puller};
 use super::queue::{SubQueue, Window};
 use super::retry::{self, DropReason};
-use super::sink::Sink;
+use super::settle;
+use super::state::SubscriptionState;
 use crate::metrics::SubscriptionMetrics;
-use crate::model::subscription::{BatchCaps, EffectivePolicy, Subscription};
 use crate::store::{QueueId, StoreError};
 use crate::sync::AbortOnDrop;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// Everything about a subscription that a PUT may change, swapped as a whole.
-pub struct SubConfig {
-    /// The subscription as created/updated.
-    pub sub: Subscription,
-    /// Retry limits in force.
-    pub policy: EffectivePolicy,
-    /// What one request may carry.
-    pub batch: BatchCaps,
-    /// Where batches go.
-    pub sink: Arc<dyn Sink>,
-    /// The destination URL's health tracker (HTTP destinations, health tracking on).
-    pub health: Option<Arc<EndpointHealth>>,
-    /// Where dead letters are also posted (`deadLetterDestination`).
-    pub dead_letter_sink: Option<Arc<dyn Sink>>,
-}
-
-/// State shared between a subscription's handle and its task.
-pub(super) struct SubscriptionState {
-    /// Store queue id.
-    pub queue_id: QueueId,
-    /// Topic name.
-    pub topic: Arc<str>,
-    /// Subscription name.
-    pub name: Arc<str>,
-    /// Current configuration.
-    pub config: RwLock<Arc<SubConfig>>,
-    /// The queue (short critical sections only, never across an await).
-    pub queue: Mutex<SubQueue>,
-    /// Wakes the task: new events, or a slot freed.
-    pub notify: Notify,
-    /// Metrics.
-    pub metrics: Arc<SubscriptionMetrics>,
-    /// Set when the subscription is deleted: store writes still queued for it keep nothing.
-    pub retired: Arc<AtomicBool>,
-}
-
-impl SubscriptionState {
-    /// Current configuration snapshot.
-    pub fn config(&self) -> Arc<SubConfig> {
-        crate::sync::read(&self.config).clone()
-    }
-
-    /// Who the store writer writes for.
-    pub fn owner(&self) -> super::writer::Owner {
-        super::writer::Owner {
-            queue: self.queue_id,
-            name: self.name.clone(),
-            metrics: self.metrics.clone(),
-            retired: self.retired.clone(),
-        }
-    }
-
-    /// Lock the queue. Every critical section is a few map operations with no await and no
-    /// panic path, so a poisoned lock still holds consistent data.
-    pub fn queue(&self) -> std::sync::MutexGuard<'_, SubQueue> {
-        crate::sync::lock(&self.queue)
-    }
-}
+pub use super::state::SubConfig;
 
 /// The queue has no room for the events asked (`broker__maxPendingEventsPerSubscription`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -306,7 +250,9 @@ impl SubscriptionHandle {
             .map(|(seq, data)| fresh(seq, data.clone(), now_ms, now))
             .collect();
         self.shared.metrics.enqueued.add(items.len() as u64);
-        dispatcher::dead_letter(&self.shared, &self.ctx, &items, DropReason::QueueFull, None);
+        let (cfg, at) = (self.shared.config(), self.ctx.clock.now_ms());
+        let fx = settle::dead_letter(cfg.rules(), items, DropReason::QueueFull, at, false);
+        apply(&self.shared, &self.ctx, fx);
     }
 
     /// Queue replayed dead letters (new sequence numbers, fresh attempts and time to live)
@@ -335,7 +281,8 @@ impl SubscriptionHandle {
         let index = store.pending_runs(self.shared.queue_id)?;
         let now_ms = self.ctx.clock.now_ms();
         let now = Instant::now();
-        let policy = self.config().policy;
+        let cfg = self.config();
+        let policy = cfg.policy;
         let mut expired = Vec::new();
         {
             let mut q = self.shared.queue();
@@ -378,14 +325,11 @@ impl SubscriptionHandle {
                         enqueued_at: now,
                     })
                     .collect();
-                // Counts them, keeps them as dead letters, then removes them from the store.
-                dispatcher::dead_letter(
-                    &self.shared,
-                    &self.ctx,
-                    &items,
-                    DropReason::TimeToLiveExceeded,
-                    None,
-                );
+                // Counts them, keeps them as dead letters, then removes them from the store
+                // (they never held places in the queue).
+                let reason = DropReason::TimeToLiveExceeded;
+                let fx = settle::dead_letter(cfg.rules(), items, reason, now_ms, false);
+                apply(&self.shared, &self.ctx, fx);
             }
         }
         Ok(())

@@ -7,7 +7,7 @@ use super::payload::Pending;
 use super::queue::Batch;
 use super::retry::DropReason;
 use super::sink::{FailureKind, Outcome};
-use super::subscription::SubConfig;
+use super::state::SubConfig;
 use crate::telemetry::{now_ns, Link, SpanData, SpanKind, Status, TraceContext, Tracer, Value};
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,16 +3,18 @@
 //! on the disk or on sled's internal locks.
 //!
 //! What it writes is data, not code: a [`Write`] says what happens (remove delivered events,
-//! record a retry's state, keep dead letters and then remove their events) and [`execute`] is
-//! the one place that does it. Order is what makes this safe. Writes run one at a time in
-//! submission order, so for any event its retry state comes before its removal, and within
+//! record a retry's state, keep dead letters and then remove their events), decided by
+//! `settle` (`settle::Effects::writes`), and [`write`] is the one place that does it. Order is
+//! what makes this safe. One attempt's writes are one job, run in the order `settle` listed
+//! them, and jobs run one at a time in submission order, so for any event its retry state
+//! comes before its removal, and within
 //! [`Write::KeepLetters`] the letters are kept **before** their events are removed: after a crash
 //! each event is pending, a dead letter, or both, never neither. Readers that must see earlier
 //! writes (reading a spilled retry's state back, listing or replaying dead letters) first wait
 //! for the writer to reach the point at which they asked ([`StoreWriter::mark`] /
 //! [`StoreWriter::wait_for`]), off the async workers too.
 //!
-//! Bounds: at most [`QUEUE_BOUND`] writes wait. A dispatcher that finds the queue full waits for
+//! Bounds: at most [`QUEUE_BOUND`] jobs wait. A dispatcher that finds the queue full waits for
 //! room (on a multi-threaded runtime through `block_in_place`, so its worker's other tasks move
 //! on): a disk slower than the deliveries slows the deliveries instead of growing memory.
 //!
@@ -27,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
 
-/// Writes that may wait for the writer thread.
+/// Jobs (one attempt's writes each) that may wait for the writer thread.
 pub const QUEUE_BOUND: usize = 4096;
 
 /// Whose write it is: for log lines, metrics, and to drop writes of a deleted subscription.
@@ -43,19 +45,16 @@ pub struct Owner {
     pub retired: Arc<AtomicBool>,
 }
 
-/// One store write after a delivery attempt.
+/// One store write after a delivery attempt (of the subscription its job's [`Owner`] names).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write {
     /// Delivered events leave the store.
     Remove {
-        /// Whose.
-        owner: Owner,
         /// Their sequence numbers.
         seqs: Vec<u64>,
     },
     /// A retrying batch's state (attempts, first enqueue, due time).
     RetryState {
-        /// Whose.
-        owner: Owner,
         /// Their sequence numbers.
         seqs: Vec<u64>,
         /// The state.
@@ -64,13 +63,17 @@ pub enum Write {
     /// Keep the letters within the bound, then remove their events (`seqs`: persisted
     /// subscriptions only) from the store, in that order.
     KeepLetters {
-        /// Whose.
-        owner: Owner,
         /// The letters.
         letters: Vec<DeadLetter>,
         /// Their events' sequence numbers in the store (empty: not persisted).
         seqs: Vec<u64>,
     },
+}
+
+/// What the writer thread is handed: one subscription's writes, run in order.
+enum Job {
+    /// Whose, and what.
+    Writes(Owner, Vec<Write>),
     /// Run a function (tests: gates and order probes).
     #[cfg(test)]
     Probe(Box<dyn FnOnce() + Send + 'static>),
@@ -87,27 +90,34 @@ pub struct Targets {
     pub bound: DeadLetterBound,
 }
 
+/// Do one job's writes, in order.
+fn execute(job: Job, t: &Targets) {
+    match job {
+        Job::Writes(owner, writes) => {
+            for w in writes {
+                write(&owner, w, t);
+            }
+        }
+        #[cfg(test)]
+        Job::Probe(f) => f(),
+    }
+}
+
 /// Do one write. Failures are logged: the event is then delivered again after a restart (a
 /// removal), retried with an older attempt count (a state), or not kept as a letter.
-pub fn execute(w: Write, t: &Targets) {
+pub fn write(owner: &Owner, w: Write, t: &Targets) {
     match w {
-        Write::Remove { owner, seqs } => {
+        Write::Remove { seqs } => {
             if let Err(e) = t.store.remove(owner.queue, &seqs) {
                 tracing::error!(subscription = %owner.name, error = %e, "could not remove delivered events from the store; they may be delivered again after a restart");
             }
         }
-        Write::RetryState { owner, seqs, state } => {
+        Write::RetryState { seqs, state } => {
             if let Err(e) = t.store.update(owner.queue, &seqs, state) {
                 tracing::error!(subscription = %owner.name, error = %e, "could not persist retry state");
             }
         }
-        Write::KeepLetters {
-            owner,
-            letters,
-            seqs,
-        } => keep_letters(&owner, letters, &seqs, t),
-        #[cfg(test)]
-        Write::Probe(f) => f(),
+        Write::KeepLetters { letters, seqs } => keep_letters(owner, letters, &seqs, t),
     }
 }
 
@@ -146,7 +156,7 @@ struct Progress {
 /// Handle to the writer thread. The thread ends once the handle is dropped and every write
 /// submitted before has run.
 pub struct StoreWriter {
-    tx: SyncSender<Write>,
+    tx: SyncSender<Job>,
     submitted: AtomicU64,
     progress: Arc<Progress>,
     targets: Targets,
@@ -158,7 +168,7 @@ impl StoreWriter {
     /// # Errors
     /// The OS could not start a thread.
     pub fn start(targets: Targets) -> std::io::Result<Self> {
-        let (tx, rx) = sync_channel::<Write>(QUEUE_BOUND);
+        let (tx, rx) = sync_channel::<Job>(QUEUE_BOUND);
         let progress = Arc::new(Progress::default());
         let (p, t) = (progress.clone(), targets.clone());
         std::thread::Builder::new()
@@ -172,21 +182,27 @@ impl StoreWriter {
         })
     }
 
-    /// Queue `w` behind every write submitted before it. Waits for room when
-    /// [`QUEUE_BOUND`] writes are waiting; if the thread is gone, writes here.
-    pub fn submit(&self, w: Write) {
+    /// Queue `owner`'s `writes` (run in order) behind every write submitted before them.
+    /// Waits for room when [`QUEUE_BOUND`] jobs are waiting; if the thread is gone, writes here.
+    pub fn submit(&self, owner: Owner, writes: Vec<Write>) {
+        if !writes.is_empty() {
+            self.send(Job::Writes(owner, writes));
+        }
+    }
+
+    fn send(&self, job: Job) {
         self.submitted.fetch_add(1, Ordering::SeqCst);
-        let w = match self.tx.try_send(w) {
+        let job = match self.tx.try_send(job) {
             Ok(()) => return,
-            Err(TrySendError::Full(w)) => w,
-            Err(TrySendError::Disconnected(w)) => {
-                execute(w, &self.targets);
+            Err(TrySendError::Full(j)) => j,
+            Err(TrySendError::Disconnected(j)) => {
+                execute(j, &self.targets);
                 self.advance();
                 return;
             }
         };
         let send = || {
-            if let Err(e) = self.tx.send(w) {
+            if let Err(e) = self.tx.send(job) {
                 execute(e.0, &self.targets);
                 self.advance();
             }
@@ -195,6 +211,12 @@ impl StoreWriter {
             Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(send),
             _ => send(),
         }
+    }
+
+    /// Run `f` on the writer thread in turn (tests: gates and order probes).
+    #[cfg(test)]
+    fn probe(&self, f: impl FnOnce() + Send + 'static) {
+        self.send(Job::Probe(Box::new(f)));
     }
 
     /// Writes submitted so far: pass it to [`StoreWriter::wait_for`].
@@ -231,9 +253,9 @@ fn advance(p: &Progress) {
     p.advanced.notify_all();
 }
 
-fn run(rx: Receiver<Write>, progress: &Progress, targets: &Targets) {
-    while let Ok(w) = rx.recv() {
-        execute(w, targets);
+fn run(rx: Receiver<Job>, progress: &Progress, targets: &Targets) {
+    while let Ok(job) = rx.recv() {
+        execute(job, targets);
         advance(progress);
     }
 }
@@ -272,9 +294,7 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         for i in 0..1000 {
             let seen = seen.clone();
-            w.submit(Write::Probe(Box::new(move || {
-                crate::sync::lock(&seen).push(i)
-            })));
+            w.probe(move || crate::sync::lock(&seen).push(i));
         }
         w.wait_for(w.mark());
         assert_eq!(*crate::sync::lock(&seen), (0..1000).collect::<Vec<_>>());
@@ -307,9 +327,9 @@ mod tests {
             dead_lettered_ms: 2,
         };
         let o = owner(1);
-        execute(
+        write(
+            &o,
             Write::KeepLetters {
-                owner: o.clone(),
                 letters: vec![letter],
                 seqs: vec![7],
             },
@@ -320,9 +340,9 @@ mod tests {
         assert_eq!(o.metrics.dead_lettered.get(), 1);
         // A deleted subscription keeps nothing.
         o.retired.store(true, Ordering::SeqCst);
-        execute(
+        write(
+            &o,
             Write::KeepLetters {
-                owner: o,
                 letters: vec![],
                 seqs: vec![],
             },
@@ -335,17 +355,17 @@ mod tests {
         let w = Arc::new(StoreWriter::start(targets()).unwrap());
         let gate = Arc::new((Mutex::new(false), Condvar::new()));
         let g = gate.clone();
-        w.submit(Write::Probe(Box::new(move || {
+        w.probe(move || {
             let mut open = crate::sync::lock(&g.0);
             while !*open {
                 open = g.1.wait(open).unwrap_or_else(|p| p.into_inner());
             }
-        })));
+        });
         for _ in 0..QUEUE_BOUND {
-            w.submit(Write::Probe(Box::new(|| {})));
+            w.probe(|| {});
         }
         let w2 = w.clone();
-        let blocked = std::thread::spawn(move || w2.submit(Write::Probe(Box::new(|| {}))));
+        let blocked = std::thread::spawn(move || w2.probe(|| {}));
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(!blocked.is_finished(), "the submitter waits for room");
         *crate::sync::lock(&gate.0) = true;

@@ -64,8 +64,9 @@ impl AttributeTarget {
     }
 }
 
-/// Where a value comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where a value comes from (in a metadata record: `{"static": …}` or `{"dynamic": …}`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub enum AttributeValue {
     /// This value.
     Static(String),
@@ -73,8 +74,9 @@ pub enum AttributeValue {
     Dynamic(String),
 }
 
-/// One mapping.
-#[derive(Clone, PartialEq, Eq)]
+/// One mapping (also its metadata record).
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct DeliveryAttribute {
     /// Name as given (a header or property name).
     pub name: String,

@@ -202,7 +202,7 @@ mod tests {
                 ["isSecret"],
             true
         );
-        let again = Subscription::from_put(&topic(), "s", s.to_record(), &c, &TestTypes).unwrap();
+        let again = Subscription::from_record(s.to_record(), &TestTypes).unwrap();
         assert_eq!(again.properties(), echo);
         assert!(
             !format!("{:?}", s.delivery).contains("C2FV"),

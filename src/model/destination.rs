@@ -225,6 +225,24 @@ pub trait DestinationTypes: Sync {
         cfg: &Config,
         role: Role,
     ) -> Result<Destination, Invalid>;
+
+    /// The destination a metadata record holds, read back by its type without the settings
+    /// (the rules for new destinations were met when it was created).
+    ///
+    /// # Errors
+    /// The type is unknown to this build, or the record lacks what the type needs.
+    fn restore(&self, record: &super::record::DestinationRecord) -> Result<Destination, String>;
+}
+
+/// A stored destination's string property `name` (its echoed name).
+///
+/// # Errors
+/// Missing or not a string.
+pub fn stored_str<'a>(props: &'a Map<String, Value>, name: &str) -> Result<&'a str, String> {
+    props
+        .get(name)
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("{name} is missing"))
 }
 
 /// Mask `secrets` in `props` (echoed names) in place.
@@ -507,6 +525,23 @@ pub(crate) mod testing {
                     Ok(Destination::new("EdgeHub", Output(o.to_string())))
                 }
                 other => Err(role.invalid(format!("endpointType '{other}' is not supported"))),
+            }
+        }
+
+        fn restore(
+            &self,
+            r: &crate::model::record::DestinationRecord,
+        ) -> Result<Destination, String> {
+            match r.endpoint_type.as_str() {
+                "WebHook" => Ok(Destination::new(
+                    "WebHook",
+                    Hook(stored_str(&r.properties, "endpointUrl")?.to_string()),
+                )),
+                "EdgeHub" => Ok(Destination::new(
+                    "EdgeHub",
+                    Output(stored_str(&r.properties, "outputName")?.to_string()),
+                )),
+                other => Err(format!("endpointType '{other}' is not known")),
             }
         }
     }

@@ -521,6 +521,16 @@ impl Filter {
         })
     }
 
+    /// The filter of a metadata record ([`Filter::to_json`]'s canonical form), compiled again:
+    /// no setting applies (`includedEventTypes` was checked against the limit when created).
+    ///
+    /// # Errors
+    /// [`Invalid`] when the record does not hold a filter.
+    pub fn from_record(v: &Value) -> Result<Self, Invalid> {
+        let lowered = crate::model::json::lower_keys(v.clone());
+        Self::parse(&Obj::new(&lowered, "filter")?, usize::MAX)
+    }
+
     /// Whether the event passes.
     pub fn matches(&self, ev: &EventView<'_>) -> bool {
         if let Some(types) = &self.included_event_types {

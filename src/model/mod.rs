@@ -2,6 +2,7 @@
 //!
 //! * [`topic`]: schemas and the topic resource.
 //! * [`subscription`]: destinations, retry/batching/persistence policies, the subscription resource.
+//! * [`record`]: what the metadata store keeps of topics and subscriptions (typed, versioned).
 //! * [`event`]: publish-request parsing and validation for the three schemas.
 //! * [`json`]: case-insensitive reading of management bodies.
 //! * [`names`]: name rules.
@@ -20,6 +21,7 @@ pub(crate) mod media;
 pub(crate) mod names;
 pub mod queue;
 pub(crate) mod reason;
+pub mod record;
 pub mod sas;
 pub(crate) mod signing_secret;
 pub mod subscription;

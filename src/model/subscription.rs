@@ -1,8 +1,9 @@
 //! Event subscriptions: destination, retry policy, batching, persistence, filter.
 //!
-//! [`Subscription::from_put`] is the only parser: the API, the module twin and the metadata store
-//! (which keeps [`Subscription::to_record`]) all go through it, so a stored subscription is
-//! re-validated exactly like a new one.
+//! [`Subscription::from_put`] is the only parser of subscription bodies: the API and the module
+//! twin go through it, under the settings in force. The metadata store keeps a typed record of
+//! its own instead (`super::record`: [`Subscription::to_record`] / `from_record`), read back
+//! without the parser or the settings.
 
 use super::delivery_options::DeliveryOptions;
 use super::destination::{mask_properties, Destination, DestinationTypes, Role};
@@ -17,14 +18,19 @@ use crate::policy::{names_list, ScheduleName, StatusCodePolicy};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
-/// Output batching knobs of a destination, as the subscriber set them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Output batching knobs of a destination, as the subscriber set them (also their metadata
+/// record).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", default)]
 pub struct Batching {
     /// `maxEventsPerBatch`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_events_per_batch: Option<u32>,
     /// `preferredBatchSizeInKilobytes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub preferred_batch_size_kb: Option<u32>,
     /// `deliveryPolicy.approxBatchSizeInBytes` (older twin knob).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub approx_batch_size_bytes: Option<u64>,
 }
 
@@ -442,8 +448,8 @@ impl Subscription {
         }
     }
 
-    /// The `properties` object as stored (secrets in clear: only the metadata store keeps it;
-    /// a retry schedule by its old name, which every release reads).
+    /// The `properties` object with secrets in clear (tests compare subscriptions by it and
+    /// find the secrets to look for; a retry schedule by its old name). Never shown to anyone.
     pub fn properties(&self) -> Value {
         self.properties_with(false)
     }
@@ -501,11 +507,6 @@ impl Subscription {
             props.insert("filter".into(), f.to_json());
         }
         Value::Object(props)
-    }
-
-    /// The stored form, read back through [`Subscription::from_put`].
-    pub fn to_record(&self) -> Value {
-        json!({ "name": self.name, "properties": self.properties() })
     }
 }
 

@@ -3,16 +3,20 @@
 use super::json::{lower_keys, Obj};
 use super::names;
 use super::Invalid;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// The schema a topic accepts and its subscriptions deliver (no conversion between schemas).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Stored in metadata records by its canonical name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum EventSchema {
     /// `EventGridSchema` (the default).
+    #[serde(rename = "EventGridSchema")]
     EventGrid,
     /// `CustomEventSchema` (alias `CustomSchema`): any JSON objects, forwarded untouched.
+    #[serde(rename = "CustomEventSchema")]
     Custom,
     /// `CloudEventSchemaV1_0`.
+    #[serde(rename = "CloudEventSchemaV1_0")]
     CloudEventV1_0,
 }
 
@@ -91,11 +95,6 @@ impl Topic {
             input_schema,
         })
     }
-
-    /// The stored form (also what the twin and restart read back through [`Topic::from_put`]).
-    pub fn to_record(&self) -> Value {
-        json!({ "name": self.name, "properties": { "inputSchema": self.input_schema.as_str() } })
-    }
 }
 
 /// Where resource ids and endpoints come from.
@@ -110,6 +109,19 @@ pub struct ResourceContext {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_name_schemas_canonically() {
+        for s in [
+            EventSchema::EventGrid,
+            EventSchema::Custom,
+            EventSchema::CloudEventV1_0,
+        ] {
+            let v = serde_json::to_value(s).unwrap();
+            assert_eq!(v, serde_json::json!(s.as_str()));
+            assert_eq!(serde_json::from_value::<EventSchema>(v).unwrap(), s);
+        }
+    }
 
     #[test]
     fn schema_names_parse_in_any_case_and_alias() {
@@ -130,15 +142,15 @@ mod tests {
 
     #[test]
     fn topic_put_defaults_and_checks_the_name() {
-        let t = Topic::from_put("t1", json!({})).unwrap();
+        let t = Topic::from_put("t1", serde_json::json!({})).unwrap();
         assert_eq!(t.input_schema, EventSchema::EventGrid);
         let t = Topic::from_put(
             "t3",
-            json!({"NAME":"T3","properties":{"inputschema":"customEventSchema"}}),
+            serde_json::json!({"NAME":"T3","properties":{"inputschema":"customEventSchema"}}),
         )
         .unwrap();
         assert_eq!(t.input_schema, EventSchema::Custom);
-        assert!(Topic::from_put("t3", json!({"name":"other"})).is_err());
-        assert!(Topic::from_put("t3", json!([])).is_err());
+        assert!(Topic::from_put("t3", serde_json::json!({"name":"other"})).is_err());
+        assert!(Topic::from_put("t3", serde_json::json!([])).is_err());
     }
 }

@@ -39,6 +39,7 @@ pub mod sim;
 #[cfg(test)]
 mod tests;
 
+use crate::model::record::{SubscriptionRecord, TopicRecord};
 use crate::store::deadletter::DeadLetterStore;
 use crate::store::fs::{Fs, RealFs};
 use crate::store::sled::SledMeta;
@@ -356,7 +357,8 @@ fn refuse_old_format(events_path: &std::path::Path) -> Result<(), StoreError> {
             "{}: this directory holds an event store of an earlier gridlet development build \
              (sled + publish journal, format 1), which this build does not read. Deliver its \
              events with the build that wrote them, or delete {} and {} to start with an empty \
-             event store (topics and subscriptions in the metadata directory are kept)",
+             event store (the metadata directory such a build wrote is refused too, with what \
+             to do: its topics and subscriptions are the API's JSON, not typed records)",
             old.display(),
             old.join("events").display(),
             old.join("events.journal").display(),
@@ -414,7 +416,7 @@ impl Store for LogStore {
         plans.run()
     }
 
-    fn put_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
+    fn put_topic(&self, key: &str, record: &TopicRecord) -> Result<(), StoreError> {
         self.meta.write_topic(key, record)
     }
 
@@ -424,11 +426,10 @@ impl Store for LogStore {
 
     fn put_subscription(
         &self,
-        topic: &str,
         queue: QueueId,
-        record: &Value,
+        record: &SubscriptionRecord,
     ) -> Result<(), StoreError> {
-        self.meta.write_subscription(topic, queue, record)
+        self.meta.write_subscription(queue, record)
     }
 
     fn delete_subscription(&self, queue: QueueId) -> Result<(), StoreError> {

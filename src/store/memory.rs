@@ -1,15 +1,15 @@
 //! The in-memory store: metadata and events in maps, lost on restart (the original's behaviour).
 
 use super::{QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent};
+use crate::model::record::{SubscriptionRecord, TopicRecord};
 use futures_util::future::BoxFuture;
-use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 #[derive(Default)]
 struct Inner {
-    topics: BTreeMap<String, (u64, Value)>,
-    subs: BTreeMap<QueueId, (String, Value)>,
+    topics: BTreeMap<String, (u64, TopicRecord)>,
+    subs: BTreeMap<QueueId, SubscriptionRecord>,
     events: BTreeMap<(QueueId, u64), StoredEvent>,
     next_queue: QueueId,
     order: u64,
@@ -42,11 +42,7 @@ impl Store for MemoryStore {
         topics.sort_by_key(|(order, _)| *order);
         Ok(Snapshot {
             topics: topics.into_iter().map(|(_, v)| v).collect(),
-            subscriptions: g
-                .subs
-                .iter()
-                .map(|(q, (t, v))| (t.clone(), *q, v.clone()))
-                .collect(),
+            subscriptions: g.subs.iter().map(|(q, r)| (*q, r.clone())).collect(),
             max_seq: g.max_seq,
         })
     }
@@ -67,7 +63,7 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    fn put_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
+    fn put_topic(&self, key: &str, record: &TopicRecord) -> Result<(), StoreError> {
         let mut g = self.lock();
         g.order += 1;
         let order = g.topics.get(key).map(|(o, _)| *o).unwrap_or(g.order);
@@ -82,13 +78,10 @@ impl Store for MemoryStore {
 
     fn put_subscription(
         &self,
-        topic: &str,
         queue: QueueId,
-        record: &Value,
+        record: &SubscriptionRecord,
     ) -> Result<(), StoreError> {
-        self.lock()
-            .subs
-            .insert(queue, (topic.to_string(), record.clone()));
+        self.lock().subs.insert(queue, record.clone());
         Ok(())
     }
 

@@ -25,6 +25,7 @@ pub mod memory;
 pub mod sled;
 
 use crate::clock::WallMs;
+use crate::model::record::{SubscriptionRecord, TopicRecord};
 use bytes::Bytes;
 use deadletter::DeadLetterStore;
 use futures_util::future::BoxFuture;
@@ -169,9 +170,9 @@ impl PendingRuns {
 #[derive(Debug, Default)]
 pub struct Snapshot {
     /// Topic records (`Topic::to_record`), in creation order.
-    pub topics: Vec<Value>,
-    /// `(topic name, queue id, subscription record)`.
-    pub subscriptions: Vec<(String, QueueId, Value)>,
+    pub topics: Vec<TopicRecord>,
+    /// `(queue id, subscription record)` (`Subscription::to_record`).
+    pub subscriptions: Vec<(QueueId, SubscriptionRecord)>,
     /// Highest sequence number ever used (the engine continues above it).
     pub max_seq: u64,
 }
@@ -304,7 +305,7 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     /// Write failure.
-    fn put_topic(&self, key: &str, record: &Value) -> Result<(), StoreError>;
+    fn put_topic(&self, key: &str, record: &TopicRecord) -> Result<(), StoreError>;
 
     /// Delete a topic record (the caller deletes its subscriptions first).
     ///
@@ -312,15 +313,14 @@ pub trait Store: Send + Sync + 'static {
     /// Write failure.
     fn delete_topic(&self, key: &str) -> Result<(), StoreError>;
 
-    /// Create or replace a subscription record.
+    /// Create or replace the record of the subscription with queue `queue`.
     ///
     /// # Errors
     /// Write failure.
     fn put_subscription(
         &self,
-        topic: &str,
         queue: QueueId,
-        record: &Value,
+        record: &SubscriptionRecord,
     ) -> Result<(), StoreError>;
 
     /// Delete a subscription record and all its events.
@@ -422,7 +422,54 @@ pub trait Store: Send + Sync + 'static {
 #[cfg(test)]
 pub mod contract {
     use super::*;
-    use serde_json::json;
+    use crate::model::record::{DestinationRecord, RECORD_VERSION};
+    use crate::model::topic::EventSchema;
+
+    /// Topic `name`'s record.
+    pub fn topic(name: &str) -> TopicRecord {
+        TopicRecord {
+            v: RECORD_VERSION,
+            name: name.into(),
+            input_schema: EventSchema::EventGrid,
+        }
+    }
+
+    /// Subscription `name` of topic `t1`'s record (a webhook, every optional part set so a
+    /// store that drops one fails).
+    pub fn sub(name: &str) -> SubscriptionRecord {
+        let props = |url: &str| {
+            let mut m = serde_json::Map::new();
+            m.insert("endpointUrl".into(), url.into());
+            m
+        };
+        SubscriptionRecord {
+            v: RECORD_VERSION,
+            name: name.into(),
+            topic: "t1".into(),
+            delivery_schema: EventSchema::EventGrid,
+            persisted: true,
+            retry_policy: Some(crate::model::record::RetryPolicyRecord {
+                max_delivery_attempts: Some(3),
+                ..Default::default()
+            }),
+            destination: DestinationRecord {
+                endpoint_type: "WebHook".into(),
+                properties: props("https://x/hook?code=secret"),
+            },
+            batching: crate::model::subscription::Batching {
+                max_events_per_batch: Some(10),
+                ..Default::default()
+            },
+            filter: Some(serde_json::json!({"subjectBeginsWith": "a"})),
+            signing_secrets: vec!["whsec_c2VjcmV0".into()],
+            attributes: Vec::new(),
+            dead_letter: Some(DestinationRecord {
+                endpoint_type: "WebHook".into(),
+                properties: props("https://x/dead"),
+            }),
+            queue: None,
+        }
+    }
 
     fn ev(seq: u64) -> StoredEvent {
         StoredEvent {
@@ -442,16 +489,12 @@ pub mod contract {
         let snap = store.load().unwrap();
         assert!(snap.topics.is_empty() && snap.subscriptions.is_empty());
 
-        store.put_topic("t1", &json!({"name":"t1"})).unwrap();
+        store.put_topic("t1", &topic("t1")).unwrap();
         let q = store.next_queue_id().unwrap();
         let q2 = store.next_queue_id().unwrap();
         assert_ne!(q, q2, "queue ids are unique");
-        store
-            .put_subscription("t1", q, &json!({"name":"s1"}))
-            .unwrap();
-        store
-            .put_subscription("t1", q2, &json!({"name":"s2"}))
-            .unwrap();
+        store.put_subscription(q, &sub("s1")).unwrap();
+        store.put_subscription(q2, &sub("s2")).unwrap();
 
         store
             .append(&[(q, ev(1)), (q2, ev(1)), (q, ev(2))])
@@ -483,8 +526,14 @@ pub mod contract {
         assert_eq!(store.get(q, &[1]).unwrap(), vec![None]);
 
         let snap = store.load().unwrap();
-        assert_eq!(snap.topics.len(), 1);
-        assert_eq!(snap.subscriptions.len(), 2);
+        assert_eq!(snap.topics, vec![topic("t1")]);
+        let mut subs = snap.subscriptions.clone();
+        subs.sort_by_key(|(q, _)| *q);
+        assert_eq!(
+            subs,
+            vec![(q, sub("s1")), (q2, sub("s2"))],
+            "records as put"
+        );
         assert!(snap.max_seq >= 2);
 
         store.delete_subscription(q2).unwrap();

@@ -9,8 +9,9 @@
 //! <persistence__metadataPath>/gridlet-v1/meta.format  marker: written once the db is initialised
 //! ```
 //!
-//! * `topics`: topic key → `order u64 BE ‖ record JSON` (order = creation order).
-//! * `subs`: `queue_id u32 BE` → `{"topic": name, "record": {...}}`.
+//! * `topics`: topic key → `order u64 BE ‖ TopicRecord JSON` (order = creation order).
+//! * `subs`: `queue_id u32 BE` → `SubscriptionRecord JSON` (`crate::model::record`: typed,
+//!   with a format version `v`).
 //! * `health`: destination URL → endpoint-health record JSON (disabled or frozen endpoints only).
 //!
 //! Metadata writes are flushed before the call returns. A database that cannot be opened, or

@@ -271,7 +271,11 @@ impl gridlet::store::Store for GatedCommits {
     ) -> Result<Vec<Option<gridlet::store::StoredEvent>>, gridlet::store::StoreError> {
         self.inner.get(queue, seqs)
     }
-    fn put_topic(&self, key: &str, record: &Value) -> Result<(), gridlet::store::StoreError> {
+    fn put_topic(
+        &self,
+        key: &str,
+        record: &gridlet::model::record::TopicRecord,
+    ) -> Result<(), gridlet::store::StoreError> {
         self.inner.put_topic(key, record)
     }
     fn delete_topic(&self, key: &str) -> Result<(), gridlet::store::StoreError> {
@@ -279,11 +283,10 @@ impl gridlet::store::Store for GatedCommits {
     }
     fn put_subscription(
         &self,
-        topic: &str,
         queue: gridlet::store::QueueId,
-        record: &Value,
+        record: &gridlet::model::record::SubscriptionRecord,
     ) -> Result<(), gridlet::store::StoreError> {
-        self.inner.put_subscription(topic, queue, record)
+        self.inner.put_subscription(queue, record)
     }
     fn delete_subscription(
         &self,

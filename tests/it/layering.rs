@@ -82,10 +82,16 @@ fn ident_at(s: &str) -> &str {
 
 /// The top-level modules a file names through `crate::`.
 fn crate_paths(src: &str) -> BTreeSet<String> {
+    paths_after(src, "crate::")
+}
+
+/// The first identifier after each `prefix` (`a` of `prefix a::x`, `a` and `b` of
+/// `prefix {a::x, b}`).
+fn paths_after(src: &str, prefix: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     let mut rest = src;
-    while let Some(i) = rest.find("crate::") {
-        rest = &rest[i + "crate::".len()..];
+    while let Some(i) = rest.find(prefix) {
+        rest = &rest[i + prefix.len()..];
         if let Some(group) = rest.strip_prefix('{') {
             // `crate::{a::x, b, c::{d, e}}`: the first identifier of each depth-1 item.
             let mut depth = 1;
@@ -223,6 +229,73 @@ fn no_import_cycle_between_top_level_modules() {
     assert!(
         cycles.is_empty(),
         "import cycles:\n  {}",
+        cycles.join("\n  ")
+    );
+}
+
+/// `delivery/`'s modules (its files and folders, `mod.rs` aside) and the ones each names:
+/// `super::x` from a file directly under `delivery/`, `super::super::x` from one a folder down,
+/// `crate::delivery::x` from anywhere inside.
+fn delivery_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/delivery");
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    let module = |p: &Path| {
+        let rel = p.strip_prefix(&dir).unwrap();
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        first.trim_end_matches(".rs").to_string()
+    };
+    let modules: BTreeSet<String> = files.iter().map(|f| module(f)).collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let node = module(file);
+        if node == "mod" {
+            continue; // the module root declares every module
+        }
+        let rel = file.strip_prefix(&dir).unwrap();
+        let mut depth = rel.components().count();
+        if rel.file_name().is_some_and(|n| n == "mod.rs") {
+            depth -= 1;
+        }
+        let text = strip_comments(&std::fs::read_to_string(file).unwrap());
+        let mut named = paths_after(&text, &"super::".repeat(depth));
+        named.extend(paths_after(&text, "crate::delivery::"));
+        let deps = graph.entry(node.clone()).or_default();
+        for m in named {
+            if m != node && modules.contains(&m) {
+                deps.insert(m);
+            }
+        }
+    }
+    graph
+}
+
+/// Issue 23: no circle inside `delivery/` (the dispatcher decides nothing the refill or the
+/// subscription handle call back into; settling is `settle` (pure) and `apply`).
+#[test]
+fn no_import_cycle_inside_delivery() {
+    let graph = delivery_graph();
+    assert!(graph.contains_key("dispatcher") && graph["dispatcher"].contains("queue"));
+    let cycles: Vec<String> = graph
+        .keys()
+        .filter(|m| reachable(&graph, m).contains(*m))
+        .map(|m| {
+            let back: Vec<_> = graph[m]
+                .iter()
+                .filter(|d| reachable(&graph, d).contains(m))
+                .cloned()
+                .collect();
+            format!("delivery::{m} -> {} -> … -> {m}", back.join("|"))
+        })
+        .collect();
+    assert!(
+        cycles.is_empty(),
+        "import cycles inside delivery/:\n  {}",
         cycles.join("\n  ")
     );
 }

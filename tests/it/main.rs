@@ -26,6 +26,7 @@ mod pull_auth;
 mod pull_clock;
 mod pull_process;
 mod pull_sdk;
+mod records;
 mod resilience;
 mod schedule;
 mod secrets;

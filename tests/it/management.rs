@@ -6,6 +6,7 @@
 
 use crate::util::*;
 use futures_util::future::BoxFuture;
+use gridlet::model::record::{SubscriptionRecord, TopicRecord};
 use gridlet::store::deadletter::{DeadLetter, DeadLetterBound, DeadLetterStore, MemoryDeadLetters};
 use gridlet::store::memory::MemoryStore;
 use gridlet::store::{QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent};
@@ -122,15 +123,16 @@ impl Store for SlowStore {
     fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
         self.inner.get(queue, seqs)
     }
-    fn put_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
+    fn put_topic(&self, key: &str, record: &TopicRecord) -> Result<(), StoreError> {
         self.inner.put_topic(key, record)
     }
     fn delete_topic(&self, key: &str) -> Result<(), StoreError> {
         self.inner.delete_topic(key)
     }
-    fn put_subscription(&self, topic: &str, q: QueueId, record: &Value) -> Result<(), StoreError> {
-        self.hold.at(Write::Subscription, &record.to_string());
-        self.inner.put_subscription(topic, q, record)
+    fn put_subscription(&self, q: QueueId, record: &SubscriptionRecord) -> Result<(), StoreError> {
+        let text = serde_json::to_string(record).unwrap_or_default();
+        self.hold.at(Write::Subscription, &text);
+        self.inner.put_subscription(q, record)
     }
     fn delete_subscription(&self, queue: QueueId) -> Result<(), StoreError> {
         self.inner.delete_subscription(queue)

@@ -26,15 +26,14 @@
 
 mod locks;
 pub(super) mod task;
-pub mod token;
 
-use super::dispatcher::drop_events;
 use super::engine::DeliveryContext;
+use super::lock_token::{self as token, TokenId, TokenKey};
 use super::payload::Pending;
 use super::queue::{Limits, SubQueue};
 use super::retry::{self, DropReason};
 use super::sink::{FailureKind, Outcome};
-use super::subscription::SubscriptionState;
+use super::state::SubscriptionState;
 use super::writer::Write;
 use crate::model::queue::QueueSettings;
 use crate::store::{RetryState, StoreError};
@@ -42,7 +41,6 @@ use bytes::Bytes;
 use locks::{Locks, Lost};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use token::{TokenId, TokenKey};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -305,11 +303,9 @@ impl Puller<'_> {
             }
         }
         for (state, seqs) in groups {
-            self.ctx.writer.submit(Write::RetryState {
-                owner: self.shared.owner(),
-                seqs,
-                state,
-            });
+            self.ctx
+                .writer
+                .submit(self.shared.owner(), vec![Write::RetryState { seqs, state }]);
         }
     }
 
@@ -363,10 +359,12 @@ impl Puller<'_> {
         }
         let n = items.len();
         if persisted {
-            self.ctx.writer.submit(Write::Remove {
-                owner: self.shared.owner(),
-                seqs: items.iter().map(|p| p.seq).collect(),
-            });
+            self.ctx.writer.submit(
+                self.shared.owner(),
+                vec![Write::Remove {
+                    seqs: items.iter().map(|p| p.seq).collect(),
+                }],
+            );
         }
         self.shared.queue().settle(n);
         self.shared.metrics.delivery_success_counts.add(n as u64);
@@ -446,15 +444,17 @@ impl Puller<'_> {
         if persisted && !renewed.is_empty() {
             let due_ms = self.ctx.clock.now_ms() + q.lock_duration.as_millis() as u64;
             for (seq, attempts, first_enqueued_ms) in renewed {
-                self.ctx.writer.submit(Write::RetryState {
-                    owner: self.shared.owner(),
-                    seqs: vec![seq],
-                    state: RetryState {
-                        attempts,
-                        first_enqueued_ms,
-                        due_ms,
-                    },
-                });
+                self.ctx.writer.submit(
+                    self.shared.owner(),
+                    vec![Write::RetryState {
+                        seqs: vec![seq],
+                        state: RetryState {
+                            attempts,
+                            first_enqueued_ms,
+                            due_ms,
+                        },
+                    }],
+                )
             }
         }
         Ok(out)
@@ -481,4 +481,23 @@ fn requeue(queue: &Mutex<SubQueue>, due: Instant, items: Vec<Pending>) {
     for p in items {
         q.schedule_retry(due, vec![p]);
     }
+}
+
+/// Events that leave undelivered (expired, received `maxDeliveryCount` times, rejected): `settle`
+/// decides their letters and store writes, `apply` does them, and their places in the queue are
+/// given back. `last`: the receiver's answer that sent them there (a reject).
+pub(super) fn drop_events(
+    shared: &Arc<SubscriptionState>,
+    ctx: &DeliveryContext,
+    items: Vec<Pending>,
+    reason: DropReason,
+    last: Option<&Outcome>,
+) {
+    if items.is_empty() {
+        return;
+    }
+    let now_ms = ctx.clock.now_ms();
+    let cfg = shared.config();
+    let fx = super::settle::decided(cfg.rules(), items, reason, last, now_ms, true);
+    super::apply::apply(shared, ctx, fx);
 }

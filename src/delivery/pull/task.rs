@@ -4,11 +4,11 @@
 //! once it has been received `maxDeliveryCount` times), and wakes waiting receivers when events
 //! arrive, fall due or come back.
 
-use super::super::dispatcher::drop_events;
 use super::super::engine::{DeliveryContext, Running};
 use super::super::refill::{refill, Lane};
 use super::super::retry::DropReason;
-use super::super::subscription::SubscriptionState;
+use super::super::state::SubscriptionState;
+use super::drop_events;
 use super::{requeue, PullState};
 use crate::sync::AbortOnDrop;
 use std::sync::Arc;

@@ -6,7 +6,9 @@
 
 use super::{DestinationKind, ParseContext, SinkContext};
 use crate::delivery::sink::{Sink, UnsupportedSink};
-use crate::model::destination::{Destination, DestinationError, DestinationSpec, SecretProperty};
+use crate::model::destination::{
+    stored_str, Destination, DestinationError, DestinationSpec, SecretProperty,
+};
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
@@ -54,6 +56,15 @@ impl DestinationKind for EdgeHub {
             "EdgeHub",
             EdgeHubDestination {
                 output_name: out.to_string(),
+            },
+        ))
+    }
+
+    fn restore(&self, props: &Map<String, Value>) -> Result<Destination, String> {
+        Ok(Destination::new(
+            "EdgeHub",
+            EdgeHubDestination {
+                output_name: stored_str(props, "outputName")?.to_string(),
             },
         ))
     }

@@ -12,7 +12,7 @@ use crate::config::Key;
 use crate::delivery::sink::Sink;
 use crate::delivery::webhook::TopicRewrite;
 use crate::model::destination::{
-    Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
+    stored_str, Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
 };
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
@@ -110,6 +110,20 @@ impl DestinationKind for EventGrid {
                 endpoint_url: raw.to_string(),
                 sas_key: sas_key.to_string(),
                 topic_name: props.str("topicname")?.map(str::to_string),
+            },
+        ))
+    }
+
+    fn restore(&self, props: &Map<String, Value>) -> Result<Destination, String> {
+        Ok(Destination::new(
+            "EventGrid",
+            EventGridDestination {
+                endpoint_url: stored_str(props, "endpointUrl")?.to_string(),
+                sas_key: stored_str(props, "sasKey")?.to_string(),
+                topic_name: props
+                    .get("topicName")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
             },
         ))
     }

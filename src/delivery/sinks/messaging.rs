@@ -17,7 +17,7 @@ use crate::delivery::sink::Sink;
 use crate::model::attributes::AttributeTarget;
 use crate::model::azure::{MessagingAuth, MessagingConn};
 use crate::model::destination::{
-    Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
+    stored_str, Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
 };
 use crate::model::json::Obj;
 use crate::model::sas::expiry as sas_expiry;
@@ -96,6 +96,23 @@ impl DestinationSpec for MessagingDestination {
     }
 }
 
+impl Messaging {
+    /// The destination a connection string and batch size make (no setting applies here).
+    fn build(&self, cs: &str, max_batch_kib: Option<u64>) -> Result<MessagingDestination, String> {
+        let conn = MessagingConn::parse(cs).map_err(|e| e.to_string())?;
+        Ok(MessagingDestination {
+            connection_string: cs.to_string(),
+            resource_uri: conn.resource_uri(),
+            conn,
+            max_batch_kib,
+            limits: MessagingLimits::from_kib(
+                max_batch_kib.unwrap_or_else(|| self.service.default_batch_kib()),
+            ),
+            limits_service: self.service,
+        })
+    }
+}
+
 impl DestinationKind for Messaging {
     fn names(&self) -> &'static [&'static str] {
         self.names
@@ -107,30 +124,25 @@ impl DestinationKind for Messaging {
         ctx: &ParseContext<'_>,
     ) -> Result<Destination, DestinationError> {
         let cs = ctx.required(props, "connectionstring", "connectionString")?;
-        let conn =
-            MessagingConn::parse(cs).map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
-        let resource_uri = conn.resource_uri();
         let max_batch_kib = props.int(
             "maxbatchsizeinkilobytes",
             "maxBatchSizeInKilobytes",
             1,
             1024,
         )?;
-        let limits = MessagingLimits::from_kib(
-            max_batch_kib.unwrap_or_else(|| self.service.default_batch_kib()),
-        );
-        ctx.azure_endpoint(&resource_uri, "connectionString Endpoint")?;
-        Ok(Destination::new(
-            self.names[0],
-            MessagingDestination {
-                connection_string: cs.to_string(),
-                conn,
-                resource_uri,
-                max_batch_kib,
-                limits,
-                limits_service: self.service,
-            },
-        ))
+        let d = self
+            .build(cs, max_batch_kib)
+            .map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
+        ctx.azure_endpoint(&d.resource_uri, "connectionString Endpoint")?;
+        Ok(Destination::new(self.names[0], d))
+    }
+
+    fn restore(&self, props: &Map<String, Value>) -> Result<Destination, String> {
+        let max_batch_kib = props.get("maxBatchSizeInKilobytes").and_then(Value::as_u64);
+        let d = self
+            .build(stored_str(props, "connectionString")?, max_batch_kib)
+            .map_err(|e| format!("connectionString: {e}"))?;
+        Ok(Destination::new(self.names[0], d))
     }
 
     fn sink(&self, sub: &Subscription, ctx: &SinkContext) -> Arc<dyn Sink> {

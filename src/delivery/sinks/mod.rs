@@ -21,8 +21,9 @@ use super::sink::{Sink, SinkFactory, UnsupportedSink};
 use crate::config::{Config, Key};
 use crate::model::destination::{Destination, DestinationError, DestinationTypes, Role};
 use crate::model::json::Obj;
+use crate::model::record::DestinationRecord;
 use crate::model::subscription::Subscription;
-use serde_json::Value;
+use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::Duration;
 use url::Url;
@@ -64,6 +65,16 @@ pub trait DestinationKind: Send + Sync + 'static {
     fn dead_letter(&self) -> bool {
         false
     }
+    /// The destination a metadata record holds (`props`: what [`DestinationSpec::echo`] wrote),
+    /// read back without the settings: the rules [`DestinationKind::parse`] applies to new
+    /// destinations were met when it was created.
+    ///
+    /// # Errors
+    /// The record lacks what the type needs, or holds what it cannot read (e.g. a connection
+    /// string that no longer parses).
+    ///
+    /// [`DestinationSpec::echo`]: crate::model::destination::DestinationSpec::echo
+    fn restore(&self, props: &Map<String, Value>) -> Result<Destination, String>;
     /// The sink delivering to `sub.destination` (a value this type parsed).
     fn sink(&self, sub: &Subscription, ctx: &SinkContext) -> Arc<dyn Sink>;
     /// A valid `properties` object with every secret property set, delivering to `base` (an
@@ -278,6 +289,16 @@ impl DestinationTypes for Registry {
             ctx.check_address(&url, "the destination URL")?;
         }
         Ok(d)
+    }
+
+    fn restore(&self, record: &DestinationRecord) -> Result<Destination, String> {
+        match self.find(&record.endpoint_type) {
+            Some(kind) => kind.restore(&record.properties),
+            None => Err(format!(
+                "endpointType '{}' is not known to this build",
+                record.endpoint_type
+            )),
+        }
     }
 }
 

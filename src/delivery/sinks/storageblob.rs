@@ -13,7 +13,9 @@ use crate::delivery::azure::blobletters::BlobFormat;
 use crate::delivery::azure::storage::BlobDeadLetterSink;
 use crate::delivery::sink::Sink;
 use crate::model::azure::{check_container_name, StorageConn};
-use crate::model::destination::{Destination, DestinationError, DestinationSpec, SecretProperty};
+use crate::model::destination::{
+    stored_str, Destination, DestinationError, DestinationSpec, SecretProperty,
+};
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
 use serde_json::{json, Map, Value};
@@ -73,24 +75,21 @@ impl DestinationKind for StorageBlob {
             ),
         };
         let cs = ctx.required(props, "connectionstring", "connectionString")?;
-        let conn =
-            StorageConn::parse(cs).map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
-        if conn.blob_endpoint.is_empty() {
-            return Err(ctx
-                .invalid("connectionString: a SharedAccessSignature string needs BlobEndpoint=…"));
-        }
-        let container_url = format!("{}/{container}", conn.blob_endpoint);
-        ctx.azure_endpoint(&container_url, "connectionString blob endpoint")?;
-        Ok(Destination::new(
-            "StorageBlob",
-            StorageBlobDestination {
-                container_url,
-                container: container.to_string(),
-                connection_string: cs.to_string(),
-                conn,
-                format,
-            },
-        ))
+        let d = build(container, cs, format)
+            .map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
+        ctx.azure_endpoint(&d.container_url, "connectionString blob endpoint")?;
+        Ok(Destination::new("StorageBlob", d))
+    }
+
+    fn restore(&self, props: &Map<String, Value>) -> Result<Destination, String> {
+        let format = match props.get("deadLetterFormat").and_then(Value::as_str) {
+            None => None,
+            Some(f) => Some(BlobFormat::parse(f).ok_or("deadLetterFormat is unknown")?),
+        };
+        let container = stored_str(props, "blobContainerName")?;
+        let d = build(container, stored_str(props, "connectionString")?, format)
+            .map_err(|e| format!("connectionString: {e}"))?;
+        Ok(Destination::new("StorageBlob", d))
     }
 
     fn delivery(&self) -> bool {
@@ -119,4 +118,24 @@ impl DestinationKind for StorageBlob {
             "connectionString": account_example(base, "storageblob"),
         })
     }
+}
+
+/// The destination a container name, connection string and format make (no setting applies
+/// here).
+fn build(
+    container: &str,
+    cs: &str,
+    format: Option<BlobFormat>,
+) -> Result<StorageBlobDestination, String> {
+    let conn = StorageConn::parse(cs).map_err(|e| e.to_string())?;
+    if conn.blob_endpoint.is_empty() {
+        return Err("a SharedAccessSignature string needs BlobEndpoint=…".into());
+    }
+    Ok(StorageBlobDestination {
+        container_url: format!("{}/{container}", conn.blob_endpoint),
+        container: container.to_string(),
+        connection_string: cs.to_string(),
+        conn,
+        format,
+    })
 }

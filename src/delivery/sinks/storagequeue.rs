@@ -12,7 +12,7 @@ use crate::delivery::azure::storage::StorageQueueSink;
 use crate::delivery::sink::Sink;
 use crate::model::azure::{check_queue_name, MessageEncoding, StorageConn};
 use crate::model::destination::{
-    Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
+    stored_str, Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
 };
 use crate::model::json::Obj;
 use crate::model::sas::expiry as sas_expiry;
@@ -92,26 +92,24 @@ impl DestinationKind for StorageQueue {
             })?),
         };
         let cs = ctx.required(props, "connectionstring", "connectionString")?;
-        let conn =
-            StorageConn::parse(cs).map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
-        if conn.queue_endpoint.is_empty() {
-            return Err(ctx.invalid(
-                "connectionString: a SharedAccessSignature string needs QueueEndpoint=…",
-            ));
-        }
-        let queue_url = format!("{}/{queue_name}", conn.queue_endpoint);
-        ctx.azure_endpoint(&queue_url, "connectionString queue endpoint")?;
-        Ok(Destination::new(
-            "StorageQueue",
-            StorageQueueDestination {
-                queue_url,
-                queue_name: queue_name.to_string(),
-                connection_string: cs.to_string(),
-                message_encoding,
-                message_ttl,
-                conn,
-            },
-        ))
+        let d = build(queue_name, cs, message_encoding, message_ttl)
+            .map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
+        ctx.azure_endpoint(&d.queue_url, "connectionString queue endpoint")?;
+        Ok(Destination::new("StorageQueue", d))
+    }
+
+    fn restore(&self, props: &Map<String, Value>) -> Result<Destination, String> {
+        let encoding = match props.get("messageEncoding").and_then(Value::as_str) {
+            None => None,
+            Some(e) => Some(MessageEncoding::parse(e).ok_or("messageEncoding is unknown")?),
+        };
+        let ttl = props
+            .get("queueMessageTimeToLiveInSeconds")
+            .and_then(Value::as_i64);
+        let queue = stored_str(props, "queueName")?;
+        let d = build(queue, stored_str(props, "connectionString")?, encoding, ttl)
+            .map_err(|e| format!("connectionString: {e}"))?;
+        Ok(Destination::new("StorageQueue", d))
     }
 
     fn sink(&self, sub: &Subscription, ctx: &SinkContext) -> Arc<dyn Sink> {
@@ -133,6 +131,28 @@ impl DestinationKind for StorageQueue {
             "connectionString": account_example(base, "storagequeue"),
         })
     }
+}
+
+/// The destination a queue name, connection string and message options make (no setting
+/// applies here).
+fn build(
+    queue_name: &str,
+    cs: &str,
+    message_encoding: Option<MessageEncoding>,
+    message_ttl: Option<i64>,
+) -> Result<StorageQueueDestination, String> {
+    let conn = StorageConn::parse(cs).map_err(|e| e.to_string())?;
+    if conn.queue_endpoint.is_empty() {
+        return Err("a SharedAccessSignature string needs QueueEndpoint=…".into());
+    }
+    Ok(StorageQueueDestination {
+        queue_url: format!("{}/{queue_name}", conn.queue_endpoint),
+        queue_name: queue_name.to_string(),
+        connection_string: cs.to_string(),
+        message_encoding,
+        message_ttl,
+        conn,
+    })
 }
 
 /// `queueMessageTimeToLiveInSeconds`: -1, or 1 to `i32::MAX` seconds (a number, or a numeric

@@ -11,7 +11,7 @@ use crate::config::Key;
 use crate::delivery::sink::Sink;
 use crate::delivery::webhook::{TopicRewrite, WebhookSink};
 use crate::model::destination::{
-    Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
+    stored_str, Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
 };
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
@@ -71,6 +71,15 @@ impl DestinationKind for WebHook {
             "WebHook",
             WebHookDestination {
                 endpoint_url: raw.to_string(),
+            },
+        ))
+    }
+
+    fn restore(&self, props: &Map<String, Value>) -> Result<Destination, String> {
+        Ok(Destination::new(
+            "WebHook",
+            WebHookDestination {
+                endpoint_url: stored_str(props, "endpointUrl")?.to_string(),
             },
         ))
     }

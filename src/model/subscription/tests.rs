@@ -73,7 +73,7 @@ fn record_round_trips() {
     b["properties"]["retryPolicy"] = json!({"eventExpiryInMinutes":30,"maxDeliveryAttempts":3});
     b["properties"]["filter"] = json!({"subjectBeginsWith":"a","advancedFilters":[{"operatorType":"NumberIn","key":"data.n","values":[1,2]}]});
     let s = Subscription::from_put(&topic(), "s", b, &c, &TestTypes).unwrap();
-    let again = Subscription::from_put(&topic(), "s", s.to_record(), &c, &TestTypes).unwrap();
+    let again = Subscription::from_record(s.to_record(), &TestTypes).unwrap();
     assert_eq!(s.properties(), again.properties());
     assert_eq!(
         s.effective_policy(&c),

@@ -3,9 +3,9 @@
 
 use super::engine::{Log, LogOptions};
 use super::*;
+use crate::store::contract::{sub, topic};
 use crate::store::fs::sim::SimFs;
 use bytes::Bytes;
-use serde_json::json;
 use std::collections::HashSet;
 use std::path::Path;
 
@@ -95,11 +95,11 @@ async fn pending_events_retry_states_and_deletions_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     {
         let s = LogStore::open(&opts(dir.path())).unwrap();
-        s.put_topic("t", &json!({"name": "t"})).unwrap();
+        s.put_topic("t", &topic("t")).unwrap();
         let q1 = s.next_queue_id().unwrap();
         let q2 = s.next_queue_id().unwrap();
-        s.put_subscription("t", q1, &json!({"name": "a"})).unwrap();
-        s.put_subscription("t", q2, &json!({"name": "b"})).unwrap();
+        s.put_subscription(q1, &sub("a")).unwrap();
+        s.put_subscription(q2, &sub("b")).unwrap();
         for seq in 1..=100u64 {
             s.submit(vec![(q1, ev(seq, 3000)), (q2, ev(seq, 3000))])
                 .unwrap()
@@ -121,7 +121,7 @@ async fn pending_events_retry_states_and_deletions_survive_a_restart() {
     let snap = s.load().unwrap();
     assert_eq!(snap.subscriptions.len(), 1);
     assert!(snap.max_seq >= 100);
-    let q1 = snap.subscriptions[0].1;
+    let q1 = snap.subscriptions[0].0;
     let idx = s.pending_index(q1).unwrap();
     let seqs: Vec<u64> = idx.iter().map(|(s, _)| *s).collect();
     let mut want = vec![1, 2];

@@ -1,21 +1,35 @@
 //! Metadata: topics, subscriptions, queue ids and endpoint-health records, in the metadata
-//! database (trees `topics`, `subs`, `health`; layout in the [`super`] docs).
+//! database (trees `topics`, `subs`, `health`; layout in the [`super`] docs). Topics and
+//! subscriptions are their typed, versioned records (`crate::model::record`), as JSON; a
+//! record of another version is refused at start-up, naming the database and the record.
 //!
 //! Invariant: every write here is flushed before it returns (management calls are rare and
 //! must survive a crash once answered).
 
 use super::codec::be;
 use super::{corrupt, io};
+use crate::model::record::{check_version, SubscriptionRecord, TopicRecord};
 use crate::store::{QueueId, StoreError};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 const META_CACHE_BYTES: u64 = 1 << 20;
 
-/// Topics, subscriptions (with their stored subscriptions' queue ids) in creation order.
-pub type MetaSnapshot = (Vec<Value>, Vec<(String, QueueId, Value)>);
+/// Topics in creation order, and subscriptions with their queue ids.
+pub type MetaSnapshot = (Vec<TopicRecord>, Vec<(QueueId, SubscriptionRecord)>);
+
+/// A record's bytes (JSON, with its format version).
+fn encode(record: &impl serde::Serialize) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(record).map_err(|e| StoreError::Io(format!("cannot encode a record: {e}")))
+}
+
+/// A record from its bytes, once its format version is one this build reads.
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    check_version(bytes)?;
+    serde_json::from_slice(bytes).map_err(|e| format!("unreadable record: {e}"))
+}
 
 /// The metadata database.
 pub struct SledMeta {
@@ -67,23 +81,20 @@ impl SledMeta {
     /// Topics (in creation order) and subscriptions.
     ///
     /// # Errors
-    /// Unreadable data.
+    /// Unreadable data, or a record this build does not read (another format version, or the
+    /// earlier development format): [`StoreError::Corrupt`] naming the database and the record,
+    /// and what to do.
     pub fn snapshot(&self) -> Result<MetaSnapshot, StoreError> {
+        let db = self.path.join(super::SUBDIR).join("meta");
         let mut topics = Vec::new();
         for item in self.topics.iter() {
             let (k, v) = item.map_err(io)?;
+            let what = || format!("topic '{}'", String::from_utf8_lossy(&k));
             let order = be::<8>(&v, 0)
                 .map(u64::from_be_bytes)
-                .ok_or_else(|| corrupt(&self.path, "bad topic record"))?;
-            let rec: Value = v
-                .get(8..)
-                .and_then(|b| serde_json::from_slice(b).ok())
-                .ok_or_else(|| {
-                    corrupt(
-                        &self.path,
-                        format!("topic '{}' is unreadable", String::from_utf8_lossy(&k)),
-                    )
-                })?;
+                .ok_or_else(|| corrupt(&db, format!("{}: bad record", what())))?;
+            let rec: TopicRecord = decode(v.get(8..).unwrap_or_default())
+                .map_err(|e| corrupt(&db, format!("{}: {e}", what())))?;
             topics.push((order, rec));
         }
         topics.sort_by_key(|(o, _)| *o);
@@ -92,29 +103,23 @@ impl SledMeta {
             let (k, v) = item.map_err(io)?;
             let q = be::<4>(&k, 0)
                 .map(u32::from_be_bytes)
-                .ok_or_else(|| corrupt(&self.path, "bad subscription key"))?;
-            let mut rec: Value = serde_json::from_slice(&v)
-                .map_err(|e| corrupt(&self.path, format!("subscription {q}: {e}")))?;
-            let topic = rec
-                .get("topic")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            let record = rec.get_mut("record").map(Value::take).unwrap_or_default();
-            subscriptions.push((topic, q, record));
+                .ok_or_else(|| corrupt(&db, "bad subscription key"))?;
+            let rec: SubscriptionRecord =
+                decode(&v).map_err(|e| corrupt(&db, format!("subscription {q}: {e}")))?;
+            subscriptions.push((q, rec));
         }
         Ok((topics.into_iter().map(|(_, v)| v).collect(), subscriptions))
     }
 
     /// Create or replace a topic record, keeping its creation order; flushed on return.
-    pub fn write_topic(&self, key: &str, record: &Value) -> Result<(), StoreError> {
+    pub fn write_topic(&self, key: &str, record: &TopicRecord) -> Result<(), StoreError> {
         let _g = crate::sync::lock(&self.topic_order);
         let order = match self.topics.get(key).map_err(io)? {
             Some(v) => be::<8>(&v, 0).map(u64::from_be_bytes).unwrap_or(0),
             None => self.meta.generate_id().map_err(io)?,
         };
         let mut v = order.to_be_bytes().to_vec();
-        v.extend_from_slice(record.to_string().as_bytes());
+        v.extend_from_slice(&encode(record)?);
         self.topics.insert(key, v).map_err(io)?;
         self.flush_meta()
     }
@@ -128,13 +133,11 @@ impl SledMeta {
     /// Create or replace a subscription record; flushed on return.
     pub fn write_subscription(
         &self,
-        topic: &str,
         queue: QueueId,
-        record: &Value,
+        record: &SubscriptionRecord,
     ) -> Result<(), StoreError> {
-        let v = json!({"topic": topic, "record": record}).to_string();
         self.subs
-            .insert(queue.to_be_bytes(), v.as_bytes())
+            .insert(queue.to_be_bytes(), encode(record)?)
             .map_err(io)?;
         self.flush_meta()
     }
@@ -207,5 +210,53 @@ impl SledMeta {
 
     fn flush_meta(&self) -> Result<(), StoreError> {
         self.meta.flush().map(|_| ()).map_err(io)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::contract::{sub, topic};
+
+    #[test]
+    fn records_round_trip_and_other_formats_are_refused_naming_the_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = SledMeta::open(dir.path(), 0).unwrap();
+        m.write_topic("t1", &topic("t1")).unwrap();
+        m.write_subscription(7, &sub("s")).unwrap();
+        assert_eq!(
+            m.snapshot().unwrap(),
+            (vec![topic("t1")], vec![(7, sub("s"))])
+        );
+        let db = dir.path().join("gridlet-v1").join("meta");
+        // A record of the earlier development format (the API's JSON, no version).
+        m.subs
+            .insert(
+                8u32.to_be_bytes(),
+                br#"{"topic":"t1","record":{"name":"old"}}"#.as_slice(),
+            )
+            .unwrap();
+        let e = m.snapshot().unwrap_err().to_string();
+        assert!(e.contains(&db.display().to_string()), "{e}");
+        assert!(e.contains("subscription 8"), "{e}");
+        assert!(e.contains("earlier development format"), "{e}");
+        // A record of a version this build does not know.
+        let mut newer = serde_json::to_value(sub("s")).unwrap();
+        newer["v"] = 2.into();
+        m.subs
+            .insert(8u32.to_be_bytes(), newer.to_string().as_bytes())
+            .unwrap();
+        let e = m.snapshot().unwrap_err().to_string();
+        assert!(e.contains("version 2"), "{e}");
+        // An old topic record.
+        m.subs.remove(8u32.to_be_bytes()).unwrap();
+        let mut v = 99u64.to_be_bytes().to_vec();
+        v.extend_from_slice(br#"{"name":"t2","properties":{"inputSchema":"EventGridSchema"}}"#);
+        m.topics.insert("t2", v).unwrap();
+        let e = m.snapshot().unwrap_err().to_string();
+        assert!(
+            e.contains("topic 't2'") && e.contains("earlier development format"),
+            "{e}"
+        );
     }
 }

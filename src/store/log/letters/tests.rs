@@ -6,7 +6,6 @@ use crate::store::fs::RealFs;
 use crate::store::log::{LogStore, LogStoreOptions};
 use crate::store::Store;
 use bytes::Bytes;
-use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 fn open(dir: &Path, seg: u64, max_disk: u64, log_bytes: Arc<AtomicU64>) -> LogLetters {
@@ -149,7 +148,8 @@ fn letters_of_deleted_subscriptions_go_and_ids_continue_through_the_store() {
         let s = LogStore::open(&opts).unwrap();
         for _ in 0..3 {
             let q = s.next_queue_id().unwrap();
-            s.put_subscription("t", q, &json!({})).unwrap();
+            s.put_subscription(q, &crate::store::contract::sub(&format!("s{q}")))
+                .unwrap();
         }
         let d = s.dead_letters().unwrap();
         d.put(1, letter(1, 10), ten).unwrap();
