@@ -384,7 +384,7 @@ fn settle_batch(
             if let Outcome::Failed { kind, .. } = &o {
                 tracing::debug!(topic = %shared.topic, subscription = %shared.name, events = items.len(), failure = %kind, trace_id = span.map(TraceContext::trace_hex), span_id = span.map(TraceContext::span_hex), "delivery attempt failed");
             }
-            let s = settle_failed(shared, ctx, &cfg, items, &o);
+            let s = settle_failed(shared, ctx, &cfg, items, &o, span);
             settled.retried += s.retried;
             settled.delay = settled.delay.max(s.delay);
             settled.dropped.extend(s.dropped);
@@ -417,7 +417,7 @@ fn settle_delivered(
     }
     if cfg.sub.persisted {
         ctx.writer.submit(Write::Remove {
-            owner: shared.owner(),
+            owner: shared.owner(span.or_else(|| first_trace(&items))),
             seqs: items.iter().map(|p| p.seq).collect(),
         });
     }
@@ -433,6 +433,7 @@ fn settle_failed(
     cfg: &SubConfig,
     items: Vec<Pending>,
     outcome: &Outcome,
+    span: Option<&TraceContext>,
 ) -> trace::Settled {
     let now_ms = ctx.clock.now_ms();
     let mut retry_items = Vec::new();
@@ -460,7 +461,8 @@ fn settle_failed(
         }
     }
     if cfg.sub.persisted && !retry_items.is_empty() {
-        store_retry_state(shared, ctx, &retry_items, now_ms, retry_delay);
+        let trace = span.or_else(|| first_trace(&retry_items));
+        store_retry_state(shared, ctx, &retry_items, now_ms, retry_delay, trace);
     }
     let retry_items_len = retry_items.len();
     if !retry_items.is_empty() {
@@ -489,6 +491,7 @@ fn store_retry_state(
     items: &[Pending],
     now_ms: u64,
     delay: Duration,
+    trace: Option<&TraceContext>,
 ) {
     let seqs: Vec<u64> = items.iter().map(|p| p.seq).collect();
     let first = items
@@ -502,7 +505,7 @@ fn store_retry_state(
         due_ms: now_ms + delay.as_millis() as u64,
     };
     ctx.writer.submit(Write::RetryState {
-        owner: shared.owner(),
+        owner: shared.owner(trace),
         seqs,
         state,
     });
@@ -577,7 +580,7 @@ pub(super) fn dead_letter(
         Vec::new()
     };
     ctx.writer.submit(Write::KeepLetters {
-        owner: shared.owner(),
+        owner: shared.owner(trace),
         letters: letters.clone(),
         seqs,
     });

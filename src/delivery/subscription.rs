@@ -19,6 +19,7 @@ use crate::metrics::SubscriptionMetrics;
 use crate::model::subscription::{BatchCaps, EffectivePolicy, Subscription};
 use crate::store::{QueueId, StoreError};
 use crate::sync::AbortOnDrop;
+use crate::telemetry::TraceContext;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -67,13 +68,15 @@ impl SubscriptionState {
         crate::sync::read(&self.config).clone()
     }
 
-    /// Who the store writer writes for.
-    pub fn owner(&self) -> super::writer::Owner {
+    /// Who the store writer writes for, about events in trace context `trace` (its ids go on
+    /// the write's error lines).
+    pub fn owner(&self, trace: Option<&TraceContext>) -> super::writer::Owner {
         super::writer::Owner {
             queue: self.queue_id,
             name: self.name.clone(),
             metrics: self.metrics.clone(),
             retired: self.retired.clone(),
+            trace: trace.cloned(),
         }
     }
 
@@ -347,11 +350,14 @@ impl SubscriptionHandle {
                     .flatten()
                     .map(|e| Pending {
                         seq: e.seq,
-                        event: Arc::new(EventData::new(
-                            e.body,
-                            e.id.into_boxed_str(),
-                            Some(&self.ctx.pending_bytes),
-                        )),
+                        event: Arc::new(
+                            EventData::new(
+                                e.body,
+                                e.id.into_boxed_str(),
+                                Some(&self.ctx.pending_bytes),
+                            )
+                            .with_trace(e.trace),
+                        ),
                         attempts: e.state.attempts,
                         first_enqueued_ms: e.state.first_enqueued_ms,
                         enqueued_at: now,

@@ -23,6 +23,7 @@
 use crate::metrics::SubscriptionMetrics;
 use crate::store::deadletter::{DeadLetter, DeadLetterBound, DeadLetterStore};
 use crate::store::{QueueId, RetryState, Store};
+use crate::telemetry::TraceContext;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
@@ -41,6 +42,18 @@ pub struct Owner {
     pub metrics: Arc<SubscriptionMetrics>,
     /// Set when the subscription is deleted: its letters still queued are not kept.
     pub retired: Arc<AtomicBool>,
+    /// The trace context of the write's events (the attempt's `deliver` span, or the context
+    /// the first of them travels in): error lines name its trace and span.
+    pub trace: Option<TraceContext>,
+}
+
+impl Owner {
+    fn trace_id(&self) -> Option<String> {
+        self.trace.as_ref().map(TraceContext::trace_hex)
+    }
+    fn span_id(&self) -> Option<String> {
+        self.trace.as_ref().map(TraceContext::span_hex)
+    }
 }
 
 /// One store write after a delivery attempt.
@@ -93,12 +106,12 @@ pub fn execute(w: Write, t: &Targets) {
     match w {
         Write::Remove { owner, seqs } => {
             if let Err(e) = t.store.remove(owner.queue, &seqs) {
-                tracing::error!(subscription = %owner.name, error = %e, "could not remove delivered events from the store; they may be delivered again after a restart");
+                tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not remove delivered events from the store; they may be delivered again after a restart");
             }
         }
         Write::RetryState { owner, seqs, state } => {
             if let Err(e) = t.store.update(owner.queue, &seqs, state) {
-                tracing::error!(subscription = %owner.name, error = %e, "could not persist retry state");
+                tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not persist retry state");
             }
         }
         Write::KeepLetters {
@@ -125,13 +138,13 @@ fn keep_letters(owner: &Owner, letters: Vec<DeadLetter>, seqs: &[u64], t: &Targe
                 owner.metrics.dead_letters_evicted.add(evicted as u64);
             }
             Err(e) => {
-                tracing::error!(subscription = %owner.name, error = %e, "could not keep a dead letter")
+                tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not keep a dead letter")
             }
         }
     }
     if !seqs.is_empty() {
         if let Err(e) = t.store.remove_dropped(owner.queue, seqs) {
-            tracing::error!(subscription = %owner.name, error = %e, "could not remove dropped events from the store");
+            tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not remove dropped events from the store");
         }
     }
 }
@@ -263,6 +276,7 @@ mod tests {
             name: "s".into(),
             metrics: Arc::default(),
             retired: Arc::default(),
+            trace: None,
         }
     }
 
@@ -292,6 +306,7 @@ mod tests {
                 first_enqueued_ms: 1,
                 due_ms: 0,
             },
+            trace: None,
         };
         t.store.append(&[(1, ev)]).unwrap();
         let letter = DeadLetter {
