@@ -590,6 +590,7 @@ pub(super) fn dead_letter(
             topic: shared.topic.clone(),
             subscription: shared.name.clone(),
             letters,
+            trace: trace.cloned(),
         });
     }
 }

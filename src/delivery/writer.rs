@@ -256,7 +256,7 @@ mod tests {
     use super::*;
     use crate::store::deadletter::DropReason;
     use crate::store::memory::MemoryStore;
-    use crate::store::StoredEvent;
+    use crate::store::{StoreError, StoredEvent};
     use bytes::Bytes;
 
     fn targets() -> Targets {
@@ -342,6 +342,142 @@ mod tests {
                 seqs: vec![],
             },
             &t,
+        );
+    }
+
+    /// A store whose every write fails.
+    struct Broken;
+
+    impl Store for Broken {
+        fn load(&self) -> Result<crate::store::Snapshot, StoreError> {
+            Ok(Default::default())
+        }
+        fn pending(&self, _: QueueId) -> Result<Vec<StoredEvent>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn put_topic(&self, _: &str, _: &serde_json::Value) -> Result<(), StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+        fn delete_topic(&self, _: &str) -> Result<(), StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+        fn put_subscription(
+            &self,
+            _: &str,
+            _: QueueId,
+            _: &serde_json::Value,
+        ) -> Result<(), StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+        fn delete_subscription(&self, _: QueueId) -> Result<(), StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+        fn next_queue_id(&self) -> Result<QueueId, StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+        fn append(&self, _: &[(QueueId, StoredEvent)]) -> Result<(), StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+        fn commit(&self) -> futures_util::future::BoxFuture<'_, Result<(), StoreError>> {
+            Box::pin(async { Err(StoreError::Io("disk gone".into())) })
+        }
+        fn update(&self, _: QueueId, _: &[u64], _: RetryState) -> Result<(), StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+        fn remove(&self, _: QueueId, _: &[u64]) -> Result<(), StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+    }
+
+    /// Log lines written as `log__format=json` writes them, into a buffer.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            crate::sync::lock(&self.0).extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_writers_error_lines_name_the_trace_of_their_events() {
+        let lines = Lines::default();
+        let out = lines.clone();
+        let json = tracing_subscriber::fmt()
+            .with_target(false)
+            .json()
+            .with_writer(move || out.clone())
+            .finish();
+        let t = Targets {
+            store: Arc::new(Broken),
+            ..targets()
+        };
+        let ctx = TraceContext::parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            None,
+        );
+        let mut o = owner(1);
+        o.trace = ctx;
+        let state = RetryState {
+            attempts: 1,
+            first_enqueued_ms: 1,
+            due_ms: 2,
+        };
+        tracing::subscriber::with_default(json, || {
+            execute(
+                Write::Remove {
+                    owner: o.clone(),
+                    seqs: vec![7],
+                },
+                &t,
+            );
+            execute(
+                Write::RetryState {
+                    owner: o.clone(),
+                    seqs: vec![7],
+                    state,
+                },
+                &t,
+            );
+            execute(
+                Write::KeepLetters {
+                    owner: o.clone(),
+                    letters: vec![],
+                    seqs: vec![7],
+                },
+                &t,
+            );
+            // Events that travel in no context: no ids.
+            execute(
+                Write::Remove {
+                    owner: owner(1),
+                    seqs: vec![8],
+                },
+                &t,
+            );
+        });
+        let text = String::from_utf8(crate::sync::lock(&lines.0).clone()).unwrap();
+        let records: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(records.len(), 4, "{text}");
+        for r in &records[..3] {
+            assert_eq!(r["level"], "ERROR", "{r}");
+            assert_eq!(
+                r["fields"]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736",
+                "{r}"
+            );
+            assert_eq!(r["fields"]["span_id"], "00f067aa0ba902b7", "{r}");
+        }
+        assert!(
+            records[3]["fields"].get("trace_id").is_none(),
+            "{}",
+            records[3]
         );
     }
 

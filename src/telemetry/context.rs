@@ -83,6 +83,12 @@ impl TraceContext {
         format!("{:016x}", self.span_id)
     }
 
+    /// The `trace_id` and `span_id` fields of a log line about events in `trace` (none when
+    /// they travel in no context).
+    pub fn log_ids(trace: Option<&Self>) -> (Option<String>, Option<String>) {
+        (trace.map(Self::trace_hex), trace.map(Self::span_hex))
+    }
+
     /// The same trace, flags and state, naming span `span_id` (a child span of this one).
     pub fn child(&self, span_id: u64) -> Self {
         Self {

@@ -210,7 +210,7 @@ fn event(seq: u64, body: &Bytes, now: u64) -> StoredEvent {
 /// The trace context event `seq` is published in: none for a third of the events, one with a
 /// `tracestate` for another third (derived from `seq`: the RNG's draws stay as they were).
 fn trace_of(seq: u64) -> Option<Arc<crate::telemetry::TraceContext>> {
-    (seq % 3 != 0).then(|| {
+    (!seq.is_multiple_of(3)).then(|| {
         Arc::new(crate::telemetry::TraceContext {
             trace_id: u128::from(seq) << 64 | 0xfeed,
             span_id: seq,
