@@ -28,13 +28,14 @@ pub(super) struct Group {
 }
 
 impl Group {
-    /// Count one submission.
+    /// Count one submission (its events: the span of its sequence numbers, which the broker
+    /// numbers consecutively per publish; no sort or allocation under the log's lock).
     pub fn add(&mut self, items: &[(QueueId, StoredEvent)]) {
         self.publishes += 1;
-        let mut seqs: Vec<u64> = items.iter().map(|(_, e)| e.seq).collect();
-        seqs.sort_unstable();
-        seqs.dedup();
-        self.events += seqs.len() as u64;
+        let (lo, hi) = items.iter().fold((u64::MAX, 0), |(lo, hi), (_, e)| {
+            (lo.min(e.seq), hi.max(e.seq))
+        });
+        self.events += (hi + 1).saturating_sub(lo);
         for t in items.iter().filter_map(|(_, e)| e.trace.as_deref()) {
             let seen = |x: &TraceContext| x.trace_id == t.trace_id && x.span_id == t.span_id;
             if !t.sampled() || self.traces.last().is_some_and(seen) {
