@@ -151,8 +151,7 @@ impl Broker {
                         n,
                         |i| match refused {
                             Some(r) if i == r => Admission::Refused,
-                            Some(r) if i > r => Admission::NotReached,
-                            _ => Admission::Queued,
+                            _ => Admission::NotAdmitted,
                         },
                     );
                     s.finish(Some(&e.to_string()));

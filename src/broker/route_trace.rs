@@ -22,8 +22,9 @@ pub(super) enum Admission {
     DeadLetter,
     /// The subscription was full: the whole request was refused (503).
     Refused,
-    /// Not reached: an earlier subscription refused the request.
-    NotReached,
+    /// The request was refused for another reason (another subscription was full, or the
+    /// memory bound): nothing was queued here either.
+    NotAdmitted,
 }
 
 impl Admission {
@@ -32,7 +33,7 @@ impl Admission {
             Admission::Queued => "queued",
             Admission::DeadLetter => "dead_letter",
             Admission::Refused => "refused",
-            Admission::NotReached => "not_reached",
+            Admission::NotAdmitted => "not_admitted",
         }
     }
 }
