@@ -504,7 +504,9 @@ async fn the_azure_sdks_span_is_the_parent_of_gridlets() {
         );
     }
     let spans = c
-        .until("publish and deliver", |s| count(s, "deliver") == 1)
+        .until("publish and deliver", |s| {
+            count(s, "publish") == 1 && count(s, "deliver") == 1
+        })
         .await;
     let publish = named(&spans, "publish")[0];
     assert_eq!(publish["trace_id"], http["trace_id"], "{sdk:#?}");
