@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 shift $(( $# < 1 ? $# : 1 ))
-bench=target/release/gridlet-bench
+bench=${BENCH:-target/release/gridlet-bench}
 [ -x "$bench" ] || cargo build --release --locked --bins
 out=${BENCH_OTEL_OUT:-target/bench-otel}
 mkdir -p "$out"

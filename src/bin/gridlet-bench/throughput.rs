@@ -307,15 +307,16 @@ impl Bench {
             note.push_str(&format!(" only {delivered} of {expected} delivered"));
         }
         if let (Some(g), Some(_)) = (g, self.opts.otlp) {
-            // Since the child started (its warm-up included).
+            // Since the child started (its warm-up included); printed, as scenarios set the
+            // row's note.
             let family = "gridlet_telemetry_spans_total{result=";
             let exported = super::labelled_sum(g, &format!("{family}\"exported\"")).await;
             let dropped = super::labelled_sum(g, &format!("{family}\"dropped\"")).await;
-            note.push_str(&format!(
-                " spans exported {}, dropped {}",
+            println!(
+                "  {name}: spans exported {}, dropped {} (since gridlet started)",
                 exported.unwrap_or(0),
                 dropped.unwrap_or(0)
-            ));
+            );
         }
         Row {
             name: name.to_string(),
