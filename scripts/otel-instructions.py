@@ -91,6 +91,9 @@ def run(gridlet, mode, n, persisted, hook_port, sink_port):
     if not persisted:
         # No sled and no event log: fewer background threads whose work grows with wall time.
         env["persistence__store"] = "memory"
+    else:
+        # No periodic sled flush (its work grows with wall time, not with events).
+        env["persistence__flushEveryMs"] = "0"
     if mode != "off":
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink_port}"
     if mode == "ratio":
