@@ -268,6 +268,7 @@ fn stored(seq: u64, body: &[u8]) -> StoredEvent {
             first_enqueued_ms: Clock::system().now_ms(),
             due_ms: 0,
         },
+        trace: None,
     }
 }
 

@@ -14,6 +14,7 @@ mod recovery;
 mod registry;
 mod replay;
 mod resilience;
+mod route_trace;
 
 pub use error::BrokerError;
 pub use resilience::MAX_PAGE;

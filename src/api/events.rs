@@ -58,7 +58,9 @@ pub(super) async fn run(
             max_events: limits.max_events_per_request,
         })?;
         trace.assign(&mut events);
-        s.broker.publish(&entry, events).await?;
+        s.broker
+            .publish(&entry, events, trace.span.as_ref())
+            .await?;
         Ok::<(), ApiError>(())
     }
     .await;

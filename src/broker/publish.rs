@@ -15,12 +15,14 @@
 //! commit is under way cannot leave an event durable but not queued (it would wait for a
 //! restart, or expire). The request only waits for that task.
 
+use super::route_trace::{Admission, RouteSpans};
 use super::{Broker, BrokerError, TopicEntry};
 use crate::config::Key;
 use crate::delivery::payload::EventData;
 use crate::delivery::subscription::{Reservation, SubConfig, SubscriptionHandle};
 use crate::model::event::IncomingEvent;
 use crate::store::{Commit, Store};
+use crate::telemetry::TraceContext;
 use std::sync::Arc;
 
 /// Where each event of a request goes.
@@ -113,7 +115,8 @@ fn persist(
 
 impl Broker {
     /// Route and enqueue a validated publish request; returns once every persisted copy is
-    /// durable.
+    /// durable. `span` is the request's `publish` span: when it is recorded, each subscription
+    /// the events matched gets a `route` span under it.
     ///
     /// # Errors
     /// [`BrokerError::Unavailable`] when a matching subscription is full (unless
@@ -123,29 +126,78 @@ impl Broker {
         &self,
         entry: &TopicEntry,
         events: Vec<IncomingEvent>,
+        span: Option<&TraceContext>,
     ) -> Result<(), BrokerError> {
         entry.metrics.events_received.add(events.len() as u64);
         if events.is_empty() {
             return Ok(());
         }
+        let mut spans = RouteSpans::start(self.tracer(), span);
         let subs = entry.subscriptions();
         let configs: Vec<_> = subs.iter().map(|s| s.config()).collect();
         let routes = route(&configs, &events);
         entry.metrics.unmatched_events.add(routes.unmatched);
-        let admitted = self.admit(&subs, &configs, &routes)?;
+        let admitted = match self.admit(&subs, &configs, &routes) {
+            Ok(a) => a,
+            Err((e, refused)) => {
+                if let Some(mut s) = spans {
+                    let n = events.len();
+                    let t = entry.topic();
+                    s.decided(
+                        &t.name,
+                        &subs,
+                        &configs,
+                        &routes.per_sub,
+                        n,
+                        |i| match refused {
+                            Some(r) if i == r => Admission::Refused,
+                            _ => Admission::NotAdmitted,
+                        },
+                    );
+                    s.finish(Some(&e.to_string()));
+                }
+                return Err(e);
+            }
+        };
+        if let Some(s) = &mut spans {
+            let t = entry.topic();
+            s.decided(
+                &t.name,
+                &subs,
+                &configs,
+                &routes.per_sub,
+                events.len(),
+                |i| match admitted.get(i) {
+                    Some(Admitted::Overflow) => Admission::DeadLetter,
+                    _ => Admission::Queued,
+                },
+            );
+        }
         let now_ms = self.inner.ctx.clock.now_ms();
-        let (payloads, commit) = {
+        let numbered = {
             // Numbered and submitted in one step: the store sees events in sequence order.
             let mut next = crate::sync::lock(&self.inner.seq);
             let payloads = self.payloads(&routes, events, &mut next);
             let store = &*self.inner.ctx.store;
-            let commit = persist(store, &subs, &configs, &routes, &payloads, now_ms)?;
-            (payloads, commit)
+            persist(store, &subs, &configs, &routes, &payloads, now_ms).map(|c| (payloads, c))
+        };
+        let (payloads, commit) = match numbered {
+            Ok(n) => n,
+            Err(e) => {
+                if let Some(s) = spans {
+                    s.finish(Some(&e.to_string()));
+                }
+                return Err(e);
+            }
         };
         let broker = self.clone();
         // Runs to completion even when the caller stops waiting (see the module docs).
         let commit_and_enqueue = async move {
-            commit.wait().await.map_err(BrokerError::Store)?;
+            let durable = commit.wait().await.map_err(BrokerError::Store);
+            if let Some(s) = spans {
+                s.finish(durable.as_ref().err().map(|e| e.to_string()).as_deref());
+            }
+            durable?;
             broker.enqueue(&subs, &routes, admitted, &payloads, now_ms);
             Ok(())
         };
@@ -154,13 +206,14 @@ impl Broker {
 
     /// Reserve each matching subscription's places, within the bounds of in-memory queues.
     /// A full subscription's copies go to dead letters under `queueFullPolicy=deadLetter`.
-    /// On error every reservation made so far is given back (dropped).
+    /// On error every reservation made so far is given back (dropped); the error names the
+    /// subscription that refused (its index; `None`: the memory bound).
     fn admit(
         &self,
         subs: &[Arc<SubscriptionHandle>],
         configs: &[Arc<SubConfig>],
         routes: &Routes,
-    ) -> Result<Vec<Admitted>, BrokerError> {
+    ) -> Result<Vec<Admitted>, (BrokerError, Option<usize>)> {
         let max_pending = self.inner.cfg.broker.max_pending_events_per_subscription;
         let overflow_to_dead_letters = self.inner.cfg.resilience.queue_full_policy
             == crate::delivery::policy::QueueFullPolicy::DeadLetter;
@@ -175,12 +228,13 @@ impl Broker {
                 Ok(places) => admitted.push(Admitted::Queue(places)),
                 Err(_) if overflow_to_dead_letters => admitted.push(Admitted::Overflow),
                 Err(_) => {
-                    return Err(BrokerError::unavailable(format!(
+                    let e = BrokerError::unavailable(format!(
                         "subscription '{}' has {} pending events ({}); retry later",
                         sub.name(),
                         max_pending,
                         Key::broker__maxPendingEventsPerSubscription.name()
-                    )))
+                    ));
+                    return Err((e, Some(admitted.len())));
                 }
             }
         }
@@ -193,14 +247,15 @@ impl Broker {
             .any(|(cfg, r)| !r.is_empty() && !cfg.sub.persisted);
         let pending_bytes = &self.inner.ctx.pending_bytes;
         if to_memory && !self.has_byte_room(routes.matched_bytes) {
-            return Err(BrokerError::unavailable(
+            let e = BrokerError::unavailable(
                 format!(
                     "gridlet holds {} of the {} bytes of undelivered events {} allows in memory; retry later",
                     pending_bytes.used(),
                     pending_bytes.limit(),
                     Key::broker__maxPendingBytes.name()
                 ),
-            ));
+            );
+            return Err((e, None));
         }
         Ok(admitted)
     }

@@ -56,6 +56,7 @@ impl Broker {
                 cfg.broker.max_pending_bytes,
             )),
         });
+        store.trace_commits(&ctx.tracer);
         let broker = Self {
             inner: Arc::new(BrokerState {
                 cfg: cfg.clone(),

@@ -21,6 +21,18 @@ pub(super) fn apply(
     ctx: &DeliveryContext,
     fx: Effects,
 ) -> trace::Settled {
+    apply_in(shared, ctx, fx, None)
+}
+
+/// [`apply`] for an attempt whose `deliver` span is `span`: the store writes' and forwards' log
+/// lines name it (else the trace the first of their events travels in).
+pub(super) fn apply_in(
+    shared: &Arc<SubscriptionState>,
+    ctx: &DeliveryContext,
+    fx: Effects,
+    span: Option<&TraceContext>,
+) -> trace::Settled {
+    let trace = span.or_else(|| effects_trace(&fx)).cloned();
     let settled = tally(&fx);
     let leaving = fx.leaving();
     if let Some(retry_lane) = fx.freed {
@@ -30,7 +42,7 @@ pub(super) fn apply(
         dead_lettered(shared, ctx, d);
     }
     if !fx.writes.is_empty() {
-        ctx.writer.submit(shared.owner(), fx.writes);
+        ctx.writer.submit(shared.owner(trace.as_ref()), fx.writes);
     }
     if !fx.forward.is_empty() {
         if let Some(sink) = &shared.config().dead_letter_sink {
@@ -39,6 +51,7 @@ pub(super) fn apply(
                 topic: shared.topic.clone(),
                 subscription: shared.name.clone(),
                 letters: fx.forward,
+                trace,
             });
         }
     }
@@ -48,6 +61,13 @@ pub(super) fn apply(
     }
     q.settle(leaving);
     settled
+}
+
+/// The trace context the first of the effects' events travels in.
+fn effects_trace(fx: &Effects) -> Option<&TraceContext> {
+    first_trace(&fx.delivered)
+        .or_else(|| fx.requeue.as_ref().and_then(|r| first_trace(&r.items)))
+        .or_else(|| fx.dropped.iter().find_map(|d| first_trace(&d.items)))
 }
 
 /// What became of the events, for the `settle` span.

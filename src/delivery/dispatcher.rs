@@ -17,7 +17,7 @@
 //! per interval, a frozen one nothing; its events still expire by TTL. Events that leave
 //! undelivered become dead letters ([`super::deadletter`], [`settle::dead_letter`]).
 
-use super::apply::apply;
+use super::apply::{apply, apply_in};
 use super::engine::{DeliveryContext, Running};
 use super::health::Admission;
 use super::payload::Pending;
@@ -368,7 +368,7 @@ fn settle_batch(
     }
     let fx = settle::settle(cfg.rules(), batch, outcome, now_ms);
     count_attempt(shared, ctx, &fx, latency.as_millis() as u64, span);
-    let settled = apply(shared, ctx, fx);
+    let settled = apply_in(shared, ctx, fx, span);
     shared.notify.notify_one();
     settled
 }

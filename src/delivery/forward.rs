@@ -17,6 +17,7 @@ use super::sink::{DeliveryRequest, Outcome, Sink};
 use crate::model::topic::EventSchema;
 use crate::policy::ForwardPolicy;
 use crate::store::deadletter::DeadLetter;
+use crate::telemetry::TraceContext;
 use bytes::Bytes;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -33,6 +34,8 @@ pub struct Forward {
     pub subscription: Arc<str>,
     /// The letters (already kept locally).
     pub letters: Vec<DeadLetter>,
+    /// The trace context the first of their events travelled in (its ids go on log lines).
+    pub trace: Option<TraceContext>,
 }
 
 /// Forwarding outcome counters.
@@ -74,10 +77,17 @@ impl Forwarder {
     /// remain in the local store).
     pub fn submit(&self, f: Forward) {
         let n = f.letters.len() as u64;
-        if self.tx.try_send(f).is_err() {
+        if let Err(e) = self.tx.try_send(f) {
+            let f = match e {
+                mpsc::error::TrySendError::Full(f) | mpsc::error::TrySendError::Closed(f) => f,
+            };
             self.stats.failed.add(n);
+            let (trace_id, span_id) = TraceContext::log_ids(f.trace.as_ref());
             tracing::warn!(
+                subscription = %f.subscription,
                 letters = n,
+                trace_id,
+                span_id,
                 "dead-letter forwarding queue full; kept locally only"
             );
         }
@@ -92,6 +102,8 @@ struct Batch {
     letters: Vec<Bytes>,
     bytes: usize,
     first_seq: u64,
+    /// The trace context of its first letters' events (for log lines).
+    trace: Option<TraceContext>,
     /// When it goes (out of the batching window, or to its next attempt).
     due: Instant,
     /// Attempts failed so far (0: still gathering).
@@ -166,7 +178,8 @@ async fn forward_loop(mut rx: mpsc::Receiver<Forward>, stats: Arc<ForwardStats>,
                 if b.give_up.is_some_and(|g| due > g) {
                     stats.failed.add(n);
                     pending_bytes = pending_bytes.saturating_sub(b.bytes);
-                    tracing::warn!(subscription = %b.subscription, letters = n, attempts = b.failures, "dead-letter destination unreachable for the forwarding patience (broker__deadLetter__forwardPatienceMinutes); kept locally only");
+                    let (trace_id, span_id) = TraceContext::log_ids(b.trace.as_ref());
+                    tracing::warn!(subscription = %b.subscription, letters = n, attempts = b.failures, trace_id, span_id, "dead-letter destination unreachable for the forwarding patience (broker__deadLetter__forwardPatienceMinutes); kept locally only");
                 } else {
                     b.due = due;
                     waiting.push(b);
@@ -201,7 +214,8 @@ fn accept(
     let bytes: usize = letters.iter().map(Bytes::len).sum();
     if *pending_bytes + bytes > p.max_pending_bytes {
         stats.failed.add(letters.len() as u64);
-        tracing::warn!(subscription = %f.subscription, letters = letters.len(), "dead-letter forwarding is holding broker__deadLetter__forwardMaxBytes already; kept locally only");
+        let (trace_id, span_id) = TraceContext::log_ids(f.trace.as_ref());
+        tracing::warn!(subscription = %f.subscription, letters = letters.len(), trace_id, span_id, "dead-letter forwarding is holding broker__deadLetter__forwardMaxBytes already; kept locally only");
         return;
     }
     *pending_bytes += bytes;
@@ -216,6 +230,7 @@ fn accept(
                 letters: Vec::new(),
                 bytes: 0,
                 first_seq,
+                trace: f.trace,
                 due: Instant::now() + p.batch_window,
                 failures: 0,
                 give_up: None,
@@ -284,6 +299,7 @@ mod tests {
             topic: "t".into(),
             subscription: "s".into(),
             letters: vec![letter(seq)],
+            trace: None,
         }
     }
 

@@ -58,8 +58,8 @@ pub struct EventData {
     /// Event id.
     pub id: Box<str>,
     /// The trace context it travels in (from its publisher, or the `publish` span; shared by
-    /// the events of a request, 8 bytes when there is none); in memory only: an event read
-    /// back from the store has none.
+    /// the events of a request, 8 bytes when there is none). Persisted with the event, so an
+    /// event read back from the store (a spilled backlog, a restart) keeps it.
     pub trace: Option<Arc<TraceContext>>,
     counted_in: Option<Arc<PendingBytes>>,
 }
@@ -77,6 +77,7 @@ impl EventData {
                 first_enqueued_ms: now_ms,
                 due_ms: 0,
             },
+            trace: self.trace.clone(),
         }
     }
 

@@ -79,12 +79,15 @@ impl SubscriptionState {
     }
 
     /// Who the store writer writes for.
-    pub fn owner(&self) -> Owner {
+    /// Who the store writer writes for, about events in trace context `trace` (its ids go on
+    /// the write's error lines).
+    pub fn owner(&self, trace: Option<&crate::telemetry::TraceContext>) -> Owner {
         Owner {
             queue: self.queue_id,
             name: self.name.clone(),
             metrics: self.metrics.clone(),
             retired: self.retired.clone(),
+            trace: trace.cloned(),
         }
     }
 

@@ -72,26 +72,31 @@ pub(super) fn start(
         );
     };
     let mut links: Vec<Link> = Vec::new();
-    let events = batch
-        .items
-        .iter()
-        .map(|p| match p.event.trace.as_deref() {
-            Some(t) if t.trace_id != ctx.trace_id => {
-                if links.len() < MAX_LINKS && !links.iter().any(|l| l.trace_id == t.trace_id) {
-                    links.push(Link {
-                        trace_id: t.trace_id,
-                        span_id: t.span_id,
-                    });
+    // Every event in the request's trace (the usual case): no per-event list, nothing built.
+    let mixed = batch.items.iter().any(|p| {
+        p.event
+            .trace
+            .as_deref()
+            .is_some_and(|t| t.trace_id != ctx.trace_id)
+    });
+    let events = match mixed {
+        false => Vec::new(),
+        true => batch
+            .items
+            .iter()
+            .map(|p| match p.event.trace.as_deref() {
+                Some(t) if t.trace_id != ctx.trace_id => {
+                    if links.len() < MAX_LINKS && !links.iter().any(|l| l.trace_id == t.trace_id) {
+                        links.push(Link {
+                            trace_id: t.trace_id,
+                            span_id: t.span_id,
+                        });
+                    }
+                    Some(t.clone())
                 }
-                Some(t.clone())
-            }
-            _ => Some(ctx.clone()),
-        })
-        .collect();
-    // Every event in the request's context (the usual case): no per-event list.
-    let events = match links.is_empty() {
-        true => Vec::new(),
-        false => events,
+                _ => Some(ctx.clone()),
+            })
+            .collect(),
     };
     if !ctx.sampled() {
         // Not recorded: the context goes onward, nothing else is built.

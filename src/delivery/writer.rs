@@ -25,6 +25,7 @@
 use crate::metrics::SubscriptionMetrics;
 use crate::store::deadletter::{DeadLetter, DeadLetterBound, DeadLetterStore};
 use crate::store::{QueueId, RetryState, Store};
+use crate::telemetry::TraceContext;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
@@ -43,6 +44,18 @@ pub struct Owner {
     pub metrics: Arc<SubscriptionMetrics>,
     /// Set when the subscription is deleted: its letters still queued are not kept.
     pub retired: Arc<AtomicBool>,
+    /// The trace context of the write's events (the attempt's `deliver` span, or the context
+    /// the first of them travels in): error lines name its trace and span.
+    pub trace: Option<TraceContext>,
+}
+
+impl Owner {
+    fn trace_id(&self) -> Option<String> {
+        self.trace.as_ref().map(TraceContext::trace_hex)
+    }
+    fn span_id(&self) -> Option<String> {
+        self.trace.as_ref().map(TraceContext::span_hex)
+    }
 }
 
 /// One store write after a delivery attempt (of the subscription its job's [`Owner`] names).
@@ -109,12 +122,12 @@ pub fn write(owner: &Owner, w: Write, t: &Targets) {
     match w {
         Write::Remove { seqs } => {
             if let Err(e) = t.store.remove(owner.queue, &seqs) {
-                tracing::error!(subscription = %owner.name, error = %e, "could not remove delivered events from the store; they may be delivered again after a restart");
+                tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not remove delivered events from the store; they may be delivered again after a restart");
             }
         }
         Write::RetryState { seqs, state } => {
             if let Err(e) = t.store.update(owner.queue, &seqs, state) {
-                tracing::error!(subscription = %owner.name, error = %e, "could not persist retry state");
+                tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not persist retry state");
             }
         }
         Write::KeepLetters { letters, seqs } => keep_letters(owner, letters, &seqs, t),
@@ -135,13 +148,13 @@ fn keep_letters(owner: &Owner, letters: Vec<DeadLetter>, seqs: &[u64], t: &Targe
                 owner.metrics.dead_letters_evicted.add(evicted as u64);
             }
             Err(e) => {
-                tracing::error!(subscription = %owner.name, error = %e, "could not keep a dead letter")
+                tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not keep a dead letter")
             }
         }
     }
     if !seqs.is_empty() {
         if let Err(e) = t.store.remove_dropped(owner.queue, seqs) {
-            tracing::error!(subscription = %owner.name, error = %e, "could not remove dropped events from the store");
+            tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not remove dropped events from the store");
         }
     }
 }
@@ -265,7 +278,7 @@ mod tests {
     use super::*;
     use crate::store::deadletter::DropReason;
     use crate::store::memory::MemoryStore;
-    use crate::store::StoredEvent;
+    use crate::store::{StoreError, StoredEvent};
     use bytes::Bytes;
 
     fn targets() -> Targets {
@@ -285,6 +298,7 @@ mod tests {
             name: "s".into(),
             metrics: Arc::default(),
             retired: Arc::default(),
+            trace: None,
         }
     }
 
@@ -312,6 +326,7 @@ mod tests {
                 first_enqueued_ms: 1,
                 due_ms: 0,
             },
+            trace: None,
         };
         t.store.append(&[(1, ev)]).unwrap();
         let letter = DeadLetter {
@@ -347,6 +362,136 @@ mod tests {
                 seqs: vec![],
             },
             &t,
+        );
+    }
+
+    /// A store whose every write fails.
+    struct Broken;
+
+    impl Store for Broken {
+        fn load(&self) -> Result<crate::store::Snapshot, StoreError> {
+            Ok(Default::default())
+        }
+        fn pending(&self, _: QueueId) -> Result<Vec<StoredEvent>, StoreError> {
+            Ok(Vec::new())
+        }
+        fn put_topic(
+            &self,
+            _: &str,
+            _: &crate::model::record::TopicRecord,
+        ) -> Result<(), StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+        fn delete_topic(&self, _: &str) -> Result<(), StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+        fn put_subscription(
+            &self,
+            _: QueueId,
+            _: &crate::model::record::SubscriptionRecord,
+        ) -> Result<(), StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+        fn delete_subscription(&self, _: QueueId) -> Result<(), StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+        fn next_queue_id(&self) -> Result<QueueId, StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+        fn append(&self, _: &[(QueueId, StoredEvent)]) -> Result<(), StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+        fn commit(&self) -> futures_util::future::BoxFuture<'_, Result<(), StoreError>> {
+            Box::pin(async { Err(StoreError::Io("disk gone".into())) })
+        }
+        fn update(&self, _: QueueId, _: &[u64], _: RetryState) -> Result<(), StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+        fn remove(&self, _: QueueId, _: &[u64]) -> Result<(), StoreError> {
+            Err(StoreError::Io("disk gone".into()))
+        }
+    }
+
+    /// Log lines written as `log__format=json` writes them, into a buffer.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Lines {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            crate::sync::lock(&self.0).extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_writers_error_lines_name_the_trace_of_their_events() {
+        let lines = Lines::default();
+        let out = lines.clone();
+        let json = tracing_subscriber::fmt()
+            .with_target(false)
+            .json()
+            .with_writer(move || out.clone())
+            .finish();
+        let t = Targets {
+            store: Arc::new(Broken),
+            ..targets()
+        };
+        let ctx = TraceContext::parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            None,
+        );
+        let mut o = owner(1);
+        o.trace = ctx;
+        let state = RetryState {
+            attempts: 1,
+            first_enqueued_ms: 1,
+            due_ms: 2,
+        };
+        tracing::subscriber::with_default(json, || {
+            execute(
+                Job::Writes(
+                    o.clone(),
+                    vec![
+                        Write::Remove { seqs: vec![7] },
+                        Write::RetryState {
+                            seqs: vec![7],
+                            state,
+                        },
+                        Write::KeepLetters {
+                            letters: vec![],
+                            seqs: vec![7],
+                        },
+                    ],
+                ),
+                &t,
+            );
+            // Events that travel in no context: no ids.
+            execute(
+                Job::Writes(owner(1), vec![Write::Remove { seqs: vec![8] }]),
+                &t,
+            );
+        });
+        let text = String::from_utf8(crate::sync::lock(&lines.0).clone()).unwrap();
+        let records: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(records.len(), 4, "{text}");
+        for r in &records[..3] {
+            assert_eq!(r["level"], "ERROR", "{r}");
+            assert_eq!(
+                r["fields"]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736",
+                "{r}"
+            );
+            assert_eq!(r["fields"]["span_id"], "00f067aa0ba902b7", "{r}");
+        }
+        assert!(
+            records[3]["fields"].get("trace_id").is_none(),
+            "{}",
+            records[3]
         );
     }
 

@@ -14,7 +14,8 @@
 //! is pending in) under the log's lock, in the order the broker numbered them, and returns a
 //! [`Commit`] that resolves once they are durable. One committer thread (`gridlet-commit`) takes
 //! everything staged as one frame, writes it and `fdatasync`s it outside the lock, then answers
-//! every publish in that frame: concurrent publishes share one sync.
+//! every publish in that frame: concurrent publishes share one sync. With the tracer on, each
+//! frame is a `commit` span ([`commit_trace`]).
 //!
 //! Settlements ([`Store::remove`], [`Store::update`], [`Store::remove_dropped`]) are staged the
 //! same way without waiting: they ride on the next publish's frame, or on a frame of their own
@@ -32,12 +33,15 @@
 //! the bound, and their files are compacted (see [`letters`]): the two logs together stay within
 //! the bound plus one letter segment plus one letter.
 
+mod commit_trace;
 pub mod engine;
 pub mod format;
 pub mod letters;
 pub mod sim;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod trace_tests;
 
 use crate::model::record::{SubscriptionRecord, TopicRecord};
 use crate::store::deadletter::DeadLetterStore;
@@ -46,6 +50,7 @@ use crate::store::sled::SledMeta;
 use crate::store::{
     Commit, CommitCounters, QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent,
 };
+use commit_trace::{CommitSpan, Group};
 use engine::{Log, LogOptions, Recovered};
 use futures_util::future::BoxFuture;
 use serde_json::Value;
@@ -106,6 +111,8 @@ struct Waiting {
     /// Settlements staged since the last frame.
     dirty: bool,
     shutdown: bool,
+    /// The publishes staged for the next frame (only while commits are traced).
+    group: Group,
 }
 
 struct Shared {
@@ -116,6 +123,8 @@ struct Shared {
     /// Frames that answered at least one publish.
     publish_syncs: AtomicU64,
     collections: AtomicU64,
+    /// Records a `commit` span per frame once set ([`Store::trace_commits`], tracer on).
+    tracer: std::sync::OnceLock<crate::telemetry::Tracer>,
 }
 
 impl Shared {
@@ -124,6 +133,9 @@ impl Shared {
     }
     fn waiting(&self) -> std::sync::MutexGuard<'_, Waiting> {
         crate::sync::lock(&self.waiting)
+    }
+    fn tracer(&self) -> Option<&crate::telemetry::Tracer> {
+        self.tracer.get()
     }
 }
 
@@ -176,6 +188,7 @@ impl LogStore {
             commits: AtomicU64::new(0),
             publish_syncs: AtomicU64::new(0),
             collections: AtomicU64::new(0),
+            tracer: std::sync::OnceLock::new(),
         });
         let for_letters = shared.clone();
         let letters = letters::LogLetters::open(
@@ -336,15 +349,40 @@ fn checkpoint(s: &Shared) {
 }
 
 fn write_frame(s: &Shared) -> Result<(), StoreError> {
-    let frame = s.log().take_frame(now_ms())?;
+    let (frame, group) = {
+        let mut log = s.log();
+        let frame = log.take_frame(now_ms())?;
+        // Under the log's lock, as `submit` gathers it: exactly the publishes in this frame.
+        let group = match s.tracer() {
+            Some(_) => std::mem::take(&mut s.waiting().group),
+            None => Group::default(),
+        };
+        (frame, group)
+    };
     if let Some(f) = frame {
+        let span = s
+            .tracer()
+            .and_then(|t| Some((t, CommitSpan::start(t, group, f.bytes())?)));
         // Outside the lock: publishes keep staging while this frame syncs.
-        if let Err(e) = f.run() {
-            let mut log = s.log();
-            log.fail(e.to_string());
-            return Err(StoreError::Io(format!("event log write failed: {e}")));
-        }
+        let written = f.write().and_then(|()| {
+            let synced = std::time::Instant::now();
+            f.sync().map(|()| synced.elapsed())
+        });
+        let fsync = match written {
+            Ok(d) => d,
+            Err(e) => {
+                if let Some((t, span)) = span {
+                    span.finish(t, None, Some(&e.to_string()));
+                }
+                let mut log = s.log();
+                log.fail(e.to_string());
+                return Err(StoreError::Io(format!("event log write failed: {e}")));
+            }
+        };
         s.log().syncs += 1;
+        if let Some((t, span)) = span {
+            span.finish(t, Some(fsync), None);
+        }
     }
     Ok(())
 }
@@ -469,7 +507,11 @@ impl Store for LogStore {
             // order, and no frame can be taken between the two.
             let mut log = self.shared.log();
             log.stage_events(&items, reserved)?;
-            self.shared.waiting().waiters.push(Waiter::Task(tx));
+            let mut w = self.shared.waiting();
+            w.waiters.push(Waiter::Task(tx));
+            if self.shared.tracer().is_some() {
+                w.group.add(&items);
+            }
         }
         self.shared.commits.fetch_add(1, Ordering::Relaxed);
         self.shared.wake.notify_one();
@@ -508,6 +550,12 @@ impl Store for LogStore {
 
     fn dead_letters(&self) -> Option<Arc<dyn DeadLetterStore>> {
         Some(self.letters.clone())
+    }
+
+    fn trace_commits(&self, tracer: &crate::telemetry::Tracer) {
+        if tracer.enabled() {
+            let _ = self.shared.tracer.set(tracer.clone());
+        }
     }
 
     fn endpoint_health(&self) -> Result<Vec<(String, Value)>, StoreError> {

@@ -85,6 +85,9 @@ pub struct StoredEvent {
     pub body: Bytes,
     /// Retry state.
     pub state: RetryState,
+    /// The W3C trace context it travels in (its publisher's, or gridlet's `publish` span), so
+    /// that a delivery after a restart stays in the same trace. `None`: it came without one.
+    pub trace: Option<std::sync::Arc<crate::telemetry::TraceContext>>,
 }
 
 /// A run of events never attempted: sequence numbers `first .. first + count`, all first
@@ -394,6 +397,10 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Record a `commit` span per group commit with `tracer` (stores that have a group commit;
+    /// the log store). Called once at start-up; a tracer that is off records nothing.
+    fn trace_commits(&self, _tracer: &crate::telemetry::Tracer) {}
+
     /// The dead-letter store that lives with this store (sled: a tree of the events database),
     /// or `None` to keep dead letters in memory.
     fn dead_letters(&self) -> Option<std::sync::Arc<dyn DeadLetterStore>> {
@@ -481,6 +488,7 @@ pub mod contract {
                 first_enqueued_ms: 1000,
                 due_ms: 0,
             },
+            trace: None,
         }
     }
 

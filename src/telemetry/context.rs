@@ -65,22 +65,37 @@ impl TraceContext {
         self.flags & 1 == 1
     }
 
-    /// The `traceparent` value naming this context (version 00).
+    /// The `traceparent` value naming this context (version 00). Written digit by digit, not
+    /// through `format!`: every delivery attempt of a traced event writes one, sampled or not.
     pub fn traceparent(&self) -> String {
-        format!(
-            "00-{:032x}-{:016x}-{:02x}",
-            self.trace_id, self.span_id, self.flags
-        )
+        let mut s = String::with_capacity(55);
+        s.push_str("00-");
+        push_hex(&mut s, &self.trace_id.to_be_bytes());
+        s.push('-');
+        push_hex(&mut s, &self.span_id.to_be_bytes());
+        s.push('-');
+        push_hex(&mut s, &[self.flags]);
+        s
     }
 
     /// The trace id as 32 lower-case hex digits (as log lines and trace backends show it).
     pub fn trace_hex(&self) -> String {
-        format!("{:032x}", self.trace_id)
+        let mut s = String::with_capacity(32);
+        push_hex(&mut s, &self.trace_id.to_be_bytes());
+        s
     }
 
     /// The span id as 16 lower-case hex digits.
     pub fn span_hex(&self) -> String {
-        format!("{:016x}", self.span_id)
+        let mut s = String::with_capacity(16);
+        push_hex(&mut s, &self.span_id.to_be_bytes());
+        s
+    }
+
+    /// The `trace_id` and `span_id` fields of a log line about events in `trace` (none when
+    /// they travel in no context).
+    pub fn log_ids(trace: Option<&Self>) -> (Option<String>, Option<String>) {
+        (trace.map(Self::trace_hex), trace.map(Self::span_hex))
     }
 
     /// The same trace, flags and state, naming span `span_id` (a child span of this one).
@@ -88,6 +103,15 @@ impl TraceContext {
         Self {
             span_id,
             ..self.clone()
+        }
+    }
+}
+
+/// Append `bytes` as lower-case hex, two digits each.
+fn push_hex(s: &mut String, bytes: &[u8]) {
+    for b in bytes {
+        for nibble in [b >> 4, b & 0xf] {
+            s.push(char::from_digit(u32::from(nibble), 16).unwrap_or('0'));
         }
     }
 }
@@ -110,6 +134,19 @@ mod tests {
         assert_eq!(c.span_id, 0xb7ad6b7169203331);
         assert!(c.sampled());
         assert_eq!(c.traceparent(), TP);
+        assert_eq!(c.trace_hex(), "0af7651916cd43dd8448eb211c80319c");
+        assert_eq!(c.span_hex(), "b7ad6b7169203331");
+        let small = TraceContext {
+            trace_id: 1,
+            span_id: 2,
+            flags: 0,
+            state: None,
+        };
+        assert_eq!(
+            small.traceparent(),
+            "00-00000000000000000000000000000001-0000000000000002-00",
+            "leading zeros kept"
+        );
         assert_eq!(c.state.as_deref(), Some("congo=t61rcWkgMzE"));
         assert_eq!(
             c.child(1).traceparent(),

@@ -208,7 +208,7 @@ impl InProcess {
         })
         .unwrap();
         let entry = self.broker.topic("t").unwrap();
-        self.broker.publish(&entry, parsed).await.unwrap();
+        self.broker.publish(&entry, parsed, None).await.unwrap();
     }
 
     /// The next attempt (panics if none comes within a day of virtual time).

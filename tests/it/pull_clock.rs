@@ -76,7 +76,9 @@ async fn publish(b: &Broker, ids: &[&str]) {
         max_events: 1000,
     })
     .unwrap();
-    b.publish(&b.topic("q").unwrap(), parsed).await.unwrap();
+    b.publish(&b.topic("q").unwrap(), parsed, None)
+        .await
+        .unwrap();
 }
 
 /// Receive up to `max` (no wait): `(id, deliveryCount, token)`.

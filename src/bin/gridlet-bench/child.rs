@@ -9,6 +9,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` for every child (`--otlp`: the bench's sink).
+static OTLP_ENDPOINT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Start every later child with OpenTelemetry export to `endpoint`.
+pub fn set_otlp_endpoint(endpoint: String) {
+    let _ = OTLP_ENDPOINT.set(endpoint);
+}
+
 /// Pids of running children (killed by the panic hook and the watchdog).
 static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
@@ -133,6 +141,11 @@ impl Gridlet {
             .envs(
                 std::env::vars()
                     .filter(|(k, _)| k.starts_with("MIMALLOC_") || k.starts_with("OTEL_")),
+            )
+            .envs(
+                OTLP_ENDPOINT
+                    .get()
+                    .map(|e| ("OTEL_EXPORTER_OTLP_ENDPOINT", e.as_str())),
             )
             .stdin(Stdio::null())
             .stdout(log)

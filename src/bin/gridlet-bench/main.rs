@@ -29,6 +29,9 @@
 //! * azure (opt-in, not in `all`): delivery to a Storage queue in Azurite beside webhook
 //!   delivery, with the raw Azurite limit ([`azure`]).
 //!
+//! `--otlp ok|500|slow|dead` runs every scenario with OpenTelemetry export on, to a collector
+//! sink inside the bench ([`otlp`]): the cost of tracing, and a dead, slow or failing collector.
+//!
 //! The bench never hangs: every phase has a deadline, a watchdog kills everything after
 //! `--max-seconds`, and every gridlet child is killed on exit (also on panic).
 
@@ -41,6 +44,7 @@ mod crashsim;
 mod nats;
 mod net;
 mod opts;
+mod otlp;
 mod pull;
 mod report;
 mod store_cost;
@@ -202,6 +206,21 @@ async fn run(opts: Opts) -> Result<(), String> {
             bin.display()
         ));
     }
+    let sink = match opts.otlp {
+        Some(mode) => {
+            let s = otlp::Sink::start(mode)
+                .await
+                .map_err(|e| format!("otlp sink: {e}"))?;
+            println!(
+                "otlp: export on, to the bench's sink at {} ({})",
+                s.endpoint,
+                mode.as_str()
+            );
+            child::set_otlp_endpoint(s.endpoint.clone());
+            Some(s)
+        }
+        None => None,
+    };
     let root = std::env::temp_dir().join(format!("gridlet-bench-{}", std::process::id()));
     let mut b = Bench {
         opts,
@@ -214,6 +233,9 @@ async fn run(opts: Opts) -> Result<(), String> {
     };
     let res = b.all().await;
     let _ = std::fs::remove_dir_all(&root);
+    if let Some(s) = sink {
+        println!("{}", s.summary());
+    }
     res
 }
 

@@ -40,6 +40,8 @@ pub(super) struct Opts {
     /// Scenario `crashsim`: seeds to run (default 50,000; quick 2,000) and the first one.
     pub(super) sim_seeds: Option<u64>,
     pub(super) sim_first_seed: u64,
+    /// `--otlp MODE`: run every gridlet with OpenTelemetry export to the bench's own sink.
+    pub(super) otlp: Option<super::otlp::Mode>,
 }
 
 const USAGE: &str =
@@ -49,6 +51,7 @@ const USAGE: &str =
                      [--rounds N] [--slice SECS]
                      [--store-events N] [--store-watch SECS] [--segment-bytes BYTES]
                      [--nats PATH] [--no-peer] [--seeds N] [--first-seed N]
+                     [--otlp ok|500|slow|dead]
 
 --rounds N (default 4, 0 = off) and --slice SECS (default 2): after its main run, each throughput
 scenario (a, b, c, d) runs N rounds that alternate a SECS slice of the raw batch-1 limit with a
@@ -68,7 +71,12 @@ rows scale down below 20000. --store-watch SECS (default 10): how long disk is w
 the drain, and the longest wait for deferred writes to stop after a phase. --segment-bytes: the store's segment size, to judge the after-drain
 row. --nats PATH: the nats-server binary of the peer (default: PATH, /usr/sbin); --no-peer: skip it.
 --seeds N (scenario crashsim, default 50000, quick 2000) and --first-seed N (default 0): the event
-log's power-cut simulation over seeds N.. (a failing seed prints the call that reproduces it).";
+log's power-cut simulation over seeds N.. (a failing seed prints the call that reproduces it).
+--otlp MODE: every gridlet exports traces and metrics (OTEL_EXPORTER_OTLP_ENDPOINT) to a sink in
+the bench that reads each export and answers without decoding it: ok = 200, 500 = refused,
+slow = answered after 30 s (past gridlet's export timeout), dead = nothing listens. The sampler
+and other OTEL_* variables of the bench's environment reach gridlet as they are (e.g.
+OTEL_TRACES_SAMPLER=parentbased_traceidratio OTEL_TRACES_SAMPLER_ARG=0.01).";
 
 pub(super) fn parse_args() -> Result<Opts, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -95,6 +103,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         store_watch: Duration::from_secs(10),
         sim_seeds: None,
         sim_first_seed: 0,
+        otlp: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -173,6 +182,10 @@ pub(super) fn parse_args() -> Result<Opts, String> {
             }
             "--first-seed" => {
                 o.sim_first_seed = val()?.parse().map_err(|_| "--first-seed: a number")?;
+            }
+            "--otlp" => {
+                o.otlp =
+                    Some(super::otlp::Mode::parse(&val()?).ok_or("--otlp: ok, 500, slow or dead")?);
             }
             "--max-seconds" => {
                 o.max_seconds = val()?

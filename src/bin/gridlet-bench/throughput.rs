@@ -306,6 +306,18 @@ impl Bench {
         if delivered < expected {
             note.push_str(&format!(" only {delivered} of {expected} delivered"));
         }
+        if let (Some(g), Some(_)) = (g, self.opts.otlp) {
+            // Since the child started (its warm-up included); printed, as scenarios set the
+            // row's note.
+            let family = "gridlet_telemetry_spans_total{result=";
+            let exported = super::labelled_sum(g, &format!("{family}\"exported\"")).await;
+            let dropped = super::labelled_sum(g, &format!("{family}\"dropped\"")).await;
+            println!(
+                "  {name}: spans exported {}, dropped {} (since gridlet started)",
+                exported.unwrap_or(0),
+                dropped.unwrap_or(0)
+            );
+        }
         Row {
             name: name.to_string(),
             publish_eps: p.accepted as f64 / p.elapsed.as_secs_f64().max(1e-9),

@@ -41,6 +41,7 @@ use crate::model::attributes::{AttributeTarget, DeliveryAttribute};
 use crate::model::azure::{MessagingAuth, MessagingConn};
 use crate::model::sas::expiry as sas_expiry;
 use crate::model::topic::EventSchema;
+use crate::telemetry::TraceContext;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
@@ -127,13 +128,18 @@ impl MessagingSink {
         }
     }
 
-    async fn post(&self, endpoint: &Endpoint, body: Bytes) -> Outcome {
+    async fn post(
+        &self,
+        endpoint: &Endpoint,
+        body: Bytes,
+        trace: Option<&TraceContext>,
+    ) -> Outcome {
         let mut h = HeaderMap::with_capacity(2);
         h.insert(CONTENT_TYPE, BATCH_CONTENT_TYPE.clone());
         if let Some(t) = self.tokens.header(super::unix_now()) {
             h.insert(AUTHORIZATION, t);
         }
-        super::outcome(endpoint.post(h, body).await, &self.what)
+        super::outcome(endpoint.post(h, body).await, &self.what, trace)
     }
 }
 
@@ -324,7 +330,8 @@ impl Sink for MessagingSink {
                 Ok(e) => e,
                 Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
             };
-            if let Some(expired) = super::expired(self.token_expiry, &self.what) {
+            if let Some(expired) = super::expired(self.token_expiry, &self.what, req.trace.as_ref())
+            {
                 return expired;
             }
             let max = self.limits.max_request_bytes;
@@ -353,7 +360,11 @@ impl Sink for MessagingSink {
             while let Some(g) = todo.pop() {
                 let part: Vec<Bytes> = g.iter().map(|&i| msgs[i].clone()).collect();
                 let o = self
-                    .post(endpoint, crate::delivery::sink::json_array(&part))
+                    .post(
+                        endpoint,
+                        crate::delivery::sink::json_array(&part),
+                        req.trace.as_ref(),
+                    )
                     .await;
                 if o == Outcome::Delivered {
                     for &i in &g {

@@ -28,6 +28,7 @@ pub mod storage;
 use super::http::{HttpError, HttpResponse};
 use super::sink::{FailureKind, Outcome};
 use super::webhook::parse_retry_after;
+use crate::telemetry::TraceContext;
 use std::time::SystemTime;
 
 /// Longest service error text kept (characters).
@@ -47,8 +48,14 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The outcome of one request to an Azure service. `what` names the destination in the log.
-pub fn outcome(r: Result<HttpResponse, HttpError>, what: &str) -> Outcome {
+/// The outcome of one request to an Azure service. `what` names the destination in the log,
+/// `trace` the attempt's trace context (its ids go on the warning lines).
+pub fn outcome(
+    r: Result<HttpResponse, HttpError>,
+    what: &str,
+    trace: Option<&TraceContext>,
+) -> Outcome {
+    let (trace_id, span_id) = TraceContext::log_ids(trace);
     match r {
         Ok(resp) => {
             let status = resp.status.as_u16();
@@ -58,10 +65,10 @@ pub fn outcome(r: Result<HttpResponse, HttpError>, what: &str) -> Outcome {
             let message = error_text(&resp.error_body);
             match status {
                 401 | 404 | 410 => {
-                    tracing::warn!(destination = what, status, error = %message, "Azure destination configuration fault (retried): check the connection string's key and the entity");
+                    tracing::warn!(destination = what, status, error = %message, trace_id, span_id, "Azure destination configuration fault (retried): check the connection string's key and the entity");
                 }
                 400 | 403 | 413 => {
-                    tracing::warn!(destination = what, status, error = %message, "Azure destination refused the request; not retried (Event Grid's rule for Azure resources)");
+                    tracing::warn!(destination = what, status, error = %message, trace_id, span_id, "Azure destination refused the request; not retried (Event Grid's rule for Azure resources)");
                 }
                 _ => {}
             }
@@ -78,10 +85,11 @@ pub fn outcome(r: Result<HttpResponse, HttpError>, what: &str) -> Outcome {
 
 /// A credential past its expiry (`expiry`, Unix seconds, of a connection string's ready-made
 /// shared access signature): the outcome that reports it without sending, logged at warn.
-pub fn expired(expiry: Option<u64>, what: &str) -> Option<Outcome> {
+pub fn expired(expiry: Option<u64>, what: &str, trace: Option<&TraceContext>) -> Option<Outcome> {
     let se = expiry.filter(|se| *se <= unix_now())?;
     let at = crate::delivery::deadletter::rfc3339(se.saturating_mul(1000));
-    tracing::warn!(destination = what, expired = %at, "the connection string's SharedAccessSignature has expired; not sent (replace the connection string)");
+    let (trace_id, span_id) = TraceContext::log_ids(trace);
+    tracing::warn!(destination = what, expired = %at, trace_id, span_id, "the connection string's SharedAccessSignature has expired; not sent (replace the connection string)");
     Some(Outcome::failed(FailureKind::CredentialExpired(format!(
         "the connection string's SharedAccessSignature for {what} expired at {at}; replace the connection string"
     ))))

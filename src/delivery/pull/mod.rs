@@ -303,9 +303,10 @@ impl Puller<'_> {
             }
         }
         for (state, seqs) in groups {
-            self.ctx
-                .writer
-                .submit(self.shared.owner(), vec![Write::RetryState { seqs, state }]);
+            self.ctx.writer.submit(
+                self.shared.owner(None),
+                vec![Write::RetryState { seqs, state }],
+            );
         }
     }
 
@@ -360,7 +361,7 @@ impl Puller<'_> {
         let n = items.len();
         if persisted {
             self.ctx.writer.submit(
-                self.shared.owner(),
+                self.shared.owner(None),
                 vec![Write::Remove {
                     seqs: items.iter().map(|p| p.seq).collect(),
                 }],
@@ -445,7 +446,7 @@ impl Puller<'_> {
             let due_ms = self.ctx.clock.now_ms() + q.lock_duration.as_millis() as u64;
             for (seq, attempts, first_enqueued_ms) in renewed {
                 self.ctx.writer.submit(
-                    self.shared.owner(),
+                    self.shared.owner(None),
                     vec![Write::RetryState {
                         seqs: vec![seq],
                         state: RetryState {

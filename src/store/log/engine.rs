@@ -59,6 +59,7 @@ struct Cached {
     id: String,
     body: Bytes,
     first_ms: u64,
+    trace: Option<Arc<crate::telemetry::TraceContext>>,
 }
 
 /// Options of the log.
@@ -98,8 +99,29 @@ impl FrameWrite {
     /// # Errors
     /// I/O failure (the log must then fail-stop: [`Log::fail`]).
     pub fn run(&self) -> std::io::Result<()> {
-        self.file.write_at(&self.bytes, self.offset)?;
+        self.write()?;
+        self.sync()
+    }
+
+    /// The first half of [`FrameWrite::run`]: write the frame (into the page cache).
+    ///
+    /// # Errors
+    /// As [`FrameWrite::run`].
+    pub fn write(&self) -> std::io::Result<()> {
+        self.file.write_at(&self.bytes, self.offset)
+    }
+
+    /// The second half of [`FrameWrite::run`]: `fdatasync` the file.
+    ///
+    /// # Errors
+    /// As [`FrameWrite::run`].
+    pub fn sync(&self) -> std::io::Result<()> {
         self.file.sync_data()
+    }
+
+    /// Bytes of the frame (head and records).
+    pub fn bytes(&self) -> usize {
+        self.bytes.len()
     }
 }
 
@@ -285,7 +307,10 @@ impl Log {
         }
         let bytes: u64 = events
             .values()
-            .map(|(e, qs)| Record::event_len(qs.len(), e.id.len(), e.body.len()) as u64)
+            .map(|(e, qs)| {
+                let trace = Record::trace_len(e.trace.as_deref());
+                (Record::event_len(qs.len(), e.id.len(), e.body.len()) + trace) as u64
+            })
             .sum();
         // Segments with nothing pending are deleted by the next collection (right after this
         // frame): they do not hold the bound.
@@ -309,6 +334,7 @@ impl Log {
             queues,
             id: e.id.clone(),
             body: e.body.clone(),
+            trace: e.trace.clone(),
         };
         rec.encode(&mut self.staged);
         if let Record::Event {
@@ -317,6 +343,7 @@ impl Log {
             queues,
             id,
             body,
+            trace,
         } = rec
         {
             self.max_seq = self.max_seq.max(seq);
@@ -325,6 +352,7 @@ impl Log {
                 id,
                 body,
                 first_ms,
+                trace,
             };
             self.pending_events.push((cached, queues));
         }

@@ -16,17 +16,24 @@
 //! | kind | record | fields |
 //! |---|---|---|
 //! | 1 | [`Record::Event`] | seq u64, first-enqueued ms u64, queue count u16, queues u32…, id len u16, id, body len u32, body |
+//! | 6 | [`Record::Event`] with a trace context | the fields of kind 1, then trace id 16 B, span id u64, flags u8, tracestate len u16, tracestate |
 //! | 2 | [`Record::Settle`] | queue u32, count u32, seqs u64… (delivered, dropped or dead-lettered) |
 //! | 3 | [`Record::Retry`] | queue u32, attempts u32, first ms u64, due ms u64, count u32, seqs u64… |
 //! | 4 | [`Record::DropQueue`] | queue u32 (a deleted subscription) |
 //! | 5 | [`Record::State`] | segment u64, first seq u64, queue count u32, then per queue: queue u32, word count u32, live bits u64…, retry count u32, (seq u64, attempts u32, first ms u64, due ms u64)… |
+//!
+//! An event that travels in a W3C trace context (its `traceparent` / `tracestate`) is written as
+//! kind 6, one without as kind 1: a log of kind-1 events reads as before, and the context costs
+//! 27 bytes plus its `tracestate` per event that has one.
 //!
 //! A `State` record restates everything one older segment still owes, all queues (a queue not
 //! listed is owed nothing there), so that later segments holding settle and retry records about it
 //! can be deleted (see `engine.rs`).
 
 use crate::store::{QueueId, RetryState};
+use crate::telemetry::TraceContext;
 use bytes::Bytes;
+use std::sync::Arc;
 
 /// Bytes of a segment header.
 pub const HEADER: usize = 48;
@@ -123,6 +130,9 @@ pub enum Record {
         id: String,
         /// The event as delivered.
         body: Bytes,
+        /// The trace context it travels in (kind 6), so a redelivery after a restart stays in
+        /// its publisher's trace.
+        trace: Option<Arc<TraceContext>>,
     },
     /// Events settled in a queue (delivered, dropped or dead-lettered).
     Settle {
@@ -169,6 +179,22 @@ fn put_seqs(out: &mut Vec<u8>, seqs: &[u64]) {
     }
 }
 
+/// A context's `tracestate` as written (at most `u16::MAX` bytes; parsing keeps it to
+/// [`crate::telemetry::MAX_TRACESTATE`]).
+fn state_of(t: &TraceContext) -> &[u8] {
+    let s = t.state.as_deref().unwrap_or("").as_bytes();
+    s.get(..usize::from(u16::MAX)).unwrap_or(s)
+}
+
+fn put_trace(out: &mut Vec<u8>, t: &TraceContext) {
+    out.extend_from_slice(&t.trace_id.to_le_bytes());
+    out.extend_from_slice(&t.span_id.to_le_bytes());
+    out.push(t.flags);
+    let state = state_of(t);
+    out.extend_from_slice(&(state.len() as u16).to_le_bytes());
+    out.extend_from_slice(state);
+}
+
 impl Record {
     /// Append this record's bytes to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
@@ -179,8 +205,9 @@ impl Record {
                 queues,
                 id,
                 body,
+                trace,
             } => {
-                out.push(1);
+                out.push(if trace.is_some() { 6 } else { 1 });
                 out.extend_from_slice(&seq.to_le_bytes());
                 out.extend_from_slice(&first_ms.to_le_bytes());
                 out.extend_from_slice(&(queues.len() as u16).to_le_bytes());
@@ -193,6 +220,9 @@ impl Record {
                 out.extend_from_slice(id);
                 out.extend_from_slice(&(body.len() as u32).to_le_bytes());
                 out.extend_from_slice(body);
+                if let Some(t) = trace {
+                    put_trace(out, t);
+                }
             }
             Record::Settle { queue, seqs } => {
                 out.push(2);
@@ -234,9 +264,15 @@ impl Record {
         }
     }
 
-    /// Bytes [`Record::encode`] writes for an event record.
+    /// Bytes [`Record::encode`] writes for an event record (without its trace context: add
+    /// [`Record::trace_len`]).
     pub fn event_len(queues: usize, id: usize, body: usize) -> usize {
         1 + 8 + 8 + 2 + 4 * queues + 2 + id.min(usize::from(u16::MAX)) + 4 + body
+    }
+
+    /// Bytes an event record's trace context adds.
+    pub fn trace_len(trace: Option<&TraceContext>) -> usize {
+        trace.map_or(0, |t| 16 + 8 + 1 + 2 + state_of(t).len())
     }
 }
 
@@ -303,6 +339,23 @@ impl<'a> Reader<'a> {
             retries,
         })
     }
+    /// A kind-6 event's trace context (`Some(None)`: ids of zero, kept as no context).
+    fn trace(&mut self) -> Option<Option<Arc<TraceContext>>> {
+        let trace_id = u128::from_le_bytes(self.arr()?);
+        let span_id = self.u64()?;
+        let flags = self.u8()?;
+        let len = usize::from(self.u16()?);
+        let state = std::str::from_utf8(self.take(len)?).ok()?;
+        if trace_id == 0 || span_id == 0 {
+            return Some(None);
+        }
+        Some(Some(Arc::new(TraceContext {
+            trace_id,
+            span_id,
+            flags,
+            state: (!state.is_empty()).then(|| Arc::from(state)),
+        })))
+    }
     /// Whether everything was read.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -323,7 +376,7 @@ pub fn decode_records(payload: &Bytes) -> Option<Vec<Record>> {
 
 fn decode_one(r: &mut Reader<'_>, payload: &Bytes) -> Option<Record> {
     Some(match r.u8()? {
-        1 => {
+        kind @ (1 | 6) => {
             let seq = r.u64()?;
             let first_ms = r.u64()?;
             let nq = r.u16()? as usize;
@@ -333,12 +386,17 @@ fn decode_one(r: &mut Reader<'_>, payload: &Bytes) -> Option<Record> {
             let body_len = r.u32()? as usize;
             let start = payload.len() - r.0.len();
             r.take(body_len)?;
+            let trace = match kind {
+                6 => r.trace()?,
+                _ => None,
+            };
             Record::Event {
                 seq,
                 first_ms,
                 queues,
                 id,
                 body: payload.slice(start..start + body_len),
+                trace,
             }
         }
         2 => Record::Settle {

@@ -6,7 +6,7 @@
 //!
 //! 1. start-up succeeds (a crash never leaves a state the log refuses);
 //! 2. every event whose publish was acknowledged, and not settled since, is pending, exactly once,
-//!    with the body that was published;
+//!    with the body (and trace context) that was published;
 //! 3. nothing is invented: every pending event was published to that queue (an unacknowledged
 //!    publish may or may not be there), of a queue not deleted;
 //! 4. a settlement followed by a successful commit is never undone (the event does not come back);
@@ -222,7 +222,21 @@ fn event(seq: u64, body: &Bytes, now: u64) -> StoredEvent {
             first_enqueued_ms: now,
             due_ms: 0,
         },
+        trace: trace_of(seq),
     }
+}
+
+/// The trace context event `seq` is published in: none for a third of the events, one with a
+/// `tracestate` for another third (derived from `seq`: the RNG's draws stay as they were).
+fn trace_of(seq: u64) -> Option<Arc<crate::telemetry::TraceContext>> {
+    (!seq.is_multiple_of(3)).then(|| {
+        Arc::new(crate::telemetry::TraceContext {
+            trace_id: u128::from(seq) << 64 | 0xfeed,
+            span_id: seq,
+            flags: (seq % 2) as u8,
+            state: (seq % 3 == 2).then(|| Arc::from(format!("k=v{seq}").as_str())),
+        })
+    })
 }
 
 /// Check the promises of the module docs; returns how many owed events were found.
@@ -287,10 +301,10 @@ fn check(
         for (s, e) in seqs.iter().zip(got) {
             let want = m.published.get(&(q, *s));
             match e {
-                Some(e) if Some(&e.body) == want => {}
+                Some(e) if Some(&e.body) == want && e.trace == trace_of(*s) => {}
                 Some(_) => {
                     return Err(format!(
-                        "seed {seed}: event {s} of queue {q} reads back a different body"
+                        "seed {seed}: event {s} of queue {q} reads back a different body or trace"
                     ))
                 }
                 None => {

@@ -30,6 +30,7 @@ fn ev(seq: u64, len: usize) -> StoredEvent {
             first_enqueued_ms: 1000 + seq,
             due_ms: 0,
         },
+        trace: None,
     }
 }
 

@@ -24,10 +24,11 @@ async fn a_failing_collector_costs_a_counter_never_a_delivery() {
     while n < 30 {
         n += rx.next().await.json().as_array().unwrap().len();
     }
-    // 90 spans: every one dropped (queue full, or refused by the collector), none exported.
+    // 120 spans (publish, route, deliver, settle): every one dropped (queue full, or refused
+    // by the collector), none exported.
     let m = t
         .wait_metrics("every span dropped", |m| {
-            metric(m, "gridlet_telemetry_spans_total", "result=\"dropped\"") == Some(90)
+            metric(m, "gridlet_telemetry_spans_total", "result=\"dropped\"") == Some(120)
         })
         .await;
     assert_eq!(
@@ -70,7 +71,7 @@ async fn a_failing_collector_costs_a_counter_never_a_delivery() {
         .await;
     rx.next().await;
     t.wait_metrics("spans dropped at a closed port", |m| {
-        metric(m, "gridlet_telemetry_spans_total", "result=\"dropped\"") == Some(3)
+        metric(m, "gridlet_telemetry_spans_total", "result=\"dropped\"") == Some(4)
     })
     .await;
 }
@@ -282,8 +283,8 @@ async fn a_slow_collector_is_cut_off_at_the_export_timeout() {
             .await;
         rx.next().await;
     }
-    t.wait_metrics("15 spans dropped", |m| {
-        metric(m, "gridlet_telemetry_spans_total", "result=\"dropped\"") == Some(15)
+    t.wait_metrics("20 spans dropped", |m| {
+        metric(m, "gridlet_telemetry_spans_total", "result=\"dropped\"") == Some(20)
     })
     .await;
 }

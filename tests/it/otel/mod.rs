@@ -15,6 +15,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 mod export;
+mod restart;
+mod spans;
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT: &str = "00f067aa0ba902b7";
@@ -240,7 +242,7 @@ async fn a_publishers_traceparent_is_the_parent_of_publish_deliver_and_settle_an
 
     let m = t
         .wait_metrics("spans counted as exported", |m| {
-            metric(m, "gridlet_telemetry_spans_total", "result=\"exported\"") == Some(3)
+            metric(m, "gridlet_telemetry_spans_total", "result=\"exported\"") == Some(4)
         })
         .await;
     assert_eq!(

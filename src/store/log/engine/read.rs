@@ -165,6 +165,7 @@ impl Reads {
                     id: c.id.clone(),
                     body: c.body.clone(),
                     state,
+                    trace: c.trace.clone(),
                 });
             }
         }
@@ -191,6 +192,7 @@ impl Reads {
                     first_ms,
                     id,
                     body,
+                    trace,
                     ..
                 } = r
                 {
@@ -207,6 +209,7 @@ impl Reads {
                                 id,
                                 body,
                                 state,
+                                trace,
                             });
                         }
                     }
