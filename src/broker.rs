@@ -138,9 +138,18 @@ impl Broker {
         while ctx.drain.running() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        // What the settled attempts left to write (removals, retry states, dead letters).
+        // What the settled attempts left to write (removals, retry states, dead letters), made
+        // durable before the process ends (not left to the store's drop, which an exit may skip).
         let _ = tokio::time::timeout_at(deadline, ctx.writer.flush()).await;
+        let _ = tokio::time::timeout_at(deadline, ctx.store.commit()).await;
         ctx.drain.running()
+    }
+
+    /// The end of a clean stop, after [`Broker::drain`]: the store finishes its background work
+    /// (the event log's last frame and checkpoint) before the process exits.
+    pub async fn close_store(&self) {
+        let store = self.inner.ctx.store.clone();
+        let _ = tokio::task::spawn_blocking(move || store.close()).await;
     }
 
     /// The tracer spans are recorded with (off unless an OTLP endpoint is configured).

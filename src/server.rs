@@ -276,6 +276,7 @@ impl Gridlet {
                 "deliveries still in flight at the end of the shutdown drain were abandoned"
             );
         }
+        self.broker.close_store().await;
         drop(self.edge);
         for e in self.exporters {
             // The spans of the drained deliveries and the final counts, within the timeout.

@@ -144,7 +144,7 @@ pub struct LogStore {
     meta: SledMeta,
     letters: Arc<letters::LogLetters>,
     shared: Arc<Shared>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     recovered: Mutex<Recovered>,
 }
 
@@ -212,7 +212,7 @@ impl LogStore {
             meta,
             letters,
             shared,
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
             recovered: Mutex::new(recovered),
         })
     }
@@ -548,6 +548,10 @@ impl Store for LogStore {
         })
     }
 
+    fn close(&self) {
+        self.stop();
+    }
+
     fn dead_letters(&self) -> Option<Arc<dyn DeadLetterStore>> {
         Some(self.letters.clone())
     }
@@ -567,18 +571,29 @@ impl Store for LogStore {
     }
 }
 
-impl Drop for LogStore {
-    fn drop(&mut self) {
+impl LogStore {
+    /// Stop the committer after its last round, then leave a checkpoint of everything (the next
+    /// start reads nothing more) and sync the letters and the metadata. Idempotent: the server
+    /// calls it at the end of a clean stop ([`Store::close`]), and dropping the store does it
+    /// again if it was not called.
+    fn stop(&self) {
+        let thread = crate::sync::lock(&self.thread).take();
+        let Some(t) = thread else {
+            return;
+        };
         self.shared.waiting().shutdown = true;
         self.shared.wake.notify_one();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        // A clean stop leaves a checkpoint of everything: the next start reads nothing more.
+        let _ = t.join();
         if self.shared.log().since_checkpoint() > 0 {
             checkpoint(&self.shared);
         }
         let _ = self.letters.sync();
         self.meta.flush();
+    }
+}
+
+impl Drop for LogStore {
+    fn drop(&mut self) {
+        self.stop();
     }
 }

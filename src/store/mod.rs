@@ -387,6 +387,11 @@ pub trait Store: Send + Sync + 'static {
         self.remove(queue, seqs)
     }
 
+    /// A clean stop's last call, after the last write: stores with background work finish it
+    /// here (the log store writes its last frame and a checkpoint), on the calling thread, so it
+    /// is done before the process exits. Writes after it are not made durable.
+    fn close(&self) {}
+
     /// Bytes the store occupies (for metrics and the disk bound).
     fn size_on_disk(&self) -> u64 {
         0

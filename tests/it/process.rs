@@ -184,6 +184,22 @@ async fn sigterm_lets_in_flight_deliveries_finish() {
     let status = terminate(child).await;
     assert!(status.success(), "{status:?}");
     assert_eq!(answered.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // The clean stop closed the store: its last frame and a checkpoint are on disk (the next
+    // start reads the checkpoint, not the log).
+    let log = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("gridlet-v2/log"))
+        .find(|p| p.is_dir())
+        .expect("the event log's directory");
+    let slots: Vec<u64> = ["checkpoint.0", "checkpoint.1"]
+        .iter()
+        .filter_map(|n| std::fs::metadata(log.join(n)).ok().map(|m| m.len()))
+        .collect();
+    assert!(
+        slots.iter().any(|l| *l > 24),
+        "a checkpoint at the clean stop: {slots:?}"
+    );
     // Restarted on the same directories: the acknowledged event is not delivered again.
     let (child, _) = start_serving(dir.path(), &env).await;
     // Serving already: a pending event would be on its way at start.

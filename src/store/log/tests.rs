@@ -291,3 +291,41 @@ fn the_simulated_disk_is_what_the_log_runs_on() {
     let (_, rec) = Log::open(Arc::new(fs), lo, &known, 3).unwrap();
     assert_eq!(rec[&1].len(), 1);
 }
+
+/// A clean stop (the store dropped) leaves a checkpoint of everything, and the next open uses
+/// it: the pending events are the same.
+#[tokio::test]
+async fn a_clean_stop_leaves_a_checkpoint_the_next_open_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let q;
+    {
+        let s = LogStore::open(&opts(dir.path())).unwrap();
+        q = s.next_queue_id().unwrap();
+        s.put_subscription(q, &sub("a")).unwrap();
+        for seq in 1..=50u64 {
+            s.submit(vec![(q, ev(seq, 100))])
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
+        }
+        s.remove(q, &(1..=20).collect::<Vec<_>>()).unwrap();
+    }
+    let log = opts(dir.path()).events_path.join("gridlet-v2/log");
+    let slots: Vec<u64> = ["checkpoint.0", "checkpoint.1"]
+        .iter()
+        .filter_map(|n| std::fs::metadata(log.join(n)).ok().map(|m| m.len()))
+        .collect();
+    assert!(
+        slots.iter().any(|l| *l > 24),
+        "a checkpoint was written: {slots:?}"
+    );
+    let s = LogStore::open(&opts(dir.path())).unwrap();
+    let seqs: Vec<u64> = s
+        .pending_index(q)
+        .unwrap()
+        .iter()
+        .map(|(s, _)| *s)
+        .collect();
+    assert_eq!(seqs, (21..=50).collect::<Vec<_>>());
+}
