@@ -37,6 +37,9 @@ const MAGIC: &[u8; 8] = b"GRDCKP01";
 const HEAD: usize = 24;
 /// Largest checkpoint body read (a longer length is damage).
 const MAX_BODY: u32 = 512 << 20;
+/// Most bit words one queue of one segment can have (2^30 sequence numbers; a 16 MiB segment
+/// holds well under a million events): more is damage. Fits a 32-bit `usize`.
+const MAX_WORDS: usize = 1 << 24;
 
 /// One segment as a checkpoint records it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,7 +122,7 @@ fn put_words(out: &mut Vec<u8>, words: &[u64]) {
 fn get_words(r: &mut Reader<'_>) -> Option<Vec<u64>> {
     let n = r.u32()? as usize;
     let runs = r.u32()? as usize;
-    if runs > r.0.len() / 5 || n > MAX_BODY as usize * 8 {
+    if runs > r.0.len() / 5 || n > MAX_WORDS {
         return None;
     }
     let mut words = Vec::with_capacity(n.min(1 << 20));
