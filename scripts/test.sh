@@ -47,6 +47,14 @@ fi
 # with `npm ci` from tests/pull/js/package-lock.json into ~/.cache/gridlet/eventgrid-js
 # (GRIDLET_EVENTGRID_JS points at another install), again whenever the lock file changes.
 EG_JS_DIR="${HOME}/.cache/gridlet/eventgrid-js"
+if [ -z "${GRIDLET_EVENTGRID_JS:-}" ] && ! command -v npm >/dev/null 2>&1 \
+  && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "== installing nodejs and npm (needed by the pull-delivery SDK tests)"
+  apt-get update -qq
+  # (Debian 12 ships Node 18; a few of the SDK's dependencies ask for 20 and install with a
+  # warning. The machines CI runs on ship Node 20.)
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm
+fi
 if [ -z "${GRIDLET_EVENTGRID_JS:-}" ] && ! cmp -s tests/pull/js/package-lock.json "$EG_JS_DIR/package-lock.json"; then
   if command -v npm >/dev/null 2>&1; then
     echo "== installing tests/pull/js/package-lock.json into $EG_JS_DIR (needed by the pull-delivery SDK tests)"
