@@ -272,6 +272,13 @@ impl Inner {
         Some(loc)
     }
 
+    /// Forget every letter of `queue` (a deleted subscription).
+    fn forget_queue(&mut self, queue: QueueId) {
+        self.letters.remove(&queue);
+        let freed = self.bytes.remove(&queue).unwrap_or(0);
+        self.total = self.total.saturating_sub(freed);
+    }
+
     fn insert(&mut self, queue: QueueId, id: u64, loc: Loc) {
         // A copy read twice (a crash during compaction): the later wins.
         self.forget(queue, id);
@@ -414,9 +421,7 @@ impl LogLetters {
             .copied()
             .collect();
         for q in gone {
-            inner.letters.remove(&q);
-            let freed = inner.bytes.remove(&q).unwrap_or(0);
-            inner.total = inner.total.saturating_sub(freed);
+            inner.forget_queue(q);
         }
         if inner.segs.is_empty() {
             inner.roll()?;
@@ -516,9 +521,7 @@ impl Inner {
                         }
                     }
                     LetterRecord::DropQueue { queue } => {
-                        self.letters.remove(&queue);
-                        let freed = self.bytes.remove(&queue).unwrap_or(0);
-                        self.total = self.total.saturating_sub(freed);
+                        self.forget_queue(queue);
                     }
                 }
             }
@@ -665,9 +668,7 @@ impl DeadLetterStore for LogLetters {
         }
         g.append(&[LetterRecord::DropQueue { queue }])?;
         g.sync()?;
-        g.letters.remove(&queue);
-        let freed = g.bytes.remove(&queue).unwrap_or(0);
-        g.total = g.total.saturating_sub(freed);
+        g.forget_queue(queue);
         g.compact()
     }
 
