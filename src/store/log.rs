@@ -171,14 +171,17 @@ impl LogStore {
         let meta = SledMeta::open(&opts.metadata_path, opts.flush_every_ms)?;
         let known = meta.known_queues()?;
         let root = opts.events_path.join(SUBDIR);
+        // At most an eighth of the disk bound: a head segment whose events are all settled
+        // still counts until it is rolled over (see `Log::stage_collection`).
+        let segment_bytes = opts.segment_bytes.min((opts.max_disk_bytes / 8).max(4096));
         let log_opts = LogOptions {
             dir: root.join("log"),
-            // At most an eighth of the disk bound: a head segment whose events are all settled
-            // still counts until it is rolled over (see `Log::stage_collection`).
-            segment_bytes: opts.segment_bytes.min((opts.max_disk_bytes / 8).max(4096)),
+            segment_bytes,
             max_disk_bytes: opts.max_disk_bytes,
             tail_bytes: engine::TAIL_BYTES,
             checkpoint_bytes: engine::CHECKPOINT_BYTES,
+            align: crate::store::fs::DIRECT_ALIGN,
+            allocate_step: engine::ALLOCATE_STEP.min(segment_bytes),
         };
         let (log, recovered) = Log::open(fs.clone(), log_opts, &known, now_ms())?;
         let shared = Arc::new(Shared {

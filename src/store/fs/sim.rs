@@ -6,7 +6,11 @@
 //!
 //! * every file gets back the content it had at its last [`FsFile::sync_data`]; each write made
 //!   since then is, by the seed's choice, lost, kept, or **torn**: a prefix of it kept and the
-//!   rest of its last 512-byte sector filled with garbage;
+//!   rest of its last 512-byte sector filled with garbage, except bytes the write only rewrote
+//!   with the value they held (the event log writes the head's last partial block again with
+//!   each frame, as PostgreSQL's and InnoDB's logs do: the model is that a torn sector keeps old
+//!   or new content where the two agree, which page-cache writeback of a partly written page
+//!   has always relied on too);
 //! * every directory gets back the entries it had at its last [`Fs::sync_dir`]: a file created
 //!   without a directory sync is gone, a file removed without one is back;
 //! * handles opened before the cut fail from then on.
@@ -208,7 +212,15 @@ impl SimFs {
                             let mut torn = data.get(..keep).unwrap_or_default().to_vec();
                             let sector_end = (offset as usize + keep).div_ceil(512) * 512;
                             let garbage = sector_end.saturating_sub(offset as usize + keep);
-                            torn.extend((0..garbage).map(|_| rng.next_u64() as u8));
+                            for i in keep..keep + garbage {
+                                let noise = rng.next_u64() as u8;
+                                // A byte the write rewrites with what it already holds keeps it.
+                                let old = content.get(offset as usize + i).copied();
+                                torn.push(match data.get(i) {
+                                    Some(new) if old == Some(*new) => *new,
+                                    _ => noise,
+                                });
+                            }
                             write_into(&mut content, offset, &torn);
                         }
                     },
@@ -308,6 +320,15 @@ impl FsFile for SimFile {
         self.with(true, |f| {
             f.durable = f.current.clone();
             f.unsynced.clear();
+        })
+    }
+
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        self.with(true, |f| {
+            if (f.current.len() as u64) < len {
+                f.current.resize(len as usize, 0);
+                f.unsynced.push(Unsynced::SetLen(len));
+            }
         })
     }
 

@@ -80,7 +80,19 @@ pub struct LogOptions {
     /// A checkpoint is due once this many bytes of frames were written since the last one
     /// ([`CHECKPOINT_BYTES`] in the store): opening the log reads at most about this much.
     pub checkpoint_bytes: u64,
+    /// Frames are written as whole blocks of this many bytes at offsets that are multiples of
+    /// it ([`crate::store::fs::DIRECT_ALIGN`] in the store, so they go to the device
+    /// directly; 1 = as they are). The head's last partial block is kept in memory and written
+    /// again, completed, with the next frame.
+    pub align: u64,
+    /// The head's file is reserved ([`FsFile::allocate`]) in steps of this many bytes, ahead
+    /// of its frames ([`ALLOCATE_STEP`] in the store).
+    pub allocate_step: u64,
 }
+
+/// Reservation step of the head segment's file, by default: one `fallocate` per 256 KiB of
+/// frames, at most that much reserved and not yet written (counted in the disk bound).
+pub const ALLOCATE_STEP: u64 = 256 << 10;
 
 /// Bytes of frames between checkpoints, by default.
 pub const CHECKPOINT_BYTES: u64 = 64 << 20;
@@ -91,8 +103,14 @@ pub type Recovered = HashMap<QueueId, crate::store::PendingRuns>;
 /// A write prepared under the lock, done outside it: one frame at an offset of a file.
 pub struct FrameWrite {
     file: Arc<dyn FsFile>,
+    /// Where `bytes` go: the frame's offset rounded down to [`LogOptions::align`].
     offset: u64,
+    /// The head's partial block before the frame, the frame, zeros to the next block.
     bytes: Vec<u8>,
+    /// Bytes of the frame itself.
+    frame: usize,
+    /// Reserve the file to this length first ([`LogOptions::allocate_step`]).
+    allocate: Option<u64>,
 }
 
 impl FrameWrite {
@@ -110,6 +128,9 @@ impl FrameWrite {
     /// # Errors
     /// As [`FrameWrite::run`].
     pub fn write(&self) -> std::io::Result<()> {
+        if let Some(len) = self.allocate {
+            self.file.allocate(len)?;
+        }
         self.file.write_at(&self.bytes, self.offset)
     }
 
@@ -123,7 +144,7 @@ impl FrameWrite {
 
     /// Bytes of the frame (head and records).
     pub fn bytes(&self) -> usize {
-        self.bytes.len()
+        self.frame
     }
 }
 
@@ -155,6 +176,11 @@ pub struct Log {
     ck_files: HashMap<u64, Arc<dyn FsFile>>,
     /// A checkpoint prepared and not yet written: `(generation, written)`.
     ck_pending: Option<(u64, u64)>,
+    /// The head segment's bytes from its length rounded down to `opts.align` to its length:
+    /// the start of the next frame's write.
+    head_block: Vec<u8>,
+    /// How far the head's file is reserved ([`ALLOCATE_STEP`]).
+    head_allocated: u64,
 }
 
 fn io_err(path: &Path, e: impl std::fmt::Display) -> StoreError {
@@ -232,9 +258,18 @@ impl Log {
         self.max_seq
     }
 
-    /// Bytes of every segment file.
+    /// Bytes of the frames in every segment (without reserved blocks).
+    pub fn frame_bytes(&self) -> u64 {
+        self.segs.iter().map(|s| s.len).sum()
+    }
+
+    /// Bytes of every segment file (the head's with its blocks reserved ahead).
     pub fn bytes(&self) -> u64 {
-        self.segs.iter().map(|s| s.len).sum::<u64>() + self.staged.len() as u64
+        let reserved = self
+            .segs
+            .last()
+            .map_or(0, |h| self.head_allocated.saturating_sub(h.len));
+        self.segs.iter().map(|s| s.len).sum::<u64>() + self.staged.len() as u64 + reserved
     }
 
     /// Bytes of segments the next collection deletes (see [`Log::stage_collection`]).
@@ -442,18 +477,35 @@ impl Log {
         let Some(seg) = self.segs.last_mut() else {
             return Err(StoreError::Io("event log has no segment".into()));
         };
+        let align = self.opts.align.max(1);
         let offset = seg.len;
-        let mut bytes = Vec::with_capacity(FRAME_HEAD + payload.len());
+        let start = offset - self.head_block.len() as u64;
+        let mut bytes = std::mem::take(&mut self.head_block);
+        bytes.reserve(FRAME_HEAD + payload.len() + align as usize);
         format::frame(seg.hdr.salt, &payload, &mut bytes);
-        seg.len += bytes.len() as u64;
-        self.written += bytes.len() as u64;
+        let frame = bytes.len() - (offset - start) as usize;
+        seg.len += frame as u64;
+        self.written += frame as u64;
         if let Some(first) = first_event {
             seg.index_frame(first, offset, INDEX_STRIDE);
         }
+        // The new partial block starts the next write; zeros complete this one.
+        let kept = (seg.len % align) as usize;
+        let cut = bytes.len() - kept;
+        self.head_block
+            .extend_from_slice(bytes.get(cut..).unwrap_or_default());
+        bytes.resize(bytes.len().next_multiple_of(align as usize), 0);
+        let end = start + bytes.len() as u64;
+        let allocate = (end > self.head_allocated).then(|| {
+            self.head_allocated = end.next_multiple_of(self.opts.allocate_step.max(1));
+            self.head_allocated
+        });
         Ok(Some(FrameWrite {
             file: seg.file.clone(),
-            offset,
+            offset: start,
             bytes,
+            frame,
+            allocate,
         }))
     }
 
@@ -461,8 +513,14 @@ impl Log {
     /// sync the directory.
     fn roll(&mut self, now_ms: u64) -> Result<(), StoreError> {
         if let Some(old) = self.segs.last() {
+            // Its reserved blocks past the last frame go back, before a newer segment exists
+            // (recovery also accepts zeros there, if this cut was lost).
             let p = self.path(old.hdr.no);
-            if let Err(e) = old.file.sync_data() {
+            if let Err(e) = old
+                .file
+                .set_len(old.len)
+                .and_then(|()| old.file.sync_data())
+            {
                 self.fail(format!("{}: {e}", p.display()));
                 return self.check();
             }
@@ -475,8 +533,14 @@ impl Log {
             base_seq: self.max_seq,
             created_ms: now_ms,
         };
+        let align = self.opts.align.max(1) as usize;
+        let block = hdr.encode().to_vec();
+        let mut first = block.clone();
+        first.resize(first.len().next_multiple_of(align), 0);
+        let reserve = (first.len() as u64).next_multiple_of(self.opts.allocate_step.max(1));
         let made = self.fs.create(&path).and_then(|f| {
-            f.write_at(&hdr.encode(), 0)?;
+            f.allocate(reserve)?;
+            f.write_at(&first, 0)?;
             f.sync_data()?;
             self.fs.sync_dir(&self.opts.dir)?;
             Ok(f)
@@ -488,6 +552,8 @@ impl Log {
                 return self.check();
             }
         };
+        self.head_block = if align > 1 { block } else { Vec::new() };
+        self.head_allocated = reserve;
         // A head that was pending adopts no more events: its bits stop at its last sequence.
         self.segs.push(Seg {
             hdr,

@@ -71,6 +71,10 @@ fn opts(seed: u64) -> LogOptions {
             1 => u64::MAX,
             _ => 40 << 10,
         },
+        // Frames as they are, or rewritten in whole blocks from the head's last partial one
+        // (the store's direct writes), with files reserved ahead or not.
+        align: [1, 512, 4096][(seed / 3 % 3) as usize],
+        allocate_step: [1, 4096, 12 << 10][(seed / 9 % 3) as usize],
     }
 }
 

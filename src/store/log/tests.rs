@@ -185,9 +185,12 @@ fn a_torn_tail_is_cut_and_writing_goes_on() {
         max_disk_bytes: 1 << 30,
         tail_bytes: 0,
         checkpoint_bytes: super::engine::CHECKPOINT_BYTES,
+        align: crate::store::fs::DIRECT_ALIGN,
+        allocate_step: super::engine::ALLOCATE_STEP,
     };
     let known: HashSet<QueueId> = [1].into_iter().collect();
     let fs: Arc<dyn Fs> = Arc::new(RealFs);
+    let len;
     {
         let (mut log, _) = Log::open(fs.clone(), lo.clone(), &known, 1).unwrap();
         log.stage_events(&[(1, ev(1, 100)), (1, ev(2, 100))], 0)
@@ -195,10 +198,11 @@ fn a_torn_tail_is_cut_and_writing_goes_on() {
         log.commit(2).unwrap();
         log.stage_events(&[(1, ev(3, 100))], 0).unwrap();
         log.commit(3).unwrap();
+        len = log.frame_bytes();
     }
-    // Tear the last frame: cut it short by 10 bytes.
+    // Tear the last frame: cut it short by 10 bytes (the file is reserved beyond it).
     let seg = dir.path().join("log").join(format::segment_name(1));
-    let len = std::fs::metadata(&seg).unwrap().len();
+    assert!(std::fs::metadata(&seg).unwrap().len() > len);
     let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
     f.set_len(len - 10).unwrap();
     let (mut log, rec) = Log::open(fs.clone(), lo.clone(), &known, 4).unwrap();
@@ -225,6 +229,8 @@ fn a_damaged_frame_in_a_closed_segment_stops_start_up_naming_the_file() {
         max_disk_bytes: 1 << 30,
         tail_bytes: 0,
         checkpoint_bytes: super::engine::CHECKPOINT_BYTES,
+        align: crate::store::fs::DIRECT_ALIGN,
+        allocate_step: super::engine::ALLOCATE_STEP,
     };
     let known: HashSet<QueueId> = [1].into_iter().collect();
     let fs: Arc<dyn Fs> = Arc::new(RealFs);
@@ -280,6 +286,8 @@ fn the_simulated_disk_is_what_the_log_runs_on() {
         max_disk_bytes: 1 << 20,
         tail_bytes: 0,
         checkpoint_bytes: super::engine::CHECKPOINT_BYTES,
+        align: crate::store::fs::DIRECT_ALIGN,
+        allocate_step: super::engine::ALLOCATE_STEP,
     };
     let known: HashSet<QueueId> = [1].into_iter().collect();
     let (mut log, _) = Log::open(Arc::new(fs.clone()), lo.clone(), &known, 1).unwrap();
@@ -328,4 +336,83 @@ async fn a_clean_stop_leaves_a_checkpoint_the_next_open_reads() {
         .map(|(s, _)| *s)
         .collect();
     assert_eq!(seqs, (21..=50).collect::<Vec<_>>());
+}
+
+/// Options of a log on a real directory with the store's direct, reserved writes.
+fn real_opts(dir: &Path, segment_bytes: u64) -> LogOptions {
+    LogOptions {
+        dir: dir.join("log"),
+        segment_bytes,
+        max_disk_bytes: 1 << 30,
+        tail_bytes: 0,
+        checkpoint_bytes: super::engine::CHECKPOINT_BYTES,
+        align: crate::store::fs::DIRECT_ALIGN,
+        allocate_step: super::engine::ALLOCATE_STEP,
+    }
+}
+
+#[test]
+fn small_frames_rewrite_the_partial_block_and_read_back_after_a_restart() {
+    // Many frames far smaller than a block: each write starts at the head's partial block.
+    let dir = tempfile::tempdir().unwrap();
+    let lo = real_opts(dir.path(), 64 << 10);
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    let fs: Arc<dyn Fs> = Arc::new(RealFs);
+    {
+        let (mut log, _) = Log::open(fs.clone(), lo.clone(), &known, 1).unwrap();
+        for seq in 1..=400 {
+            log.stage_events(&[(1, ev(seq, 1 + (seq as usize * 37) % 700))], 0)
+                .unwrap();
+            log.commit(seq).unwrap();
+        }
+        assert!(log.segments() >= 2, "rolled over: {}", log.segments());
+        // Closed segments keep no reserved blocks; the head keeps at most one step.
+        let disk = log.disk_bytes();
+        assert!(
+            disk <= log.frame_bytes() + super::engine::ALLOCATE_STEP + 4096 * log.segments() as u64,
+            "disk {disk}, frames {}",
+            log.frame_bytes()
+        );
+    }
+    let (mut log, rec) = Log::open(fs.clone(), lo.clone(), &known, 2).unwrap();
+    assert_eq!(rec[&1].len(), 400);
+    let seqs: Vec<u64> = (1..=400).collect();
+    let got = log.plan_get(1, &seqs).run().unwrap();
+    for (seq, e) in seqs.iter().zip(got) {
+        let e = e.unwrap_or_else(|| panic!("event {seq} reads back"));
+        assert_eq!(e.body.len(), 1 + (*seq as usize * 37) % 700);
+    }
+    // Writing goes on after the restart, in the middle of a block.
+    log.stage_events(&[(1, ev(401, 10))], 0).unwrap();
+    log.commit(3).unwrap();
+    drop(log);
+    let (_, rec) = Log::open(fs, lo, &known, 4).unwrap();
+    assert_eq!(rec[&1].len(), 401);
+}
+
+#[test]
+fn zeros_after_a_closed_segments_frames_are_reserved_space_and_anything_else_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let lo = real_opts(dir.path(), 4096);
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    let fs: Arc<dyn Fs> = Arc::new(RealFs);
+    {
+        let (mut log, _) = Log::open(fs.clone(), lo.clone(), &known, 1).unwrap();
+        for seq in 1..=6 {
+            log.stage_events(&[(1, ev(seq, 1500))], 0).unwrap();
+            log.commit(seq).unwrap();
+        }
+        assert!(log.segments() >= 2);
+    }
+    // A crash undid the cut of the first segment's reserved blocks at its roll.
+    let seg = dir.path().join("log").join(format::segment_name(1));
+    let len = std::fs::metadata(&seg).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    f.set_len(len + 100_000).unwrap();
+    let (_, rec) = Log::open(fs.clone(), lo.clone(), &known, 7).unwrap();
+    assert_eq!(rec[&1].len(), 6, "zeros are not damage");
+    // A stray byte there is.
+    std::os::unix::fs::FileExt::write_all_at(&f, &[7], len + 5000).unwrap();
+    let err = Log::open(fs, lo, &known, 8).err().unwrap().to_string();
+    assert!(err.contains(&format::segment_name(1)), "{err}");
 }

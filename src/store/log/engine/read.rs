@@ -36,7 +36,8 @@ pub(crate) fn read_frame(
         return Ok(None);
     };
     let next = offset + FRAME_HEAD as u64 + u64::from(len);
-    if len > format::MAX_FRAME || next > end {
+    // Length 0: zeros after the last frame (padding, reserved blocks), never a frame.
+    if len == 0 || len > format::MAX_FRAME || next > end {
         return Ok(None);
     }
     let mut payload = vec![0u8; len as usize];

@@ -6,7 +6,7 @@ use super::checkpoint::{Checkpoint, SegState};
 use super::format::{self, Header, Record, HEADER};
 use super::read::read_frame;
 use super::{corrupt, io_err, Bits, Log, LogOptions, Recovered, Seg, INDEX_STRIDE};
-use crate::store::fs::Fs;
+use crate::store::fs::{Fs, FsFile};
 use crate::store::{QueueId, RetryState, StoreError};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -58,6 +58,7 @@ impl Log {
         if log.segs.is_empty() {
             log.roll(now_ms)?;
         }
+        log.load_head()?;
         log.forget_unknown(known);
         let recovered = log.recovered();
         Ok((log, recovered))
@@ -82,7 +83,31 @@ impl Log {
             ck_written: 0,
             ck_files: HashMap::new(),
             ck_pending: None,
+            head_block: Vec::new(),
+            head_allocated: 0,
         }
+    }
+
+    /// Read the head's partial last block back and how far its file is reserved, so the next
+    /// frame's write starts where [`Log::take_frame`] expects.
+    fn load_head(&mut self) -> Result<(), StoreError> {
+        let align = self.opts.align.max(1);
+        let Some(seg) = self.segs.last() else {
+            return Ok(());
+        };
+        let path = self.path(seg.hdr.no);
+        let from = seg.len - seg.len % align;
+        let mut block = vec![0u8; (seg.len - from) as usize];
+        let read = seg
+            .file
+            .read_at(&mut block, from)
+            .map_err(|e| io_err(&path, e))?;
+        if read < block.len() {
+            return Err(corrupt(&path, "shorter than its frames"));
+        }
+        self.head_allocated = seg.file.size().map_err(|e| io_err(&path, e))?;
+        self.head_block = block;
+        Ok(())
     }
 
     /// Recover from checkpoint `ck`: the segments it lists from it plus their frames written
@@ -203,18 +228,25 @@ impl Log {
             }
         }
         if offset < size {
-            if !newest {
+            // Zeros after the last frame are the padding of its block and blocks reserved
+            // ahead ([`LogOptions::allocate_step`]), whose cut at the roll a crash may have undone.
+            let zeros = zeros_from(file, offset, size).map_err(|e| io_err(&path, e))?;
+            if !newest && !zeros {
                 return Err(corrupt(
                     &path,
                     format!("damaged frame at offset {offset} of a segment that was complete"),
                 ));
             }
-            // The torn tail of the last group, never acknowledged: cut it so new frames follow
-            // the last good one.
-            tracing::warn!(file = %path.display(), offset, bytes = size - offset, "cutting a torn tail (an unacknowledged write cut short by a crash)");
-            file.set_len(offset)
-                .and_then(|_| file.sync_data())
-                .map_err(|e| io_err(&path, e))?;
+            if !zeros {
+                // The torn tail of the last group, never acknowledged: cut it so new frames
+                // follow the last good one (and never a stale frame left after them).
+                tracing::warn!(file = %path.display(), offset, bytes = size - offset, "cutting a torn tail (an unacknowledged write cut short by a crash)");
+            }
+            if newest || !zeros {
+                file.set_len(offset)
+                    .and_then(|_| file.sync_data())
+                    .map_err(|e| io_err(&path, e))?;
+            }
         }
         Ok(())
     }
@@ -327,4 +359,22 @@ impl Log {
         }
         out
     }
+}
+
+/// Whether `file` holds only zero bytes from `from` to `to`.
+fn zeros_from(file: &dyn FsFile, mut from: u64, to: u64) -> std::io::Result<bool> {
+    let mut buf = vec![0u8; 64 << 10];
+    while from < to {
+        let want = ((to - from) as usize).min(buf.len());
+        let chunk = buf.get_mut(..want).unwrap_or_default();
+        let n = file.read_at(chunk, from)?;
+        if chunk.get(..n).is_some_and(|c| c.iter().any(|b| *b != 0)) {
+            return Ok(false);
+        }
+        if n < want {
+            break;
+        }
+        from += n as u64;
+    }
+    Ok(true)
 }
