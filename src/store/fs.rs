@@ -65,6 +65,10 @@ pub trait FsFile: Send + Sync + 'static {
     /// # Errors
     /// I/O failure (the disk is full).
     fn allocate(&self, len: u64) -> io::Result<()>;
+
+    /// The file will not be written again: let go of what writing needed (the real file's
+    /// direct descriptor, so a long backlog of closed segments holds one descriptor each).
+    fn done_writing(&self) {}
 }
 
 /// A file system: directories and files.
@@ -118,7 +122,10 @@ pub struct RealFs;
 /// the kernel keeps the two coherent.
 struct RealFile {
     file: std::fs::File,
-    direct: Option<std::fs::File>,
+    path: std::path::PathBuf,
+    /// Opened at the first aligned write (`None` inside: the file system refused it), closed by
+    /// [`FsFile::done_writing`].
+    direct: std::sync::Mutex<Option<Option<Arc<std::fs::File>>>>,
 }
 
 /// Alignment of offset, length and memory for direct writes: a 4 KiB page, which every block
@@ -127,28 +134,41 @@ pub const DIRECT_ALIGN: u64 = 4096;
 
 impl RealFile {
     fn new(file: std::fs::File, path: &Path) -> Self {
+        Self {
+            file,
+            path: path.to_path_buf(),
+            direct: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The direct descriptor, opened on first use.
+    fn direct(&self) -> Option<Arc<std::fs::File>> {
         use std::os::unix::fs::OpenOptionsExt;
-        let direct = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-            .ok();
-        Self { file, direct }
+        let mut d = crate::sync::lock(&self.direct);
+        d.get_or_insert_with(|| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&self.path)
+                .ok()
+                .map(Arc::new)
+        })
+        .clone()
     }
 
     /// Write `buf` at `offset` with `O_DIRECT`: `Ok(false)` when this file cannot (no direct
     /// descriptor, or an unaligned request).
     fn write_direct(&self, buf: &[u8], offset: u64) -> io::Result<bool> {
         let align = DIRECT_ALIGN as usize;
-        let Some(direct) = &self.direct else {
-            return Ok(false);
-        };
         if !offset.is_multiple_of(DIRECT_ALIGN)
             || !buf.len().is_multiple_of(align)
             || buf.is_empty()
         {
             return Ok(false);
         }
+        let Some(direct) = self.direct() else {
+            return Ok(false);
+        };
         // An aligned copy (`O_DIRECT` needs an aligned address), made per write: one kept per
         // file would hold the largest frame's size for every segment of a long backlog.
         let mut scratch: Vec<u8> = Vec::with_capacity(buf.len() + align);
@@ -158,7 +178,7 @@ impl RealFile {
         scratch.resize(skip, 0);
         scratch.extend_from_slice(buf);
         let aligned = scratch.get(skip..).unwrap_or_default();
-        match std::os::unix::fs::FileExt::write_all_at(direct, aligned, offset) {
+        match std::os::unix::fs::FileExt::write_all_at(&*direct, aligned, offset) {
             Ok(()) => Ok(true),
             // A file system that takes the open but not the write (some FUSE, overlay setups).
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
@@ -173,6 +193,10 @@ impl FsFile for RealFile {
             return Ok(());
         }
         std::os::unix::fs::FileExt::write_all_at(&self.file, buf, offset)
+    }
+
+    fn done_writing(&self) {
+        *crate::sync::lock(&self.direct) = None;
     }
 
     fn allocate(&self, len: u64) -> io::Result<()> {
@@ -296,6 +320,11 @@ mod tests {
         let mut head = vec![0u8; 100];
         f.read_at(&mut head, 3).unwrap();
         assert_eq!(head, &block[..100]);
+        // Closed for writing, the direct descriptor goes; a later write still works.
+        f.done_writing();
+        f.write_at(&block, 0).unwrap();
+        f.read_at(&mut back, 0).unwrap();
+        assert_eq!(back, block);
         // Reserving less than the file holds changes nothing.
         f.allocate(10).unwrap();
         assert_eq!(f.size().unwrap(), 1 << 20);

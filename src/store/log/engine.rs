@@ -524,6 +524,7 @@ impl Log {
                 self.fail(format!("{}: {e}", p.display()));
                 return self.check();
             }
+            old.file.done_writing();
         }
         let no = self.segs.last().map_or(1, |s| s.hdr.no + 1);
         let path = self.path(no);
