@@ -112,14 +112,17 @@ struct PublishTrace<'a> {
 const MAX_IDS_ON_SPAN: usize = 100;
 /// Links to other traces on one span at most.
 pub(crate) const MAX_LINKS: usize = 32;
+/// W3C trace context headers, named once (a lookup by `&str` parses the name each time).
+static TRACEPARENT: axum::http::HeaderName = axum::http::HeaderName::from_static("traceparent");
+static TRACESTATE: axum::http::HeaderName = axum::http::HeaderName::from_static("tracestate");
 
 impl<'a> PublishTrace<'a> {
     fn start(tracer: &'a Tracer, headers: &HeaderMap) -> Self {
         let header = headers
-            .get("traceparent")
+            .get(&TRACEPARENT)
             .and_then(|v| v.to_str().ok())
             .and_then(|tp| {
-                let state = headers.get("tracestate").and_then(|v| v.to_str().ok());
+                let state = headers.get(&TRACESTATE).and_then(|v| v.to_str().ok());
                 TraceContext::parse(tp, state)
             });
         Self {
