@@ -31,6 +31,7 @@
 
 mod checkpoint;
 mod collect;
+mod frame;
 mod read;
 mod recover;
 mod segment;
@@ -40,6 +41,7 @@ use crate::store::fs::{Fs, FsFile};
 use crate::store::{QueueId, RetryState, StoreError, StoredEvent};
 use bytes::Bytes;
 pub use checkpoint::CheckpointWrite;
+pub use frame::FrameWrite;
 pub(crate) use read::read_frame;
 pub use read::Reads;
 pub use segment::Bits;
@@ -99,54 +101,6 @@ pub const CHECKPOINT_BYTES: u64 = 64 << 20;
 
 /// What a store open found, per queue: its pending events (fresh ones as runs), in order.
 pub type Recovered = HashMap<QueueId, crate::store::PendingRuns>;
-
-/// A write prepared under the lock, done outside it: one frame at an offset of a file.
-pub struct FrameWrite {
-    file: Arc<dyn FsFile>,
-    /// Where `bytes` go: the frame's offset rounded down to [`LogOptions::align`].
-    offset: u64,
-    /// The head's partial block before the frame, the frame, zeros to the next block.
-    bytes: Vec<u8>,
-    /// Bytes of the frame itself.
-    frame: usize,
-    /// Reserve the file to this length first ([`LogOptions::allocate_step`]).
-    allocate: Option<u64>,
-}
-
-impl FrameWrite {
-    /// Write and `fdatasync` the frame.
-    ///
-    /// # Errors
-    /// I/O failure (the log must then fail-stop: [`Log::fail`]).
-    pub fn run(&self) -> std::io::Result<()> {
-        self.write()?;
-        self.sync()
-    }
-
-    /// The first half of [`FrameWrite::run`]: write the frame (into the page cache).
-    ///
-    /// # Errors
-    /// As [`FrameWrite::run`].
-    pub fn write(&self) -> std::io::Result<()> {
-        if let Some(len) = self.allocate {
-            self.file.allocate(len)?;
-        }
-        self.file.write_at(&self.bytes, self.offset)
-    }
-
-    /// The second half of [`FrameWrite::run`]: `fdatasync` the file.
-    ///
-    /// # Errors
-    /// As [`FrameWrite::run`].
-    pub fn sync(&self) -> std::io::Result<()> {
-        self.file.sync_data()
-    }
-
-    /// Bytes of the frame (head and records).
-    pub fn bytes(&self) -> usize {
-        self.frame
-    }
-}
 
 /// The log. See the module docs.
 pub struct Log {

@@ -179,15 +179,7 @@ fn an_events_directory_of_the_earlier_format_is_refused_with_what_to_do() {
 #[test]
 fn a_torn_tail_is_cut_and_writing_goes_on() {
     let dir = tempfile::tempdir().unwrap();
-    let lo = LogOptions {
-        dir: dir.path().join("log"),
-        segment_bytes: 1 << 20,
-        max_disk_bytes: 1 << 30,
-        tail_bytes: 0,
-        checkpoint_bytes: super::engine::CHECKPOINT_BYTES,
-        align: crate::store::fs::DIRECT_ALIGN,
-        allocate_step: super::engine::ALLOCATE_STEP,
-    };
+    let lo = real_opts(dir.path(), 1 << 20);
     let known: HashSet<QueueId> = [1].into_iter().collect();
     let fs: Arc<dyn Fs> = Arc::new(RealFs);
     let len;
@@ -223,15 +215,7 @@ fn a_torn_tail_is_cut_and_writing_goes_on() {
 #[test]
 fn a_damaged_frame_in_a_closed_segment_stops_start_up_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let lo = LogOptions {
-        dir: dir.path().join("log"),
-        segment_bytes: 1024,
-        max_disk_bytes: 1 << 30,
-        tail_bytes: 0,
-        checkpoint_bytes: super::engine::CHECKPOINT_BYTES,
-        align: crate::store::fs::DIRECT_ALIGN,
-        allocate_step: super::engine::ALLOCATE_STEP,
-    };
+    let lo = real_opts(dir.path(), 1024);
     let known: HashSet<QueueId> = [1].into_iter().collect();
     let fs: Arc<dyn Fs> = Arc::new(RealFs);
     {
