@@ -68,6 +68,7 @@ fn opts(dir: &Path, max: u64) -> SledOptions {
         cache_bytes: 8 << 20,
         flush_every_ms: 1000,
         segment_bytes: gridlet::store::log::SEGMENT_BYTES,
+        compact_idle_ms: gridlet::store::log::engine::COMPACT_IDLE_MS,
     }
 }
 

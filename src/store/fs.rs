@@ -103,7 +103,14 @@ pub trait Fs: Send + Sync + 'static {
     /// I/O failure.
     fn remove(&self, path: &Path) -> io::Result<()>;
 
-    /// Make the directory's entries (files created, removed) durable.
+    /// Rename `from` to `to` in the same directory, replacing `to` if it exists (atomically:
+    /// any reader sees one file or the other). Durable only after [`Fs::sync_dir`].
+    ///
+    /// # Errors
+    /// I/O failure, or no such file.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+
+    /// Make the directory's entries (files created, removed, renamed) durable.
     ///
     /// # Errors
     /// I/O failure.
@@ -282,6 +289,10 @@ impl Fs for RealFs {
 
     fn remove(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {

@@ -34,6 +34,8 @@
 //! the bound plus one letter segment plus one letter.
 
 mod commit_trace;
+#[cfg(test)]
+mod compact_tests;
 pub mod engine;
 pub mod format;
 pub mod letters;
@@ -81,6 +83,9 @@ pub struct LogStoreOptions {
     pub flush_every_ms: u64,
     /// Size at which a segment is closed.
     pub segment_bytes: u64,
+    /// A closed segment pinned by a few events is compacted once none of its events was
+    /// settled for this long ([`engine::COMPACT_IDLE_MS`] by default).
+    pub compact_idle_ms: u64,
 }
 
 /// Who waits for the next frame.
@@ -144,7 +149,8 @@ pub struct LogStore {
     meta: SledMeta,
     letters: Arc<letters::LogLetters>,
     shared: Arc<Shared>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The committer and compactor threads, until stopped.
+    thread: Mutex<Option<(std::thread::JoinHandle<()>, std::thread::JoinHandle<()>)>>,
     recovered: Mutex<Recovered>,
 }
 
@@ -182,6 +188,7 @@ impl LogStore {
             checkpoint_bytes: engine::CHECKPOINT_BYTES,
             align: crate::store::fs::DIRECT_ALIGN,
             allocate_step: engine::ALLOCATE_STEP.min(segment_bytes),
+            compact_idle_ms: opts.compact_idle_ms,
         };
         let (log, recovered) = Log::open(fs.clone(), log_opts, &known, now_ms())?;
         let shared = Arc::new(Shared {
@@ -207,15 +214,21 @@ impl LogStore {
         let letters = Arc::new(letters);
         let (s, l) = (shared.clone(), letters.clone());
         let every = Duration::from_millis(opts.flush_every_ms);
+        let (jobs, queue) = std::sync::mpsc::channel();
+        let c = shared.clone();
+        let compactor = std::thread::Builder::new()
+            .name("gridlet-compact".into())
+            .spawn(move || compactor(&c, &queue))
+            .map_err(|e| StoreError::Io(format!("cannot start the compactor: {e}")))?;
         let thread = std::thread::Builder::new()
             .name("gridlet-commit".into())
-            .spawn(move || committer(&s, &l, every))
+            .spawn(move || committer(&s, &l, every, &jobs))
             .map_err(|e| StoreError::Io(format!("cannot start the committer: {e}")))?;
         Ok(Self {
             meta,
             letters,
             shared,
-            thread: Mutex::new(Some(thread)),
+            thread: Mutex::new(Some((thread, compactor))),
             recovered: Mutex::new(recovered),
         })
     }
@@ -251,6 +264,11 @@ impl LogStore {
         self.letters.disk_bytes()
     }
 
+    /// Segments replaced by their compacted copy since open (tests, metrics).
+    pub fn compactions(&self) -> u64 {
+        self.shared.log().compactions()
+    }
+
     /// Bytes the log's segments occupy (tests, metrics).
     pub fn log_bytes(&self) -> u64 {
         self.shared.log().bytes()
@@ -259,7 +277,12 @@ impl LogStore {
 
 /// The committer thread: one frame per round, every publish staged before it answered after
 /// its sync; then dead segments given back.
-fn committer(s: &Shared, letters: &letters::LogLetters, letters_every: Duration) {
+fn committer(
+    s: &Shared,
+    letters: &letters::LogLetters,
+    letters_every: Duration,
+    jobs: &std::sync::mpsc::Sender<engine::Compaction>,
+) {
     loop {
         let waiters = {
             let mut w = s.waiting();
@@ -293,13 +316,13 @@ fn committer(s: &Shared, letters: &letters::LogLetters, letters_every: Duration)
             }
             if w.shutdown && w.waiters.is_empty() {
                 drop(w);
-                let _ = write_round(s);
+                let _ = write_round(s, None);
                 return;
             }
             w.dirty = false;
             std::mem::take(&mut w.waiters)
         };
-        let result = write_round(s);
+        let result = write_round(s, Some(jobs));
         if !waiters.is_empty() && result.is_ok() {
             s.publish_syncs.fetch_add(1, Ordering::Relaxed);
         }
@@ -321,8 +344,12 @@ fn clone_err(e: &StoreError) -> StoreError {
 }
 
 /// Write what is staged (one frame, synced), then delete segments with nothing pending, then
-/// write a checkpoint when one is due.
-fn write_round(s: &Shared) -> Result<(), StoreError> {
+/// hand a compaction that is worth it to the compactor (after the frame restating the older
+/// segments), then write a checkpoint when one is due.
+fn write_round(
+    s: &Shared,
+    jobs: Option<&std::sync::mpsc::Sender<engine::Compaction>>,
+) -> Result<(), StoreError> {
     write_frame(s)?;
     let dead = s.log().stage_collection(now_ms());
     if !dead.is_empty() {
@@ -330,14 +357,42 @@ fn write_round(s: &Shared) -> Result<(), StoreError> {
         s.log().remove_segments(&dead)?;
         s.collections.fetch_add(1, Ordering::Relaxed);
     }
-    let due = {
-        let log = s.log();
-        log.since_checkpoint() >= log.checkpoint_every()
-    };
-    if due {
+    if let Some(jobs) = jobs {
+        let job = s.log().plan_compaction(None);
+        if let Some(job) = job {
+            write_frame(s)?;
+            if let Err(back) = jobs.send(job) {
+                // The compactor is gone (it panicked): run it here.
+                let done = back.0.run();
+                s.log().finish_compaction(done);
+            }
+        }
+    }
+    if s.log().checkpoint_due() {
         checkpoint(s);
     }
     Ok(())
+}
+
+/// The compactor thread: copies segments the committer planned ([`engine::Compaction`]) while
+/// frames go on being written, then swaps them in and has the committer take a checkpoint.
+fn compactor(s: &Shared, jobs: &std::sync::mpsc::Receiver<engine::Compaction>) {
+    for job in jobs {
+        let no = job.segment();
+        let started = std::time::Instant::now();
+        let done = job.run();
+        if let Some(bytes) = done.replaced_bytes() {
+            tracing::debug!(
+                segment = no,
+                bytes,
+                ms = started.elapsed().as_millis() as u64,
+                "compacted a segment of the event log"
+            );
+        }
+        s.log().finish_compaction(done);
+        s.waiting().dirty = true;
+        s.wake.notify_one();
+    }
 }
 
 /// Write a checkpoint (prepared under the log's lock, written outside it). A failure is logged:
@@ -581,13 +636,19 @@ impl LogStore {
     /// again if it was not called.
     fn stop(&self) {
         let thread = crate::sync::lock(&self.thread).take();
-        let Some(t) = thread else {
+        let Some((t, compactor)) = thread else {
             return;
         };
         self.shared.waiting().shutdown = true;
         self.shared.wake.notify_one();
         let _ = t.join();
-        if self.shared.log().since_checkpoint() > 0 {
+        // The committer's end closed the compactor's queue: it finishes what it has.
+        let _ = compactor.join();
+        let due = {
+            let log = self.shared.log();
+            log.since_checkpoint() > 0 || log.checkpoint_due()
+        };
+        if due {
             checkpoint(&self.shared);
         }
         let _ = self.letters.sync();

@@ -46,6 +46,7 @@ pub fn open(cfg: &crate::config::Persistence) -> Result<std::sync::Arc<dyn Store
                 cache_bytes: cfg.cache_bytes,
                 flush_every_ms: cfg.flush_every_ms,
                 segment_bytes: log::SEGMENT_BYTES,
+                compact_idle_ms: log::engine::COMPACT_IDLE_MS,
             })?;
             tracing::info!(
                 metadata = %cfg.metadata_path.display(),

@@ -31,6 +31,7 @@
 
 mod checkpoint;
 mod collect;
+mod compact;
 mod frame;
 mod read;
 mod recover;
@@ -41,6 +42,7 @@ use crate::store::fs::{Fs, FsFile};
 use crate::store::{QueueId, RetryState, StoreError, StoredEvent};
 use bytes::Bytes;
 pub use checkpoint::CheckpointWrite;
+pub use compact::{Compacted, Compaction, IDLE_MS as COMPACT_IDLE_MS};
 pub use frame::FrameWrite;
 pub(crate) use read::read_frame;
 pub use read::Reads;
@@ -90,6 +92,10 @@ pub struct LogOptions {
     /// The head's file is reserved ([`FsFile::allocate`]) in steps of this many bytes, ahead
     /// of its frames ([`ALLOCATE_STEP`] in the store).
     pub allocate_step: u64,
+    /// A closed segment is compacted once none of its events was settled for this long
+    /// ([`compact::IDLE_MS`] in the store); segments are weighed at most once a second, or at
+    /// every frame when this is 0.
+    pub compact_idle_ms: u64,
 }
 
 /// Reservation step of the head segment's file, by default: one `fallocate` per 256 KiB of
@@ -128,13 +134,24 @@ pub struct Log {
     ck_written: u64,
     /// The checkpoint slot files, once opened.
     ck_files: HashMap<u64, Arc<dyn FsFile>>,
-    /// A checkpoint prepared and not yet written: `(generation, written)`.
-    ck_pending: Option<(u64, u64)>,
+    /// A checkpoint prepared and not yet written: `(generation, written, ck_asap before)`.
+    ck_pending: Option<(u64, u64, bool)>,
     /// The head segment's bytes from its length rounded down to `opts.align` to its length:
     /// the start of the next frame's write.
     head_block: Vec<u8>,
     /// How far the head's file is reserved ([`ALLOCATE_STEP`]).
     head_allocated: u64,
+    /// Wall ms of the last frame taken or collection (settlements note it in their segment).
+    now_ms: u64,
+    /// The compaction in flight, if any ([`Log::plan_compaction`]).
+    compacting: Option<compact::InFlight>,
+    /// Segments replaced by a compacted copy since open.
+    compactions: u64,
+    /// When segments were last weighed for compaction (wall ms).
+    compaction_checked_ms: u64,
+    /// A compaction replaced a segment since the last checkpoint: take one now, so that a
+    /// restart does not find the checkpoint's record of the old file and read every segment.
+    ck_asap: bool,
 }
 
 fn io_err(path: &Path, e: impl std::fmt::Display) -> StoreError {
@@ -160,6 +177,7 @@ impl Log {
         if seq < first {
             return; // out of order: cannot happen (invariant 2); never indexed
         }
+        seg.events += 1;
         for q in queues {
             seg.live.entry(q).or_default().set(seq - first);
         }
@@ -194,6 +212,9 @@ impl Log {
             return false;
         };
         let cleared = seg.live.get_mut(&queue).is_some_and(|b| b.clear(bit));
+        if cleared {
+            seg.settled_ms = self.now_ms;
+        }
         if seg.live.get(&queue).is_some_and(|b| b.ones == 0) {
             seg.live.remove(&queue);
         }
@@ -223,7 +244,10 @@ impl Log {
             .segs
             .last()
             .map_or(0, |h| self.head_allocated.saturating_sub(h.len));
-        self.segs.iter().map(|s| s.len).sum::<u64>() + self.staged.len() as u64 + reserved
+        self.segs.iter().map(|s| s.len).sum::<u64>()
+            + self.staged.len() as u64
+            + reserved
+            + self.compaction_reserve()
     }
 
     /// Bytes of segments the next collection deletes (see [`Log::stage_collection`]).
@@ -401,6 +425,7 @@ impl Log {
     /// Starting a new segment failed, or an earlier write failure.
     pub fn take_frame(&mut self, now_ms: u64) -> Result<Option<FrameWrite>, StoreError> {
         self.check()?;
+        self.now_ms = self.now_ms.max(now_ms);
         if self.staged.is_empty() {
             return Ok(None);
         }
@@ -510,16 +535,7 @@ impl Log {
         self.head_block = if align > 1 { block } else { Vec::new() };
         self.head_allocated = reserve;
         // A head that was pending adopts no more events: its bits stop at its last sequence.
-        self.segs.push(Seg {
-            hdr,
-            file,
-            len: HEADER as u64,
-            first_seq: None,
-            last_seq: hdr.base_seq,
-            index: Vec::new(),
-            live: HashMap::new(),
-            ms_runs: Vec::new(),
-        });
+        self.segs.push(Seg::new(hdr, file, HEADER as u64));
         Ok(())
     }
 

@@ -16,7 +16,7 @@
 //! `run_seed(seed, ops)` is deterministic: a failing seed reproduces from its number. The suite
 //! runs a few thousand short seeds (`sim_tests`), `gridlet-bench --scenario crashsim` many more.
 
-use super::engine::{Log, LogOptions};
+use super::engine::{Compaction, Log, LogOptions};
 use crate::store::fs::sim::{Rng, SimFs};
 use crate::store::{QueueId, RetryState, StoredEvent};
 use bytes::Bytes;
@@ -35,6 +35,8 @@ pub struct Outcome {
     pub checked: u64,
     /// Mutating disk calls made.
     pub steps: u64,
+    /// Segments replaced by a compacted copy.
+    pub compactions: u64,
 }
 
 #[derive(Default)]
@@ -75,6 +77,8 @@ fn opts(seed: u64) -> LogOptions {
         // (the store's direct writes), with files reserved ahead or not.
         align: [1, 512, 4096][(seed / 3 % 3) as usize],
         allocate_step: [1, 4096, 12 << 10][(seed / 9 % 3) as usize],
+        // Compactions are forced by the workload (`compact`).
+        compact_idle_ms: u64::MAX,
     }
 }
 
@@ -114,9 +118,12 @@ pub fn run_seed(seed: u64, ops: usize) -> Result<Outcome, String> {
         }
         model.next_seq = model.next_seq.max(log.max_seq() + 1);
         fs.crash_at_step(fs.steps() + 1 + rng.below(ops as u64 * 2));
+        // A compaction planned and not yet run: other operations go on meanwhile, as on the
+        // store's compactor thread.
+        let mut job = None;
         for _ in 0..ops {
             now += 1 + rng.below(50);
-            if step(&mut rng, &mut log, &mut model, now, &mut out).is_err() {
+            if step(&mut rng, &mut log, &mut model, now, &mut out, &mut job).is_err() {
                 break;
             }
         }
@@ -126,6 +133,7 @@ pub fn run_seed(seed: u64, ops: usize) -> Result<Outcome, String> {
         }
         // Settlements not followed by a successful commit may or may not have been written.
         model.settling.clear();
+        out.compactions += log.compactions();
         drop(log);
         fs.reboot();
     }
@@ -140,13 +148,14 @@ fn step(
     m: &mut Model,
     now: u64,
     out: &mut Outcome,
+    job: &mut Option<Compaction>,
 ) -> Result<(), ()> {
     let owed: Vec<(QueueId, u64)> = {
         let mut v: Vec<_> = m.owed.iter().copied().collect();
         v.sort_unstable();
         v
     };
-    match rng.below(10) {
+    match rng.below(11) {
         0..=3 => {
             let n = 1 + rng.below(4);
             let mut items = Vec::new();
@@ -194,7 +203,7 @@ fn step(
             if rng.chance(1, 2) {
                 commit(log, m, now)?;
             }
-            if log.since_checkpoint() >= log.checkpoint_every() || rng.chance(1, 3) {
+            if log.checkpoint_due() || rng.chance(1, 3) {
                 let _ = log.checkpoint();
             }
         }
@@ -203,9 +212,32 @@ fn step(
             m.dropped.insert(3);
             m.owed.retain(|(q, _)| *q != 3);
         }
+        10 => compact(rng, log, m, now, job)?,
         _ => commit(log, m, now)?,
     }
     Ok(())
+}
+
+/// Compact a closed segment with events pending, whatever it holds, in two steps as the store
+/// does: plan it (restating the older segments) and commit; then, some operations later (more
+/// publishes, settlements, commits, rolls, checkpoints), copy it and swap it in.
+fn compact(
+    rng: &mut Rng,
+    log: &mut Log,
+    m: &mut Model,
+    now: u64,
+    job: &mut Option<Compaction>,
+) -> Result<(), ()> {
+    if let Some(j) = job.take() {
+        log.finish_compaction(j.run());
+        return commit(log, m, now);
+    }
+    let closed = log.closed_pending_segments();
+    if !closed.is_empty() {
+        let no = closed[rng.below(closed.len() as u64) as usize];
+        *job = log.plan_compaction(Some(no));
+    }
+    commit(log, m, now)
 }
 
 /// Commit; on success every settlement staged before it is durable.

@@ -17,6 +17,7 @@ fn opts(dir: &Path) -> LogStoreOptions {
         cache_bytes: 4 << 20,
         flush_every_ms: 1000,
         segment_bytes: 64 << 10,
+        compact_idle_ms: super::engine::COMPACT_IDLE_MS,
     }
 }
 
@@ -249,6 +250,7 @@ fn power_cuts_never_lose_or_invent_events() {
                 total.cuts += o.cuts;
                 total.checked += o.checked;
                 total.published += o.published;
+                total.compactions += o.compactions;
             }
             Err(e) => panic!("{e} (reproduce: super::sim::run_seed({seed}, 40))"),
         }
@@ -257,6 +259,11 @@ fn power_cuts_never_lose_or_invent_events() {
     assert!(
         total.checked > seeds,
         "the seeds checked acknowledged events"
+    );
+    assert!(
+        total.compactions > seeds / 2,
+        "the seeds compacted segments: {}",
+        total.compactions
     );
 }
 
@@ -272,6 +279,7 @@ fn the_simulated_disk_is_what_the_log_runs_on() {
         checkpoint_bytes: super::engine::CHECKPOINT_BYTES,
         align: crate::store::fs::DIRECT_ALIGN,
         allocate_step: super::engine::ALLOCATE_STEP,
+        compact_idle_ms: 0,
     };
     let known: HashSet<QueueId> = [1].into_iter().collect();
     let (mut log, _) = Log::open(Arc::new(fs.clone()), lo.clone(), &known, 1).unwrap();
@@ -332,6 +340,7 @@ fn real_opts(dir: &Path, segment_bytes: u64) -> LogOptions {
         checkpoint_bytes: super::engine::CHECKPOINT_BYTES,
         align: crate::store::fs::DIRECT_ALIGN,
         allocate_step: super::engine::ALLOCATE_STEP,
+        compact_idle_ms: 0,
     }
 }
 

@@ -85,6 +85,7 @@ async fn an_events_trace_context_survives_a_restart() {
         cache_bytes: 4 << 20,
         flush_every_ms: 1000,
         segment_bytes: 64 << 10,
+        compact_idle_ms: crate::store::log::engine::COMPACT_IDLE_MS,
     };
     let q = {
         let s = LogStore::open(&o).unwrap();

@@ -6,8 +6,8 @@
 //!   magic "GRDCKP01" | generation u64 | body len u32 | crc32(body) u32 | body
 //!   body: max seq u64 | dropped queues (count u32, queue u32…)
 //!       | retry states (count u32, (queue u32, seq u64, attempts u32, first ms u64, due ms u64)…)
-//!       | segments (count u32, then each: no u64, valid length u64, first seq u64 (0: none),
-//!         last seq u64, index (count u32, (seq u64, offset u64)…), first-enqueue runs
+//!       | segments (count u32, then each: no u64, salt u64, valid length u64, event records
+//!         u64, first seq u64 (0: none), last seq u64, index (count u32, (seq u64, offset u64)…), first-enqueue runs
 //!         (count u32, (seq u64, ms u64)…), queues (count u32, then each: queue u32,
 //!         word count u32, run count u32, runs: (0 | 1 u8, words u32) for all-zero / all-one
 //!         words, (2 u8, word u64) for one mixed word))
@@ -22,7 +22,9 @@
 //! replayed; a segment it does not list but numbered below its newest was deleted before it (a
 //! removal whose directory sync a crash undid) and is removed again; a newer segment is read
 //! whole; a listed segment that is gone was deleted after it. Anything that does not add up
-//! (a file shorter than recorded, a header that differs) falls back to reading every segment.
+//! (a file shorter than recorded, a header that differs: a compacted segment has a new salt)
+//! falls back to reading every segment. A checkpoint of an earlier format (magic `GRDCKP01`)
+//! is not read: the next start reads every segment once.
 
 use super::format::Reader;
 use super::segment::{Bits, Seg};
@@ -33,7 +35,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-const MAGIC: &[u8; 8] = b"GRDCKP01";
+const MAGIC: &[u8; 8] = b"GRDCKP02";
 const HEAD: usize = 24;
 /// Largest checkpoint body read (a longer length is damage).
 const MAX_BODY: u32 = 512 << 20;
@@ -45,7 +47,9 @@ const MAX_WORDS: usize = 1 << 24;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct SegState {
     pub(super) no: u64,
+    pub(super) salt: u64,
     pub(super) len: u64,
+    pub(super) events: u64,
     pub(super) first_seq: Option<u64>,
     pub(super) last_seq: u64,
     pub(super) index: Vec<(u64, u64)>,
@@ -177,7 +181,9 @@ impl Checkpoint {
         b.extend_from_slice(&(self.segs.len() as u32).to_le_bytes());
         for s in &self.segs {
             b.extend_from_slice(&s.no.to_le_bytes());
+            b.extend_from_slice(&s.salt.to_le_bytes());
             b.extend_from_slice(&s.len.to_le_bytes());
+            b.extend_from_slice(&s.events.to_le_bytes());
             b.extend_from_slice(&s.first_seq.unwrap_or(0).to_le_bytes());
             b.extend_from_slice(&s.last_seq.to_le_bytes());
             put_pairs(&mut b, &s.index);
@@ -239,13 +245,15 @@ impl Checkpoint {
             })
             .collect::<Option<Vec<_>>>()?;
         let ns = r.u32()? as usize;
-        if ns > r.0.len() / 32 {
+        if ns > r.0.len() / 48 {
             return None;
         }
         let mut segs = Vec::with_capacity(ns);
         for _ in 0..ns {
             let no = r.u64()?;
+            let salt = r.u64()?;
             let len = r.u64()?;
+            let events = r.u64()?;
             let first = r.u64()?;
             let last_seq = r.u64()?;
             let index = get_pairs(&mut r)?;
@@ -259,7 +267,9 @@ impl Checkpoint {
                 .collect::<Option<Vec<_>>>()?;
             segs.push(SegState {
                 no,
+                salt,
                 len,
+                events,
                 first_seq: (first != 0).then_some(first),
                 last_seq,
                 index,
@@ -332,7 +342,9 @@ impl Log {
                     live.sort_unstable_by_key(|(q, _)| *q);
                     SegState {
                         no: s.hdr.no,
+                        salt: s.hdr.salt,
                         len: s.len,
+                        events: s.events,
                         first_seq: s.first_seq,
                         last_seq: s.last_seq,
                         index: s.index.clone(),
@@ -347,6 +359,14 @@ impl Log {
     /// Bytes written to segments since the last checkpoint.
     pub fn since_checkpoint(&self) -> u64 {
         self.written.saturating_sub(self.ck_written)
+    }
+
+    /// Whether a checkpoint is due: [`LogOptions::checkpoint_bytes`] of frames since the last
+    /// one, or a segment was compacted since.
+    ///
+    /// [`LogOptions::checkpoint_bytes`]: super::LogOptions::checkpoint_bytes
+    pub fn checkpoint_due(&self) -> bool {
+        self.ck_asap || self.since_checkpoint() >= self.opts.checkpoint_bytes
     }
 
     /// Prepare a checkpoint for the slot its generation goes to (created on first use, its
@@ -376,7 +396,9 @@ impl Log {
                 f
             }
         };
-        self.ck_pending = Some((ck.generation, self.written));
+        // Taken back if this checkpoint is not written.
+        let asap = std::mem::take(&mut self.ck_asap);
+        self.ck_pending = Some((ck.generation, self.written, asap));
         Ok(CheckpointWrite {
             file,
             path,
@@ -386,10 +408,12 @@ impl Log {
 
     /// A checkpoint prepared by [`Log::prepare_checkpoint`] was written (`ok`) or not.
     pub fn checkpoint_done(&mut self, ok: bool) {
-        if let Some((generation, written)) = self.ck_pending.take() {
+        if let Some((generation, written, asap)) = self.ck_pending.take() {
             if ok {
                 self.ck_generation = generation;
                 self.ck_written = written;
+            } else {
+                self.ck_asap |= asap;
             }
         }
     }
@@ -420,16 +444,14 @@ impl Log {
             .map(|(q, w)| (*q, Bits::from_words(w.clone())))
             .collect();
         self.max_seq = self.max_seq.max(hdr.base_seq).max(st.last_seq);
-        self.segs.push(Seg {
-            hdr,
-            file,
-            len: st.len,
-            first_seq: st.first_seq,
-            last_seq: st.last_seq,
-            index: st.index.clone(),
-            live,
-            ms_runs: st.ms_runs.clone(),
-        });
+        let mut seg = Seg::new(hdr, file, st.len);
+        seg.first_seq = st.first_seq;
+        seg.last_seq = st.last_seq;
+        seg.index = st.index.clone();
+        seg.live = live;
+        seg.ms_runs = st.ms_runs.clone();
+        seg.events = st.events;
+        self.segs.push(seg);
     }
 }
 
@@ -456,7 +478,9 @@ mod tests {
             )],
             segs: vec![SegState {
                 no: 3,
+                salt: 0x5eed,
                 len: 4096,
+                events: 64_000,
                 first_seq: Some(1),
                 last_seq: 64_067,
                 index: vec![(1, 48), (900, 33_000)],

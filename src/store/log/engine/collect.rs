@@ -10,6 +10,7 @@ impl Log {
     /// restatement of every older live segment (invariant 5). The caller commits the frame, then
     /// calls [`Log::remove_segments`].
     pub fn stage_collection(&mut self, now_ms: u64) -> Vec<u64> {
+        self.now_ms = self.now_ms.max(now_ms);
         // A head with nothing pending that holds a quarter of a segment is closed, so that it can
         // go too (its bytes count against the disk bound until then).
         let head_done = self.segs.last().is_some_and(|s| {
@@ -19,16 +20,37 @@ impl Log {
             return Vec::new();
         }
         let head = self.segs.len().saturating_sub(1);
-        let dead: Vec<usize> = (0..head)
+        // While a segment is being compacted, it and every younger one stay: the copy holds
+        // what that segment owed when it was planned, and the settlements since are in the
+        // younger segments (see `compact.rs`).
+        let keep_from = self
+            .compacting
+            .as_ref()
+            .and_then(|c| self.segs.iter().position(|s| s.hdr.no == c.no))
+            .unwrap_or(head);
+        let dead: Vec<usize> = (0..head.min(keep_from))
             .filter(|i| self.segs.get(*i).is_some_and(|s| s.pending() == 0))
             .collect();
         let Some(&newest_dead) = dead.last() else {
             return Vec::new();
         };
+        let records = self.restatements(newest_dead, false);
+        for r in records {
+            r.encode(&mut self.staged);
+        }
+        dead.iter()
+            .filter_map(|i| self.segs.get(*i).map(|s| s.hdr.no))
+            .collect()
+    }
+
+    /// A [`Record::State`] for every segment before position `upto` that owes anything (or
+    /// every one with events, `all`: those that owe nothing but are still there), so that the
+    /// records about them in the segments from `upto` on are no longer needed.
+    pub(super) fn restatements(&self, upto: usize, all: bool) -> Vec<Record> {
         let mut records = Vec::new();
-        for s in self.segs.iter().take(newest_dead) {
+        for s in self.segs.iter().take(upto) {
             let Some(first) = s.first_seq else { continue };
-            if s.pending() == 0 {
+            if s.pending() == 0 && !all {
                 continue;
             }
             let queues = s
@@ -52,12 +74,7 @@ impl Log {
                 queues,
             });
         }
-        for r in records {
-            r.encode(&mut self.staged);
-        }
-        dead.iter()
-            .filter_map(|i| self.segs.get(*i).map(|s| s.hdr.no))
-            .collect()
+        records
     }
 
     /// Remove the named segments (after the frame [`Log::stage_collection`] staged is durable)

@@ -26,14 +26,14 @@ impl Log {
     ) -> Result<(Self, Recovered), StoreError> {
         fs.create_dir_all(&opts.dir)
             .map_err(|e| io_err(&opts.dir, e))?;
-        let mut numbers: Vec<u64> = fs
-            .list(&opts.dir)
-            .map_err(|e| io_err(&opts.dir, e))?
+        let names = fs.list(&opts.dir).map_err(|e| io_err(&opts.dir, e))?;
+        let mut numbers: Vec<u64> = names
             .iter()
             .filter_map(|n| format::parse_segment_name(n))
             .collect();
         numbers.sort_unstable();
         let mut log = Log::empty(fs.clone(), opts.clone());
+        log.remove_leftovers(&names)?;
         let ck = log.load_checkpoint()?;
         let generation = ck.as_ref().map_or(0, |c| c.generation);
         let from_checkpoint = match ck {
@@ -85,6 +85,11 @@ impl Log {
             ck_pending: None,
             head_block: Vec::new(),
             head_allocated: 0,
+            now_ms: 0,
+            compacting: None,
+            compactions: 0,
+            compaction_checked_ms: 0,
+            ck_asap: false,
         }
     }
 
@@ -132,8 +137,9 @@ impl Log {
                 let size = file.size().map_err(|e| io_err(&path, e))?;
                 let mut hb = [0u8; HEADER];
                 let read = file.read_at(&mut hb, 0).map_err(|e| io_err(&path, e))?;
+                // A compacted segment has a new salt: the checkpoint describes the file before.
                 let hdr = Header::decode(&hb[..read])
-                    .filter(|h| h.no == no)
+                    .filter(|h| h.no == no && h.salt == st.salt)
                     .ok_or_else(|| corrupt(&path, "header differs from the checkpoint's"))?;
                 if size < st.len {
                     return Err(corrupt(&path, "shorter than the checkpoint recorded"));
@@ -186,16 +192,7 @@ impl Log {
             _ => return Err(corrupt(&path, "segment header is damaged")),
         };
         self.max_seq = self.max_seq.max(hdr.base_seq);
-        self.segs.push(Seg {
-            hdr,
-            file: file.clone(),
-            len: HEADER as u64,
-            first_seq: None,
-            last_seq: hdr.base_seq,
-            index: Vec::new(),
-            live: HashMap::new(),
-            ms_runs: Vec::new(),
-        });
+        self.segs.push(Seg::new(hdr, file.clone(), HEADER as u64));
         self.replay(&path, &*file, hdr.salt, HEADER as u64, size, newest, known)
     }
 
@@ -305,11 +302,18 @@ impl Log {
                 }
                 // Everything said of this segment before is replaced, every queue.
                 let old = std::mem::take(&mut seg.live);
+                // A compacted copy may end before events the restatement lists: those were
+                // settled before the copy was made, and the segment no longer holds them.
+                let holds = seg.last_seq.saturating_sub(first_seq) + 1;
                 for qs in queues.into_iter().filter(|q| known.contains(&q.queue)) {
-                    seg.live.insert(qs.queue, Bits::from_words(qs.words));
+                    let mut bits = Bits::from_words(qs.words);
+                    bits.truncate(holds);
                     for (s, st) in qs.retries {
-                        self.retries.insert((qs.queue, s), st);
+                        if s.checked_sub(first_seq).is_some_and(|i| bits.get(i)) {
+                            self.retries.insert((qs.queue, s), st);
+                        }
                     }
+                    seg.live.insert(qs.queue, bits);
                 }
                 for (q, bits) in old {
                     for i in bits.iter() {

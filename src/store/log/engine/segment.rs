@@ -43,6 +43,17 @@ impl Bits {
             .get((i / 64) as usize)
             .is_some_and(|w| w & (1 << (i % 64)) != 0)
     }
+    /// Clear every bit from `n` on.
+    pub(super) fn truncate(&mut self, n: u64) {
+        let (w, b) = ((n / 64) as usize, n % 64);
+        if self.words.len() > w {
+            self.words.truncate(w + 1);
+            if let Some(last) = self.words.last_mut() {
+                *last &= (1u64 << b) - 1;
+            }
+        }
+        self.ones = self.words.iter().map(|w| u64::from(w.count_ones())).sum();
+    }
     pub(super) fn from_words(words: Vec<u64>) -> Self {
         let ones = words.iter().map(|w| u64::from(w.count_ones())).sum();
         Self { words, ones }
@@ -73,9 +84,64 @@ pub(super) struct Seg {
     /// second late, never early). Kept for recovery and checkpoints: one pair per second of
     /// publishing, not per event.
     pub(super) ms_runs: Vec<(u64, u64)>,
+    /// Event records in the file (compaction weighs what is still pending against it).
+    pub(super) events: u64,
+    /// Wall ms of the last settlement of one of its events (`0`: none since open).
+    pub(super) settled_ms: u64,
+    /// Compaction found more live bytes than it may copy when this many events were pending:
+    /// not tried again before half of them are settled (`0`: never).
+    pub(super) skip_floor: u64,
 }
 
 impl Seg {
+    /// A segment with no frames yet read or written (`len`: where its frames end so far).
+    pub(super) fn new(hdr: Header, file: Arc<dyn FsFile>, len: u64) -> Self {
+        Seg {
+            hdr,
+            file,
+            len,
+            first_seq: None,
+            last_seq: hdr.base_seq,
+            index: Vec::new(),
+            live: HashMap::new(),
+            ms_runs: Vec::new(),
+            events: 0,
+            settled_ms: 0,
+            skip_floor: 0,
+        }
+    }
+
+    /// Events pending in at least one queue.
+    pub(super) fn live_events(&self) -> u64 {
+        let mut union: Vec<u64> = Vec::new();
+        for bits in self.live.values() {
+            if union.len() < bits.words.len() {
+                union.resize(bits.words.len(), 0);
+            }
+            for (u, w) in union.iter_mut().zip(&bits.words) {
+                *u |= w;
+            }
+        }
+        union.iter().map(|w| u64::from(w.count_ones())).sum()
+    }
+
+    /// Sequence numbers pending in at least one queue, with those queues (sorted), in order.
+    pub(super) fn live_seqs(&self) -> std::collections::BTreeMap<u64, Vec<QueueId>> {
+        let mut out: std::collections::BTreeMap<u64, Vec<QueueId>> = Default::default();
+        let Some(first) = self.first_seq else {
+            return out;
+        };
+        for (q, bits) in &self.live {
+            for i in bits.iter() {
+                out.entry(first + i).or_default().push(*q);
+            }
+        }
+        for qs in out.values_mut() {
+            qs.sort_unstable();
+        }
+        out
+    }
+
     /// Note the frame at `offset`, whose first event is `first_seq`, in the sparse index when it
     /// starts `stride` bytes or more after the last entry.
     pub(super) fn index_frame(&mut self, first_seq: u64, offset: u64, stride: u64) {

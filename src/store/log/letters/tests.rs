@@ -138,6 +138,7 @@ fn letters_of_deleted_subscriptions_go_and_ids_continue_through_the_store() {
         cache_bytes: 4 << 20,
         flush_every_ms: 1000,
         segment_bytes: crate::store::log::SEGMENT_BYTES,
+        compact_idle_ms: crate::store::log::engine::COMPACT_IDLE_MS,
     };
     let ten = DeadLetterBound {
         per_subscription: 10,
@@ -186,6 +187,7 @@ fn dead_letters_of_the_earlier_sled_format_are_refused_with_what_to_do() {
         cache_bytes: 4 << 20,
         flush_every_ms: 1000,
         segment_bytes: crate::store::log::SEGMENT_BYTES,
+        compact_idle_ms: crate::store::log::engine::COMPACT_IDLE_MS,
     };
     let old = opts.events_path.join("gridlet-v2/letters");
     std::fs::create_dir_all(&old).unwrap();

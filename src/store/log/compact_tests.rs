@@ -1,0 +1,215 @@
+//! Compaction on a real directory: a segment pinned by a few events is replaced by a copy of
+//! them, which every kind of restart reads back; segments still worth waiting for are left; the
+//! store does it on its own thread.
+
+use super::engine::{Log, LogOptions};
+use super::*;
+use crate::store::contract::{sub, topic};
+use crate::store::fs::{Fs, RealFs};
+use bytes::Bytes;
+use std::collections::HashSet;
+use std::path::Path;
+
+fn ev(seq: u64) -> StoredEvent {
+    StoredEvent {
+        seq,
+        id: format!("e{seq}"),
+        body: Bytes::from(format!("{seq:06}").repeat(160)),
+        state: RetryState {
+            attempts: 0,
+            first_enqueued_ms: 1000 + seq,
+            due_ms: 0,
+        },
+        trace: None,
+    }
+}
+
+fn real_opts(dir: &Path) -> LogOptions {
+    LogOptions {
+        dir: dir.join("log"),
+        segment_bytes: 64 << 10,
+        max_disk_bytes: 1 << 30,
+        tail_bytes: 0,
+        checkpoint_bytes: super::engine::CHECKPOINT_BYTES,
+        align: crate::store::fs::DIRECT_ALIGN,
+        allocate_step: super::engine::ALLOCATE_STEP,
+        compact_idle_ms: 0,
+    }
+}
+
+const RETRY: RetryState = RetryState {
+    attempts: 3,
+    first_enqueued_ms: 1050,
+    due_ms: 99_000,
+};
+
+/// What queue 2 still owes, with its retry states, read back event by event.
+fn check_pinned(log: &Log, pinned: &[u64]) {
+    let got = log.plan_get(2, pinned).run().unwrap();
+    for (seq, e) in pinned.iter().zip(got) {
+        let e = e.unwrap_or_else(|| panic!("pinned event {seq} reads back"));
+        assert_eq!(e.body, ev(*seq).body);
+        let want = if seq % 100 == 0 { 3 } else { 0 };
+        assert_eq!(e.state.attempts, want, "event {seq}");
+    }
+}
+
+fn check_recovered(rec: &super::engine::Recovered, pinned: &[u64]) {
+    assert!(
+        rec.get(&1).is_none_or(|r| r.is_empty()),
+        "queue 1 owes nothing"
+    );
+    let q2 = rec[&2].events();
+    assert_eq!(q2.iter().map(|(s, _)| *s).collect::<Vec<_>>(), pinned);
+    for (seq, st) in q2 {
+        if seq % 100 == 0 {
+            assert_eq!(st, RETRY, "event {seq}'s retry state");
+        }
+    }
+}
+
+#[test]
+fn a_segment_pinned_by_a_few_events_is_replaced_by_their_copy_which_restarts_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let lo = real_opts(dir.path());
+    let known: HashSet<QueueId> = [1, 2, 3].into_iter().collect();
+    let fs: Arc<dyn Fs> = Arc::new(RealFs);
+    let pinned: Vec<u64> = (1..=600).filter(|s| s % 50 == 0).collect();
+    let before;
+    {
+        let (mut log, _) = Log::open(fs.clone(), lo.clone(), &known, 1).unwrap();
+        for seq in 1..=600 {
+            // Queue 3 takes the last 40 events and keeps them: more than a quarter of the
+            // segment they are in, which is left as it is.
+            let mut items = vec![(1, ev(seq)), (2, ev(seq))];
+            if seq > 560 {
+                items.push((3, ev(seq)));
+            }
+            log.stage_events(&items, 0).unwrap();
+            log.commit(seq).unwrap();
+        }
+        let retried: Vec<u64> = pinned.iter().copied().filter(|s| s % 100 == 0).collect();
+        log.stage_retry(2, &retried, RETRY);
+        let all: Vec<u64> = (1..=600).collect();
+        log.stage_settle(1, &all);
+        let rest: Vec<u64> = all.iter().copied().filter(|s| s % 50 != 0).collect();
+        log.stage_settle(2, &rest);
+        log.commit(700).unwrap();
+        // A checkpoint of the segments as they are now: after the compaction it describes
+        // files that were replaced.
+        log.checkpoint().unwrap();
+        before = log.frame_bytes();
+        assert!(log.segments() >= 8, "{} segments", log.segments());
+        let mut replaced = 0;
+        while log.compact(None, 800).unwrap() {
+            replaced += 1;
+        }
+        assert!(
+            replaced + 2 >= log.segments() as u64,
+            "{replaced} of {} segments compacted",
+            log.segments()
+        );
+        let after = log.frame_bytes();
+        assert!(
+            after * 4 < before,
+            "frames: {before} bytes before, {after} after"
+        );
+        check_pinned(&log, &pinned);
+        // Writing goes on; the copies are settled and given back like any segment.
+        log.stage_events(&[(2, ev(601))], 0).unwrap();
+        log.commit(900).unwrap();
+    }
+    // The checkpoint on disk predates the copies: every segment is read.
+    let mut with_601 = pinned.clone();
+    with_601.push(601);
+    let (mut log, rec) = Log::open(fs.clone(), lo.clone(), &known, 1000).unwrap();
+    check_recovered(&rec, &with_601);
+    check_pinned(&log, &pinned);
+    // From a checkpoint taken after the copies.
+    log.checkpoint().unwrap();
+    drop(log);
+    let (mut log, rec) = Log::open(fs.clone(), lo.clone(), &known, 1100).unwrap();
+    check_recovered(&rec, &with_601);
+    check_pinned(&log, &pinned);
+    log.stage_settle(2, &with_601);
+    let q3: Vec<u64> = (561..=600).collect();
+    log.stage_settle(3, &q3);
+    log.commit(1200).unwrap();
+    assert_eq!(
+        log.segments(),
+        1,
+        "everything settled: only the head is left"
+    );
+}
+
+#[test]
+fn an_unfinished_copy_is_removed_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let lo = real_opts(dir.path());
+    std::fs::create_dir_all(&lo.dir).unwrap();
+    let leftover = lo.dir.join(format!("{}.compact", format::segment_name(1)));
+    std::fs::write(&leftover, b"half a copy").unwrap();
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    let (_log, _) = Log::open(Arc::new(RealFs), lo, &known, 1).unwrap();
+    assert!(!leftover.exists());
+}
+
+#[tokio::test]
+async fn the_store_compacts_pinned_segments_on_its_own_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = LogStoreOptions {
+        metadata_path: dir.path().join("m"),
+        events_path: dir.path().join("e"),
+        max_disk_bytes: 1 << 30,
+        cache_bytes: 4 << 20,
+        flush_every_ms: 1000,
+        segment_bytes: 64 << 10,
+        compact_idle_ms: 0,
+    };
+    let pinned: Vec<u64> = (1..=600).filter(|s| s % 50 == 0).collect();
+    let (q1, q2);
+    {
+        let s = LogStore::open(&o).unwrap();
+        s.put_topic("t", &topic("t")).unwrap();
+        q1 = s.next_queue_id().unwrap();
+        q2 = s.next_queue_id().unwrap();
+        s.put_subscription(q1, &sub("a")).unwrap();
+        s.put_subscription(q2, &sub("b")).unwrap();
+        for seq in 1..=600 {
+            s.submit(vec![(q1, ev(seq)), (q2, ev(seq))])
+                .unwrap()
+                .wait()
+                .await
+                .unwrap();
+        }
+        let before = s.log_bytes();
+        let all: Vec<u64> = (1..=600).collect();
+        s.remove(q1, &all).unwrap();
+        let rest: Vec<u64> = all.iter().copied().filter(|x| x % 50 != 0).collect();
+        s.remove(q2, &rest).unwrap();
+        // Each round plans at most one compaction; the compactor's swap asks for another.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while s.log_bytes() * 4 > before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "compactions: {}, bytes {} of {before}",
+                s.compactions(),
+                s.log_bytes()
+            );
+            s.commit().await.unwrap();
+            tokio::task::yield_now().await;
+        }
+        assert!(s.compactions() >= 6, "{} compactions", s.compactions());
+    }
+    let s = LogStore::open(&o).unwrap();
+    let owed: Vec<u64> = s
+        .pending_index(q2)
+        .unwrap()
+        .into_iter()
+        .map(|(x, _)| x)
+        .collect();
+    assert_eq!(owed, pinned);
+    for (seq, e) in pinned.iter().zip(s.get(q2, &pinned).unwrap()) {
+        assert_eq!(e.map(|e| e.body), Some(ev(*seq).body));
+    }
+}
