@@ -72,6 +72,7 @@ impl Broker {
                     commits: c.commits,
                     syncs: c.syncs,
                     checkpoints: c.checkpoints,
+                    compactions: c.compactions,
                 }),
                 spans: ctx.tracer.stats(),
             },

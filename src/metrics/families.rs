@@ -88,6 +88,8 @@ pub struct CommitView {
     pub syncs: u64,
     /// Checkpoints.
     pub checkpoints: u64,
+    /// Segments compacted.
+    pub compactions: u64,
 }
 
 /// Broker-wide values.
@@ -231,7 +233,7 @@ pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 20] {
 }
 
 /// Broker-wide families: one series each (omitted when not applicable).
-pub fn broker_families() -> [Family<BrokerView>; 8] {
+pub fn broker_families() -> [Family<BrokerView>; 9] {
     use Kind::*;
     [
         family("gridlet_pending_event_bytes", Gauge, "Bytes of undelivered events held in memory, all subscriptions (limit: broker__maxPendingBytes)", |b| n(b.pending_event_bytes)),
@@ -248,6 +250,7 @@ pub fn broker_families() -> [Family<BrokerView>; 8] {
         family("gridlet_store_commits_total", Counter, "Persisted publishes made durable (answered only after their group's sync)", |b| b.commits.and_then(|c| n(c.commits))),
         family("gridlet_store_journal_syncs_total", Counter, "Event-log frames that acknowledged publishes, one fdatasync each (commits / syncs = publishes per group commit)", |b| b.commits.and_then(|c| n(c.syncs))),
         family("gridlet_store_checkpoints_total", Counter, "Event-log collections: segments with nothing pending deleted (after restating what older live segments owe)", |b| b.commits.and_then(|c| n(c.checkpoints))),
+        family("gridlet_store_compactions_total", Counter, "Event-log segments pinned by a few pending events replaced by a copy of those events", |b| b.commits.and_then(|c| n(c.compactions))),
         Family {
             name: "gridlet_telemetry_spans_total",
             kind: Counter,

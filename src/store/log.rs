@@ -65,6 +65,8 @@ use std::time::Duration;
 pub const SUBDIR: &str = "gridlet-v2";
 /// Longest a staged settlement waits for a frame when no publish comes.
 pub const SETTLE_EVERY: Duration = Duration::from_millis(100);
+/// Longest the idle committer sleeps before it looks for a compaction to do.
+const IDLE_TICK: Duration = Duration::from_secs(1);
 /// Default size at which the head segment is closed and a new one started.
 pub const SEGMENT_BYTES: u64 = 16 << 20;
 
@@ -283,25 +285,34 @@ fn committer(
     letters_every: Duration,
     jobs: &std::sync::mpsc::Sender<engine::Compaction>,
 ) {
+    let mut letters_synced = std::time::Instant::now();
     loop {
         let waiters = {
             let mut w = s.waiting();
             while w.waiters.is_empty() && !w.dirty && !w.shutdown {
-                if letters_every.is_zero() {
-                    w = s.wake.wait(w).unwrap_or_else(|p| p.into_inner());
-                    continue;
-                }
+                let tick = if letters_every.is_zero() {
+                    IDLE_TICK
+                } else {
+                    letters_every.min(IDLE_TICK)
+                };
                 let (g, t) = s
                     .wake
-                    .wait_timeout(w, letters_every)
+                    .wait_timeout(w, tick)
                     .unwrap_or_else(|p| p.into_inner());
                 w = g;
                 if t.timed_out() {
+                    drop(w);
                     // Letters of subscriptions that are not persisted (no event removal makes
                     // them durable): synced every `persistence__flushEveryMs` when idle.
-                    drop(w);
-                    if let Err(e) = letters.sync() {
-                        tracing::error!(error = %e, "could not make dead letters durable");
+                    if !letters_every.is_zero() && letters_synced.elapsed() >= letters_every {
+                        letters_synced = std::time::Instant::now();
+                        if let Err(e) = letters.sync() {
+                            tracing::error!(error = %e, "could not make dead letters durable");
+                        }
+                    }
+                    // A backlog left pinned after a drain is compacted with no traffic at all.
+                    if let Err(e) = compact(s, jobs) {
+                        tracing::error!(error = %e, "event log: could not start a compaction");
                     }
                     w = s.waiting();
                 }
@@ -358,18 +369,32 @@ fn write_round(
         s.collections.fetch_add(1, Ordering::Relaxed);
     }
     if let Some(jobs) = jobs {
-        let job = s.log().plan_compaction(None);
-        if let Some(job) = job {
-            write_frame(s)?;
-            if let Err(back) = jobs.send(job) {
-                // The compactor is gone (it panicked): run it here.
-                let done = back.0.run();
-                s.log().finish_compaction(done);
-            }
-        }
+        compact(s, jobs)?;
     }
     if s.log().checkpoint_due() {
         checkpoint(s);
+    }
+    Ok(())
+}
+
+/// Hand a compaction that is worth it to the compactor, after the frame that restates the
+/// older segments is durable (see `engine/compact.rs`).
+fn compact(
+    s: &Shared,
+    jobs: &std::sync::mpsc::Sender<engine::Compaction>,
+) -> Result<(), StoreError> {
+    let job = {
+        let mut log = s.log();
+        log.note_time(now_ms());
+        log.plan_compaction(None)
+    };
+    if let Some(job) = job {
+        write_frame(s)?;
+        if let Err(back) = jobs.send(job) {
+            // The compactor is gone (it panicked): run it here.
+            let done = back.0.run();
+            s.log().finish_compaction(done);
+        }
     }
     Ok(())
 }
@@ -603,6 +628,7 @@ impl Store for LogStore {
             commits: self.shared.commits.load(Ordering::Relaxed),
             syncs: self.shared.publish_syncs.load(Ordering::Relaxed),
             checkpoints: self.shared.collections.load(Ordering::Relaxed),
+            compactions: self.shared.log().compactions(),
         })
     }
 

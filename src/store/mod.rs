@@ -183,7 +183,7 @@ pub struct Snapshot {
 
 /// Group-commit counters of a durable store (Prometheus counters
 /// `gridlet_store_commits_total`, `gridlet_store_journal_syncs_total`,
-/// `gridlet_store_checkpoints_total`).
+/// `gridlet_store_checkpoints_total`, `gridlet_store_compactions_total`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct CommitCounters {
     /// Publishes (and explicit commits) made durable.
@@ -192,6 +192,8 @@ pub struct CommitCounters {
     pub syncs: u64,
     /// Checkpoints (sled flush + `fsync`).
     pub checkpoints: u64,
+    /// Segments replaced by a compacted copy of their pending events.
+    pub compactions: u64,
 }
 
 /// A store failure.

@@ -352,6 +352,7 @@ async fn full_store_answers_507_and_recovers_as_deliveries_free_space() {
         "{syncs} syncs"
     );
     counter("gridlet_store_checkpoints_total ");
+    counter("gridlet_store_compactions_total ");
     // Publishes that do not need the store still work.
     assert_eq!(n.publish("mem", &json!([ev("m1")])).await.status(), 200);
     // Every accepted event has had its first attempt (all failed).

@@ -45,6 +45,7 @@ mod nats;
 mod net;
 mod opts;
 mod otlp;
+mod pinned;
 mod pull;
 mod report;
 mod store_cost;

@@ -9,6 +9,7 @@
 //! 3. the subscriber comes up: bytes written until the backlog is drained (and in the 10 s after);
 //! 4. disk right after the drain and its minimum in the next 10 s (and when it was reached);
 //! 5. one topic, 20 persisted subscriptions, 4 KB events queued: disk ÷ payload;
+//! 7. segments pinned by a few events (`pinned.rs`): disk and bytes written after the drain;
 //! 6. 900 KB events dead-lettered (endpoint answers 400, `statusCodePolicy` standard, the local
 //!    dead-letter store) with `persistence__maxDiskBytes` = 24 MiB: `du` of the events directory,
 //!    then after a restart.
@@ -157,6 +158,7 @@ impl Bench {
             c.events, c.fanout, c.dead
         );
         let g = self.gridlet_costs(c).await?;
+        let pinned = self.pinned_costs(c.events).await?;
         let peer = match self.opts.nats.clone().or_else(nats::find_server) {
             Some(bin) if !self.opts.no_peer => {
                 println!("  peer: {} (JetStream file store)", nats::version(&bin));
@@ -172,10 +174,11 @@ impl Bench {
             }
         };
         self.store_table(c, &g, peer.as_ref());
+        self.pinned_row(&pinned);
         Ok(())
     }
 
-    fn store_spec(&self, name: &str, extra: &[(&str, &str)]) -> Spec {
+    pub(super) fn store_spec(&self, name: &str, extra: &[(&str, &str)]) -> Spec {
         let mut env = vec![
             ("broker__defaultIsPersisted", "true"),
             ("broker__deliveryTimeoutInSeconds", "3600"),
@@ -528,9 +531,9 @@ impl Bench {
                 c.dead
             );
             println!(
-                "| {name} | {:.1}; {:.1} | – | – | ≤ maxDiskBytes ({:.0} MiB) + a constant | {} | {:+.1}; {:+.1} MB over maxDiskBytes |",
+                "| {name} | {:.1}; {:.1} | – | – | ≤ maxDiskBytes ({:.0} MiB) + 1 MiB (a letter segment) + one letter (docs/DURABILITY.md) | {} | {:+.1}; {:+.1} MB over maxDiskBytes |",
                 mib(after), mib(restarted), mib(DL_MAX_DISK),
-                if after.max(restarted) <= DL_MAX_DISK { "yes" } else { "no (constant not stated)" },
+                if after.max(restarted) <= DL_MAX_DISK + (1 << 20) + DL_BYTES as u64 { "yes" } else { "no" },
                 over(after), over(restarted)
             );
             self.extras.push((
@@ -545,6 +548,27 @@ impl Bench {
         if seg.is_none() {
             println!("\n(segments: pass --segment-bytes BYTES to judge the after-drain row)");
         }
+    }
+
+    /// Row 7, after the table: segments pinned by one event in 50.
+    fn pinned_row(&mut self, p: &crate::pinned::Pinned) {
+        let freed = p.drained.saturating_sub(p.least);
+        let name = format!(
+            "pinned: {} × 1 KB, every 50th to a subscription whose endpoint is down, the rest delivered",
+            p.events
+        );
+        let value = format!(
+            "disk {:.1} MB right after the drain, least {:.1} MB after {:.1} s, for {:.1} MB pinned; written meanwhile {:.1} MB for {:.1} MB given back ({:.2} ×)",
+            mib(p.drained),
+            mib(p.least),
+            p.least_at,
+            mib(p.pinned_bytes),
+            mib(p.written),
+            mib(freed),
+            ratio(p.written, freed)
+        );
+        println!("\n{name}:\n  {value}");
+        self.extras.push((format!("store: {name}"), value));
     }
 }
 

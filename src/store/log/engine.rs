@@ -5,7 +5,8 @@
 //!
 //! Files: this one stages and writes frames, settles and rolls segments;
 //! `engine/segment.rs` is a segment in memory (its bits); `engine/collect.rs` gives dead
-//! segments back; `engine/checkpoint.rs` writes and reads checkpoints; `engine/recover.rs`
+//! segments back; `engine/compact.rs` copies the pending events of a pinned segment into a
+//! smaller file; `engine/checkpoint.rs` writes and reads checkpoints; `engine/recover.rs`
 //! opens the log; `engine/read.rs` reads events back (tail first, then frames).
 //!
 //! # Invariants
@@ -25,7 +26,9 @@
 //! 5. **Space back.** A segment with nothing pending is deleted. The oldest one simply goes. A
 //!    younger one may hold settle and retry records about older segments still alive, so those
 //!    are first restated ([`Record::State`], synced) in the head; then the file is removed and
-//!    its directory synced.
+//!    its directory synced. A segment pinned by a few events is replaced by a copy of them
+//!    under the same number (`engine/compact.rs`): the older segments are restated first, and
+//!    nothing from it on is deleted while the copy is made.
 //! 6. **Fail-stop.** After a failed write or sync the log refuses every later write: what the
 //!    page cache holds is unknown (as PostgreSQL learned), and a restart recovers from the disk.
 

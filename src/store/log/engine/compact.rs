@@ -26,6 +26,9 @@
 //! segment before the copy is in place. A crash before the rename's directory sync leaves the
 //! old file (a leftover `*.compact` is removed at the next start); after it, the copy.
 //!
+//! The head is a candidate too, when nothing is staged: it is closed (a new head started) and
+//! then compacted, so a drain that leaves a few events in the head does not keep its bytes.
+//!
 //! **Write cost.** A segment is compacted when at most a quarter of its events are pending and
 //! none of them was settled for [`IDLE_MS`] (`LogOptions::compact_idle_ms`) (a subscription draining it in order is left to
 //! finish: collection then deletes it for nothing); the copy is abandoned if the pending events
@@ -139,7 +142,14 @@ impl Log {
             self.compaction_checked_ms = now;
         }
         let min_len = (self.opts.segment_bytes / 4).max(HEADER as u64 + 1);
-        let pick = (0..head)
+        // The head too, when nothing waits for it: it is closed first (a head pinned by a few
+        // events after a drain would otherwise hold its bytes until traffic fills it).
+        let upto = if only.is_none() && self.staged.is_empty() && self.pending_events.is_empty() {
+            head + 1
+        } else {
+            head
+        };
+        let pick = (0..upto)
             .filter_map(|i| {
                 let s = self.segs.get(i)?;
                 if let Some(no) = only {
@@ -158,6 +168,9 @@ impl Log {
             })
             .max_by_key(|(_, gain)| *gain)
             .map(|(i, _)| i)?;
+        if pick == head && self.roll(now).is_err() {
+            return None;
+        }
         let seg = self.segs.get(pick)?;
         let live = seg.live_seqs();
         let mut grouped: HashMap<(QueueId, u32, u64, u64), Vec<u64>> = HashMap::new();
@@ -265,6 +278,11 @@ impl Log {
             .filter(|s| s.pending() > 0)
             .map(|s| s.hdr.no)
             .collect()
+    }
+
+    /// The wall clock moved on without a frame (an idle committer weighing compactions).
+    pub fn note_time(&mut self, now_ms: u64) {
+        self.now_ms = self.now_ms.max(now_ms);
     }
 
     /// Bytes a compaction in flight may add (counted in the disk bound).

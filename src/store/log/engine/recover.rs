@@ -60,6 +60,12 @@ impl Log {
         }
         log.load_head()?;
         log.forget_unknown(known);
+        // Compaction waits for segments nobody settled in for a while: a restart counts as
+        // activity (a subscription resuming its drain is not raced by a copy).
+        log.now_ms = now_ms;
+        for s in &mut log.segs {
+            s.settled_ms = now_ms;
+        }
         let recovered = log.recovered();
         Ok((log, recovered))
     }
