@@ -211,6 +211,9 @@ impl Bench {
             mb(after.hwm),
             after.cpu_s - before.cpu_s
         );
+        if let Some(c) = metric(g, "gridlet_store_compactions_total").await {
+            println!("  segments compacted during the run: {c}");
+        }
         if t0.elapsed() > Duration::from_secs(590) {
             println!("  (drain stopped at its 600 s deadline)");
         }

@@ -213,3 +213,47 @@ async fn the_store_compacts_pinned_segments_on_its_own_thread() {
         assert_eq!(e.map(|e| e.body), Some(ev(*seq).body));
     }
 }
+
+#[test]
+fn a_segment_whose_few_pending_events_hold_most_of_its_bytes_is_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let lo = real_opts(dir.path());
+    let known: HashSet<QueueId> = [1, 2].into_iter().collect();
+    let (mut log, _) = Log::open(Arc::new(RealFs), lo, &known, 1).unwrap();
+    let small = |seq: u64| StoredEvent {
+        body: Bytes::from(vec![b's'; 200]),
+        ..ev(seq)
+    };
+    let mut seq = 0;
+    let mut publish = |log: &mut Log, e: StoredEvent, queues: &[QueueId]| {
+        let items: Vec<_> = queues.iter().map(|q| (*q, e.clone())).collect();
+        log.stage_events(&items, 0).unwrap();
+        log.commit(e.seq).unwrap();
+    };
+    for _ in 0..10 {
+        seq += 1;
+        publish(&mut log, small(seq), &[1]);
+    }
+    seq += 1;
+    let big = StoredEvent {
+        body: Bytes::from(vec![b'B'; 50 << 10]),
+        ..ev(seq)
+    };
+    let big_seq = seq;
+    publish(&mut log, big, &[1, 2]);
+    while log.segments() < 2 {
+        seq += 1;
+        publish(&mut log, small(seq), &[1]);
+    }
+    let all: Vec<u64> = (1..=seq).collect();
+    log.stage_settle(1, &all);
+    log.commit(seq + 1).unwrap();
+    let before = log.frame_bytes();
+    assert!(!log.compact(None, seq + 2).unwrap(), "not worth copying");
+    assert_eq!(log.compactions(), 0);
+    assert_eq!(log.frame_bytes(), before, "the file is as it was");
+    // Not weighed again before half of what it owes is settled.
+    assert!(!log.compact(None, seq + 3).unwrap());
+    let got = log.plan_get(2, &[big_seq]).run().unwrap();
+    assert_eq!(got[0].as_ref().map(|e| e.body.len()), Some(50 << 10));
+}

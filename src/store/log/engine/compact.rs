@@ -264,6 +264,8 @@ impl Log {
                 renamed: true,
             } => self.fail(error),
             Outcome::Failed { error, .. } => {
+                // Not tried again every second (a full disk): only once half of it is settled.
+                seg.skip_floor = done.live.max(1);
                 tracing::warn!(segment = done.no, error = %error, "could not compact a segment of the event log; it stays as it is");
             }
         }
