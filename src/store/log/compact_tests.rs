@@ -225,7 +225,7 @@ fn a_segment_whose_few_pending_events_hold_most_of_its_bytes_is_left_as_it_is() 
         ..ev(seq)
     };
     let mut seq = 0;
-    let mut publish = |log: &mut Log, e: StoredEvent, queues: &[QueueId]| {
+    let publish = |log: &mut Log, e: StoredEvent, queues: &[QueueId]| {
         let items: Vec<_> = queues.iter().map(|q| (*q, e.clone())).collect();
         log.stage_events(&items, 0).unwrap();
         log.commit(e.seq).unwrap();
