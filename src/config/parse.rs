@@ -448,6 +448,7 @@ pub(super) fn persistence(raw: &Raw) -> Result<Persistence, ConfigError> {
         max_disk_bytes: raw.int(K::persistence__maxDiskBytes, 1 << 16, u64::MAX)?,
         cache_bytes: raw.int(K::persistence__cacheBytes, 1 << 16, 1 << 40)?,
         flush_every_ms: raw.int(K::persistence__flushEveryMs, 0, 3_600_000)?,
+        compact_after_idle_ms: raw.int(K::persistence__compactAfterIdleSeconds, 0, 86_400)? * 1000,
     })
 }
 

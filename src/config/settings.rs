@@ -152,6 +152,7 @@ settings! {
     persistence__maxDiskBytes = "268435456" : "bound on the event store: persisted publishes get 507 + Retry-After when the event log's segments plus the dead-letter files plus the new events would exceed it (each event body counts once, however many subscriptions it goes to); bounds disk only: a persisted backlog stays on disk, memory holds a window of 2048 events per subscription";
     persistence__cacheBytes = "8388608" : "accepted and ignored: it sized sled's cache of the dead-letter database, and dead letters now live in their own log (the metadata database has a fixed 1 MiB cache)";
     persistence__flushEveryMs = "1000" : "period of sled's own background fsync (`sync_all`) of the metadata database, and of the sync of dead letters of non-persisted subscriptions; acknowledged events are already fsynced by the event log's group commit; 0 = off";
+    persistence__compactAfterIdleSeconds = "10" : "a segment of the event log in which at most a quarter of the events are still pending (a few slow or failing events pin it) is rewritten as a copy of those events once none of its events was settled for this long; a copy writes at most the bytes it frees (docs/DURABILITY.md); 0 = as soon as a segment qualifies";
 }
 
 #[cfg(test)]

@@ -282,6 +282,8 @@ pub struct Persistence {
     pub cache_bytes: u64,
     /// sled's background fsync period (0 = off).
     pub flush_every_ms: u64,
+    /// Idle time before a pinned segment of the event log is compacted.
+    pub compact_after_idle_ms: u64,
 }
 
 /// The identity IoT Edge gives the module through `IOTEDGE_*` variables; defaults outside IoT Edge.

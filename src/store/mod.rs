@@ -46,7 +46,7 @@ pub fn open(cfg: &crate::config::Persistence) -> Result<std::sync::Arc<dyn Store
                 cache_bytes: cfg.cache_bytes,
                 flush_every_ms: cfg.flush_every_ms,
                 segment_bytes: log::SEGMENT_BYTES,
-                compact_idle_ms: log::engine::COMPACT_IDLE_MS,
+                compact_idle_ms: cfg.compact_after_idle_ms,
             })?;
             tracing::info!(
                 metadata = %cfg.metadata_path.display(),

@@ -112,9 +112,9 @@ fn free_port() -> u16 {
 }
 
 /// The child process; killed (SIGKILL) when dropped, so a failing test leaves nothing behind.
-struct Proc {
-    child: Child,
-    base: String,
+pub(crate) struct Proc {
+    pub(crate) child: Child,
+    pub(crate) base: String,
 }
 
 impl Drop for Proc {
@@ -125,6 +125,22 @@ impl Drop for Proc {
 }
 
 async fn spawn_gridlet(dir: &Path, client: &reqwest::Client, cycle: usize) -> (Proc, Duration) {
+    let inflight = MAX_IN_FLIGHT.to_string();
+    let extra = [
+        ("broker__maxInFlightPerSubscription", inflight.as_str()),
+        ("broker__retrySchedule", "eventGridCloud"),
+    ];
+    spawn_with(dir, client, cycle, &extra).await
+}
+
+/// Start the real binary on `dir`'s `metadataDb` and `eventsDb` with `extra` settings; wait
+/// until it is ready. `cycle` names its log file (`gridlet-{cycle}.log`).
+pub(crate) async fn spawn_with(
+    dir: &Path,
+    client: &reqwest::Client,
+    cycle: usize,
+    extra: &[(&str, &str)],
+) -> (Proc, Duration) {
     let http = free_port();
     let https = free_port();
     let log = std::fs::File::create(dir.join(format!("gridlet-{cycle}.log"))).unwrap();
@@ -140,11 +156,7 @@ async fn spawn_gridlet(dir: &Path, client: &reqwest::Client, cycle: usize) -> (P
         ])
         .env("inbound__httpPort", http.to_string())
         .env("inbound__httpsPort", https.to_string())
-        .env(
-            "broker__maxInFlightPerSubscription",
-            MAX_IN_FLIGHT.to_string(),
-        )
-        .env("broker__retrySchedule", "eventGridCloud")
+        .envs(extra.iter().copied())
         .env("persistence__metadataPath", dir.join("metadataDb"))
         .env("persistence__eventsPath", dir.join("eventsDb"))
         .stdout(Stdio::null())

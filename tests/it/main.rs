@@ -5,6 +5,7 @@ mod azure;
 mod azure_eventgrid;
 mod bench_smoke;
 mod bus_peer;
+mod compaction;
 mod crash;
 mod delivery;
 mod docs;
