@@ -25,16 +25,7 @@ fn ev(seq: u64) -> StoredEvent {
 }
 
 fn real_opts(dir: &Path) -> LogOptions {
-    LogOptions {
-        dir: dir.join("log"),
-        segment_bytes: 64 << 10,
-        max_disk_bytes: 1 << 30,
-        tail_bytes: 0,
-        checkpoint_bytes: super::engine::CHECKPOINT_BYTES,
-        align: crate::store::fs::DIRECT_ALIGN,
-        allocate_step: super::engine::ALLOCATE_STEP,
-        compact_idle_ms: 0,
-    }
+    super::tests::real_opts(dir, 64 << 10)
 }
 
 const RETRY: RetryState = RetryState {
@@ -158,13 +149,8 @@ fn an_unfinished_copy_is_removed_at_start() {
 async fn the_store_compacts_pinned_segments_on_its_own_thread() {
     let dir = tempfile::tempdir().unwrap();
     let o = LogStoreOptions {
-        metadata_path: dir.path().join("m"),
-        events_path: dir.path().join("e"),
-        max_disk_bytes: 1 << 30,
-        cache_bytes: 4 << 20,
-        flush_every_ms: 1000,
-        segment_bytes: 64 << 10,
         compact_idle_ms: 0,
+        ..super::tests::opts(dir.path())
     };
     let pinned: Vec<u64> = (1..=600).filter(|s| s % 50 == 0).collect();
     let (q1, q2);

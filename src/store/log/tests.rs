@@ -9,7 +9,7 @@ use bytes::Bytes;
 use std::collections::HashSet;
 use std::path::Path;
 
-fn opts(dir: &Path) -> LogStoreOptions {
+pub(super) fn opts(dir: &Path) -> LogStoreOptions {
     LogStoreOptions {
         metadata_path: dir.join("m"),
         events_path: dir.join("e"),
@@ -331,7 +331,7 @@ async fn a_clean_stop_leaves_a_checkpoint_the_next_open_reads() {
 }
 
 /// Options of a log on a real directory with the store's direct, reserved writes.
-fn real_opts(dir: &Path, segment_bytes: u64) -> LogOptions {
+pub(super) fn real_opts(dir: &Path, segment_bytes: u64) -> LogOptions {
     LogOptions {
         dir: dir.join("log"),
         segment_bytes,
