@@ -77,8 +77,9 @@ fn opts(seed: u64) -> LogOptions {
         // (the store's direct writes), with files reserved ahead or not.
         align: [1, 512, 4096][(seed / 3 % 3) as usize],
         allocate_step: [1, 4096, 12 << 10][(seed / 9 % 3) as usize],
-        // Compactions are forced by the workload (`compact`).
-        compact_idle_ms: u64::MAX,
+        // Segments qualify as soon as a quarter of their events are pending (`compact` also
+        // forces them whatever they hold).
+        compact_idle_ms: 0,
     }
 }
 
@@ -218,8 +219,8 @@ fn step(
     Ok(())
 }
 
-/// Compact a closed segment with events pending, whatever it holds, in two steps as the store
-/// does: plan it (restating the older segments) and commit; then, some operations later (more
+/// Compact a closed segment with events pending, whatever it holds, or the one the store would
+/// choose (the head included), in two steps as the store does: plan it (restating the older segments) and commit; then, some operations later (more
 /// publishes, settlements, commits, rolls, checkpoints), copy it and swap it in.
 fn compact(
     rng: &mut Rng,
@@ -232,10 +233,15 @@ fn compact(
         log.finish_compaction(j.run());
         return commit(log, m, now);
     }
-    let closed = log.closed_pending_segments();
-    if !closed.is_empty() {
-        let no = closed[rng.below(closed.len() as u64) as usize];
-        *job = log.plan_compaction(Some(no));
+    if rng.chance(1, 3) {
+        // The store's choice: the segment that frees most, the head too (closed first).
+        *job = log.plan_compaction(None);
+    } else {
+        let closed = log.closed_pending_segments();
+        if !closed.is_empty() {
+            let no = closed[rng.below(closed.len() as u64) as usize];
+            *job = log.plan_compaction(Some(no));
+        }
     }
     commit(log, m, now)
 }
