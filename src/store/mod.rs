@@ -65,7 +65,7 @@ pub fn open(cfg: &crate::config::Persistence) -> Result<std::sync::Arc<dyn Store
 pub type QueueId = u32;
 
 /// Retry state kept next to each persisted event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RetryState {
     /// Attempts made so far.
     pub attempts: u32,

@@ -83,6 +83,23 @@ async fn metric(client: &reqwest::Client, base: &str, name: &str) -> Option<u64>
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// Publish `events` (a JSON array); each must be accepted.
+async fn publish(client: &reqwest::Client, base: &str, events: &Value) {
+    let r = client
+        .post(format!("{base}/topics/t/events?{V}"))
+        .json(events)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+}
+
+/// An event only `live` takes, published to mark a point in its delivery order.
+fn barrier(id: &str) -> Value {
+    json!([{"id": id, "subject": "/other", "eventType": "t",
+        "eventTime": "2026-01-01T00:00:00Z", "dataVersion": "1.0", "data": {}}])
+}
+
 fn delivered(h: &Hook, path: &str) -> HashMap<String, u32> {
     h.seen
         .lock()
@@ -144,13 +161,7 @@ async fn pinned_segments_are_compacted_and_a_sigkill_meanwhile_loses_nothing() {
                        "data": {"pad": "x".repeat(900)}})
             })
             .collect();
-        let r = client
-            .post(format!("{}/topics/t/events?{V}", p.base))
-            .json(&events)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 200);
+        publish(&client, &p.base, &Value::Array(events)).await;
     }
     eventually_within(
         Duration::from_secs(60),
@@ -184,15 +195,7 @@ async fn pinned_segments_are_compacted_and_a_sigkill_meanwhile_loses_nothing() {
         },
     )
     .await;
-    let barrier = json!([{"id": "barrier", "subject": "/other", "eventType": "t",
-        "eventTime": "2026-01-01T00:00:00Z", "dataVersion": "1.0", "data": {}}]);
-    let r = client
-        .post(format!("{}/topics/t/events?{V}", p.base))
-        .json(&barrier)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
+    publish(&client, &p.base, &barrier("barrier")).await;
     // Compactions start as soon as `live` has passed a segment (`compactAfterIdleSeconds` 0);
     // kill once one is done, with others possibly under way.
     eventually_within(Duration::from_secs(60), "a compaction", || async {
@@ -224,7 +227,7 @@ async fn pinned_segments_are_compacted_and_a_sigkill_meanwhile_loses_nothing() {
     let count_live = || {
         delivered(&h, "live")
             .iter()
-            .filter(|(id, _)| *id != "barrier")
+            .filter(|(id, _)| !id.starts_with("barrier"))
             .map(|(_, n)| *n)
             .sum::<u32>()
     };
@@ -251,8 +254,18 @@ async fn pinned_segments_are_compacted_and_a_sigkill_meanwhile_loses_nothing() {
     let slow = delivered(&h, "slow");
     let stray: Vec<&String> = slow.keys().filter(|id| !pinned.contains(id)).collect();
     assert!(stray.is_empty(), "events slow never took: {stray:?}");
-    // A settlement made durable before the kill is never undone: live gets nothing again.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A settlement made durable before the kill is never undone: live gets nothing again. It
+    // takes events in sequence order, one at a time, so by the time a new event reaches it,
+    // any that had come back would have arrived first.
+    publish(&client, &p.base, &barrier("barrier-after")).await;
+    eventually_within(Duration::from_secs(60), "the second barrier", || async {
+        if delivered(&h, "live").contains_key("barrier-after") {
+            Ok(())
+        } else {
+            Err("not yet".into())
+        }
+    })
+    .await;
     assert_eq!(
         count_live(),
         live_before,

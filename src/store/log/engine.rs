@@ -272,11 +272,6 @@ impl Log {
         self.segs.iter().map(|s| s.file.disk_bytes()).sum()
     }
 
-    /// Bytes of frames between checkpoints ([`LogOptions::checkpoint_bytes`]).
-    pub fn checkpoint_every(&self) -> u64 {
-        self.opts.checkpoint_bytes
-    }
-
     /// Segment files.
     pub fn segments(&self) -> usize {
         self.segs.len()

@@ -118,7 +118,7 @@ fn tmp_path(dir: &Path, no: u64) -> PathBuf {
 }
 
 /// Whether `name` is a copy a compaction left unfinished.
-pub(super) fn is_leftover(name: &str) -> bool {
+fn is_leftover(name: &str) -> bool {
     name.strip_suffix(SUFFIX)
         .is_some_and(|n| format::parse_segment_name(n).is_some())
 }
@@ -141,67 +141,13 @@ impl Log {
             }
             self.compaction_checked_ms = now;
         }
-        let min_len = (self.opts.segment_bytes / 4).max(HEADER as u64 + 1);
-        // The head too, when nothing waits for it: it is closed first (a head pinned by a few
-        // events after a drain would otherwise hold its bytes until traffic fills it).
-        let upto = if only.is_none() && self.staged.is_empty() && self.pending_events.is_empty() {
-            head + 1
-        } else {
-            head
-        };
-        let pick = (0..upto)
-            .filter_map(|i| {
-                let s = self.segs.get(i)?;
-                if let Some(no) = only {
-                    return (s.hdr.no == no && s.pending() > 0).then_some((i, 0));
-                }
-                if s.pending() == 0
-                    || s.len < min_len
-                    || now.saturating_sub(s.settled_ms) < self.opts.compact_idle_ms
-                {
-                    return None;
-                }
-                let live = s.live_events();
-                let worth = live * 4 <= s.events && (s.skip_floor == 0 || live * 2 <= s.skip_floor);
-                // The most bytes back first (by event count).
-                worth.then(|| (i, s.len - s.len * live / s.events.max(1)))
-            })
-            .max_by_key(|(_, gain)| *gain)
-            .map(|(i, _)| i)?;
+        let pick = self.pick_for_compaction(only, head)?;
         if pick == head && self.roll(now).is_err() {
             return None;
         }
         let seg = self.segs.get(pick)?;
         let live = seg.live_seqs();
-        let mut grouped: HashMap<(QueueId, u32, u64, u64), Vec<u64>> = HashMap::new();
-        for (seq, queues) in &live {
-            for q in queues {
-                if let Some(st) = self.retries.get(&(*q, *seq)) {
-                    grouped
-                        .entry((*q, st.attempts, st.first_enqueued_ms, st.due_ms))
-                        .or_default()
-                        .push(*seq);
-                }
-            }
-        }
-        let mut retries: Vec<Record> = grouped
-            .into_iter()
-            .map(
-                |((queue, attempts, first_enqueued_ms, due_ms), seqs)| Record::Retry {
-                    queue,
-                    state: RetryState {
-                        attempts,
-                        first_enqueued_ms,
-                        due_ms,
-                    },
-                    seqs,
-                },
-            )
-            .collect();
-        retries.sort_unstable_by_key(|r| match r {
-            Record::Retry { queue, seqs, .. } => (*queue, seqs.first().copied()),
-            _ => (0, None),
-        });
+        let retries = self.retry_records(&live);
         // Forced: copied whatever it costs.
         let max_copy = if only.is_some() {
             u64::MAX
@@ -228,6 +174,61 @@ impl Log {
             reserve: max_copy.min(seg.len),
         });
         Some(job)
+    }
+
+    /// Position of the segment to compact: `only`'s if it owes anything, else the one that frees
+    /// the most among those worth it (see the module docs); the head (`head`) only when nothing
+    /// is staged for it.
+    fn pick_for_compaction(&self, only: Option<u64>, head: usize) -> Option<usize> {
+        if let Some(no) = only {
+            return self
+                .segs
+                .iter()
+                .take(head)
+                .position(|s| s.hdr.no == no && s.pending() > 0);
+        }
+        let min_len = (self.opts.segment_bytes / 4).max(HEADER as u64 + 1);
+        // A head pinned by a few events after a drain would otherwise hold its bytes until
+        // traffic fills it.
+        let head_too = self.staged.is_empty() && self.pending_events.is_empty();
+        let upto = if head_too { head + 1 } else { head };
+        self.segs
+            .iter()
+            .take(upto)
+            .enumerate()
+            .filter(|(_, s)| {
+                s.pending() > 0
+                    && s.len >= min_len
+                    && self.now_ms.saturating_sub(s.settled_ms) >= self.opts.compact_idle_ms
+            })
+            .filter_map(|(i, s)| {
+                let live = s.live_events();
+                let worth = live * 4 <= s.events && (s.skip_floor == 0 || live * 2 <= s.skip_floor);
+                // By event count: the most bytes back.
+                worth.then(|| (i, s.len - s.len * live / s.events.max(1)))
+            })
+            .max_by_key(|(_, gain)| *gain)
+            .map(|(i, _)| i)
+    }
+
+    /// The retry states of the pending events `live`, as records for the copy (one per queue
+    /// and state).
+    fn retry_records(&self, live: &BTreeMap<u64, Vec<QueueId>>) -> Vec<Record> {
+        let mut grouped: HashMap<(QueueId, RetryState), Vec<u64>> = HashMap::new();
+        for (seq, queues) in live {
+            for q in queues {
+                if let Some(st) = self.retries.get(&(*q, *seq)) {
+                    grouped.entry((*q, *st)).or_default().push(*seq);
+                }
+            }
+        }
+        // In a fixed order: by queue, then first event (each list is in sequence order).
+        let mut grouped: Vec<_> = grouped.into_iter().collect();
+        grouped.sort_unstable_by_key(|((q, _), seqs)| (*q, seqs.first().copied()));
+        grouped
+            .into_iter()
+            .map(|((queue, state), seqs)| Record::Retry { queue, state, seqs })
+            .collect()
     }
 
     /// Put what [`Compaction::run`] did in place (see the module docs).
