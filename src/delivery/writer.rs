@@ -1,6 +1,14 @@
 //! The store writer: the store writes that follow a delivery attempt run on one dedicated
 //! thread, `gridlet-settle`, in the order they were submitted, so no async worker ever waits
-//! on the disk or on sled's internal locks.
+//! on the disk.
+//!
+//! The shortcut: a job of removals and retry states only, submitted while no job waits or
+//! runs, is done in place, on the caller's thread, when the store only stages those in memory
+//! ([`Store::stages_settlements`]: the event log and the memory store). Nothing is reordered by
+//! it: a job runs in place only when every job submitted before it has run, and what it writes
+//! is done before `submit` returns. (A job submitted by another task at the same moment is about
+//! other events: one event has one attempt in flight per subscription.) It saves a thread hop
+//! per delivery: in `gridlet-bench` (d) a fifth of gridlet's CPU per event.
 //!
 //! What it writes is data, not code: a [`Write`] says what happens (remove delivered events,
 //! record a retry's state, keep dead letters and then remove their events), decided by
@@ -81,6 +89,13 @@ pub enum Write {
         /// Their events' sequence numbers in the store (empty: not persisted).
         seqs: Vec<u64>,
     },
+}
+
+impl Write {
+    /// Staged by the store in memory (no disk wait): a removal or a retry state.
+    fn is_staged(&self) -> bool {
+        matches!(self, Write::Remove { .. } | Write::RetryState { .. })
+    }
 }
 
 /// What the writer thread is handed: one subscription's writes, run in order.
@@ -195,12 +210,29 @@ impl StoreWriter {
         })
     }
 
-    /// Queue `owner`'s `writes` (run in order) behind every write submitted before them.
-    /// Waits for room when [`QUEUE_BOUND`] jobs are waiting; if the thread is gone, writes here.
+    /// Queue `owner`'s `writes` (run in order) behind every write submitted before them, or
+    /// do them here when nothing is queued and the store only stages them (see the module
+    /// docs). Waits for room when [`QUEUE_BOUND`] jobs are waiting; if the thread is gone,
+    /// writes here.
     pub fn submit(&self, owner: Owner, writes: Vec<Write>) {
-        if !writes.is_empty() {
-            self.send(Job::Writes(owner, writes));
+        if writes.is_empty() {
+            return;
         }
+        if self.idle()
+            && self.targets.store.stages_settlements()
+            && writes.iter().all(Write::is_staged)
+        {
+            for w in writes {
+                write(&owner, w, &self.targets);
+            }
+            return;
+        }
+        self.send(Job::Writes(owner, writes));
+    }
+
+    /// Every job submitted so far has run.
+    fn idle(&self) -> bool {
+        *crate::sync::lock(&self.progress.done) == self.submitted.load(Ordering::SeqCst)
     }
 
     fn send(&self, job: Job) {
@@ -312,6 +344,67 @@ mod tests {
         }
         w.wait_for(w.mark());
         assert_eq!(*crate::sync::lock(&seen), (0..1000).collect::<Vec<_>>());
+    }
+
+    fn stored(seq: u64) -> StoredEvent {
+        StoredEvent {
+            seq,
+            id: format!("e{seq}"),
+            body: Bytes::from_static(b"{}"),
+            state: RetryState {
+                attempts: 0,
+                first_enqueued_ms: 1,
+                due_ms: 0,
+            },
+            trace: None,
+        }
+    }
+
+    fn pending(t: &Targets) -> Vec<u64> {
+        t.store.pending(1).unwrap().iter().map(|e| e.seq).collect()
+    }
+
+    #[test]
+    fn settlements_are_done_in_place_only_behind_nothing() {
+        let t = targets();
+        assert!(t.store.stages_settlements());
+        t.store
+            .append(&[(1, stored(1)), (1, stored(2)), (1, stored(3))])
+            .unwrap();
+        let w = StoreWriter::start(t.clone()).unwrap();
+        // Idle writer: the removal is done before `submit` returns.
+        w.submit(owner(1), vec![Write::Remove { seqs: vec![1] }]);
+        assert_eq!(pending(&t), [2, 3]);
+        // A job waits on the thread: the next removal queues behind it, in order.
+        let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        w.probe(move || {
+            let _ = gate_rx.recv();
+        });
+        w.submit(owner(1), vec![Write::Remove { seqs: vec![2] }]);
+        let (t2, s2) = (t.clone(), seen.clone());
+        w.probe(move || crate::sync::lock(&s2).push(pending(&t2)));
+        assert_eq!(
+            pending(&t),
+            [2, 3],
+            "queued behind the gate, not done in place"
+        );
+        gate_tx.send(()).unwrap();
+        w.wait_for(w.mark());
+        assert_eq!(*crate::sync::lock(&seen), [vec![3]]);
+        // A job with a letter in it always goes to the thread (the letters' sync).
+        w.submit(
+            owner(1),
+            vec![
+                Write::Remove { seqs: vec![] },
+                Write::KeepLetters {
+                    letters: vec![],
+                    seqs: vec![3],
+                },
+            ],
+        );
+        w.wait_for(w.mark());
+        assert!(pending(&t).is_empty());
     }
 
     #[test]

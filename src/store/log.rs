@@ -365,6 +365,10 @@ impl Store for LogStore {
         Ok(())
     }
 
+    fn stages_settlements(&self) -> bool {
+        true
+    }
+
     fn remove_dropped(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
         // The letters first, durably: see the module docs.
         self.letters.sync()?;

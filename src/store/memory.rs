@@ -135,6 +135,10 @@ impl Store for MemoryStore {
         }
         Ok(())
     }
+
+    fn stages_settlements(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

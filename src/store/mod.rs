@@ -379,6 +379,12 @@ pub trait Store: Send + Sync + 'static {
     /// Write failure.
     fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError>;
 
+    /// Whether [`Store::update`] and [`Store::remove`] only stage in memory (they never wait
+    /// on the disk), so the delivery path may call them on an async worker.
+    fn stages_settlements(&self) -> bool {
+        false
+    }
+
     /// Remove events that were just dead-lettered (or dropped). Unlike [`Store::remove`], the
     /// removal must not become durable before the dead letters written just before it: after a
     /// crash each event is pending, a dead letter, or both, never neither. The default is
