@@ -51,7 +51,8 @@ use crate::store::deadletter::DeadLetterStore;
 use crate::store::fs::{Fs, RealFs};
 use crate::store::sled::SledMeta;
 use crate::store::{
-    Commit, CommitCounters, QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent,
+    Commit, CommitCounters, QueueId, RetryState, Settlement, Snapshot, Store, StoreError,
+    StoredEvent,
 };
 use committer::{checkpoint, committer, compactor, Shared, Waiter, Waiting};
 use engine::{Log, LogOptions, Recovered};
@@ -365,7 +366,20 @@ impl Store for LogStore {
         Ok(())
     }
 
-    fn stages_settlements(&self) -> bool {
+    fn try_settle(&self, queue: QueueId, settlements: &[Settlement<'_>]) -> bool {
+        // Staging is memory only; the lock is the one wait there could be (a frame being taken,
+        // a checkpoint's snapshot, a read being planned): then the store writer does it.
+        let Ok(mut log) = self.shared.log.try_lock() else {
+            return false;
+        };
+        for s in settlements {
+            match *s {
+                Settlement::Remove(seqs) => log.stage_settle(queue, seqs),
+                Settlement::Retry(seqs, state) => log.stage_retry(queue, seqs, state),
+            }
+        }
+        drop(log);
+        self.nudge();
         true
     }
 

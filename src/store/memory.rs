@@ -1,6 +1,6 @@
 //! The in-memory store: metadata and events in maps, lost on restart (the original's behaviour).
 
-use super::{QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent};
+use super::{QueueId, RetryState, Settlement, Snapshot, Store, StoreError, StoredEvent};
 use crate::model::record::{SubscriptionRecord, TopicRecord};
 use futures_util::future::BoxFuture;
 use std::collections::BTreeMap;
@@ -136,7 +136,14 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    fn stages_settlements(&self) -> bool {
+    fn try_settle(&self, queue: QueueId, settlements: &[Settlement<'_>]) -> bool {
+        for s in settlements {
+            // Map operations only: never a wait worth a thread hop.
+            let _ = match *s {
+                Settlement::Remove(seqs) => self.remove(queue, seqs),
+                Settlement::Retry(seqs, state) => self.update(queue, seqs, state),
+            };
+        }
         true
     }
 }

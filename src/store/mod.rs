@@ -103,6 +103,15 @@ pub struct FreshRun {
     pub first_enqueued_ms: WallMs,
 }
 
+/// A settlement [`Store::try_settle`] may do at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement<'a> {
+    /// [`Store::remove`] these events.
+    Remove(&'a [u64]),
+    /// [`Store::update`] these events to this state.
+    Retry(&'a [u64], RetryState),
+}
+
 /// A queue's pending events for recovery ([`Store::pending_runs`]), in sequence order within
 /// each list.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -379,9 +388,11 @@ pub trait Store: Send + Sync + 'static {
     /// Write failure.
     fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError>;
 
-    /// Whether [`Store::update`] and [`Store::remove`] only stage in memory (they never wait
-    /// on the disk), so the delivery path may call them on an async worker.
-    fn stages_settlements(&self) -> bool {
+    /// Do `settlements` of `queue` ([`Store::update`], [`Store::remove`]) in order, at once,
+    /// if that waits neither on the disk nor on a lock held elsewhere; `false`: nothing was
+    /// done, and the caller hands them to the store writer. Lets an async worker settle a
+    /// delivery without a thread hop when the store only stages settlements in memory.
+    fn try_settle(&self, _queue: QueueId, _settlements: &[Settlement<'_>]) -> bool {
         false
     }
 

@@ -56,6 +56,10 @@ impl Bench {
             lat: None,
             peak_rss: drained.after.hwm.max(queued.at.hwm),
             cpu_s: drained.after.cpu_s - drained.before.cpu_s,
+            switches: drained
+                .after
+                .switches
+                .saturating_sub(drained.before.switches),
             disk_per_event: Some(queued.disk as f64 / n as f64),
             accepted: n,
             delivered: drained.delivered,

@@ -301,6 +301,9 @@ pub struct Footprint {
     pub hwm: u64,
     /// User + system CPU seconds so far.
     pub cpu_s: f64,
+    /// Context switches of all its threads so far (voluntary and not): how often a thread
+    /// slept and was woken, which costs CPU the closed loop's rate hides.
+    pub switches: u64,
 }
 
 impl Footprint {
@@ -327,8 +330,27 @@ impl Footprint {
             rss: kb("VmRSS:"),
             hwm: kb("VmHWM:"),
             cpu_s: cpu_ticks as f64 / clock_ticks() as f64,
+            switches: switches(pid),
         }
     }
+}
+
+/// Context switches of every thread of `pid` (0 where unreadable).
+fn switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
 
 fn clock_ticks() -> u64 {

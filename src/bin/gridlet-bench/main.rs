@@ -116,6 +116,8 @@ struct Row {
     lat: Option<(u32, u32, u32)>,
     peak_rss: u64,
     cpu_s: f64,
+    /// gridlet's context switches during the run.
+    switches: u64,
     disk_per_event: Option<f64>,
     accepted: u64,
     delivered: u64,

@@ -35,6 +35,10 @@ impl Bench {
                 r.cpu_s,
                 per_event_us(r.cpu_s, r.delivered)
             );
+            println!(
+                "  gridlet wakeups       {:.2} context switches per delivered event",
+                r.switches as f64 / r.delivered.max(1) as f64
+            );
         }
         if r.bench_cpu_s > 0.0 {
             println!(

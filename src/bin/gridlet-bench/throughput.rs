@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// The paced row of (d): about half of what the closed loop reaches on a 2-vCPU machine.
+const D_PACED_EPS: u64 = 4000;
+
 impl Bench {
     /// The raw single-hop limit: publisher → receiver, no broker.
     pub(super) async fn raw(&mut self) -> Result<(), String> {
@@ -193,6 +196,17 @@ impl Bench {
             "as (a), broker__defaultIsPersisted=true (200 only after the store commit)",
         );
         self.rows.push(r);
+        // CPU per durable event and latency at a fixed rate: unlike the closed loop's, they do
+        // not move with how fast the machine happens to be in that minute.
+        let mut paced = self.load(1, &path);
+        paced.rate = Some(D_PACED_EPS);
+        paced.duration = self.opts.paced;
+        let mut p = self
+            .measure("d: paced 4,000 ev/s", &rx, g.addr, &paced, 1, Some(&g))
+            .await;
+        p.note = "open loop, 8 connections".into();
+        self.print_row(&p, "as (d), at a paced 4,000 events/s");
+        self.rows.push(p);
         Ok(())
     }
 
@@ -325,6 +339,7 @@ impl Bench {
             lat,
             peak_rss: fp1.hwm,
             cpu_s: fp1.cpu_s - fp0.cpu_s,
+            switches: fp1.switches.saturating_sub(fp0.switches),
             disk_per_event: (g.is_some() && queued_at_end >= 1000)
                 .then(|| disk as f64 / queued_at_end as f64),
             accepted: p.accepted,

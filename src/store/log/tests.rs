@@ -141,6 +141,40 @@ async fn pending_events_retry_states_and_deletions_survive_a_restart() {
     assert_eq!(got[1].as_ref().map(|e| e.state.attempts), Some(3));
 }
 
+/// `try_settle` stages at once while the log's lock is free, does nothing while it is held
+/// (the store writer then does it), and what it staged survives a restart like `remove`.
+#[tokio::test]
+async fn settlements_are_staged_in_place_only_when_the_lock_is_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = RetryState {
+        attempts: 2,
+        first_enqueued_ms: 1002,
+        due_ms: 77_000,
+    };
+    {
+        let s = LogStore::open(&opts(dir.path())).unwrap();
+        s.put_topic("t", &topic("t")).unwrap();
+        let q = s.next_queue_id().unwrap();
+        s.put_subscription(q, &sub("a")).unwrap();
+        let items = (1..=4u64).map(|seq| (q, ev(seq, 100))).collect();
+        s.submit(items).unwrap().wait().await.unwrap();
+        {
+            let _held = s.shared.log();
+            assert!(!s.try_settle(q, &[Settlement::Remove(&[1])]));
+        }
+        assert!(s.try_settle(
+            q,
+            &[Settlement::Remove(&[2, 3]), Settlement::Retry(&[4], st)]
+        ));
+        s.commit().await.unwrap();
+    }
+    let s = LogStore::open(&opts(dir.path())).unwrap();
+    let q = s.load().unwrap().subscriptions[0].0;
+    let idx = s.pending_index(q).unwrap();
+    assert_eq!(idx.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(), [1, 4]);
+    assert_eq!((idx[1].1.attempts, idx[1].1.due_ms), (2, 77_000));
+}
+
 #[tokio::test]
 async fn the_disk_bound_refuses_a_publish_whole() {
     let dir = tempfile::tempdir().unwrap();
