@@ -207,13 +207,14 @@ impl Bench {
         let drain_s = (last_us.saturating_sub(t0_us)) as f64 / 1e6;
         let events_per_s = delivered as f64 / drain_s.max(1e-9);
         println!(
-            "  drain: {delivered} events in {:.2} s = {:.0} ev/s ({:.2} × raw); RSS after drain {}, peak {}; CPU {:.2} s",
+            "  drain: {delivered} events in {:.2} s = {:.0} ev/s ({:.2} × raw); RSS after drain {}, peak {}; CPU {:.2} s; {:.3} context switches per event",
             drain_s,
             events_per_s,
             events_per_s / self.raw1,
             mb(after.rss),
             mb(after.hwm),
-            after.cpu_s - before.cpu_s
+            after.cpu_s - before.cpu_s,
+            after.switches.saturating_sub(before.switches) as f64 / delivered.max(1) as f64
         );
         if let Some(c) = metric(g, "gridlet_store_compactions_total").await {
             println!("  segments compacted during the run: {c}");
