@@ -126,6 +126,9 @@ pub struct Log {
     /// The most recently written events, in sequence order, `opts.tail_bytes` of bodies at most.
     tail: std::collections::VecDeque<Cached>,
     tail_bytes: usize,
+    /// Frames read lately, decoded ([`read::FrameCache`]), shared with reads run outside the
+    /// lock.
+    frames: Arc<std::sync::Mutex<read::FrameCache>>,
     max_seq: u64,
     failed: Option<String>,
     /// Frames written and synced (the group-commit counter).

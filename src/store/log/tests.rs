@@ -443,3 +443,46 @@ fn zeros_after_a_closed_segments_frames_are_reserved_space_and_anything_else_is_
     let err = Log::open(fs, lo, &known, 8).err().unwrap().to_string();
     assert!(err.contains(&format::segment_name(1)), "{err}");
 }
+
+/// A drain reads a frame of hundreds of events 64 at a time (the refill's chunk): the frame is
+/// read and checked once, then answered from the frame cache (proved by damaging it on disk
+/// after the first chunk).
+#[test]
+fn a_frame_read_in_chunks_is_read_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let lo = real_opts(dir.path(), 16 << 20);
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    let (mut log, _) = Log::open(Arc::new(RealFs), lo.clone(), &known, 1).unwrap();
+    let items: Vec<(QueueId, StoredEvent)> = (1..=500).map(|seq| (1, ev(seq, 200))).collect();
+    log.stage_events(&items, 0).unwrap();
+    log.commit(1).unwrap();
+    let seqs: Vec<u64> = (1..=500).collect();
+    for (i, chunk) in seqs.chunks(64).enumerate() {
+        let got = log.plan_get(1, chunk).run().unwrap();
+        for (seq, e) in chunk.iter().zip(&got) {
+            let e = e.as_ref().unwrap();
+            assert_eq!(
+                (e.seq, e.id.as_str(), e.body.len()),
+                (*seq, &*format!("e{seq}"), 200)
+            );
+            assert_eq!(e.state.first_enqueued_ms, 1000 + seq);
+        }
+        if i == 0 {
+            assert!(log.frame_cache_bytes() > 100_000, "the frame is kept");
+            let seg = std::fs::read_dir(&lo.dir)
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| p.extension().is_some_and(|x| x == "seg"))
+                .unwrap();
+            let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+            std::os::unix::fs::FileExt::write_all_at(&f, &[0xAB; 4096], 8192).unwrap();
+        }
+    }
+    // The damage is real: a log opened afresh, with no cache, refuses the frame or cuts it.
+    drop(log);
+    if let Ok((log, _)) = Log::open(Arc::new(RealFs), lo, &known, 1) {
+        let got = log.plan_get(1, &[400]).run();
+        assert!(got.map_or(true, |g| g[0].is_none()));
+    }
+}

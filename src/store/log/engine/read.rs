@@ -7,8 +7,62 @@ use super::{Cached, Log};
 use crate::store::fs::FsFile;
 use crate::store::{QueueId, RetryState, StoreError, StoredEvent};
 use bytes::Bytes;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+/// Bytes of frames [`FrameCache`] keeps at most (a frame's payload plus [`ENTRY_OVERHEAD`] per
+/// event); a frame over half of it is not kept.
+pub const FRAME_CACHE_BYTES: usize = 4 << 20;
+/// What a kept event costs besides its frame's bytes (its id, record and map entry).
+const ENTRY_OVERHEAD: usize = 96;
+
+/// Frames read lately, checked and decoded (their events only). A drain asks for its events a
+/// chunk at a time (the refill's 64), and a frame of batched publishes holds hundreds: without
+/// this every chunk read, checked and decoded its frame again. A frame is kept only when it holds
+/// events after the last one asked for (the next chunk's); oldest out first. Frames never change
+/// once written, and a compacted segment has a new salt, so `(salt, offset)` names one.
+#[derive(Default)]
+pub struct FrameCache {
+    frames: HashMap<(u64, u64), Arc<Decoded>>,
+    order: VecDeque<(u64, u64)>,
+    bytes: usize,
+}
+
+/// A frame's events, decoded, and where the next frame starts.
+pub struct Decoded {
+    events: Vec<Record>,
+    next: u64,
+    bytes: usize,
+}
+
+impl FrameCache {
+    fn get(&self, salt: u64, offset: u64) -> Option<Arc<Decoded>> {
+        self.frames.get(&(salt, offset)).cloned()
+    }
+
+    fn put(&mut self, salt: u64, offset: u64, frame: Arc<Decoded>) {
+        if frame.bytes > FRAME_CACHE_BYTES / 2 || self.frames.contains_key(&(salt, offset)) {
+            return;
+        }
+        while self.bytes + frame.bytes > FRAME_CACHE_BYTES {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(f) = self.frames.remove(&old) {
+                self.bytes -= f.bytes;
+            }
+        }
+        self.bytes += frame.bytes;
+        self.order.push_back((salt, offset));
+        self.frames.insert((salt, offset), frame);
+    }
+
+    /// Bytes kept (tests).
+    #[cfg(test)]
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
 
 /// A point read prepared under the lock: frames of one file from an offset.
 struct ReadPlan {
@@ -95,7 +149,14 @@ impl Log {
             cached,
             states,
             n: seqs.len(),
+            frames: self.frames.clone(),
         }
+    }
+
+    /// Bytes the frame cache holds (tests).
+    #[cfg(test)]
+    pub fn frame_cache_bytes(&self) -> usize {
+        crate::sync::lock(&self.frames).bytes()
     }
 
     /// A recently written event, if the tail still holds it.
@@ -145,6 +206,7 @@ pub struct Reads {
     /// Retry states of the wanted events that have one.
     states: HashMap<u64, RetryState>,
     n: usize,
+    frames: Arc<Mutex<FrameCache>>,
 }
 
 impl Reads {
@@ -181,13 +243,11 @@ impl Reads {
         let last = p.want.iter().map(|(_, s)| *s).max().unwrap_or(0);
         let mut offset = p.from;
         while !want.is_empty() {
-            let frame = read_frame(&*p.file, p.salt, offset, p.end)
-                .map_err(|e| StoreError::Io(e.to_string()))?;
-            let Some((payload, next)) = frame else { break };
-            let records = format::decode_records(&payload)
-                .ok_or_else(|| StoreError::Corrupt(format!("unreadable records at {offset}")))?;
+            let Some(frame) = self.frame(p, offset, last)? else {
+                break;
+            };
             let mut past = false;
-            for r in records {
+            for r in &frame.events {
                 if let Record::Event {
                     seq,
                     first_ms,
@@ -197,20 +257,20 @@ impl Reads {
                     ..
                 } = r
                 {
-                    past |= seq > last;
-                    if let Some(pos) = want.remove(&seq) {
-                        let state = self.states.get(&seq).copied().unwrap_or(RetryState {
+                    past |= *seq > last;
+                    if let Some(pos) = want.remove(seq) {
+                        let state = self.states.get(seq).copied().unwrap_or(RetryState {
                             attempts: 0,
-                            first_enqueued_ms: first_ms,
+                            first_enqueued_ms: *first_ms,
                             due_ms: 0,
                         });
                         if let Some(slot) = out.get_mut(pos) {
                             *slot = Some(StoredEvent {
-                                seq,
-                                id,
-                                body,
+                                seq: *seq,
+                                id: id.clone(),
+                                body: body.clone(),
                                 state,
-                                trace,
+                                trace: trace.clone(),
                             });
                         }
                     }
@@ -219,8 +279,72 @@ impl Reads {
             if past {
                 break;
             }
-            offset = next;
+            offset = frame.next;
         }
         Ok(())
+    }
+
+    /// The frame at `offset` of `p`'s file, decoded: from the cache, or read, checked and kept
+    /// there when it holds events after `last`. `None` past the valid frames.
+    fn frame(
+        &self,
+        p: &ReadPlan,
+        offset: u64,
+        last: u64,
+    ) -> Result<Option<Arc<Decoded>>, StoreError> {
+        if let Some(f) = crate::sync::lock(&self.frames).get(p.salt, offset) {
+            return Ok(Some(f));
+        }
+        let frame = read_frame(&*p.file, p.salt, offset, p.end)
+            .map_err(|e| StoreError::Io(e.to_string()))?;
+        let Some((payload, next)) = frame else {
+            return Ok(None);
+        };
+        let events: Vec<Record> = format::decode_records(&payload)
+            .ok_or_else(|| StoreError::Corrupt(format!("unreadable records at {offset}")))?
+            .into_iter()
+            .filter(|r| matches!(r, Record::Event { .. }))
+            .collect();
+        let later = events
+            .last()
+            .is_some_and(|r| matches!(r, Record::Event { seq, .. } if *seq > last));
+        let frame = Arc::new(Decoded {
+            bytes: payload.len() + events.len() * ENTRY_OVERHEAD,
+            events,
+            next,
+        });
+        if later {
+            crate::sync::lock(&self.frames).put(p.salt, offset, frame.clone());
+        }
+        Ok(Some(frame))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(bytes: usize) -> Arc<Decoded> {
+        Arc::new(Decoded {
+            events: Vec::new(),
+            next: 0,
+            bytes,
+        })
+    }
+
+    #[test]
+    fn the_frame_cache_keeps_its_bound_oldest_out_first() {
+        let mut c = FrameCache::default();
+        c.put(1, 0, frame(FRAME_CACHE_BYTES / 2 + 1));
+        assert_eq!(c.bytes(), 0, "a frame over half the bound is not kept");
+        for i in 0..10u64 {
+            c.put(1, i, frame(FRAME_CACHE_BYTES / 4));
+            assert!(c.bytes() <= FRAME_CACHE_BYTES);
+        }
+        assert_eq!(c.bytes(), FRAME_CACHE_BYTES);
+        assert!(c.get(1, 5).is_none() && c.get(1, 6).is_some() && c.get(1, 9).is_some());
+        assert!(c.get(2, 9).is_none(), "another salt is another segment");
+        c.put(1, 9, frame(1));
+        assert_eq!(c.bytes(), FRAME_CACHE_BYTES, "kept once");
     }
 }

@@ -81,6 +81,7 @@ impl Log {
             pending_events: Vec::new(),
             tail: std::collections::VecDeque::new(),
             tail_bytes: 0,
+            frames: Arc::default(),
             max_seq: 0,
             failed: None,
             syncs: 0,
