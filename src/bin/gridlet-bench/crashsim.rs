@@ -17,6 +17,7 @@ pub fn run(first: u64, seeds: u64) -> Result<(), String> {
     let mut published = 0u64;
     let mut steps = 0u64;
     let mut compactions = 0u64;
+    let mut read = 0u64;
     for seed in first..first + seeds {
         let o = gridlet::store::log::sim::run_seed(seed, OPS).map_err(|e| {
             format!("crashsim: {e}\n  reproduce: gridlet::store::log::sim::run_seed({seed}, {OPS})")
@@ -26,11 +27,12 @@ pub fn run(first: u64, seeds: u64) -> Result<(), String> {
         published += o.published;
         steps += o.steps;
         compactions += o.compactions;
+        read += o.read;
     }
     let secs = t.elapsed().as_secs_f64();
     println!("\n== crashsim: the event log under simulated power cuts");
     println!(
-        "  seeds {first}..{}: {cuts} power cuts survived, {published} events published, {checked} acknowledged events found after cuts, {compactions} segments compacted, {steps} disk operations; {:.1} s ({:.0} seeds/s)",
+        "  seeds {first}..{}: {cuts} power cuts survived, {published} events published, {checked} acknowledged events found after cuts, {compactions} segments compacted, {read} events read back while running, {steps} disk operations; {:.1} s ({:.0} seeds/s)",
         first + seeds,
         secs,
         seeds as f64 / secs.max(1e-9)

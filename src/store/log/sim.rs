@@ -37,6 +37,8 @@ pub struct Outcome {
     pub steps: u64,
     /// Segments replaced by a compacted copy.
     pub compactions: u64,
+    /// Events read back while the log runs (chunks, as a drain reads them).
+    pub read: u64,
 }
 
 #[derive(Default)]
@@ -45,6 +47,8 @@ struct Model {
     published: HashMap<(QueueId, u64), Bytes>,
     /// Acknowledged and not settled since.
     owed: HashSet<(QueueId, u64)>,
+    /// A read that answered wrong while the log ran: the seed fails with it.
+    broken: Option<String>,
     /// Settled, not yet followed by a successful commit: may come back after a cut.
     settling: HashSet<(QueueId, u64)>,
     /// Settled, and a commit succeeded after: must never come back.
@@ -127,6 +131,9 @@ pub fn run_seed(seed: u64, ops: usize) -> Result<Outcome, String> {
             if step(&mut rng, &mut log, &mut model, now, &mut out, &mut job).is_err() {
                 break;
             }
+        }
+        if let Some(b) = model.broken.take() {
+            return Err(format!("seed {seed} round {round}: {b}"));
         }
         if !fs.crashed() {
             let _ = commit(&mut log, &mut model, now);
@@ -214,7 +221,41 @@ fn step(
             m.owed.retain(|(q, _)| *q != 3);
         }
         10 => compact(rng, log, m, now, job)?,
+        9 if !owed.is_empty() => read_back(rng, log, m, &owed, out)?,
         _ => commit(log, m, now)?,
+    }
+    Ok(())
+}
+
+/// Read owed events of one queue back in consecutive chunks, as a drain does (through the
+/// frame cache, across rolls, collections and compactions): each must read its body.
+fn read_back(
+    rng: &mut Rng,
+    log: &Log,
+    m: &mut Model,
+    owed: &[(QueueId, u64)],
+    out: &mut Outcome,
+) -> Result<(), ()> {
+    let (q, _) = owed[rng.below(owed.len() as u64) as usize];
+    let seqs: Vec<u64> = owed
+        .iter()
+        .filter(|(o, _)| *o == q)
+        .map(|(_, s)| *s)
+        .collect();
+    let start = rng.below(seqs.len() as u64) as usize;
+    let chunk = 1 + rng.below(64) as usize;
+    for part in seqs.get(start..).unwrap_or_default().chunks(chunk).take(3) {
+        // A read error is the disk failing (the cut); a wrong answer is a broken promise.
+        let got = log.plan_get(q, part).run().map_err(|_| ())?;
+        for (seq, e) in part.iter().zip(got) {
+            out.read += 1;
+            if e.map(|e| e.body) != m.published.get(&(q, *seq)).cloned() {
+                m.broken = Some(format!(
+                    "event {seq} of queue {q} read back wrong or not at all while running"
+                ));
+                return Err(());
+            }
+        }
     }
     Ok(())
 }

@@ -285,6 +285,7 @@ fn power_cuts_never_lose_or_invent_events() {
                 total.checked += o.checked;
                 total.published += o.published;
                 total.compactions += o.compactions;
+                total.read += o.read;
             }
             Err(e) => panic!("{e} (reproduce: super::sim::run_seed({seed}, 40))"),
         }
@@ -298,6 +299,11 @@ fn power_cuts_never_lose_or_invent_events() {
         total.compactions > seeds / 2,
         "the seeds compacted segments: {}",
         total.compactions
+    );
+    assert!(
+        total.read > seeds * 10,
+        "the seeds read events back while running: {}",
+        total.read
     );
 }
 
