@@ -10,11 +10,11 @@ use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-/// Bytes of frames [`FrameCache`] keeps at most (a frame's payload plus [`ENTRY_OVERHEAD`] per
-/// event); a frame over half of it is not kept.
-pub const FRAME_CACHE_BYTES: usize = 4 << 20;
-/// What a kept event costs besides its frame's bytes (its id, record and map entry).
-const ENTRY_OVERHEAD: usize = 96;
+/// Bytes of frames [`FrameCache`] keeps at most (a frame's payload plus what each of its events
+/// costs besides: [`FrameEvent`] and its id); a frame over half of it is not kept.
+pub const FRAME_CACHE_BYTES: usize = 2 << 20;
+/// What the allocator spends on an id besides its bytes (rounding, header).
+const ID_OVERHEAD: usize = 16;
 
 /// Frames read lately, checked and decoded (their events only). A drain asks for its events a
 /// chunk at a time (the refill's 64), and a frame of batched publishes holds hundreds: without
@@ -30,9 +30,18 @@ pub struct FrameCache {
 
 /// A frame's events, decoded, and where the next frame starts.
 pub struct Decoded {
-    events: Vec<Record>,
+    events: Vec<FrameEvent>,
     next: u64,
     bytes: usize,
+}
+
+/// An event of a kept frame: what a read answers (its body a slice of the frame's payload).
+struct FrameEvent {
+    seq: u64,
+    first_ms: u64,
+    id: String,
+    body: Bytes,
+    trace: Option<Arc<crate::telemetry::TraceContext>>,
 }
 
 impl FrameCache {
@@ -247,32 +256,22 @@ impl Reads {
                 break;
             };
             let mut past = false;
-            for r in &frame.events {
-                if let Record::Event {
-                    seq,
-                    first_ms,
-                    id,
-                    body,
-                    trace,
-                    ..
-                } = r
-                {
-                    past |= *seq > last;
-                    if let Some(pos) = want.remove(seq) {
-                        let state = self.states.get(seq).copied().unwrap_or(RetryState {
-                            attempts: 0,
-                            first_enqueued_ms: *first_ms,
-                            due_ms: 0,
+            for e in &frame.events {
+                past |= e.seq > last;
+                if let Some(pos) = want.remove(&e.seq) {
+                    let state = self.states.get(&e.seq).copied().unwrap_or(RetryState {
+                        attempts: 0,
+                        first_enqueued_ms: e.first_ms,
+                        due_ms: 0,
+                    });
+                    if let Some(slot) = out.get_mut(pos) {
+                        *slot = Some(StoredEvent {
+                            seq: e.seq,
+                            id: e.id.clone(),
+                            body: e.body.clone(),
+                            state,
+                            trace: e.trace.clone(),
                         });
-                        if let Some(slot) = out.get_mut(pos) {
-                            *slot = Some(StoredEvent {
-                                seq: *seq,
-                                id: id.clone(),
-                                body: body.clone(),
-                                state,
-                                trace: trace.clone(),
-                            });
-                        }
                     }
                 }
             }
@@ -300,16 +299,36 @@ impl Reads {
         let Some((payload, next)) = frame else {
             return Ok(None);
         };
-        let events: Vec<Record> = format::decode_records(&payload)
+        let events: Vec<FrameEvent> = format::decode_records(&payload)
             .ok_or_else(|| StoreError::Corrupt(format!("unreadable records at {offset}")))?
             .into_iter()
-            .filter(|r| matches!(r, Record::Event { .. }))
+            .filter_map(|r| match r {
+                Record::Event {
+                    seq,
+                    first_ms,
+                    id,
+                    body,
+                    trace,
+                    ..
+                } => Some(FrameEvent {
+                    seq,
+                    first_ms,
+                    id,
+                    body,
+                    trace,
+                }),
+                _ => None,
+            })
             .collect();
-        let later = events
-            .last()
-            .is_some_and(|r| matches!(r, Record::Event { seq, .. } if *seq > last));
+        let later = events.last().is_some_and(|e| e.seq > last);
+        let bytes = payload.len()
+            + events.capacity() * std::mem::size_of::<FrameEvent>()
+            + events
+                .iter()
+                .map(|e| e.id.capacity() + ID_OVERHEAD)
+                .sum::<usize>();
         let frame = Arc::new(Decoded {
-            bytes: payload.len() + events.len() * ENTRY_OVERHEAD,
+            bytes,
             events,
             next,
         });
