@@ -83,7 +83,14 @@ impl Azurite {
             queue_port,
             blob_port,
             _dir: dir,
-            client: reqwest::Client::new(),
+            // Azurite (Node) closes an idle keep-alive connection after 5 s, and a request sent
+            // on one it is closing fails: the likely cause of one failed send of this client in
+            // the SIGKILL test (2026-11-26; the error text was not kept). Idle connections are
+            // dropped well before that.
+            client: reqwest::Client::builder()
+                .pool_idle_timeout(Duration::from_secs(2))
+                .build()
+                .expect("client"),
         };
         eventually_within(Duration::from_secs(20), "azurite to listen", || async {
             let q = tokio::net::TcpStream::connect(("127.0.0.1", queue_port)).await;
