@@ -20,13 +20,17 @@ const ID_OVERHEAD: usize = 16;
 /// chunk at a time (the refill's 64), and a frame of batched publishes holds hundreds: without
 /// this every chunk read, checked and decoded its frame again. A frame is kept only when it holds
 /// events after the last one asked for (the next chunk's); oldest out first. Frames never change
-/// once written, and a compacted segment has a new salt, so `(salt, offset)` names one.
+/// once written, and a compacted segment keeps its number with a new salt, so `(segment number,
+/// salt, offset)` names one.
 #[derive(Default)]
 pub struct FrameCache {
-    frames: HashMap<(u64, u64), Arc<Decoded>>,
-    order: VecDeque<(u64, u64)>,
+    frames: HashMap<FrameKey, Arc<Decoded>>,
+    order: VecDeque<FrameKey>,
     bytes: usize,
 }
+
+/// Segment number, salt, offset.
+type FrameKey = (u64, u64, u64);
 
 /// A frame's events, decoded, and where the next frame starts.
 pub struct Decoded {
@@ -45,12 +49,12 @@ struct FrameEvent {
 }
 
 impl FrameCache {
-    fn get(&self, salt: u64, offset: u64) -> Option<Arc<Decoded>> {
-        self.frames.get(&(salt, offset)).cloned()
+    fn get(&self, key: FrameKey) -> Option<Arc<Decoded>> {
+        self.frames.get(&key).cloned()
     }
 
-    fn put(&mut self, salt: u64, offset: u64, frame: Arc<Decoded>) {
-        if frame.bytes > FRAME_CACHE_BYTES / 2 || self.frames.contains_key(&(salt, offset)) {
+    fn put(&mut self, key: FrameKey, frame: Arc<Decoded>) {
+        if frame.bytes > FRAME_CACHE_BYTES / 2 || self.frames.contains_key(&key) {
             return;
         }
         while self.bytes + frame.bytes > FRAME_CACHE_BYTES {
@@ -62,8 +66,8 @@ impl FrameCache {
             }
         }
         self.bytes += frame.bytes;
-        self.order.push_back((salt, offset));
-        self.frames.insert((salt, offset), frame);
+        self.order.push_back(key);
+        self.frames.insert(key, frame);
     }
 
     /// Bytes kept (tests).
@@ -76,6 +80,7 @@ impl FrameCache {
 /// A point read prepared under the lock: frames of one file from an offset.
 struct ReadPlan {
     file: Arc<dyn FsFile>,
+    no: u64,
     salt: u64,
     from: u64,
     end: u64,
@@ -197,6 +202,7 @@ impl Log {
                 let seg = self.segs.get(i)?;
                 Some(ReadPlan {
                     file: seg.file.clone(),
+                    no: seg.hdr.no,
                     salt: seg.hdr.salt,
                     from,
                     end: seg.len,
@@ -291,7 +297,7 @@ impl Reads {
         offset: u64,
         last: u64,
     ) -> Result<Option<Arc<Decoded>>, StoreError> {
-        if let Some(f) = crate::sync::lock(&self.frames).get(p.salt, offset) {
+        if let Some(f) = crate::sync::lock(&self.frames).get((p.no, p.salt, offset)) {
             return Ok(Some(f));
         }
         let frame = read_frame(&*p.file, p.salt, offset, p.end)
@@ -333,7 +339,7 @@ impl Reads {
             next,
         });
         if later {
-            crate::sync::lock(&self.frames).put(p.salt, offset, frame.clone());
+            crate::sync::lock(&self.frames).put((p.no, p.salt, offset), frame.clone());
         }
         Ok(Some(frame))
     }
@@ -354,16 +360,23 @@ mod tests {
     #[test]
     fn the_frame_cache_keeps_its_bound_oldest_out_first() {
         let mut c = FrameCache::default();
-        c.put(1, 0, frame(FRAME_CACHE_BYTES / 2 + 1));
+        c.put((1, 1, 0), frame(FRAME_CACHE_BYTES / 2 + 1));
         assert_eq!(c.bytes(), 0, "a frame over half the bound is not kept");
         for i in 0..10u64 {
-            c.put(1, i, frame(FRAME_CACHE_BYTES / 4));
+            c.put((1, 1, i), frame(FRAME_CACHE_BYTES / 4));
             assert!(c.bytes() <= FRAME_CACHE_BYTES);
         }
         assert_eq!(c.bytes(), FRAME_CACHE_BYTES);
-        assert!(c.get(1, 5).is_none() && c.get(1, 6).is_some() && c.get(1, 9).is_some());
-        assert!(c.get(2, 9).is_none(), "another salt is another segment");
-        c.put(1, 9, frame(1));
+        assert!(c.get((1, 1, 5)).is_none() && c.get((1, 1, 6)).is_some());
+        assert!(
+            c.get((1, 2, 9)).is_none(),
+            "another salt is another file (a compacted copy)"
+        );
+        assert!(
+            c.get((2, 1, 9)).is_none(),
+            "another number is another segment"
+        );
+        c.put((1, 1, 9), frame(1));
         assert_eq!(c.bytes(), FRAME_CACHE_BYTES, "kept once");
     }
 }
