@@ -90,11 +90,7 @@ async fn hook() -> Hook {
     let app = axum::Router::new()
         .route("/hook", axum::routing::post(handle))
         .with_state((seen.clone(), failing.clone(), Arc::new(AtomicU64::new(0))));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(l, app).await;
-    });
+    let (addr, task) = crate::util::serve_http(app).await;
     Hook {
         addr,
         seen,

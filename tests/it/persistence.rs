@@ -523,11 +523,7 @@ impl Gated {
         let app = axum::Router::new()
             .route("/hook", axum::routing::post(h))
             .with_state((gate, seen.clone()));
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        tokio::spawn(async move {
-            let _ = axum::serve(l, app).await;
-        });
+        let (addr, _) = crate::util::serve_http(app).await;
         Self { addr, open, seen }
     }
 

@@ -139,11 +139,8 @@ async fn slow_receiver(
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/slow", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (addr, _) = crate::util::serve_http(app).await;
+    let url = format!("http://{addr}/slow");
     (url, rx, answered)
 }
 

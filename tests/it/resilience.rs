@@ -415,11 +415,7 @@ async fn flaky(mode: Mode) -> Flaky {
         }
     }
     let app = Router::new().route("/{*p}", post(handle)).with_state(mode);
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(l, app).await;
-    });
+    let (addr, task) = crate::util::serve_http(app).await;
     Flaky { addr, _task: task }
 }
 
@@ -1062,11 +1058,7 @@ async fn random_receiver(seed: u64) -> (std::net::SocketAddr, Arc<AtomicU64>) {
             }
         }),
     );
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(l, app).await;
-    });
+    let (addr, _) = crate::util::serve_http(app).await;
     (addr, acked)
 }
 

@@ -96,11 +96,7 @@ impl Receiver {
     /// Start a receiver answering 200.
     pub async fn start() -> Self {
         let (app, rx, status, count) = recording_app();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let (addr, task) = serve_http(app).await;
         Self {
             addr,
             rx,
@@ -340,6 +336,16 @@ pub async fn https_receiver() -> Receiver {
         count,
         _task: task,
     }
+}
+
+/// Serve `app` over plain HTTP on a free 127.0.0.1 port: its address and the serving task.
+pub async fn serve_http(app: Router) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, task)
 }
 
 /// Serve `app` over HTTPS (self-signed for `localhost`/`127.0.0.1`) on a free 127.0.0.1 port.

@@ -63,16 +63,8 @@ impl Bench {
         );
         self.rows.push(r);
         // Latency at a paced 1,000 events/s.
-        let mut paced = self.load(1, &path);
-        paced.rate = Some(1000);
-        paced.duration = self.opts.paced;
-        paced.conns = 4;
-        let mut p = self
-            .measure("a: paced 1,000 ev/s", &rx, g.addr, &paced, 1, Some(&g))
+        self.paced_row(&rx, &g, &path, "a: paced 1,000 ev/s", 1000, 4)
             .await;
-        p.note = "open loop, 4 connections".into();
-        self.print_row(&p, "latency at a paced 1,000 events/s");
-        self.rows.push(p);
         Ok(())
     }
 
@@ -198,16 +190,31 @@ impl Bench {
         self.rows.push(r);
         // CPU per durable event and latency at a fixed rate: unlike the closed loop's, they do
         // not move with how fast the machine happens to be in that minute.
-        let mut paced = self.load(1, &path);
-        paced.rate = Some(D_PACED_EPS);
-        paced.duration = self.opts.paced;
-        let mut p = self
-            .measure("d: paced 4,000 ev/s", &rx, g.addr, &paced, 1, Some(&g))
+        let conns = self.opts.conns;
+        self.paced_row(&rx, &g, &path, "d: paced 4,000 ev/s", D_PACED_EPS, conns)
             .await;
-        p.note = "open loop, 8 connections".into();
-        self.print_row(&p, "as (d), at a paced 4,000 events/s");
-        self.rows.push(p);
         Ok(())
+    }
+
+    /// A row of one-event publishes to `g` at a fixed `rate` (open loop) over `conns`
+    /// connections, for `--paced-seconds`.
+    async fn paced_row(
+        &mut self,
+        rx: &Receiver,
+        g: &Gridlet,
+        path: &str,
+        name: &str,
+        rate: u64,
+        conns: usize,
+    ) {
+        let mut paced = self.load(1, path);
+        paced.rate = Some(rate);
+        paced.duration = self.opts.paced;
+        paced.conns = conns;
+        let mut p = self.measure(name, rx, g.addr, &paced, 1, Some(g)).await;
+        p.note = format!("open loop, {conns} connections");
+        self.print_row(&p, &format!("at a paced {rate} events/s"));
+        self.rows.push(p);
     }
 
     pub(super) async fn footprint(&mut self) -> Result<(), String> {

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 /// Bytes of frames [`FrameCache`] keeps at most (a frame's payload plus what each of its events
-/// costs besides: [`FrameEvent`] and its id); a frame over half of it is not kept.
+/// costs besides: its [`Cached`] and its id); a frame over half of it is not kept.
 pub const FRAME_CACHE_BYTES: usize = 2 << 20;
 /// What the allocator spends on an id besides its bytes (rounding, header).
 const ID_OVERHEAD: usize = 16;
@@ -32,20 +32,12 @@ pub struct FrameCache {
 /// Segment number, salt, offset.
 type FrameKey = (u64, u64, u64);
 
-/// A frame's events, decoded, and where the next frame starts.
+/// A frame's events, decoded (each body a slice of the frame's payload), and where the next
+/// frame starts.
 pub struct Decoded {
-    events: Vec<FrameEvent>,
+    events: Vec<Cached>,
     next: u64,
     bytes: usize,
-}
-
-/// An event of a kept frame: what a read answers (its body a slice of the frame's payload).
-struct FrameEvent {
-    seq: u64,
-    first_ms: u64,
-    id: String,
-    body: Bytes,
-    trace: Option<Arc<crate::telemetry::TraceContext>>,
 }
 
 impl FrameCache {
@@ -232,19 +224,8 @@ impl Reads {
     pub fn run(self) -> Result<Vec<Option<StoredEvent>>, StoreError> {
         let mut out: Vec<Option<StoredEvent>> = vec![None; self.n];
         for (pos, c) in &self.cached {
-            let state = self.states.get(&c.seq).copied().unwrap_or(RetryState {
-                attempts: 0,
-                first_enqueued_ms: c.first_ms,
-                due_ms: 0,
-            });
             if let Some(slot) = out.get_mut(*pos) {
-                *slot = Some(StoredEvent {
-                    seq: c.seq,
-                    id: c.id.clone(),
-                    body: c.body.clone(),
-                    state,
-                    trace: c.trace.clone(),
-                });
+                *slot = Some(self.answer(c));
             }
         }
         for p in &self.plans {
@@ -264,21 +245,8 @@ impl Reads {
             let mut past = false;
             for e in &frame.events {
                 past |= e.seq > last;
-                if let Some(pos) = want.remove(&e.seq) {
-                    let state = self.states.get(&e.seq).copied().unwrap_or(RetryState {
-                        attempts: 0,
-                        first_enqueued_ms: e.first_ms,
-                        due_ms: 0,
-                    });
-                    if let Some(slot) = out.get_mut(pos) {
-                        *slot = Some(StoredEvent {
-                            seq: e.seq,
-                            id: e.id.clone(),
-                            body: e.body.clone(),
-                            state,
-                            trace: e.trace.clone(),
-                        });
-                    }
+                if let Some(slot) = want.remove(&e.seq).and_then(|pos| out.get_mut(pos)) {
+                    *slot = Some(self.answer(e));
                 }
             }
             if past {
@@ -287,6 +255,22 @@ impl Reads {
             offset = frame.next;
         }
         Ok(())
+    }
+
+    /// `c` as a read answers it: with its retry state, or a fresh one from its first enqueue.
+    fn answer(&self, c: &Cached) -> StoredEvent {
+        let state = self.states.get(&c.seq).copied().unwrap_or(RetryState {
+            attempts: 0,
+            first_enqueued_ms: c.first_ms,
+            due_ms: 0,
+        });
+        StoredEvent {
+            seq: c.seq,
+            id: c.id.clone(),
+            body: c.body.clone(),
+            state,
+            trace: c.trace.clone(),
+        }
     }
 
     /// The frame at `offset` of `p`'s file, decoded: from the cache, or read, checked and kept
@@ -305,7 +289,7 @@ impl Reads {
         let Some((payload, next)) = frame else {
             return Ok(None);
         };
-        let events: Vec<FrameEvent> = format::decode_records(&payload)
+        let events: Vec<Cached> = format::decode_records(&payload)
             .ok_or_else(|| StoreError::Corrupt(format!("unreadable records at {offset}")))?
             .into_iter()
             .filter_map(|r| match r {
@@ -316,7 +300,7 @@ impl Reads {
                     body,
                     trace,
                     ..
-                } => Some(FrameEvent {
+                } => Some(Cached {
                     seq,
                     first_ms,
                     id,
@@ -328,7 +312,7 @@ impl Reads {
             .collect();
         let later = events.last().is_some_and(|e| e.seq > last);
         let bytes = payload.len()
-            + events.capacity() * std::mem::size_of::<FrameEvent>()
+            + events.capacity() * std::mem::size_of::<Cached>()
             + events
                 .iter()
                 .map(|e| e.id.capacity() + ID_OVERHEAD)
