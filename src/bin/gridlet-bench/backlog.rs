@@ -61,6 +61,7 @@ impl Bench {
                 .switches
                 .saturating_sub(drained.before.switches),
             disk_per_event: Some(queued.disk as f64 / n as f64),
+            device_written: None,
             accepted: n,
             delivered: drained.delivered,
             log_lines: None,

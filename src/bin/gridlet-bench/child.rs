@@ -335,6 +335,20 @@ impl Footprint {
     }
 }
 
+/// Bytes written to the block device that holds `dir` so far (its sectors written × 512, from
+/// `/sys/dev/block/MAJ:MIN/stat`): every write the device saw, the file system's own metadata
+/// included, which `/proc/<pid>/io` does not count. `None` when `dir` is not on a block device.
+pub fn device_written(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(dir).ok()?.dev();
+    // glibc's encoding of a device number.
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let stat = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat")).ok()?;
+    let sectors: u64 = stat.split_whitespace().nth(6)?.parse().ok()?;
+    Some(sectors * 512)
+}
+
 /// Context switches of every thread of `pid` (0 where unreadable).
 fn switches(pid: u32) -> u64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {

@@ -18,6 +18,7 @@ pub fn run(first: u64, seeds: u64) -> Result<(), String> {
     let mut steps = 0u64;
     let mut compactions = 0u64;
     let mut read = 0u64;
+    let mut recycled = 0u64;
     for seed in first..first + seeds {
         let o = gridlet::store::log::sim::run_seed(seed, OPS).map_err(|e| {
             format!("crashsim: {e}\n  reproduce: gridlet::store::log::sim::run_seed({seed}, {OPS})")
@@ -28,11 +29,12 @@ pub fn run(first: u64, seeds: u64) -> Result<(), String> {
         steps += o.steps;
         compactions += o.compactions;
         read += o.read;
+        recycled += o.recycled;
     }
     let secs = t.elapsed().as_secs_f64();
     println!("\n== crashsim: the event log under simulated power cuts");
     println!(
-        "  seeds {first}..{}: {cuts} power cuts survived, {published} events published, {checked} acknowledged events found after cuts, {compactions} segments compacted, {read} events read back while running, {steps} disk operations; {:.1} s ({:.0} seeds/s)",
+        "  seeds {first}..{}: {cuts} power cuts survived, {published} events published, {checked} acknowledged events found after cuts, {compactions} segments compacted, {read} events read back while running, {recycled} heads started in recycled segments, {steps} disk operations; {:.1} s ({:.0} seeds/s)",
         first + seeds,
         secs,
         seeds as f64 / secs.max(1e-9)

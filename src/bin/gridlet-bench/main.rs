@@ -119,6 +119,9 @@ struct Row {
     /// gridlet's context switches during the run.
     switches: u64,
     disk_per_event: Option<f64>,
+    /// Bytes the data disk's device wrote during the run (metadata included; `None`: not a
+    /// block device).
+    device_written: Option<u64>,
     accepted: u64,
     delivered: u64,
     /// Lines gridlet logged during the run.

@@ -50,6 +50,13 @@ impl Bench {
         if let Some(d) = r.disk_per_event {
             println!("  disk per queued event {d:.0} bytes");
         }
+        // Only where something is made durable: elsewhere it is the machine's other writers.
+        if let Some(w) = r.device_written.filter(|w| *w >= 1 << 20) {
+            println!(
+                "  device writes         {:.0} bytes per delivered event (the data disk, file-system metadata included)",
+                w as f64 / r.delivered.max(1) as f64
+            );
+        }
         if let Some(n) = r.log_lines {
             println!("  gridlet log lines     {n} during the run (RUST_LOG=info)");
         }

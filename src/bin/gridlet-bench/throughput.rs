@@ -293,6 +293,7 @@ impl Bench {
         let fp0 = g.map(Gridlet::sample).unwrap_or_default();
         let log0 = g.map(Gridlet::log_lines);
         let self0 = Footprint::of(std::process::id());
+        let dev0 = child::device_written(&self.root);
         let t0_us = net::now_us(self.base);
         let p = net::publish(addr, load, self.base).await;
         let queued_at_end = (p.accepted * fanout).saturating_sub(rx.stats.events.load(Relaxed));
@@ -307,6 +308,9 @@ impl Bench {
         .await;
         let fp1 = g.map(Gridlet::sample).unwrap_or_default();
         let self1 = Footprint::of(std::process::id());
+        let device_written = dev0
+            .zip(child::device_written(&self.root))
+            .map(|(a, b)| b.saturating_sub(a));
         let span = last_us.saturating_sub(t0_us) as f64 / 1e6;
         let mut samples = rx.stats.take_samples();
         samples.sort_unstable();
@@ -349,6 +353,7 @@ impl Bench {
             switches: fp1.switches.saturating_sub(fp0.switches),
             disk_per_event: (g.is_some() && queued_at_end >= 1000)
                 .then(|| disk as f64 / queued_at_end as f64),
+            device_written,
             accepted: p.accepted,
             delivered,
             log_lines: g

@@ -26,7 +26,10 @@
 //! 5. **Space back.** A segment with nothing pending is deleted. The oldest one simply goes. A
 //!    younger one may hold settle and retry records about older segments still alive, so those
 //!    are first restated ([`Record::State`], synced) in the head; then the file is removed and
-//!    its directory synced. A segment pinned by a few events is replaced by a copy of them
+//!    its directory synced; one of them may instead be renamed to the spare
+//!    ([`format::SPARE`]), which the next roll renames to the new head's name before writing
+//!    its header (so frames overwrite written blocks: no reserved block converted, no inode
+//!    written, at each sync). A segment pinned by a few events is replaced by a copy of them
 //!    under the same number (`engine/compact.rs`): the older segments are restated first, and
 //!    nothing from it on is deleted while the copy is made.
 //! 6. **Fail-stop.** After a failed write or sync the log refuses every later write: what the
@@ -158,6 +161,10 @@ pub struct Log {
     /// A compaction replaced a segment since the last checkpoint: take one now, so that a
     /// restart does not find the checkpoint's record of the old file and read every segment.
     ck_asap: bool,
+    /// A segment file given back and kept to become the next head ([`format::SPARE`]).
+    spare: Option<Arc<dyn FsFile>>,
+    /// Heads started in a spare since open.
+    recycled: u64,
 }
 
 fn io_err(path: &Path, e: impl std::fmt::Display) -> StoreError {
@@ -244,7 +251,7 @@ impl Log {
         self.segs.iter().map(|s| s.len).sum()
     }
 
-    /// Bytes of every segment file (the head's with its blocks reserved ahead).
+    /// Bytes of every segment file (the head's with its blocks reserved ahead, and the spare).
     pub fn bytes(&self) -> u64 {
         let reserved = self
             .segs
@@ -254,6 +261,7 @@ impl Log {
             + self.staged.len() as u64
             + reserved
             + self.compaction_reserve()
+            + self.spare_bytes()
     }
 
     /// Bytes of segments the next collection deletes (see [`Log::stage_collection`]).
@@ -270,9 +278,19 @@ impl Log {
             .sum()
     }
 
-    /// Bytes the segment files occupy on disk.
+    /// Bytes the segment files occupy on disk (the spare's included).
     pub fn disk_bytes(&self) -> u64 {
-        self.segs.iter().map(|s| s.file.disk_bytes()).sum()
+        self.segs.iter().map(|s| s.file.disk_bytes()).sum::<u64>() + self.spare_bytes()
+    }
+
+    /// Bytes of the spare segment file (0: none).
+    fn spare_bytes(&self) -> u64 {
+        self.spare.as_ref().map_or(0, |f| f.size().unwrap_or(0))
+    }
+
+    /// Heads started in a spare segment file since open (the counter of `collect.rs`'s reuse).
+    pub fn recycled(&self) -> u64 {
+        self.recycled
     }
 
     /// Segment files.
@@ -330,7 +348,12 @@ impl Log {
             .sum();
         // Segments with nothing pending are deleted by the next collection (right after this
         // frame): they do not hold the bound.
-        let used = (self.bytes() + reserved).saturating_sub(self.reclaimable());
+        let mut used = (self.bytes() + reserved).saturating_sub(self.reclaimable());
+        if used + bytes > self.opts.max_disk_bytes && self.spare.is_some() {
+            // The spare is a convenience: it goes before a publish is refused.
+            self.drop_spare()?;
+            used = (self.bytes() + reserved).saturating_sub(self.reclaimable());
+        }
         if used + bytes > self.opts.max_disk_bytes {
             return Err(StoreError::Full {
                 used,
@@ -513,13 +536,32 @@ impl Log {
             salt: rand_u64(),
             base_seq: self.max_seq,
             created_ms: now_ms,
+            recycled: false,
+        };
+        let spare = self.spare.take();
+        let hdr = Header {
+            recycled: spare.is_some(),
+            ..hdr
         };
         let align = self.opts.align.max(1) as usize;
         let block = hdr.encode().to_vec();
         let mut first = block.clone();
         first.resize(first.len().next_multiple_of(align), 0);
         let reserve = (first.len() as u64).next_multiple_of(self.opts.allocate_step.max(1));
-        let made = self.fs.create(&path).and_then(|f| {
+        // A spare becomes the head under its new name before its header is written: a crash
+        // in between leaves a newest segment whose header is not its own, which recovery
+        // removes like one whose header was never completed.
+        let opened = match spare {
+            Some(old) => {
+                drop(old);
+                self.recycled += 1;
+                self.fs
+                    .rename(&self.opts.dir.join(format::SPARE), &path)
+                    .and_then(|()| self.fs.open(&path))
+            }
+            None => self.fs.create(&path),
+        };
+        let made = opened.and_then(|f| {
             f.allocate(reserve)?;
             f.write_at(&first, 0)?;
             f.sync_data()?;
@@ -534,7 +576,8 @@ impl Log {
             }
         };
         self.head_block = if align > 1 { block } else { Vec::new() };
-        self.head_allocated = reserve;
+        // A spare's blocks are all written already: the head is reserved as far as it goes.
+        self.head_allocated = reserve.max(file.size().unwrap_or(0));
         // A head that was pending adopts no more events: its bits stop at its last sequence.
         self.segs.push(Seg::new(hdr, file, HEADER as u64));
         Ok(())

@@ -57,7 +57,13 @@ pub struct Header {
     pub base_seq: u64,
     /// Wall ms at creation.
     pub created_ms: u64,
+    /// The file was an earlier segment's ([`SPARE`]): what follows the last frame may be that
+    /// segment's frames (another salt), not a torn write.
+    pub recycled: bool,
 }
+
+/// Flag bit of [`Header::recycled`] in the header's flags word.
+const RECYCLED: u32 = 1;
 
 impl Header {
     /// The header's bytes.
@@ -74,7 +80,8 @@ impl Header {
         w.extend_from_slice(&self.salt.to_le_bytes());
         w.extend_from_slice(&self.base_seq.to_le_bytes());
         w.extend_from_slice(&self.created_ms.to_le_bytes());
-        w.extend_from_slice(&0u32.to_le_bytes());
+        let flags = if self.recycled { RECYCLED } else { 0 };
+        w.extend_from_slice(&flags.to_le_bytes());
         let crc = crc32fast::hash(&w);
         w.extend_from_slice(&crc.to_le_bytes());
         b.copy_from_slice(&w);
@@ -92,13 +99,15 @@ impl Header {
         if r.take(8)? != magic {
             return None;
         }
+        let (no, salt, base_seq, created_ms) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+        let flags = r.u32()?;
         let h = Header {
-            no: r.u64()?,
-            salt: r.u64()?,
-            base_seq: r.u64()?,
-            created_ms: r.u64()?,
+            no,
+            salt,
+            base_seq,
+            created_ms,
+            recycled: flags & RECYCLED != 0,
         };
-        let _reserved = r.u32()?;
         let crc = r.u32()?;
         (crc32fast::hash(b.get(..HEADER - 4)?) == crc).then_some(h)
     }
@@ -449,6 +458,11 @@ pub fn frame(salt: u64, payload: &[u8], out: &mut Vec<u8>) {
 pub fn segment_name(no: u64) -> String {
     format!("{no:016x}.seg")
 }
+
+/// Name of the spare segment file: a segment given back, kept (its blocks written) to become
+/// the next head, so that frames overwrite written blocks instead of converting reserved ones
+/// (see `engine/collect.rs`). Not a segment's name: recovery never reads it as one.
+pub const SPARE: &str = "spare.free";
 
 /// The segment number in a file name, if it is a segment's.
 pub fn parse_segment_name(name: &str) -> Option<u64> {

@@ -168,6 +168,7 @@ impl Inner {
             salt: super::engine::rand_u64(),
             base_seq: self.next_id,
             created_ms: crate::clock::system_wall_ms(),
+            recycled: false,
         };
         let made = self.fs.create(&path).and_then(|f| {
             f.write_at(&hdr.encode_with(LETTERS_MAGIC), 0)?;

@@ -39,6 +39,8 @@ pub struct Outcome {
     pub compactions: u64,
     /// Events read back while the log runs (chunks, as a drain reads them).
     pub read: u64,
+    /// Heads started in a segment given back earlier (the spare).
+    pub recycled: u64,
 }
 
 #[derive(Default)]
@@ -142,6 +144,7 @@ pub fn run_seed(seed: u64, ops: usize) -> Result<Outcome, String> {
         // Settlements not followed by a successful commit may or may not have been written.
         model.settling.clear();
         out.compactions += log.compactions();
+        out.recycled += log.recycled();
         drop(log);
         fs.reboot();
     }

@@ -1,9 +1,20 @@
 //! Giving space back: a segment with nothing pending is deleted, after the older live segments
 //! it holds settle and retry records about are restated (invariant 5 in [`super`]).
+//!
+//! One of them may be kept as the **spare** ([`SPARE`]) instead: the next roll makes it the
+//! head. Its blocks are written already, so a frame that reaches a new block overwrites it in
+//! place; into a reserved (`fallocate`d) block, the sync after it must also write the inode's
+//! extent change. Measured with direct 1,000-byte frames and a sync each: 6.2 KB reached the
+//! device per sync into reserved blocks, 5.2 KB into written ones (docs/BENCHMARKS.md). The
+//! spare counts in the disk bound, is kept only while the log holds less than half of it, and
+//! goes before a publish is refused. Its old frames carry another salt: never read as frames,
+//! and cut at recovery like a torn tail.
 
-use super::format::{QueueState, Record, HEADER};
+use super::format::{QueueState, Record, HEADER, SPARE};
 use super::Log;
+use crate::store::fs::FsFile;
 use crate::store::StoreError;
+use std::sync::Arc;
 
 impl Log {
     /// Stage what deleting the segments with nothing pending needs, and name them: the
@@ -77,6 +88,51 @@ impl Log {
         records
     }
 
+    /// Of the segments `nos` about to go, the one to keep as the spare, with its file: the
+    /// largest, when there is no spare yet, it is at least half a segment, and the log with it
+    /// stays within half its disk bound (under pressure the spare goes first: `stage_events`).
+    fn spare_candidate(&self, nos: &[u64]) -> Option<(u64, Arc<dyn FsFile>)> {
+        if self.spare.is_some() {
+            return None;
+        }
+        let (no, file, size) = self
+            .segs
+            .iter()
+            .filter(|s| nos.contains(&s.hdr.no))
+            .map(|s| (s.hdr.no, s.file.clone(), s.file.size().unwrap_or(0)))
+            .max_by_key(|(_, _, size)| *size)?;
+        let gone: u64 = self
+            .segs
+            .iter()
+            .filter(|s| nos.contains(&s.hdr.no))
+            .map(|s| s.len)
+            .sum();
+        let after = self.bytes().saturating_sub(gone) + size;
+        (size >= self.opts.segment_bytes / 2 && after <= self.opts.max_disk_bytes / 2)
+            .then_some((no, file, size))
+            .map(|(no, file, _)| (no, file))
+    }
+
+    /// Delete the spare segment file (the disk bound needs its bytes).
+    ///
+    /// # Errors
+    /// I/O failure (the log then fails).
+    pub(super) fn drop_spare(&mut self) -> Result<(), StoreError> {
+        if self.spare.take().is_none() {
+            return Ok(());
+        }
+        let path = self.opts.dir.join(SPARE);
+        if let Err(e) = self
+            .fs
+            .remove(&path)
+            .and_then(|()| self.fs.sync_dir(&self.opts.dir))
+        {
+            self.fail(format!("{}: {e}", path.display()));
+            return self.check();
+        }
+        Ok(())
+    }
+
     /// Remove the named segments (after the frame [`Log::stage_collection`] staged is durable)
     /// and sync the directory.
     ///
@@ -86,12 +142,20 @@ impl Log {
         if nos.is_empty() {
             return Ok(());
         }
+        let keep = self.spare_candidate(nos);
         for no in nos {
             let path = self.path(*no);
-            if let Err(e) = self.fs.remove(&path) {
+            let gone = match &keep {
+                Some((k, _)) if k == no => self.fs.rename(&path, &self.opts.dir.join(SPARE)),
+                _ => self.fs.remove(&path),
+            };
+            if let Err(e) = gone {
                 self.fail(format!("{}: {e}", path.display()));
                 return self.check();
             }
+        }
+        if let Some((_, file)) = keep {
+            self.spare = Some(file);
         }
         self.segs.retain(|s| !nos.contains(&s.hdr.no));
         if let Err(e) = self.fs.sync_dir(&self.opts.dir) {

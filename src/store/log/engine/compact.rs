@@ -384,6 +384,8 @@ impl Compaction {
         let path = self.dir.join(format::segment_name(self.hdr.no));
         let hdr = Header {
             salt: super::rand_u64(),
+            // A new file, written whole: nothing of an earlier segment follows its frames.
+            recycled: false,
             ..self.hdr
         };
         let mut out = hdr.encode().to_vec();

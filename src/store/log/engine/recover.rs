@@ -34,6 +34,10 @@ impl Log {
         numbers.sort_unstable();
         let mut log = Log::empty(fs.clone(), opts.clone());
         log.remove_leftovers(&names)?;
+        if names.iter().any(|n| n == format::SPARE) {
+            let path = opts.dir.join(format::SPARE);
+            log.spare = Some(fs.open(&path).map_err(|e| io_err(&path, e))?);
+        }
         let ck = log.load_checkpoint()?;
         let generation = ck.as_ref().map_or(0, |c| c.generation);
         let from_checkpoint = match ck {
@@ -41,7 +45,9 @@ impl Log {
                 Ok(()) => true,
                 Err(e) => {
                     tracing::warn!(error = %e, "the event log's checkpoint does not match its segments: reading every segment");
+                    let spare = log.spare.take();
                     log = Log::empty(fs, opts);
+                    log.spare = spare;
                     false
                 }
             },
@@ -97,6 +103,8 @@ impl Log {
             compactions: 0,
             compaction_checked_ms: 0,
             ck_asap: false,
+            spare: None,
+            recycled: 0,
         }
     }
 
@@ -241,7 +249,12 @@ impl Log {
                     format!("damaged frame at offset {offset} of a segment that was complete"),
                 ));
             }
-            if !zeros {
+            let recycled = self.segs.last().is_some_and(|s| s.hdr.recycled);
+            if !zeros && recycled {
+                // A recycled segment holds an earlier segment's frames after its own (and
+                // maybe a torn write too): cut them all, as below.
+                tracing::debug!(file = %path.display(), offset, "cutting what follows the last frame of a recycled segment");
+            } else if !zeros {
                 // The torn tail of the last group, never acknowledged: cut it so new frames
                 // follow the last good one (and never a stale frame left after them).
                 tracing::warn!(file = %path.display(), offset, bytes = size - offset, "cutting a torn tail (an unacknowledged write cut short by a crash)");
