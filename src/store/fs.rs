@@ -55,6 +55,12 @@ pub trait FsFile: Send + Sync + 'static {
     /// Bytes the file occupies on disk (allocated blocks).
     fn disk_bytes(&self) -> u64;
 
+    /// Granularity of writes that go to the device directly: writes whose offset and length
+    /// are multiples of it skip the page cache (1: any write is taken as it is).
+    fn direct_align(&self) -> u64 {
+        1
+    }
+
     /// Reserve blocks so the file is at least `len` bytes long, the new bytes reading as zeros
     /// (`fallocate`; a file system without it just grows the file as it is written). Like
     /// [`FsFile::set_len`], durable after [`FsFile::sync_data`].
@@ -130,14 +136,51 @@ pub struct RealFs;
 struct RealFile {
     file: std::fs::File,
     path: std::path::PathBuf,
-    /// Opened at the first aligned write (`None` inside: the file system refused it), closed by
-    /// [`FsFile::done_writing`].
-    direct: std::sync::Mutex<Option<Option<Arc<std::fs::File>>>>,
+    /// Opened at the first aligned write, with its alignment (`None` inside: the file system
+    /// refused it), closed by [`FsFile::done_writing`].
+    direct: std::sync::Mutex<Option<Option<Direct>>>,
 }
 
-/// Alignment of offset, length and memory for direct writes: a 4 KiB page, which every block
-/// device's logical block size divides.
+/// The direct descriptor of a [`RealFile`] and the alignment its writes need.
+#[derive(Clone)]
+struct Direct {
+    file: Arc<std::fs::File>,
+    align: u64,
+}
+
+/// Alignment of memory for direct writes, and of offset and length where the file system does
+/// not say ([`dio_align`]): a 4 KiB page, which every block device's logical block size divides.
 pub const DIRECT_ALIGN: u64 = 4096;
+
+/// Offset and length alignment of direct writes to `f`: what `statx` reports
+/// (`STATX_DIOALIGN`, Linux 6.1+), else the logical block size of the device holding it
+/// (`/sys/dev/block`, for older kernels), else [`DIRECT_ALIGN`]. Only powers of two from 512 to
+/// [`DIRECT_ALIGN`] are taken. A frame of a few events then rewrites one or two 512-byte
+/// sectors per sync instead of a 4 KiB page (docs/BENCHMARKS.md: device writes).
+fn dio_align(f: &std::fs::File) -> u64 {
+    use rustix::fs::{statx, AtFlags, StatxFlags};
+    let valid = |a: u64| (a.is_power_of_two() && (512..=DIRECT_ALIGN).contains(&a)).then_some(a);
+    if let Ok(st) = statx(f, "", AtFlags::EMPTY_PATH, StatxFlags::DIOALIGN) {
+        if st.stx_mask & StatxFlags::DIOALIGN.bits() != 0 {
+            // 0: the file takes no direct I/O; writes then go through the page cache anyway.
+            return valid(u64::from(st.stx_dio_offset_align)).unwrap_or(DIRECT_ALIGN);
+        }
+    }
+    let sysfs = || -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let dev = f.metadata().ok()?.dev();
+        // glibc's encoding of a device number.
+        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+        let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+        let base = format!("/sys/dev/block/{major}:{minor}");
+        // A partition's queue is its disk's.
+        ["queue", "../queue"].iter().find_map(|q| {
+            let v = std::fs::read_to_string(format!("{base}/{q}/logical_block_size")).ok()?;
+            valid(v.trim().parse().ok()?)
+        })
+    };
+    sysfs().unwrap_or(DIRECT_ALIGN)
+}
 
 impl RealFile {
     fn new(file: std::fs::File, path: &Path) -> Self {
@@ -149,16 +192,19 @@ impl RealFile {
     }
 
     /// The direct descriptor, opened on first use.
-    fn direct(&self) -> Option<Arc<std::fs::File>> {
+    fn direct(&self) -> Option<Direct> {
         use std::os::unix::fs::OpenOptionsExt;
         let mut d = crate::sync::lock(&self.direct);
         d.get_or_insert_with(|| {
-            std::fs::OpenOptions::new()
+            let file = std::fs::OpenOptions::new()
                 .write(true)
                 .custom_flags(libc::O_DIRECT)
                 .open(&self.path)
-                .ok()
-                .map(Arc::new)
+                .ok()?;
+            Some(Direct {
+                align: dio_align(&file),
+                file: Arc::new(file),
+            })
         })
         .clone()
     }
@@ -166,16 +212,20 @@ impl RealFile {
     /// Write `buf` at `offset` with `O_DIRECT`: `Ok(false)` when this file cannot (no direct
     /// descriptor, or an unaligned request).
     fn write_direct(&self, buf: &[u8], offset: u64) -> io::Result<bool> {
-        let align = DIRECT_ALIGN as usize;
-        if !offset.is_multiple_of(DIRECT_ALIGN)
-            || !buf.len().is_multiple_of(align)
-            || buf.is_empty()
-        {
+        if buf.is_empty() {
             return Ok(false);
         }
-        let Some(direct) = self.direct() else {
+        let Some(Direct {
+            file: direct,
+            align,
+        }) = self.direct()
+        else {
             return Ok(false);
         };
+        if !offset.is_multiple_of(align) || !(buf.len() as u64).is_multiple_of(align) {
+            return Ok(false);
+        }
+        let align = DIRECT_ALIGN as usize;
         // An aligned copy (`O_DIRECT` needs an aligned address), made per write: one kept per
         // file would hold the largest frame's size for every segment of a long backlog.
         let mut scratch: Vec<u8> = Vec::with_capacity(buf.len() + align);
@@ -246,6 +296,10 @@ impl FsFile for RealFile {
     fn disk_bytes(&self) -> u64 {
         use std::os::unix::fs::MetadataExt;
         self.file.metadata().map(|m| m.blocks() * 512).unwrap_or(0)
+    }
+
+    fn direct_align(&self) -> u64 {
+        self.direct().map_or(DIRECT_ALIGN, |d| d.align)
     }
 }
 
@@ -339,5 +393,18 @@ mod tests {
         // Reserving less than the file holds changes nothing.
         f.allocate(10).unwrap();
         assert_eq!(f.size().unwrap(), 1 << 20);
+        // The file system's direct alignment (512 on this disk, 4096 where it does not say):
+        // a write of one such unit at such an offset is taken whole, and reads back.
+        let a = f.direct_align();
+        assert!(
+            a.is_power_of_two() && (512..=DIRECT_ALIGN).contains(&a),
+            "{a}"
+        );
+        let unit: Vec<u8> = (0..a).map(|i| (i % 13) as u8 + 1).collect();
+        f.write_at(&unit, 3 * a).unwrap();
+        f.sync_data().unwrap();
+        let mut back = vec![0u8; a as usize];
+        f.read_at(&mut back, 3 * a).unwrap();
+        assert_eq!(back, unit);
     }
 }

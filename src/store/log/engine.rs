@@ -91,9 +91,10 @@ pub struct LogOptions {
     /// ([`CHECKPOINT_BYTES`] in the store): opening the log reads at most about this much.
     pub checkpoint_bytes: u64,
     /// Frames are written as whole blocks of this many bytes at offsets that are multiples of
-    /// it ([`crate::store::fs::DIRECT_ALIGN`] in the store, so they go to the device
-    /// directly; 1 = as they are). The head's last partial block is kept in memory and written
-    /// again, completed, with the next frame.
+    /// it, so they go to the device directly; 1 = as they are; 0 (the store) = the head file's
+    /// [`FsFile::direct_align`], asked when the log opens (512 on most disks: a sync of a few
+    /// small events then writes a sector or two, not a 4 KiB page). The head's last partial
+    /// block is kept in memory and written again, completed, with the next frame.
     pub align: u64,
     /// The head's file is reserved ([`FsFile::allocate`]) in steps of this many bytes, ahead
     /// of its frames ([`ALLOCATE_STEP`] in the store).

@@ -64,6 +64,14 @@ impl Log {
         if log.segs.is_empty() {
             log.roll(now_ms)?;
         }
+        if log.opts.align == 0 {
+            // Asked of the head's file (its first block was written unaligned, through the
+            // page cache: `load_head` reads it back as the partial block).
+            log.opts.align = log
+                .segs
+                .last()
+                .map_or(crate::store::fs::DIRECT_ALIGN, |s| s.file.direct_align());
+        }
         log.load_head()?;
         log.forget_unknown(known);
         // Compaction waits for segments nobody settled in for a while: a restart counts as
