@@ -459,7 +459,7 @@ impl Log {
             .last()
             .is_none_or(|s| s.len >= self.opts.segment_bytes && s.len > HEADER as u64);
         if head_full {
-            self.roll(now_ms)?;
+            self.roll(now_ms, true)?;
         }
         let payload = std::mem::take(&mut self.staged);
         let pending = std::mem::take(&mut self.pending_events);
@@ -513,9 +513,11 @@ impl Log {
         }))
     }
 
-    /// Start a new head segment: sync the old head, create the file, write and sync its header,
-    /// sync the directory.
-    fn roll(&mut self, now_ms: u64) -> Result<(), StoreError> {
+    /// Start a new head segment: sync the old head, create the file (or take the spare, when
+    /// `reuse`: the head filled up, so frames keep coming), write and sync its header, sync the
+    /// directory. A head closed because it owes nothing (or to compact it) starts a fresh file:
+    /// an idle log keeps the spare and a small head, not two segments' worth of blocks.
+    fn roll(&mut self, now_ms: u64, reuse: bool) -> Result<(), StoreError> {
         if let Some(old) = self.segs.last() {
             // Its reserved blocks past the last frame go back, before a newer segment exists
             // (recovery also accepts zeros there, if this cut was lost).
@@ -539,7 +541,7 @@ impl Log {
             created_ms: now_ms,
             recycled: false,
         };
-        let spare = self.spare.take();
+        let spare = if reuse { self.spare.take() } else { None };
         let hdr = Header {
             recycled: spare.is_some(),
             ..hdr

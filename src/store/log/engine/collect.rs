@@ -27,7 +27,7 @@ impl Log {
         let head_done = self.segs.last().is_some_and(|s| {
             s.pending() == 0 && s.len >= (self.opts.segment_bytes / 4).max(HEADER as u64 + 1)
         });
-        if head_done && self.pending_events.is_empty() && self.roll(now_ms).is_err() {
+        if head_done && self.pending_events.is_empty() && self.roll(now_ms, false).is_err() {
             return Vec::new();
         }
         let head = self.segs.len().saturating_sub(1);

@@ -142,7 +142,7 @@ impl Log {
             self.compaction_checked_ms = now;
         }
         let pick = self.pick_for_compaction(only, head)?;
-        if pick == head && self.roll(now).is_err() {
+        if pick == head && self.roll(now, false).is_err() {
             return None;
         }
         let seg = self.segs.get(pick)?;

@@ -62,7 +62,7 @@ impl Log {
         // The next checkpoint goes above every one on disk, whichever was used.
         log.ck_generation = generation;
         if log.segs.is_empty() {
-            log.roll(now_ms)?;
+            log.roll(now_ms, true)?;
         }
         if log.opts.align == 0 {
             // Asked of the head's file (its first block was written unaligned, through the
