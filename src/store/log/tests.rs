@@ -568,3 +568,35 @@ fn a_segment_given_back_becomes_the_next_head_and_its_old_frames_are_never_read(
     let (_, rec) = Log::open(fs, lo, &known, 4).unwrap();
     assert_eq!(rec[&1].len(), want.len() + 1);
 }
+
+/// The spare holds disk the bound counts: a publish that fits only without it deletes it
+/// first, and is taken.
+#[test]
+fn the_spare_goes_before_a_publish_is_refused_for_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lo = real_opts(dir.path(), 64 << 10);
+    lo.max_disk_bytes = 1 << 20;
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    let (mut log, _) = Log::open(Arc::new(RealFs), lo.clone(), &known, 1).unwrap();
+    let mut seq = 0;
+    while log.segments() < 3 {
+        seq += 1;
+        log.stage_events(&[(1, ev(seq, 900))], 0).unwrap();
+        log.commit(seq).unwrap();
+    }
+    log.stage_settle(1, &(1..=seq).collect::<Vec<_>>());
+    log.commit(seq).unwrap();
+    let spare = lo.dir.join(format::SPARE);
+    assert!(spare.exists());
+    let free = lo.max_disk_bytes - log.bytes();
+    let spare_len = std::fs::metadata(&spare).unwrap().len();
+    // More than is free beside the spare, less than is free without it.
+    let body = (free + spare_len / 2) as usize;
+    log.stage_events(&[(1, ev(seq + 1, body))], 0)
+        .expect("taken once the spare is gone");
+    assert!(!spare.exists(), "the spare was deleted");
+    log.commit(seq + 1).unwrap();
+    // Now the bound refuses as before.
+    let err = log.stage_events(&[(1, ev(seq + 2, 300 << 10))], 0);
+    assert!(matches!(err, Err(StoreError::Full { .. })), "{err:?}");
+}
