@@ -134,8 +134,9 @@ impl LogStore {
             max_disk_bytes: opts.max_disk_bytes,
             tail_bytes: engine::TAIL_BYTES,
             checkpoint_bytes: engine::CHECKPOINT_BYTES,
-            // The head file's direct-write alignment (512 on most disks).
-            align: 0,
+            align: crate::store::fs::DIRECT_ALIGN,
+            // The head file's direct-write unit (512 on most disks).
+            sector: 0,
             allocate_step: engine::ALLOCATE_STEP.min(segment_bytes),
             compact_idle_ms: opts.compact_idle_ms,
         };

@@ -91,11 +91,18 @@ pub struct LogOptions {
     /// ([`CHECKPOINT_BYTES`] in the store): opening the log reads at most about this much.
     pub checkpoint_bytes: u64,
     /// Frames are written as whole blocks of this many bytes at offsets that are multiples of
-    /// it, so they go to the device directly; 1 = as they are; 0 (the store) = the head file's
-    /// [`FsFile::direct_align`], asked when the log opens (512 on most disks: a sync of a few
-    /// small events then writes a sector or two, not a 4 KiB page). The head's last partial
-    /// block is kept in memory and written again, completed, with the next frame.
+    /// it ([`crate::store::fs::DIRECT_ALIGN`] in the store, so they go to the device
+    /// directly; 1 = as they are). The head's last partial block is kept in memory and written
+    /// again, completed, with the next frame (or its last sectors: [`LogOptions::sector`]).
     pub align: u64,
+    /// Writes that stay within blocks written before, or within one block, and are at most
+    /// [`SECTOR_WRITE_MAX`], go as whole sectors of this many bytes instead of whole `align`
+    /// blocks (0 in the store: the head file's [`FsFile::direct_align`], 512 on most disks;
+    /// `align` or more: never). A sync of a few small events then rewrites a sector or two,
+    /// not a 4 KiB block. Not larger writes, and not into reserved blocks: there ext4 zeroes
+    /// the rest of each block a write ends in, and serialises the write, which measured slower
+    /// than whole blocks from 3 KB frames on (docs/BENCHMARKS.md, thirteenth session).
+    pub sector: u64,
     /// The head's file is reserved ([`FsFile::allocate`]) in steps of this many bytes, ahead
     /// of its frames ([`ALLOCATE_STEP`] in the store).
     pub allocate_step: u64,
@@ -108,6 +115,9 @@ pub struct LogOptions {
 /// Reservation step of the head segment's file, by default: one `fallocate` per 256 KiB of
 /// frames, at most that much reserved and not yet written (counted in the disk bound).
 pub const ALLOCATE_STEP: u64 = 256 << 10;
+
+/// Largest write made of sectors rather than blocks ([`LogOptions::sector`]).
+pub const SECTOR_WRITE_MAX: u64 = 16 << 10;
 
 /// Bytes of frames between checkpoints, by default.
 pub const CHECKPOINT_BYTES: u64 = 64 << 20;
@@ -151,6 +161,11 @@ pub struct Log {
     head_block: Vec<u8>,
     /// How far the head's file is reserved ([`ALLOCATE_STEP`]).
     head_allocated: u64,
+    /// Below this offset the head's blocks hold written data (a recycled file's whole old
+    /// length, then every block a frame reached): a write ending there goes by sectors.
+    head_written: u64,
+    /// [`LogOptions::sector`], resolved when the log opens.
+    sector: u64,
     /// Wall ms of the last frame taken or collection (settlements note it in their segment).
     now_ms: u64,
     /// The compaction in flight, if any ([`Log::plan_compaction`]).
@@ -498,15 +513,33 @@ impl Log {
         let cut = bytes.len() - kept;
         self.head_block
             .extend_from_slice(bytes.get(cut..).unwrap_or_default());
-        bytes.resize(bytes.len().next_multiple_of(align as usize), 0);
-        let end = start + bytes.len() as u64;
+        let whole = bytes.len().next_multiple_of(align as usize) as u64;
+        // Sectors instead of blocks where that is cheaper (see `LogOptions::sector`): from the
+        // sector of the frame's offset to the sector of its end.
+        let sector = self.sector.clamp(1, align);
+        let by_sector = sector < align
+            && whole <= SECTOR_WRITE_MAX
+            && (whole <= align || start + whole <= self.head_written);
+        let (offset, skip) = if by_sector {
+            let from = offset - offset % sector;
+            (from, (from - start) as usize)
+        } else {
+            (start, 0)
+        };
+        bytes.drain(..skip);
+        let unit = if by_sector { sector } else { align };
+        bytes.resize(bytes.len().next_multiple_of(unit as usize), 0);
+        let end = offset + bytes.len() as u64;
+        // A block a write reached is written whole from then on (the file system zeroes the
+        // rest of a reserved one).
+        self.head_written = self.head_written.max(end.next_multiple_of(align));
         let allocate = (end > self.head_allocated).then(|| {
             self.head_allocated = end.next_multiple_of(self.opts.allocate_step.max(1));
             self.head_allocated
         });
         Ok(Some(FrameWrite {
             file: seg.file.clone(),
-            offset: start,
+            offset,
             bytes,
             frame,
             allocate,
@@ -580,7 +613,9 @@ impl Log {
         };
         self.head_block = if align > 1 { block } else { Vec::new() };
         // A spare's blocks are all written already: the head is reserved as far as it goes.
-        self.head_allocated = reserve.max(file.size().unwrap_or(0));
+        let size = file.size().unwrap_or(0);
+        self.head_allocated = reserve.max(size);
+        self.head_written = if hdr.recycled { size } else { 0 }.max(first.len() as u64);
         // A head that was pending adopts no more events: its bits stop at its last sequence.
         self.segs.push(Seg::new(hdr, file, HEADER as u64));
         Ok(())

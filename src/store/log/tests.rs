@@ -328,6 +328,7 @@ fn the_simulated_disk_is_what_the_log_runs_on() {
         tail_bytes: 0,
         checkpoint_bytes: super::engine::CHECKPOINT_BYTES,
         align: crate::store::fs::DIRECT_ALIGN,
+        sector: 512,
         allocate_step: super::engine::ALLOCATE_STEP,
         compact_idle_ms: 0,
     };
@@ -389,6 +390,8 @@ pub(super) fn real_opts(dir: &Path, segment_bytes: u64) -> LogOptions {
         tail_bytes: 0,
         checkpoint_bytes: super::engine::CHECKPOINT_BYTES,
         align: crate::store::fs::DIRECT_ALIGN,
+        // As the store: the file's own direct-write unit.
+        sector: 0,
         allocate_step: super::engine::ALLOCATE_STEP,
         compact_idle_ms: 0,
     }

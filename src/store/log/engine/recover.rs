@@ -64,14 +64,11 @@ impl Log {
         if log.segs.is_empty() {
             log.roll(now_ms, true)?;
         }
-        if log.opts.align == 0 {
-            // Asked of the head's file (its first block was written unaligned, through the
-            // page cache: `load_head` reads it back as the partial block).
-            log.opts.align = log
-                .segs
-                .last()
-                .map_or(crate::store::fs::DIRECT_ALIGN, |s| s.file.direct_align());
-        }
+        log.sector = match log.opts.sector {
+            // Asked of the head's file.
+            0 => log.segs.last().map_or(1, |s| s.file.direct_align()),
+            n => n,
+        };
         log.load_head()?;
         log.forget_unknown(known);
         // Compaction waits for segments nobody settled in for a while: a restart counts as
@@ -106,6 +103,8 @@ impl Log {
             ck_pending: None,
             head_block: Vec::new(),
             head_allocated: 0,
+            head_written: 0,
+            sector: 1,
             now_ms: 0,
             compacting: None,
             compactions: 0,
@@ -134,6 +133,8 @@ impl Log {
             return Err(corrupt(&path, "shorter than its frames"));
         }
         self.head_allocated = seg.file.size().map_err(|e| io_err(&path, e))?;
+        // Recovery cut the file after its last frame: what is left is written.
+        self.head_written = seg.len.next_multiple_of(align);
         self.head_block = block;
         Ok(())
     }
