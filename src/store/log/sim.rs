@@ -83,7 +83,11 @@ fn opts(seed: u64) -> LogOptions {
         // (the store's direct writes), with files reserved ahead or not.
         align: [1, 512, 4096][(seed / 3 % 3) as usize],
         // With whole 4 KiB blocks, half the seeds write small frames by 512-byte sectors.
-        sector: if seed / 27 % 2 == 0 { 512 } else { 4096 },
+        sector: if (seed / 27).is_multiple_of(2) {
+            512
+        } else {
+            4096
+        },
         allocate_step: [1, 4096, 12 << 10][(seed / 9 % 3) as usize],
         // Segments qualify as soon as a quarter of their events are pending (`compact` also
         // forces them whatever they hold).
