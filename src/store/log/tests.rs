@@ -603,3 +603,55 @@ fn the_spare_goes_before_a_publish_is_refused_for_space() {
     let err = log.stage_events(&[(1, ev(seq + 2, 300 << 10))], 0);
     assert!(matches!(err, Err(StoreError::Full { .. })), "{err:?}");
 }
+
+/// Small writes within written blocks (or one block) go by sectors; larger ones, and ones that
+/// would end in reserved blocks past the first, by whole blocks (LogOptions::sector).
+#[test]
+fn small_frames_go_by_sectors_large_ones_by_blocks() {
+    let fs = SimFs::new(5);
+    let lo = opts_on("/s/log");
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    let (mut log, _) = Log::open(Arc::new(fs.clone()), lo, &known, 1).unwrap();
+    let mut frame = |log: &mut Log, seq: u64, len: usize| {
+        log.stage_events(&[(1, ev(seq, len))], 0).unwrap();
+        let w = log.take_frame(seq).unwrap().unwrap();
+        w.run().unwrap();
+        w.span()
+    };
+    // Within the header's block: from the sector of the frame's offset, whole sectors.
+    let (off, len) = frame(&mut log, 1, 300);
+    assert!(off % 512 == 0 && len % 512 == 0, "{off} {len}");
+    assert!(len < 4096, "sectors, not the block: {off} {len}");
+    // 5 KB more: past the block, into a reserved one: whole blocks.
+    let (off, len) = frame(&mut log, 2, 5000);
+    assert!(off % 4096 == 0 && len % 4096 == 0, "{off} {len}");
+    // Back within one block: sectors again.
+    let (off, len) = frame(&mut log, 3, 100);
+    assert!(
+        len <= 4096 && (off % 4096 != 0 || len < 4096),
+        "{off} {len}"
+    );
+    // A large frame: whole blocks whatever is below.
+    let (off, len) = frame(&mut log, 4, 20_000);
+    assert!(off % 4096 == 0 && len % 4096 == 0, "{off} {len}");
+    drop(log);
+    let (log, rec) = Log::open(Arc::new(fs), opts_on("/s/log"), &known, 2).unwrap();
+    assert_eq!(rec[&1].len(), 4);
+    let got = log.plan_get(1, &[1, 2, 3, 4]).run().unwrap();
+    assert!(got.iter().all(Option::is_some));
+}
+
+/// Options of a log on the simulated disk in `dir`: 4 KiB blocks, 512-byte sectors.
+fn opts_on(dir: &str) -> LogOptions {
+    LogOptions {
+        dir: dir.into(),
+        segment_bytes: 1 << 20,
+        max_disk_bytes: 1 << 30,
+        tail_bytes: 0,
+        checkpoint_bytes: super::engine::CHECKPOINT_BYTES,
+        align: crate::store::fs::DIRECT_ALIGN,
+        sector: 512,
+        allocate_step: super::engine::ALLOCATE_STEP,
+        compact_idle_ms: 0,
+    }
+}

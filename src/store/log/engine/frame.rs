@@ -51,4 +51,10 @@ impl FrameWrite {
     pub fn bytes(&self) -> usize {
         self.frame
     }
+
+    /// Where the write goes and how long it is (tests of its granularity).
+    #[cfg(test)]
+    pub fn span(&self) -> (u64, usize) {
+        (self.offset, self.bytes.len())
+    }
 }
