@@ -612,7 +612,7 @@ fn small_frames_go_by_sectors_large_ones_by_blocks() {
     let lo = opts_on("/s/log");
     let known: HashSet<QueueId> = [1].into_iter().collect();
     let (mut log, _) = Log::open(Arc::new(fs.clone()), lo, &known, 1).unwrap();
-    let mut frame = |log: &mut Log, seq: u64, len: usize| {
+    let frame = |log: &mut Log, seq: u64, len: usize| {
         log.stage_events(&[(1, ev(seq, len))], 0).unwrap();
         let w = log.take_frame(seq).unwrap().unwrap();
         w.run().unwrap();
