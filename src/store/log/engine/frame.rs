@@ -7,9 +7,11 @@ use std::sync::Arc;
 /// A write prepared under the lock, done outside it: one frame at an offset of a file.
 pub struct FrameWrite {
     pub(super) file: Arc<dyn FsFile>,
-    /// Where `bytes` go: the frame's offset rounded down to [`super::LogOptions::align`].
+    /// Where `bytes` go: the frame's offset rounded down to [`super::LogOptions::align`] (or to
+    /// [`super::LogOptions::sector`] for a small write within written blocks).
     pub(super) offset: u64,
-    /// The head's partial block before the frame, the frame, zeros to the next block.
+    /// The head's partial block (or sector) before the frame, the frame, zeros to the next
+    /// block (or sector).
     pub(super) bytes: Vec<u8>,
     /// Bytes of the frame itself.
     pub(super) frame: usize,
