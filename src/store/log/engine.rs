@@ -177,8 +177,9 @@ pub struct Log {
     /// A compaction replaced a segment since the last checkpoint: take one now, so that a
     /// restart does not find the checkpoint's record of the old file and read every segment.
     ck_asap: bool,
-    /// A segment file given back and kept to become the next head ([`format::SPARE`]).
-    spare: Option<Arc<dyn FsFile>>,
+    /// Bytes of the segment file given back and kept to become the next head
+    /// ([`format::SPARE`]), if there is one (known here: `bytes` runs on every publish).
+    spare: Option<u64>,
     /// Heads started in a spare since open.
     recycled: u64,
 }
@@ -301,7 +302,7 @@ impl Log {
 
     /// Bytes of the spare segment file (0: none).
     fn spare_bytes(&self) -> u64 {
-        self.spare.as_ref().map_or(0, |f| f.size().unwrap_or(0))
+        self.spare.unwrap_or(0)
     }
 
     /// Heads started in a spare segment file since open (the counter of `collect.rs`'s reuse).
@@ -588,8 +589,7 @@ impl Log {
         // in between leaves a newest segment whose header is not its own, which recovery
         // removes like one whose header was never completed.
         let opened = match spare {
-            Some(old) => {
-                drop(old);
+            Some(_) => {
                 self.recycled += 1;
                 self.fs
                     .rename(&self.opts.dir.join(format::SPARE), &path)

@@ -12,9 +12,7 @@
 
 use super::format::{QueueState, Record, HEADER, SPARE};
 use super::Log;
-use crate::store::fs::FsFile;
 use crate::store::StoreError;
-use std::sync::Arc;
 
 impl Log {
     /// Stage what deleting the segments with nothing pending needs, and name them: the
@@ -88,19 +86,19 @@ impl Log {
         records
     }
 
-    /// Of the segments `nos` about to go, the one to keep as the spare, with its file: the
+    /// Of the segments `nos` about to go, the one to keep as the spare, with its size: the
     /// largest, when there is no spare yet, it is at least half a segment, and the log with it
     /// stays within half its disk bound (under pressure the spare goes first: `stage_events`).
-    fn spare_candidate(&self, nos: &[u64]) -> Option<(u64, Arc<dyn FsFile>)> {
+    fn spare_candidate(&self, nos: &[u64]) -> Option<(u64, u64)> {
         if self.spare.is_some() {
             return None;
         }
-        let (no, file, size) = self
+        let (no, size) = self
             .segs
             .iter()
             .filter(|s| nos.contains(&s.hdr.no))
-            .map(|s| (s.hdr.no, s.file.clone(), s.file.size().unwrap_or(0)))
-            .max_by_key(|(_, _, size)| *size)?;
+            .map(|s| (s.hdr.no, s.file.size().unwrap_or(0)))
+            .max_by_key(|(_, size)| *size)?;
         let gone: u64 = self
             .segs
             .iter()
@@ -109,8 +107,7 @@ impl Log {
             .sum();
         let after = self.bytes().saturating_sub(gone) + size;
         (size >= self.opts.segment_bytes / 2 && after <= self.opts.max_disk_bytes / 2)
-            .then_some((no, file, size))
-            .map(|(no, file, _)| (no, file))
+            .then_some((no, size))
     }
 
     /// Delete the spare segment file (the disk bound needs its bytes).
@@ -154,8 +151,8 @@ impl Log {
                 return self.check();
             }
         }
-        if let Some((_, file)) = keep {
-            self.spare = Some(file);
+        if let Some((_, size)) = keep {
+            self.spare = Some(size);
         }
         self.segs.retain(|s| !nos.contains(&s.hdr.no));
         if let Err(e) = self.fs.sync_dir(&self.opts.dir) {

@@ -36,7 +36,8 @@ impl Log {
         log.remove_leftovers(&names)?;
         if names.iter().any(|n| n == format::SPARE) {
             let path = opts.dir.join(format::SPARE);
-            log.spare = Some(fs.open(&path).map_err(|e| io_err(&path, e))?);
+            let file = fs.open(&path).map_err(|e| io_err(&path, e))?;
+            log.spare = Some(file.size().map_err(|e| io_err(&path, e))?);
         }
         let ck = log.load_checkpoint()?;
         let generation = ck.as_ref().map_or(0, |c| c.generation);
