@@ -152,6 +152,15 @@ struct Direct {
 /// not say ([`dio_align`]): a 4 KiB page, which every block device's logical block size divides.
 pub const DIRECT_ALIGN: u64 = 4096;
 
+/// The sysfs directory of block device `dev` (an `st_dev`): `/sys/dev/block/MAJ:MIN`, which
+/// exists only where `dev` is a real block device (not tmpfs, not overlay's anonymous one).
+pub fn block_device_dir(dev: u64) -> String {
+    // glibc's encoding of a device number.
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    format!("/sys/dev/block/{major}:{minor}")
+}
+
 /// Offset and length alignment of direct writes to `f`: what `statx` reports
 /// (`STATX_DIOALIGN`, Linux 6.1+), else the logical block size of the device holding it
 /// (`/sys/dev/block`, for older kernels), else [`DIRECT_ALIGN`]. Only powers of two from 512 to
@@ -168,11 +177,7 @@ fn dio_align(f: &std::fs::File) -> u64 {
     }
     let sysfs = || -> Option<u64> {
         use std::os::unix::fs::MetadataExt;
-        let dev = f.metadata().ok()?.dev();
-        // glibc's encoding of a device number.
-        let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-        let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-        let base = format!("/sys/dev/block/{major}:{minor}");
+        let base = block_device_dir(f.metadata().ok()?.dev());
         // A partition's queue is its disk's.
         ["queue", "../queue"].iter().find_map(|q| {
             let v = std::fs::read_to_string(format!("{base}/{q}/logical_block_size")).ok()?;

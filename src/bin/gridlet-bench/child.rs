@@ -340,11 +340,8 @@ impl Footprint {
 /// included, which `/proc/<pid>/io` does not count. `None` when `dir` is not on a block device.
 pub fn device_written(dir: &std::path::Path) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(dir).ok()?.dev();
-    // glibc's encoding of a device number.
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-    let stat = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat")).ok()?;
+    let base = gridlet::store::fs::block_device_dir(std::fs::metadata(dir).ok()?.dev());
+    let stat = std::fs::read_to_string(format!("{base}/stat")).ok()?;
     let sectors: u64 = stat.split_whitespace().nth(6)?.parse().ok()?;
     Some(sectors * 512)
 }
