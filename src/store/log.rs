@@ -45,6 +45,8 @@ pub mod sim;
 mod tests;
 #[cfg(test)]
 mod trace_tests;
+#[cfg(test)]
+mod write_tests;
 
 use crate::model::record::{SubscriptionRecord, TopicRecord};
 use crate::store::deadletter::DeadLetterStore;

@@ -1,0 +1,226 @@
+//! How frames reach the disk, on real directories and the simulated disk: the head's partial
+//! block rewritten, small writes by sectors and large ones by blocks, reserved blocks after a
+//! closed segment's frames, and the spare segment a full head rolls into.
+
+use super::engine::{Log, LogOptions};
+use super::tests::{ev, real_opts};
+use super::*;
+use crate::store::fs::sim::SimFs;
+use crate::store::fs::{Fs, RealFs};
+use std::collections::HashSet;
+use std::path::Path;
+
+/// The real file system, `real_opts` in `dir` and the one queue these tests use.
+fn real_log(dir: &Path, segment_bytes: u64) -> (Arc<dyn Fs>, LogOptions, HashSet<QueueId>) {
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    (Arc::new(RealFs), real_opts(dir, segment_bytes), known)
+}
+
+#[test]
+fn small_frames_rewrite_the_partial_block_and_read_back_after_a_restart() {
+    // Many frames far smaller than a block: each write starts at the head's partial block.
+    let dir = tempfile::tempdir().unwrap();
+    let (fs, lo, known) = real_log(dir.path(), 64 << 10);
+    {
+        let (mut log, _) = Log::open(fs.clone(), lo.clone(), &known, 1).unwrap();
+        for seq in 1..=400 {
+            log.stage_events(&[(1, ev(seq, 1 + (seq as usize * 37) % 700))], 0)
+                .unwrap();
+            log.commit(seq).unwrap();
+        }
+        assert!(log.segments() >= 2, "rolled over: {}", log.segments());
+        // Closed segments keep no reserved blocks; the head keeps at most one step.
+        let disk = log.disk_bytes();
+        assert!(
+            disk <= log.frame_bytes() + super::engine::ALLOCATE_STEP + 4096 * log.segments() as u64,
+            "disk {disk}, frames {}",
+            log.frame_bytes()
+        );
+    }
+    let (mut log, rec) = Log::open(fs.clone(), lo.clone(), &known, 2).unwrap();
+    assert_eq!(rec[&1].len(), 400);
+    let seqs: Vec<u64> = (1..=400).collect();
+    let got = log.plan_get(1, &seqs).run().unwrap();
+    for (seq, e) in seqs.iter().zip(got) {
+        let e = e.unwrap_or_else(|| panic!("event {seq} reads back"));
+        assert_eq!(e.body.len(), 1 + (*seq as usize * 37) % 700);
+    }
+    // Writing goes on after the restart, in the middle of a block.
+    log.stage_events(&[(1, ev(401, 10))], 0).unwrap();
+    log.commit(3).unwrap();
+    drop(log);
+    let (_, rec) = Log::open(fs, lo, &known, 4).unwrap();
+    assert_eq!(rec[&1].len(), 401);
+}
+
+#[test]
+fn zeros_after_a_closed_segments_frames_are_reserved_space_and_anything_else_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fs, lo, known) = real_log(dir.path(), 4096);
+    {
+        let (mut log, _) = Log::open(fs.clone(), lo.clone(), &known, 1).unwrap();
+        for seq in 1..=6 {
+            log.stage_events(&[(1, ev(seq, 1500))], 0).unwrap();
+            log.commit(seq).unwrap();
+        }
+        assert!(log.segments() >= 2);
+    }
+    // A crash undid the cut of the first segment's reserved blocks at its roll.
+    let seg = dir.path().join("log").join(format::segment_name(1));
+    let len = std::fs::metadata(&seg).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    f.set_len(len + 100_000).unwrap();
+    let (_, rec) = Log::open(fs.clone(), lo.clone(), &known, 7).unwrap();
+    assert_eq!(rec[&1].len(), 6, "zeros are not damage");
+    // A stray byte there is.
+    std::os::unix::fs::FileExt::write_all_at(&f, &[7], len + 5000).unwrap();
+    let err = Log::open(fs, lo, &known, 8).err().unwrap().to_string();
+    assert!(err.contains(&format::segment_name(1)), "{err}");
+}
+
+/// A segment given back is kept as the spare and becomes the next head: its frames overwrite
+/// the earlier segment's written blocks (no reserved block to convert at every sync). What
+/// follows its own frames after a restart is the earlier segment's: never read as events.
+#[test]
+fn a_segment_given_back_becomes_the_next_head_and_its_old_frames_are_never_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fs, lo, known) = real_log(dir.path(), 64 << 10);
+    let spare = lo.dir.join(format::SPARE);
+    let (mut log, _) = Log::open(fs.clone(), lo.clone(), &known, 1).unwrap();
+    let mut seq = 0;
+    while log.segments() < 3 {
+        seq += 1;
+        log.stage_events(&[(1, ev(seq, 900))], 0).unwrap();
+        log.commit(seq).unwrap();
+    }
+    let first_life = seq;
+    // Everything delivered: the closed segments go, the largest is kept.
+    log.stage_settle(1, &(1..=first_life).collect::<Vec<_>>());
+    log.commit(seq).unwrap();
+    assert!(spare.exists(), "a spare is kept");
+    let spare_len = std::fs::metadata(&spare).unwrap().len();
+    assert!(spare_len >= 64 << 10);
+    assert!(log.disk_bytes() >= spare_len, "the spare counts on disk");
+    // A few events into the next head, the recycled file.
+    let before = log.recycled();
+    while log.recycled() == before {
+        seq += 1;
+        log.stage_events(&[(1, ev(seq, 900))], 0).unwrap();
+        log.commit(seq).unwrap();
+    }
+    assert!(!spare.exists(), "the spare became the head");
+    let second_life: Vec<u64> = (first_life + 1..=seq).collect();
+    for _ in 0..3 {
+        seq += 1;
+        log.stage_events(&[(1, ev(seq, 300))], 0).unwrap();
+        log.commit(seq).unwrap();
+    }
+    let head = std::fs::read_dir(&lo.dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "seg"))
+        .max()
+        .unwrap();
+    assert!(
+        std::fs::metadata(&head).unwrap().len() >= spare_len,
+        "the head reuses the spare's blocks"
+    );
+    drop(log);
+    // Reopened (no checkpoint: every segment read): exactly the events since the first life.
+    let (mut log, rec) = Log::open(fs.clone(), lo.clone(), &known, 2).unwrap();
+    let got: Vec<u64> = rec[&1].events().iter().map(|(s, _)| *s).collect();
+    let want: Vec<u64> = second_life.iter().copied().chain(seq - 2..=seq).collect();
+    assert_eq!(got, want, "no event of the earlier segment comes back");
+    let read = log.plan_get(1, &want).run().unwrap();
+    assert!(read.iter().all(Option::is_some));
+    // Writing goes on after the cut of the old frames, and survives another restart.
+    log.stage_events(&[(1, ev(seq + 1, 10))], 0).unwrap();
+    log.commit(3).unwrap();
+    drop(log);
+    let (_, rec) = Log::open(fs, lo, &known, 4).unwrap();
+    assert_eq!(rec[&1].len(), want.len() + 1);
+}
+
+/// The spare holds disk the bound counts: a publish that fits only without it deletes it
+/// first, and is taken.
+#[test]
+fn the_spare_goes_before_a_publish_is_refused_for_space() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fs, mut lo, known) = real_log(dir.path(), 64 << 10);
+    lo.max_disk_bytes = 1 << 20;
+    let (mut log, _) = Log::open(fs, lo.clone(), &known, 1).unwrap();
+    let mut seq = 0;
+    while log.segments() < 3 {
+        seq += 1;
+        log.stage_events(&[(1, ev(seq, 900))], 0).unwrap();
+        log.commit(seq).unwrap();
+    }
+    log.stage_settle(1, &(1..=seq).collect::<Vec<_>>());
+    log.commit(seq).unwrap();
+    let spare = lo.dir.join(format::SPARE);
+    assert!(spare.exists());
+    let free = lo.max_disk_bytes - log.bytes();
+    let spare_len = std::fs::metadata(&spare).unwrap().len();
+    // More than is free beside the spare, less than is free without it.
+    let body = (free + spare_len / 2) as usize;
+    log.stage_events(&[(1, ev(seq + 1, body))], 0)
+        .expect("taken once the spare is gone");
+    assert!(!spare.exists(), "the spare was deleted");
+    log.commit(seq + 1).unwrap();
+    // Now the bound refuses as before.
+    let err = log.stage_events(&[(1, ev(seq + 2, 300 << 10))], 0);
+    assert!(matches!(err, Err(StoreError::Full { .. })), "{err:?}");
+}
+
+/// Small writes within written blocks (or one block) go by sectors; larger ones, and ones that
+/// would end in reserved blocks past the first, by whole blocks (LogOptions::sector).
+#[test]
+fn small_frames_go_by_sectors_large_ones_by_blocks() {
+    let fs = SimFs::new(5);
+    let lo = opts_on("/s/log");
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    let (mut log, _) = Log::open(Arc::new(fs.clone()), lo, &known, 1).unwrap();
+    let frame = |log: &mut Log, seq: u64, len: usize| {
+        log.stage_events(&[(1, ev(seq, len))], 0).unwrap();
+        let w = log.take_frame(seq).unwrap().unwrap();
+        w.run().unwrap();
+        w.span()
+    };
+    // Within the header's block: from the sector of the frame's offset, whole sectors.
+    let (off, len) = frame(&mut log, 1, 300);
+    assert!(off % 512 == 0 && len % 512 == 0, "{off} {len}");
+    assert!(len < 4096, "sectors, not the block: {off} {len}");
+    // 5 KB more: past the block, into a reserved one: whole blocks.
+    let (off, len) = frame(&mut log, 2, 5000);
+    assert!(off % 4096 == 0 && len % 4096 == 0, "{off} {len}");
+    // Back within one block: sectors again.
+    let (off, len) = frame(&mut log, 3, 100);
+    assert!(
+        len <= 4096 && (off % 4096 != 0 || len < 4096),
+        "{off} {len}"
+    );
+    // A large frame: whole blocks whatever is below.
+    let (off, len) = frame(&mut log, 4, 20_000);
+    assert!(off % 4096 == 0 && len % 4096 == 0, "{off} {len}");
+    drop(log);
+    let (log, rec) = Log::open(Arc::new(fs), opts_on("/s/log"), &known, 2).unwrap();
+    assert_eq!(rec[&1].len(), 4);
+    let got = log.plan_get(1, &[1, 2, 3, 4]).run().unwrap();
+    assert!(got.iter().all(Option::is_some));
+}
+
+/// Options of a log on the simulated disk in `dir`: 4 KiB blocks, 512-byte sectors.
+fn opts_on(dir: &str) -> LogOptions {
+    LogOptions {
+        dir: dir.into(),
+        segment_bytes: 1 << 20,
+        max_disk_bytes: 1 << 30,
+        tail_bytes: 0,
+        checkpoint_bytes: super::engine::CHECKPOINT_BYTES,
+        align: crate::store::fs::DIRECT_ALIGN,
+        sector: 512,
+        allocate_step: super::engine::ALLOCATE_STEP,
+        compact_idle_ms: 0,
+    }
+}
