@@ -3,8 +3,8 @@
 //! (`log.rs`) runs it on its committer thread behind a mutex, the simulation (`sim.rs`) calls
 //! it step by step.
 //!
-//! Files: this one stages and writes frames, settles and rolls segments;
-//! `engine/segment.rs` is a segment in memory (its bits); `engine/collect.rs` gives dead
+//! Files: this one stages events and settlements, and rolls segments; `engine/frame.rs` takes
+//! what is staged as a frame and writes it; `engine/segment.rs` is a segment in memory (its bits); `engine/collect.rs` gives dead
 //! segments back; `engine/compact.rs` copies the pending events of a pinned segment into a
 //! smaller file; `engine/checkpoint.rs` writes and reads checkpoints; `engine/recover.rs`
 //! opens the log; `engine/read.rs` reads events back (tail first, then frames).
@@ -43,7 +43,7 @@ mod read;
 mod recover;
 mod segment;
 
-use super::format::{self, Header, Record, FRAME_HEAD, HEADER};
+use super::format::{self, Header, Record, HEADER};
 use crate::store::fs::{Fs, FsFile};
 use crate::store::{QueueId, RetryState, StoreError, StoredEvent};
 use bytes::Bytes;
@@ -457,94 +457,6 @@ impl Log {
     /// Whether anything waits for the next frame.
     pub fn has_staged(&self) -> bool {
         !self.staged.is_empty()
-    }
-
-    /// Take what is staged as one frame for the head segment (starting a new head first when it
-    /// is full). Write it with [`FrameWrite::run`], outside any lock.
-    ///
-    /// # Errors
-    /// Starting a new segment failed, or an earlier write failure.
-    pub fn take_frame(&mut self, now_ms: u64) -> Result<Option<FrameWrite>, StoreError> {
-        self.check()?;
-        self.now_ms = self.now_ms.max(now_ms);
-        if self.staged.is_empty() {
-            return Ok(None);
-        }
-        let head_full = self
-            .segs
-            .last()
-            .is_none_or(|s| s.len >= self.opts.segment_bytes && s.len > HEADER as u64);
-        if head_full {
-            self.roll(now_ms, true)?;
-        }
-        let payload = std::mem::take(&mut self.staged);
-        let pending = std::mem::take(&mut self.pending_events);
-        let first_event = pending.first().map(|(c, _)| c.seq);
-        for (cached, queues) in pending {
-            self.add_event(cached.seq, queues.into_iter());
-            if let Some(seg) = self.segs.last_mut() {
-                seg.note_ms(cached.seq, cached.first_ms);
-            }
-            self.tail_bytes += cached.body.len();
-            self.tail.push_back(cached);
-        }
-        while self.tail_bytes > self.opts.tail_bytes {
-            match self.tail.pop_front() {
-                Some(c) => self.tail_bytes -= c.body.len(),
-                None => break,
-            }
-        }
-        let Some(seg) = self.segs.last_mut() else {
-            return Err(StoreError::Io("event log has no segment".into()));
-        };
-        let align = self.opts.align.max(1);
-        let offset = seg.len;
-        let start = offset - self.head_block.len() as u64;
-        let mut bytes = std::mem::take(&mut self.head_block);
-        bytes.reserve(FRAME_HEAD + payload.len() + align as usize);
-        format::frame(seg.hdr.salt, &payload, &mut bytes);
-        let frame = bytes.len() - (offset - start) as usize;
-        seg.len += frame as u64;
-        self.written += frame as u64;
-        if let Some(first) = first_event {
-            seg.index_frame(first, offset, INDEX_STRIDE);
-        }
-        // The new partial block starts the next write; zeros complete this one.
-        let kept = (seg.len % align) as usize;
-        let cut = bytes.len() - kept;
-        self.head_block
-            .extend_from_slice(bytes.get(cut..).unwrap_or_default());
-        let whole = bytes.len().next_multiple_of(align as usize) as u64;
-        // Sectors instead of blocks where that is cheaper (see `LogOptions::sector`): from the
-        // sector of the frame's offset to the sector of its end.
-        let sector = self.sector.clamp(1, align);
-        let by_sector = sector < align
-            && whole <= SECTOR_WRITE_MAX
-            && (whole <= align || start + whole <= self.head_written);
-        let (offset, skip) = if by_sector {
-            let from = offset - offset % sector;
-            (from, (from - start) as usize)
-        } else {
-            (start, 0)
-        };
-        bytes.drain(..skip);
-        let unit = if by_sector { sector } else { align };
-        bytes.resize(bytes.len().next_multiple_of(unit as usize), 0);
-        let end = offset + bytes.len() as u64;
-        // A block a write reached is written whole from then on (the file system zeroes the
-        // rest of a reserved one).
-        self.head_written = self.head_written.max(end.next_multiple_of(align));
-        let allocate = (end > self.head_allocated).then(|| {
-            self.head_allocated = end.next_multiple_of(self.opts.allocate_step.max(1));
-            self.head_allocated
-        });
-        Ok(Some(FrameWrite {
-            file: seg.file.clone(),
-            offset,
-            bytes,
-            frame,
-            allocate,
-        }))
     }
 
     /// Start a new head segment: sync the old head, create the file (or take the spare, when

@@ -1,7 +1,10 @@
-//! A frame's write, prepared under the log's lock by [`super::Log::take_frame`] and run by the
+//! A frame's write, prepared under the log's lock by [`Log::take_frame`] and run by the
 //! committer outside it.
 
+use super::format::{self, FRAME_HEAD, HEADER};
+use super::{Log, INDEX_STRIDE, SECTOR_WRITE_MAX};
 use crate::store::fs::FsFile;
+use crate::store::StoreError;
 use std::sync::Arc;
 
 /// A write prepared under the lock, done outside it: one frame at an offset of a file.
@@ -58,5 +61,95 @@ impl FrameWrite {
     #[cfg(test)]
     pub fn span(&self) -> (u64, usize) {
         (self.offset, self.bytes.len())
+    }
+}
+
+impl Log {
+    /// Take what is staged as one frame for the head segment (starting a new head first when it
+    /// is full). Write it with [`FrameWrite::run`], outside any lock.
+    ///
+    /// # Errors
+    /// Starting a new segment failed, or an earlier write failure.
+    pub fn take_frame(&mut self, now_ms: u64) -> Result<Option<FrameWrite>, StoreError> {
+        self.check()?;
+        self.now_ms = self.now_ms.max(now_ms);
+        if self.staged.is_empty() {
+            return Ok(None);
+        }
+        let head_full = self
+            .segs
+            .last()
+            .is_none_or(|s| s.len >= self.opts.segment_bytes && s.len > HEADER as u64);
+        if head_full {
+            self.roll(now_ms, true)?;
+        }
+        let payload = std::mem::take(&mut self.staged);
+        let pending = std::mem::take(&mut self.pending_events);
+        let first_event = pending.first().map(|(c, _)| c.seq);
+        for (cached, queues) in pending {
+            self.add_event(cached.seq, queues.into_iter());
+            if let Some(seg) = self.segs.last_mut() {
+                seg.note_ms(cached.seq, cached.first_ms);
+            }
+            self.tail_bytes += cached.body.len();
+            self.tail.push_back(cached);
+        }
+        while self.tail_bytes > self.opts.tail_bytes {
+            match self.tail.pop_front() {
+                Some(c) => self.tail_bytes -= c.body.len(),
+                None => break,
+            }
+        }
+        let Some(seg) = self.segs.last_mut() else {
+            return Err(StoreError::Io("event log has no segment".into()));
+        };
+        let align = self.opts.align.max(1);
+        let offset = seg.len;
+        let start = offset - self.head_block.len() as u64;
+        let mut bytes = std::mem::take(&mut self.head_block);
+        bytes.reserve(FRAME_HEAD + payload.len() + align as usize);
+        format::frame(seg.hdr.salt, &payload, &mut bytes);
+        let frame = bytes.len() - (offset - start) as usize;
+        seg.len += frame as u64;
+        self.written += frame as u64;
+        if let Some(first) = first_event {
+            seg.index_frame(first, offset, INDEX_STRIDE);
+        }
+        // The new partial block starts the next write; zeros complete this one.
+        let kept = (seg.len % align) as usize;
+        let cut = bytes.len() - kept;
+        self.head_block
+            .extend_from_slice(bytes.get(cut..).unwrap_or_default());
+        let whole = bytes.len().next_multiple_of(align as usize) as u64;
+        // Sectors instead of blocks where that is cheaper (see `LogOptions::sector`): from the
+        // sector of the frame's offset to the sector of its end.
+        let sector = self.sector.clamp(1, align);
+        let by_sector = sector < align
+            && whole <= SECTOR_WRITE_MAX
+            && (whole <= align || start + whole <= self.head_written);
+        let (offset, skip) = if by_sector {
+            let from = offset - offset % sector;
+            (from, (from - start) as usize)
+        } else {
+            (start, 0)
+        };
+        bytes.drain(..skip);
+        let unit = if by_sector { sector } else { align };
+        bytes.resize(bytes.len().next_multiple_of(unit as usize), 0);
+        let end = offset + bytes.len() as u64;
+        // A block a write reached is written whole from then on (the file system zeroes the
+        // rest of a reserved one).
+        self.head_written = self.head_written.max(end.next_multiple_of(align));
+        let allocate = (end > self.head_allocated).then(|| {
+            self.head_allocated = end.next_multiple_of(self.opts.allocate_step.max(1));
+            self.head_allocated
+        });
+        Ok(Some(FrameWrite {
+            file: seg.file.clone(),
+            offset,
+            bytes,
+            frame,
+            allocate,
+        }))
     }
 }
