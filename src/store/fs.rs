@@ -149,7 +149,7 @@ struct Direct {
 }
 
 /// Alignment of memory for direct writes, and of offset and length where the file system does
-/// not say ([`dio_align`]): a 4 KiB page, which every block device's logical block size divides.
+/// not say (`dio_align`): a 4 KiB page, which every block device's logical block size divides.
 pub const DIRECT_ALIGN: u64 = 4096;
 
 /// The sysfs directory of block device `dev` (an `st_dev`): `/sys/dev/block/MAJ:MIN`, which
