@@ -36,6 +36,8 @@
 mod commit_trace;
 mod committer;
 #[cfg(test)]
+mod committer_tests;
+#[cfg(test)]
 mod compact_tests;
 pub mod engine;
 pub mod format;
@@ -348,7 +350,7 @@ impl Store for LogStore {
             let mut log = self.shared.log();
             log.stage_events(&items, reserved)?;
             let mut w = self.shared.waiting();
-            w.waiters.push(Waiter::Task(tx));
+            w.waiters.push(Waiter::Publish(tx));
             if self.shared.tracer().is_some() {
                 w.group.add(&items);
             }

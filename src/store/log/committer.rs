@@ -13,16 +13,20 @@ use std::time::Duration;
 
 /// Who waits for the next frame.
 pub(super) enum Waiter {
-    /// A publish (or `commit`), awaiting in a task.
+    /// A publish: answered as soon as the frame holding its events is durable.
+    Publish(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
+    /// A `commit`, awaiting in a task: answered after the whole round (segments with nothing
+    /// pending given back, checkpoint).
     Task(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
-    /// A management call on a blocking thread.
+    /// A management call on a blocking thread: as `Task` (a deleted subscription's space is
+    /// free when it returns).
     Thread(std::sync::mpsc::Sender<Result<(), StoreError>>),
 }
 
 impl Waiter {
     pub(super) fn answer(self, r: Result<(), StoreError>) {
         match self {
-            Waiter::Task(tx) => {
+            Waiter::Publish(tx) | Waiter::Task(tx) => {
                 let _ = tx.send(r);
             }
             Waiter::Thread(tx) => {
@@ -123,11 +127,22 @@ pub(super) fn committer(
             w.dirty = false;
             std::mem::take(&mut w.waiters)
         };
-        let result = write_round(s, Some(jobs));
-        if !waiters.is_empty() && result.is_ok() {
+        // Publishes are answered as soon as their frame is durable: giving segments back,
+        // compactions and checkpoints (a write and a sync of their own) come after, off their
+        // path. A failure there fails the log (`Log::fail`), which refuses the next publishes.
+        let framed = write_frame(s);
+        if !waiters.is_empty() && framed.is_ok() {
             s.publish_syncs.fetch_add(1, Ordering::Relaxed);
         }
+        let mut after_round = Vec::new();
         for w in waiters {
+            match w {
+                Waiter::Publish(_) => w.answer(framed.as_ref().map(|_| ()).map_err(clone_err)),
+                _ => after_round.push(w),
+            }
+        }
+        let result = framed.and_then(|()| housekeeping(s, Some(jobs)));
+        for w in after_round {
             w.answer(result.as_ref().map(|_| ()).map_err(clone_err));
         }
     }
@@ -144,14 +159,22 @@ fn clone_err(e: &StoreError) -> StoreError {
     }
 }
 
-/// Write what is staged (one frame, synced), then delete segments with nothing pending, then
-/// hand a compaction that is worth it to the compactor (after the frame restating the older
-/// segments), then write a checkpoint when one is due.
+/// Write what is staged (one frame, synced), then [`housekeeping`].
 fn write_round(
     s: &Shared,
     jobs: Option<&std::sync::mpsc::Sender<engine::Compaction>>,
 ) -> Result<(), StoreError> {
     write_frame(s)?;
+    housekeeping(s, jobs)
+}
+
+/// After a frame: delete segments with nothing pending, then hand a compaction that is worth
+/// it to the compactor (after the frame restating the older segments), then write a checkpoint
+/// when one is due.
+fn housekeeping(
+    s: &Shared,
+    jobs: Option<&std::sync::mpsc::Sender<engine::Compaction>>,
+) -> Result<(), StoreError> {
     let dead = s.log().stage_collection(now_ms());
     if !dead.is_empty() {
         write_frame(s)?;

@@ -64,6 +64,10 @@ impl FrameWrite {
     }
 }
 
+/// Largest staging buffer kept from one frame to the next: a burst of large publishes does not
+/// hold its size afterwards.
+const KEEP_STAGED: usize = 256 << 10;
+
 impl Log {
     /// Take what is staged as one frame for the head segment (starting a new head first when it
     /// is full). Write it with [`FrameWrite::run`], outside any lock.
@@ -83,10 +87,12 @@ impl Log {
         if head_full {
             self.roll(now_ms, true)?;
         }
-        let payload = std::mem::take(&mut self.staged);
-        let pending = std::mem::take(&mut self.pending_events);
+        // Both buffers keep their capacity for the next frame (publishes stage into them),
+        // up to `KEEP_STAGED`.
+        let mut payload = std::mem::take(&mut self.staged);
+        let mut pending = std::mem::take(&mut self.pending_events);
         let first_event = pending.first().map(|(c, _)| c.seq);
-        for (cached, queues) in pending {
+        for (cached, queues) in pending.drain(..) {
             self.add_event(cached.seq, queues.into_iter());
             if let Some(seg) = self.segs.last_mut() {
                 seg.note_ms(cached.seq, cached.first_ms);
@@ -109,6 +115,11 @@ impl Log {
         let mut bytes = std::mem::take(&mut self.head_block);
         bytes.reserve(FRAME_HEAD + payload.len() + align as usize);
         format::frame(seg.hdr.salt, &payload, &mut bytes);
+        if payload.capacity() <= KEEP_STAGED {
+            payload.clear();
+            self.staged = payload;
+            self.pending_events = pending;
+        }
         let frame = bytes.len() - (offset - start) as usize;
         seg.len += frame as u64;
         self.written += frame as u64;
