@@ -254,17 +254,8 @@ fn a_torn_tail_is_cut_and_writing_goes_on() {
 #[test]
 fn a_damaged_frame_in_a_closed_segment_stops_start_up_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let lo = real_opts(dir.path(), 1024);
-    let known: HashSet<QueueId> = [1].into_iter().collect();
-    let fs: Arc<dyn Fs> = Arc::new(RealFs);
-    {
-        let (mut log, _) = Log::open(fs.clone(), lo.clone(), &known, 1).unwrap();
-        for seq in 1..=5 {
-            log.stage_events(&[(1, ev(seq, 800))], 0).unwrap();
-            log.commit(seq).unwrap();
-        }
-        assert!(log.segments() >= 3);
-    }
+    let (fs, lo, known) = real_log(dir.path(), 1024);
+    assert!(fill_real_log(&fs, &lo, &known, 5, 800) >= 3);
     let seg = dir.path().join("log").join(format::segment_name(1));
     let mut bytes = std::fs::read(&seg).unwrap();
     let mid = bytes.len() / 2;
@@ -379,6 +370,31 @@ async fn a_clean_stop_leaves_a_checkpoint_the_next_open_reads() {
         .map(|(s, _)| *s)
         .collect();
     assert_eq!(seqs, (21..=50).collect::<Vec<_>>());
+}
+/// The real file system, `real_opts` in `dir` and the one queue these tests use.
+pub(super) fn real_log(
+    dir: &Path,
+    segment_bytes: u64,
+) -> (Arc<dyn Fs>, LogOptions, HashSet<QueueId>) {
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    (Arc::new(RealFs), real_opts(dir, segment_bytes), known)
+}
+
+/// Events `1..=n` of `len` bytes for queue 1, one frame each, then the log closed: how many
+/// segments it was left with.
+pub(super) fn fill_real_log(
+    fs: &Arc<dyn Fs>,
+    lo: &LogOptions,
+    known: &HashSet<QueueId>,
+    n: u64,
+    len: usize,
+) -> usize {
+    let (mut log, _) = Log::open(fs.clone(), lo.clone(), known, 1).unwrap();
+    for seq in 1..=n {
+        log.stage_events(&[(1, ev(seq, len))], 0).unwrap();
+        log.commit(seq).unwrap();
+    }
+    log.segments()
 }
 
 /// Options of a log on a real directory with the store's direct, reserved writes.

@@ -3,18 +3,10 @@
 //! closed segment's frames, and the spare segment a full head rolls into.
 
 use super::engine::{Log, LogOptions};
-use super::tests::{ev, real_opts};
+use super::tests::{ev, fill_real_log, real_log};
 use super::*;
 use crate::store::fs::sim::SimFs;
-use crate::store::fs::{Fs, RealFs};
 use std::collections::HashSet;
-use std::path::Path;
-
-/// The real file system, `real_opts` in `dir` and the one queue these tests use.
-fn real_log(dir: &Path, segment_bytes: u64) -> (Arc<dyn Fs>, LogOptions, HashSet<QueueId>) {
-    let known: HashSet<QueueId> = [1].into_iter().collect();
-    (Arc::new(RealFs), real_opts(dir, segment_bytes), known)
-}
 
 #[test]
 fn small_frames_rewrite_the_partial_block_and_read_back_after_a_restart() {
@@ -57,14 +49,7 @@ fn small_frames_rewrite_the_partial_block_and_read_back_after_a_restart() {
 fn zeros_after_a_closed_segments_frames_are_reserved_space_and_anything_else_is_damage() {
     let dir = tempfile::tempdir().unwrap();
     let (fs, lo, known) = real_log(dir.path(), 4096);
-    {
-        let (mut log, _) = Log::open(fs.clone(), lo.clone(), &known, 1).unwrap();
-        for seq in 1..=6 {
-            log.stage_events(&[(1, ev(seq, 1500))], 0).unwrap();
-            log.commit(seq).unwrap();
-        }
-        assert!(log.segments() >= 2);
-    }
+    assert!(fill_real_log(&fs, &lo, &known, 6, 1500) >= 2);
     // A crash undid the cut of the first segment's reserved blocks at its roll.
     let seg = dir.path().join("log").join(format::segment_name(1));
     let len = std::fs::metadata(&seg).unwrap().len();
