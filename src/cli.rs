@@ -10,7 +10,7 @@
 //! where lexopt would add a little and clap several hundred KiB to a 6 MB program.
 
 use crate::config::{self, Config, LogFormat, TlsPolicy};
-use crate::delivery::http::HttpClient;
+use crate::outbound::http::HttpClient;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -10,7 +10,7 @@
 //! server (listeners, TLS) ─► api (auth, api-version, body limit) ─► model::event (parse, validate)
 //!   ─► broker::publish (route, admit = reserve places, persist, enqueue)
 //!   ─► delivery::subscription::SubscriptionHandle ─► delivery::dispatcher (one task each)
-//!   ─► delivery::sink (webhook, Event Grid, edgeHub, Azure messaging)
+//!   ─► delivery::sink::Sink ─► outbound (webhook, Event Grid, edgeHub, Azure messaging)
 //!   ─► delivery::settle (pure: retry::next_step per event) ─► Effects ─► delivery::apply
 //!      (queue, retry lane, dead letters; store writes: delivery::writer)
 //! ```
@@ -19,7 +19,8 @@
 //! * `api`: HTTP routes and the single auth check; `error`: the only error→HTTP table.
 //! * `model`: topics, subscriptions (with their filters), events, destinations; `policy`: retry
 //!   schedules and status-code policies as data.
-//! * `broker`: registry and publish path; `delivery`: queues, dispatch, retry, sinks.
+//! * `broker`: registry and publish path; `delivery`: queues, dispatch, retry, pull (the
+//!   engine); `outbound`: the destinations behind its `Sink` seam (HTTP, Azure, edgeHub).
 //! * `store`: storage trait and implementations; `tls`: certificates and verifiers.
 //! * `edge`: running as an IoT Edge module (workload API, edgeHub, module twin).
 //! * `metrics`: counters and the one table of families; `clock`: time seam.
@@ -45,6 +46,7 @@ pub mod edge;
 pub(crate) mod error;
 pub(crate) mod metrics;
 pub mod model;
+pub mod outbound;
 pub(crate) mod policy;
 pub mod server;
 pub mod store;

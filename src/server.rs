@@ -15,10 +15,10 @@ use crate::api::{self, AppState};
 use crate::broker::{Broker, OpenError};
 use crate::clock::Clock;
 use crate::config::{Config, MetricsReporter};
-use crate::delivery::http::HttpClient;
 use crate::delivery::sink::SinkFactory;
-use crate::delivery::sinks::DefaultSinks;
 use crate::edge::{EdgeError, EdgeRuntime};
+use crate::outbound::http::HttpClient;
+use crate::outbound::sinks::DefaultSinks;
 use crate::store::Store;
 use crate::tls::{self, CertStore, ClientCerts, OutboundTls, TlsError};
 use conn::{accept_loop, ConnLimits};
@@ -442,7 +442,7 @@ fn default_sinks(
             None => HttpClient::new(tls::client_config(&o)?, timeout),
         };
         // Every delivery holds one of `maxInFlightTotal` permits, so no more connections than
-        // that are ever in use at once: keep them all reusable (see `delivery::http`).
+        // that are ever in use at once: keep them all reusable (see `outbound::http`).
         Ok(client
             .with_max_idle_per_host(cfg.broker.max_in_flight_total)
             .with_denied_ranges(cfg.outbound.denied_ranges.clone())

@@ -4,7 +4,7 @@
 //! broker::publish ─► SubQueue.ready ─► dispatcher (one task per subscription)
 //!                                        │ pick batch (caps, in-flight budget, retry budget)
 //!                                        ▼
-//!                                   Sink::send ─► WebHook | EventGrid | EdgeHub | Azure
+//!                                   Sink::send ─► crate::outbound (WebHook, EventGrid, EdgeHub, Azure)
 //!                                        │
 //!                                        ▼
 //!             settle::settle(rules, batch, outcome, now) ─► Effects (pure, per event:
@@ -20,20 +20,16 @@
 //! * `settle`: what an outcome (or an expiry) does, as typed effects; `apply` does them.
 //! * [`queue`]: ready lane and retry timer map.
 //! * [`dispatcher`]: the per-subscription task.
-//! * [`webhook`]: HTTP destinations, over [`http`] (gridlet's own HTTP/1.1 client).
-//! * [`sinks`]: the destination types (one file each) and the registry that parses them and
-//!   builds their sinks.
-//! * [`azure`]: Event Hubs, Service Bus, Storage queue and blob dead-letter sinks.
+//! * The destinations themselves (HTTP, Azure, edgeHub) live in `crate::outbound`, which the
+//!   engine reaches only through the [`sink::Sink`] seam.
 //! * [`forward`]: dead letters to a dead-letter destination (batched, retried with patience).
 
 mod apply;
-pub mod azure;
 pub(crate) mod deadletter;
 pub(crate) mod dispatcher;
 pub(crate) mod engine;
 pub(crate) mod forward;
 pub(crate) mod health;
-pub mod http;
 pub mod lock_token;
 pub(crate) mod payload;
 pub mod policy;
@@ -42,11 +38,8 @@ pub(crate) mod queue;
 mod refill;
 pub(crate) mod retry;
 mod settle;
-pub mod signing;
 pub mod sink;
-pub mod sinks;
 mod state;
 pub(crate) mod subscription;
 mod trace;
-pub mod webhook;
 pub(crate) mod writer;

@@ -26,7 +26,7 @@ use super::sas::{self, SasToken};
 use super::workload::{encode, WorkloadClient};
 use crate::clock::Clock;
 use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
-use crate::delivery::sinks::edgehub::ModuleOutputs;
+use crate::outbound::sinks::edgehub::ModuleOutputs;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use rumqttc::{

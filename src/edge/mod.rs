@@ -21,7 +21,7 @@ pub mod workload;
 use crate::broker::Broker;
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::delivery::http::HttpClient;
+use crate::outbound::http::HttpClient;
 use crate::sync::AbortOnDrop;
 use crate::tls::{self, CertStore, ClientCerts, OutboundTls, TlsError};
 use edgehub::{EdgeHub, HubConnection, HubMessage, HubSettings};
@@ -268,7 +268,7 @@ impl EdgeRuntime {
         if let Some((store, _)) = &self.identity {
             client_cfg.client_auth_cert_resolver = store.clone();
         }
-        Ok(crate::delivery::http::HttpClient::new(client_cfg, timeout))
+        Ok(crate::outbound::http::HttpClient::new(client_cfg, timeout))
     }
 
     /// The edgeHub connection, when IoT Edge gave enough to make one.

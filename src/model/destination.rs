@@ -2,7 +2,7 @@
 //! that knows its `endpointType`, how it echoes its properties, which of them are secret, and
 //! the URL it delivers to (if any).
 //!
-//! The destination types themselves live in `delivery::sinks` (one file each, one registry);
+//! The destination types themselves live in `outbound::sinks` (one file each, one registry);
 //! the model only sees them through [`DestinationSpec`] (a parsed value) and [`DestinationTypes`]
 //! (the parser), so the model never depends on delivery.
 //!
@@ -22,7 +22,7 @@ use std::fmt;
 use std::sync::Arc;
 
 /// A bad destination: the model's [`Invalid`] with the code [`Role::invalid`] gives it (a 400
-/// naming the field on the wire). The destination types in `delivery::sinks` name it by this alias.
+/// naming the field on the wire). The destination types in `outbound::sinks` name it by this alias.
 pub type DestinationError = Invalid;
 
 /// How a secret property is masked.
@@ -54,7 +54,7 @@ impl SecretProperty {
     }
 }
 
-/// A parsed destination of one type (implemented next to the type in `delivery::sinks`).
+/// A parsed destination of one type (implemented next to the type in `outbound::sinks`).
 pub trait DestinationSpec: Any + fmt::Debug + Send + Sync {
     /// Echo the properties as stored (secrets in clear; [`mask_properties`] masks them).
     fn echo(&self, props: &mut Map<String, Value>);
@@ -212,7 +212,7 @@ impl Role {
     }
 }
 
-/// The destination types a build knows (`delivery::sinks::Registry` in production).
+/// The destination types a build knows (`outbound::sinks::Registry` in production).
 pub trait DestinationTypes: Sync {
     /// Parse `props` (lowercased keys) as a destination of `endpoint_type` (any case) for `role`.
     ///
@@ -447,7 +447,7 @@ fn string_leaves(v: &Value, out: &mut Vec<String>) {
 
 #[cfg(test)]
 pub(crate) mod testing {
-    //! A stand-in registry for model tests (the real types live in `delivery::sinks`): a
+    //! A stand-in registry for model tests (the real types live in `outbound::sinks`): a
     //! `WebHook` with `endpointUrl` (secret as a URL) and an `EdgeHub` with `outputName`; and
     //! the settings and topic subscription tests parse against.
     use super::*;

@@ -1,5 +1,5 @@
 //! Standard Webhooks signing secrets (`whsec_<base64>`) as a subscription states them: what a
-//! valid one is. Signing with them is delivery's (`crate::delivery::signing`).
+//! valid one is. Signing with them is delivery's (`crate::outbound::signing`).
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;

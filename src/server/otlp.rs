@@ -6,8 +6,8 @@
 use super::StartError;
 use crate::broker::Broker;
 use crate::config::Config;
-use crate::delivery::http::{Endpoint, HttpClient};
 use crate::edge::EdgeRuntime;
+use crate::outbound::http::{Endpoint, HttpClient};
 use crate::telemetry::{export, now_ns, otlp, Tracer, Transport};
 use crate::tls::{self, OutboundTls};
 use futures_util::future::BoxFuture;

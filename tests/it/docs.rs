@@ -4,7 +4,7 @@
 //! states a feature the code lacks, or misses one it has, fails here.
 
 use gridlet::config::SETTINGS;
-use gridlet::delivery::sinks::DESTINATIONS;
+use gridlet::outbound::sinks::DESTINATIONS;
 use std::path::PathBuf;
 
 fn read(path: &str) -> String {

@@ -25,14 +25,17 @@ const LAYERS: &[(&str, u8)] = &[
     // Trace context, spans and their OTLP encoding (the HTTP client comes from the server).
     ("telemetry", 3),
     ("store", 4),
+    // The delivery engine (queues, dispatch, settle, retry, pull), then the outbound protocols
+    // it reaches only through its `Sink` seam.
     ("delivery", 5),
-    ("broker", 6),
+    ("outbound", 6),
+    ("broker", 7),
     // The HTTP surface, and IoT Edge plugging in from the side through the same seams.
-    ("api", 7),
-    ("error", 7),
-    ("edge", 7),
-    ("cli", 7),
-    ("server", 8),
+    ("api", 8),
+    ("error", 8),
+    ("edge", 8),
+    ("cli", 8),
+    ("server", 9),
 ];
 
 /// Imports that point up the layers or close a cycle and are being removed. Empty since issue 13

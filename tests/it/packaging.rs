@@ -5,9 +5,9 @@
 //! `scripts/images.sh` (run by `.ci/run`) builds every image and runs it, and runs `compose.yaml`.
 
 use gridlet::config::{Config, SETTINGS};
-use gridlet::delivery::sinks::DESTINATIONS;
 use gridlet::model::subscription::Subscription;
 use gridlet::model::topic::Topic;
+use gridlet::outbound::sinks::DESTINATIONS;
 use serde_json::Value;
 use std::path::PathBuf;
 

@@ -450,7 +450,7 @@ fn req() -> DeliveryRequest {
 #[tokio::test]
 async fn real_receivers_each_status_class_hang_reset_and_retry_after() {
     gridlet::tls::install_default_provider();
-    let client = gridlet::delivery::http::HttpClient::new(
+    let client = gridlet::outbound::http::HttpClient::new(
         gridlet::tls::client_config(&gridlet::tls::OutboundTls {
             accept_any_server_cert: true,
             extra_roots_pem: None,
@@ -460,11 +460,11 @@ async fn real_receivers_each_status_class_hang_reset_and_retry_after() {
         Duration::from_millis(800),
     );
     let sink = |addr: std::net::SocketAddr| {
-        gridlet::delivery::webhook::WebhookSink::new(
+        gridlet::outbound::webhook::WebhookSink::new(
             client.clone(),
             format!("http://{addr}/hook"),
             None,
-            gridlet::delivery::webhook::TopicRewrite::None,
+            gridlet::outbound::webhook::TopicRewrite::None,
         )
     };
     let policy = gridlet::delivery::policy::StatusCodePolicy::Standard;
@@ -765,7 +765,7 @@ async fn signed_deliveries_and_static_headers() {
     let id = h("webhook-id");
     assert!(id.starts_with("msg_") && !id.contains('.'), "{id}");
     let ts: u64 = h("webhook-timestamp").parse().unwrap();
-    let expected = gridlet::delivery::signing::Signer::new(&[secret, old])
+    let expected = gridlet::outbound::signing::Signer::new(&[secret, old])
         .unwrap()
         .sign(&id, ts, &r.body);
     assert_eq!(h("webhook-signature"), expected);

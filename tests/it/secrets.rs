@@ -5,11 +5,11 @@
 //! every one of them.
 
 use crate::util::{self, eg_event, eventually, Receiver, V};
-use gridlet::delivery::sinks::DESTINATIONS;
 use gridlet::edge::twin::{reported, TwinErrors};
 use gridlet::model::destination::secret_fragments;
 use gridlet::model::subscription::Subscription;
 use gridlet::model::topic::Topic;
+use gridlet::outbound::sinks::DESTINATIONS;
 use gridlet::Config;
 use serde_json::{json, Value};
 use std::process::{Command, Stdio};

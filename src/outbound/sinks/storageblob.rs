@@ -1,7 +1,7 @@
 //! `endpointType: StorageBlob`, as a `deadLetterDestination` only (Event Grid cloud's shape):
 //! dead letters are written as blobs in Event Grid's layout and content, or gridlet's own
 //! record with `deadLetterFormat: gridlet`
-//! ([`crate::delivery::azure::storage::BlobDeadLetterSink`]).
+//! ([`crate::outbound::azure::storage::BlobDeadLetterSink`]).
 //!
 //! Properties: `blobContainerName` (required, container naming rules), `connectionString`
 //! (required, account-level; parsed at PUT; secret: its key and signature parts). Health: not
@@ -9,8 +9,6 @@
 
 use super::storagequeue::{account_example, SECRETS};
 use super::{DestinationKind, ParseContext, SinkContext};
-use crate::delivery::azure::blobletters::BlobFormat;
-use crate::delivery::azure::storage::BlobDeadLetterSink;
 use crate::delivery::sink::Sink;
 use crate::model::azure::{check_container_name, StorageConn};
 use crate::model::destination::{
@@ -18,6 +16,8 @@ use crate::model::destination::{
 };
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
+use crate::outbound::azure::blobletters::BlobFormat;
+use crate::outbound::azure::storage::BlobDeadLetterSink;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 

@@ -1,5 +1,5 @@
 //! `endpointType: StorageQueue`: one Put Message per event
-//! ([`crate::delivery::azure::storage::StorageQueueSink`]).
+//! ([`crate::outbound::azure::storage::StorageQueueSink`]).
 //!
 //! Properties: `queueName` (required, Storage naming rules), `connectionString` (required,
 //! account-level; parsed at PUT; secret: its key and signature parts), `messageEncoding`
@@ -8,7 +8,6 @@
 //! `messagettl`; absent: the service's 7 days). Health: by the queue's URL. No dead letters.
 
 use super::{DestinationKind, ParseContext, SinkContext};
-use crate::delivery::azure::storage::StorageQueueSink;
 use crate::delivery::sink::Sink;
 use crate::model::azure::{check_queue_name, MessageEncoding, StorageConn};
 use crate::model::destination::{
@@ -17,6 +16,7 @@ use crate::model::destination::{
 use crate::model::json::Obj;
 use crate::model::sas::expiry as sas_expiry;
 use crate::model::subscription::Subscription;
+use crate::outbound::azure::storage::StorageQueueSink;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 

@@ -1,5 +1,5 @@
 //! `endpointType: WebHook`: an HTTP(S) POST of the events as a JSON array
-//! ([`crate::delivery::webhook::WebhookSink`]).
+//! ([`crate::outbound::webhook::WebhookSink`]).
 //!
 //! Properties: `endpointUrl` (required; https unless `outbound__webhook__httpsOnly=false`);
 //! webhook options (`signingSecrets`, `deliveryAttributeMappings`). Secrets: the URL's
@@ -9,12 +9,12 @@
 use super::{mismatched, DestinationKind, ParseContext, SinkContext};
 use crate::config::Key;
 use crate::delivery::sink::Sink;
-use crate::delivery::webhook::{TopicRewrite, WebhookSink};
 use crate::model::destination::{
     stored_str, Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
 };
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
+use crate::outbound::webhook::{TopicRewrite, WebhookSink};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
@@ -122,7 +122,7 @@ impl DestinationKind for WebHook {
 /// and static headers.
 pub(super) fn webhook_sink(
     sub: &Subscription,
-    client: &crate::delivery::http::HttpClient,
+    client: &crate::outbound::http::HttpClient,
     ctx: &SinkContext,
     url: &str,
     sas_key: Option<&str>,

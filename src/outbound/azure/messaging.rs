@@ -35,12 +35,12 @@
 //! not yet sent; events already accepted stay delivered.
 
 use super::sas::TokenSource;
-use crate::delivery::http::{Endpoint, HttpClient, HttpError};
 use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
 use crate::model::attributes::{AttributeTarget, DeliveryAttribute};
 use crate::model::azure::{MessagingAuth, MessagingConn};
 use crate::model::sas::expiry as sas_expiry;
 use crate::model::topic::EventSchema;
+use crate::outbound::http::{Endpoint, HttpClient, HttpError};
 use crate::telemetry::TraceContext;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;

@@ -21,10 +21,10 @@
 
 use super::blobletters::{self, BlobFormat};
 use super::sharedkey::{SharedKey, Signed, VERSION};
-use crate::delivery::http::{Endpoint, HttpClient, HttpError};
 use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
 use crate::model::azure::{MessageEncoding, StorageConn};
 use crate::model::sas::expiry as sas_expiry;
+use crate::outbound::http::{Endpoint, HttpClient, HttpError};
 use crate::telemetry::TraceContext;
 use base64::Engine as _;
 use bytes::Bytes;

@@ -1,5 +1,5 @@
 //! `endpointType: EventHub`, `ServiceBusQueue`, `ServiceBusTopic`: batch-send over the
-//! services' REST interface ([`crate::delivery::azure::messaging::MessagingSink`]). The three
+//! services' REST interface ([`crate::outbound::azure::messaging::MessagingSink`]). The three
 //! types differ only in name, so one file declares them (three registry lines).
 //!
 //! Properties: `connectionString` (required, entity-level: `EntityPath`; parsed at PUT so a bad
@@ -12,7 +12,6 @@
 //! `ViaPartitionKey`) broker properties, every other name an application property.
 
 use super::{DestinationKind, ParseContext, SinkContext};
-use crate::delivery::azure::messaging::{MessagingLimits, MessagingSink, Service};
 use crate::delivery::sink::Sink;
 use crate::model::attributes::AttributeTarget;
 use crate::model::azure::{MessagingAuth, MessagingConn};
@@ -22,6 +21,7 @@ use crate::model::destination::{
 use crate::model::json::Obj;
 use crate::model::sas::expiry as sas_expiry;
 use crate::model::subscription::Subscription;
+use crate::outbound::azure::messaging::{MessagingLimits, MessagingSink, Service};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 

@@ -17,8 +17,8 @@ pub(crate) mod storagequeue;
 pub(crate) mod webhook;
 
 use super::http::HttpClient;
-use super::sink::{Sink, SinkFactory, UnsupportedSink};
 use crate::config::{Config, Key};
+use crate::delivery::sink::{Sink, SinkFactory, UnsupportedSink};
 use crate::model::destination::{Destination, DestinationError, DestinationTypes, Role};
 use crate::model::json::Obj;
 use crate::model::record::DestinationRecord;
@@ -309,7 +309,7 @@ pub struct DefaultSinks {
 
 impl DefaultSinks {
     /// Sinks sharing `client` for webhooks and `azure_client` for Azure destinations (see
-    /// [`crate::delivery::http::HttpClient::new`] over [`crate::tls::client_config`]).
+    /// [`crate::outbound::http::HttpClient::new`] over [`crate::tls::client_config`]).
     pub fn new(client: HttpClient, azure_client: HttpClient) -> Self {
         let mut b = [0u8; 6];
         let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);

@@ -10,7 +10,7 @@
 
 use super::http::{Endpoint, HttpClient, HttpError};
 use super::signing::Signer;
-use super::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
+use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
 use crate::model::attributes::{AttributeValue, DeliveryAttribute};
 use crate::model::delivery_options::DeliveryOptions;
 use crate::model::topic::EventSchema;
@@ -138,7 +138,7 @@ impl WebhookSink {
                         _ => e.clone(),
                     })
                     .collect();
-                super::sink::json_array(&events)
+                crate::delivery::sink::json_array(&events)
             }
             _ => req.json_array(),
         }

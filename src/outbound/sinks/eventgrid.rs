@@ -10,12 +10,12 @@ use super::webhook::{webhook_sink, with_credentials, HTTP_SECRETS};
 use super::{mismatched, DestinationKind, ParseContext, SinkContext};
 use crate::config::Key;
 use crate::delivery::sink::Sink;
-use crate::delivery::webhook::TopicRewrite;
 use crate::model::destination::{
     stored_str, Destination, DestinationError, DestinationSpec, SecretKind, SecretProperty,
 };
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
+use crate::outbound::webhook::TopicRewrite;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 

@@ -1,11 +1,11 @@
 //! Azure destinations over their documented HTTPS REST interfaces: Event Hubs, Service Bus
 //! queues and topics ([`messaging`]), Storage queues and blob dead letters ([`storage`]).
 //!
-//! They are ordinary [`super::sink::Sink`]s: the dispatcher batches, budgets, retries,
+//! They are ordinary [`crate::delivery::sink::Sink`]s: the dispatcher batches, budgets, retries,
 //! dead-letters and measures them exactly as it does webhooks. Each sink only sends and reports
 //! one [`Outcome`] per delivery batch, mapped from the service's answer by [`outcome`]:
 //!
-//! | answer | outcome (the decision is [`super::policy::classify`]'s) |
+//! | answer | outcome (the decision is [`crate::delivery::policy::classify`]'s) |
 //! |---|---|
 //! | 200–204 (201 is the services' success) | delivered |
 //! | 401, 404, 410 | failed with the service's error text: a configuration fault (warn, `gridlet_destination_faults_total`), retried |
@@ -26,8 +26,8 @@ pub mod sharedkey;
 pub mod storage;
 
 use super::http::{HttpError, HttpResponse};
-use super::sink::{FailureKind, Outcome};
 use super::webhook::parse_retry_after;
+use crate::delivery::sink::{FailureKind, Outcome};
 use crate::telemetry::TraceContext;
 use std::time::SystemTime;
 
