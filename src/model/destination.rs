@@ -16,6 +16,7 @@ pub use super::attributes::AttributeTarget;
 use super::json::Obj;
 use super::Invalid;
 use crate::config::Config;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::any::Any;
 use std::fmt;
@@ -231,7 +232,7 @@ pub trait DestinationTypes: Sync {
     ///
     /// # Errors
     /// The type is unknown to this build, or the record lacks what the type needs.
-    fn restore(&self, record: &super::record::DestinationRecord) -> Result<Destination, String>;
+    fn restore(&self, record: &DestinationRecord) -> Result<Destination, String>;
 }
 
 /// A stored destination's string property `name` (its echoed name).
@@ -445,6 +446,36 @@ fn string_leaves(v: &Value, out: &mut Vec<String>) {
     }
 }
 
+/// A destination as stored: its type and the type's own record of it (its properties, secrets
+/// in clear: only the metadata store keeps them; `Debug` shows the property names only).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DestinationRecord {
+    /// Canonical `endpointType`.
+    pub endpoint_type: String,
+    /// The properties as the type echoes them.
+    pub properties: Map<String, Value>,
+}
+
+impl fmt::Debug for DestinationRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DestinationRecord")
+            .field("endpoint_type", &self.endpoint_type)
+            .field("properties", &self.properties.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Destination {
+    /// The stored form.
+    pub fn to_record(&self) -> DestinationRecord {
+        DestinationRecord {
+            endpoint_type: self.endpoint_type().to_string(),
+            properties: self.properties(false),
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod testing {
     //! A stand-in registry for model tests (the real types live in `outbound::sinks`): a
@@ -528,10 +559,7 @@ pub(crate) mod testing {
             }
         }
 
-        fn restore(
-            &self,
-            r: &crate::model::record::DestinationRecord,
-        ) -> Result<Destination, String> {
+        fn restore(&self, r: &DestinationRecord) -> Result<Destination, String> {
             match r.endpoint_type.as_str() {
                 "WebHook" => Ok(Destination::new(
                     "WebHook",

@@ -22,14 +22,14 @@
 //! the meaning of an existing field changes.
 
 use super::delivery_options::DeliveryOptions;
-use super::destination::{Destination, DestinationTypes};
+use super::destination::{DestinationRecord, DestinationTypes};
 use super::filter::Filter;
 use super::subscription::{Batching, RetryPolicy, Subscription};
 use super::topic::{EventSchema, Topic};
 use super::Invalid;
 use crate::policy::{ScheduleName, StatusCodePolicy};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::fmt;
 
 /// The record format this build writes and reads.
@@ -73,17 +73,6 @@ pub struct TopicRecord {
     pub name: String,
     /// Input schema.
     pub input_schema: EventSchema,
-}
-
-/// A destination as stored: its type and the type's own record of it (its properties, secrets
-/// in clear: only the metadata store keeps them; `Debug` shows the property names only).
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DestinationRecord {
-    /// Canonical `endpointType`.
-    pub endpoint_type: String,
-    /// The properties as the type echoes them.
-    pub properties: Map<String, Value>,
 }
 
 /// `retryPolicy` as stored (names, as echoed).
@@ -159,15 +148,6 @@ pub struct SubscriptionRecord {
     pub queue: Option<QueueRecord>,
 }
 
-impl fmt::Debug for DestinationRecord {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DestinationRecord")
-            .field("endpoint_type", &self.endpoint_type)
-            .field("properties", &self.properties.keys().collect::<Vec<_>>())
-            .finish()
-    }
-}
-
 impl fmt::Debug for SubscriptionRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SubscriptionRecord")
@@ -207,16 +187,6 @@ impl Topic {
         Self {
             name: r.name,
             input_schema: r.input_schema,
-        }
-    }
-}
-
-impl Destination {
-    /// The stored form.
-    pub fn to_record(&self) -> DestinationRecord {
-        DestinationRecord {
-            endpoint_type: self.endpoint_type().to_string(),
-            properties: self.properties(false),
         }
     }
 }

@@ -454,7 +454,8 @@ pub trait Store: Send + Sync + 'static {
 #[cfg(test)]
 pub mod contract {
     use super::*;
-    use crate::model::record::{DestinationRecord, RECORD_VERSION};
+    use crate::model::destination::DestinationRecord;
+    use crate::model::record::RECORD_VERSION;
     use crate::model::topic::EventSchema;
 
     /// Topic `name`'s record.

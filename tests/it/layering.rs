@@ -236,11 +236,11 @@ fn no_import_cycle_between_top_level_modules() {
     );
 }
 
-/// `delivery/`'s modules (its files and folders, `mod.rs` aside) and the ones each names:
-/// `super::x` from a file directly under `delivery/`, `super::super::x` from one a folder down,
-/// `crate::delivery::x` from anywhere inside.
-fn delivery_graph() -> BTreeMap<String, BTreeSet<String>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/delivery");
+/// The modules inside top-level module `top` (the files and folders of `src/{top}/`, its root
+/// `mod.rs` aside) and the ones each names: `super::x` from a file directly under `src/{top}/`,
+/// `super::super::x` from one a folder down, `crate::{top}::x` from anywhere inside.
+fn inner_graph(top: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(top);
     let mut files = Vec::new();
     rust_files(&dir, &mut files);
     let module = |p: &Path| {
@@ -267,7 +267,7 @@ fn delivery_graph() -> BTreeMap<String, BTreeSet<String>> {
         }
         let text = strip_comments(&std::fs::read_to_string(file).unwrap());
         let mut named = paths_after(&text, &"super::".repeat(depth));
-        named.extend(paths_after(&text, "crate::delivery::"));
+        named.extend(paths_after(&text, &format!("crate::{top}::")));
         let deps = graph.entry(node.clone()).or_default();
         for m in named {
             if m != node && modules.contains(&m) {
@@ -278,27 +278,57 @@ fn delivery_graph() -> BTreeMap<String, BTreeSet<String>> {
     graph
 }
 
+/// The cycles of a graph, one line per module on one: `m -> d|e -> … -> m`.
+fn cycles(graph: &BTreeMap<String, BTreeSet<String>>, top: &str) -> Vec<String> {
+    graph
+        .keys()
+        .filter(|m| reachable(graph, m).contains(*m))
+        .map(|m| {
+            let back: Vec<_> = graph[m]
+                .iter()
+                .filter(|d| reachable(graph, d).contains(m))
+                .cloned()
+                .collect();
+            format!("{top}::{m} -> {} -> … -> {m}", back.join("|"))
+        })
+        .collect()
+}
+
 /// Issue 23: no circle inside `delivery/` (the dispatcher decides nothing the refill or the
 /// subscription handle call back into; settling is `settle` (pure) and `apply`).
 #[test]
 fn no_import_cycle_inside_delivery() {
-    let graph = delivery_graph();
+    let graph = inner_graph("delivery");
     assert!(graph.contains_key("dispatcher") && graph["dispatcher"].contains("queue"));
-    let cycles: Vec<String> = graph
-        .keys()
-        .filter(|m| reachable(&graph, m).contains(*m))
-        .map(|m| {
-            let back: Vec<_> = graph[m]
-                .iter()
-                .filter(|d| reachable(&graph, d).contains(m))
-                .cloned()
-                .collect();
-            format!("delivery::{m} -> {} -> … -> {m}", back.join("|"))
-        })
-        .collect();
+    let found = cycles(&graph, "delivery");
     assert!(
-        cycles.is_empty(),
+        found.is_empty(),
         "import cycles inside delivery/:\n  {}",
-        cycles.join("\n  ")
+        found.join("\n  ")
+    );
+}
+
+/// Issue 36: no circle inside any top-level module with a folder of its own (`model::record`
+/// and `model::destination` named each other until `DestinationRecord` moved beside
+/// `Destination`).
+#[test]
+fn no_import_cycle_inside_any_module() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !path.is_dir() || name == "bin" {
+            continue;
+        }
+        checked += 1;
+        found.extend(cycles(&inner_graph(&name), &name));
+    }
+    assert!(checked >= 8, "only {checked} module folders found");
+    assert!(
+        found.is_empty(),
+        "import cycles inside modules:\n  {}",
+        found.join("\n  ")
     );
 }
