@@ -21,7 +21,7 @@ pub use resilience::MAX_PAGE;
 
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::delivery::engine::DeliveryContext;
+use crate::delivery::context::DeliveryContext;
 use crate::delivery::sink::SinkFactory;
 use crate::delivery::subscription::{SubConfig, SubscriptionHandle};
 use crate::metrics::{self, TopicMetrics};

@@ -1,7 +1,7 @@
 //! Delivery policy as data, read by the configuration and the subscription model and applied by
 //! delivery: the status-code policies, the named retry schedules and the endpoint-health
 //! thresholds. Pure: no I/O, no knowledge of sinks. The tables that apply them (`classify`,
-//! `next_step`, the health tracker) are in `crate::delivery`; `delivery/policy.rs` documents the
+//! `next_step`, the health tracker) are in `crate::delivery`; `delivery/classify.rs` documents the
 //! status-code table.
 
 use std::time::Duration;

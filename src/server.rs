@@ -289,7 +289,7 @@ impl Gridlet {
 /// Where the clock's heartbeat lives: the metadata directory, with the sled store only (the
 /// memory store keeps no times across a restart).
 fn heartbeat_dir(cfg: &Config) -> Option<std::path::PathBuf> {
-    (cfg.persistence.store == crate::config::StoreKind::Sled)
+    (cfg.persistence.store == crate::config::StoreKind::Log)
         .then(|| cfg.persistence.metadata_path.clone())
 }
 

@@ -7,7 +7,7 @@
 //! and the operation is split off here.
 
 use super::{read_body, AppState};
-use crate::delivery::pull::{Received, Settlement, RELEASE_DELAYS};
+use crate::delivery::pull::{Received, TokenResults, RELEASE_DELAYS};
 use crate::error::ApiError;
 use crate::model::json::parse_body;
 use crate::model::media;
@@ -145,7 +145,7 @@ pub(super) async fn subscription_post(
         Op::Reject => puller.reject(&tokens)?,
         Op::RenewLock | Op::Receive => puller.renew(&tokens)?,
     };
-    Ok(json_response(StatusCode::OK, settlement_body(&settled)))
+    Ok(json_response(StatusCode::OK, results_body(&settled)))
 }
 
 /// `name` from the query as a whole number in `min..=max` (fractions are cut, as the SDKs'
@@ -229,7 +229,7 @@ fn receive_body(got: &[Received]) -> Vec<u8> {
     out
 }
 
-fn settlement_body(s: &Settlement) -> Vec<u8> {
+fn results_body(s: &TokenResults) -> Vec<u8> {
     let failed: Vec<Value> = s
         .failed
         .iter()

@@ -216,7 +216,7 @@ impl Broker {
     ) -> Result<Vec<Admitted>, (BrokerError, Option<usize>)> {
         let max_pending = self.inner.cfg.broker.max_pending_events_per_subscription;
         let overflow_to_dead_letters = self.inner.cfg.resilience.queue_full_policy
-            == crate::delivery::policy::QueueFullPolicy::DeadLetter;
+            == crate::delivery::classify::QueueFullPolicy::DeadLetter;
         let mut admitted = Vec::with_capacity(subs.len());
         for ((sub, cfg), r) in subs.iter().zip(configs).zip(&routes.per_sub) {
             if r.is_empty() {

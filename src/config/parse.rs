@@ -443,7 +443,11 @@ pub(super) fn persistence(raw: &Raw) -> Result<Persistence, ConfigError> {
         events_path: PathBuf::from(raw.text(K::persistence__eventsPath)),
         store: raw.choice(
             K::persistence__store,
-            &[("sled", StoreKind::Sled), ("memory", StoreKind::Memory)],
+            &[
+                ("log", StoreKind::Log),
+                ("sled", StoreKind::Log),
+                ("memory", StoreKind::Memory),
+            ],
         )?,
         max_disk_bytes: raw.int(K::persistence__maxDiskBytes, 1 << 16, u64::MAX)?,
         cache_bytes: raw.int(K::persistence__cacheBytes, 1 << 16, 1 << 40)?,

@@ -30,7 +30,7 @@ fn defaults_match_the_contract() {
     assert_eq!(c.metrics, MetricsReporter::None);
     assert_eq!(c.persistence.metadata_path, PathBuf::from("metadataDb"));
     assert_eq!(c.persistence.events_path, PathBuf::from("eventsDb"));
-    assert_eq!(c.persistence.store, StoreKind::Sled);
+    assert_eq!(c.persistence.store, StoreKind::Log);
     assert_eq!(c.persistence.max_disk_bytes, 256 << 20);
 }
 

@@ -222,7 +222,7 @@ pub struct Broker {
 }
 
 /// Delivery resilience beyond the original: status codes, schedules, dead letters, endpoint
-/// health (see `delivery::policy`, `delivery::deadletter`, `delivery::health`).
+/// health (see `delivery::classify`, `delivery::deadletter`, `delivery::health`).
 #[derive(Debug, Clone)]
 pub struct Resilience {
     /// Module default status-code policy.
@@ -261,8 +261,8 @@ pub struct ApiLimits {
 /// `persistence__store`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
-    /// sled databases on disk.
-    Sled,
+    /// The event log on disk (events and dead letters) with sled for metadata.
+    Log,
     /// Maps in memory.
     Memory,
 }

@@ -4,7 +4,7 @@
 //! removal), letters forwarded, retries requeued in memory, settled places given back. (What
 //! the attempt itself counts and logs, delivered or failed, is the dispatcher's.)
 
-use super::engine::DeliveryContext;
+use super::context::DeliveryContext;
 use super::forward::Forward;
 use super::retry::DropReason;
 use super::settle::{Dropped, Effects};

@@ -18,10 +18,10 @@
 //! undelivered become dead letters ([`super::deadletter`], [`settle::dead_letter`]).
 
 use super::apply::{apply, apply_in};
-use super::engine::{DeliveryContext, Running};
+use super::classify;
+use super::context::{DeliveryContext, Running};
 use super::health::Admission;
 use super::payload::Pending;
-use super::policy;
 use super::queue::{Batch, Limits};
 use super::refill::{refill, Lane};
 use super::retry::{self, DropReason};
@@ -363,7 +363,7 @@ fn settle_batch(
     if let Some(h) = &cfg.health {
         h.record_outcome(&ctx.health_cfg, &outcome, now_ms);
     }
-    if let Some(fault) = policy::config_fault(&outcome) {
+    if let Some(fault) = classify::config_fault(&outcome) {
         m.destination_faults[fault as usize].inc();
     }
     let fx = settle::settle(cfg.rules(), batch, outcome, now_ms);

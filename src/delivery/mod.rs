@@ -25,14 +25,14 @@
 //! * [`forward`]: dead letters to a dead-letter destination (batched, retried with patience).
 
 mod apply;
+pub mod classify;
+pub(crate) mod context;
 pub(crate) mod deadletter;
 pub(crate) mod dispatcher;
-pub(crate) mod engine;
 pub(crate) mod forward;
 pub(crate) mod health;
 pub mod lock_token;
 pub(crate) mod payload;
-pub mod policy;
 pub mod pull;
 pub(crate) mod queue;
 mod refill;

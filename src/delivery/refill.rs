@@ -4,7 +4,7 @@
 //! on the blocking pool, after the store writer has run every write submitted before.
 
 use super::apply::apply;
-use super::engine::DeliveryContext;
+use super::context::DeliveryContext;
 use super::payload::{EventData, Pending};
 use super::retry::{self, DropReason};
 use super::settle;

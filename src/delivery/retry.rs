@@ -6,10 +6,10 @@
 //! `maxDeliveryAttempts`, or the time to live. An event is never attempted at or after its TTL.
 //!
 //! Whether an outcome is retried at all comes from the status-code table
-//! ([`policy::classify`]); the delay from the subscription's named schedule
-//! ([`policy::Schedule::delay_after`]), widened to a capped `Retry-After` and jittered.
+//! ([`classify::classify`]); the delay from the subscription's named schedule
+//! ([`classify::Schedule::delay_after`]), widened to a capped `Retry-After` and jittered.
 
-use super::policy::{self, Verdict};
+use super::classify::{self, Verdict};
 use super::sink::Outcome;
 use crate::clock::WallMs;
 use crate::model::subscription::EffectivePolicy;
@@ -34,7 +34,7 @@ pub fn is_expired(policy: &EffectivePolicy, first_ms: WallMs, at_ms: WallMs) -> 
 }
 
 /// Decide what follows an attempt. `jitter_key` identifies the event and attempt
-/// ([`policy::jitter_key`]) so jitter is deterministic.
+/// ([`classify::jitter_key`]) so jitter is deterministic.
 pub fn next_step(
     policy: &EffectivePolicy,
     attempts_made: u32,
@@ -43,7 +43,7 @@ pub fn next_step(
     outcome: &Outcome,
     jitter_key: u64,
 ) -> Step {
-    let retry_after = match policy::classify(policy.status_codes, outcome, policy.dead_letter) {
+    let retry_after = match classify::classify(policy.status_codes, outcome, policy.dead_letter) {
         Verdict::Delivered => return Step::Done,
         Verdict::Refuse => return Step::Drop(DropReason::DeliveryRefused),
         Verdict::Retry { retry_after } => retry_after,
@@ -54,7 +54,7 @@ pub fn next_step(
     let Some(base) = policy.schedule.schedule().delay_after(attempts_made) else {
         return Step::Drop(DropReason::MaxDeliveryAttemptsExceeded);
     };
-    let mut delay = policy::jitter(base, policy.jitter_percent, jitter_key);
+    let mut delay = classify::jitter(base, policy.jitter_percent, jitter_key);
     if let Some(ra) = retry_after {
         delay = delay.max(ra.min(policy.retry_after_cap));
     }
@@ -148,7 +148,7 @@ mod tests {
 
     fn standard(max: u32, ttl_min: u64) -> EffectivePolicy {
         EffectivePolicy {
-            status_codes: policy::StatusCodePolicy::Standard,
+            status_codes: classify::StatusCodePolicy::Standard,
             jitter_percent: 0,
             ..EffectivePolicy::original(max, Duration::from_secs(ttl_min * 60))
         }
@@ -213,7 +213,7 @@ mod tests {
     #[test]
     fn workfront_schedule_is_exhausted_after_eleven_retries() {
         let p = EffectivePolicy {
-            schedule: policy::ScheduleName::DoublingForFourDays,
+            schedule: classify::ScheduleName::DoublingForFourDays,
             ..EffectivePolicy::original(1000, Duration::from_secs(30 * 24 * 3600))
         };
         assert_eq!(

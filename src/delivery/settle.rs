@@ -15,9 +15,9 @@
 //! both, never neither): [`Effects::writes`] lists them in that order and the store writer runs
 //! them in it.
 
+use super::classify;
 use super::deadletter::{letters, DeadLetter};
 use super::payload::Pending;
-use super::policy;
 use super::queue::Batch;
 use super::retry::{self, DropReason, Step};
 use super::sink::Outcome;
@@ -128,7 +128,7 @@ fn failed(rules: Rules<'_>, fx: &mut Effects, items: Vec<Pending>, o: &Outcome, 
     let mut delay = Duration::ZERO;
     let mut dropped: Vec<(DropReason, Vec<Pending>)> = Vec::new();
     for p in items {
-        let jitter = policy::jitter_key(p.seq, p.attempts);
+        let jitter = classify::jitter_key(p.seq, p.attempts);
         match retry::next_step(
             rules.policy,
             p.attempts,

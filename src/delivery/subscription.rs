@@ -9,8 +9,8 @@
 //! holds exactly, with no window between the check and the push.
 
 use super::apply::apply;
+use super::context::DeliveryContext;
 use super::dispatcher;
-use super::engine::DeliveryContext;
 use super::health::HealthSnapshot;
 use super::payload::{EventData, Pending};
 use super::pull::{PullState, Puller};

@@ -4,13 +4,13 @@
 //!
 //! * [`sinks`]: the destination types (one file each), the `DESTINATIONS` registry that parses
 //!   them and builds their sinks.
-//! * [`webhook`]: HTTP destinations (batching, Event Grid's headers, signing), over [`http`]
+//! * [`post`]: HTTP destinations (batching, Event Grid's headers, signing), over [`http`]
 //!   (gridlet's own pooled HTTP/1.1 client, with the denied-address check).
 //! * [`signing`]: Standard Webhooks signatures.
 //! * [`azure`]: Event Hubs, Service Bus, Storage queue and blob dead-letter sinks.
 
 pub mod azure;
 pub mod http;
+pub mod post;
 pub mod signing;
 pub mod sinks;
-pub mod webhook;

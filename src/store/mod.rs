@@ -6,16 +6,20 @@
 //! persisted backlog beyond the in-memory window (the engine keeps only their sequence numbers
 //! and reads them back with [`Store::get`]). The engine's contract with a store:
 //!
-//! 1. `append` + `commit` before a publish is acknowledged (commit is the group-commit point:
-//!    concurrent publishes share one flush);
+//! 1. `submit` before a publish is acknowledged: the store stages the events and answers a
+//!    [`Commit`] that resolves once they are durable (the group-commit point: concurrent
+//!    publishes share one frame and one sync);
 //! 2. `update` when an event's retry state changes (attempts, due time), so a restart neither
 //!    retries early nor resets attempts;
-//! 3. `remove` when an event is settled (delivered, dropped, dead-lettered).
+//! 3. `remove` when an event is settled (delivered, dropped, dead-lettered); `try_settle` does
+//!    either in place when the store can without waiting.
 //!
-//! [`sled::SledStore`] (the default, `persistence__store=sled`) keeps metadata on disk and the
-//! events of persisted subscriptions on disk; non-persisted subscriptions never reach the store,
-//! so they stay in memory as in the original module. [`memory::MemoryStore`]
-//! (`persistence__store=memory`) keeps everything in maps, lost on restart. Every implementation
+//! [`log::LogStore`] (the default, `persistence__store=log`) keeps the events of persisted
+//! subscriptions in gridlet's own append-only event log, dead letters in a log of their own, and
+//! metadata (topics, subscriptions, endpoint health) in sled ([`sled`]); non-persisted
+//! subscriptions never reach the store, so they stay in memory as in the original module.
+//! [`memory::MemoryStore`] (`persistence__store=memory`) keeps everything in maps, lost on
+//! restart. Every implementation
 //! passes the same contract tests (`store::contract`).
 
 pub mod deadletter;
@@ -34,11 +38,12 @@ use serde_json::Value;
 /// Open the store the configuration names.
 ///
 /// # Errors
-/// The sled databases cannot be opened or are damaged ([`StoreError::Corrupt`] names the path).
+/// The event log or the metadata database cannot be opened or is damaged
+/// ([`StoreError::Corrupt`] names the path).
 pub fn open(cfg: &crate::config::Persistence) -> Result<std::sync::Arc<dyn Store>, StoreError> {
     match cfg.store {
         crate::config::StoreKind::Memory => Ok(std::sync::Arc::new(memory::MemoryStore::new())),
-        crate::config::StoreKind::Sled => {
+        crate::config::StoreKind::Log => {
             let s = log::LogStore::open(&log::LogStoreOptions {
                 metadata_path: cfg.metadata_path.clone(),
                 events_path: cfg.events_path.clone(),

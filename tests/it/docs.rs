@@ -116,7 +116,7 @@ fn settings_and_fault_labels_named_in_destinations_md_exist_and_the_reverse() {
         );
     }
     // Every destination-fault label the metric carries is documented.
-    for f in gridlet::delivery::policy::ConfigFault::ALL {
+    for f in gridlet::delivery::classify::ConfigFault::ALL {
         assert!(
             dest.contains(&format!("`{}`", f.as_str())),
             "docs/DESTINATIONS.md does not document the fault label {}",

@@ -460,16 +460,16 @@ async fn real_receivers_each_status_class_hang_reset_and_retry_after() {
         Duration::from_millis(800),
     );
     let sink = |addr: std::net::SocketAddr| {
-        gridlet::outbound::webhook::WebhookSink::new(
+        gridlet::outbound::post::WebhookSink::new(
             client.clone(),
             format!("http://{addr}/hook"),
             None,
-            gridlet::outbound::webhook::TopicRewrite::None,
+            gridlet::outbound::post::TopicRewrite::None,
         )
     };
-    let policy = gridlet::delivery::policy::StatusCodePolicy::Standard;
-    let classify = |o: &Outcome| gridlet::delivery::policy::classify(policy, o, true);
-    use gridlet::delivery::policy::Verdict;
+    let policy = gridlet::delivery::classify::StatusCodePolicy::Standard;
+    let classify = |o: &Outcome| gridlet::delivery::classify::classify(policy, o, true);
+    use gridlet::delivery::classify::Verdict;
     for code in [200u16, 201, 202, 203, 204] {
         let r = flaky(Mode::Status(code)).await;
         assert_eq!(

@@ -38,7 +38,6 @@
 // The bench drives the broker from outside: the system's wall time is its own to read
 // (clippy.toml keeps it out of the broker, behind the clock seam).
 #![allow(clippy::disallowed_methods)]
-
 #![forbid(unsafe_code)]
 
 mod azure;

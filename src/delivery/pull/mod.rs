@@ -27,7 +27,7 @@
 mod locks;
 pub(super) mod task;
 
-use super::engine::DeliveryContext;
+use super::context::DeliveryContext;
 use super::lock_token::{self as token, TokenId, TokenKey};
 use super::payload::Pending;
 use super::queue::{Limits, SubQueue};
@@ -131,7 +131,7 @@ impl From<Lost> for TokenFailure {
 
 /// The answer of acknowledge, release, reject and renew: each token succeeded or failed.
 #[derive(Debug, Default, Clone)]
-pub struct Settlement {
+pub struct TokenResults {
     /// Tokens whose operation was done.
     pub succeeded: Vec<String>,
     /// Tokens refused, with why.
@@ -322,9 +322,9 @@ impl Puller<'_> {
         &self,
         tokens: &[String],
         mut op: impl FnMut(&mut Locks, TokenId, Instant) -> Result<Option<Pending>, Lost>,
-    ) -> (Settlement, Vec<Pending>) {
+    ) -> (TokenResults, Vec<Pending>) {
         let now = Instant::now();
-        let mut out = Settlement::default();
+        let mut out = TokenResults::default();
         let mut items = Vec::new();
         let mut locks = self.pull.locks();
         for t in tokens {
@@ -350,7 +350,7 @@ impl Puller<'_> {
     /// # Errors
     /// [`PullError::NotQueue`]; the store could not make the removal durable (the events may
     /// then be received again after a restart).
-    pub async fn acknowledge(&self, tokens: &[String]) -> Result<Settlement, PullError> {
+    pub async fn acknowledge(&self, tokens: &[String]) -> Result<TokenResults, PullError> {
         let (_, _, persisted) = self.settings()?;
         let (out, items) = self.settle_with(tokens, |l, id, now| {
             l.take(id.seq, id.attempt, now).map(Some)
@@ -384,7 +384,7 @@ impl Puller<'_> {
     ///
     /// # Errors
     /// [`PullError::NotQueue`].
-    pub fn release(&self, tokens: &[String], delay: Duration) -> Result<Settlement, PullError> {
+    pub fn release(&self, tokens: &[String], delay: Duration) -> Result<TokenResults, PullError> {
         let (_, _, persisted) = self.settings()?;
         let (out, items) = self.settle_with(tokens, |l, id, now| {
             l.take(id.seq, id.attempt, now).map(Some)
@@ -409,7 +409,7 @@ impl Puller<'_> {
     ///
     /// # Errors
     /// [`PullError::NotQueue`].
-    pub fn reject(&self, tokens: &[String]) -> Result<Settlement, PullError> {
+    pub fn reject(&self, tokens: &[String]) -> Result<TokenResults, PullError> {
         self.settings()?;
         let (out, items) = self.settle_with(tokens, |l, id, now| {
             l.take(id.seq, id.attempt, now).map(Some)
@@ -434,7 +434,7 @@ impl Puller<'_> {
     ///
     /// # Errors
     /// [`PullError::NotQueue`].
-    pub fn renew(&self, tokens: &[String]) -> Result<Settlement, PullError> {
+    pub fn renew(&self, tokens: &[String]) -> Result<TokenResults, PullError> {
         let (q, _, persisted) = self.settings()?;
         let mut renewed: Vec<(u64, u32, u64)> = Vec::new();
         let (out, _) = self.settle_with(tokens, |l, id, now| {

@@ -4,7 +4,7 @@
 //! once it has been received `maxDeliveryCount` times), and wakes waiting receivers when events
 //! arrive, fall due or come back.
 
-use super::super::engine::{DeliveryContext, Running};
+use super::super::context::{DeliveryContext, Running};
 use super::super::refill::{refill, Lane};
 use super::super::retry::DropReason;
 use super::super::state::SubscriptionState;

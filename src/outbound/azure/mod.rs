@@ -5,7 +5,7 @@
 //! dead-letters and measures them exactly as it does webhooks. Each sink only sends and reports
 //! one [`Outcome`] per delivery batch, mapped from the service's answer by [`outcome`]:
 //!
-//! | answer | outcome (the decision is [`crate::delivery::policy::classify`]'s) |
+//! | answer | outcome (the decision is [`crate::delivery::classify::classify`]'s) |
 //! |---|---|
 //! | 200–204 (201 is the services' success) | delivered |
 //! | 401, 404, 410 | failed with the service's error text: a configuration fault (warn, `gridlet_destination_faults_total`), retried |
@@ -20,13 +20,13 @@
 //! an oversized one is dead-lettered alone, the rest are retried.
 
 pub mod blobletters;
-pub(crate) mod messaging;
+pub(crate) mod bus;
 pub(crate) mod sas;
 pub mod sharedkey;
 pub mod storage;
 
 use super::http::{HttpError, HttpResponse};
-use super::webhook::parse_retry_after;
+use super::post::parse_retry_after;
 use crate::delivery::sink::{FailureKind, Outcome};
 use crate::telemetry::TraceContext;
 use std::time::SystemTime;

@@ -15,7 +15,7 @@ use crate::model::destination::{
 };
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
-use crate::outbound::webhook::TopicRewrite;
+use crate::outbound::post::TopicRewrite;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 

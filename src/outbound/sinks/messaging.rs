@@ -1,5 +1,5 @@
 //! `endpointType: EventHub`, `ServiceBusQueue`, `ServiceBusTopic`: batch-send over the
-//! services' REST interface ([`crate::outbound::azure::messaging::MessagingSink`]). The three
+//! services' REST interface ([`crate::outbound::azure::bus::MessagingSink`]). The three
 //! types differ only in name, so one file declares them (three registry lines).
 //!
 //! Properties: `connectionString` (required, entity-level: `EntityPath`; parsed at PUT so a bad
@@ -21,7 +21,7 @@ use crate::model::destination::{
 use crate::model::json::Obj;
 use crate::model::sas::expiry as sas_expiry;
 use crate::model::subscription::Subscription;
-use crate::outbound::azure::messaging::{MessagingLimits, MessagingSink, Service};
+use crate::outbound::azure::bus::{MessagingLimits, MessagingSink, Service};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 

@@ -1,5 +1,5 @@
 //! `endpointType: WebHook`: an HTTP(S) POST of the events as a JSON array
-//! ([`crate::outbound::webhook::WebhookSink`]).
+//! ([`crate::outbound::post::WebhookSink`]).
 //!
 //! Properties: `endpointUrl` (required; https unless `outbound__webhook__httpsOnly=false`);
 //! webhook options (`signingSecrets`, `deliveryAttributeMappings`). Secrets: the URL's
@@ -14,7 +14,7 @@ use crate::model::destination::{
 };
 use crate::model::json::Obj;
 use crate::model::subscription::Subscription;
-use crate::outbound::webhook::{TopicRewrite, WebhookSink};
+use crate::outbound::post::{TopicRewrite, WebhookSink};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
