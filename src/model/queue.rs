@@ -10,7 +10,9 @@
 //!   `push.eventTimeToLive` the `retryPolicy`, the dead-letter destination `deadLetterDestination`;
 //! * `Queue`: the queue settings are parsed into [`QueueSettings`] (the subscription has no
 //!   destination), the dead-letter destination becomes `deadLetterDestination`;
-//! * `filtersConfiguration` (`includedEventTypes`, `filters`) becomes `filter`.
+//! * `filtersConfiguration` (`includedEventTypes`, `filters`) becomes `filter`, with arrays
+//!   always compared element by element (`enableAdvancedFilteringOnArrays`: namespaces have no
+//!   such property) and at most 25 values across all its filters.
 //!
 //! Limits as Event Grid documents them: `receiveLockDurationInSeconds` 60–300 (default 60),
 //! `maxDeliveryCount` 1–10 (default 10), `eventTimeToLive` an ISO 8601 duration from one minute
@@ -29,6 +31,27 @@ pub const QUEUE_ENDPOINT_TYPE: &str = "Queue";
 pub const LOCK_SECONDS: (u64, u64, u64) = (60, 60, 300);
 /// Default and bounds of `maxDeliveryCount`.
 pub const MAX_DELIVERY_COUNT: (u64, u64, u64) = (10, 1, 10);
+/// Most filter values across all the filters of a namespace subscription (a range of
+/// `NumberInRange` counts as one), as Event Grid documents it.
+pub const MAX_FILTER_VALUES: usize = 25;
+
+/// The values a namespace subscription's `filters` hold, all filters together (`values` counts
+/// its elements, `value` one; anything malformed is the filter parser's to refuse).
+fn filter_values(filters: &Value) -> usize {
+    let Some(filters) = filters.as_array() else {
+        return 0;
+    };
+    filters
+        .iter()
+        .filter_map(Value::as_object)
+        .map(|f| match (f.get("values"), f.get("value")) {
+            (Some(Value::Array(v)), _) | (None, Some(Value::Array(v))) => v.len(),
+            (_, Some(_)) => 1,
+            _ => 0,
+        })
+        .sum()
+}
+
 /// Default and longest `eventTimeToLive`.
 pub const EVENT_TTL_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
 
@@ -113,8 +136,21 @@ pub fn normalize(body: &mut Value) -> Result<Option<QueueSettings>, Invalid> {
                 filter.insert("includedeventtypes".into(), t);
             }
             if let Some(f) = fc.remove("filters") {
+                let values = filter_values(&f);
+                if values > MAX_FILTER_VALUES {
+                    return Err(Invalid::new(
+                        "InvalidFilter",
+                        format!(
+                            "properties.filtersConfiguration.filters hold {values} values; at most \
+                             {MAX_FILTER_VALUES} are allowed across all the filters of a subscription"
+                        ),
+                    ));
+                }
                 filter.insert("advancedfilters".into(), f);
             }
+            // Namespace subscriptions have no `enableAdvancedFilteringOnArrays`: arrays are
+            // always compared element by element.
+            filter.insert("enableadvancedfilteringonarrays".into(), Value::Bool(true));
             props.insert("filter".into(), Value::Object(filter));
         }
     }
@@ -419,5 +455,30 @@ mod tests {
         assert_eq!(p["filter"]["advancedfilters"][0]["key"], "data.b");
         let (_, r) = norm(json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Push"}}}));
         assert!(r.is_err(), "push needs a destination");
+    }
+
+    #[test]
+    fn namespace_filters_compare_arrays_and_hold_25_values_in_all() {
+        let filters = |per: usize, n: usize| {
+            let fs: Vec<Value> = (0..n)
+                .map(|i| json!({"operatorType":"NumberIn","key":format!("data.k{i}"),"values":vec![1; per]}))
+                .collect();
+            json!({"properties":{"filtersConfiguration":{"filters": fs}}})
+        };
+        let (v, r) = norm(filters(5, 5));
+        r.unwrap();
+        assert_eq!(
+            v["properties"]["filter"]["enableadvancedfilteringonarrays"], true,
+            "namespace subscriptions have no such property: arrays are always on"
+        );
+        let (_, r) = norm(filters(5, 6));
+        let e = r.unwrap_err();
+        assert_eq!(e.code, "InvalidFilter");
+        assert!(e.to_string().contains("30 values"), "{e}");
+        // A range counts as one value; `value` as one.
+        let (_, r) = norm(json!({"properties":{"filtersConfiguration":{"filters":[
+            {"operatorType":"NumberInRange","key":"data.a","values":vec![[1, 2]; 24]},
+            {"operatorType":"BoolEquals","key":"data.b","value":true}]}}}));
+        r.unwrap();
     }
 }

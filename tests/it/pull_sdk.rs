@@ -149,3 +149,112 @@ async fn javascript_sdk_publishes_receives_and_settles() {
     )
     .await;
 }
+
+/// Issue 35: every filter rule Microsoft documents for namespace subscriptions, created in the
+/// namespaces shape (`filtersConfiguration`), published and received with the Python SDK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_sdk_sees_every_namespace_filter_rule() {
+    let g = start(&[
+        ("inbound__clientAuth__sasKeys__enabled", "true"),
+        ("inbound__clientAuth__sasKeys__key1", KEY),
+    ])
+    .await;
+    let ranges = json!([[3.5, 999.95], [3000, 4000]]);
+    // Subscription, its one filter, and the events it must get (e1..e4: tests/pull/sdk_filters.py).
+    let cases: Vec<(&str, Value, Vec<&str>)> = vec![
+        (
+            "range",
+            json!({"operatorType":"NumberInRange","key":"data.n","values":ranges}),
+            vec!["e1", "e2"],
+        ),
+        (
+            "notrange",
+            json!({"operatorType":"NumberNotInRange","key":"data.n","values":ranges}),
+            vec!["e3"],
+        ),
+        (
+            "notbegins",
+            json!({"operatorType":"StringNotBeginsWith","key":"data.s","values":["event"]}),
+            vec!["e2"],
+        ),
+        (
+            "notends",
+            json!({"operatorType":"StringNotEndsWith","key":"data.s","values":["png"]}),
+            vec!["e1"],
+        ),
+        (
+            "notcontains",
+            json!({"operatorType":"StringNotContains","key":"data.s","values":["HUB"]}),
+            vec!["e2"],
+        ),
+        (
+            "isnull",
+            json!({"operatorType":"IsNullOrUndefined","key":"data.s"}),
+            vec!["e3", "e4"],
+        ),
+        (
+            "notnull",
+            json!({"operatorType":"IsNotNull","key":"data.s"}),
+            vec!["e1", "e2"],
+        ),
+        (
+            "notin",
+            json!({"operatorType":"StringNotIn","key":"data.s","values":["x"]}),
+            vec!["e1", "e2", "e3", "e4"],
+        ),
+        (
+            "array",
+            json!({"operatorType":"StringIn","key":"data.tags","values":["azure"]}),
+            vec!["e1"],
+        ),
+        (
+            "numberin",
+            json!({"operatorType":"NumberIn","key":"data.n","values":[500]}),
+            vec!["e1"],
+        ),
+    ];
+    let mut puts = vec![(
+        "/topics/f".to_string(),
+        json!({"properties":{"inputSchema":"CloudEventSchemaV1_0"}}),
+    )];
+    for (name, filter, _) in &cases {
+        puts.push((
+            format!("/topics/f/eventSubscriptions/{name}"),
+            json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Queue"},
+                   "filtersConfiguration":{"filters":[filter]}}}),
+        ));
+    }
+    for (path, body) in puts {
+        let r = g
+            .client
+            .put(g.url(&path))
+            .header("aeg-sas-key", KEY)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}: {}", r.text().await.unwrap());
+    }
+    let script = format!("{}/tests/pull/sdk_filters.py", env!("CARGO_MANIFEST_DIR"));
+    let base = g.base.clone();
+    let subs: Vec<String> = cases.iter().map(|(n, _, _)| n.to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python())
+            .arg(&script)
+            .args([base.as_str(), KEY, "f"])
+            .args(&subs)
+            .output()
+            .expect("python runs: run scripts/test.sh once to install the SDK")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (name, _, want) in &cases {
+        assert_eq!(got[name], json!(want), "{name}: {got}");
+    }
+}
