@@ -6,6 +6,8 @@
 //! through [`ApiError`], rendered as the documented body
 //! `{"error":{"code":"<status name>","message":"…","details":{"code":"<detail>","message":"…"}}}`
 //! (`details` is an object, as on the edge; `error.message` is added for cloud-style clients).
+//! The namespaces data plane answers in Azure's REST error shape instead, `details` an array, and
+//! with the status codes its API documents for a publish ([`ApiError::for_namespaces`]).
 //! 5xx bodies never echo internals: the cause is logged, the client gets a generic message.
 
 use crate::broker::BrokerError;
@@ -37,6 +39,26 @@ impl ApiError {
             message: message.into(),
             retry_after: None,
         }
+    }
+
+    /// This error as the namespaces data plane answers it: `details` an array, and for a
+    /// `:publish` (`publish`) the codes Event Grid namespaces document for one, 403 for a
+    /// request or event too large (413 elsewhere) and 410 for a topic that does not exist (404
+    /// elsewhere). gridlet's own capacity answers (503 memory, 507 disk, with `Retry-After`)
+    /// stay: the SDKs retry 503, and a 403 would make them drop the event.
+    pub fn namespaces_response(self, publish: bool) -> Response {
+        self.for_namespace_publish(publish).render(true)
+    }
+
+    fn for_namespace_publish(mut self, publish: bool) -> Self {
+        if publish {
+            if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+                self.status = StatusCode::FORBIDDEN;
+            } else if self.status == StatusCode::NOT_FOUND && self.detail == "TopicNotFound" {
+                self.status = StatusCode::GONE;
+            }
+        }
+        self
     }
 
     /// 400 with a detailed code.
@@ -118,13 +140,20 @@ impl ApiError {
 
     /// The documented JSON body.
     pub fn body(&self) -> serde_json::Value {
+        self.body_with(false)
+    }
+
+    /// The body, `details` an object (the edge) or an array (Azure's REST convention).
+    fn body_with(&self, details_array: bool) -> serde_json::Value {
         let code = status_name(self.status);
+        let detail = serde_json::json!({ "code": self.detail, "message": self.message });
+        let details = if details_array {
+            serde_json::Value::Array(vec![detail])
+        } else {
+            detail
+        };
         serde_json::json!({
-            "error": {
-                "code": code,
-                "message": self.message,
-                "details": { "code": self.detail, "message": self.message }
-            }
+            "error": { "code": code, "message": self.message, "details": details }
         })
     }
 }
@@ -202,6 +231,7 @@ fn status_name(status: StatusCode) -> &'static str {
         404 => "NotFound",
         405 => "MethodNotAllowed",
         409 => "Conflict",
+        410 => "Gone",
         413 => "PayloadTooLarge",
         415 => "UnsupportedMediaType",
         503 => "ServiceUnavailable",
@@ -226,7 +256,13 @@ impl std::error::Error for ApiError {}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        self.render(false)
+    }
+}
+
+impl ApiError {
+    fn render(self, details_array: bool) -> Response {
+        let mut resp = (self.status, axum::Json(self.body_with(details_array))).into_response();
         if let Some(after) = self.retry_after {
             if let Ok(v) = HeaderValue::from_str(&after.as_secs().max(1).to_string()) {
                 resp.headers_mut().insert(header::RETRY_AFTER, v);
@@ -246,5 +282,21 @@ mod tests {
         assert_eq!(b["error"]["code"], "BadRequest");
         assert_eq!(b["error"]["details"]["code"], "InvalidDestination");
         assert_eq!(b["error"]["details"]["message"], "nope");
+    }
+
+    #[test]
+    fn namespaces_get_an_array_of_details_and_their_publish_codes() {
+        let b = ApiError::bad_request("InvalidSchema", "nope").body_with(true);
+        assert_eq!(b["error"]["details"][0]["code"], "InvalidSchema");
+        let big = ApiError::payload_too_large(10).for_namespace_publish(true);
+        assert_eq!(big.status, StatusCode::FORBIDDEN);
+        let elsewhere = ApiError::payload_too_large(10).for_namespace_publish(false);
+        assert_eq!(elsewhere.status, StatusCode::PAYLOAD_TOO_LARGE);
+        let gone = ApiError::not_found("TopicNotFound", "t").for_namespace_publish(true);
+        assert_eq!(gone.status, StatusCode::GONE);
+        assert_eq!(gone.body()["error"]["code"], "Gone");
+        let full = ApiError::insufficient_storage("full", Duration::from_secs(1))
+            .for_namespace_publish(true);
+        assert_eq!(full.status, StatusCode::INSUFFICIENT_STORAGE);
     }
 }

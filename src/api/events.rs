@@ -38,12 +38,24 @@ pub(super) async fn run(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    match publish_request(s, topic, single_id, headers, body).await {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// One publish request, counted in the topic's metrics and traced; the error is the caller's to
+/// render (the namespaces routes answer some of them differently: `api/pull.rs`).
+pub(super) async fn publish_request(
+    s: AppState,
+    topic: String,
+    single_id: Option<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<(), ApiError> {
     let started = Instant::now();
     let mut trace = PublishTrace::start(s.broker.tracer(), &headers);
-    let entry = match s.broker.find_topic(&topic) {
-        Ok(entry) => entry,
-        Err(e) => return ApiError::from(e).into_response(),
-    };
+    let entry = s.broker.find_topic(&topic)?;
     let result = async {
         let limits = &s.broker.config().broker;
         let bytes = read_body(&headers, body, limits.max_request_body_bytes, &s.bodies).await?;
@@ -72,7 +84,7 @@ pub(super) async fn run(
                 .success_request_latency_ms
                 .observe_ms(started.elapsed().as_millis() as u64);
             trace.finish(&topic, StatusCode::OK, None);
-            return StatusCode::OK.into_response();
+            return Ok(());
         }
         Err(e) => {
             if e.is_user_error() {
@@ -84,7 +96,7 @@ pub(super) async fn run(
         }
     };
     trace.finish(&topic, response.status, Some(&response));
-    response.into_response()
+    Err(response)
 }
 
 /// The `publish` span of one request, and the trace context its events travel in.

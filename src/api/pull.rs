@@ -42,18 +42,21 @@ pub(super) async fn topic_post(
         return no_route().into_response();
     };
     let (parts, body) = req.into_parts();
-    if let Err(e) = check_publish(&s, topic, &parts.headers) {
-        return e.into_response();
+    let published = async {
+        check_publish(&s, topic, &parts.headers)?;
+        super::events::publish_request(s.clone(), topic.to_string(), None, parts.headers, body)
+            .await
+    };
+    match published.await {
+        // Event Grid answers a publish with an empty JSON object.
+        Ok(()) => json_response(StatusCode::OK, b"{}".to_vec()),
+        Err(e) => e.namespaces_response(true),
     }
-    let response = super::events::run(s, topic.to_string(), None, parts.headers, body).await;
-    if response.status() != StatusCode::OK {
-        return response;
-    }
-    // Event Grid answers a publish with an empty JSON object.
-    json_response(StatusCode::OK, b"{}".to_vec())
 }
 
-/// A namespace publish carries CloudEvents (one, or a batch) to a CloudEvents topic.
+/// A namespace publish carries CloudEvents to a CloudEvents topic: one or a batch in structured
+/// mode, or one in binary mode (attributes in `ce-*` headers, the body its data, of any media
+/// type), as the CloudEvents HTTP binding defines and the JS client sends with `binaryMode`.
 fn check_publish(s: &AppState, topic: &str, headers: &HeaderMap) -> Result<(), ApiError> {
     let entry = s.broker.find_topic(topic)?;
     let schema = entry.topic().input_schema;
@@ -71,9 +74,11 @@ fn check_publish(s: &AppState, topic: &str, headers: &HeaderMap) -> Result<(), A
         .and_then(|v| v.to_str().ok())
         .map(media::essence)
         .unwrap_or_default();
-    if ct != "application/cloudevents+json" && ct != "application/cloudevents-batch+json" {
+    let binary = headers.contains_key("ce-specversion");
+    if !binary && ct != "application/cloudevents+json" && ct != "application/cloudevents-batch+json"
+    {
         return Err(ApiError::unsupported_media_type(format!(
-            "Content-Type '{ct}' is not supported on :publish; use application/cloudevents+json (one event) or application/cloudevents-batch+json (a batch)"
+            "Content-Type '{ct}' is not supported on :publish; use application/cloudevents+json (one event), application/cloudevents-batch+json (a batch), or binary mode (ce-* headers, the data as the body)"
         )));
     }
     Ok(())
@@ -109,6 +114,18 @@ pub(super) async fn subscription_post(
     State(s): State<AppState>,
     Path((topic, raw)): Path<(String, String)>,
     req: Request,
+) -> Response {
+    match subscription_op(s, &topic, &raw, req).await {
+        Ok(r) => r,
+        Err(e) => e.namespaces_response(false),
+    }
+}
+
+async fn subscription_op(
+    s: AppState,
+    topic: &str,
+    raw: &str,
+    req: Request,
 ) -> Result<Response, ApiError> {
     let Some((name, op)) = raw.rsplit_once(':') else {
         return Err(no_route());
@@ -116,7 +133,7 @@ pub(super) async fn subscription_post(
     let op = Op::parse(op).ok_or_else(no_route)?;
     let (parts, body) = req.into_parts();
     let query = parts.uri.query().unwrap_or("");
-    let handle = s.broker.find_subscription(&topic, name)?;
+    let handle = s.broker.find_subscription(topic, name)?;
     let puller = handle
         .pull()
         .ok_or_else(|| ApiError::from(crate::delivery::pull::PullError::NotQueue))?;

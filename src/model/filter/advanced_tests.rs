@@ -40,10 +40,7 @@ fn every_operator() -> Vec<(&'static str, Option<Value>)> {
         ("NumberGreaterThan", Some(json!(20))),
         ("NumberLessThanOrEquals", Some(json!(100))),
         ("NumberGreaterThanOrEquals", Some(json!(30))),
-        (
-            "NumberInRange",
-            Some(json!([[3.5, 999.95], [3000, 4000]])),
-        ),
+        ("NumberInRange", Some(json!([[3.5, 999.95], [3000, 4000]]))),
         (
             "NumberNotInRange",
             Some(json!([[3.5, 999.95], [3000, 4000]])),
