@@ -113,6 +113,10 @@ pub struct LogOptions {
     /// ([`compact::IDLE_MS`] in the store); segments are weighed at most once a second, or at
     /// every frame when this is 0.
     pub compact_idle_ms: u64,
+    /// Damage stops the open with [`StoreError::Corrupt`] at the first loss found, before any
+    /// file is copied, cut or moved (`persistence__onDamage=refuse`); otherwise it is
+    /// recovered around and reported ([`Log::damage`]).
+    pub refuse_damage: bool,
 }
 
 /// Reservation step of the head segment's file, by default: one `fallocate` per 256 KiB of

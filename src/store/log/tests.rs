@@ -18,6 +18,7 @@ pub(super) fn opts(dir: &Path) -> LogStoreOptions {
         flush_every_ms: 1000,
         segment_bytes: 64 << 10,
         compact_idle_ms: super::engine::COMPACT_IDLE_MS,
+        refuse_damage: false,
     }
 }
 
@@ -337,6 +338,7 @@ fn the_simulated_disk_is_what_the_log_runs_on() {
         sector: 512,
         allocate_step: super::engine::ALLOCATE_STEP,
         compact_idle_ms: 0,
+        refuse_damage: false,
     };
     let known: HashSet<QueueId> = [1].into_iter().collect();
     let (mut log, _) = Log::open(Arc::new(fs.clone()), lo.clone(), &known, 1).unwrap();
@@ -425,6 +427,7 @@ pub(super) fn real_opts(dir: &Path, segment_bytes: u64) -> LogOptions {
         sector: 0,
         allocate_step: super::engine::ALLOCATE_STEP,
         compact_idle_ms: 0,
+        refuse_damage: false,
     }
 }
 

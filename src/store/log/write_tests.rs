@@ -211,5 +211,6 @@ fn opts_on(dir: &str) -> LogOptions {
         sector: 512,
         allocate_step: super::engine::ALLOCATE_STEP,
         compact_idle_ms: 0,
+        refuse_damage: false,
     }
 }

@@ -249,16 +249,21 @@ impl Log {
             if owed > 0 {
                 // Segments owing events when a checkpoint was taken are deleted only after a
                 // later checkpoint (`collect.rs`): this one did not go by collection.
-                self.damage.losses.push(Loss {
-                    file: self.path(no),
-                    offset: 0,
-                    bytes: 0,
-                    frames: 0,
-                    events: owed,
-                    what: format!(
-                        "segment file missing: the checkpoint records it, owing {owed} events"
-                    ),
-                });
+                let path = self.path(no);
+                self.lose(
+                    &path,
+                    None,
+                    Loss {
+                        file: path.clone(),
+                        offset: 0,
+                        bytes: 0,
+                        frames: 1,
+                        events: owed,
+                        what: format!(
+                            "segment file missing: the checkpoint records it, owing {owed} events"
+                        ),
+                    },
+                )?;
             }
         }
         // Retry states of events settled (or in segments deleted) since the checkpoint.
@@ -287,12 +292,12 @@ impl Log {
         };
         self.lose(
             path,
-            Keep::Copy,
+            Some(Keep::Copy),
             Loss {
                 file: path.to_path_buf(),
                 offset: 0,
                 bytes: HEADER as u64,
-                frames: 0,
+                frames: 1,
                 events: 0,
                 what: "segment header damaged: written again from the checkpoint".into(),
             },
@@ -339,7 +344,7 @@ impl Log {
                 };
                 self.lose(
                     &path,
-                    Keep::Move,
+                    Some(Keep::Move),
                     Loss {
                         file: path.clone(),
                         offset: 0,

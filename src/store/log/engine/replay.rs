@@ -114,7 +114,7 @@ impl Log {
                 if let Some(at) = damage::next_frame(buf, salt, offset) {
                     let loss = self.lose(
                         path,
-                        Keep::Copy,
+                        Some(Keep::Copy),
                         Loss {
                             file: path.to_path_buf(),
                             offset,
@@ -145,7 +145,7 @@ impl Log {
                 };
                 let loss = self.lose(
                     path,
-                    Keep::Copy,
+                    Some(Keep::Copy),
                     Loss {
                         file: path.to_path_buf(),
                         offset,
@@ -232,8 +232,23 @@ impl Log {
     }
 
     /// Record a loss, the damaged file first put in the quarantine folder (once per open).
-    pub(super) fn lose(&mut self, path: &Path, how: Keep, loss: Loss) -> Result<usize, StoreError> {
-        if !self.quarantined.contains(path) {
+    pub(super) fn lose(
+        &mut self,
+        path: &Path,
+        how: Option<Keep>,
+        loss: Loss,
+    ) -> Result<usize, StoreError> {
+        if self.opts.refuse_damage {
+            return Err(StoreError::Corrupt(format!(
+                "{}: {} (at offset {}); not starting because persistence__onDamage=refuse, and \
+                 nothing was changed: persistence__onDamage=serve recovers every intact frame, \
+                 keeps a copy of the damaged file and reports the loss (docs/DURABILITY.md)",
+                loss.file.display(),
+                loss.what,
+                loss.offset
+            )));
+        }
+        if let Some(how) = how.filter(|_| !self.quarantined.contains(path)) {
             let dir = self.quarantine_dir();
             let copy = damage::quarantine(&self.fs, path, &dir, self.now_ms, how).map_err(|e| {
                 io_err(
