@@ -69,6 +69,7 @@ fn opts(dir: &Path, max: u64) -> SledOptions {
         flush_every_ms: 1000,
         segment_bytes: gridlet::store::log::SEGMENT_BYTES,
         compact_idle_ms: gridlet::store::log::engine::COMPACT_IDLE_MS,
+        refuse_damage: false,
     }
 }
 

@@ -13,10 +13,14 @@ pub(super) async fn live() -> &'static str {
     "ok"
 }
 
-/// Readiness: the broker accepts work (503 while shutting down).
+/// Readiness: the broker accepts work (503 while shutting down). The body says so, and names
+/// any data the store found damaged at start (`persistence__onDamage=serve`): a second line.
 pub(super) async fn ready(State(s): State<AppState>) -> Response {
     if s.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ready").into_response()
+        match s.broker.store_damage() {
+            Some(damage) => (StatusCode::OK, format!("ready\n{damage}\n")).into_response(),
+            None => (StatusCode::OK, "ready").into_response(),
+        }
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
     }

@@ -7,6 +7,11 @@ use crate::metrics::{BrokerView, CommitView, Kind, SubscriptionView, TopicView};
 use crate::telemetry::{MetricFamily, MetricKind, MetricPoint, PointValue};
 
 impl Broker {
+    /// What the store's start found damaged and lost, in one line (the readiness detail).
+    pub fn store_damage(&self) -> Option<String> {
+        self.inner.ctx.store.damage_summary()
+    }
+
     /// Prometheus text exposition of every metric.
     pub fn render_metrics(&self) -> String {
         self.with_snapshot(metrics::render)
@@ -73,6 +78,8 @@ impl Broker {
                     syncs: c.syncs,
                     checkpoints: c.checkpoints,
                     compactions: c.compactions,
+                    damaged_frames: c.damaged_frames,
+                    damaged_events: c.damaged_events,
                 }),
                 spans: ctx.tracer.stats(),
             },

@@ -17,7 +17,7 @@ mod types;
 
 pub use settings::{Key, Setting, SETTINGS};
 pub use types::{
-    ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, Outbound,
+    ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, OnDamage, Outbound,
     Persistence, ReceiveKey, Resilience, Sampler, StoreKind, Telemetry, TlsPolicy,
 };
 

@@ -5,7 +5,7 @@
 
 use super::settings::Key as K;
 use super::types::{
-    ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, Outbound,
+    ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, OnDamage, Outbound,
     Persistence, ReceiveKey, Resilience, StoreKind, TlsPolicy,
 };
 use super::ConfigError;
@@ -453,6 +453,10 @@ pub(super) fn persistence(raw: &Raw) -> Result<Persistence, ConfigError> {
         cache_bytes: raw.int(K::persistence__cacheBytes, 1 << 16, 1 << 40)?,
         flush_every_ms: raw.int(K::persistence__flushEveryMs, 0, 3_600_000)?,
         compact_after_idle_ms: raw.int(K::persistence__compactAfterIdleSeconds, 0, 86_400)? * 1000,
+        on_damage: raw.choice(
+            K::persistence__onDamage,
+            &[("serve", OnDamage::Serve), ("refuse", OnDamage::Refuse)],
+        )?,
     })
 }
 

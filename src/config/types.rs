@@ -284,6 +284,18 @@ pub struct Persistence {
     pub flush_every_ms: u64,
     /// Idle time before a pinned segment of the event log is compacted.
     pub compact_after_idle_ms: u64,
+    /// What a start does with damaged data.
+    pub on_damage: OnDamage,
+}
+
+/// `persistence__onDamage`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnDamage {
+    /// Recover around it, report it, and serve.
+    #[default]
+    Serve,
+    /// Refuse to start, changing nothing.
+    Refuse,
 }
 
 /// The identity IoT Edge gives the module through `IOTEDGE_*` variables; defaults outside IoT Edge.

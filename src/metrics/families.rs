@@ -90,6 +90,10 @@ pub struct CommitView {
     pub checkpoints: u64,
     /// Segments compacted.
     pub compactions: u64,
+    /// Frames found damaged at start.
+    pub damaged_frames: u64,
+    /// Events lost in them.
+    pub damaged_events: u64,
 }
 
 /// Broker-wide values.
@@ -233,7 +237,7 @@ pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 20] {
 }
 
 /// Broker-wide families: one series each (omitted when not applicable).
-pub fn broker_families() -> [Family<BrokerView>; 9] {
+pub fn broker_families() -> [Family<BrokerView>; 11] {
     use Kind::*;
     [
         family("gridlet_pending_event_bytes", Gauge, "Bytes of undelivered events held in memory, all subscriptions (limit: broker__maxPendingBytes)", |b| n(b.pending_event_bytes)),
@@ -251,6 +255,8 @@ pub fn broker_families() -> [Family<BrokerView>; 9] {
         family("gridlet_store_journal_syncs_total", Counter, "Event-log frames that acknowledged publishes, one fdatasync each (commits / syncs = publishes per group commit)", |b| b.commits.and_then(|c| n(c.syncs))),
         family("gridlet_store_checkpoints_total", Counter, "Event-log collections: segments with nothing pending deleted (after restating what older live segments owe)", |b| b.commits.and_then(|c| n(c.checkpoints))),
         family("gridlet_store_compactions_total", Counter, "Event-log segments pinned by a few pending events replaced by a copy of those events", |b| b.commits.and_then(|c| n(c.compactions))),
+        family("gridlet_store_damaged_frames_total", Counter, "Frames (or spans of them, headers, files) of the event log and the dead-letter log found damaged when gridlet started: checksum failures that are no torn tail, files cut short or missing (persistence__onDamage; copies in the quarantine folder)", |b| b.commits.and_then(|c| n(c.damaged_frames))),
+        family("gridlet_store_damaged_events_total", Counter, "Events (or dead letters) lost in damaged data found when gridlet started (each also named in an error log line and the /readyz body)", |b| b.commits.and_then(|c| n(c.damaged_events))),
         Family {
             name: "gridlet_telemetry_spans_total",
             kind: Counter,

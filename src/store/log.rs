@@ -94,6 +94,9 @@ pub struct LogStoreOptions {
     /// A closed segment pinned by a few events is compacted once none of its events was
     /// settled for this long ([`engine::COMPACT_IDLE_MS`] by default).
     pub compact_idle_ms: u64,
+    /// `persistence__onDamage=refuse`: damaged data stops the open ([`StoreError::Corrupt`]),
+    /// nothing changed.
+    pub refuse_damage: bool,
 }
 
 /// The store. See the module docs.
@@ -104,6 +107,8 @@ pub struct LogStore {
     /// The committer and compactor threads, until stopped.
     thread: Mutex<Option<(std::thread::JoinHandle<()>, std::thread::JoinHandle<()>)>>,
     recovered: Mutex<Recovered>,
+    /// What the open found damaged, both logs ([`engine::Damage`]).
+    damage: engine::Damage,
 }
 
 fn now_ms() -> u64 {
@@ -143,8 +148,10 @@ impl LogStore {
             sector: 0,
             allocate_step: engine::ALLOCATE_STEP.min(segment_bytes),
             compact_idle_ms: opts.compact_idle_ms,
+            refuse_damage: opts.refuse_damage,
         };
         let (log, recovered) = Log::open(fs.clone(), log_opts, &known, now_ms())?;
+        let damage = log.damage().clone();
         let shared = Arc::new(Shared {
             log: Mutex::new(log),
             waiting: Mutex::new(Waiting::default()),
@@ -184,6 +191,7 @@ impl LogStore {
             shared,
             thread: Mutex::new(Some((thread, compactor))),
             recovered: Mutex::new(recovered),
+            damage,
         })
     }
 
@@ -221,6 +229,11 @@ impl LogStore {
     /// Segments replaced by their compacted copy since open (tests, metrics).
     pub fn compactions(&self) -> u64 {
         self.shared.log().compactions()
+    }
+
+    /// What the open found damaged and lost, both logs (tests).
+    pub fn damage(&self) -> &engine::Damage {
+        &self.damage
     }
 
     /// Bytes the log's segments occupy (tests, metrics).
@@ -405,7 +418,13 @@ impl Store for LogStore {
             syncs: self.shared.publish_syncs.load(Ordering::Relaxed),
             checkpoints: self.shared.collections.load(Ordering::Relaxed),
             compactions: self.shared.log().compactions(),
+            damaged_frames: self.damage.frames(),
+            damaged_events: self.damage.events(),
         })
+    }
+
+    fn damage_summary(&self) -> Option<String> {
+        self.damage.summary()
     }
 
     fn close(&self) {

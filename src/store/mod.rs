@@ -52,6 +52,7 @@ pub fn open(cfg: &crate::config::Persistence) -> Result<std::sync::Arc<dyn Store
                 flush_every_ms: cfg.flush_every_ms,
                 segment_bytes: log::SEGMENT_BYTES,
                 compact_idle_ms: cfg.compact_after_idle_ms,
+                refuse_damage: cfg.on_damage == crate::config::OnDamage::Refuse,
             })?;
             tracing::info!(
                 metadata = %cfg.metadata_path.display(),
@@ -208,6 +209,10 @@ pub struct CommitCounters {
     pub checkpoints: u64,
     /// Segments replaced by a compacted copy of their pending events.
     pub compactions: u64,
+    /// Frames found damaged when the store opened (`docs/DURABILITY.md`, damage).
+    pub damaged_frames: u64,
+    /// Events lost in them.
+    pub damaged_events: u64,
 }
 
 /// A store failure.
@@ -424,6 +429,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Group-commit counters, for stores that have them (the sled store's journal).
     fn commit_counters(&self) -> Option<CommitCounters> {
+        None
+    }
+
+    /// What the store's open found damaged and lost, in one line (the readiness detail);
+    /// `None` when nothing was.
+    fn damage_summary(&self) -> Option<String> {
         None
     }
 

@@ -175,17 +175,28 @@ fn housekeeping(
     s: &Shared,
     jobs: Option<&std::sync::mpsc::Sender<engine::Compaction>>,
 ) -> Result<(), StoreError> {
-    let dead = s.log().stage_collection(now_ms());
-    if !dead.is_empty() {
-        write_frame(s)?;
-        s.log().remove_segments(&dead)?;
-        s.collections.fetch_add(1, Ordering::Relaxed);
-    }
+    collect(s)?;
     if let Some(jobs) = jobs {
         compact(s, jobs)?;
     }
     if s.log().checkpoint_due() {
         checkpoint(s);
+        // Segments that waited for a checkpoint recording them owing nothing (see
+        // `engine/collect.rs`) go now.
+        if s.log().owed_dead() {
+            collect(s)?;
+        }
+    }
+    Ok(())
+}
+
+/// Delete the segments with nothing pending (after the frame restating older ones).
+fn collect(s: &Shared) -> Result<(), StoreError> {
+    let dead = s.log().stage_collection(now_ms());
+    if !dead.is_empty() {
+        write_frame(s)?;
+        s.log().remove_segments(&dead)?;
+        s.collections.fetch_add(1, Ordering::Relaxed);
     }
     Ok(())
 }

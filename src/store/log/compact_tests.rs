@@ -150,6 +150,7 @@ async fn the_store_compacts_pinned_segments_on_its_own_thread() {
     let dir = tempfile::tempdir().unwrap();
     let o = LogStoreOptions {
         compact_idle_ms: 0,
+        refuse_damage: false,
         ..super::tests::opts(dir.path())
     };
     let pinned: Vec<u64> = (1..=600).filter(|s| s % 50 == 0).collect();

@@ -38,9 +38,11 @@
 mod checkpoint;
 mod collect;
 mod compact;
+mod damage;
 mod frame;
 mod read;
 mod recover;
+mod replay;
 mod segment;
 
 use super::format::{self, Header, Record, HEADER};
@@ -49,6 +51,7 @@ use crate::store::{QueueId, RetryState, StoreError, StoredEvent};
 use bytes::Bytes;
 pub use checkpoint::CheckpointWrite;
 pub use compact::{Compacted, Compaction, IDLE_MS as COMPACT_IDLE_MS};
+pub use damage::{Damage, Loss, Torn, QUARANTINE};
 pub use frame::FrameWrite;
 pub(crate) use read::read_frame;
 pub use read::Reads;
@@ -110,6 +113,10 @@ pub struct LogOptions {
     /// ([`compact::IDLE_MS`] in the store); segments are weighed at most once a second, or at
     /// every frame when this is 0.
     pub compact_idle_ms: u64,
+    /// Damage stops the open with [`StoreError::Corrupt`] at the first loss found, before any
+    /// file is copied, cut or moved (`persistence__onDamage=refuse`); otherwise it is
+    /// recovered around and reported ([`Log::damage`]).
+    pub refuse_damage: bool,
 }
 
 /// Reservation step of the head segment's file, by default: one `fallocate` per 256 KiB of
@@ -155,7 +162,7 @@ pub struct Log {
     /// The checkpoint slot files, once opened.
     ck_files: HashMap<u64, Arc<dyn FsFile>>,
     /// A checkpoint prepared and not yet written: `(generation, written, ck_asap before)`.
-    ck_pending: Option<(u64, u64, bool)>,
+    ck_pending: Option<(u64, u64, bool, HashSet<u64>)>,
     /// The head segment's bytes from its length rounded down to `opts.align` to its length:
     /// the start of the next frame's write.
     head_block: Vec<u8>,
@@ -182,6 +189,19 @@ pub struct Log {
     spare: Option<u64>,
     /// Heads started in a spare since open.
     recycled: u64,
+    /// What opening the log found ([`Log::damage`]).
+    damage: Damage,
+    /// Files put in the quarantine folder by this open.
+    quarantined: HashSet<PathBuf>,
+    /// Damaged spans' sequence numbers still to be forgotten: `(segment, before, after)`,
+    /// both excluded.
+    lost: Vec<(u64, u64, u64)>,
+    /// Bytes of the quarantine folder (counted in the disk bound).
+    quarantine_bytes: u64,
+    /// Segments the last checkpoint written (or read) records as owing events: not deleted
+    /// before a later checkpoint records them owing none, so that a listed segment found
+    /// missing while owing events is damage, never a deletion (see `collect.rs`).
+    ck_owed: HashSet<u64>,
 }
 
 fn io_err(path: &Path, e: impl std::fmt::Display) -> StoreError {
@@ -275,6 +295,7 @@ impl Log {
             .last()
             .map_or(0, |h| self.head_allocated.saturating_sub(h.len));
         self.segs.iter().map(|s| s.len).sum::<u64>()
+            + self.quarantine_bytes
             + self.staged.len() as u64
             + reserved
             + self.compaction_reserve()
@@ -297,7 +318,9 @@ impl Log {
 
     /// Bytes the segment files occupy on disk (the spare's included).
     pub fn disk_bytes(&self) -> u64 {
-        self.segs.iter().map(|s| s.file.disk_bytes()).sum::<u64>() + self.spare_bytes()
+        self.segs.iter().map(|s| s.file.disk_bytes()).sum::<u64>()
+            + self.spare_bytes()
+            + self.quarantine_bytes
     }
 
     /// Bytes of the spare segment file (0: none).
@@ -542,6 +565,13 @@ impl Log {
         self.write_staged(now_ms)?;
         let dead = self.stage_collection(now_ms);
         if !dead.is_empty() {
+            self.write_staged(now_ms)?;
+            self.remove_segments(&dead)?;
+        }
+        if self.owed_dead() {
+            // As the committer does: a checkpoint, then the segments that waited for it.
+            self.checkpoint()?;
+            let dead = self.stage_collection(now_ms);
             self.write_staged(now_ms)?;
             self.remove_segments(&dead)?;
         }

@@ -383,6 +383,11 @@ pub fn decode_records(payload: &Bytes) -> Option<Vec<Record>> {
     Some(out)
 }
 
+/// Whether `kind` is a record's first byte (a frame's payload starts with one).
+pub fn is_record_kind(kind: u8) -> bool {
+    (1..=6).contains(&kind)
+}
+
 fn decode_one(r: &mut Reader<'_>, payload: &Bytes) -> Option<Record> {
     Some(match r.u8()? {
         kind @ (1 | 6) => {

@@ -92,6 +92,7 @@ fn opts(seed: u64) -> LogOptions {
         // Segments qualify as soon as a quarter of their events are pending (`compact` also
         // forces them whatever they hold).
         compact_idle_ms: 0,
+        refuse_damage: false,
     }
 }
 

@@ -18,6 +18,7 @@ pub(super) fn opts(dir: &Path) -> LogStoreOptions {
         flush_every_ms: 1000,
         segment_bytes: 64 << 10,
         compact_idle_ms: super::engine::COMPACT_IDLE_MS,
+        refuse_damage: false,
     }
 }
 
@@ -252,7 +253,7 @@ fn a_torn_tail_is_cut_and_writing_goes_on() {
 }
 
 #[test]
-fn a_damaged_frame_in_a_closed_segment_stops_start_up_naming_the_file() {
+fn a_damaged_frame_in_a_closed_segment_loses_its_events_only_and_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     let (fs, lo, known) = real_log(dir.path(), 1024);
     assert!(fill_real_log(&fs, &lo, &known, 5, 800) >= 3);
@@ -260,9 +261,24 @@ fn a_damaged_frame_in_a_closed_segment_stops_start_up_naming_the_file() {
     let mut bytes = std::fs::read(&seg).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
-    std::fs::write(&seg, bytes).unwrap();
-    let err = Log::open(fs, lo, &known, 9).err().unwrap().to_string();
-    assert!(err.contains(&format::segment_name(1)), "{err}");
+    std::fs::write(&seg, &bytes).unwrap();
+    let (log, rec) = Log::open(fs, lo, &known, 9).unwrap();
+    let seqs: Vec<u64> = rec[&1].events().iter().map(|(s, _)| *s).collect();
+    assert_eq!(
+        seqs,
+        vec![2, 3, 4, 5],
+        "only the damaged frame's event is lost"
+    );
+    let d = log.damage();
+    assert_eq!(d.losses.len(), 1, "{d:?}");
+    assert_eq!(d.losses[0].file, seg);
+    assert_eq!(d.events(), 1);
+    assert_eq!(d.quarantined.len(), 1);
+    assert_eq!(
+        std::fs::read(&d.quarantined[0]).unwrap(),
+        bytes,
+        "the damaged file is kept as it was"
+    );
 }
 
 #[test]
@@ -322,6 +338,7 @@ fn the_simulated_disk_is_what_the_log_runs_on() {
         sector: 512,
         allocate_step: super::engine::ALLOCATE_STEP,
         compact_idle_ms: 0,
+        refuse_damage: false,
     };
     let known: HashSet<QueueId> = [1].into_iter().collect();
     let (mut log, _) = Log::open(Arc::new(fs.clone()), lo.clone(), &known, 1).unwrap();
@@ -410,6 +427,7 @@ pub(super) fn real_opts(dir: &Path, segment_bytes: u64) -> LogOptions {
         sector: 0,
         allocate_step: super::engine::ALLOCATE_STEP,
         compact_idle_ms: 0,
+        refuse_damage: false,
     }
 }
 

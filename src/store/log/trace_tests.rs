@@ -86,6 +86,7 @@ async fn an_events_trace_context_survives_a_restart() {
         flush_every_ms: 1000,
         segment_bytes: 64 << 10,
         compact_idle_ms: crate::store::log::engine::COMPACT_IDLE_MS,
+        refuse_damage: false,
     };
     let q = {
         let s = LogStore::open(&o).unwrap();

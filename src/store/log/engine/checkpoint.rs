@@ -321,6 +321,11 @@ impl Log {
         Ok(best)
     }
 
+    /// Segments of `ck` owing events.
+    pub(super) fn note_owed(&mut self, ck: &Checkpoint) {
+        self.ck_owed = owed_in(ck);
+    }
+
     /// What the log owes now, as a checkpoint (the caller makes sure no frame is in flight).
     fn snapshot(&self) -> Checkpoint {
         let mut dropped: Vec<QueueId> = self.dropped.iter().copied().collect();
@@ -398,7 +403,8 @@ impl Log {
         };
         // Taken back if this checkpoint is not written.
         let asap = std::mem::take(&mut self.ck_asap);
-        self.ck_pending = Some((ck.generation, self.written, asap));
+        let owed = owed_in(&ck);
+        self.ck_pending = Some((ck.generation, self.written, asap, owed));
         Ok(CheckpointWrite {
             file,
             path,
@@ -408,10 +414,11 @@ impl Log {
 
     /// A checkpoint prepared by [`Log::prepare_checkpoint`] was written (`ok`) or not.
     pub fn checkpoint_done(&mut self, ok: bool) {
-        if let Some((generation, written, asap)) = self.ck_pending.take() {
+        if let Some((generation, written, asap, owed)) = self.ck_pending.take() {
             if ok {
                 self.ck_generation = generation;
                 self.ck_written = written;
+                self.ck_owed = owed;
             } else {
                 self.ck_asap |= asap;
             }
@@ -453,6 +460,15 @@ impl Log {
         seg.events = st.events;
         self.segs.push(seg);
     }
+}
+
+/// The segments `ck` records as owing events.
+fn owed_in(ck: &Checkpoint) -> HashSet<u64> {
+    ck.segs
+        .iter()
+        .filter(|s| s.live.iter().any(|(_, w)| w.iter().any(|w| *w != 0)))
+        .map(|s| s.no)
+        .collect()
 }
 
 #[cfg(test)]

@@ -28,18 +28,24 @@ impl Log {
         if head_done && self.pending_events.is_empty() && self.roll(now_ms, false).is_err() {
             return Vec::new();
         }
-        let head = self.segs.len().saturating_sub(1);
-        // While a segment is being compacted, it and every younger one stay: the copy holds
-        // what that segment owed when it was planned, and the settlements since are in the
-        // younger segments (see `compact.rs`).
-        let keep_from = self
-            .compacting
-            .as_ref()
-            .and_then(|c| self.segs.iter().position(|s| s.hdr.no == c.no))
-            .unwrap_or(head);
-        let dead: Vec<usize> = (0..head.min(keep_from))
+        let dead: Vec<usize> = (0..self.collectable())
             .filter(|i| self.segs.get(*i).is_some_and(|s| s.pending() == 0))
             .collect();
+        // A segment the last checkpoint records as owing events waits for a checkpoint that
+        // records it owing none: a listed segment found missing while owing events is then
+        // damage, never a deletion whose settlements were in a segment deleted too.
+        let owed = dead.len();
+        let dead: Vec<usize> = dead
+            .into_iter()
+            .filter(|i| {
+                self.segs
+                    .get(*i)
+                    .is_some_and(|s| !self.ck_owed.contains(&s.hdr.no))
+            })
+            .collect();
+        if dead.len() < owed {
+            self.ck_asap = true;
+        }
         let Some(&newest_dead) = dead.last() else {
             return Vec::new();
         };
@@ -50,6 +56,29 @@ impl Log {
         dead.iter()
             .filter_map(|i| self.segs.get(*i).map(|s| s.hdr.no))
             .collect()
+    }
+
+    /// Whether a closed segment with nothing pending waits for a checkpoint (the last one
+    /// records it owing events).
+    pub fn owed_dead(&self) -> bool {
+        self.segs
+            .iter()
+            .take(self.collectable())
+            .any(|s| s.pending() == 0 && self.ck_owed.contains(&s.hdr.no))
+    }
+
+    /// Segments before this position may be deleted: not the head and, while a segment is
+    /// being compacted, neither it nor any younger one (the copy holds what that segment owed
+    /// when it was planned, and the settlements since are in the younger segments: see
+    /// `compact.rs`).
+    fn collectable(&self) -> usize {
+        let head = self.segs.len().saturating_sub(1);
+        let keep_from = self
+            .compacting
+            .as_ref()
+            .and_then(|c| self.segs.iter().position(|s| s.hdr.no == c.no))
+            .unwrap_or(head);
+        head.min(keep_from)
     }
 
     /// A [`Record::State`] for every segment before position `upto` that owes anything (or

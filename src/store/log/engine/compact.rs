@@ -68,6 +68,8 @@ pub struct Compaction {
     hdr: Header,
     src: Arc<dyn FsFile>,
     len: u64,
+    /// Damaged spans of the source, stepped over (the copy has none).
+    holes: Vec<(u64, u64)>,
     /// Pending events at the plan: sequence number → the queues it is pending in.
     live: BTreeMap<u64, Vec<QueueId>>,
     retries: Vec<Record>,
@@ -160,6 +162,7 @@ impl Log {
             hdr: seg.hdr,
             src: seg.file.clone(),
             len: seg.len,
+            holes: seg.holes.clone(),
             live,
             retries,
             max_copy,
@@ -395,6 +398,10 @@ impl Compaction {
         let mut offset = HEADER as u64;
         let mut found = 0usize;
         while offset < self.len {
+            offset = super::segment::past_hole(&self.holes, offset);
+            if offset >= self.len {
+                break;
+            }
             let frame = read_frame(&*self.src, self.hdr.salt, offset, self.len)
                 .map_err(|e| format!("{}: {e}", path.display()))?;
             let Some((bytes, next)) = frame else {

@@ -77,6 +77,8 @@ struct ReadPlan {
     from: u64,
     end: u64,
     want: Vec<(usize, u64)>,
+    /// The segment's damaged spans ([`super::segment::Seg::holes`]), stepped over.
+    holes: Vec<(u64, u64)>,
 }
 
 /// Read one frame at `offset`: `Some((payload, next offset))`, `None` at the end of the valid
@@ -199,6 +201,7 @@ impl Log {
                     from,
                     end: seg.len,
                     want,
+                    holes: seg.holes.clone(),
                 })
             })
             .collect()
@@ -239,6 +242,7 @@ impl Reads {
         let last = p.want.iter().map(|(_, s)| *s).max().unwrap_or(0);
         let mut offset = p.from;
         while !want.is_empty() {
+            offset = super::segment::past_hole(&p.holes, offset);
             let Some(frame) = self.frame(p, offset, last)? else {
                 break;
             };

@@ -1,23 +1,26 @@
 //! Recovery: opening the log rebuilds what each segment owes each queue (see the invariants in
 //! [`super`]): from the newest checkpoint and the frames written after it (`checkpoint.rs`),
-//! or, without one, by reading every segment once, in order.
+//! or, without one, by reading every segment once, in order. Every frame is checked, those the
+//! checkpoint covers too; a frame that fails is a torn tail or damage (`damage.rs`).
 
 use super::checkpoint::{Checkpoint, SegState};
+use super::damage::{self, Damage, Keep, Loss};
 use super::format::{self, Header, Record, HEADER};
-use super::read::read_frame;
+use super::replay::Expect;
 use super::{corrupt, io_err, Bits, Log, LogOptions, Recovered, Seg, INDEX_STRIDE};
 use crate::store::fs::{Fs, FsFile};
 use crate::store::{QueueId, RetryState, StoreError};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::Path;
 use std::sync::Arc;
 
 impl Log {
     /// Open the log in `opts.dir` (created if missing), recovering every segment. Events of
-    /// queues not in `known` (their subscription is gone) are not pending any more.
+    /// queues not in `known` (their subscription is gone) are not pending any more. Damage is
+    /// recovered around and reported in [`Log::damage`].
     ///
     /// # Errors
-    /// [`StoreError::Corrupt`] naming the file when a segment other than the newest is damaged
-    /// (a crash cannot do that, see invariant 3); I/O failures.
+    /// I/O failures.
     pub fn open(
         fs: Arc<dyn Fs>,
         opts: LogOptions,
@@ -33,6 +36,7 @@ impl Log {
             .collect();
         numbers.sort_unstable();
         let mut log = Log::empty(fs.clone(), opts.clone());
+        log.now_ms = now_ms;
         log.remove_leftovers(&names)?;
         if names.iter().any(|n| n == format::SPARE) {
             let path = opts.dir.join(format::SPARE);
@@ -41,25 +45,36 @@ impl Log {
         }
         let ck = log.load_checkpoint()?;
         let generation = ck.as_ref().map_or(0, |c| c.generation);
-        let from_checkpoint = match ck {
-            Some(ck) => match log.recover_from(&ck, &numbers, known) {
-                Ok(()) => true,
+        let from_checkpoint = match &ck {
+            Some(ck) => match log.checkpoint_fits(ck, &numbers) {
+                Ok(()) => {
+                    log.note_owed(ck);
+                    log.recover_from(ck, &numbers, known)?;
+                    true
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "the event log's checkpoint does not match its segments: reading every segment");
-                    let spare = log.spare.take();
-                    log = Log::empty(fs, opts);
-                    log.spare = spare;
                     false
                 }
             },
             None => false,
         };
         if !from_checkpoint {
-            let count = numbers.len();
-            for (i, no) in numbers.into_iter().enumerate() {
-                log.recover_segment(no, i + 1 == count, known)?;
+            // The ends a checkpoint recorded still tell damage from a torn tail where the
+            // segment is the file it describes.
+            let ends: HashMap<u64, &SegState> = ck
+                .iter()
+                .flat_map(|c| c.segs.iter())
+                .map(|s| (s.no, s))
+                .collect();
+            let newest = numbers.last().copied();
+            for no in numbers {
+                let st = ends.get(&no).copied();
+                log.recover_segment(no, Some(no) == newest, st, known)?;
             }
         }
+        log.clear_lost();
+        log.report();
         // The next checkpoint goes above every one on disk, whichever was used.
         log.ck_generation = generation;
         if log.segs.is_empty() {
@@ -72,6 +87,7 @@ impl Log {
         };
         log.load_head()?;
         log.forget_unknown(known);
+        log.quarantine_bytes = damage::quarantine_bytes(&log.fs, &log.quarantine_dir());
         // Compaction waits for segments nobody settled in for a while: a restart counts as
         // activity (a subscription resuming its drain is not raced by a copy).
         log.now_ms = now_ms;
@@ -113,6 +129,11 @@ impl Log {
             ck_asap: false,
             spare: None,
             recycled: 0,
+            damage: Damage::default(),
+            quarantined: HashSet::new(),
+            lost: Vec::new(),
+            quarantine_bytes: 0,
+            ck_owed: HashSet::new(),
         }
     }
 
@@ -140,8 +161,28 @@ impl Log {
         Ok(())
     }
 
-    /// Recover from checkpoint `ck`: the segments it lists from it plus their frames written
-    /// since, newer segments whole (see `checkpoint.rs`). An error means "read everything".
+    /// Whether `ck` describes the segment files there are: a listed file whose header reads
+    /// but differs (a compacted copy has a new salt) makes it unusable. An unreadable header
+    /// is damage, read with the checkpoint's salt.
+    fn checkpoint_fits(&self, ck: &Checkpoint, numbers: &[u64]) -> Result<(), StoreError> {
+        for st in ck.segs.iter().filter(|s| numbers.contains(&s.no)) {
+            let path = self.path(st.no);
+            let file = self.fs.open(&path).map_err(|e| io_err(&path, e))?;
+            let mut hb = [0u8; HEADER];
+            let read = file.read_at(&mut hb, 0).map_err(|e| io_err(&path, e))?;
+            if let Some(h) = hb.get(..read).and_then(Header::decode) {
+                if h.no != st.no || h.salt != st.salt {
+                    return Err(corrupt(&path, "header differs from the checkpoint's"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Recover from checkpoint `ck`: the segments it lists from it, their frames checked, plus
+    /// their frames written since; newer segments whole (see `checkpoint.rs`). A listed segment
+    /// whose file is gone is restored from the checkpoint so that later frames can settle its
+    /// events: what it still owes after them is lost.
     fn recover_from(
         &mut self,
         ck: &Checkpoint,
@@ -153,24 +194,40 @@ impl Log {
         self.retries = ck.retries.iter().copied().collect();
         let listed: HashMap<u64, &SegState> = ck.segs.iter().map(|s| (s.no, s)).collect();
         let ck_newest = ck.segs.iter().map(|s| s.no).max().unwrap_or(0);
-        let count = numbers.len();
-        for (i, &no) in numbers.iter().enumerate() {
-            let newest = i + 1 == count;
+        let newest = numbers.last().copied();
+        let all: BTreeSet<u64> = numbers.iter().chain(listed.keys()).copied().collect();
+        let mut gone = Vec::new();
+        for no in all {
+            let newest = Some(no) == newest;
             if let Some(st) = listed.get(&no) {
+                if !numbers.contains(&no) {
+                    let hdr = Header {
+                        no,
+                        salt: st.salt,
+                        base_seq: st.first_seq.map_or(st.last_seq, |f| f.saturating_sub(1)),
+                        created_ms: 0,
+                        recycled: false,
+                    };
+                    self.restore_seg(st, hdr, Arc::new(damage::Gone), known);
+                    gone.push(no);
+                    continue;
+                }
                 let path = self.path(no);
                 let file = self.fs.open(&path).map_err(|e| io_err(&path, e))?;
                 let size = file.size().map_err(|e| io_err(&path, e))?;
-                let mut hb = [0u8; HEADER];
-                let read = file.read_at(&mut hb, 0).map_err(|e| io_err(&path, e))?;
-                // A compacted segment has a new salt: the checkpoint describes the file before.
-                let hdr = Header::decode(&hb[..read])
-                    .filter(|h| h.no == no && h.salt == st.salt)
-                    .ok_or_else(|| corrupt(&path, "header differs from the checkpoint's"))?;
-                if size < st.len {
-                    return Err(corrupt(&path, "shorter than the checkpoint recorded"));
-                }
+                let buf = damage::read_whole(&*file, size).map_err(|e| io_err(&path, e))?;
+                let hdr = match Header::decode(&buf) {
+                    Some(h) => h,
+                    None => self.rewrite_header(&path, &*file, st)?,
+                };
                 self.restore_seg(st, hdr, file.clone(), known);
-                self.replay(&path, &*file, hdr.salt, st.len, size, newest, known)?;
+                let expect = Expect {
+                    recorded: st.len,
+                    apply_from: st.len,
+                    last_seq: Some(st.last_seq),
+                    newest,
+                };
+                self.replay(&path, &*file, &buf.into(), hdr.salt, expect, known)?;
             } else if no <= ck_newest {
                 // Deleted before the checkpoint; a crash undid the removal's directory entry.
                 let path = self.path(no);
@@ -179,7 +236,34 @@ impl Log {
                     .sync_dir(&self.opts.dir)
                     .map_err(|e| io_err(&self.opts.dir, e))?;
             } else {
-                self.recover_segment(no, newest, known)?;
+                self.recover_segment(no, newest, None, known)?;
+            }
+        }
+        self.clear_lost();
+        for no in gone {
+            let Some(i) = self.segs.iter().position(|s| s.hdr.no == no) else {
+                continue;
+            };
+            let seg = self.segs.remove(i);
+            let owed = seg.live_events();
+            if owed > 0 {
+                // Segments owing events when a checkpoint was taken are deleted only after a
+                // later checkpoint (`collect.rs`): this one did not go by collection.
+                let path = self.path(no);
+                self.lose(
+                    &path,
+                    None,
+                    Loss {
+                        file: path.clone(),
+                        offset: 0,
+                        bytes: 0,
+                        frames: 1,
+                        events: owed,
+                        what: format!(
+                            "segment file missing: the checkpoint records it, owing {owed} events"
+                        ),
+                    },
+                )?;
             }
         }
         // Retry states of events settled (or in segments deleted) since the checkpoint.
@@ -191,95 +275,108 @@ impl Log {
         Ok(())
     }
 
-    /// Read one segment's frames and apply their records.
+    /// A listed segment whose header does not read: copied aside, then its header written
+    /// again from what the checkpoint recorded (its frames are checked with the recorded salt).
+    fn rewrite_header(
+        &mut self,
+        path: &Path,
+        file: &dyn FsFile,
+        st: &SegState,
+    ) -> Result<Header, StoreError> {
+        let hdr = Header {
+            no: st.no,
+            salt: st.salt,
+            base_seq: st.first_seq.map_or(st.last_seq, |f| f.saturating_sub(1)),
+            created_ms: self.now_ms,
+            recycled: false,
+        };
+        self.lose(
+            path,
+            Some(Keep::Copy),
+            Loss {
+                file: path.to_path_buf(),
+                offset: 0,
+                bytes: HEADER as u64,
+                frames: 1,
+                events: 0,
+                what: "segment header damaged: written again from the checkpoint".into(),
+            },
+        )?;
+        file.write_at(&hdr.encode(), 0)
+            .and_then(|()| file.sync_data())
+            .map_err(|e| io_err(path, e))?;
+        Ok(hdr)
+    }
+
+    /// Read one segment's frames and apply their records (`st`: what a checkpoint that could
+    /// not be used recorded of it).
     fn recover_segment(
         &mut self,
         no: u64,
         newest: bool,
+        st: Option<&SegState>,
         known: &HashSet<QueueId>,
     ) -> Result<(), StoreError> {
         let path = self.path(no);
         let file = self.fs.open(&path).map_err(|e| io_err(&path, e))?;
         let size = file.size().map_err(|e| io_err(&path, e))?;
-        let mut hb = [0u8; HEADER];
-        let read = file.read_at(&mut hb, 0).map_err(|e| io_err(&path, e))?;
-        let hdr = match Header::decode(&hb[..read]) {
+        let buf = damage::read_whole(&*file, size).map_err(|e| io_err(&path, e))?;
+        let hdr = match Header::decode(&buf) {
             Some(h) if h.no == no => h,
-            // A segment whose header never became durable held no acknowledged frame.
-            _ if newest => {
-                tracing::warn!(file = %path.display(), "removing a segment whose header was never completed");
-                self.fs.remove(&path).map_err(|e| io_err(&path, e))?;
-                self.fs
-                    .sync_dir(&self.opts.dir)
-                    .map_err(|e| io_err(&self.opts.dir, e))?;
+            other => {
+                // Events newer than every segment before it: frames were written after the
+                // header was synced, so the header was damaged since.
+                let newer = damage::first_event_unchecked(&buf).is_some_and(|s| s > self.max_seq);
+                if newest && !newer {
+                    // A header write cut by a crash (on a new file, or a spare renamed to the
+                    // head's name): nothing in the file was acknowledged.
+                    tracing::warn!(file = %path.display(), "removing a segment whose header was never completed");
+                    self.fs.remove(&path).map_err(|e| io_err(&path, e))?;
+                    self.fs
+                        .sync_dir(&self.opts.dir)
+                        .map_err(|e| io_err(&self.opts.dir, e))?;
+                    return Ok(());
+                }
+                let events = damage::events_unchecked(&buf, HEADER as u64, size);
+                let what = match other {
+                    Some(_) => "segment header names another segment: its frames cannot be checked; moved to the quarantine folder",
+                    None => "segment header damaged: its frames cannot be checked; moved to the quarantine folder",
+                };
+                self.lose(
+                    &path,
+                    Some(Keep::Move),
+                    Loss {
+                        file: path.clone(),
+                        offset: 0,
+                        bytes: size,
+                        frames: damage::frames_unchecked(&buf).max(1),
+                        events,
+                        what: what.into(),
+                    },
+                )?;
                 return Ok(());
             }
-            _ => return Err(corrupt(&path, "segment header is damaged")),
         };
         self.max_seq = self.max_seq.max(hdr.base_seq);
         self.segs.push(Seg::new(hdr, file.clone(), HEADER as u64));
-        self.replay(&path, &*file, hdr.salt, HEADER as u64, size, newest, known)
-    }
-
-    /// Apply the frames of the newest segment in memory (`file`) from `offset` to `size`,
-    /// cutting a torn tail of the newest segment.
-    #[allow(clippy::too_many_arguments)]
-    fn replay(
-        &mut self,
-        path: &std::path::Path,
-        file: &dyn crate::store::fs::FsFile,
-        salt: u64,
-        mut offset: u64,
-        size: u64,
-        newest: bool,
-        known: &HashSet<QueueId>,
-    ) -> Result<(), StoreError> {
-        let path = path.to_path_buf();
-        loop {
-            let frame = read_frame(file, salt, offset, size).map_err(|e| io_err(&path, e))?;
-            let Some((payload, next)) = frame else { break };
-            let records = format::decode_records(&payload)
-                .ok_or_else(|| corrupt(&path, format!("unreadable records at offset {offset}")))?;
-            self.note_frame(offset, &records);
-            for r in records {
-                self.apply(r, known);
-            }
-            offset = next;
-            if let Some(s) = self.segs.last_mut() {
-                s.len = offset;
-            }
-        }
-        if offset < size {
-            // Zeros after the last frame are the padding of its block and blocks reserved
-            // ahead ([`LogOptions::allocate_step`]), whose cut at the roll a crash may have undone.
-            let zeros = zeros_from(file, offset, size).map_err(|e| io_err(&path, e))?;
-            if !newest && !zeros {
-                return Err(corrupt(
-                    &path,
-                    format!("damaged frame at offset {offset} of a segment that was complete"),
-                ));
-            }
-            let recycled = self.segs.last().is_some_and(|s| s.hdr.recycled);
-            if !zeros && recycled {
-                // A recycled segment holds an earlier segment's frames after its own (and
-                // maybe a torn write too): cut them all, as below.
-                tracing::debug!(file = %path.display(), offset, "cutting what follows the last frame of a recycled segment");
-            } else if !zeros {
-                // The torn tail of the last group, never acknowledged: cut it so new frames
-                // follow the last good one (and never a stale frame left after them).
-                tracing::warn!(file = %path.display(), offset, bytes = size - offset, "cutting a torn tail (an unacknowledged write cut short by a crash)");
-            }
-            if newest || !zeros {
-                file.set_len(offset)
-                    .and_then(|_| file.sync_data())
-                    .map_err(|e| io_err(&path, e))?;
-            }
-        }
-        Ok(())
+        let expect = match st.filter(|s| s.salt == hdr.salt) {
+            Some(st) => Expect {
+                recorded: st.len,
+                apply_from: HEADER as u64,
+                last_seq: Some(st.last_seq),
+                newest,
+            },
+            None => Expect {
+                apply_from: HEADER as u64,
+                newest,
+                ..Expect::default()
+            },
+        };
+        self.replay(&path, &*file, &buf.into(), hdr.salt, expect, known)
     }
 
     /// Index a frame that is about to be applied.
-    fn note_frame(&mut self, offset: u64, records: &[Record]) {
+    pub(super) fn note_frame(&mut self, offset: u64, records: &[Record]) {
         let Some(seg) = self.segs.last_mut() else {
             return;
         };
@@ -293,7 +390,7 @@ impl Log {
     }
 
     /// Apply one record to the in-memory state.
-    fn apply(&mut self, r: Record, known: &HashSet<QueueId>) {
+    pub(super) fn apply(&mut self, r: Record, known: &HashSet<QueueId>) {
         match r {
             Record::Event {
                 seq,
@@ -393,22 +490,4 @@ impl Log {
         }
         out
     }
-}
-
-/// Whether `file` holds only zero bytes from `from` to `to`.
-fn zeros_from(file: &dyn FsFile, mut from: u64, to: u64) -> std::io::Result<bool> {
-    let mut buf = vec![0u8; 64 << 10];
-    while from < to {
-        let want = ((to - from) as usize).min(buf.len());
-        let chunk = buf.get_mut(..want).unwrap_or_default();
-        let n = file.read_at(chunk, from)?;
-        if chunk.get(..n).is_some_and(|c| c.iter().any(|b| *b != 0)) {
-            return Ok(false);
-        }
-        if n < want {
-            break;
-        }
-        from += n as u64;
-    }
-    Ok(true)
 }

@@ -91,6 +91,9 @@ pub(super) struct Seg {
     /// Compaction found more live bytes than it may copy when this many events were pending:
     /// not tried again before half of them are settled (`0`: never).
     pub(super) skip_floor: u64,
+    /// Damaged spans found when the log opened, `(start, next frame)` in order: reads and
+    /// compaction step over them (`engine/damage.rs`).
+    pub(super) holes: Vec<(u64, u64)>,
 }
 
 impl Seg {
@@ -108,6 +111,7 @@ impl Seg {
             events: 0,
             settled_ms: 0,
             skip_floor: 0,
+            holes: Vec::new(),
         }
     }
 
@@ -166,4 +170,12 @@ impl Seg {
             .filter(|f| seq >= *f && seq <= self.last_seq)
             .map(|f| seq - f)
     }
+}
+
+/// Where the frames continue from `offset`: past the damaged span starting there, if any.
+pub(super) fn past_hole(holes: &[(u64, u64)], offset: u64) -> u64 {
+    holes
+        .iter()
+        .find(|(start, _)| *start == offset)
+        .map_or(offset, |(_, next)| *next)
 }

@@ -139,6 +139,7 @@ fn letters_of_deleted_subscriptions_go_and_ids_continue_through_the_store() {
         flush_every_ms: 1000,
         segment_bytes: crate::store::log::SEGMENT_BYTES,
         compact_idle_ms: crate::store::log::engine::COMPACT_IDLE_MS,
+        refuse_damage: false,
     };
     let ten = DeadLetterBound {
         per_subscription: 10,
@@ -188,6 +189,7 @@ fn dead_letters_of_the_earlier_sled_format_are_refused_with_what_to_do() {
         flush_every_ms: 1000,
         segment_bytes: crate::store::log::SEGMENT_BYTES,
         compact_idle_ms: crate::store::log::engine::COMPACT_IDLE_MS,
+        refuse_damage: false,
     };
     let old = opts.events_path.join("gridlet-v2/letters");
     std::fs::create_dir_all(&old).unwrap();
