@@ -46,6 +46,7 @@ pub(crate) mod error;
 pub(crate) mod metrics;
 pub mod model;
 pub(crate) mod policy;
+pub mod redact;
 pub mod server;
 pub mod store;
 pub mod sync;

@@ -86,8 +86,11 @@ pub struct Inbound {
     pub metrics_sas_keys: Vec<String>,
     /// SAS keys that may only receive from (and settle) one queue subscription.
     pub receive_sas_keys: Vec<ReceiveKey>,
-    /// Client-certificate identities (subject CN) that may manage; empty = every certificate.
+    /// Client-certificate identities (subject CN) that may manage; empty = every verified
+    /// certificate.
     pub admin_identities: Vec<String>,
+    /// Shared access signatures expiring further ahead than this are refused.
+    pub max_token_lifetime: Duration,
 }
 
 /// Outbound (delivery side) settings.

@@ -7,6 +7,7 @@ mod bench_smoke;
 mod bus_peer;
 mod compaction;
 mod crash;
+mod credentials;
 mod delivery;
 mod docs;
 mod durable_resilience;
