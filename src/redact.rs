@@ -74,3 +74,34 @@ pub fn mask_url(url: &str) -> String {
     }
     out
 }
+
+/// Whether `url` carries a credential: anything [`mask_url`] would hide (user info, a query
+/// value other than `api-version`, a token-like path segment).
+pub fn carries_credentials(url: &str) -> bool {
+    mask_url(url) != url
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_url_carries_credentials_when_masking_would_change_it() {
+        for yes in [
+            "https://h/api?code=FUNCTIONKEY",
+            "https://user:pw@h/",
+            "https://user@h/",
+            "https://hooks.slack.com/services/T000/B000/XXXXXXXXXXXXXXXXXXXXXXXX1",
+            "https://h/?api-version=1&sig=x",
+        ] {
+            assert!(carries_credentials(yes), "{yes}");
+        }
+        for no in [
+            "https://h/hook",
+            "https://h:8443/api/events?api-version=2018-01-01",
+            "https://h/order-created-events",
+        ] {
+            assert!(!carries_credentials(no), "{no}");
+        }
+    }
+}

@@ -315,3 +315,91 @@ async fn a_shared_access_signature_is_bound_to_its_resource_host_and_lifetime() 
         );
     }
 }
+
+/// Finding 5 (Medium): under the default `outbound__webhook__allowUnknownCA=true` a self-signed
+/// `CN=attacker.example` server received `?code=FUNCTIONKEY` and a secret `X-Api-Key` header.
+/// Now a webhook that carries a secret (URL query or user info, an `isSecret` attribute, a
+/// signing secret) is sent only to a server whose chain and host name verify: this server gets
+/// none of them, and each attempt fails. A webhook without secrets still reaches it (the
+/// original's `allowUnknownCA`), and so does one that opts out with
+/// `sendSecretsToUnverifiedServer: true` (documented as dangerous).
+#[tokio::test]
+async fn webhook_secrets_go_only_to_a_verified_server() {
+    let t = start(&[("outbound__webhook__httpsOnly", "true")]).await;
+    let (mut rx, _pem) = https_receiver_as(&["attacker.example"]).await;
+    let port = rx.addr.port();
+    let url = |path: &str| format!("https://127.0.0.1:{port}{path}");
+    let secret_header = json!({"name": "X-Api-Key", "type": "Static",
+        "properties": {"value": "API-KEY-SECRET", "isSecret": true}});
+    t.topic("t").await;
+    let dest = |props: serde_json::Value| json!({"properties": {"destination": {"endpointType": "WebHook", "properties": props}}});
+    let subs = [
+        ("plain", dest(json!({"endpointUrl": url("/plain")}))),
+        (
+            "code",
+            dest(json!({"endpointUrl": url("/code?code=FUNCTIONKEY")})),
+        ),
+        (
+            "userinfo",
+            dest(
+                json!({"endpointUrl": format!("https://user:URL-PASSWORD@127.0.0.1:{port}/userinfo")}),
+            ),
+        ),
+        (
+            "header",
+            dest(
+                json!({"endpointUrl": url("/header"), "deliveryAttributeMappings": [secret_header]}),
+            ),
+        ),
+        (
+            "signed",
+            dest(json!({"endpointUrl": url("/signed"),
+                "signingSecrets": ["whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"]})),
+        ),
+        (
+            "optout",
+            dest(json!({"endpointUrl": url("/optout?code=OPTED-OUT-KEY"),
+                "sendSecretsToUnverifiedServer": true})),
+        ),
+    ];
+    for (name, body) in &subs {
+        let (s, b) = t
+            .put(
+                &format!("/topics/t/eventSubscriptions/{name}"),
+                body.clone(),
+            )
+            .await;
+        assert_eq!(s, 200, "{name}: {b}");
+    }
+    let (s, b) = t.get("/topics/t/eventSubscriptions/optout").await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        b["properties"]["destination"]["properties"]["sendSecretsToUnverifiedServer"], true,
+        "{b}"
+    );
+    let (s, b) = t
+        .put(
+            "/topics/t/eventSubscriptions/bad",
+            dest(json!({"endpointUrl": url("/x"), "sendSecretsToUnverifiedServer": "sometimes"})),
+        )
+        .await;
+    assert_eq!(s, 400, "{b}");
+    t.publish("t", json!([eg_event("e1", "s", "t", json!({}))]))
+        .await;
+    for name in ["code", "userinfo", "header", "signed"] {
+        let labels = format!("topic=\"t\",subscription=\"{name}\"");
+        t.wait_metric("DeliveryFailureCounts", &labels, 1).await;
+    }
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        got.push(rx.next().await);
+    }
+    got.sort_by(|a, b| a.path.cmp(&b.path));
+    let paths: Vec<&str> = got.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(paths, ["/optout", "/plain"]);
+    assert!(got.iter().all(|r| r.headers.get("x-api-key").is_none()));
+    assert!(
+        rx.rx.try_recv().is_err(),
+        "no secret-carrying webhook reached the server"
+    );
+}

@@ -750,14 +750,27 @@ async fn webhook_calls_present_the_module_identity_certificate() {
         wl.env(None),
     )
     .await;
-    // The subscriber requires a client certificate issued by the IoT Edge CA.
-    let server = pki.issue("subscriber", &["subscriber"], false);
+    // The subscriber requires a client certificate issued by the IoT Edge CA. The certificate
+    // is a credential, so the subscriber's own certificate must verify, chain and host name,
+    // whatever `allowUnknownCA` says (issue 37): one issued by the trust bundle's CA for another
+    // name gets nothing, one for the address it is reached at gets the events.
+    let other_name = pki.issue("subscriber", &["subscriber"], false);
+    let mut wrong = TlsReceiver::start(&other_name, Some(pki.roots())).await;
+    let server = pki.issue("subscriber", &["127.0.0.1"], false);
     let mut rx = TlsReceiver::start(&server, Some(pki.roots())).await;
     t.topic("t1").await;
+    let wrong_url = format!("https://127.0.0.1:{}/hook", wrong.addr.port());
+    t.webhook_sub("t1", "wrong", &wrong_url, json!({})).await;
     let url = format!("https://127.0.0.1:{}/hook", rx.addr.port());
     t.webhook_sub("t1", "s1", &url, json!({})).await;
     t.publish("t1", json!([eg_event("1", "s", "e", json!({}))]))
         .await;
+    let labels = "topic=\"t1\",subscription=\"wrong\"";
+    t.wait_metric("DeliveryFailureCounts", labels, 1).await;
+    assert!(
+        wrong.rx.try_recv().is_err(),
+        "a host-name mismatch is refused"
+    );
     let r = rx.next().await;
     let identity = wl.log.lock().unwrap().identity_certs.clone();
     assert_eq!(identity.len(), 1);
