@@ -371,19 +371,6 @@ async fn webhook_secrets_go_only_to_a_verified_server() {
             .await;
         assert_eq!(s, 200, "{name}: {b}");
     }
-    let (s, b) = t.get("/topics/t/eventSubscriptions/optout").await;
-    assert_eq!(s, 200);
-    assert_eq!(
-        b["properties"]["destination"]["properties"]["sendSecretsToUnverifiedServer"], true,
-        "{b}"
-    );
-    let (s, b) = t
-        .put(
-            "/topics/t/eventSubscriptions/bad",
-            dest(json!({"endpointUrl": url("/x"), "sendSecretsToUnverifiedServer": "sometimes"})),
-        )
-        .await;
-    assert_eq!(s, 400, "{b}");
     t.publish("t", json!([eg_event("e1", "s", "t", json!({}))]))
         .await;
     for name in ["code", "userinfo", "header", "signed"] {
@@ -402,4 +389,18 @@ async fn webhook_secrets_go_only_to_a_verified_server() {
         rx.rx.try_recv().is_err(),
         "no secret-carrying webhook reached the server"
     );
+    // The opt-out is echoed, and must be a boolean.
+    let (s, b) = t.get("/topics/t/eventSubscriptions/optout").await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        b["properties"]["destination"]["properties"]["sendSecretsToUnverifiedServer"], true,
+        "{b}"
+    );
+    let (s, b) = t
+        .put(
+            "/topics/t/eventSubscriptions/bad",
+            dest(json!({"endpointUrl": url("/x"), "sendSecretsToUnverifiedServer": "sometimes"})),
+        )
+        .await;
+    assert_eq!(s, 400, "{b}");
 }
