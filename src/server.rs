@@ -221,10 +221,8 @@ impl Gridlet {
             let store = server_certificate(&cfg, edge.as_ref())?;
             let client = client_cert_policy(&cfg, edge.as_ref())?;
             let identities = tls::IdentityCheck::new(&client)?;
-            if matches!(identities, tls::IdentityCheck::Never)
-                && !cfg.inbound.admin_identities.is_empty()
-            {
-                tracing::warn!("inbound__clientAuth__clientCert__adminIdentities is set but no client certificate can be verified (no IoT Edge trust bundle): every certificate may only publish");
+            if matches!(client, ClientCerts::AnyCa) {
+                tracing::warn!("no client certificate can be verified (no IoT Edge trust bundle): every certificate may only publish; manage with a SAS key");
             }
             let acceptor = TlsAcceptor::from(tls::server_config(store.clone(), client)?);
             https_addr = Some(local_addr(&l)?);
