@@ -223,10 +223,10 @@ fn token_allows(resource: &Resource, req: &Request) -> Result<(), ApiError> {
         status: StatusCode::FORBIDDEN,
         detail: "Forbidden",
         message: format!(
-            "this shared access signature is for a resource under {}: it may only publish to and \
-             receive under that path; anything else needs a token whose r is the broker's root \
+            "this shared access signature is for {resource}: it may only publish to and receive \
+             under that path; anything else needs a token whose r is the broker's root \
              (https://{}/)",
-            resource.host, resource.host
+            resource.host
         ),
         retry_after: None,
     })

@@ -115,6 +115,12 @@ impl Resource {
     }
 }
 
+impl std::fmt::Display for Resource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "https://{}{}", self.host, self.path)
+    }
+}
+
 /// An expiry in one of the forms the module docs list, as Unix seconds.
 fn expiry(e: &str) -> Option<u64> {
     let e = e.trim();
@@ -211,6 +217,7 @@ mod tests {
     fn a_resource_covers_the_paths_it_prefixes_at_a_segment_boundary() {
         let r = Resource::parse("https://Gridlet:4438/Topics/T/?api-version=1").unwrap();
         assert_eq!(r.host, "gridlet");
+        assert_eq!(r.to_string(), "https://gridlet/topics/t");
         assert!(!r.is_root());
         for yes in [
             "/topics/t",
@@ -229,6 +236,10 @@ mod tests {
         assert_eq!(
             Resource::parse("https://10.0.0.1/").unwrap().host,
             "10.0.0.1"
+        );
+        assert_eq!(
+            Resource::parse("https://[::1]:4438/").unwrap().host,
+            "[::1]"
         );
         assert!(Resource::parse("https://").is_none());
     }
