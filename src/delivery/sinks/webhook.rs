@@ -122,7 +122,9 @@ impl DestinationKind for WebHook {
             if d.unverified_server_allowed {
                 tracing::warn!(%url, "this webhook's secrets go to its server unverified ({OPT_OUT}=true): anyone who can answer for the address gets them");
             } else {
-                tracing::info!(%url, "this webhook carries a secret: its server's certificate chain and host name are verified, whatever {} says", Key::outbound__webhook__allowUnknownCA.name());
+                // Once per process: a line per subscription would flood a start with thousands.
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| tracing::info!(%url, "webhooks that carry a secret (this one, and any other) have their server's certificate chain and host name verified, whatever {} says", Key::outbound__webhook__allowUnknownCA.name()));
             }
         }
         webhook_sink(sub, client, ctx, &d.endpoint_url, None, TopicRewrite::None)
