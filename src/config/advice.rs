@@ -99,6 +99,13 @@ mod tests {
         assert_eq!(got.len(), 2, "traces and metrics: {got:?}");
         assert!(got[0].contains("OTEL_EXPORTER_OTLP_HEADERS"), "{got:?}");
         assert!(!got.concat().contains("s3cret"));
+        let cfg = Config::from_vars([(
+            "OTEL_EXPORTER_OTLP_ENDPOINT".to_string(),
+            "https://u:pw@c/?token=t0ken".to_string(),
+        )])
+        .unwrap();
+        let debug = format!("{cfg:?}");
+        assert!(!debug.contains("pw") && !debug.contains("t0ken"), "{debug}");
         let userinfo = (
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
             "http://u:pw@10.0.0.9/v1/traces",

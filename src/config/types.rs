@@ -391,11 +391,13 @@ impl Default for Telemetry {
 
 impl std::fmt::Debug for Telemetry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Header values are credentials: names only.
+        // Header values are credentials: names only. Endpoints may carry user info and query
+        // tokens: masked.
         let headers: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
+        let masked = |u: &Option<String>| u.as_deref().map(crate::redact::mask_url);
         f.debug_struct("Telemetry")
-            .field("traces_endpoint", &self.traces_endpoint)
-            .field("metrics_endpoint", &self.metrics_endpoint)
+            .field("traces_endpoint", &masked(&self.traces_endpoint))
+            .field("metrics_endpoint", &masked(&self.metrics_endpoint))
             .field("metrics_interval", &self.metrics_interval)
             .field("headers", &headers)
             .field("timeout", &self.timeout)
