@@ -678,6 +678,58 @@ async fn only_verified_certificates_carry_admin_identities() {
     }
 }
 
+/// Issue 37, High 1, under IoT Edge with the shipped certificate settings and no
+/// `adminIdentities`: a module's certificate (issued by the trust bundle's CA) manages, a
+/// self-signed one with the same CN may only publish (the original made it administrator).
+#[tokio::test]
+async fn without_admin_identities_only_verified_certificates_manage() {
+    let pki = Arc::new(Pki::new());
+    let dir = tempfile::tempdir().unwrap();
+    let wl = Workload::start(dir.path(), pki.clone(), 90 * 86_400).await;
+    let t = start_edge(
+        &[("inbound__clientAuth__clientCert__enabled", "true")],
+        wl.env(None),
+    )
+    .await;
+    let https = format!("https://127.0.0.1:{}", t.g.https_addr.unwrap().port());
+    let client_with = |chain: String, key: String| {
+        let o = gridlet::tls::OutboundTls {
+            accept_any_server_cert: true,
+            extra_roots_pem: None,
+            identity: Some((chain.into_bytes(), key.into_bytes())),
+        };
+        reqwest::Client::builder()
+            .tls_backend_preconfigured(gridlet::tls::client_config(&o).unwrap())
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    };
+    let module = pki.issue("ops", &["ops"], true);
+    let module = client_with(module.chain_pem, module.key_pem);
+    let forged = {
+        let mut params = CertificateParams::new(vec!["ops".to_string()]).unwrap();
+        params.distinguished_name.push(DnType::CommonName, "ops");
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        client_with(cert.pem(), key.serialize_pem())
+    };
+    let put = |c: &reqwest::Client| {
+        c.put(format!("{https}/topics/x?{V}"))
+            .json(&json!({}))
+            .send()
+    };
+    assert_eq!(put(&forged).await.unwrap().status(), 403);
+    assert_eq!(put(&module).await.unwrap().status(), 200);
+    let events = json!([eg_event("e1", "s", "t", json!({}))]);
+    let r = forged
+        .post(format!("{https}/topics/x/events?{V}"))
+        .json(&events)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "a self-signed certificate still publishes");
+}
+
 #[tokio::test]
 async fn client_certificates_are_validated_against_the_trust_bundle() {
     let pki = Arc::new(Pki::new());
