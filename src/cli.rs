@@ -110,10 +110,15 @@ pub fn help() -> String {
 
 /// `check-config`: the text to print and the exit code (0 valid, 2 not).
 pub fn check_config(vars: Vec<(String, String)>) -> (String, u8) {
-    if let Err(e) = Config::from_vars(vars.clone()) {
-        return (format!("gridlet: {e}\n"), 2);
+    let cfg = match Config::from_vars(vars.clone()) {
+        Ok(cfg) => cfg,
+        Err(e) => return (format!("gridlet: {e}\n"), 2),
+    };
+    let mut out = String::new();
+    for w in cfg.warnings() {
+        let _ = writeln!(out, "warning: {w}");
     }
-    let mut out = String::from("configuration is valid; settings in force (* = set):\n");
+    out.push_str("configuration is valid; settings in force (* = set):\n");
     for e in config::effective(vars) {
         let mark = if e.given { '*' } else { ' ' };
         let _ = writeln!(out, "{mark} {} = {}", e.setting.key, e.value);

@@ -48,6 +48,7 @@ pub(crate) mod metrics;
 pub mod model;
 pub mod outbound;
 pub(crate) mod policy;
+pub mod redact;
 pub mod server;
 pub mod store;
 pub mod sync;

@@ -70,6 +70,9 @@ fn main() -> ExitCode {
     for k in &cfg.unknown_keys {
         tracing::warn!(key = %k, "unknown setting ignored (check its spelling)");
     }
+    for w in cfg.warnings() {
+        tracing::warn!("{w}");
+    }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     if cfg.broker.worker_threads > 0 {

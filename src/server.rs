@@ -18,7 +18,7 @@ use crate::config::{Config, MetricsReporter};
 use crate::delivery::sink::SinkFactory;
 use crate::edge::{EdgeError, EdgeRuntime};
 use crate::outbound::http::HttpClient;
-use crate::outbound::sinks::DefaultSinks;
+use crate::outbound::sinks::{DefaultSinks, WebhookClients};
 use crate::store::Store;
 use crate::tls::{self, CertStore, ClientCerts, OutboundTls, TlsError};
 use conn::{accept_loop, ConnLimits};
@@ -221,10 +221,8 @@ impl Gridlet {
             let store = server_certificate(&cfg, edge.as_ref())?;
             let client = client_cert_policy(&cfg, edge.as_ref())?;
             let identities = tls::IdentityCheck::new(&client)?;
-            if matches!(identities, tls::IdentityCheck::Never)
-                && !cfg.inbound.admin_identities.is_empty()
-            {
-                tracing::warn!("inbound__clientAuth__clientCert__adminIdentities is set but no client certificate can be verified (no IoT Edge trust bundle): every certificate may only publish");
+            if matches!(client, ClientCerts::AnyCa) {
+                tracing::warn!("no client certificate can be verified (no IoT Edge trust bundle): every certificate may only publish; manage with a SAS key");
             }
             let acceptor = TlsAcceptor::from(tls::server_config(store.clone(), client)?);
             https_addr = Some(local_addr(&l)?);
@@ -427,9 +425,9 @@ pub fn azure_tls(cfg: &Config) -> Result<OutboundTls, StartError> {
     })
 }
 
-/// The production sinks: two HTTP clients (webhooks per the `outbound__webhook__*` settings,
-/// Azure destinations always verifying; under IoT Edge both with the trust bundle and the module
-/// identity certificate) and, under IoT Edge, the edgeHub connection.
+/// The production sinks: HTTP clients (webhooks per the `outbound__webhook__*` settings, webhooks
+/// that carry a secret and Azure destinations always verifying; under IoT Edge all with the
+/// trust bundle and the module identity certificate) and, under IoT Edge, the edgeHub connection.
 fn default_sinks(
     cfg: &Config,
     edge: Option<&EdgeRuntime>,
@@ -448,7 +446,25 @@ fn default_sinks(
             .with_denied_ranges(cfg.outbound.denied_ranges.clone())
             .with_own_listeners(own.to_vec()))
     };
-    let sinks = DefaultSinks::new(client(outbound_tls(cfg))?, client(azure_tls(cfg)?)?);
+    let configured = outbound_tls(cfg);
+    let configured_accepts_any = configured.accept_any_server_cert;
+    let verifying = OutboundTls {
+        accept_any_server_cert: false,
+        ..outbound_tls(cfg)
+    };
+    let configured = client(configured)?;
+    let webhook = WebhookClients {
+        verified: if configured_accepts_any {
+            client(verifying)?
+        } else {
+            configured.clone()
+        },
+        configured,
+        configured_accepts_any,
+        // The module identity certificate is presented under IoT Edge when this is on.
+        presents_certificate: edge.is_some() && cfg.outbound.client_cert_enabled,
+    };
+    let sinks = DefaultSinks::new(webhook, client(azure_tls(cfg)?)?);
     Ok(match edge.and_then(EdgeRuntime::edgehub) {
         Some(hub) => sinks.with_module_outputs(Arc::new(hub), timeout),
         None => sinks,

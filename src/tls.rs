@@ -273,20 +273,34 @@ impl IdentityCheck {
         })
     }
 
-    /// The identity (subject CN) of a peer that presented `chain`, if its chain is verified.
-    pub fn identity(&self, chain: &[CertificateDer<'_>]) -> Option<String> {
-        let (first, rest) = chain.split_first()?;
+    /// Whether the `chain` a peer presented is verified, and its identity (subject CN) if so.
+    pub fn check(&self, chain: &[CertificateDer<'_>]) -> PeerCert {
+        let Some((first, rest)) = chain.split_first() else {
+            return PeerCert::None;
+        };
         let verified = match self {
             Self::Never => false,
             Self::Always => true,
             Self::Against(v) => v.verify_client_cert(first, rest, UnixTime::now()).is_ok(),
         };
         if verified {
-            common_name(first)
+            PeerCert::Verified(common_name(first))
         } else {
-            None
+            PeerCert::Unverified
         }
     }
+}
+
+/// What a client certificate proves ([`IdentityCheck::check`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerCert {
+    /// No certificate was presented.
+    None,
+    /// Accepted (`allowUnknownCA=true`) but not chained to the trust bundle: anyone can make
+    /// one, so it names nobody and may only publish.
+    Unverified,
+    /// Chained to the trust bundle; its subject CN, if it has one.
+    Verified(Option<String>),
 }
 
 /// The HTTPS listener's configuration.

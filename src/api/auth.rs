@@ -10,8 +10,11 @@
 //! * `key1`/`key2`: administrator;
 //! * `inbound__clientAuth__sasKeys__publishOnlyKeys`: publisher;
 //! * `inbound__clientAuth__sasKeys__metricsKeys`: `GET /metrics` only (a scraper's key);
-//! * a client certificate: administrator when `inbound__clientAuth__clientCert__adminIdentities`
-//!   is empty (the default) or lists its subject CN, publisher otherwise.
+//! * a client certificate that chains to the trust bundle: administrator when
+//!   `inbound__clientAuth__clientCert__adminIdentities` is empty (the default) or lists its
+//!   subject CN, publisher otherwise;
+//! * a client certificate that does not (accepted under `allowUnknownCA=true`): publisher. The
+//!   original made it administrator; anyone can make one (issue 37).
 //!
 //! With every credential off (the original's open mode, and the compose example), any request is
 //! an administrator, so [`browser_guard`] refuses what only a browser on a hostile page would
@@ -22,8 +25,13 @@
 //!
 //! A publisher may only publish (`POST /topics/{topic}/events[/{id}]`); any other API route
 //! answers 403 `Forbidden` with the documented body. When a request carries several credentials
-//! the strongest counts.
+//! it passes if one of them allows it.
+//!
+//! A shared access signature ([`super::sas_token`]) is its signing key's credential narrowed to
+//! its resource `r` (Event Grid's rule, [`token_allows`]) and to a lifetime; `r` must name one of
+//! gridlet's host names. Management needs a token for the broker's root (gridlet's own rule).
 
+use super::sas_token::{Resource, Token};
 use super::ConnInfo;
 use crate::config::{Config, Inbound, Key};
 use crate::error::ApiError;
@@ -76,19 +84,15 @@ fn any_key_matches(given: &[u8], keys: &[String]) -> bool {
         .fold(false, |hit, k| constant_time_eq(given, k.as_bytes()) | hit)
 }
 
-/// The caller's role, or `None` when no credential is accepted.
+/// The role a SAS key or a client certificate gives the caller, or `None` when neither is
+/// accepted. Shared access signatures, which also name a resource, are [`token_grant`]'s.
 pub fn authenticate(cfg: &Inbound, headers: &HeaderMap, conn: Option<&ConnInfo>) -> Option<Role> {
     if !cfg.sas_enabled && !cfg.client_cert_enabled {
         return Some(Role::Admin);
     }
     let mut role = None;
     if cfg.sas_enabled {
-        if let Some(token) = sas_token(headers) {
-            role = token_role(cfg, token);
-            if role == Some(Role::Admin) {
-                return role;
-            }
-        } else if let Some(given) = sas_key(headers) {
+        if let Some(given) = sas_key(headers) {
             if any_key_matches(given, &cfg.sas_keys) {
                 return Some(Role::Admin);
             }
@@ -112,20 +116,30 @@ pub fn authenticate(cfg: &Inbound, headers: &HeaderMap, conn: Option<&ConnInfo>)
     }
     if cfg.client_cert_enabled {
         if let Some(conn) = conn.filter(|c| c.client_cert) {
-            let listed = conn.client_identity.as_deref().is_some_and(|id| {
-                cfg.admin_identities
-                    .iter()
-                    .any(|a| a.eq_ignore_ascii_case(id))
-            });
-            let cert_role = if cfg.admin_identities.is_empty() || listed {
-                Role::Admin
-            } else {
-                Role::Publisher
-            };
-            role = role.max(Some(cert_role));
+            role = role.max(Some(certificate_role(cfg, conn)));
         }
     }
     role
+}
+
+/// The role of an accepted client certificate. Only a certificate that chains to the trust
+/// bundle may manage: with `allowUnknownCA=true` (the original's default, and the shipped
+/// deployment's) anyone can make a self-signed one with any subject, so it may only publish
+/// (issue 37). A verified one is administrator when `adminIdentities` is empty or lists its CN.
+fn certificate_role(cfg: &Inbound, conn: &ConnInfo) -> Role {
+    if !conn.client_cert_verified {
+        return Role::Publisher;
+    }
+    let listed = conn.client_identity.as_deref().is_some_and(|id| {
+        cfg.admin_identities
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(id))
+    });
+    if cfg.admin_identities.is_empty() || listed {
+        Role::Admin
+    } else {
+        Role::Publisher
+    }
 }
 
 /// The SAS key a request carries: the `aeg-sas-key` header, or `Authorization: SharedAccessKey
@@ -157,32 +171,65 @@ fn sas_token(headers: &HeaderMap) -> Option<&str> {
         .then(|| token.trim())
 }
 
-/// The role of the key that signed `token`, if one did and it has not expired. Every key is
-/// tried (no early exit), as for keys themselves.
-fn token_role(cfg: &Inbound, token: &str) -> Option<Role> {
+/// The role of the key that signed `token` and the resource it names, if one of the keys signed
+/// it, it has not expired, it expires within `inbound__clientAuth__sasKeys__maxTokenLifetimeInSeconds`,
+/// and its resource's host is one of gridlet's names (an address, `localhost`, the module id or
+/// an `inbound__allowedHostNames` entry): a token made for another host (a cloud topic signed
+/// with the same key) is not one for gridlet. Every key is tried (no early exit), as for keys.
+fn token_grant(cfg: &Config, token: &str) -> Option<(Role, Resource)> {
+    let inbound = &cfg.inbound;
+    let token = Token::parse(token)?;
     let now = crate::clock::system_wall_ms() / 1000;
-    let valid = |k: &str| super::sas_token::signed_with(token, k).is_some_and(|e| e > now);
-    let any = |keys: &[String]| keys.iter().fold(false, |hit, k| valid(k) | hit);
-    let admin = any(&cfg.sas_keys);
-    let publisher = any(&cfg.publish_only_sas_keys);
-    let metrics = any(&cfg.metrics_sas_keys);
-    let receiver = cfg
+    let latest = now.saturating_add(inbound.max_token_lifetime.as_secs());
+    if token.expiry <= now || token.expiry > latest {
+        return None;
+    }
+    let resource = Resource::parse(&token.resource).filter(|r| known_host(cfg, &r.host))?;
+    let any = |keys: &[String]| keys.iter().fold(false, |hit, k| token.signed_with(k) | hit);
+    let admin = any(&inbound.sas_keys);
+    let publisher = any(&inbound.publish_only_sas_keys);
+    let metrics = any(&inbound.metrics_sas_keys);
+    let receiver = inbound
         .receive_sas_keys
         .iter()
         .enumerate()
         .fold(None, |hit, (i, k)| {
-            let m = valid(&k.key);
+            let m = token.signed_with(&k.key);
             hit.or(m.then_some(Role::Receiver(i)))
         });
-    if admin {
-        Some(Role::Admin)
+    let role = if admin {
+        Role::Admin
     } else if publisher {
-        Some(Role::Publisher)
+        Role::Publisher
     } else if metrics {
-        Some(Role::Metrics)
+        Role::Metrics
     } else {
-        receiver
+        receiver?
+    };
+    Some((role, resource))
+}
+
+/// What a token for `resource` may do with `req`. A token for the broker's root (`r` names the
+/// host and no path) is its key's credential. A token for a path (a topic, `…/topics/t`) may
+/// only publish and receive there (Event Grid's rule: its `r` prefixes the request's path at a
+/// segment boundary). Management always needs a root token: Event Grid's tokens never grant
+/// management, so that part is gridlet's own rule.
+fn token_allows(resource: &Resource, req: &Request) -> Result<(), ApiError> {
+    let data_plane = is_publish(req) || pull_target(req).is_some();
+    if resource.is_root() || (data_plane && resource.covers(req.uri().path())) {
+        return Ok(());
     }
+    Err(ApiError {
+        status: StatusCode::FORBIDDEN,
+        detail: "Forbidden",
+        message: format!(
+            "this shared access signature is for {resource}: it may only publish to and receive \
+             under that path; anything else needs a token whose r is the broker's root \
+             (https://{}/)",
+            resource.host
+        ),
+        retry_after: None,
+    })
 }
 
 /// Whether this request is a publish (`POST /topics/{topic}/events`, `.../events/{id}`, or a
@@ -320,18 +367,41 @@ fn known_host(cfg: &Config, host: &str) -> bool {
 }
 
 /// 401 unless the request is authenticated; 403 when its credential may not use this route.
-/// The API's one layer ([`super::Guard`]) calls this first on every API route.
+/// The API's one layer ([`super::Guard`]) calls this first on every API route. When a request
+/// carries several credentials, it passes if one of them allows it.
 ///
 /// # Errors
 /// 401 or 403 with the documented body.
-pub fn require(cfg: &Inbound, req: &Request) -> Result<(), ApiError> {
+pub fn require(cfg: &Config, req: &Request) -> Result<(), ApiError> {
+    let inbound = &cfg.inbound;
     let conn = req.extensions().get::<ConnInfo>();
-    match authenticate(cfg, req.headers(), conn) {
-        None => Err(ApiError::unauthorized()),
-        Some(Role::Admin) => Ok(()),
-        Some(Role::Publisher) if is_publish(req) => Ok(()),
-        Some(Role::Publisher) => Err(forbidden()),
-        Some(Role::Receiver(i)) => {
+    let role = authenticate(inbound, req.headers(), conn);
+    let token = sas_token(req.headers())
+        .filter(|_| inbound.sas_enabled)
+        .and_then(|t| token_grant(cfg, t));
+    let mut denied = None;
+    if let Some(role) = role {
+        match role_allows(inbound, role, req) {
+            Ok(()) => return Ok(()),
+            Err(e) => denied = Some(e),
+        }
+    }
+    if let Some((role, resource)) = token {
+        match token_allows(&resource, req).and_then(|()| role_allows(inbound, role, req)) {
+            Ok(()) => return Ok(()),
+            Err(e) => denied = denied.or(Some(e)),
+        }
+    }
+    Err(denied.unwrap_or_else(ApiError::unauthorized))
+}
+
+/// What `role` may do with `req`.
+fn role_allows(cfg: &Inbound, role: Role, req: &Request) -> Result<(), ApiError> {
+    match role {
+        Role::Admin => Ok(()),
+        Role::Publisher if is_publish(req) => Ok(()),
+        Role::Publisher => Err(forbidden()),
+        Role::Receiver(i) => {
             let allowed = cfg.receive_sas_keys.get(i).is_some_and(|k| {
                 pull_target(req).is_some_and(|(t, s)| {
                     t.eq_ignore_ascii_case(&k.topic) && s.eq_ignore_ascii_case(&k.subscription)
@@ -348,10 +418,8 @@ pub fn require(cfg: &Inbound, req: &Request) -> Result<(), ApiError> {
                 })
             }
         }
-        Some(Role::Metrics) if req.method() == Method::GET && req.uri().path() == "/metrics" => {
-            Ok(())
-        }
-        Some(Role::Metrics) => Err(ApiError {
+        Role::Metrics if req.method() == Method::GET && req.uri().path() == "/metrics" => Ok(()),
+        Role::Metrics => Err(ApiError {
             status: StatusCode::FORBIDDEN,
             detail: "Forbidden",
             message: "this credential may only read GET /metrics".into(),

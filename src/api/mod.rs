@@ -57,6 +57,9 @@ pub struct ConnInfo {
     pub scheme: &'static str,
     /// A client certificate was presented and accepted by the TLS verifier.
     pub client_cert: bool,
+    /// That certificate chains to the trust bundle (IoT Edge's, or every accepted one with
+    /// `allowUnknownCA=false`). An unverified certificate may only publish.
+    pub client_cert_verified: bool,
     /// That certificate's identity (subject CN), when it has one and its chain was verified
     /// (`tls::IdentityCheck`): an unverified certificate authenticates but names nobody.
     pub client_identity: Option<Arc<str>>,
@@ -234,7 +237,7 @@ where
 
     fn call(&mut self, req: Request) -> Self::Future {
         let cfg = self.broker.config();
-        let checked = auth::require(&cfg.inbound, &req)
+        let checked = auth::require(cfg, &req)
             .and_then(|()| auth::browser_guard(cfg, &req))
             .and_then(|()| api_version(&req));
         match checked {

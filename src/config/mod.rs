@@ -11,6 +11,7 @@
 //! Nothing else in the crate reads the environment: `main` calls [`Config::from_env`] and passes
 //! `Arc<Config>` down.
 
+mod advice;
 mod parse;
 mod settings;
 mod types;
@@ -46,7 +47,7 @@ pub fn effective(vars: impl IntoIterator<Item = (String, String)>) -> Vec<Effect
             let given = raw.given(*key);
             let value = match given {
                 Some(v) if setting.is_secret() && !v.is_empty() => "***".to_string(),
-                Some(v) => v.to_string(),
+                Some(v) => shown(v),
                 None => setting.default.to_string(),
             };
             Effective {
@@ -56,6 +57,16 @@ pub fn effective(vars: impl IntoIterator<Item = (String, String)>) -> Vec<Effect
             }
         })
         .collect()
+}
+
+/// A given value as logs and `check-config` may show it: a URL with its credentials masked
+/// (`OTEL_EXPORTER_OTLP_ENDPOINT=http://user:pass@host/?token=…`), [`crate::redact::mask_url`].
+fn shown(v: &str) -> String {
+    if v.contains("://") {
+        crate::redact::mask_url(v)
+    } else {
+        v.to_string()
+    }
 }
 
 /// A setting that could not be parsed. Its `Display` is the one line printed at start-up.

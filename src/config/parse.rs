@@ -75,7 +75,7 @@ impl Raw {
     fn err(&self, key: K, expected: &str) -> ConfigError {
         ConfigError {
             key: key.name().to_string(),
-            value: self.text(key).to_string(),
+            value: super::shown(self.text(key)),
             expected: expected.to_string(),
         }
     }
@@ -250,6 +250,11 @@ pub(super) fn inbound(raw: &Raw) -> Result<Inbound, ConfigError> {
         admin_identities: comma_list(Some(
             raw.text(K::inbound__clientAuth__clientCert__adminIdentities),
         )),
+        max_token_lifetime: raw.secs(
+            K::inbound__clientAuth__sasKeys__maxTokenLifetimeInSeconds,
+            60,
+            31_536_000,
+        )?,
     })
 }
 

@@ -86,8 +86,11 @@ pub struct Inbound {
     pub metrics_sas_keys: Vec<String>,
     /// SAS keys that may only receive from (and settle) one queue subscription.
     pub receive_sas_keys: Vec<ReceiveKey>,
-    /// Client-certificate identities (subject CN) that may manage; empty = every certificate.
+    /// Client-certificate identities (subject CN) that may manage; empty = every verified
+    /// certificate.
     pub admin_identities: Vec<String>,
+    /// Shared access signatures expiring further ahead than this are refused.
+    pub max_token_lifetime: Duration,
 }
 
 /// Outbound (delivery side) settings.
@@ -400,11 +403,13 @@ impl Default for Telemetry {
 
 impl std::fmt::Debug for Telemetry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Header values are credentials: names only.
+        // Header values are credentials: names only. Endpoints may carry user info and query
+        // tokens: masked.
         let headers: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
+        let masked = |u: &Option<String>| u.as_deref().map(crate::redact::mask_url);
         f.debug_struct("Telemetry")
-            .field("traces_endpoint", &self.traces_endpoint)
-            .field("metrics_endpoint", &self.metrics_endpoint)
+            .field("traces_endpoint", &masked(&self.traces_endpoint))
+            .field("metrics_endpoint", &masked(&self.metrics_endpoint))
             .field("metrics_interval", &self.metrics_interval)
             .field("headers", &headers)
             .field("timeout", &self.timeout)

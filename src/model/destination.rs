@@ -16,6 +16,8 @@ pub use super::attributes::AttributeTarget;
 use super::json::Obj;
 use super::Invalid;
 use crate::config::Config;
+pub use crate::redact::{mask_path, mask_url};
+use crate::redact::{token_like, MASK};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::any::Any;
@@ -279,80 +281,9 @@ fn mask_attribute_values(v: &mut Value) {
     }
 }
 
-const MASK: &str = "***";
-
-/// Whether a URL path segment looks like a token (Slack, Teams and Discord webhook URLs carry
-/// their keys in the path): at least 16 characters of the kinds tokens use, with digits or
-/// both letter cases (`order-created-events` stays readable, `IncomingWebhook` is shorter).
-fn token_like(segment: &str) -> bool {
-    let b = segment.as_bytes();
-    let charset = b
-        .iter()
-        .all(|c| c.is_ascii_alphanumeric() || b"-_.@=~+%".contains(c));
-    let digit = b.iter().any(u8::is_ascii_digit);
-    let mixed = b.iter().any(u8::is_ascii_uppercase) && b.iter().any(u8::is_ascii_lowercase);
-    b.len() >= 16 && charset && (digit || mixed)
-}
-
-/// `path` with every token-like segment replaced by `***`.
-pub fn mask_path(path: &str) -> String {
-    path.split('/')
-        .map(|s| if token_like(s) { MASK } else { s })
-        .collect::<Vec<_>>()
-        .join("/")
-}
-
 fn secret_name(name: &str, parts: &[&str]) -> bool {
     let n = name.to_ascii_lowercase();
     parts.iter().any(|p| n.contains(p))
-}
-
-/// `url` with its password (or a lone user name), every query value but `api-version` and every
-/// token-like path segment ([`mask_path`]) replaced by `***`, the rest of the text unchanged; anything that does not parse as a URL is masked whole.
-pub fn mask_url(url: &str) -> String {
-    if url::Url::parse(url).is_err() {
-        return MASK.into();
-    }
-    let (rest, fragment) = match url.split_once('#') {
-        Some((r, f)) => (r, Some(f)),
-        None => (url, None),
-    };
-    let (head, query) = match rest.split_once('?') {
-        Some((h, q)) => (h, Some(q)),
-        None => (rest, None),
-    };
-    let mut out = match head.split_once("://") {
-        Some((scheme, after)) => {
-            let end = after.find('/').unwrap_or(after.len());
-            let (authority, path) = after.split_at(end);
-            let authority = match authority.rsplit_once('@') {
-                Some((userinfo, host)) => match userinfo.split_once(':') {
-                    Some((user, _)) => format!("{user}:{MASK}@{host}"),
-                    None => format!("{MASK}@{host}"),
-                },
-                None => authority.to_string(),
-            };
-            format!("{scheme}://{authority}{}", mask_path(path))
-        }
-        None => head.to_string(),
-    };
-    if let Some(q) = query {
-        let masked: Vec<String> = q
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                // Every value: a list of secret names always misses one (`sas`, `hmac`, …).
-                Some((k, _)) if !k.eq_ignore_ascii_case("api-version") => format!("{k}={MASK}"),
-                _ => pair.to_string(),
-            })
-            .collect();
-        out.push('?');
-        out.push_str(&masked.join("&"));
-    }
-    if let Some(f) = fragment {
-        out.push('#');
-        out.push_str(f);
-    }
-    out
 }
 
 /// A `Key=Value;…` connection string with key, signature and password values replaced by `***`

@@ -29,7 +29,14 @@ pub fn expiry(token: &str) -> Option<u64> {
     let sec: i64 = t
         .next()
         .map_or(Some(0), |x| x.split('.').next()?.parse().ok())?;
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&day) || h > 23 || mi > 59 || sec > 60 {
+    // Years past 9999 are no date anyone writes, and would overflow the arithmetic below.
+    if !(0..=9999).contains(&y)
+        || !(1..=12).contains(&mo)
+        || !(1..=31).contains(&day)
+        || h > 23
+        || mi > 59
+        || sec > 60
+    {
         return None;
     }
     // Days from the civil date (Howard Hinnant's algorithm).

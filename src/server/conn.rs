@@ -152,6 +152,7 @@ async fn connection(
         let info = ConnInfo {
             scheme,
             client_cert: false,
+            client_cert_verified: false,
             client_identity: None,
         };
         return serve(stream, router, info, &limits, watcher, slot).await;
@@ -159,12 +160,17 @@ async fn connection(
     match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
         Ok(Ok(tls_stream)) => {
             let chain = tls_stream.get_ref().1.peer_certificates().unwrap_or(&[]);
+            // Only a verified chain names someone or manages (issues 20 and 37: a
+            // self-signed certificate is anyone's).
+            let peer = identities.check(chain);
             let info = ConnInfo {
                 scheme,
-                client_cert: !chain.is_empty(),
-                // Only a verified chain names someone (issue 20: identities that
-                // cannot be forged).
-                client_identity: identities.identity(chain).map(Arc::from),
+                client_cert: peer != tls::PeerCert::None,
+                client_cert_verified: matches!(peer, tls::PeerCert::Verified(_)),
+                client_identity: match peer {
+                    tls::PeerCert::Verified(cn) => cn.map(Arc::from),
+                    _ => None,
+                },
             };
             serve(tls_stream, router, info, &limits, watcher, slot).await;
         }

@@ -65,7 +65,7 @@ impl Exporter {
         let task = tokio::spawn(export::run(tracer.clone(), transport, async move {
             let _ = stopped.await;
         }));
-        tracing::info!(endpoint = %crate::model::destination::mask_url(url), "exporting traces over OTLP/HTTP");
+        tracing::info!(endpoint = %crate::redact::mask_url(url), "exporting traces over OTLP/HTTP");
         Ok(Some(Self { stop, task }))
     }
 
@@ -94,7 +94,7 @@ impl Exporter {
             cfg.telemetry.timeout,
             stopped,
         ));
-        tracing::info!(endpoint = %crate::model::destination::mask_url(url), "exporting metrics over OTLP/HTTP");
+        tracing::info!(endpoint = %crate::redact::mask_url(url), "exporting metrics over OTLP/HTTP");
         Ok(Some(Self { stop, task }))
     }
 

@@ -678,6 +678,58 @@ async fn only_verified_certificates_carry_admin_identities() {
     }
 }
 
+/// Issue 37, High 1, under IoT Edge with the shipped certificate settings and no
+/// `adminIdentities`: a module's certificate (issued by the trust bundle's CA) manages, a
+/// self-signed one with the same CN may only publish (the original made it administrator).
+#[tokio::test]
+async fn without_admin_identities_only_verified_certificates_manage() {
+    let pki = Arc::new(Pki::new());
+    let dir = tempfile::tempdir().unwrap();
+    let wl = Workload::start(dir.path(), pki.clone(), 90 * 86_400).await;
+    let t = start_edge(
+        &[("inbound__clientAuth__clientCert__enabled", "true")],
+        wl.env(None),
+    )
+    .await;
+    let https = format!("https://127.0.0.1:{}", t.g.https_addr.unwrap().port());
+    let client_with = |chain: String, key: String| {
+        let o = gridlet::tls::OutboundTls {
+            accept_any_server_cert: true,
+            extra_roots_pem: None,
+            identity: Some((chain.into_bytes(), key.into_bytes())),
+        };
+        reqwest::Client::builder()
+            .tls_backend_preconfigured(gridlet::tls::client_config(&o).unwrap())
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    };
+    let module = pki.issue("ops", &["ops"], true);
+    let module = client_with(module.chain_pem, module.key_pem);
+    let forged = {
+        let mut params = CertificateParams::new(vec!["ops".to_string()]).unwrap();
+        params.distinguished_name.push(DnType::CommonName, "ops");
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        client_with(cert.pem(), key.serialize_pem())
+    };
+    let put = |c: &reqwest::Client| {
+        c.put(format!("{https}/topics/x?{V}"))
+            .json(&json!({}))
+            .send()
+    };
+    assert_eq!(put(&forged).await.unwrap().status(), 403);
+    assert_eq!(put(&module).await.unwrap().status(), 200);
+    let events = json!([eg_event("e1", "s", "t", json!({}))]);
+    let r = forged
+        .post(format!("{https}/topics/x/events?{V}"))
+        .json(&events)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "a self-signed certificate still publishes");
+}
+
 #[tokio::test]
 async fn client_certificates_are_validated_against_the_trust_bundle() {
     let pki = Arc::new(Pki::new());
@@ -750,14 +802,27 @@ async fn webhook_calls_present_the_module_identity_certificate() {
         wl.env(None),
     )
     .await;
-    // The subscriber requires a client certificate issued by the IoT Edge CA.
-    let server = pki.issue("subscriber", &["subscriber"], false);
+    // The subscriber requires a client certificate issued by the IoT Edge CA. The certificate
+    // is a credential, so the subscriber's own certificate must verify, chain and host name,
+    // whatever `allowUnknownCA` says (issue 37): one issued by the trust bundle's CA for another
+    // name gets nothing, one for the address it is reached at gets the events.
+    let other_name = pki.issue("subscriber", &["subscriber"], false);
+    let mut wrong = TlsReceiver::start(&other_name, Some(pki.roots())).await;
+    let server = pki.issue("subscriber", &["127.0.0.1"], false);
     let mut rx = TlsReceiver::start(&server, Some(pki.roots())).await;
     t.topic("t1").await;
+    let wrong_url = format!("https://127.0.0.1:{}/hook", wrong.addr.port());
+    t.webhook_sub("t1", "wrong", &wrong_url, json!({})).await;
     let url = format!("https://127.0.0.1:{}/hook", rx.addr.port());
     t.webhook_sub("t1", "s1", &url, json!({})).await;
     t.publish("t1", json!([eg_event("1", "s", "e", json!({}))]))
         .await;
+    let labels = "topic=\"t1\",subscription=\"wrong\"";
+    t.wait_metric("DeliveryFailureCounts", labels, 1).await;
+    assert!(
+        wrong.rx.try_recv().is_err(),
+        "a host-name mismatch is refused"
+    );
     let r = rx.next().await;
     let identity = wl.log.lock().unwrap().identity_certs.clone();
     assert_eq!(identity.len(), 1);

@@ -14,6 +14,7 @@ const LAYERS: &[(&str, u8)] = &[
     // Helpers with no knowledge of the domain.
     ("clock", 0),
     ("sync", 0),
+    ("redact", 0),
     // Retry schedules, the status-code table, health thresholds: pure data and pure functions.
     ("policy", 1),
     // Settings, read once at start.

@@ -11,6 +11,7 @@ mod bench_smoke;
 mod bus_peer;
 mod compaction;
 mod crash;
+mod credentials;
 mod damage;
 mod delivery;
 mod docs;

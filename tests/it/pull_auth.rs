@@ -77,7 +77,13 @@ async fn a_receive_key_pulls_from_its_subscription_only_and_sas_tokens_authentic
         401
     );
     // A shared access signature made from the admin key (Event Grid's r/e/s form).
-    let unsigned = "r=https%3A%2F%2Fgridlet&e=4102444800"; // 2100-01-01
+    // Within the maximum lifetime (a day by default): an hour from now.
+    let e = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 3600;
+    let unsigned = format!("r=https%3A%2F%2Fgridlet&e={e}");
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, b"admin-key");
     use base64::Engine;
     let sig = base64::engine::general_purpose::STANDARD
@@ -105,7 +111,7 @@ async fn a_receive_key_pulls_from_its_subscription_only_and_sas_tokens_authentic
             receive("other"),
             (
                 "aeg-sas-token",
-                token.replace("e=4102444800", "e=4102444801")
+                token.replace(&format!("e={e}"), &format!("e={}", e + 1))
             )
         )
         .await,

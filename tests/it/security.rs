@@ -37,7 +37,9 @@ async fn default_config_is_https_only_and_needs_a_client_certificate_compat_53()
     assert_eq!(r.status(), 401);
     let b: serde_json::Value = r.json().await.unwrap();
     assert_eq!(b["error"]["code"], "Unauthorized");
-    // With a client certificate (any CA: allowUnknownCA defaults to true) the same call passes.
+    // With a client certificate (any CA: allowUnknownCA defaults to true) the caller is
+    // authenticated, but a certificate that does not chain to the trust bundle may only publish
+    // (issue 37; the original made it administrator): 403, not 401.
     let ck = rcgen::generate_simple_self_signed(vec!["client".to_string()]).unwrap();
     let pem = format!("{}{}", ck.cert.pem(), ck.signing_key.serialize_pem());
     let id = reqwest::Identity::from_pem(pem.as_bytes()).unwrap();
@@ -51,7 +53,9 @@ async fn default_config_is_https_only_and_needs_a_client_certificate_compat_53()
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 200);
+    assert_eq!(r.status(), 403);
+    let b: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(b["error"]["code"], "Forbidden");
     g.shutdown().await;
 }
 

@@ -15,10 +15,12 @@ fn keys_are_compared_as_fixed_length_digests() {
     assert!(any_key_matches(b"b", &["a".into(), "b".into()]));
 }
 
+fn config(pairs: &[(&str, &str)]) -> Config {
+    Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string()))).unwrap()
+}
+
 fn inbound(pairs: &[(&str, &str)]) -> Inbound {
-    Config::from_vars(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
-        .unwrap()
-        .inbound
+    config(pairs).inbound
 }
 
 fn headers(key: Option<&str>) -> HeaderMap {
@@ -29,11 +31,24 @@ fn headers(key: Option<&str>) -> HeaderMap {
     h
 }
 
+/// A connection with a verified client certificate naming `cert` (empty: no CN), or none.
 fn https(cert: Option<&str>) -> ConnInfo {
     ConnInfo {
         scheme: "https",
         client_cert: cert.is_some(),
+        client_cert_verified: cert.is_some(),
         client_identity: cert.filter(|c| !c.is_empty()).map(Arc::from),
+    }
+}
+
+/// A connection with a certificate accepted under `allowUnknownCA=true` that does not chain to
+/// the trust bundle.
+fn unverified() -> ConnInfo {
+    ConnInfo {
+        scheme: "https",
+        client_cert: true,
+        client_cert_verified: false,
+        client_identity: None,
     }
 }
 
@@ -43,6 +58,25 @@ fn defaults_need_a_client_certificate() {
     assert_eq!(authenticate(&c, &headers(None), Some(&https(None))), None);
     assert_eq!(
         authenticate(&c, &headers(None), Some(&https(Some("any")))),
+        Some(Role::Admin)
+    );
+}
+
+/// Issue 37, High 1: a certificate that does not chain to the trust bundle may only publish,
+/// whatever `adminIdentities` says; a SAS key on the same request still counts.
+#[test]
+fn an_unverified_certificate_is_a_publisher() {
+    let c = inbound(&[]);
+    assert_eq!(
+        authenticate(&c, &headers(None), Some(&unverified())),
+        Some(Role::Publisher)
+    );
+    let c = inbound(&[
+        ("inbound__clientAuth__sasKeys__enabled", "true"),
+        ("inbound__clientAuth__sasKeys__key1", "k1"),
+    ]);
+    assert_eq!(
+        authenticate(&c, &headers(Some("k1")), Some(&unverified())),
         Some(Role::Admin)
     );
 }
@@ -92,7 +126,7 @@ fn the_namespace_sdks_key_header_is_a_sas_key() {
 
 #[test]
 fn a_receive_key_may_only_pull_from_its_subscription() {
-    let c = inbound(&[
+    let c = config(&[
         ("inbound__clientAuth__sasKeys__enabled", "true"),
         (
             "inbound__clientAuth__sasKeys__receiveKeys",
@@ -170,53 +204,188 @@ fn a_receive_key_may_only_pull_from_its_subscription() {
         .contains("topic/subscription=key"));
 }
 
+/// A token `r={resource}&e={expiry}` signed with `key`, URL-encoded as the SDKs write it.
+fn token(key: &str, resource: &str, e: &str) -> String {
+    use base64::Engine;
+    let enc = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    let unsigned = format!("r={}&e={}", enc(resource), enc(e));
+    let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key.as_bytes());
+    let s =
+        base64::engine::general_purpose::STANDARD.encode(ring::hmac::sign(&k, unsigned.as_bytes()));
+    format!("{unsigned}&s={}", enc(&s))
+}
+
+/// `require` for `method path` carrying `header: value`.
+fn check(c: &Config, method: Method, path: &str, header: &str, value: &str) -> Result<(), u16> {
+    let mut r = axum::http::Request::builder()
+        .method(method)
+        .uri(path)
+        .body(axum::body::Body::empty())
+        .unwrap();
+    r.headers_mut().insert(
+        axum::http::HeaderName::from_bytes(header.as_bytes()).unwrap(),
+        HeaderValue::from_str(value).unwrap(),
+    );
+    require(c, &r).map_err(|e| e.status.as_u16())
+}
+
+fn in_secs(d: u64) -> String {
+    (crate::clock::system_wall_ms() / 1000 + d).to_string()
+}
+
 #[test]
 fn shared_access_signatures_authenticate_by_the_key_that_signed_them() {
-    use base64::Engine;
-    let c = inbound(&[
+    let c = config(&[
         ("inbound__clientAuth__sasKeys__enabled", "true"),
         ("inbound__clientAuth__sasKeys__key1", "admin-key"),
         ("inbound__clientAuth__sasKeys__publishOnlyKeys", "pub-key"),
     ]);
-    let token = |key: &str, e: u64| {
-        let unsigned = format!("r=https%3A%2F%2Fgridlet&e={e}");
-        let k = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key.as_bytes());
-        let s = base64::engine::general_purpose::STANDARD
-            .encode(ring::hmac::sign(&k, unsigned.as_bytes()));
-        format!(
-            "{unsigned}&s={}",
-            s.replace('+', "%2B")
-                .replace('/', "%2F")
-                .replace('=', "%3D")
-        )
-    };
-    let later = crate::clock::system_wall_ms() / 1000 + 3600;
-    let with = |name: &str, v: String| {
-        let mut h = HeaderMap::new();
-        h.insert(
-            axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            HeaderValue::from_str(&v).unwrap(),
-        );
-        authenticate(&c, &h, Some(&https(None)))
-    };
+    let later = in_secs(3600);
+    let root = "https://gridlet";
+    let put = |h: &str, v: &str| check(&c, Method::PUT, "/topics/t", h, v);
+    let publish = |v: &str| check(&c, Method::POST, "/topics/t/events", "aeg-sas-token", v);
     let auth = "authorization";
+    let admin = token("admin-key", root, &later);
+    assert_eq!(put(auth, &format!("SharedAccessSignature {admin}")), Ok(()));
+    assert_eq!(put("aeg-sas-token", &admin), Ok(()));
+    assert_eq!(publish(&token("pub-key", root, &later)), Ok(()));
     assert_eq!(
-        with(
-            auth,
-            format!("SharedAccessSignature {}", token("admin-key", later))
-        ),
-        Some(Role::Admin)
+        put("aeg-sas-token", &token("pub-key", root, &later)),
+        Err(403)
     );
     assert_eq!(
-        with("aeg-sas-token", token("pub-key", later)),
-        Some(Role::Publisher)
-    );
-    assert_eq!(
-        with("aeg-sas-token", token("admin-key", 1_000)),
-        None,
+        put("aeg-sas-token", &token("admin-key", root, "1000")),
+        Err(401),
         "expired"
     );
-    assert_eq!(with("aeg-sas-token", token("other", later)), None);
+    assert_eq!(
+        put("aeg-sas-token", &token("other", root, &later)),
+        Err(401)
+    );
+}
+
+/// Issue 37, Medium 2: a token is valid for the resources its `r` prefixes (at a segment
+/// boundary, in any case); a topic's token publishes to it and receives from its subscriptions,
+/// nothing else; management needs the broker's root; `r` must name one of gridlet's hosts.
+#[test]
+fn a_token_is_bound_to_its_resource_and_host() {
+    let c = config(&[
+        ("inbound__clientAuth__sasKeys__enabled", "true"),
+        ("inbound__clientAuth__sasKeys__key1", "admin-key"),
+        ("inbound__allowedHostNames", "edge.example"),
+    ]);
+    let later = in_secs(3600);
+    let t = |r: &str| token("admin-key", r, &later);
+    let go = |m: Method, path: &str, tok: &str| check(&c, m, path, "aeg-sas-token", tok);
+    let topic = t("https://gridlet:4438/topics/t");
+    assert_eq!(go(Method::POST, "/topics/t/events", &topic), Ok(()));
+    assert_eq!(go(Method::POST, "/topics/T/events/e1", &topic), Ok(()));
+    assert_eq!(go(Method::POST, "/topics/t:publish", &topic), Ok(()));
+    let receive = "/topics/t/eventsubscriptions/s:receive";
+    assert_eq!(go(Method::POST, receive, &topic), Ok(()));
+    assert_eq!(go(Method::POST, "/topics/t2/events", &topic), Err(403));
+    assert_eq!(go(Method::PUT, "/topics/t", &topic), Err(403), "management");
+    assert_eq!(
+        go(Method::PUT, "/topics/t/eventSubscriptions/s", &topic),
+        Err(403)
+    );
+    assert_eq!(go(Method::DELETE, "/topics/t", &topic), Err(403));
+    assert_eq!(
+        go(Method::GET, "/topics/t/eventSubscriptions/s", &topic),
+        Err(403)
+    );
+    // The SDK's publish endpoint as `r`: publishing there, not receiving.
+    let events = t("https://GRIDLET/topics/t/events?api-version=2018-01-01");
+    assert_eq!(go(Method::POST, "/topics/t/events", &events), Ok(()));
+    assert_eq!(go(Method::POST, receive, &events), Err(403));
+    // The root: everything the key may do.
+    for root in [
+        "https://gridlet",
+        "https://gridlet:4438/",
+        "https://127.0.0.1",
+        "localhost",
+        "https://edge.example/",
+    ] {
+        assert_eq!(go(Method::PUT, "/topics/t", &t(root)), Ok(()), "{root}");
+    }
+    // Another host's token (a cloud topic signed with the same key) is no token for gridlet.
+    for other in [
+        "https://mytopic.westus2-1.eventgrid.azure.net/api/events",
+        "https://mytopic.westus2-1.eventgrid.azure.net",
+    ] {
+        assert_eq!(
+            go(Method::POST, "/topics/t/events", &t(other)),
+            Err(401),
+            "{other}"
+        );
+    }
+}
+
+/// Issue 37, Medium 2: expiries beyond the maximum lifetime (default one day) are refused,
+/// including 2^64-1 and year 9999; dates are read as Event Grid writes them.
+#[test]
+fn a_token_expiring_beyond_the_maximum_lifetime_is_refused() {
+    let c = config(&[
+        ("inbound__clientAuth__sasKeys__enabled", "true"),
+        ("inbound__clientAuth__sasKeys__key1", "admin-key"),
+    ]);
+    let put = |e: &str| {
+        let tok = token("admin-key", "https://gridlet", e);
+        check(&c, Method::PUT, "/topics/t", "aeg-sas-token", &tok)
+    };
+    assert_eq!(put(&in_secs(86_400 - 60)), Ok(()));
+    assert_eq!(put(&in_secs(86_400 + 60)), Err(401));
+    assert_eq!(put("18446744073709551615"), Err(401));
+    assert_eq!(put("9999-12-31T23:59:59Z"), Err(401));
+    assert_eq!(put("12/31/9999 11:59:59 PM"), Err(401));
+    // A date an hour ahead, in .NET's and Python's forms.
+    let secs = crate::clock::system_wall_ms() / 1000 + 3600;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil(days);
+    let (h, mi, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    let (h12, ampm) = match h {
+        0 => (12, "AM"),
+        1..=11 => (h, "AM"),
+        12 => (12, "PM"),
+        _ => (h - 12, "PM"),
+    };
+    assert_eq!(
+        put(&format!("{m}/{d}/{y} {h12}:{mi:02}:{s:02} {ampm}")),
+        Ok(())
+    );
+    assert_eq!(
+        put(&format!("{y}-{m:02}-{d:02} {h:02}:{mi:02}:{s:02}+00:00")),
+        Ok(())
+    );
+    // The setting.
+    let short = config(&[
+        ("inbound__clientAuth__sasKeys__enabled", "true"),
+        ("inbound__clientAuth__sasKeys__key1", "admin-key"),
+        (
+            "inbound__clientAuth__sasKeys__maxTokenLifetimeInSeconds",
+            "600",
+        ),
+    ]);
+    let tok = token("admin-key", "https://gridlet", &in_secs(3600));
+    assert_eq!(
+        check(&short, Method::PUT, "/topics/t", "aeg-sas-token", &tok),
+        Err(401)
+    );
+}
+
+/// The civil date of a day number (days since 1970-01-01): Howard Hinnant's algorithm.
+fn civil(days: u64) -> (i64, u64, u64) {
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u64;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u64;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 #[test]

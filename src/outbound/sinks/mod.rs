@@ -205,10 +205,41 @@ impl ParseContext<'_> {
     }
 }
 
+/// The webhook HTTP clients. Under `outbound__webhook__allowUnknownCA=true` (the default) or
+/// `skipServerCertValidation=true` the configured one accepts any server certificate; a webhook
+/// that carries a secret goes through the verifying one instead (issue 37), unless the
+/// subscription opts out (`sendSecretsToUnverifiedServer`, documented as dangerous).
+#[derive(Clone)]
+pub struct WebhookClients {
+    /// As the `outbound__webhook__*` settings say.
+    pub configured: HttpClient,
+    /// Always checks the server's chain (Mozilla's roots, the IoT Edge trust bundle) and host
+    /// name; the same client as `configured` when the settings already verify.
+    pub verified: HttpClient,
+    /// `configured` accepts any server certificate.
+    pub configured_accepts_any: bool,
+    /// Webhook calls present the module identity certificate
+    /// (`outbound__clientAuth__clientCert__enabled` under IoT Edge): a credential every webhook
+    /// carries, so every one is verified.
+    pub presents_certificate: bool,
+}
+
+impl WebhookClients {
+    /// The client for a webhook that carries a secret (`secret`) or not, and whether its
+    /// subscription opted out of verification for it (`opted_out`).
+    pub fn for_webhook(&self, secret: bool, opted_out: bool) -> &HttpClient {
+        if (secret || self.presents_certificate) && !opted_out {
+            &self.verified
+        } else {
+            &self.configured
+        }
+    }
+}
+
 /// What sink builders share.
 pub struct SinkContext {
-    /// The webhook HTTP client (`outbound__webhook__*` TLS settings).
-    pub client: HttpClient,
+    /// The webhook HTTP clients (`outbound__webhook__*` TLS settings, and verifying).
+    pub webhook: WebhookClients,
     /// The client of credentialed Azure destinations: always verifies the server's chain and
     /// host name (the server builds it from `outbound__azure__trustedCertificatesFile`).
     pub azure_client: HttpClient,
@@ -308,14 +339,14 @@ pub struct DefaultSinks {
 }
 
 impl DefaultSinks {
-    /// Sinks sharing `client` for webhooks and `azure_client` for Azure destinations (see
+    /// Sinks sharing `webhook` for webhooks and `azure_client` for Azure destinations (see
     /// [`crate::outbound::http::HttpClient::new`] over [`crate::tls::client_config`]).
-    pub fn new(client: HttpClient, azure_client: HttpClient) -> Self {
+    pub fn new(webhook: WebhookClients, azure_client: HttpClient) -> Self {
         let mut b = [0u8; 6];
         let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
         Self {
             ctx: SinkContext {
-                client,
+                webhook,
                 azure_client,
                 boot_id: b.iter().map(|x| format!("{x:02x}")).collect(),
                 module_outputs: None,

@@ -5,6 +5,13 @@
 //! webhook options (`signingSecrets`, `deliveryAttributeMappings`). Secrets: the URL's
 //! credentials, the signing secrets, `isSecret` header values. Health: by URL. Can take dead
 //! letters (the batch of dead letters is POSTed as a JSON array).
+//!
+//! A webhook that carries a secret (anything [`crate::redact::mask_url`] hides in its URL:
+//! user info, a query value, a token-like path segment; a signing secret; an `isSecret`
+//! attribute; the module identity certificate) is sent only to a server whose chain and host
+//! name verify, whatever `outbound__webhook__allowUnknownCA`/`skipServerCertValidation` say
+//! (issue 37). `sendSecretsToUnverifiedServer: true` opts a subscription out: dangerous, since
+//! anyone who can answer for the address (a spoofed name, a hostile LAN) then gets the secret.
 
 use super::{mismatched, DestinationKind, ParseContext, SinkContext};
 use crate::config::Key;
@@ -33,11 +40,19 @@ pub struct WebHook;
 pub struct WebHookDestination {
     /// Absolute URL.
     pub endpoint_url: String,
+    /// `sendSecretsToUnverifiedServer`: its secrets may go to a server that does not verify.
+    pub unverified_server_allowed: bool,
 }
+
+/// The property that opts a webhook out of verifying the server it sends secrets to.
+const OPT_OUT: &str = "sendSecretsToUnverifiedServer";
 
 impl DestinationSpec for WebHookDestination {
     fn echo(&self, props: &mut Map<String, Value>) {
         props.insert("endpointUrl".into(), json!(self.endpoint_url));
+        if self.unverified_server_allowed {
+            props.insert(OPT_OUT.into(), json!(true));
+        }
     }
     fn secrets(&self) -> &'static [SecretProperty] {
         &HTTP_SECRETS
@@ -67,10 +82,14 @@ impl DestinationKind for WebHook {
             ctx.cfg.outbound.webhook_https_only,
             Key::outbound__webhook__httpsOnly.name(),
         )?;
+        let unverified_server_allowed = props
+            .bool(&OPT_OUT.to_ascii_lowercase(), OPT_OUT)?
+            .unwrap_or(false);
         Ok(Destination::new(
             "WebHook",
             WebHookDestination {
                 endpoint_url: raw.to_string(),
+                unverified_server_allowed,
             },
         ))
     }
@@ -80,6 +99,7 @@ impl DestinationKind for WebHook {
             "WebHook",
             WebHookDestination {
                 endpoint_url: stored_str(props, "endpointUrl")?.to_string(),
+                unverified_server_allowed: props.get(OPT_OUT) == Some(&Value::Bool(true)),
             },
         ))
     }
@@ -92,14 +112,22 @@ impl DestinationKind for WebHook {
         let Some(d) = sub.destination.spec::<WebHookDestination>() else {
             return mismatched("WebHook");
         };
-        webhook_sink(
-            sub,
-            &ctx.client,
-            ctx,
-            &d.endpoint_url,
-            None,
-            TopicRewrite::None,
-        )
+        let secret = crate::redact::carries_credentials(&d.endpoint_url)
+            || !sub.delivery.signing_secrets.is_empty()
+            || sub.delivery.attributes.iter().any(|a| a.is_secret);
+        let hooks = &ctx.webhook;
+        let client = hooks.for_webhook(secret, d.unverified_server_allowed);
+        if hooks.configured_accepts_any && (secret || hooks.presents_certificate) {
+            let url = crate::redact::mask_url(&d.endpoint_url);
+            if d.unverified_server_allowed {
+                tracing::warn!(%url, "this webhook's secrets go to its server unverified ({OPT_OUT}=true): anyone who can answer for the address gets them");
+            } else {
+                // Once per process: a line per subscription would flood a start with thousands.
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| tracing::info!(%url, "webhooks that carry a secret (this one, and any other) have their server's certificate chain and host name verified, whatever {} says", Key::outbound__webhook__allowUnknownCA.name()));
+            }
+        }
+        webhook_sink(sub, client, ctx, &d.endpoint_url, None, TopicRewrite::None)
     }
 
     fn example(&self, base: &str) -> Value {
