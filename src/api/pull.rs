@@ -27,6 +27,16 @@ pub const MAX_WAIT_SECONDS: u64 = 120;
 const DEFAULT_WAIT_SECONDS: u64 = 60;
 /// Most lock tokens one settle request may carry.
 pub const MAX_LOCK_TOKENS: usize = 1000;
+/// Whitespace allowed around each token of a settle body (a pretty-printer's newline and
+/// indentation, with room to spare).
+const TOKEN_SLACK: usize = 16;
+/// The body limit of the settle routes (`:acknowledge`, `:release`, `:reject`, `:renewLock`):
+/// [`MAX_LOCK_TOKENS`] tokens, each quoted, followed by a comma and [`TOKEN_SLACK`] bytes of
+/// whitespace, inside a 1 KiB envelope; 63,024 bytes. Not `broker__maxRequestBodyBytes`
+/// (1 MiB): a settle body has no use for more, and slow bodies of that size would fill
+/// `inbound__maxBodyBytesInFlight` for publishers (issue 37, finding 7).
+pub const SETTLE_BODY_LIMIT: usize =
+    1024 + MAX_LOCK_TOKENS * (crate::delivery::lock_token::TOKEN_LEN + 2 + 1 + TOKEN_SLACK);
 
 fn no_route() -> ApiError {
     ApiError::not_found("NotFound", "no such route")
@@ -181,14 +191,14 @@ fn release_delay(query: &str) -> Result<Duration, ApiError> {
     }
 }
 
-/// The body `{"lockTokens": ["…", …]}`: 1 to [`MAX_LOCK_TOKENS`] strings.
+/// The body `{"lockTokens": ["…", …]}`: 1 to [`MAX_LOCK_TOKENS`] strings, within
+/// [`SETTLE_BODY_LIMIT`] bytes (413 above it).
 async fn lock_tokens(
     s: &AppState,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Vec<String>, ApiError> {
-    let limit = s.broker.config().broker.max_request_body_bytes;
-    let bytes = read_body(headers, body, limit, &s.bodies).await?;
+    let bytes = read_body(headers, body, SETTLE_BODY_LIMIT, &s.bodies).await?;
     let v = parse_body(&bytes)?;
     let bad = |m: &str| ApiError::bad_request("InvalidLockTokens", m.to_string());
     let arr = v
