@@ -6,7 +6,8 @@
 //! these routes are the segment-wide ones (`/topics/{topic}`, `.../{subscription}`) for POST,
 //! and the operation is split off here.
 
-use super::{read_body, AppState};
+use super::long_poll::ConnYield;
+use super::{auth, read_body, AppState};
 use crate::delivery::pull::{Received, Settlement, RELEASE_DELAYS};
 use crate::error::ApiError;
 use crate::model::json::parse_body;
@@ -17,6 +18,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Most events one receive may ask for (`maxEvents`).
@@ -139,10 +141,31 @@ pub(super) async fn subscription_post(
             0,
             MAX_WAIT_SECONDS,
         )?;
+        if wait == 0 {
+            let got = puller.receive(max as usize, Duration::ZERO).await?;
+            return Ok(json_response(StatusCode::OK, receive_body(&got)));
+        }
+        // A long poll: within its caps, and ended early when the connection table needs the
+        // slot (then its connection closes after the answer).
+        let cfg = &s.broker.config().inbound;
+        let credential = auth::credential(cfg, &parts.headers, parts.extensions.get());
+        let _seat = s.long_polls.seat(&topic, name, credential)?;
+        let conn = parts.extensions.get::<Arc<ConnYield>>().cloned();
+        let ended = async {
+            match &conn {
+                Some(c) => c.ended().await,
+                None => std::future::pending().await,
+            }
+        };
         let got = puller
-            .receive(max as usize, Duration::from_secs(wait))
+            .receive_until(max as usize, Duration::from_secs(wait), ended)
             .await?;
-        return Ok(json_response(StatusCode::OK, receive_body(&got)));
+        let mut r = json_response(StatusCode::OK, receive_body(&got));
+        if conn.is_some_and(|c| c.was_ended()) {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        return Ok(r);
     }
     let delay = match op {
         Op::Release => release_delay(query)?,
