@@ -3,7 +3,7 @@
 //! before its fix (the long polls' process test is in `pull_process.rs`).
 
 use crate::pull::{ns_post, publish_batch, queue_topic, receive, Ns};
-use crate::util::start;
+use crate::util::{start, Receiver};
 use serde_json::{json, Value};
 
 /// The settle routes' body limit: 1,000 tokens of 43 characters, each quoted, followed by a
@@ -91,4 +91,101 @@ async fn settle_bodies_are_limited_to_what_1000_lock_tokens_need() {
     )
     .await;
     assert_eq!((s, &b["succeededLockTokens"]), (200, &json!([got[0].0])));
+}
+
+/// Finding 6: `{"make":"Ducati","MAKE":"Evil"}` inside `data` passed `StringIn data.make
+/// [Ducati]` and was delivered verbatim, while case-insensitive readers (.NET, Go) see `Evil`.
+/// Now keys repeated in any case are refused at every depth a filter or a delivery attribute
+/// can name: 400 `InvalidEvents` naming the path, for all three schemas and binary mode; nothing
+/// of the request is delivered.
+#[tokio::test]
+async fn case_variant_keys_inside_data_are_refused_naming_the_path() {
+    let t = start(&[]).await;
+    let mut rx = Receiver::start().await;
+    t.topic("t").await;
+    let (s, b) = t
+        .put(
+            "/topics/ce",
+            json!({"properties": {"inputSchema": "CloudEventSchemaV1_0"}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let filter = json!({"filter": {"advancedFilters": [
+        {"operatorType": "StringIn", "key": "data.make", "values": ["Ducati"]}]}});
+    t.webhook_sub("t", "s", &rx.url("/s"), filter).await;
+    let eg = |id: &str, data: &str| {
+        format!(
+            r#"[{{"id":"{id}","subject":"s","eventType":"e","eventTime":"2017-08-10T21:03:07+00:00","dataVersion":"1.0","data":{data}}}]"#
+        )
+    };
+    let post = |path: &str, ct: &str, body: String| {
+        let mut r = t
+            .client
+            .post(t.url(path))
+            .header("content-type", ct)
+            .body(body);
+        if ct == "application/octet-stream+json" {
+            r = r.header("ce-specversion", "1.0");
+        }
+        r
+    };
+    let cases = [
+        (
+            post("/topics/t/events", "application/json", eg("1", r#"{"make":"Ducati","MAKE":"Evil"}"#)),
+            "data.MAKE",
+        ),
+        (
+            post("/topics/t/events", "application/json", eg("2", r#"{"make":"Ducati","car":{"Color":"red","color":"blue"}}"#)),
+            "data.car.color",
+        ),
+        (
+            post(
+                "/topics/ce/events",
+                "application/cloudevents+json",
+                r#"{"specversion":"1.0","id":"3","source":"/s","type":"t","data":{"make":"a","mAkE":"b"}}"#.into(),
+            ),
+            "data.mAkE",
+        ),
+        (
+            t.client
+                .post(t.url("/topics/ce/events"))
+                .header("content-type", "application/json")
+                .header("ce-specversion", "1.0")
+                .header("ce-id", "4")
+                .header("ce-source", "/s")
+                .header("ce-type", "t")
+                .body(r#"{"make":"a","MAKE":"b"}"#),
+            "data.MAKE",
+        ),
+    ];
+    for (req, path) in cases {
+        let r = req.send().await.unwrap();
+        let status = r.status().as_u16();
+        let b: Value = r.json().await.unwrap();
+        assert_eq!(
+            (status, b["error"]["details"]["code"].as_str()),
+            (400, Some("InvalidEvents")),
+            "{b}"
+        );
+        let msg = b["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(&format!("duplicate key '{path}'")), "{msg}");
+    }
+    // Inside arrays (no filter names them) and distinct keys: accepted and delivered.
+    let r = post(
+        "/topics/t/events",
+        "application/json",
+        eg(
+            "ok",
+            r#"{"make":"Ducati","list":[{"k":1,"K":2}],"model":{"make":"x"}}"#,
+        ),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        rx.next().await.json()[0]["id"],
+        "ok",
+        "the refused were not delivered"
+    );
 }
