@@ -207,6 +207,11 @@ impl Gridlet {
             bodies: Arc::new(api::body::BodyBudget::new(
                 cfg.inbound.max_body_bytes_in_flight,
             )),
+            long_polls: Arc::new(api::long_poll::LongPolls::new(
+                cfg.inbound.max_long_polls_per_subscription,
+                cfg.inbound.max_long_polls_per_credential,
+                cfg.inbound.max_connections,
+            )),
         });
         let (stop, stop_rx) = watch::channel(false);
         let limits = ConnLimits::new(&cfg.inbound);

@@ -366,6 +366,30 @@ fn known_host(cfg: &Config, host: &str) -> bool {
             .any(|a| a.eq_ignore_ascii_case(name))
 }
 
+/// Which credential a request used, as a key for per-credential limits (long polls,
+/// `super::long_poll`): a SAS key (its digest), the role of the key that signed a SAS token
+/// (tokens signed with one key share a limit however many are minted), a certificate's
+/// verified identity (all unverified certificates share one), or none (every credential off).
+pub fn credential(cfg: &Inbound, headers: &HeaderMap, conn: Option<&ConnInfo>) -> [u8; 16] {
+    let mut material: Vec<u8> = Vec::with_capacity(64);
+    if cfg.sas_enabled && sas_token(headers).is_some() {
+        let role = authenticate(cfg, headers, conn);
+        material.extend_from_slice(format!("token:{role:?}").as_bytes());
+    } else if let Some(key) = sas_key(headers).filter(|_| cfg.sas_enabled) {
+        material.extend_from_slice(b"key:");
+        material.extend_from_slice(key);
+    } else if let Some(c) = conn.filter(|c| cfg.client_cert_enabled && c.client_cert) {
+        material.extend_from_slice(b"certificate:");
+        material.extend_from_slice(c.client_identity.as_deref().unwrap_or("").as_bytes());
+    } else {
+        material.extend_from_slice(b"none");
+    }
+    let d = digest(&material);
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d[..16]);
+    out
+}
+
 /// 401 unless the request is authenticated; 403 when its credential may not use this route.
 /// The API's one layer ([`super::Guard`]) calls this first on every API route. When a request
 /// carries several credentials, it passes if one of them allows it.

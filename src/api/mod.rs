@@ -18,6 +18,7 @@ pub mod body;
 pub mod deadletters;
 mod events;
 mod health;
+pub mod long_poll;
 mod pull;
 mod sas_token;
 mod subscriptions;
@@ -76,6 +77,8 @@ pub struct AppState {
     pub ready: Arc<std::sync::atomic::AtomicBool>,
     /// Request bodies being read, all connections together (`inbound__maxBodyBytesInFlight`).
     pub bodies: Arc<body::BodyBudget>,
+    /// The caps on waiting receives (`inbound__maxLongPolls*`).
+    pub long_polls: Arc<long_poll::LongPolls>,
 }
 
 /// The connection facts a handler may extract (absent in router tests without a listener).

@@ -6,7 +6,8 @@
 //! these routes are the segment-wide ones (`/topics/{topic}`, `.../{subscription}`) for POST,
 //! and the operation is split off here.
 
-use super::{read_body, AppState};
+use super::long_poll::ConnYield;
+use super::{auth, read_body, AppState};
 use crate::delivery::pull::{Received, TokenResults, RELEASE_DELAYS};
 use crate::error::ApiError;
 use crate::model::json::parse_body;
@@ -17,6 +18,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Most events one receive may ask for (`maxEvents`).
@@ -27,6 +29,16 @@ pub const MAX_WAIT_SECONDS: u64 = 120;
 const DEFAULT_WAIT_SECONDS: u64 = 60;
 /// Most lock tokens one settle request may carry.
 pub const MAX_LOCK_TOKENS: usize = 1000;
+/// Whitespace allowed around each token of a settle body (a pretty-printer's newline and
+/// indentation, with room to spare).
+const TOKEN_SLACK: usize = 16;
+/// The body limit of the settle routes (`:acknowledge`, `:release`, `:reject`, `:renewLock`):
+/// [`MAX_LOCK_TOKENS`] tokens, each quoted, followed by a comma and [`TOKEN_SLACK`] bytes of
+/// whitespace, inside a 1 KiB envelope; 63,024 bytes. Not `broker__maxRequestBodyBytes`
+/// (1 MiB): a settle body has no use for more, and slow bodies of that size would fill
+/// `inbound__maxBodyBytesInFlight` for publishers (issue 37, finding 7).
+pub const SETTLE_BODY_LIMIT: usize =
+    1024 + MAX_LOCK_TOKENS * (crate::delivery::lock_token::TOKEN_LEN + 2 + 1 + TOKEN_SLACK);
 
 fn no_route() -> ApiError {
     ApiError::not_found("NotFound", "no such route")
@@ -146,10 +158,31 @@ async fn subscription_op(
             0,
             MAX_WAIT_SECONDS,
         )?;
+        if wait == 0 {
+            let got = puller.receive(max as usize, Duration::ZERO).await?;
+            return Ok(json_response(StatusCode::OK, receive_body(&got)));
+        }
+        // A long poll: within its caps, and ended early when the connection table needs the
+        // slot (then its connection closes after the answer).
+        let cfg = &s.broker.config().inbound;
+        let credential = auth::credential(cfg, &parts.headers, parts.extensions.get());
+        let _seat = s.long_polls.seat(&topic, name, credential)?;
+        let conn = parts.extensions.get::<Arc<ConnYield>>().cloned();
+        let ended = async {
+            match &conn {
+                Some(c) => c.ended().await,
+                None => std::future::pending().await,
+            }
+        };
         let got = puller
-            .receive(max as usize, Duration::from_secs(wait))
+            .receive_until(max as usize, Duration::from_secs(wait), ended)
             .await?;
-        return Ok(json_response(StatusCode::OK, receive_body(&got)));
+        let mut r = json_response(StatusCode::OK, receive_body(&got));
+        if conn.is_some_and(|c| c.was_ended()) {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        return Ok(r);
     }
     let delay = match op {
         Op::Release => release_delay(query)?,
@@ -198,14 +231,14 @@ fn release_delay(query: &str) -> Result<Duration, ApiError> {
     }
 }
 
-/// The body `{"lockTokens": ["…", …]}`: 1 to [`MAX_LOCK_TOKENS`] strings.
+/// The body `{"lockTokens": ["…", …]}`: 1 to [`MAX_LOCK_TOKENS`] strings, within
+/// [`SETTLE_BODY_LIMIT`] bytes (413 above it).
 async fn lock_tokens(
     s: &AppState,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Vec<String>, ApiError> {
-    let limit = s.broker.config().broker.max_request_body_bytes;
-    let bytes = read_body(headers, body, limit, &s.bodies).await?;
+    let bytes = read_body(headers, body, SETTLE_BODY_LIMIT, &s.bodies).await?;
     let v = parse_body(&bytes)?;
     let bad = |m: &str| ApiError::bad_request("InvalidLockTokens", m.to_string());
     let arr = v

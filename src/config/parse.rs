@@ -236,6 +236,16 @@ pub(super) fn inbound(raw: &Raw) -> Result<Inbound, ConfigError> {
             as usize,
         max_connections_per_peer: raw.int(K::inbound__maxConnectionsPerPeer, 0, 1_000_000)?
             as usize,
+        max_long_polls_per_subscription: raw.int(
+            K::inbound__maxLongPollsPerSubscription,
+            1,
+            1_000_000,
+        )? as usize,
+        max_long_polls_per_credential: raw.int(
+            K::inbound__maxLongPollsPerCredential,
+            1,
+            1_000_000,
+        )? as usize,
         idle_timeout: raw.secs(K::inbound__idleTimeoutInSeconds, 1, 86_400)?,
         body_timeout: raw.secs(K::inbound__requestBodyTimeoutInSeconds, 1, 86_400)?,
         write_timeout: raw.secs(K::inbound__responseWriteTimeoutInSeconds, 1, 86_400)?,

@@ -66,6 +66,10 @@ pub struct Inbound {
     pub max_body_bytes_in_flight: usize,
     /// Open client connections from one IP address (0 = no cap).
     pub max_connections_per_peer: usize,
+    /// Receives waiting for events at once on one queue subscription.
+    pub max_long_polls_per_subscription: usize,
+    /// Receives waiting for events at once with one credential.
+    pub max_long_polls_per_credential: usize,
     /// Close a connection with no request in progress after this long.
     pub idle_timeout: Duration,
     /// A request body must arrive within this long of being read.

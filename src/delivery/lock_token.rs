@@ -20,6 +20,8 @@ use ring::hmac;
 const TAG: usize = 16;
 /// Bytes of the named part.
 const BODY: usize = 16;
+/// Characters of a token on the wire (base64url without padding of [`BODY`] + [`TAG`] bytes).
+pub const TOKEN_LEN: usize = ((BODY + TAG) * 4).div_ceil(3);
 
 /// What a token names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +133,7 @@ mod tests {
         };
         let t = k.issue(id);
         assert_eq!(t.len(), 43);
+        assert_eq!(TOKEN_LEN, 43);
         assert_eq!(k.open(&t), Ok(id));
         // Another process's key, a flipped character: unverified; junk: malformed.
         assert_eq!(TokenKey::random().open(&t), Err(Refused::Unverified));

@@ -338,35 +338,126 @@ fn object_of(raw: &RawValue, i: usize) -> Result<Map<String, Value>, PublishErro
     }
 }
 
-/// Refuse an event whose top-level keys repeat, exactly or in another case (`eventType` and
-/// `EVENTTYPE`, or `\u0053ubject` and `subject`): filters read one, while receivers whose JSON
-/// readers match keys case-insensitively and keep the last (Newtonsoft, ASP.NET Core's web
-/// defaults, Go's `encoding/json`) would read the other. Case is folded as those readers fold it
-/// (Unicode simple folding: `ſ` is `s`, the Kelvin sign `k`). Linear: one set of folded keys.
+/// Refuse an event whose keys repeat, exactly or in another case (`eventType` and `EVENTTYPE`,
+/// or `\u0053ubject` and `subject`), at the top level or in any object under it that a filter
+/// or a delivery attribute can name (`data.make` and `data.MAKE`; objects reached through
+/// members, not inside arrays): filters read one, while receivers whose JSON readers match keys
+/// case-insensitively and keep the last (Newtonsoft, ASP.NET Core's web defaults, Go's
+/// `encoding/json`) would read the other. Case is folded as those readers fold it (Unicode
+/// simple folding: `ſ` is `s`, the Kelvin sign `k`). Linear: one set of folded keys per object.
 fn unique_keys(raw: &RawValue, i: usize) -> Result<(), PublishError> {
-    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
-    struct Keys(Option<(String, String)>);
-    impl<'de> Visitor<'de> for Keys {
-        type Value = Option<(String, String)>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("an object")
+    match repeated_key(raw.get()) {
+        Ok(None) => Ok(()),
+        Ok(Some(r)) if !r.nested => Err(bad(
+            "InvalidEvents",
+            format!(
+                "event [{i}]: duplicate top-level key '{}' (also given as '{}'); keys must be unique in any letter case",
+                r.later, r.earlier
+            ),
+        )),
+        Ok(Some(r)) => Err(bad(
+            "InvalidEvents",
+            format!(
+                "event [{i}]: duplicate key '{}' (also given as '{}'); keys must be unique in any letter case, at every level",
+                r.later, r.earlier
+            ),
+        )),
+        Err(e) => Err(bad(
+            "InvalidJson",
+            format!("event [{i}] is not valid JSON: {e}"),
+        )),
+    }
+}
+
+/// Two keys of one object equal in any case: their paths (dotted, from the event's top level).
+#[derive(Debug)]
+pub(super) struct Repeated {
+    /// The first one given.
+    pub earlier: String,
+    /// The one that repeats it.
+    pub later: String,
+    /// Below the top level.
+    pub nested: bool,
+}
+
+/// The first key of JSON `text` (a value) repeated in any case within one object, at any depth
+/// reached through object members, with paths under `prefix`.
+pub(super) fn repeated_key_under(
+    text: &str,
+    prefix: &str,
+) -> Result<Option<Repeated>, serde_json::Error> {
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    struct Seed<'p> {
+        path: &'p str,
+        found: &'p mut Option<Repeated>,
+    }
+    impl<'de> DeserializeSeed<'de> for Seed<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
         }
-        fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Self::Value, A::Error> {
+    }
+    impl<'de> Visitor<'de> for Seed<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON value")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
             let mut seen = std::collections::HashMap::<String, String>::new();
             while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                map.next_value::<IgnoredAny>()?;
-                if self.0.is_some() {
+                let path = if self.path.is_empty() {
+                    key.to_string()
+                } else {
+                    format!("{}.{key}", self.path)
+                };
+                if self.found.is_some() {
+                    map.next_value::<IgnoredAny>()?;
                     continue;
                 }
-                let folded = fold(&key);
-                match seen.get(&folded) {
-                    Some(earlier) => self.0 = Some((earlier.clone(), key.into_owned())),
-                    None => {
-                        seen.insert(folded, key.into_owned());
+                map.next_value_seed(Seed {
+                    path: &path,
+                    found: &mut *self.found,
+                })?;
+                if self.found.is_some() {
+                    continue;
+                }
+                match seen.entry(fold(&key)) {
+                    std::collections::hash_map::Entry::Occupied(e) => {
+                        *self.found = Some(Repeated {
+                            earlier: e.get().clone(),
+                            later: path,
+                            nested: !self.path.is_empty(),
+                        })
+                    }
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        e.insert(path);
                     }
                 }
             }
-            Ok(self.0)
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            // Filters do not name members of objects inside arrays.
+            while seq.next_element::<IgnoredAny>()?.is_some() {}
+            Ok(())
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
         }
     }
     fn fold(key: &str) -> String {
@@ -376,20 +467,18 @@ fn unique_keys(raw: &RawValue, i: usize) -> Result<(), PublishError> {
             key.to_uppercase().to_lowercase()
         }
     }
-    let mut de = serde_json::Deserializer::from_str(raw.get());
-    match de.deserialize_map(Keys(None)) {
-        Ok(None) => Ok(()),
-        Ok(Some((earlier, later))) => Err(bad(
-            "InvalidEvents",
-            format!(
-                "event [{i}]: duplicate top-level key '{later}' (also given as '{earlier}'); keys must be unique in any letter case"
-            ),
-        )),
-        Err(e) => Err(bad(
-            "InvalidJson",
-            format!("event [{i}] is not valid JSON: {e}"),
-        )),
+    let mut found = None;
+    let mut de = serde_json::Deserializer::from_str(text);
+    Seed {
+        path: prefix,
+        found: &mut found,
     }
+    .deserialize(&mut de)?;
+    Ok(found)
+}
+
+fn repeated_key(text: &str) -> Result<Option<Repeated>, serde_json::Error> {
+    repeated_key_under(text, "")
 }
 
 fn required_string<'a>(

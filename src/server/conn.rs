@@ -6,7 +6,8 @@
 //!   with no request in progress is closed for the new one; only when every connection is busy
 //!   do new connections wait in the kernel's listen backlog. Past half the cap, new connections
 //!   get shorter handshake and idle timeouts ([`HANDSHAKE_UNDER_PRESSURE`],
-//!   [`IDLE_UNDER_PRESSURE`]).
+//!   [`IDLE_UNDER_PRESSURE`]). With no connection idle, one whose request is a receive waiting
+//!   for events has that receive ended (it answers no events and closes).
 //! * **Idle** (`inbound__idleTimeoutInSeconds`): hyper's header-read timer runs whenever the
 //!   connection waits for a request head: a connection that never sends one, one that sits idle
 //!   between keep-alive requests, and a slow header sender are all closed after it.
@@ -190,11 +191,14 @@ async fn serve<I>(
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let body_timeout = limits.body;
-    // A request in progress keeps the connection from being evicted to make room.
+    let long_poll = slot.long_poll();
+    // A request in progress keeps the connection from being evicted to make room (a receive
+    // waiting for events may be ended instead: `api::long_poll`).
     let svc = tower::service_fn(move |req: axum::http::Request<Incoming>| {
         let busy = slot.busy();
         let mut req = req.map(|b| Body::new(DeadlineBody::new(b, body_timeout)));
         req.extensions_mut().insert(info.clone());
+        req.extensions_mut().insert(long_poll.clone());
         let response = router.clone().oneshot(req);
         async move {
             let r = response.await;

@@ -11,12 +11,18 @@
 //! * a peer (IP address) at its own cap gets its least recently used idle connection closed for
 //!   the new one, or the new one is refused when all of the peer's connections are busy;
 //! * past half the cap the table is *under pressure*: new connections get shorter handshake
-//!   and idle timeouts ([`Slots::under_pressure`]).
+//!   and idle timeouts ([`Slots::under_pressure`]);
+//! * a busy connection whose request is a receive waiting for events (a long poll,
+//!   [`ConnYield`]) is the next choice when no connection is idle: its receive is ended (it
+//!   answers no events, as at `maxWaitTime`, and closes the connection), which gives the slot
+//!   back within moments (issue 37: 1,024 long polls held every slot). At the cap the accept
+//!   loop then waits for it; a peer at its cap has the new connection admitted meanwhile.
 //!
 //! So sockets that connect and send nothing cannot keep the API from new clients: each new
 //! connection pushes the oldest idle one out (issue 20: a flood of 3,000 idle sockets, then
 //! `/healthz` and a publish answered within 2 s).
 
+use crate::api::long_poll::ConnYield;
 use crate::sync::lock;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -47,6 +53,10 @@ struct Entry {
     /// Its key in `idle` while idle.
     idle_seq: Option<u64>,
     close: Arc<Notify>,
+    /// Its long-poll state: a waiting receive may be ended to make room.
+    poll: Arc<ConnYield>,
+    /// Its waiting receive was told to end (not chosen again).
+    yielding: bool,
 }
 
 impl Table {
@@ -87,6 +97,22 @@ impl Table {
             None => false,
         }
     }
+
+    /// End the waiting receive of a busy connection (of `peer`, when given), one not told
+    /// already; `true` when one was told. Its connection closes once it has answered.
+    fn end_long_poll(&mut self, peer: Option<IpAddr>) -> bool {
+        let victim = self.conns.values_mut().find(|e| {
+            !e.yielding && e.busy > 0 && peer.is_none_or(|p| e.peer == p) && e.poll.is_waiting()
+        });
+        match victim {
+            Some(e) => {
+                e.yielding = true;
+                e.poll.end();
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 impl Slots {
@@ -112,21 +138,29 @@ impl Slots {
                 if t.conns.len() < self.cap || t.evict(None) {
                     return;
                 }
+                // Every connection is busy: a waiting receive gives its slot back (it answers
+                // and closes; the release wakes this loop).
+                t.end_long_poll(None);
             }
             wait.await;
         }
     }
 
     /// Register a connection from `peer`: `None` (refuse it) when the peer is at its cap and
-    /// none of its connections is idle. Call after [`Slots::room`].
+    /// none of its connections is idle or waiting in a receive (one that is has its receive
+    /// ended, and the new connection is admitted while it closes). Call after [`Slots::room`].
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Option<Slot> {
         let mut t = lock(&self.table);
-        if t.per_peer.get(&peer).copied().unwrap_or(0) >= self.per_peer && !t.evict(Some(peer)) {
+        if t.per_peer.get(&peer).copied().unwrap_or(0) >= self.per_peer
+            && !t.evict(Some(peer))
+            && !t.end_long_poll(Some(peer))
+        {
             return None;
         }
         let id = t.seq();
         let seq = t.seq();
         let close = Arc::new(Notify::new());
+        let poll = Arc::new(ConnYield::default());
         t.conns.insert(
             id,
             Entry {
@@ -134,6 +168,8 @@ impl Slots {
                 busy: 0,
                 idle_seq: Some(seq),
                 close: close.clone(),
+                poll: poll.clone(),
+                yielding: false,
             },
         );
         t.idle.insert(seq, id);
@@ -142,6 +178,7 @@ impl Slots {
             slots: self.clone(),
             id,
             close,
+            poll,
         })
     }
 
@@ -162,9 +199,15 @@ pub struct Slot {
     slots: Arc<Slots>,
     id: u64,
     close: Arc<Notify>,
+    poll: Arc<ConnYield>,
 }
 
 impl Slot {
+    /// The connection's long-poll state, for its requests (a request extension).
+    pub fn long_poll(&self) -> Arc<ConnYield> {
+        self.poll.clone()
+    }
+
     /// Completes when the table closed this connection to make room.
     pub async fn evicted(&self) {
         self.close.notified().await;
@@ -207,7 +250,9 @@ impl Drop for Busy {
         let now_idle = match t.conns.get_mut(&id) {
             Some(e) => {
                 e.busy = e.busy.saturating_sub(1);
-                if e.busy == 0 {
+                // A connection whose receive was ended closes after its answer: not idle (an
+                // eviction now could cut that answer off).
+                if e.busy == 0 && !e.yielding {
                     e.idle_seq = Some(seq);
                     true
                 } else {
@@ -258,6 +303,49 @@ mod tests {
         drop(busy);
         slots.room().await;
         assert_eq!(slots.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn with_every_connection_busy_a_waiting_receive_is_ended_for_room() {
+        let slots = Slots::new(2, 0);
+        let a = Arc::new(slots.admit(ip(1)).unwrap());
+        let b = Arc::new(slots.admit(ip(2)).unwrap());
+        let (_busy_a, busy_b) = (a.busy(), b.busy());
+        let poll = b.long_poll();
+        let waiting = tokio::spawn({
+            let poll = poll.clone();
+            async move { poll.ended().await }
+        });
+        while !poll.is_waiting() {
+            tokio::task::yield_now().await;
+        }
+        let room = tokio::spawn({
+            let slots = slots.clone();
+            async move { slots.room().await }
+        });
+        waiting.await.unwrap();
+        assert!(poll.was_ended(), "b's receive was told to end");
+        // Its answer does not make b idle (an eviction could cut the answer off); b closing
+        // makes the room.
+        drop(busy_b);
+        assert!(!room.is_finished());
+        drop(b);
+        room.await.unwrap();
+        assert_eq!(slots.len(), 1);
+    }
+
+    #[test]
+    fn a_peer_at_its_cap_ends_one_of_its_waiting_receives_for_a_new_connection() {
+        let slots = Slots::new(10, 1);
+        let a = Arc::new(slots.admit(ip(1)).unwrap());
+        let _busy = a.busy();
+        assert!(slots.admit(ip(1)).is_none(), "busy, not waiting: refused");
+        a.long_poll().mark_waiting();
+        assert!(
+            slots.admit(ip(1)).is_some(),
+            "admitted while a's receive ends"
+        );
+        assert!(a.long_poll().was_ended());
     }
 
     #[test]

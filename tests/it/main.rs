@@ -39,6 +39,7 @@ mod schedule;
 mod secrets;
 mod security;
 mod trust;
+mod trust_budgets;
 mod trust_limits;
 mod util;
 mod wait;

@@ -35,6 +35,10 @@ impl Drop for Proc {
 }
 
 async fn spawn(dir: &Path, run: usize) -> Proc {
+    spawn_with(dir, run, &[]).await
+}
+
+async fn spawn_with(dir: &Path, run: usize, extra: &[(&str, &str)]) -> Proc {
     let port = free_port();
     let log = std::fs::File::create(dir.join(format!("gridlet-{run}.log"))).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_gridlet"))
@@ -48,6 +52,7 @@ async fn spawn(dir: &Path, run: usize) -> Proc {
         .env("inbound__httpPort", port.to_string())
         .env("persistence__metadataPath", dir.join("metadataDb"))
         .env("persistence__eventsPath", dir.join("eventsDb"))
+        .envs(extra.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::from(log))
         .spawn()
@@ -137,4 +142,164 @@ async fn sigkill_between_receive_and_acknowledge_redelivers_and_never_an_acknowl
     let r = settle(&p.ns, "q", "s", "acknowledge", &tokens).await;
     assert_eq!(r["succeededLockTokens"].as_array().unwrap().len(), 2);
     assert!(receive(&p.ns, "q", "s", 10, 0).await.is_empty());
+}
+
+/// Issue 37, finding 3: many long polls (`:receive?maxWaitTime=60`) from one receive key, on
+/// connections of their own, against the real binary. Before, 1,024 of them held every slot (a
+/// request in progress was never evicted) and `/healthz` and an administrator's publish on new
+/// connections were reset. Now: with the default settings, 16 wait (`maxLongPollsPerSubscription`)
+/// and the rest get 429; with 16 connections and 8 per peer (caps raised out of the way), each
+/// new connection ends a waiting receive, which answers `{"value":[]}` and closes. Either way
+/// `/healthz` and the publish on new connections are answered within 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_polls_from_one_key_leave_health_and_publishing_answered() {
+    let keys = [
+        ("inbound__clientAuth__sasKeys__enabled", "true"),
+        ("inbound__clientAuth__sasKeys__key1", "admin-key-0123456789"),
+        (
+            "inbound__clientAuth__sasKeys__receiveKeys",
+            "q/s=receive-key-0123456789",
+        ),
+    ];
+    let small = [
+        ("inbound__maxConnections", "16"),
+        ("inbound__maxConnectionsPerPeer", "8"),
+        ("inbound__maxLongPollsPerSubscription", "1000"),
+        ("inbound__maxLongPollsPerCredential", "1000"),
+    ];
+    for (run, polls, extra) in [(0, 1024, &[][..]), (1, 64, &small[..])] {
+        let dir = tempfile::tempdir().unwrap();
+        let env: Vec<(&str, &str)> = keys.iter().chain(extra).copied().collect();
+        let p = spawn_with(dir.path(), run, &env).await;
+        let admin = |r: reqwest::RequestBuilder| r.header("aeg-sas-key", "admin-key-0123456789");
+        for (path, body) in [
+            (
+                "/topics/q",
+                json!({"properties":{"inputSchema":"CloudEventSchemaV1_0"}}),
+            ),
+            (
+                "/topics/q/eventSubscriptions/s",
+                json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Queue"}}}),
+            ),
+            ("/topics/t", json!({})),
+        ] {
+            let url = format!("{}{path}?api-version=2019-01-01-preview", p.ns.base);
+            let r = admin(p.ns.client.put(url))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+        let answers = long_polls(&p.ns.base, polls);
+        // All but the receives still allowed to wait have been answered (429, an empty
+        // answer, or closed to make room): gridlet has seen them all.
+        let waiting_at_most = if run == 0 { 16 } else { 15 };
+        let seen = eventually_within(
+            Duration::from_secs(30),
+            "the long polls to be answered",
+            || async {
+                let a = answers.lock().unwrap().clone();
+                if a.len() + waiting_at_most >= polls {
+                    Ok(a)
+                } else {
+                    Err(format!("{} of {polls} answered", a.len()))
+                }
+            },
+        )
+        .await;
+        let fresh = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap();
+        let within = Duration::from_secs(2);
+        let r = tokio::time::timeout(within, fresh.get(format!("{}/healthz", p.ns.base)).send())
+            .await
+            .expect("/healthz answers within 2 s")
+            .expect("/healthz is not reset");
+        assert_eq!(r.status(), 200);
+        let events = json!([{"id":"e1","subject":"s","eventType":"t","eventTime":"2024-01-01T00:00:00Z","dataVersion":"1","data":{}}]);
+        let url = format!(
+            "{}/topics/t/events?api-version=2019-01-01-preview",
+            p.ns.base
+        );
+        let r = tokio::time::timeout(within, admin(fresh.post(url)).json(&events).send())
+            .await
+            .expect("an administrator's publish answers within 2 s")
+            .expect("the publish is not reset");
+        assert_eq!(r.status(), 200);
+        let count = |seen: &[String], what: &str| seen.iter().filter(|a| *a == what).count();
+        if run == 0 {
+            // Past the cap: 429 (or closed before sending, as the peer's idle connections
+            // make room for its new ones).
+            assert!(count(&seen, "429") >= 64, "{seen:?}");
+        } else {
+            // The new connections (health, publish) found the peer's slots all waiting in
+            // receives: those they pushed out answered no events.
+            eventually_within(Duration::from_secs(10), "an ended receive", || async {
+                let seen = answers.lock().unwrap().clone();
+                match count(&seen, "200 empty, close") {
+                    0 => Err(format!("{seen:?}")),
+                    _ => Ok(()),
+                }
+            })
+            .await;
+        }
+        let seen = answers.lock().unwrap().clone();
+        assert_eq!(
+            count(&seen, "200 empty, close") + count(&seen, "429") + count(&seen, "closed"),
+            seen.len(),
+            "nothing else: {seen:?}"
+        );
+    }
+}
+
+/// Open `n` connections, each sending one long poll with the receive key; each answer is
+/// recorded as `429`, `200 empty, close` or `closed` (no answer), or as what else it was.
+fn long_polls(base: &str, n: usize) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let answers = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let addr = base.trim_start_matches("http://").to_string();
+    for _ in 0..n {
+        let (answers, addr) = (answers.clone(), addr.clone());
+        tokio::spawn(async move {
+            let request = "POST /topics/q/eventsubscriptions/s:receive?maxWaitTime=60&api-version=2024-06-01 HTTP/1.1\r\nHost: x\r\naeg-sas-key: receive-key-0123456789\r\nContent-Length: 0\r\n\r\n";
+            let mut got = Vec::new();
+            if let Ok(mut s) = tokio::net::TcpStream::connect(&addr).await {
+                if s.write_all(request.as_bytes()).await.is_ok() {
+                    let mut buf = [0u8; 4096];
+                    // One response: read until its (short) body is in, or the socket closes.
+                    while let Ok(k) = s.read(&mut buf).await {
+                        if k == 0 {
+                            break;
+                        }
+                        got.extend_from_slice(&buf[..k]);
+                        let text = String::from_utf8_lossy(&got);
+                        if text.contains("\r\n\r\n")
+                            && (text.ends_with('}') || text.ends_with("]}"))
+                        {
+                            break;
+                        }
+                    }
+                    // The socket stays open (a client that keeps its connection).
+                    std::mem::forget(s);
+                }
+            }
+            let text = String::from_utf8_lossy(&got).to_ascii_lowercase();
+            let what = if text.is_empty() {
+                "closed".to_string()
+            } else if text.starts_with("http/1.1 429") {
+                "429".to_string()
+            } else if text.starts_with("http/1.1 200")
+                && text.contains("connection: close")
+                && text.ends_with("{\"value\":[]}")
+            {
+                "200 empty, close".to_string()
+            } else {
+                text
+            };
+            answers.lock().unwrap().push(what);
+        });
+    }
+    answers
 }

@@ -183,7 +183,22 @@ impl Puller<'_> {
     /// # Errors
     /// [`PullError::NotQueue`]; the store failed to record the receive.
     pub async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Received>, PullError> {
+        self.receive_until(max, wait, std::future::pending()).await
+    }
+
+    /// [`Puller::receive`], whose wait also ends (with no events) when `ended` completes: the
+    /// connection table takes the slot of a waiting receive back to make room.
+    ///
+    /// # Errors
+    /// As [`Puller::receive`].
+    pub async fn receive_until(
+        &self,
+        max: usize,
+        wait: Duration,
+        ended: impl std::future::Future<Output = ()>,
+    ) -> Result<Vec<Received>, PullError> {
         let deadline = Instant::now() + wait;
+        tokio::pin!(ended);
         loop {
             let arrived = self.pull.arrived.notified();
             tokio::pin!(arrived);
@@ -198,6 +213,7 @@ impl Puller<'_> {
             tokio::select! {
                 _ = arrived => {}
                 _ = tokio::time::sleep_until(deadline) => {}
+                () = &mut ended => return Ok(Vec::new()),
             }
         }
     }

@@ -58,7 +58,10 @@ fn binary_data(
     let base64 = || Value::String(base64::engine::general_purpose::STANDARD.encode(body));
     let Some(ct) = content_type else {
         return Ok(match serde_json::from_slice::<Value>(body) {
-            Ok(data) => ("data", data),
+            Ok(data) => {
+                unique_data_keys(body)?;
+                ("data", data)
+            }
             Err(_) => ("data_base64", base64()),
         });
     };
@@ -69,10 +72,27 @@ fn binary_data(
                 format!("the binary-mode body is not valid JSON: {e}"),
             )
         })?;
+        unique_data_keys(body)?;
         return Ok(("data", data));
     }
     Ok(match std::str::from_utf8(body) {
         Ok(text) => ("data", Value::String(text.to_string())),
         Err(_) => ("data_base64", base64()),
     })
+}
+
+/// Refuse a JSON body (it becomes `data`) whose keys repeat in any case within one object
+/// (`super::unique_keys`, for structured events).
+fn unique_data_keys(body: &[u8]) -> Result<(), PublishError> {
+    let text = std::str::from_utf8(body).unwrap_or_default();
+    match super::repeated_key_under(text, "data") {
+        Ok(Some(r)) => Err(bad(
+            "InvalidEvents",
+            format!(
+                "event [0]: duplicate key '{}' (also given as '{}'); keys must be unique in any letter case, at every level",
+                r.later, r.earlier
+            ),
+        )),
+        _ => Ok(()),
+    }
 }

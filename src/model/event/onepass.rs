@@ -164,6 +164,8 @@ fn top_level<'a>(text: &'a str, names: &[&str]) -> Option<[Option<&'a str>; MAX_
             .zip(out.iter_mut())
             .find(|(n, _)| n.eq_ignore_ascii_case(key));
         i = match slot {
+            // An object's keys are compared too, at every depth (as filters read them).
+            None if b.get(i) == Some(&b'{') => unique_object(text, i)?,
             None => skip_value(b, i)?,
             Some((name, slot)) => {
                 if *name != key || slot.is_some() {
@@ -180,6 +182,94 @@ fn top_level<'a>(text: &'a str, names: &[&str]) -> Option<[Option<&'a str>; MAX_
             Some(b'}') => return Some(out),
             _ => return None,
         }
+    }
+}
+
+/// The index after the object starting at `i`, when no two of its keys are equal in any case,
+/// nor those of any object under its members (objects inside arrays are skipped, as filters do
+/// not name them). `None` for a repeat (the full parse refuses it, naming the path), a key that
+/// is not ASCII (case folding left to the full parse), or anything unexpected.
+fn unique_object(text: &str, mut i: usize) -> Option<usize> {
+    let b = text.as_bytes();
+    let mut keys = Keys::default();
+    i = skip_ws(b, i + 1);
+    if b.get(i) == Some(&b'}') {
+        return Some(i + 1);
+    }
+    loop {
+        let (key, next) = string_at(text, i)?;
+        if !keys.insert(key) {
+            return None;
+        }
+        i = skip_ws(b, next);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        i = if b.get(i) == Some(&b'{') {
+            unique_object(text, i)?
+        } else {
+            skip_value(b, i)?
+        };
+        i = skip_ws(b, i);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return keys.unique().then_some(i + 1),
+            _ => return None,
+        }
+    }
+}
+
+/// An object's keys, checked for repeats in any ASCII case: the first [`MAX_MEMBERS`] through
+/// the 64-bit filter as they come, the rest (an object with many members) sorted once at the
+/// end.
+#[derive(Default)]
+struct Keys<'a> {
+    seen: [&'a str; MAX_MEMBERS],
+    n: usize,
+    bloom: u64,
+    more: Vec<&'a str>,
+}
+
+impl<'a> Keys<'a> {
+    /// Add `key`; `false` when it repeats one of the first keys or is not ASCII.
+    fn insert(&mut self, key: &'a str) -> bool {
+        if key.bytes().fold(0, |a, b| a | b) >= 0x80 {
+            return false;
+        }
+        if self.n < MAX_MEMBERS {
+            let bit = fold_bit(key);
+            if self.bloom & bit != 0
+                && self.seen[..self.n]
+                    .iter()
+                    .any(|k| k.eq_ignore_ascii_case(key))
+            {
+                return false;
+            }
+            self.bloom |= bit;
+            self.seen[self.n] = key;
+            self.n += 1;
+        } else {
+            self.more.push(key);
+        }
+        true
+    }
+
+    /// No repeats among all the keys (only objects with more than [`MAX_MEMBERS`] have work
+    /// left here).
+    fn unique(mut self) -> bool {
+        if self.more.is_empty() {
+            return true;
+        }
+        self.more.extend_from_slice(&self.seen);
+        fn lower(k: &str) -> impl Iterator<Item = u8> + '_ {
+            k.bytes().map(|c| c.to_ascii_lowercase())
+        }
+        self.more.sort_unstable_by(|a, b| lower(a).cmp(lower(b)));
+        !self
+            .more
+            .windows(2)
+            .any(|w| w[0].eq_ignore_ascii_case(w[1]))
     }
 }
 
