@@ -13,9 +13,11 @@
 
 mod parse;
 mod settings;
+mod spelling;
 mod types;
 
 pub use settings::{Key, Setting, SETTINGS};
+pub use spelling::UnknownKey;
 pub use types::{
     ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, Outbound,
     Persistence, ReceiveKey, Resilience, Sampler, StoreKind, Telemetry, TlsPolicy,
@@ -56,6 +58,12 @@ pub fn effective(vars: impl IntoIterator<Item = (String, String)>) -> Vec<Effect
             }
         })
         .collect()
+}
+
+/// The variables among `vars` that look like misspelled settings, each with the closest key
+/// (what [`Config::unknown_keys`] holds, also when another setting is invalid).
+pub fn unknown_keys(vars: impl IntoIterator<Item = (String, String)>) -> Vec<UnknownKey> {
+    Raw::new(vars).unknown
 }
 
 /// A setting that could not be parsed. Its `Display` is the one line printed at start-up.
@@ -101,8 +109,9 @@ pub struct Config {
     pub edge: EdgeEnv,
     /// OpenTelemetry (`OTEL_*`, `telemetry__*`).
     pub telemetry: Telemetry,
-    /// Keys that looked like settings but are not known (reported as a warning at start-up).
-    pub unknown_keys: Vec<String>,
+    /// Variables that look like misspelled settings, each with the closest key (a warning at
+    /// start-up; `check-config` refuses them).
+    pub unknown_keys: Vec<UnknownKey>,
 }
 
 impl fmt::Debug for Config {
