@@ -40,3 +40,4 @@ mod trust;
 mod trust_limits;
 mod util;
 mod wait;
+mod walkthroughs;
