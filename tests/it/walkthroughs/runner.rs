@@ -107,8 +107,9 @@ fn output_matches(output: &str, expected: &str) -> bool {
 
 /// A bash session in a scratch directory, with the repository's `tests` and `scripts` linked
 /// in (docs name them from the repository root), and shims so the docs' commands run what the
-/// tests built: `cargo run --release` is this build's `gridlet`, `cargo run --example
-/// subscriber` the sample subscriber (compiled here with `rustc`), `gridlet` is on the `PATH`,
+/// tests built: `cargo run --release` (and `target/release/gridlet`) is this build's `gridlet`,
+/// `cargo run --example subscriber` the sample subscriber (compiled here with `rustc`), `gridlet`
+/// is on the `PATH`,
 /// and so is the Python virtualenv `scripts/test.sh` makes (`python3` has the Azure SDK and
 /// `opentelemetry-proto`).
 pub struct Session {
@@ -149,6 +150,10 @@ impl Session {
             .expect("rustc runs");
         assert!(rustc.success(), "the sample subscriber does not compile");
         let gridlet = PathBuf::from(env!("CARGO_BIN_EXE_gridlet"));
+        // `target/release/gridlet`, as the docs name the binary `cargo run --release` built.
+        let release = dir.path().join("target/release");
+        std::fs::create_dir_all(&release).unwrap();
+        std::os::unix::fs::symlink(&gridlet, release.join("gridlet")).unwrap();
         let path = format!(
             "{}:{}:{}",
             gridlet.parent().unwrap().display(),
