@@ -13,6 +13,8 @@
 //! ```text walkthrough=quickstart output         what the step before printed
 //! ```text walkthrough=quickstart output=rx      what `rx` prints (waited for, up to 2 min)
 //! ```python walkthrough=pull                    a Python step, run with the tests' virtualenv
+//! ```js walkthrough=pull                        an ES module, run with node and the tests' npm
+//!                                               packages
 //! ````
 //!
 //! Output blocks match line by line, in order; `…` in a line matches anything. A walk-through's
@@ -145,8 +147,8 @@ fn readme_quick_start() {
 }
 
 /// docs/PULL.md: a broker with a SAS key, `$G` and `$KEY`, a wrong key's 401 naming both key
-/// headers, the queue subscription, and the Python SDK snippet as printed (publish, receive,
-/// `handle`, acknowledge).
+/// headers, the queue subscription, and the SDK snippets as printed: Python (publish, receive,
+/// `handle`, acknowledge) and JavaScript (send, receive, acknowledge).
 #[test]
 fn pull_md_walk_through_with_the_python_sdk() {
     let (api, tls) = (free_port(), free_port());

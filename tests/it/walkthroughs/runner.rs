@@ -111,7 +111,7 @@ fn output_matches(output: &str, expected: &str) -> bool {
 /// `cargo run --example subscriber` the sample subscriber (compiled here with `rustc`), `gridlet`
 /// is on the `PATH`,
 /// and so is the Python virtualenv `scripts/test.sh` makes (`python3` has the Azure SDK and
-/// `opentelemetry-proto`).
+/// `opentelemetry-proto`); its npm packages are the session's `node_modules`.
 pub struct Session {
     child: Child,
     stdin: ChildStdin,
@@ -132,6 +132,15 @@ fn python_bin() -> PathBuf {
         .to_path_buf()
 }
 
+/// `node_modules` of the npm packages `scripts/test.sh` installs (`@azure/eventgrid-namespaces`).
+fn js_modules() -> PathBuf {
+    let dir = std::env::var("GRIDLET_EVENTGRID_JS").unwrap_or_else(|_| {
+        let home = std::env::var("HOME").unwrap_or_default();
+        format!("{home}/.cache/gridlet/eventgrid-js")
+    });
+    PathBuf::from(dir).join("node_modules")
+}
+
 impl Session {
     /// Start bash with `env` exported (the ports and the variables the doc lets the test set).
     pub fn start(env: &[(&str, String)]) -> Self {
@@ -140,6 +149,9 @@ impl Session {
         for d in ["tests", "scripts"] {
             std::os::unix::fs::symlink(root.join(d), dir.path().join(d)).unwrap();
         }
+        // The npm packages `scripts/test.sh` installs, where an ES module in the session finds
+        // them.
+        std::os::unix::fs::symlink(js_modules(), dir.path().join("node_modules")).unwrap();
         let subscriber = dir.path().join(".bin/subscriber");
         std::fs::create_dir_all(subscriber.parent().unwrap()).unwrap();
         let rustc = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
@@ -292,6 +304,11 @@ cargo() {
                 let file = format!(".bin/step-{}.py", self.step + 1);
                 std::fs::write(self.dir.path().join(&file), &b.text).unwrap();
                 format!("python3 {file}")
+            }
+            "js" | "javascript" => {
+                let file = format!(".bin/step-{}.mjs", self.step + 1);
+                std::fs::write(self.dir.path().join(&file), &b.text).unwrap();
+                format!("node {file}")
             }
             other => panic!("{}: cannot run a {other} block", b.at),
         };
