@@ -108,10 +108,9 @@ fn output_matches(output: &str, expected: &str) -> bool {
 /// A bash session in a scratch directory, with the repository's `tests` and `scripts` linked
 /// in (docs name them from the repository root), and shims so the docs' commands run what the
 /// tests built: `cargo run --release` (and `target/release/gridlet`) is this build's `gridlet`,
-/// `cargo run --example subscriber` the sample subscriber (compiled here with `rustc`), `gridlet`
-/// is on the `PATH`,
-/// and so is the Python virtualenv `scripts/test.sh` makes (`python3` has the Azure SDK and
-/// `opentelemetry-proto`); its npm packages are the session's `node_modules`.
+/// `cargo run --example subscriber` the sample subscriber (compiled here with `rustc`). `gridlet`
+/// is on the `PATH`, and so is the Python virtualenv `scripts/test.sh` makes (`python3` has the
+/// Azure SDK and `opentelemetry-proto`); its npm packages are the session's `node_modules`.
 pub struct Session {
     child: Child,
     stdin: ChildStdin,
