@@ -92,7 +92,8 @@ pub fn help() -> String {
         "{}\nA durable event broker for Azure IoT Edge, compatible with Event Grid on IoT Edge.\n\n\
          usage: {USAGE}\n\n\
          (no command)   run the broker, configured by the environment\n\
-         check-config   validate the settings and print them (secrets masked); exit 0 or 2\n\
+         check-config   validate the settings (a misspelled one names the closest key) and print\n\
+         \x20              them, secrets masked; exit 0 or 2\n\
          healthcheck    GET /healthz on the local listener; exit 0 or 1\n\n\
          Settings (environment variables; `__` or `:` separators, case-insensitive):\n",
         version()
@@ -108,13 +109,29 @@ pub fn help() -> String {
     out
 }
 
-/// `check-config`: the text to print and the exit code (0 valid, 2 not).
+/// `check-config`: the text to print and the exit code (0 valid, 2 not). Not valid: a value that
+/// does not parse, or a variable that looks like a misspelled setting (the broker would ignore
+/// it and run with the default), named with the closest key.
 pub fn check_config(vars: Vec<(String, String)>) -> (String, u8) {
-    let cfg = match Config::from_vars(vars.clone()) {
-        Ok(cfg) => cfg,
-        Err(e) => return (format!("gridlet: {e}\n"), 2),
-    };
     let mut out = String::new();
+    let parsed = Config::from_vars(vars.clone());
+    if let Err(e) = &parsed {
+        let _ = writeln!(out, "gridlet: {e}");
+    }
+    let unknown = config::unknown_keys(vars.clone());
+    for u in &unknown {
+        let _ = writeln!(out, "gridlet: unknown setting {u}");
+    }
+    if !unknown.is_empty() {
+        let _ = writeln!(
+            out,
+            "gridlet: the broker ignores unknown settings and uses the defaults: fix or remove them"
+        );
+    }
+    let cfg = match parsed {
+        Ok(cfg) if unknown.is_empty() => cfg,
+        _ => return (out, 2),
+    };
     for w in cfg.warnings() {
         let _ = writeln!(out, "warning: {w}");
     }
@@ -351,5 +368,38 @@ mod tests {
         )]);
         assert_eq!(code, 2);
         assert!(out.contains("inbound__serverAuth__tlsPolicy"), "{out}");
+    }
+
+    /// Issue 39: a misspelled setting is not valid; the key and the closest one are named,
+    /// also beside an invalid value.
+    #[test]
+    fn check_config_refuses_misspelled_settings_naming_the_closest_key() {
+        let v = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let (out, code) = check_config(v(&[("inbound__serverAuth__tlsPolicies", "enabled")]));
+        assert_eq!(code, 2, "{out}");
+        assert!(!out.contains("is valid"), "{out}");
+        assert!(
+            out.contains(
+                "unknown setting inbound__serverAuth__tlsPolicies (did you mean inbound__serverAuth__tlsPolicy?)"
+            ),
+            "{out}"
+        );
+        let (out, code) = check_config(v(&[
+            ("broker:defaultMaxDeliveryAtempts", "3"),
+            ("inbound__serverAuth__tlsPolicy", "sometimes"),
+            ("PATH", "/bin"),
+        ]));
+        assert_eq!(code, 2, "{out}");
+        assert!(out.contains("strict, enabled, disabled"), "{out}");
+        assert!(
+            out.contains("did you mean broker__defaultMaxDeliveryAttempts?"),
+            "{out}"
+        );
+        assert!(!out.contains("PATH"), "{out}");
     }
 }

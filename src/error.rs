@@ -71,7 +71,9 @@ impl ApiError {
         Self::new(
             StatusCode::UNAUTHORIZED,
             "Unauthorized",
-            "the request carries no valid aeg-sas-key header or client certificate",
+            "the request carries no valid credential: an aeg-sas-key header, \
+             Authorization: SharedAccessKey <key> (what the Azure SDKs send), a shared access \
+             signature (aeg-sas-token or Authorization: SharedAccessSignature) or a client certificate",
         )
     }
 

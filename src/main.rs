@@ -67,8 +67,16 @@ fn main() -> ExitCode {
         eprintln!("gridlet: {line}");
         return ExitCode::from(1);
     }
-    for k in &cfg.unknown_keys {
-        tracing::warn!(key = %k, "unknown setting ignored (check its spelling)");
+    for u in &cfg.unknown_keys {
+        match u.closest {
+            Some(k) => tracing::warn!(
+                key = %u.key,
+                closest = k.name(),
+                "unknown setting ignored: did you mean {}?",
+                k.name()
+            ),
+            None => tracing::warn!(key = %u.key, "unknown setting ignored (check its spelling)"),
+        }
     }
     for w in cfg.warnings() {
         tracing::warn!("{w}");

@@ -166,7 +166,7 @@ async fn subscription_op(
         // slot (then its connection closes after the answer).
         let cfg = &s.broker.config().inbound;
         let credential = auth::credential(cfg, &parts.headers, parts.extensions.get());
-        let _seat = s.long_polls.seat(&topic, name, credential)?;
+        let _seat = s.long_polls.seat(topic, name, credential)?;
         let conn = parts.extensions.get::<Arc<ConnYield>>().cloned();
         let ended = async {
             match &conn {

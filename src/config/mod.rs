@@ -14,9 +14,11 @@
 mod advice;
 mod parse;
 mod settings;
+mod spelling;
 mod types;
 
 pub use settings::{Key, Setting, SETTINGS};
+pub use spelling::UnknownKey;
 pub use types::{
     ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, OnDamage, Outbound,
     Persistence, ReceiveKey, Resilience, Sampler, StoreKind, Telemetry, TlsPolicy,
@@ -69,6 +71,12 @@ fn shown(v: &str) -> String {
     }
 }
 
+/// The variables among `vars` that look like misspelled settings, each with the closest key
+/// (what [`Config::unknown_keys`] holds, also when another setting is invalid).
+pub fn unknown_keys(vars: impl IntoIterator<Item = (String, String)>) -> Vec<UnknownKey> {
+    Raw::new(vars).unknown
+}
+
 /// A setting that could not be parsed. Its `Display` is the one line printed at start-up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -112,8 +120,9 @@ pub struct Config {
     pub edge: EdgeEnv,
     /// OpenTelemetry (`OTEL_*`, `telemetry__*`).
     pub telemetry: Telemetry,
-    /// Keys that looked like settings but are not known (reported as a warning at start-up).
-    pub unknown_keys: Vec<String>,
+    /// Variables that look like misspelled settings, each with the closest key (a warning at
+    /// start-up; `check-config` refuses them).
+    pub unknown_keys: Vec<UnknownKey>,
 }
 
 impl fmt::Debug for Config {

@@ -4,6 +4,7 @@
 //! first invalid one.
 
 use super::settings::Key as K;
+use super::spelling::{self, UnknownKey};
 use super::types::{
     ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, OnDamage, Outbound,
     Persistence, ReceiveKey, Resilience, StoreKind, TlsPolicy,
@@ -23,12 +24,13 @@ const U32_MAX: u64 = u32::MAX as u64;
 pub(super) struct Raw {
     values: HashMap<K, String>,
     pub(super) edge: HashMap<String, String>,
-    pub(super) unknown: Vec<String>,
+    pub(super) unknown: Vec<UnknownKey>,
 }
 
 impl Raw {
     /// Sort `vars` into known settings (`__` or `:` separators, any case), `IOTEDGE_*`
-    /// variables, and unknown keys in a section the table has (`broker__…`, `inbound__…`).
+    /// variables, and misspelled settings (`spelling.rs`: unknown keys in a section the table
+    /// has, `broker__…`, `inbound__…`, or a typo away from a key), each with the closest key.
     pub(super) fn new(vars: impl IntoIterator<Item = (String, String)>) -> Self {
         let canon: HashMap<String, K> = K::ALL
             .iter()
@@ -47,14 +49,14 @@ impl Raw {
                 values.insert(*key, v);
             } else if norm.starts_with("iotedge_") {
                 edge.insert(norm, v);
-            } else if norm
-                .split_once("__")
-                .is_some_and(|(section, _)| sections.contains(section))
-            {
-                unknown.push(k);
+            } else {
+                let in_section = norm
+                    .split_once("__")
+                    .is_some_and(|(section, _)| sections.contains(section));
+                unknown.extend(spelling::unknown(&k, &norm, in_section));
             }
         }
-        unknown.sort();
+        unknown.sort_by(|a, b| a.key.cmp(&b.key));
         Self {
             values,
             edge,

@@ -118,7 +118,10 @@ fn unknown_setting_keys_are_reported() {
     let c = cfg(&[("broker__defaultMaxDeliveryAtempts", "3"), ("PATH", "/bin")]).unwrap();
     assert_eq!(
         c.unknown_keys,
-        vec!["broker__defaultMaxDeliveryAtempts".to_string()]
+        vec![super::UnknownKey {
+            key: "broker__defaultMaxDeliveryAtempts".to_string(),
+            closest: Some(super::Key::broker__defaultMaxDeliveryAttempts),
+        }]
     );
 }
 

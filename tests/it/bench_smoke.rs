@@ -8,6 +8,8 @@ use std::time::Duration;
 
 #[test]
 fn bench_command_runs_every_scenario_on_a_tiny_load() {
+    let json_dir = tempfile::tempdir().unwrap();
+    let json = json_dir.path().join("run.json");
     let child = Command::new(env!("CARGO_BIN_EXE_gridlet-bench"))
         .args([
             "--quick",
@@ -31,7 +33,9 @@ fn bench_command_runs_every_scenario_on_a_tiny_load() {
             "90",
             "--gridlet",
             env!("CARGO_BIN_EXE_gridlet"),
+            "--json",
         ])
+        .arg(&json)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -57,6 +61,33 @@ fn bench_command_runs_every_scenario_on_a_tiny_load() {
     assert!(
         status.success(),
         "bench failed: {status}\n{stdout}\n{stderr}"
+    );
+    // `--json`: what scripts/update-figures.py reads (docs/bench-run.json is one such run).
+    let run: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("--json wrote its file"))
+            .expect("JSON");
+    assert_eq!(run["build"], "debug");
+    assert!(
+        run["date"].as_str().is_some_and(|d| d.starts_with("20")),
+        "{run}"
+    );
+    let fp = &run["scenarios"]["footprint"];
+    for k in [
+        "binary_bytes",
+        "idle_rss_bytes",
+        "start_ms_median",
+        "first_start_ms",
+    ] {
+        assert!(
+            fp[k].as_f64().is_some_and(|v| v > 0.0),
+            "footprint {k}: {run}"
+        );
+    }
+    let rows = run["rows"].as_array().expect("rows");
+    assert!(
+        rows.iter()
+            .any(|r| r["delivered_eps"].as_f64().is_some_and(|v| v > 0.0)),
+        "{run}"
     );
     let rows = summary_rows(&stdout);
     let row = |prefix: &str| -> &Vec<String> {

@@ -124,3 +124,39 @@ fn settings_and_fault_labels_named_in_destinations_md_exist_and_the_reverse() {
         );
     }
 }
+
+/// Issue 39: the footprint figures of the README and docs are the recorded `gridlet-bench` run's
+/// (`docs/bench-run.json`), as `scripts/update-figures.py` writes them: the script's check
+/// finds nothing to change, and the binary size is checked here on its own as well.
+#[test]
+fn measured_figures_are_the_recorded_bench_runs() {
+    let run: serde_json::Value = serde_json::from_str(&read("docs/bench-run.json")).unwrap();
+    assert_eq!(run["build"], "release", "figures come from a release build");
+    assert!(run["date"].as_str().is_some_and(|d| d.len() == 10), "{run}");
+    assert!(
+        run["machine"].as_str().is_some_and(|m| !m.is_empty()),
+        "{run}"
+    );
+    let bytes = run["scenarios"]["footprint"]["binary_bytes"]
+        .as_u64()
+        .expect("the footprint scenario's binary size");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("python3")
+        .arg(root.join("scripts/update-figures.py"))
+        .arg("--check")
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let binary = format!(
+        "<!-- figure binary -->{:.1} MiB<!-- /figure -->",
+        bytes as f64 / 1_048_576.0
+    );
+    for doc in ["README.md", "docs/BENCHMARKS.md"] {
+        assert!(read(doc).contains(&binary), "{doc} lacks {binary}");
+    }
+}

@@ -43,3 +43,4 @@ mod trust_budgets;
 mod trust_limits;
 mod util;
 mod wait;
+mod walkthroughs;

@@ -315,6 +315,58 @@ fn check_config_validates_the_environment_and_a_manifest() {
     );
 }
 
+/// Issue 39: a misspelled setting is not "valid". `check-config` names it and the closest key and
+/// exits 2, from the environment and from a manifest; the running broker's warning names the
+/// closest key too.
+#[test]
+fn a_misspelled_setting_is_refused_with_the_closest_key() {
+    let suggestion =
+        "unknown setting inbound__serverAuth__tlsPolicies (did you mean inbound__serverAuth__tlsPolicy?)";
+    let out = gridlet_cmd(
+        &["check-config"],
+        &[("inbound__serverAuth__tlsPolicies", "enabled")],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains(suggestion), "{text}");
+    assert!(!text.contains("is valid"), "{text}");
+
+    // The repository's deployment template with the same typo in its module's Env.
+    let template: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deployment.template.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let text = template.to_string().replace(
+        "inbound__serverAuth__tlsPolicy=",
+        "inbound__serverAuth__tlsPolicies=",
+    );
+    assert_ne!(text, template.to_string(), "the template sets tlsPolicy");
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("typo.json");
+    std::fs::write(&manifest, text).unwrap();
+    let out = gridlet_cmd(
+        &["check-config", "--manifest", manifest.to_str().unwrap()],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains(suggestion), "{text}");
+
+    let lines = first_log_lines(&[("broker__defaultMaxDeliveryAtempts", "3")], 3);
+    assert!(
+        lines.iter().any(|l| l.starts_with("<4> ")
+            && l.contains(
+                "unknown setting ignored: did you mean broker__defaultMaxDeliveryAttempts?"
+            )
+            && l.contains("broker__defaultMaxDeliveryAtempts")),
+        "{lines:#?}"
+    );
+}
+
 #[tokio::test]
 async fn healthcheck_exits_0_when_serving_and_1_when_not() {
     let dir = tempfile::tempdir().unwrap();

@@ -5,6 +5,8 @@ Decodes every `POST /v1/traces` with the official protobuf definitions (PyPI
 `POST /control/status/<code>` makes later exports answer `<code>` (a failing collector);
 `POST /control/delay/<seconds>` makes them wait first (a slow one). With `--discard` it only
 answers 200 (a collector that costs the machine little, for measuring gridlet's side).
+`--port N` listens on N (default: any free port); docs/OBSERVABILITY.md uses it as the trace
+receiver to try gridlet with.
 """
 
 import json
@@ -122,7 +124,8 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
 
-server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+PORT = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 0
+server = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
 print(server.server_address[1], flush=True)
 try:
     server.serve_forever()

@@ -200,6 +200,10 @@ struct Bench {
     rows: Vec<Row>,
     raw1: f64,
     extras: Vec<(String, String)>,
+    /// Figures by scenario, in numbers, for `--json` (`"footprint": {"binary_bytes": …}`).
+    figures: serde_json::Map<String, serde_json::Value>,
+    /// `/proc/loadavg` when the run started: how busy the machine was.
+    load: String,
 }
 
 async fn run(opts: Opts) -> Result<(), String> {
@@ -239,6 +243,11 @@ async fn run(opts: Opts) -> Result<(), String> {
         rows: Vec::new(),
         raw1: 0.0,
         extras: Vec::new(),
+        figures: serde_json::Map::new(),
+        load: std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
     };
     let res = b.all().await;
     let _ = std::fs::remove_dir_all(&root);
@@ -306,6 +315,11 @@ impl Bench {
             self.scenario_azure().await?;
         }
         self.summary();
+        if let Some(path) = &o.json {
+            let text = serde_json::to_string_pretty(&self.json()).map_err(|e| e.to_string())?;
+            std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+            println!("figures written to {}", path.display());
+        }
         println!("total bench time {:.1} s", started.elapsed().as_secs_f64());
         Ok(())
     }
@@ -446,7 +460,7 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()

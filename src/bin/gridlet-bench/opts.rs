@@ -42,6 +42,9 @@ pub(super) struct Opts {
     pub(super) sim_first_seed: u64,
     /// `--otlp MODE`: run every gridlet with OpenTelemetry export to the bench's own sink.
     pub(super) otlp: Option<super::otlp::Mode>,
+    /// `--json PATH`: the run's figures, machine and date as JSON (`report::json`), for
+    /// `scripts/update-figures.py`.
+    pub(super) json: Option<PathBuf>,
 }
 
 const USAGE: &str =
@@ -51,7 +54,7 @@ const USAGE: &str =
                      [--rounds N] [--slice SECS]
                      [--store-events N] [--store-watch SECS] [--segment-bytes BYTES]
                      [--nats PATH] [--no-peer] [--seeds N] [--first-seed N]
-                     [--otlp ok|500|slow|dead]
+                     [--otlp ok|500|slow|dead] [--json PATH]
 
 --rounds N (default 4, 0 = off) and --slice SECS (default 2): after its main run, each throughput
 scenario (a, b, c, d) runs N rounds that alternate a SECS slice of the raw batch-1 limit with a
@@ -76,7 +79,9 @@ log's power-cut simulation over seeds N.. (a failing seed prints the call that r
 the bench that reads each export and answers without decoding it: ok = 200, 500 = refused,
 slow = answered after 30 s (past gridlet's export timeout), dead = nothing listens. The sampler
 and other OTEL_* variables of the bench's environment reach gridlet as they are (e.g.
-OTEL_TRACES_SAMPLER=parentbased_traceidratio OTEL_TRACES_SAMPLER_ARG=0.01).";
+OTEL_TRACES_SAMPLER=parentbased_traceidratio OTEL_TRACES_SAMPLER_ARG=0.01).
+--json PATH: also write the run as JSON (date, machine, load, each scenario's figures and rows);
+scripts/update-figures.py writes the README's and docs' figures from it.";
 
 pub(super) fn parse_args() -> Result<Opts, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -104,6 +109,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         sim_seeds: None,
         sim_first_seed: 0,
         otlp: None,
+        json: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -187,6 +193,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
                 o.otlp =
                     Some(super::otlp::Mode::parse(&val()?).ok_or("--otlp: ok, 500, slow or dead")?);
             }
+            "--json" => o.json = Some(PathBuf::from(val()?)),
             "--max-seconds" => {
                 o.max_seconds = val()?
                     .parse()

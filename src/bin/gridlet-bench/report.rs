@@ -130,3 +130,76 @@ impl Bench {
         }
     }
 }
+
+impl Bench {
+    /// The run as JSON (`--json`): when, where, how busy the machine was, each scenario's
+    /// figures in numbers, and the summary's rows. `scripts/update-figures.py` reads it.
+    pub(super) fn json(&self) -> serde_json::Value {
+        let rows: Vec<serde_json::Value> = self
+            .rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "name": r.name,
+                    "publish_eps": r.publish_eps.round(),
+                    "delivered_eps": r.delivered_eps.round(),
+                    "latency_us": r.lat.map(|(p50, p99, max)| serde_json::json!({"p50": p50, "p99": p99, "max": max})),
+                    "peak_rss_bytes": r.peak_rss,
+                    "cpu_us_per_event": round1(per_event_us(r.cpu_s, r.delivered)),
+                    "paired_raw": r.paired.as_ref().map(|p| serde_json::json!({
+                        "rounds": p.rounds,
+                        "ratio": round2(p.raw),
+                        "lowest": round2(p.raw_spread.0),
+                        "highest": round2(p.raw_spread.1),
+                    })),
+                    "note": r.note.trim(),
+                })
+            })
+            .collect();
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        serde_json::json!({
+            "date": utc_date(secs),
+            "machine": machine(),
+            "load_at_start": self.load,
+            "build": if cfg!(debug_assertions) { "debug" } else { "release" },
+            "command": std::env::args().skip(1).collect::<Vec<_>>().join(" "),
+            "scenarios": self.figures,
+            "raw_limit_eps": self.raw1.round(),
+            "rows": rows,
+        })
+    }
+}
+
+pub(super) fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// `YYYY-MM-DD` of a Unix time, in UTC (days to the civil calendar, H. Hinnant's algorithm).
+fn utc_date(unix_secs: u64) -> String {
+    let z = (unix_secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(super::utc_date(0), "1970-01-01");
+        assert_eq!(super::utc_date(951_782_400), "2000-02-29");
+        assert_eq!(super::utc_date(1_795_824_000), "2026-11-28");
+    }
+}

@@ -255,6 +255,17 @@ impl Bench {
             println!("  {k:<45} {v}");
         }
         self.extras.extend(lines);
+        self.figures.insert(
+            "footprint".into(),
+            serde_json::json!({
+                "binary_bytes": size,
+                "idle_rss_bytes": idle.rss,
+                "idle_peak_rss_bytes": idle.hwm,
+                "first_start_ms": report::round1(ms(cold)),
+                "start_ms_median": report::round1(ms(median)),
+                "start_ms_max": report::round1(ms(worst)),
+            }),
+        );
         Ok(())
     }
 
