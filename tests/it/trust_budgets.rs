@@ -50,7 +50,7 @@ async fn settle_bodies_are_limited_to_what_1000_lock_tokens_need() {
         )
         .await;
         assert_eq!(
-            (s, b["error"]["details"]["code"].as_str()),
+            (s, b["error"]["details"][0]["code"].as_str()),
             (413, Some("PayloadTooLarge")),
             "{op} one byte over: {}",
             b["error"]
