@@ -153,8 +153,9 @@ pub fn verdict(outcome: &Outcome) -> Verdict {
             400..=499 => Verdict::Neither,
             _ => Verdict::Down,
         },
-        FailureKind::TooLarge(_) => Verdict::Neither,
-        FailureKind::CredentialExpired(_)
+        FailureKind::TooLarge(_) | FailureKind::Refused { .. } => Verdict::Neither,
+        FailureKind::Throttled { .. }
+        | FailureKind::CredentialExpired(_)
         | FailureKind::Timeout
         | FailureKind::Connect
         | FailureKind::Unsupported(_)
