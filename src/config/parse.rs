@@ -413,6 +413,7 @@ fn health(raw: &Raw) -> Result<crate::policy::HealthConfig, ConfigError> {
             u64::MAX,
         )?,
         window_attempts: raw.int(K::broker__endpointHealth__windowAttempts, 1, 1_000_000)? as usize,
+        outage_probe_interval: raw.secs(K::outbound__outageProbeSeconds, 1, 86_400)?,
     })
 }
 

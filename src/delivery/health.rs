@@ -15,18 +15,32 @@
 //! * **Frozen**: no attempts at all until [`EndpointHealth::enable`] (the API).
 //!
 //! **What counts** ([`verdict`]): only what says something about the endpoint. Success counts
-//! as up; transport errors, timeouts, 5xx, 429, 408, 3xx (redirects are not followed) and the
-//! configuration faults 401/403/404/405/410 count as down. Refusals of particular events (every
-//! other 4xx: 400, 409, 413, 415, 422 ..., and an event too large for the destination) count
-//! neither way: one subscription whose events a receiver refuses cannot disable a URL other
-//! subscriptions deliver to (a probe answered that way just ends the probe).
+//! as up; timeouts after a connection was made, 5xx other than 503, 429, 408, 3xx (redirects
+//! are not followed), TLS failures the peer answered and the configuration faults
+//! 401/403/404/405/410 count as down. Refusals of particular events (every other 4xx: 400, 409,
+//! 413, 415, 422 ..., and an event too large for the destination) count neither way: one
+//! subscription whose events a receiver refuses cannot disable a URL other subscriptions
+//! deliver to (a probe answered that way just ends the probe).
+//!
+//! **Outages are not failures.** No connection (refused, DNS failure, no connection or TLS
+//! handshake within the connect timeout: [`FailureKind::Connect`]) and a `503` without
+//! `Retry-After` (a gateway's answer) say the way to the endpoint is down, not that the endpoint fails ([`Verdict::Unreachable`]). They never count
+//! towards disabling or freezing, whatever the outage's length: the tracker notes an **outage**
+//! instead, beside its state. While it lasts the endpoint gets one probe batch every
+//! `outbound__outageProbeSeconds` (default 30) across all subscriptions delivering to it; any
+//! answer from the endpoint ends the outage, and a success also bumps the endpoint's recovery
+//! count ([`EndpointHealth::recoveries`]), which makes every subscription's waiting retries due
+//! at once. The events an outage failed are not charged an attempt (`settle` puts them back
+//! as they were), so they wait for as long as their TTL allows.
 //!
 //! While an endpoint is disabled or frozen its events stay queued and still expire by TTL into
 //! dead letters. Thresholds come from [`HealthConfig`] (module settings).
 //!
 //! **Persistence.** The [`Tracker`] stays pure; [`EndpointHealth`] writes its
 //! [`Tracker::to_record`] to the store (the metadata database with sled) on **state transitions
-//! only** (never per attempt): a disabled or frozen endpoint is stored, a closed one is deleted.
+//! only** (never per attempt): a disabled or frozen endpoint, or one in an outage, is stored, a
+//! closed one is deleted. An outage therefore survives a restart: the next probe is due when it
+//! was, and no recovered event goes out before it.
 //! At start [`HealthRegistry::restore`] loads the records and a URL's tracker begins in its stored
 //! state ([`Tracker::from_record`]). Kept: state, consecutive failures at the transition, last
 //! success, next probe, attempt/failure totals. Not kept: the failure-rate window and a probe in
@@ -100,6 +114,8 @@ pub struct Tracker {
     probe_in_flight: bool,
     attempts: u64,
     failures: u64,
+    /// Since when the endpoint has been unreachable (an uplink outage), if it is.
+    outage_since_ms: Option<WallMs>,
 }
 
 /// A read-only view for the API and metrics.
@@ -121,6 +137,8 @@ pub struct HealthSnapshot {
     pub attempts: u64,
     /// Failures ever recorded.
     pub failures: u64,
+    /// Unreachable (an uplink outage) since, wall ms.
+    pub outage_since_ms: Option<WallMs>,
 }
 
 /// What an attempt says about its endpoint.
@@ -132,12 +150,20 @@ pub enum Verdict {
     Down,
     /// Nothing about the endpoint: the events were refused.
     Neither,
+    /// The endpoint could not be reached (an outage of the way there, or `503`).
+    Unreachable,
 }
 
 /// The health rule (see the module documentation).
 pub fn verdict(outcome: &Outcome) -> Verdict {
     let kind = match outcome {
         Outcome::Delivered => return Verdict::Up,
+        // A 503 that names a Retry-After is the endpoint asking for time (below: down, and the
+        // retry honours it); a bare 503 is a gateway saying the way on is down.
+        Outcome::Failed {
+            kind: FailureKind::Status(503) | FailureKind::Service { status: 503, .. },
+            retry_after: Some(_),
+        } => return Verdict::Down,
         Outcome::Failed { kind, .. } => kind,
         Outcome::PerEvent(each) => {
             return match verdict(outcome.summary()) {
@@ -148,7 +174,9 @@ pub fn verdict(outcome: &Outcome) -> Verdict {
         }
     };
     match kind {
+        FailureKind::Connect => Verdict::Unreachable,
         FailureKind::Status(s) | FailureKind::Service { status: s, .. } => match *s {
+            503 => Verdict::Unreachable,
             401 | 403 | 404 | 405 | 408 | 410 | 429 => Verdict::Down,
             400..=499 => Verdict::Neither,
             _ => Verdict::Down,
@@ -157,7 +185,6 @@ pub fn verdict(outcome: &Outcome) -> Verdict {
         FailureKind::Throttled { .. }
         | FailureKind::CredentialExpired(_)
         | FailureKind::Timeout
-        | FailureKind::Connect
         | FailureKind::Unsupported(_)
         | FailureKind::Other(_) => Verdict::Down,
     }
@@ -176,6 +203,7 @@ impl Tracker {
             probe_in_flight: false,
             attempts: 0,
             failures: 0,
+            outage_since_ms: None,
         }
     }
 
@@ -184,12 +212,17 @@ impl Tracker {
         self.state
     }
 
-    /// Whether a batch may go now (no side effect).
+    /// Since when the endpoint has been unreachable, if it is.
+    pub fn outage_since(&self) -> Option<WallMs> {
+        self.outage_since_ms
+    }
+
+    /// Whether a batch may go now (no side effect). During an outage (not frozen) only probes.
     pub fn admit(&self, now_ms: WallMs) -> Admission {
         match self.state {
-            HealthState::Closed => Admission::Send,
             HealthState::Frozen => Admission::Blocked,
-            HealthState::Disabled => {
+            HealthState::Closed if self.outage_since_ms.is_none() => Admission::Send,
+            HealthState::Closed | HealthState::Disabled => {
                 if self.probe_in_flight {
                     Admission::ProbeInFlight
                 } else if now_ms < self.next_probe_ms {
@@ -201,16 +234,44 @@ impl Tracker {
         }
     }
 
-    /// A probe was sent: no other until it completes, the next not before one interval.
+    /// A probe was sent: no other until it completes, the next not before one interval (the
+    /// outage's while there is one).
     pub fn start_probe(&mut self, cfg: &HealthConfig, now_ms: WallMs) {
         self.probe_in_flight = true;
-        self.next_probe_ms = now_ms + cfg.probe_interval.as_millis() as u64;
+        self.next_probe_ms = now_ms + self.probe_every(cfg).as_millis() as u64;
+    }
+
+    fn probe_every(&self, cfg: &HealthConfig) -> std::time::Duration {
+        match self.outage_since_ms {
+            Some(_) => cfg.outage_probe_interval,
+            None => cfg.probe_interval,
+        }
     }
 
     /// An attempt that said nothing about the endpoint ([`Verdict::Neither`]) completed: it
-    /// only ends a probe in flight (the next one is due at the usual interval).
-    pub fn record_neither(&mut self) {
+    /// ends a probe in flight (the next one is due at the usual interval) and, as the endpoint
+    /// answered, an outage.
+    pub fn record_neither(&mut self, cfg: &HealthConfig, now_ms: WallMs) {
         self.probe_in_flight = false;
+        self.end_outage(cfg, now_ms);
+    }
+
+    /// The endpoint could not be reached ([`Verdict::Unreachable`]): an outage begins (or goes
+    /// on), the next probe one outage interval away. Nothing counts towards disabling or
+    /// freezing.
+    pub fn record_unreachable(&mut self, cfg: &HealthConfig, now_ms: WallMs) {
+        self.attempts += 1;
+        self.probe_in_flight = false;
+        self.outage_since_ms.get_or_insert(now_ms);
+        self.next_probe_ms = now_ms + cfg.outage_probe_interval.as_millis() as u64;
+    }
+
+    /// The endpoint answered: no outage any more (a disabled endpoint's next probe at its
+    /// usual interval).
+    fn end_outage(&mut self, cfg: &HealthConfig, now_ms: WallMs) {
+        if self.outage_since_ms.take().is_some() && self.state == HealthState::Disabled {
+            self.next_probe_ms = now_ms + cfg.probe_interval.as_millis() as u64;
+        }
     }
 
     /// Record an attempt's result; returns the state afterwards.
@@ -226,6 +287,7 @@ impl Tracker {
                 self.window_failures = self.window_failures.saturating_sub(1);
             }
         }
+        self.end_outage(cfg, now_ms);
         if success {
             self.consecutive_failures = 0;
             self.last_success_ms = now_ms;
@@ -267,6 +329,7 @@ impl Tracker {
         self.consecutive_failures = 0;
         self.last_success_ms = now_ms;
         self.probe_in_flight = false;
+        self.outage_since_ms = None;
         self.reset_window();
     }
 
@@ -275,10 +338,11 @@ impl Tracker {
         self.window_failures = 0;
     }
 
-    /// What survives a restart: `None` when closed (nothing worth keeping), else the state,
-    /// consecutive failures, last success, next probe and totals as JSON.
+    /// What survives a restart: `None` when closed without an outage (nothing worth keeping),
+    /// else the state, consecutive failures, last success, next probe, totals and the outage's
+    /// start as JSON.
     pub fn to_record(&self) -> Option<Value> {
-        (self.state != HealthState::Closed).then(|| {
+        (self.state != HealthState::Closed || self.outage_since_ms.is_some()).then(|| {
             json!({
                 "state": self.state.as_str(),
                 "consecutiveFailures": self.consecutive_failures,
@@ -286,6 +350,7 @@ impl Tracker {
                 "nextProbeMs": self.next_probe_ms,
                 "attempts": self.attempts,
                 "failures": self.failures,
+                "outageSinceMs": self.outage_since_ms,
             })
         })
     }
@@ -310,6 +375,7 @@ impl Tracker {
             probe_in_flight: false,
             attempts: n("attempts").unwrap_or(0),
             failures: n("failures").unwrap_or(0),
+            outage_since_ms: n("outageSinceMs"),
         })
     }
 
@@ -326,9 +392,12 @@ impl Tracker {
             },
             window_attempts: n,
             last_success_ms: self.last_success_ms,
-            next_probe_ms: (self.state == HealthState::Disabled).then_some(self.next_probe_ms),
+            next_probe_ms: (self.state == HealthState::Disabled
+                || (self.state == HealthState::Closed && self.outage_since_ms.is_some()))
+            .then_some(self.next_probe_ms),
             attempts: self.attempts,
             failures: self.failures,
+            outage_since_ms: self.outage_since_ms,
         }
     }
 }
@@ -354,6 +423,9 @@ pub struct EndpointHealth {
     /// transitions of one URL reach the store in order, while deliveries recording outcomes
     /// (the tracker's lock only) do not wait for the write.
     saving: Mutex<()>,
+    /// Outages ended by a success: every subscription delivering here watches it and makes its
+    /// waiting retries due when it moves.
+    recovered: tokio::sync::watch::Sender<u64>,
 }
 
 impl EndpointHealth {
@@ -380,24 +452,63 @@ impl EndpointHealth {
         match verdict(outcome) {
             Verdict::Up => self.record(cfg, true, now_ms),
             Verdict::Down => self.record(cfg, false, now_ms),
-            Verdict::Neither => self.lock().record_neither(),
+            Verdict::Neither => self.update(cfg, false, now_ms, |t| t.record_neither(cfg, now_ms)),
+            Verdict::Unreachable => {
+                self.update(cfg, false, now_ms, |t| t.record_unreachable(cfg, now_ms))
+            }
         }
     }
 
     /// See [`Tracker::record`]; logs and persists transitions.
     pub fn record(&self, cfg: &HealthConfig, success: bool, now_ms: WallMs) {
+        self.update(cfg, success, now_ms, |t| {
+            t.record(cfg, success, now_ms);
+        });
+    }
+
+    /// Apply `f` to the tracker; log and persist a change of state or outage, and announce a
+    /// recovery (an outage ended by a success: `success`).
+    fn update(
+        &self,
+        cfg: &HealthConfig,
+        success: bool,
+        now_ms: WallMs,
+        f: impl FnOnce(&mut Tracker),
+    ) {
         if !cfg.enabled {
             return;
         }
         let mut t = self.lock();
-        let before = t.state();
-        let after = t.record(cfg, success, now_ms);
-        if before != after {
-            // Transitions are rare (at most one per probe interval once disabled); the write is
-            // one small metadata insert and flush.
-            self.save(t);
-            tracing::warn!(endpoint = %redact_url(&self.url), from = before.as_str(), to = after.as_str(), "endpoint health changed");
+        let (before, was_out) = (t.state(), t.outage_since());
+        f(&mut t);
+        let (after, out) = (t.state(), t.outage_since());
+        if before == after && was_out.is_some() == out.is_some() {
+            return;
         }
+        // Transitions are rare (at most one per probe interval once disabled or out); the
+        // write is one small metadata insert and flush.
+        self.save(t);
+        let endpoint = redact_url(&self.url);
+        if before != after {
+            tracing::warn!(endpoint = %endpoint, from = before.as_str(), to = after.as_str(), "endpoint health changed");
+        }
+        match (was_out, out) {
+            (None, Some(_)) => {
+                tracing::warn!(endpoint = %endpoint, probe_every_s = cfg.outage_probe_interval.as_secs(), "destination unreachable: an outage, not a failing endpoint; its events wait and one request probes it at a time")
+            }
+            (Some(since), None) => {
+                tracing::info!(endpoint = %endpoint, outage_ms = now_ms.saturating_sub(since), "destination reachable again");
+                if success {
+                    self.recovered.send_modify(|n| *n += 1);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A receiver that changes each time an outage of this endpoint ends with a success.
+    pub fn recoveries(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.recovered.subscribe()
     }
 
     /// Re-enable through the API (clears the stored record).
@@ -511,6 +622,7 @@ impl HealthRegistry {
                     tracker: Mutex::new(restored.unwrap_or_else(|| Tracker::new(now_ms))),
                     persist: self.persist.clone(),
                     saving: Mutex::new(()),
+                    recovered: tokio::sync::watch::Sender::new(0),
                 })
             })
             .clone()
@@ -549,19 +661,31 @@ mod tests {
     fn only_what_concerns_the_endpoint_counts() {
         let failed = |k: FailureKind| Outcome::failed(k);
         assert_eq!(verdict(&Outcome::Delivered), Verdict::Up);
-        for s in [500, 502, 503, 429, 408, 401, 403, 404, 410, 301] {
+        for s in [500, 502, 429, 408, 401, 403, 404, 410, 301] {
             assert_eq!(
                 verdict(&failed(FailureKind::Status(s))),
                 Verdict::Down,
                 "{s}"
             );
         }
-        for k in [
-            FailureKind::Timeout,
-            FailureKind::Connect,
-            FailureKind::Other("tls".into()),
-        ] {
+        for k in [FailureKind::Timeout, FailureKind::Other("tls".into())] {
             assert_eq!(verdict(&failed(k)), Verdict::Down);
+        }
+        let busy = Outcome::Failed {
+            kind: FailureKind::Status(503),
+            retry_after: Some(std::time::Duration::from_secs(5)),
+        };
+        assert_eq!(verdict(&busy), Verdict::Down, "a 503 asking for time");
+        // The way to the endpoint is down: an outage, not a failure.
+        for k in [
+            FailureKind::Connect,
+            FailureKind::Status(503),
+            FailureKind::Service {
+                status: 503,
+                message: String::new(),
+            },
+        ] {
+            assert_eq!(verdict(&failed(k)), Verdict::Unreachable);
         }
         for s in [400, 409, 413, 415, 422] {
             assert_eq!(
@@ -703,6 +827,98 @@ mod tests {
         back.enable(20);
         assert_eq!(back.to_record(), None);
         assert!(Tracker::from_record(&json!({"state": "Odd"})).is_none());
+    }
+
+    /// Issue 34: days of outage never disable or freeze; one probe per outage interval; any
+    /// answer ends the outage; a restart keeps it.
+    #[test]
+    fn an_outage_of_days_neither_disables_nor_freezes_and_probes_every_interval() {
+        let c = cfg();
+        let probe = c.outage_probe_interval.as_millis() as u64;
+        assert_eq!(probe, 30_000);
+        let mut t = Tracker::new(0);
+        t.record_unreachable(&c, MIN);
+        assert_eq!(t.outage_since(), Some(MIN));
+        assert_eq!(t.admit(MIN + 1), Admission::WaitUntil(MIN + probe));
+        // Five days of probes, every one unreachable.
+        let mut now = MIN + probe;
+        while now < 5 * 24 * HOUR {
+            assert_eq!(t.admit(now), Admission::Probe, "at {now}");
+            t.start_probe(&c, now);
+            assert_eq!(t.admit(now + 1), Admission::ProbeInFlight);
+            t.record_unreachable(&c, now + 10);
+            assert_eq!(t.admit(now + 10), Admission::WaitUntil(now + 10 + probe));
+            now += 10 + probe;
+        }
+        let s = t.snapshot();
+        assert_eq!(s.state, HealthState::Closed, "never disabled or frozen");
+        assert_eq!(s.consecutive_failures, 0);
+        assert!(s.attempts > 14_000, "{}", s.attempts);
+        assert_eq!(s.outage_since_ms, Some(MIN));
+        // The record keeps the outage across a restart.
+        let back = Tracker::from_record(&t.to_record().unwrap()).unwrap();
+        assert_eq!(back.outage_since(), Some(MIN));
+        assert_eq!(back.admit(now - probe), Admission::WaitUntil(now));
+        // The probe gets through.
+        t.start_probe(&c, now);
+        assert_eq!(t.record(&c, true, now + 5), HealthState::Closed);
+        assert_eq!(t.outage_since(), None);
+        assert_eq!(t.admit(now + 5), Admission::Send);
+        assert_eq!(t.to_record(), None);
+        // An answer that is an error also ends the outage, and counts as usual.
+        t.record_unreachable(&c, now + 6);
+        t.record_neither(&c, now + 7);
+        assert_eq!(t.outage_since(), None);
+        t.record_unreachable(&c, now + 8);
+        t.record(&c, false, now + 9);
+        assert_eq!(
+            (t.outage_since(), t.snapshot().consecutive_failures),
+            (None, 1)
+        );
+    }
+
+    #[test]
+    fn a_disabled_endpoint_in_an_outage_is_probed_at_the_outage_interval_and_frozen_stays_frozen() {
+        let c = HealthConfig {
+            disable_consecutive_failures: 2,
+            disable_min_attempts: u32::MAX,
+            freeze_any_consecutive_failures: 4,
+            ..cfg()
+        };
+        let mut t = Tracker::new(0);
+        t.record(&c, false, 0);
+        t.record(&c, false, 0);
+        assert_eq!(t.state(), HealthState::Disabled);
+        t.record_unreachable(&c, 1000);
+        assert_eq!(t.admit(1000), Admission::WaitUntil(31_000));
+        // The endpoint answers (an error): back to its 10-minute probes.
+        t.record(&c, false, 31_000);
+        assert_eq!(t.admit(31_001), Admission::WaitUntil(31_000 + 600_000));
+        t.record(&c, false, 40_000);
+        t.record(&c, false, 40_000);
+        assert_eq!(t.state(), HealthState::Frozen);
+        t.record_unreachable(&c, 50_000);
+        assert_eq!(t.admit(u64::MAX), Admission::Blocked);
+    }
+
+    #[tokio::test]
+    async fn a_success_after_an_outage_announces_the_recovery() {
+        let reg = HealthRegistry::default();
+        let c = cfg();
+        let h = reg.get("https://ns.example/topics/t:publish", 0);
+        let mut rx = h.recoveries();
+        let connect = Outcome::failed(FailureKind::Connect);
+        h.record_outcome(&c, &connect, 10);
+        h.record_outcome(&c, &Outcome::failed(FailureKind::Status(503)), 20);
+        assert!(!rx.has_changed().unwrap());
+        h.record_outcome(&c, &Outcome::Delivered, 30);
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(*rx.borrow_and_update(), 1);
+        // Success without an outage, or an outage ended by an error answer: no announcement.
+        h.record_outcome(&c, &Outcome::Delivered, 40);
+        h.record_outcome(&c, &connect, 50);
+        h.record_outcome(&c, &Outcome::failed(FailureKind::Status(500)), 60);
+        assert!(!rx.has_changed().unwrap());
     }
 
     #[test]

@@ -12,7 +12,8 @@ pub mod families;
 pub mod text;
 
 pub use families::{
-    render, visit, BrokerView, CommitView, Kind, Snapshot, SubscriptionView, TopicView,
+    render, visit, BrokerView, CommitView, EndpointView, Kind, Snapshot, SubscriptionView,
+    TopicView,
 };
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

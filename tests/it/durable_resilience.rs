@@ -187,7 +187,7 @@ async fn events_that_expire_while_stopped_become_dead_letters() {
 async fn a_frozen_endpoint_stays_frozen_across_restarts_until_enabled() {
     let dir = tempfile::tempdir().unwrap();
     let mut rx = Receiver::start().await;
-    rx.respond_with(503);
+    rx.respond_with(500);
     // Frozen straight from closed after more than 2 consecutive failures.
     let health = [
         ("broker__endpointHealth__disableConsecutiveFailures", "100"),

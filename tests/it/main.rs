@@ -20,6 +20,7 @@ mod management;
 mod node;
 mod ns_peer;
 mod otel;
+mod outage;
 mod outbound;
 mod packaging;
 mod persistence;
