@@ -95,6 +95,8 @@ settings! {
     broker__defaultIsPersisted = "false" : "subscriptions without a `persistencePolicy` keep their events on disk";
     broker__maxRequestBodyBytes = "1058576" : "largest accepted request body; larger gets 413 before the body is read";
     broker__maxEventsPerRequest = "10000" : "most events in one publish request (400 above)";
+    broker__deduplicationWindowSeconds = "0" : "a publish of an event whose identity (CloudEvents `source` + `id`; EventGridSchema topic + `id`) the topic accepted within this many seconds is answered 200 and not routed again; 0 = off (the original's behaviour); a topic's `deduplicationWindowInSeconds` overrides it. The window is in memory (docs/CLOUD.md)";
+    broker__deduplicationMaxIdentities = "1000000" : "identities one topic remembers for deduplication at most (about 78 bytes each at a million: 78 MB); past it the oldest are forgotten before their window ends";
     broker__maxPendingEventsPerSubscription = "100000" : "pending events one in-memory subscription may hold; a publish that would exceed it gets 503 + Retry-After";
     broker__maxPendingBytes = "268435456" : "bytes of undelivered events gridlet holds in memory, all subscriptions together (each event counted once, however many subscriptions share it; persisted subscriptions count their in-memory window); a publish to an in-memory subscription that would exceed it gets 503 + Retry-After; 0 = no limit";
     broker__maxTopics = "1000" : "most topics";

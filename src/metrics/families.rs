@@ -137,7 +137,7 @@ fn n<'a>(v: u64) -> Option<SeriesValue<'a>> {
 }
 
 /// Topic families: one series per topic.
-pub fn topic_families<'a>() -> [Family<TopicView<'a>>; 6] {
+pub fn topic_families<'a>() -> [Family<TopicView<'a>>; 7] {
     use Kind::*;
     [
         family(
@@ -163,6 +163,12 @@ pub fn topic_families<'a>() -> [Family<TopicView<'a>>; 6] {
             Counter,
             "Publish requests that failed in the broker",
             |t| n(t.metrics.system_error_requests.get()),
+        ),
+        family(
+            "gridlet_deduplicated_events_total",
+            Counter,
+            "Events answered 200 but not routed: their identity was accepted within the topic's deduplication window",
+            |t| n(t.metrics.deduplicated.get()),
         ),
         family(
             "UserErrorRequests",

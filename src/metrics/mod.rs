@@ -85,6 +85,9 @@ pub struct TopicMetrics {
     pub user_error_requests: Counter,
     /// Latency of successful publish requests.
     pub success_request_latency_ms: Histogram,
+    /// Events answered 200 but not routed: their identity was accepted within the
+    /// deduplication window.
+    pub deduplicated: Counter,
 }
 
 /// Per-subscription metrics (docs/COMPATIBILITY.md §8, plus gridlet's drop accounting).

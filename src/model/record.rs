@@ -73,6 +73,9 @@ pub struct TopicRecord {
     pub name: String,
     /// Input schema.
     pub input_schema: EventSchema,
+    /// `deduplicationWindowInSeconds`, when the topic sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup_window_secs: Option<u64>,
 }
 
 /// A destination as stored: its type and the type's own record of it (its properties, secrets
@@ -199,6 +202,7 @@ impl Topic {
             v: RECORD_VERSION,
             name: self.name.clone(),
             input_schema: self.input_schema,
+            dedup_window_secs: self.dedup_window_secs,
         }
     }
 
@@ -207,6 +211,7 @@ impl Topic {
         Self {
             name: r.name,
             input_schema: r.input_schema,
+            dedup_window_secs: r.dedup_window_secs,
         }
     }
 }

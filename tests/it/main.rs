@@ -8,6 +8,7 @@ mod bus_peer;
 mod cloud;
 mod compaction;
 mod crash;
+mod dedup;
 mod delivery;
 mod docs;
 mod durable_resilience;
