@@ -434,12 +434,18 @@ impl EndpointHealth {
         crate::sync::lock(&self.tracker)
     }
 
-    /// See [`Tracker::admit`].
+    /// See [`Tracker::admit`]. An outage's next probe is never further away than one outage
+    /// interval (a restored record from before `outbound__outageProbeSeconds` was lowered).
     pub fn admit(&self, cfg: &HealthConfig, now_ms: WallMs) -> Admission {
         if !cfg.enabled {
             return Admission::Send;
         }
-        self.lock().admit(now_ms)
+        let mut t = self.lock();
+        if t.outage_since_ms.is_some() {
+            let latest = now_ms + cfg.outage_probe_interval.as_millis() as u64;
+            t.next_probe_ms = t.next_probe_ms.min(latest);
+        }
+        t.admit(now_ms)
     }
 
     /// See [`Tracker::start_probe`].
