@@ -7,6 +7,7 @@
 //! short `RwLock`s; publish clones `Arc`s and touches only the matching subscriptions' queue
 //! mutexes — no lock is held across an await, and nothing global is locked per event.
 
+pub mod dedup;
 mod error;
 mod exposition;
 mod publish;
@@ -42,6 +43,8 @@ pub struct TopicEntry {
     subs: RwLock<Arc<Vec<Arc<SubscriptionHandle>>>>,
     /// Topic metrics.
     pub metrics: TopicMetrics,
+    /// Identities accepted within the deduplication window.
+    dedup: Mutex<dedup::Window>,
 }
 
 fn read<T: Clone>(l: &RwLock<T>) -> T {
@@ -53,6 +56,16 @@ fn write<T>(l: &RwLock<T>, v: T) {
 }
 
 impl TopicEntry {
+    /// A topic without subscriptions, remembering at most `max_identities` for deduplication.
+    pub(crate) fn new(topic: Topic, max_identities: usize) -> Self {
+        Self {
+            topic: RwLock::new(topic),
+            subs: RwLock::new(Arc::new(Vec::new())),
+            metrics: TopicMetrics::default(),
+            dedup: Mutex::new(dedup::Window::new(max_identities)),
+        }
+    }
+
     /// The topic.
     pub fn topic(&self) -> Topic {
         read(&self.topic)

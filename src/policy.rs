@@ -301,6 +301,8 @@ pub struct HealthConfig {
     pub freeze_any_consecutive_failures: u64,
     /// Attempts the failure rate is computed over.
     pub window_attempts: usize,
+    /// While a destination is unreachable (an uplink outage), one probe this often.
+    pub outage_probe_interval: Duration,
 }
 
 impl Default for HealthConfig {
@@ -316,6 +318,7 @@ impl Default for HealthConfig {
             freeze_no_success_for: Duration::from_secs(72 * 3600),
             freeze_any_consecutive_failures: 50_000,
             window_attempts: 1000,
+            outage_probe_interval: Duration::from_secs(30),
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::metrics::text::{Series, SeriesValue};
-use crate::metrics::{BrokerView, CommitView, Kind, SubscriptionView, TopicView};
+use crate::metrics::{BrokerView, CommitView, EndpointView, Kind, SubscriptionView, TopicView};
 use crate::telemetry::{MetricFamily, MetricKind, MetricPoint, PointValue};
 
 impl Broker {
@@ -31,6 +31,7 @@ impl Broker {
 
     fn with_snapshot<T>(&self, f: impl FnOnce(&metrics::Snapshot<'_>) -> T) -> T {
         let ctx = &self.inner.ctx;
+        let now_ms = ctx.clock.now_ms();
         let topics = self.topics();
         let names: Vec<String> = topics.iter().map(|t| t.topic().name).collect();
         let subs: Vec<(&str, Arc<SubscriptionHandle>)> = topics
@@ -62,9 +63,12 @@ impl Broker {
                     in_flight: s.in_flight() as u64,
                     locked: s.pull().map(|p| p.locked() as u64),
                     dead_letters: ctx.dead_letters.count(s.queue_id()) as u64,
-                    health: s
-                        .endpoint_health()
-                        .map(|h| (h.state.gauge(), h.consecutive_failures)),
+                    health: s.endpoint_health().map(|h| EndpointView {
+                        state: h.state.gauge(),
+                        consecutive_failures: h.consecutive_failures,
+                        outage: h.outage_since_ms.is_some(),
+                        seconds_since_success: now_ms.saturating_sub(h.last_success_ms) / 1000,
+                    }),
                 })
                 .collect(),
             broker: BrokerView {

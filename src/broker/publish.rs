@@ -15,15 +15,18 @@
 //! commit is under way cannot leave an event durable but not queued (it would wait for a
 //! restart, or expire). The request only waits for that task.
 
+use super::dedup::Identity;
 use super::route_trace::{Admission, RouteSpans};
 use super::{Broker, BrokerError, TopicEntry};
 use crate::config::Key;
 use crate::delivery::payload::EventData;
 use crate::delivery::subscription::{Reservation, SubConfig, SubscriptionHandle};
 use crate::model::event::IncomingEvent;
+use crate::model::topic::EventSchema;
 use crate::store::{Commit, Store};
 use crate::telemetry::TraceContext;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Where each event of a request goes.
 struct Routes {
@@ -58,6 +61,19 @@ fn routed<'a>(
     r.iter()
         .filter_map(|&i| payloads.get(i).and_then(Option::as_ref))
         .map(|(seq, data)| (*seq, data))
+}
+
+/// A CloudEvent's `source` (the other half of its identity).
+fn ce_source(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Source<'a> {
+        #[serde(borrow)]
+        source: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_slice::<Source<'_>>(body)
+        .ok()?
+        .source
+        .map(std::borrow::Cow::into_owned)
 }
 
 /// Route every event through every subscription's filter.
@@ -129,6 +145,7 @@ impl Broker {
         span: Option<&TraceContext>,
     ) -> Result<(), BrokerError> {
         entry.metrics.events_received.add(events.len() as u64);
+        let (events, fresh) = self.deduplicate(entry, events);
         if events.is_empty() {
             return Ok(());
         }
@@ -201,7 +218,52 @@ impl Broker {
             broker.enqueue(&subs, &routes, admitted, &payloads, now_ms);
             Ok(())
         };
-        tokio::spawn(commit_and_enqueue).await?
+        let accepted = tokio::spawn(commit_and_enqueue).await?;
+        if let (Ok(()), Some((ids, window_ms))) = (&accepted, fresh) {
+            let now_ms = self.inner.ctx.clock.now_ms();
+            let mut w = crate::sync::lock(&entry.dedup);
+            for id in ids {
+                w.record(id, now_ms, window_ms);
+            }
+        }
+        accepted
+    }
+
+    /// The events of a publish whose identity the topic has not accepted within its
+    /// deduplication window (nor earlier in the same request), and, when the window is on,
+    /// their identities with the window (recorded once the publish succeeds). Suppressed
+    /// events are counted.
+    fn deduplicate(
+        &self,
+        entry: &TopicEntry,
+        events: Vec<IncomingEvent>,
+    ) -> (Vec<IncomingEvent>, Option<(Vec<Identity>, u64)>) {
+        let topic = entry.topic();
+        let window = topic.dedup_window_secs.map_or(
+            self.inner.cfg.broker.deduplication_window,
+            Duration::from_secs,
+        );
+        if window.is_zero() || topic.input_schema == EventSchema::Custom {
+            return (events, None);
+        }
+        let window_ms = window.as_millis() as u64;
+        let now_ms = self.inner.ctx.clock.now_ms();
+        let cloud = topic.input_schema == EventSchema::CloudEventV1_0;
+        let mut w = crate::sync::lock(&entry.dedup);
+        let mut ids = Vec::with_capacity(events.len());
+        let mut in_request = std::collections::HashSet::with_capacity(events.len());
+        let mut kept = Vec::with_capacity(events.len());
+        for ev in events {
+            let source = if cloud { ce_source(&ev.body) } else { None };
+            let id = w.identity(source.as_deref(), &ev.id);
+            if w.seen(id, now_ms, window_ms) || !in_request.insert(id) {
+                entry.metrics.deduplicated.inc();
+                continue;
+            }
+            ids.push(id);
+            kept.push(ev);
+        }
+        (kept, Some((ids, window_ms)))
     }
 
     /// Reserve each matching subscription's places, within the bounds of in-memory queues.

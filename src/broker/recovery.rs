@@ -68,7 +68,7 @@ impl Broker {
                 seq: Mutex::new(snapshot.max_seq + 1),
             }),
         };
-        let topics = restore_topics(snapshot.topics);
+        let topics = restore_topics(snapshot.topics, cfg.broker.deduplication_max_identities);
         broker.restore_subscriptions(&topics, snapshot.subscriptions)?;
         write(&broker.inner.topics, Arc::new(topics));
         broker.inner.ctx.health.prune_unclaimed();
@@ -110,17 +110,16 @@ impl Broker {
 }
 
 /// Topics from their stored records, by key.
-fn restore_topics(records: Vec<TopicRecord>) -> HashMap<String, Arc<TopicEntry>> {
+fn restore_topics(
+    records: Vec<TopicRecord>,
+    max_identities: usize,
+) -> HashMap<String, Arc<TopicEntry>> {
     let mut topics = HashMap::new();
     for rec in records {
         let topic = Topic::from_record(rec);
         topics.insert(
             names::key(&topic.name),
-            Arc::new(TopicEntry {
-                topic: RwLock::new(topic),
-                subs: RwLock::new(Arc::new(Vec::new())),
-                metrics: TopicMetrics::default(),
-            }),
+            Arc::new(TopicEntry::new(topic, max_identities)),
         );
     }
     topics

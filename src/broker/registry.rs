@@ -76,6 +76,7 @@ impl Broker {
                 });
             }
             current.input_schema = topic.input_schema;
+            current.dedup_window_secs = topic.dedup_window_secs;
             self.inner
                 .ctx
                 .store
@@ -99,11 +100,10 @@ impl Broker {
         let mut next = (*map).clone();
         next.insert(
             key,
-            Arc::new(TopicEntry {
-                topic: RwLock::new(topic.clone()),
-                subs: RwLock::new(Arc::new(Vec::new())),
-                metrics: TopicMetrics::default(),
-            }),
+            Arc::new(TopicEntry::new(
+                topic.clone(),
+                self.inner.cfg.broker.deduplication_max_identities,
+            )),
         );
         write(&self.inner.topics, Arc::new(next));
         Ok(topic)

@@ -319,6 +319,12 @@ pub(super) fn broker(raw: &Raw) -> Result<Broker, ConfigError> {
         )? as usize,
         max_locks_per_subscription: raw.int(K::broker__maxLocksPerSubscription, 1, 10_000_000)?
             as usize,
+        deduplication_window: raw.secs(K::broker__deduplicationWindowSeconds, 0, 604_800)?,
+        deduplication_max_identities: raw.int(
+            K::broker__deduplicationMaxIdentities,
+            1,
+            100_000_000,
+        )? as usize,
         max_pending_bytes: raw.int(K::broker__maxPendingBytes, 0, u64::MAX)?,
         max_topics: raw.int(K::broker__maxTopics, 1, 1_000_000)? as usize,
         max_subscriptions_per_topic: raw.int(K::broker__maxSubscriptionsPerTopic, 1, 100_000)?
@@ -430,6 +436,7 @@ fn health(raw: &Raw) -> Result<crate::policy::HealthConfig, ConfigError> {
             u64::MAX,
         )?,
         window_attempts: raw.int(K::broker__endpointHealth__windowAttempts, 1, 1_000_000)? as usize,
+        outage_probe_interval: raw.secs(K::outbound__outageProbeSeconds, 1, 86_400)?,
     })
 }
 

@@ -88,6 +88,7 @@ settings! {
     outbound__azure__trustedCertificatesFile = "" : "PEM file of root certificates trusted for Azure destinations (Event Hubs, Service Bus, Storage queues and blobs, cloud Event Grid) besides Mozilla's roots and the IoT Edge trust bundle (a private CA or a TLS-inspecting proxy); those destinations always verify the certificate chain and host name, whatever the `outbound__webhook__*` settings say";
     outbound__eventgrid__httpsOnly = "true" : "cloud Event Grid destinations must be `https://`";
     outbound__eventgrid__allowInvalidHostnames = "false" : "allow Event Grid destination hosts outside `eventgrid.azure.{net,us,cn}`";
+    outbound__outageProbeSeconds = "30" : "while a destination cannot be reached (connection refused, DNS failure, connect timeout, 503: an uplink outage), one request per destination URL this often probes it; its events wait, attempts uncounted, within their TTL; the first success makes them all due. Outages never disable or freeze an endpoint (needs `broker__endpointHealth__enabled`)";
     outbound__deniedAddressRanges = "169.254.0.0/16,fe80::/10,168.63.129.16/32,fd00:ec2::254/128,0.0.0.0/8,::/128" : "address ranges (CIDR, comma-separated) no destination may reach: refused at subscription time for an address in the URL, and at connect time for the resolved address; the default denies link-local and the other cloud metadata addresses (Azure WireServer 168.63.129.16, AWS's IPv6 fd00:ec2::254) and 0.0.0.0 (this host); empty denies none. gridlet's own listeners are never reachable as destinations, whatever this says";
     broker__defaultMaxDeliveryAttempts = "30" : "delivery attempts per event when the subscription sets no `retryPolicy.maxDeliveryAttempts`";
     broker__defaultEventTimeToLiveInSeconds = "7200" : "event time to live when the subscription sets no `retryPolicy.eventExpiryInMinutes`";
@@ -97,6 +98,8 @@ settings! {
     broker__defaultIsPersisted = "false" : "subscriptions without a `persistencePolicy` keep their events on disk";
     broker__maxRequestBodyBytes = "1058576" : "largest accepted request body; larger gets 413 before the body is read";
     broker__maxEventsPerRequest = "10000" : "most events in one publish request (400 above)";
+    broker__deduplicationWindowSeconds = "0" : "a publish of an event whose identity (CloudEvents `source` + `id`; EventGridSchema topic + `id`) the topic accepted within this many seconds is answered 200 and not routed again; 0 = off (the original's behaviour); a topic's `deduplicationWindowInSeconds` overrides it. The window is in memory (docs/CLOUD.md)";
+    broker__deduplicationMaxIdentities = "1000000" : "identities one topic remembers for deduplication at most (about 78 bytes each at a million: 78 MB); past it the oldest are forgotten before their window ends";
     broker__maxPendingEventsPerSubscription = "100000" : "pending events one in-memory subscription may hold; a publish that would exceed it gets 503 + Retry-After";
     broker__maxPendingBytes = "268435456" : "bytes of undelivered events gridlet holds in memory, all subscriptions together (each event counted once, however many subscriptions share it; persisted subscriptions count their in-memory window); a publish to an in-memory subscription that would exceed it gets 503 + Retry-After; 0 = no limit";
     broker__maxTopics = "1000" : "most topics";

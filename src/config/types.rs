@@ -206,6 +206,10 @@ pub struct Broker {
     pub max_events_per_request: usize,
     /// Pending events per in-memory subscription.
     pub max_pending_events_per_subscription: usize,
+    /// Deduplication window of topics that set none (0 = off).
+    pub deduplication_window: Duration,
+    /// Identities one topic remembers for deduplication at most.
+    pub deduplication_max_identities: usize,
     /// Received, unsettled events per queue subscription.
     pub max_locks_per_subscription: usize,
     /// Event payload bytes held in memory, all subscriptions (0 = no limit).

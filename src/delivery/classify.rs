@@ -14,6 +14,8 @@
 //! | timeout, connection error, other | retried | retried |
 //! | Azure service 429/500/503 | retried, `Retry-After` honoured (capped) | the same |
 //! | event too large for the destination | dead-lettered at once | the same |
+//! | refused for good (namespace 410, no CloudEvents form) | dead-lettered at once | the same |
+//! | throttled (namespace 403 for a quota) | retried, `Retry-After` honoured (capped) | the same |
 //! | delay jitter | none (exact 1-min/10-min queues) | ± `broker__retryJitterPercent` |
 //!
 //! Three named schedules (delay before the next attempt, by attempts made so far):
@@ -51,7 +53,9 @@ pub fn classify(policy: StatusCodePolicy, outcome: &Outcome, dead_letter: bool) 
     };
     match kind {
         // Never deliverable, whatever the policy.
-        FailureKind::TooLarge(_) => return Verdict::Refuse,
+        FailureKind::TooLarge(_) | FailureKind::Refused { .. } => return Verdict::Refuse,
+        // A quota: back off (Event Grid namespaces' 403), under every policy.
+        FailureKind::Throttled { .. } => return Verdict::Retry { retry_after },
         // Azure services ask for a delay when throttling or busy: honoured under every policy.
         FailureKind::Service {
             status: 429 | 500 | 503,
@@ -78,6 +82,8 @@ pub fn classify(policy: StatusCodePolicy, outcome: &Outcome, dead_letter: bool) 
         FailureKind::Status(_)
         | FailureKind::Service { .. }
         | FailureKind::TooLarge(_)
+        | FailureKind::Refused { .. }
+        | FailureKind::Throttled { .. }
         | FailureKind::CredentialExpired(_)
         | FailureKind::Timeout
         | FailureKind::Connect

@@ -24,7 +24,10 @@ pub fn describe(outcome: Option<&Outcome>) -> (Option<u16>, Option<String>) {
     match outcome.map(Outcome::summary) {
         Some(Outcome::Failed { kind, .. }) => (
             match kind {
-                FailureKind::Status(s) | FailureKind::Service { status: s, .. } => Some(*s),
+                FailureKind::Status(s)
+                | FailureKind::Service { status: s, .. }
+                | FailureKind::Throttled { status: s, .. } => Some(*s),
+                FailureKind::Refused { status, .. } => *status,
                 _ => None,
             },
             Some(kind.to_string()),

@@ -14,7 +14,12 @@
 //! settling its completed sends (the permit wait is one branch of its `select!`).
 //!
 //! Endpoint health ([`super::health`]) gates sending: a disabled endpoint gets one probe batch
-//! per interval, a frozen one nothing; its events still expire by TTL. Events that leave
+//! per interval, a frozen one nothing, an unreachable one (an outage) one probe per outage
+//! interval; its events still expire by TTL. When an outage ends with a success the tracker
+//! announces it and every task delivering there makes its waiting retries due at once
+//! ([`super::queue::SubQueue::all_due`]): the backlog drains oldest first, within the
+//! subscription's in-flight budget and the broker-wide permits, so other subscriptions keep
+//! their share. Events that leave
 //! undelivered become dead letters ([`super::deadletter`], [`settle::dead_letter`]).
 
 use super::apply::{apply, apply_in};
@@ -33,7 +38,7 @@ use crate::sync::AbortOnDrop;
 use crate::telemetry::{now_ns, TraceContext, Tracer};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
+use tokio::sync::{watch, OwnedSemaphorePermit, TryAcquireError};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -76,6 +81,9 @@ struct Task {
     /// While sending is held back, expiry is swept at most once per [`EXPIRY_SWEEP`]
     /// (publishes wake the task far more often).
     next_sweep: Instant,
+    /// The endpoint's recoveries (outages ended by a success) this task has seen, keyed by the
+    /// tracker (a PUT may change the destination): each makes the waiting retries due.
+    recovery: Option<(usize, watch::Receiver<u64>)>,
 }
 
 async fn run(shared: Arc<SubscriptionState>, ctx: Arc<DeliveryContext>) {
@@ -85,6 +93,7 @@ async fn run(shared: Arc<SubscriptionState>, ctx: Arc<DeliveryContext>) {
         in_flight: JoinSet::new(),
         spare: None,
         next_sweep: Instant::now(),
+        recovery: None,
     };
     loop {
         if t.ctx.drain.started() {
@@ -122,10 +131,34 @@ impl Task {
         }
     }
 
+    /// The endpoint came back from an outage (announced by its tracker since this task last
+    /// looked): every waiting retry is due now, not at its next slot.
+    fn catch_recovery(&mut self, cfg: &SubConfig) {
+        let Some(h) = &cfg.health else {
+            self.recovery = None;
+            return;
+        };
+        let key = Arc::as_ptr(h) as usize;
+        match &mut self.recovery {
+            Some((k, rx)) if *k == key => {
+                if rx.has_changed().unwrap_or(false) {
+                    rx.borrow_and_update();
+                    self.shared.queue().all_due(Instant::now());
+                }
+            }
+            _ => {
+                let mut rx = h.recoveries();
+                rx.borrow_and_update();
+                self.recovery = Some((key, rx));
+            }
+        }
+    }
+
     /// Start every batch that can go now. `None`: the broker-wide semaphore is closed.
     fn send_ready(&mut self) -> Option<Round> {
         loop {
             let cfg = self.shared.config();
+            self.catch_recovery(&cfg);
             let lim = cfg.limits(self.ctx.max_in_flight);
             let now_ms = self.ctx.clock.now_ms();
             let admission = cfg
@@ -281,9 +314,22 @@ impl Task {
                     Err(_) => return false,
                 }
             }
+            _ = recovered(&mut self.recovery) => self.shared.queue().all_due(Instant::now()),
             _ = sleep_until_opt(next_due) => {}
         }
         true
+    }
+}
+
+/// Resolves when the endpoint announces a recovery (never without a tracker).
+async fn recovered(r: &mut Option<(usize, watch::Receiver<u64>)>) {
+    match r {
+        Some((_, rx)) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -15,18 +15,32 @@
 //! * **Frozen**: no attempts at all until [`EndpointHealth::enable`] (the API).
 //!
 //! **What counts** ([`verdict`]): only what says something about the endpoint. Success counts
-//! as up; transport errors, timeouts, 5xx, 429, 408, 3xx (redirects are not followed) and the
-//! configuration faults 401/403/404/405/410 count as down. Refusals of particular events (every
-//! other 4xx: 400, 409, 413, 415, 422 ..., and an event too large for the destination) count
-//! neither way: one subscription whose events a receiver refuses cannot disable a URL other
-//! subscriptions deliver to (a probe answered that way just ends the probe).
+//! as up; timeouts after a connection was made, 5xx other than 503, 429, 408, 3xx (redirects
+//! are not followed), TLS failures the peer answered and the configuration faults
+//! 401/403/404/405/410 count as down. Refusals of particular events (every other 4xx: 400, 409,
+//! 413, 415, 422 ..., and an event too large for the destination) count neither way: one
+//! subscription whose events a receiver refuses cannot disable a URL other subscriptions
+//! deliver to (a probe answered that way just ends the probe).
+//!
+//! **Outages are not failures.** No connection (refused, DNS failure, no connection or TLS
+//! handshake within the connect timeout: [`FailureKind::Connect`]) and a `503` without
+//! `Retry-After` (a gateway's answer) say the way to the endpoint is down, not that the endpoint fails ([`Verdict::Unreachable`]). They never count
+//! towards disabling or freezing, whatever the outage's length: the tracker notes an **outage**
+//! instead, beside its state. While it lasts the endpoint gets one probe batch every
+//! `outbound__outageProbeSeconds` (default 30) across all subscriptions delivering to it; any
+//! answer from the endpoint ends the outage, and a success also bumps the endpoint's recovery
+//! count ([`EndpointHealth::recoveries`]), which makes every subscription's waiting retries due
+//! at once. The events an outage failed are not charged an attempt (`settle` puts them back
+//! as they were), so they wait for as long as their TTL allows.
 //!
 //! While an endpoint is disabled or frozen its events stay queued and still expire by TTL into
 //! dead letters. Thresholds come from [`HealthConfig`] (module settings).
 //!
 //! **Persistence.** The [`Tracker`] stays pure; [`EndpointHealth`] writes its
 //! [`Tracker::to_record`] to the store (the metadata database with sled) on **state transitions
-//! only** (never per attempt): a disabled or frozen endpoint is stored, a closed one is deleted.
+//! only** (never per attempt): a disabled or frozen endpoint, or one in an outage, is stored, a
+//! closed one is deleted. An outage therefore survives a restart: the next probe is due when it
+//! was, and no recovered event goes out before it.
 //! At start [`HealthRegistry::restore`] loads the records and a URL's tracker begins in its stored
 //! state ([`Tracker::from_record`]). Kept: state, consecutive failures at the transition, last
 //! success, next probe, attempt/failure totals. Not kept: the failure-rate window and a probe in
@@ -100,6 +114,8 @@ pub struct Tracker {
     probe_in_flight: bool,
     attempts: u64,
     failures: u64,
+    /// Since when the endpoint has been unreachable (an uplink outage), if it is.
+    outage_since_ms: Option<WallMs>,
 }
 
 /// A read-only view for the API and metrics.
@@ -121,6 +137,8 @@ pub struct HealthSnapshot {
     pub attempts: u64,
     /// Failures ever recorded.
     pub failures: u64,
+    /// Unreachable (an uplink outage) since, wall ms.
+    pub outage_since_ms: Option<WallMs>,
 }
 
 /// What an attempt says about its endpoint.
@@ -132,12 +150,20 @@ pub enum Verdict {
     Down,
     /// Nothing about the endpoint: the events were refused.
     Neither,
+    /// The endpoint could not be reached (an outage of the way there, or `503`).
+    Unreachable,
 }
 
 /// The health rule (see the module documentation).
 pub fn verdict(outcome: &Outcome) -> Verdict {
     let kind = match outcome {
         Outcome::Delivered => return Verdict::Up,
+        // A 503 that names a Retry-After is the endpoint asking for time (below: down, and the
+        // retry honours it); a bare 503 is a gateway saying the way on is down.
+        Outcome::Failed {
+            kind: FailureKind::Status(503) | FailureKind::Service { status: 503, .. },
+            retry_after: Some(_),
+        } => return Verdict::Down,
         Outcome::Failed { kind, .. } => kind,
         Outcome::PerEvent(each) => {
             return match verdict(outcome.summary()) {
@@ -148,15 +174,17 @@ pub fn verdict(outcome: &Outcome) -> Verdict {
         }
     };
     match kind {
+        FailureKind::Connect => Verdict::Unreachable,
         FailureKind::Status(s) | FailureKind::Service { status: s, .. } => match *s {
+            503 => Verdict::Unreachable,
             401 | 403 | 404 | 405 | 408 | 410 | 429 => Verdict::Down,
             400..=499 => Verdict::Neither,
             _ => Verdict::Down,
         },
-        FailureKind::TooLarge(_) => Verdict::Neither,
-        FailureKind::CredentialExpired(_)
+        FailureKind::TooLarge(_) | FailureKind::Refused { .. } => Verdict::Neither,
+        FailureKind::Throttled { .. }
+        | FailureKind::CredentialExpired(_)
         | FailureKind::Timeout
-        | FailureKind::Connect
         | FailureKind::Unsupported(_)
         | FailureKind::Other(_) => Verdict::Down,
     }
@@ -175,6 +203,7 @@ impl Tracker {
             probe_in_flight: false,
             attempts: 0,
             failures: 0,
+            outage_since_ms: None,
         }
     }
 
@@ -183,12 +212,17 @@ impl Tracker {
         self.state
     }
 
-    /// Whether a batch may go now (no side effect).
+    /// Since when the endpoint has been unreachable, if it is.
+    pub fn outage_since(&self) -> Option<WallMs> {
+        self.outage_since_ms
+    }
+
+    /// Whether a batch may go now (no side effect). During an outage (not frozen) only probes.
     pub fn admit(&self, now_ms: WallMs) -> Admission {
         match self.state {
-            HealthState::Closed => Admission::Send,
             HealthState::Frozen => Admission::Blocked,
-            HealthState::Disabled => {
+            HealthState::Closed if self.outage_since_ms.is_none() => Admission::Send,
+            HealthState::Closed | HealthState::Disabled => {
                 if self.probe_in_flight {
                     Admission::ProbeInFlight
                 } else if now_ms < self.next_probe_ms {
@@ -200,16 +234,44 @@ impl Tracker {
         }
     }
 
-    /// A probe was sent: no other until it completes, the next not before one interval.
+    /// A probe was sent: no other until it completes, the next not before one interval (the
+    /// outage's while there is one).
     pub fn start_probe(&mut self, cfg: &HealthConfig, now_ms: WallMs) {
         self.probe_in_flight = true;
-        self.next_probe_ms = now_ms + cfg.probe_interval.as_millis() as u64;
+        self.next_probe_ms = now_ms + self.probe_every(cfg).as_millis() as u64;
+    }
+
+    fn probe_every(&self, cfg: &HealthConfig) -> std::time::Duration {
+        match self.outage_since_ms {
+            Some(_) => cfg.outage_probe_interval,
+            None => cfg.probe_interval,
+        }
     }
 
     /// An attempt that said nothing about the endpoint ([`Verdict::Neither`]) completed: it
-    /// only ends a probe in flight (the next one is due at the usual interval).
-    pub fn record_neither(&mut self) {
+    /// ends a probe in flight (the next one is due at the usual interval) and, as the endpoint
+    /// answered, an outage.
+    pub fn record_neither(&mut self, cfg: &HealthConfig, now_ms: WallMs) {
         self.probe_in_flight = false;
+        self.end_outage(cfg, now_ms);
+    }
+
+    /// The endpoint could not be reached ([`Verdict::Unreachable`]): an outage begins (or goes
+    /// on), the next probe one outage interval away. Nothing counts towards disabling or
+    /// freezing.
+    pub fn record_unreachable(&mut self, cfg: &HealthConfig, now_ms: WallMs) {
+        self.attempts += 1;
+        self.probe_in_flight = false;
+        self.outage_since_ms.get_or_insert(now_ms);
+        self.next_probe_ms = now_ms + cfg.outage_probe_interval.as_millis() as u64;
+    }
+
+    /// The endpoint answered: no outage any more (a disabled endpoint's next probe at its
+    /// usual interval).
+    fn end_outage(&mut self, cfg: &HealthConfig, now_ms: WallMs) {
+        if self.outage_since_ms.take().is_some() && self.state == HealthState::Disabled {
+            self.next_probe_ms = now_ms + cfg.probe_interval.as_millis() as u64;
+        }
     }
 
     /// Record an attempt's result; returns the state afterwards.
@@ -225,6 +287,7 @@ impl Tracker {
                 self.window_failures = self.window_failures.saturating_sub(1);
             }
         }
+        self.end_outage(cfg, now_ms);
         if success {
             self.consecutive_failures = 0;
             self.last_success_ms = now_ms;
@@ -266,6 +329,7 @@ impl Tracker {
         self.consecutive_failures = 0;
         self.last_success_ms = now_ms;
         self.probe_in_flight = false;
+        self.outage_since_ms = None;
         self.reset_window();
     }
 
@@ -274,10 +338,11 @@ impl Tracker {
         self.window_failures = 0;
     }
 
-    /// What survives a restart: `None` when closed (nothing worth keeping), else the state,
-    /// consecutive failures, last success, next probe and totals as JSON.
+    /// What survives a restart: `None` when closed without an outage (nothing worth keeping),
+    /// else the state, consecutive failures, last success, next probe, totals and the outage's
+    /// start as JSON.
     pub fn to_record(&self) -> Option<Value> {
-        (self.state != HealthState::Closed).then(|| {
+        (self.state != HealthState::Closed || self.outage_since_ms.is_some()).then(|| {
             json!({
                 "state": self.state.as_str(),
                 "consecutiveFailures": self.consecutive_failures,
@@ -285,6 +350,7 @@ impl Tracker {
                 "nextProbeMs": self.next_probe_ms,
                 "attempts": self.attempts,
                 "failures": self.failures,
+                "outageSinceMs": self.outage_since_ms,
             })
         })
     }
@@ -309,6 +375,7 @@ impl Tracker {
             probe_in_flight: false,
             attempts: n("attempts").unwrap_or(0),
             failures: n("failures").unwrap_or(0),
+            outage_since_ms: n("outageSinceMs"),
         })
     }
 
@@ -325,9 +392,12 @@ impl Tracker {
             },
             window_attempts: n,
             last_success_ms: self.last_success_ms,
-            next_probe_ms: (self.state == HealthState::Disabled).then_some(self.next_probe_ms),
+            next_probe_ms: (self.state == HealthState::Disabled
+                || (self.state == HealthState::Closed && self.outage_since_ms.is_some()))
+            .then_some(self.next_probe_ms),
             attempts: self.attempts,
             failures: self.failures,
+            outage_since_ms: self.outage_since_ms,
         }
     }
 }
@@ -353,6 +423,9 @@ pub struct EndpointHealth {
     /// transitions of one URL reach the store in order, while deliveries recording outcomes
     /// (the tracker's lock only) do not wait for the write.
     saving: Mutex<()>,
+    /// Outages ended by a success: every subscription delivering here watches it and makes its
+    /// waiting retries due when it moves.
+    recovered: tokio::sync::watch::Sender<u64>,
 }
 
 impl EndpointHealth {
@@ -361,12 +434,18 @@ impl EndpointHealth {
         crate::sync::lock(&self.tracker)
     }
 
-    /// See [`Tracker::admit`].
+    /// See [`Tracker::admit`]. An outage's next probe is never further away than one outage
+    /// interval (a restored record from before `outbound__outageProbeSeconds` was lowered).
     pub fn admit(&self, cfg: &HealthConfig, now_ms: WallMs) -> Admission {
         if !cfg.enabled {
             return Admission::Send;
         }
-        self.lock().admit(now_ms)
+        let mut t = self.lock();
+        if t.outage_since_ms.is_some() {
+            let latest = now_ms + cfg.outage_probe_interval.as_millis() as u64;
+            t.next_probe_ms = t.next_probe_ms.min(latest);
+        }
+        t.admit(now_ms)
     }
 
     /// See [`Tracker::start_probe`].
@@ -379,24 +458,63 @@ impl EndpointHealth {
         match verdict(outcome) {
             Verdict::Up => self.record(cfg, true, now_ms),
             Verdict::Down => self.record(cfg, false, now_ms),
-            Verdict::Neither => self.lock().record_neither(),
+            Verdict::Neither => self.update(cfg, false, now_ms, |t| t.record_neither(cfg, now_ms)),
+            Verdict::Unreachable => {
+                self.update(cfg, false, now_ms, |t| t.record_unreachable(cfg, now_ms))
+            }
         }
     }
 
     /// See [`Tracker::record`]; logs and persists transitions.
     pub fn record(&self, cfg: &HealthConfig, success: bool, now_ms: WallMs) {
+        self.update(cfg, success, now_ms, |t| {
+            t.record(cfg, success, now_ms);
+        });
+    }
+
+    /// Apply `f` to the tracker; log and persist a change of state or outage, and announce a
+    /// recovery (an outage ended by a success: `success`).
+    fn update(
+        &self,
+        cfg: &HealthConfig,
+        success: bool,
+        now_ms: WallMs,
+        f: impl FnOnce(&mut Tracker),
+    ) {
         if !cfg.enabled {
             return;
         }
         let mut t = self.lock();
-        let before = t.state();
-        let after = t.record(cfg, success, now_ms);
-        if before != after {
-            // Transitions are rare (at most one per probe interval once disabled); the write is
-            // one small metadata insert and flush.
-            self.save(t);
-            tracing::warn!(endpoint = %redact_url(&self.url), from = before.as_str(), to = after.as_str(), "endpoint health changed");
+        let (before, was_out) = (t.state(), t.outage_since());
+        f(&mut t);
+        let (after, out) = (t.state(), t.outage_since());
+        if before == after && was_out.is_some() == out.is_some() {
+            return;
         }
+        // Transitions are rare (at most one per probe interval once disabled or out); the
+        // write is one small metadata insert and flush.
+        self.save(t);
+        let endpoint = redact_url(&self.url);
+        if before != after {
+            tracing::warn!(endpoint = %endpoint, from = before.as_str(), to = after.as_str(), "endpoint health changed");
+        }
+        match (was_out, out) {
+            (None, Some(_)) => {
+                tracing::warn!(endpoint = %endpoint, probe_every_s = cfg.outage_probe_interval.as_secs(), "destination unreachable: an outage, not a failing endpoint; its events wait and one request probes it at a time")
+            }
+            (Some(since), None) => {
+                tracing::info!(endpoint = %endpoint, outage_ms = now_ms.saturating_sub(since), "destination reachable again");
+                if success {
+                    self.recovered.send_modify(|n| *n += 1);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A receiver that changes each time an outage of this endpoint ends with a success.
+    pub fn recoveries(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.recovered.subscribe()
     }
 
     /// Re-enable through the API (clears the stored record).
@@ -510,6 +628,7 @@ impl HealthRegistry {
                     tracker: Mutex::new(restored.unwrap_or_else(|| Tracker::new(now_ms))),
                     persist: self.persist.clone(),
                     saving: Mutex::new(()),
+                    recovered: tokio::sync::watch::Sender::new(0),
                 })
             })
             .clone()
@@ -529,200 +648,4 @@ impl HealthRegistry {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Issue 20, Low 10: the health-change log line names the endpoint without the keys
-    /// webhook URLs carry in their path.
-    #[test]
-    fn logged_endpoints_hide_path_tokens() {
-        let url = "https://discord.com/api/webhooks/112233445566778899/AbC-dEf_GhIjKlMnOpQrStUvWxYz0123?wait=true";
-        assert_eq!(redact_url(url), "https://discord.com/api/webhooks/***/***");
-        assert_eq!(
-            redact_url("http://h.example:8080/hook?code=k"),
-            "http://h.example:8080/hook"
-        );
-    }
-
-    #[test]
-    fn only_what_concerns_the_endpoint_counts() {
-        let failed = |k: FailureKind| Outcome::failed(k);
-        assert_eq!(verdict(&Outcome::Delivered), Verdict::Up);
-        for s in [500, 502, 503, 429, 408, 401, 403, 404, 410, 301] {
-            assert_eq!(
-                verdict(&failed(FailureKind::Status(s))),
-                Verdict::Down,
-                "{s}"
-            );
-        }
-        for k in [
-            FailureKind::Timeout,
-            FailureKind::Connect,
-            FailureKind::Other("tls".into()),
-        ] {
-            assert_eq!(verdict(&failed(k)), Verdict::Down);
-        }
-        for s in [400, 409, 413, 415, 422] {
-            assert_eq!(
-                verdict(&failed(FailureKind::Status(s))),
-                Verdict::Neither,
-                "{s}"
-            );
-        }
-        let service = FailureKind::Service {
-            status: 413,
-            message: String::new(),
-        };
-        assert_eq!(verdict(&failed(service)), Verdict::Neither);
-        assert_eq!(
-            verdict(&failed(FailureKind::TooLarge("64 KiB".into()))),
-            Verdict::Neither
-        );
-    }
-
-    const MIN: u64 = 60_000;
-    const HOUR: u64 = 60 * MIN;
-
-    fn cfg() -> HealthConfig {
-        HealthConfig::default()
-    }
-
-    #[test]
-    fn failure_rate_over_more_than_100_attempts_disables() {
-        let c = cfg();
-        let mut t = Tracker::new(0);
-        // 100 attempts at 80 % failure: not yet (needs *more than* 100).
-        for i in 0..100 {
-            t.record(&c, i % 5 == 0, 1000);
-        }
-        assert_eq!(t.state(), HealthState::Closed);
-        t.record(&c, false, 1000);
-        assert_eq!(t.state(), HealthState::Disabled);
-        // 70 % exactly does not trip: rate must exceed it.
-        let mut t = Tracker::new(0);
-        for i in 0..110 {
-            t.record(&c, i % 10 < 3, 1000);
-        }
-        assert_eq!(t.state(), HealthState::Closed);
-    }
-
-    #[test]
-    fn closed_disabled_probe_and_reenabled_on_success() {
-        let c = HealthConfig {
-            disable_min_attempts: u32::MAX,
-            ..cfg()
-        };
-        let mut t = Tracker::new(0);
-        for _ in 0..1999 {
-            t.record(&c, false, MIN);
-        }
-        assert_eq!(t.state(), HealthState::Closed);
-        assert_eq!(t.record(&c, false, MIN), HealthState::Disabled);
-        // Nothing until the probe is due, then exactly one probe.
-        assert_eq!(t.admit(MIN + 1), Admission::WaitUntil(11 * MIN));
-        assert_eq!(t.admit(11 * MIN), Admission::Probe);
-        t.start_probe(&c, 11 * MIN);
-        assert_eq!(t.admit(11 * MIN), Admission::ProbeInFlight);
-        assert_eq!(
-            t.admit(30 * MIN),
-            Admission::ProbeInFlight,
-            "a hanging probe"
-        );
-        // A failed probe: next one ten minutes later.
-        assert_eq!(t.record(&c, false, 11 * MIN), HealthState::Disabled);
-        assert_eq!(t.admit(15 * MIN), Admission::WaitUntil(21 * MIN));
-        assert_eq!(t.admit(21 * MIN), Admission::Probe);
-        t.start_probe(&c, 21 * MIN);
-        assert_eq!(t.record(&c, true, 21 * MIN), HealthState::Closed);
-        assert_eq!(t.admit(21 * MIN), Admission::Send);
-        assert_eq!(t.snapshot().consecutive_failures, 0);
-    }
-
-    #[test]
-    fn disabled_then_frozen_after_72_hours_without_success() {
-        let c = cfg();
-        let mut t = Tracker::new(0);
-        for _ in 0..2000 {
-            t.record(&c, false, HOUR);
-        }
-        assert_eq!(t.state(), HealthState::Disabled);
-        // More than 2,000 consecutive failures but the last "success" (start) is 1 h ago.
-        t.record(&c, false, HOUR);
-        assert_eq!(t.state(), HealthState::Disabled);
-        // Probes keep failing; past 72 h the next failure freezes it.
-        assert_eq!(t.record(&c, false, 72 * HOUR), HealthState::Disabled);
-        assert_eq!(t.record(&c, false, 72 * HOUR + 1), HealthState::Frozen);
-        assert_eq!(t.admit(100 * HOUR), Admission::Blocked);
-        // Even a late success (an in-flight request) does not unfreeze it.
-        assert_eq!(t.record(&c, true, 100 * HOUR), HealthState::Frozen);
-        t.enable(101 * HOUR);
-        assert_eq!(t.state(), HealthState::Closed);
-        assert_eq!(t.admit(101 * HOUR), Admission::Send);
-        assert_eq!(t.snapshot().consecutive_failures, 0);
-    }
-
-    #[test]
-    fn more_than_50000_consecutive_failures_freeze_whenever_the_last_success_was() {
-        let c = HealthConfig {
-            disable_consecutive_failures: u64::MAX,
-            disable_min_attempts: u32::MAX,
-            ..cfg()
-        };
-        let mut t = Tracker::new(0);
-        for _ in 0..50_000 {
-            t.record(&c, false, 1);
-        }
-        assert_eq!(t.state(), HealthState::Closed);
-        assert_eq!(t.record(&c, false, 1), HealthState::Frozen);
-    }
-
-    #[test]
-    fn records_round_trip_and_closed_keeps_none() {
-        let c = HealthConfig {
-            disable_consecutive_failures: 2,
-            freeze_any_consecutive_failures: 3,
-            ..cfg()
-        };
-        let mut t = Tracker::new(5);
-        assert_eq!(t.to_record(), None);
-        t.record(&c, false, 10);
-        t.record(&c, false, 10);
-        let disabled = Tracker::from_record(&t.to_record().unwrap()).unwrap();
-        assert_eq!(disabled.snapshot().state, HealthState::Disabled);
-        assert_eq!(disabled.admit(10), Admission::WaitUntil(10 + 600_000));
-        assert_eq!(disabled.snapshot().last_success_ms, 5);
-        t.record(&c, false, 10);
-        t.record(&c, false, 10);
-        let rec = t.to_record().unwrap();
-        assert_eq!(rec["state"], "Frozen");
-        let mut back = Tracker::from_record(&rec).unwrap();
-        assert_eq!(back.admit(u64::MAX), Admission::Blocked);
-        assert_eq!(back.snapshot().consecutive_failures, 4);
-        assert_eq!(back.snapshot().attempts, 4);
-        back.enable(20);
-        assert_eq!(back.to_record(), None);
-        assert!(Tracker::from_record(&json!({"state": "Odd"})).is_none());
-    }
-
-    #[test]
-    fn successes_reset_consecutive_failures_and_the_window_slides() {
-        let c = HealthConfig {
-            window_attempts: 200,
-            ..cfg()
-        };
-        let mut t = Tracker::new(0);
-        for _ in 0..150 {
-            t.record(&c, true, 0);
-        }
-        for _ in 0..60 {
-            t.record(&c, false, 0);
-        }
-        // Window of 200: 140 successes, 60 failures = 30 %.
-        let s = t.snapshot();
-        assert_eq!(s.window_attempts, 200);
-        assert!((s.failure_rate - 0.3).abs() < 1e-9);
-        assert_eq!(s.consecutive_failures, 60);
-        t.record(&c, true, 0);
-        assert_eq!(t.snapshot().consecutive_failures, 0);
-    }
-}
+mod tests;

@@ -396,6 +396,28 @@ impl SubQueue {
         self.insert_retry(now, batch);
     }
 
+    /// Make every waiting retry due at `now` (an endpoint's outage ended): held batches keep
+    /// their order by first sequence number, spilled retries theirs by sequence number, so the
+    /// backlog drains oldest first. Cost: the retries waiting, once.
+    pub fn all_due(&mut self, now: Instant) {
+        if self.retry.keys().any(|(due, _)| *due > now) {
+            let held = std::mem::take(&mut self.retry);
+            for ((due, seq), items) in held {
+                self.retry.insert((due.min(now), seq), items);
+            }
+        }
+        if let Some(s) = &mut self.spill {
+            let at = s.ms_after_epoch(now, false);
+            if s.retries.peek().is_some() {
+                let spilled = std::mem::take(&mut s.retries).into_vec();
+                s.retries = spilled
+                    .into_iter()
+                    .map(|Reverse((due, seq))| Reverse((due.min(at), seq)))
+                    .collect();
+            }
+        }
+    }
+
     /// Earliest retry due time, held in memory or spilled.
     pub fn next_due(&self) -> Option<Instant> {
         let held = self.retry.keys().next().map(|(due, _)| *due);
@@ -550,6 +572,34 @@ mod tests {
             max_in_flight: 4,
             retry_cap: 1,
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn all_due_makes_held_and_spilled_retries_due_oldest_first() {
+        let now = Instant::now();
+        let mut q = SubQueue::windowed(Window {
+            events: 2,
+            bytes: 1 << 20,
+        });
+        for i in 0..4 {
+            q.reserve(1);
+            q.push_reserved(p(i, 10));
+        }
+        let lim = lim(10, 1 << 20);
+        let b = q.pick(now, &lim, |_| false, &mut Vec::new()).unwrap();
+        q.finish(false);
+        assert_eq!(b.items.len(), 2);
+        let ten = now + Duration::from_secs(600);
+        q.schedule_retry(ten, b.items);
+        q.push_spilled_retry(now + Duration::from_secs(300), 9);
+        q.push_spilled_retry(now + Duration::from_secs(900), 7);
+        assert_eq!(q.next_due(), Some(now + Duration::from_secs(300)));
+        q.all_due(now);
+        assert_eq!(q.next_due(), Some(now));
+        let r = q.pick(now, &lim, |_| false, &mut Vec::new()).unwrap();
+        assert!(r.retry);
+        assert_eq!(r.items.iter().map(|p| p.seq).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(q.retry_refill_wanted(now), vec![7, 9], "oldest first");
     }
 
     #[tokio::test]

@@ -9,6 +9,10 @@
 //! Every outcome × attempt and TTL edge × policy is a line of the table in `settle/tests.rs`,
 //! as [`retry::next_step`] (which decides each event's step) is tested in `retry.rs`.
 //!
+//! An attempt that found the endpoint unreachable (an uplink outage) while its health is
+//! tracked is no attempt for its events: they go back due at once, their attempt count and
+//! stored state unchanged ([`held`]), and endpoint health gates when they are tried again.
+//!
 //! Order, and why: a persisted event's retry state is written before it is requeued (a spilled
 //! retry is read back with its state, after the writer has run it), and its letter is kept
 //! before it is removed from the store (after a crash each event is pending, a dead letter, or
@@ -17,6 +21,7 @@
 
 use super::classify;
 use super::deadletter::{letters, DeadLetter};
+use super::health;
 use super::payload::Pending;
 use super::queue::Batch;
 use super::retry::{self, DropReason, Step};
@@ -36,6 +41,10 @@ pub(super) struct Rules<'a> {
     pub persisted: bool,
     /// It has a dead-letter destination (letters are also forwarded).
     pub forwards: bool,
+    /// Its endpoint's health is tracked: an attempt that found the endpoint unreachable (an
+    /// outage, [`health::Verdict::Unreachable`]) is not charged to its events, which wait
+    /// (due at once; endpoint health holds them until a probe gets through).
+    pub hold_outages: bool,
 }
 
 /// Events that leave undelivered, and why.
@@ -114,12 +123,32 @@ pub(super) fn settle(rules: Rules<'_>, batch: Batch, outcome: Outcome, now_ms: W
             } else {
                 fx.delivered.extend(items);
             }
+        } else if rules.hold_outages && health::verdict(&o) == health::Verdict::Unreachable {
+            fx.failed.push((o.clone(), items.len()));
+            held(&mut fx, items);
         } else {
             fx.failed.push((o.clone(), items.len()));
             failed(rules, &mut fx, items, &o, now_ms);
         }
     }
     fx
+}
+
+/// Events an outage failed: back into the retry lane as they were before the attempt (not
+/// charged an attempt, nothing written), due at once: endpoint health decides when they go.
+fn held(fx: &mut Effects, mut items: Vec<Pending>) {
+    for p in &mut items {
+        p.attempts = p.attempts.saturating_sub(1);
+    }
+    match &mut fx.requeue {
+        Some(r) => r.items.extend(items),
+        None => {
+            fx.requeue = Some(Requeue {
+                delay: Duration::ZERO,
+                items,
+            })
+        }
+    }
 }
 
 /// Failed events: retried (state stored first, persisted only), or dead-lettered by reason.

@@ -83,6 +83,23 @@ pub enum FailureKind {
     /// it), reported apart in the log, `gridlet_destination_faults_total{fault="sasExpired"}`
     /// and the dead letter's `lastError`.
     CredentialExpired(String),
+    /// The destination refused the event for good (a namespace topic that no longer exists:
+    /// 410; an event that has no form the destination takes): dead-lettered at once under
+    /// every status-code policy.
+    Refused {
+        /// HTTP status, when a response said so.
+        status: Option<u16>,
+        /// Why (the service's text, or gridlet's).
+        message: String,
+    },
+    /// The service asked to back off (an Event Grid namespace's 403 for an exceeded quota):
+    /// retried under every policy, `Retry-After` honoured.
+    Throttled {
+        /// HTTP status.
+        status: u16,
+        /// The service's text.
+        message: String,
+    },
     /// No response within the delivery timeout.
     Timeout,
     /// The connection could not be made or broke.
@@ -101,6 +118,17 @@ impl std::fmt::Display for FailureKind {
             Self::Service { status, message } => write!(f, "HTTP {status}: {message}"),
             Self::TooLarge(m) => write!(f, "too large: {m}"),
             Self::CredentialExpired(m) => write!(f, "credential expired: {m}"),
+            Self::Refused {
+                status: Some(s),
+                message,
+            } => write!(f, "HTTP {s}: refused for good: {message}"),
+            Self::Refused {
+                status: None,
+                message,
+            } => write!(f, "refused: {message}"),
+            Self::Throttled { status, message } => {
+                write!(f, "HTTP {status}: throttled: {message}")
+            }
             Self::Timeout => write!(f, "timeout"),
             Self::Connect => write!(f, "connection failed"),
             Self::Unsupported(m) => write!(f, "unsupported: {m}"),

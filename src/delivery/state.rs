@@ -37,6 +37,7 @@ impl SubConfig {
             policy: &self.policy,
             persisted: self.sub.persisted,
             forwards: self.dead_letter_sink.is_some(),
+            hold_outages: self.health.is_some(),
         }
     }
 

@@ -198,6 +198,8 @@ pub(super) fn finish_deliver(
                     (s.to_string(), Some(*s))
                 }
                 FailureKind::TooLarge(_) => ("too_large".to_string(), None),
+                FailureKind::Refused { status, .. } => ("refused".to_string(), *status),
+                FailureKind::Throttled { status, .. } => ("throttled".to_string(), Some(*status)),
                 FailureKind::Timeout => ("timeout".to_string(), None),
                 FailureKind::Connect => ("connect".to_string(), None),
                 FailureKind::Unsupported(_) => ("unsupported".to_string(), None),

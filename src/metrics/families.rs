@@ -74,9 +74,21 @@ pub struct SubscriptionView<'a> {
     pub locked: Option<u64>,
     /// Dead letters kept.
     pub dead_letters: u64,
-    /// `(state, consecutive failures)` of its destination, when health is tracked (state: 0
-    /// enabled, 1 disabled, 2 frozen).
-    pub health: Option<(u64, u64)>,
+    /// Its destination's health, when tracked.
+    pub health: Option<EndpointView>,
+}
+
+/// A destination's health, as the metrics see it.
+#[derive(Debug, Clone, Copy)]
+pub struct EndpointView {
+    /// 0 enabled, 1 disabled, 2 frozen.
+    pub state: u64,
+    /// Consecutive failed attempts.
+    pub consecutive_failures: u64,
+    /// Unreachable (an uplink outage) now.
+    pub outage: bool,
+    /// Seconds since its last success (or since tracking began).
+    pub seconds_since_success: u64,
 }
 
 /// A journaling store's group-commit counters.
@@ -129,7 +141,7 @@ fn n<'a>(v: u64) -> Option<SeriesValue<'a>> {
 }
 
 /// Topic families: one series per topic.
-pub fn topic_families<'a>() -> [Family<TopicView<'a>>; 6] {
+pub fn topic_families<'a>() -> [Family<TopicView<'a>>; 7] {
     use Kind::*;
     [
         family(
@@ -157,6 +169,12 @@ pub fn topic_families<'a>() -> [Family<TopicView<'a>>; 6] {
             |t| n(t.metrics.system_error_requests.get()),
         ),
         family(
+            "gridlet_deduplicated_events_total",
+            Counter,
+            "Events answered 200 but not routed: their identity was accepted within the topic's deduplication window",
+            |t| n(t.metrics.deduplicated.get()),
+        ),
+        family(
             "UserErrorRequests",
             Counter,
             "Publish requests rejected as invalid",
@@ -176,7 +194,7 @@ pub fn topic_families<'a>() -> [Family<TopicView<'a>>; 6] {
 }
 
 /// Subscription families: one series per subscription (per reason for drops).
-pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 20] {
+pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 22] {
     use Kind::*;
     [
         family("DeliverySuccessCounts", Counter, "Events delivered", |s| n(s.metrics.delivery_success_counts.get())),
@@ -231,8 +249,10 @@ pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 20] {
                 ],
             }),
         },
-        family("gridlet_endpoint_health_state", Gauge, "Destination health: 0 enabled, 1 disabled (probed), 2 frozen", |s| s.health.map(|h| SeriesValue::Number(h.0))),
-        family("gridlet_endpoint_consecutive_failures", Gauge, "Consecutive failed attempts to the destination URL", |s| s.health.map(|h| SeriesValue::Number(h.1))),
+        family("gridlet_endpoint_health_state", Gauge, "Destination health: 0 enabled, 1 disabled (probed), 2 frozen", |s| s.health.map(|h| SeriesValue::Number(h.state))),
+        family("gridlet_endpoint_consecutive_failures", Gauge, "Consecutive failed attempts to the destination URL", |s| s.health.map(|h| SeriesValue::Number(h.consecutive_failures))),
+        family("gridlet_endpoint_outage", Gauge, "1 while the destination URL cannot be reached (connection refused, DNS failure, connect timeout, 503): an uplink outage, probed every outbound__outageProbeSeconds; its events wait (gridlet_pending_events)", |s| s.health.map(|h| SeriesValue::Number(u64::from(h.outage)))),
+        family("gridlet_endpoint_seconds_since_success", Gauge, "Seconds since the destination URL last accepted a delivery (or since gridlet began tracking it)", |s| s.health.map(|h| SeriesValue::Number(h.seconds_since_success))),
     ]
 }
 

@@ -12,7 +12,8 @@ pub mod families;
 pub mod text;
 
 pub use families::{
-    render, visit, BrokerView, CommitView, Kind, Snapshot, SubscriptionView, TopicView,
+    render, visit, BrokerView, CommitView, EndpointView, Kind, Snapshot, SubscriptionView,
+    TopicView,
 };
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -84,6 +85,9 @@ pub struct TopicMetrics {
     pub user_error_requests: Counter,
     /// Latency of successful publish requests.
     pub success_request_latency_ms: Histogram,
+    /// Events answered 200 but not routed: their identity was accepted within the
+    /// deduplication window.
+    pub deduplicated: Counter,
 }
 
 /// Per-subscription metrics (docs/COMPATIBILITY.md §8, plus gridlet's drop accounting).

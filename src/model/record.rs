@@ -73,6 +73,9 @@ pub struct TopicRecord {
     pub name: String,
     /// Input schema.
     pub input_schema: EventSchema,
+    /// `deduplicationWindowInSeconds`, when the topic sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup_window_secs: Option<u64>,
 }
 
 /// `retryPolicy` as stored (names, as echoed).
@@ -179,6 +182,7 @@ impl Topic {
             v: RECORD_VERSION,
             name: self.name.clone(),
             input_schema: self.input_schema,
+            dedup_window_secs: self.dedup_window_secs,
         }
     }
 
@@ -187,6 +191,7 @@ impl Topic {
         Self {
             name: r.name,
             input_schema: r.input_schema,
+            dedup_window_secs: r.dedup_window_secs,
         }
     }
 }

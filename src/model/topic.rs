@@ -64,7 +64,12 @@ pub struct Topic {
     pub name: String,
     /// Input schema.
     pub input_schema: EventSchema,
+    /// `deduplicationWindowInSeconds`: overrides `broker__deduplicationWindowSeconds` (0 = off).
+    pub dedup_window_secs: Option<u64>,
 }
+
+/// The longest deduplication window (seven days).
+pub const MAX_DEDUP_WINDOW_SECS: u64 = 604_800;
 
 impl Topic {
     /// Parse a topic PUT body for the topic named in the URL.
@@ -83,16 +88,24 @@ impl Topic {
                 ));
             }
         }
-        let input_schema = match root.obj("properties", "properties")? {
-            Some(props) => match props.str("inputschema")? {
-                Some(s) => EventSchema::parse("properties.inputSchema", s)?,
-                None => EventSchema::EventGrid,
-            },
-            None => EventSchema::EventGrid,
+        let props = root.obj("properties", "properties")?;
+        let input_schema = match props.as_ref().map(|p| p.str("inputschema")).transpose()? {
+            Some(Some(s)) => EventSchema::parse("properties.inputSchema", s)?,
+            _ => EventSchema::EventGrid,
+        };
+        let dedup_window_secs = match &props {
+            Some(p) => p.int(
+                "deduplicationwindowinseconds",
+                "deduplicationWindowInSeconds",
+                0,
+                MAX_DEDUP_WINDOW_SECS,
+            )?,
+            None => None,
         };
         Ok(Self {
             name: url_name.to_string(),
             input_schema,
+            dedup_window_secs,
         })
     }
 }

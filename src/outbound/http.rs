@@ -65,9 +65,10 @@ type Sender = http1::SendRequest<Full<Bytes>>;
 /// Why a request got no response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HttpError {
-    /// The deadline passed (including the connect timeout).
+    /// The deadline passed after a connection was made.
     Timeout,
-    /// No connection could be made (resolution, TCP, TLS, HTTP handshake).
+    /// No connection could be made (resolution, TCP refused or unreachable, no connection
+    /// within the connect timeout, a TLS or HTTP handshake that broke).
     Connect(String),
     /// Anything else: an unusable URL, the connection broke during the exchange, a protocol
     /// error. The message is the error chain (never the URL, which may carry keys).
@@ -484,10 +485,18 @@ impl Endpoint {
         }
     }
 
+    /// A connection within the connect timeout. No connection (refused, unresolvable, no
+    /// answer within the connect timeout, including a TLS handshake that never completes) is
+    /// [`HttpError::Connect`]: the uplink is down, not the endpoint failing. A TLS handshake
+    /// that the server completes with an error (an untrusted certificate, a wrong name) is
+    /// [`HttpError::Other`]: a configuration fault.
     async fn connect(&self) -> Result<Sender, HttpError> {
         match tokio::time::timeout(self.inner.connect_timeout, self.connect_now()).await {
             Ok(r) => r,
-            Err(_) => Err(HttpError::Timeout),
+            Err(_) => Err(HttpError::Connect(format!(
+                "no connection within {} ms",
+                self.inner.connect_timeout.as_millis()
+            ))),
         }
     }
 
@@ -510,7 +519,7 @@ impl Endpoint {
                     .tls
                     .connect(name.clone(), tcp)
                     .await
-                    .map_err(|e| conn_err(&e))?;
+                    .map_err(|e| tls_err(&e))?;
                 handshake(tls).await
             }
         }
@@ -548,6 +557,18 @@ impl Endpoint {
         }
         Err(last
             .unwrap_or_else(|| HttpError::Connect("the host name resolved to no address".into())))
+    }
+}
+
+/// A failed TLS handshake: a connection that broke is [`HttpError::Connect`], a handshake the
+/// peer answered with an error (certificate, name, protocol) [`HttpError::Other`].
+fn tls_err(e: &std::io::Error) -> HttpError {
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof | TimedOut => {
+            HttpError::Connect(error_chain(e))
+        }
+        _ => HttpError::Other(format!("TLS handshake: {}", error_chain(e))),
     }
 }
 

@@ -480,6 +480,7 @@ pub mod contract {
             v: RECORD_VERSION,
             name: name.into(),
             input_schema: EventSchema::EventGrid,
+            dedup_window_secs: None,
         }
     }
 

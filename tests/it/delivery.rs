@@ -271,7 +271,7 @@ async fn failed_batches_are_retried_whole_compat_49() {
     // a failing receiver sees a batch, and the batch is counted as failed as a unit.
     let t = start(&[]).await;
     let mut rx = Receiver::start().await;
-    rx.respond_with(503);
+    rx.respond_with(500);
     t.topic("t1").await;
     t.put(
         "/topics/t1/eventSubscriptions/s",

@@ -187,7 +187,7 @@ async fn events_that_expire_while_stopped_become_dead_letters() {
 async fn a_frozen_endpoint_stays_frozen_across_restarts_until_enabled() {
     let dir = tempfile::tempdir().unwrap();
     let mut rx = Receiver::start().await;
-    rx.respond_with(503);
+    rx.respond_with(500);
     // Frozen straight from closed after more than 2 consecutive failures.
     let health = [
         ("broker__endpointHealth__disableConsecutiveFailures", "100"),
@@ -447,4 +447,88 @@ async fn a_replay_whose_client_gives_up_during_the_commit_is_still_delivered() {
 
     let got = rx.next().await;
     assert_eq!(got.json()[0]["id"], "replayed");
+}
+
+/// Issue 34: a restart during an uplink outage changes nothing. The outage is stored with the
+/// endpoint's record: restarted before the next probe is due, nothing goes (though the endpoint
+/// is back); restarted after it, the probe goes at once and every waiting event follows, each
+/// once and uncharged (`aeg-delivery-count: 0`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_during_an_outage_keeps_it_and_the_events_drain_on_return() {
+    use axum::http::HeaderMap;
+    let dir = tempfile::tempdir().unwrap();
+    // A port nothing listens on, yet.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let n = node(dir.path(), &[], Some(T0)).await;
+    n.setup(&url, json!({"persistencePolicy": {"isPersisted": true}}))
+        .await;
+    for i in 0..3 {
+        n.publish_one(&format!("o{i}")).await;
+    }
+    n.wait_metric("gridlet_endpoint_outage", SUB, 1).await;
+    n.stop().await;
+
+    // The endpoint comes back; gridlet restarts 10 s into the outage: the next probe is 20 s
+    // away, and nothing goes before it.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Value, String)>();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |h: HeaderMap, body: String| {
+            let tx = tx.clone();
+            async move {
+                let count = h
+                    .get("aeg-delivery-count")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string();
+                let _ = tx.send((serde_json::from_str(&body).unwrap(), count));
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let n = node(dir.path(), &[], Some(T0 + 10_000)).await;
+    assert_eq!(n.metric("gridlet_endpoint_outage", SUB).await, 1);
+    assert_eq!(n.metric("gridlet_endpoint_health_state", SUB).await, 0);
+    assert_eq!(n.metric("gridlet_pending_events", SUB).await, 3);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), rx.recv())
+            .await
+            .is_err(),
+        "nothing before the probe is due"
+    );
+    n.stop().await;
+
+    // Restarted after it: the probe, then everything, each once.
+    let n = node(dir.path(), &[], Some(T0 + 5 * MIN)).await;
+    let mut ids = Vec::new();
+    while ids.len() < 3 {
+        let (batch, count) = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .expect("deliveries")
+            .unwrap();
+        assert_eq!(count, "0", "an outage charges no attempt");
+        for e in batch.as_array().unwrap() {
+            ids.push(e["id"].as_str().unwrap().to_string());
+        }
+    }
+    ids.sort();
+    assert_eq!(ids, ["o0", "o1", "o2"]);
+    n.wait_metric("DeliverySuccessCounts", SUB, 3).await;
+    assert_eq!(n.metric("gridlet_endpoint_outage", SUB).await, 0);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), rx.recv())
+            .await
+            .is_err(),
+        "no duplicates"
+    );
+    n.stop().await;
 }

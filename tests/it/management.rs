@@ -240,7 +240,7 @@ async fn a_slow_endpoint_health_write_does_not_stall_other_deliveries() {
         .serve(&[("broker__endpointHealth__disableConsecutiveFailures", "1")])
         .await;
     let mut failing = Receiver::start().await;
-    failing.respond_with(503);
+    failing.respond_with(500);
     let mut healthy = Receiver::start().await;
     t.topic("bad").await;
     t.topic("good").await;
@@ -279,7 +279,7 @@ async fn a_held_write_does_not_stall_others(kind: Write) {
     let (store, entered, release) = SlowStore::new(kind, "");
     let t = store.serve(&[]).await;
     let mut slow_rx = Receiver::start().await;
-    slow_rx.respond_with(if kind == Write::Remove { 200 } else { 503 });
+    slow_rx.respond_with(if kind == Write::Remove { 200 } else { 500 });
     let mut live_rx = Receiver::start().await;
     t.topic("slow").await;
     t.topic("live").await;

@@ -538,3 +538,126 @@ async fn retry_schedules_keep_their_old_names_as_aliases() {
         "{err}"
     );
 }
+
+/// Issue 34: the real binary SIGKILLed during an uplink outage. Restarted, the endpoint's
+/// outage is still known (stored on the transition), nothing was charged, and when the
+/// endpoint is back every waiting event arrives once with `aeg-delivery-count: 0`, the health
+/// state `Enabled` throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_an_outage_keeps_the_events_and_the_outage() {
+    use serde_json::{json, Value};
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port(); // nothing listens here yet
+    let env = [
+        ("outbound__webhook__httpsOnly", "false"),
+        ("metrics__reporterType", "prometheus"),
+    ];
+    let (mut child, base) = start_serving(dir.path(), &env).await;
+    let c = reqwest::Client::new();
+    let v = V;
+    let put = |path: &str, body: Value| c.put(format!("{base}{path}?{v}")).json(&body).send();
+    assert_eq!(put("/topics/t1", json!({})).await.unwrap().status(), 200);
+    let sub = json!({"properties": {"destination": {"endpointType": "WebHook",
+        "properties": {"endpointUrl": format!("http://127.0.0.1:{port}/hook")}},
+        "persistencePolicy": {"isPersisted": true}}});
+    assert_eq!(
+        put("/topics/t1/eventSubscriptions/s1", sub)
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let events: Vec<Value> = (0..3)
+        .map(|i| eg_event(&format!("k{i}"), "s", "t", json!({})))
+        .collect();
+    let r = c
+        .post(format!("{base}/topics/t1/events?{v}"))
+        .json(&events)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let labels = r#"topic="t1",subscription="s1""#;
+    let m = |base: String| {
+        let c = c.clone();
+        async move {
+            let text = c
+                .get(format!("{base}/metrics?{v}"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            (
+                metric(&text, "gridlet_endpoint_outage", labels),
+                metric(&text, "gridlet_endpoint_health_state", labels),
+                metric(&text, "gridlet_pending_events", labels),
+            )
+        }
+    };
+    eventually("the outage is noted", || async {
+        match m(base.clone()).await {
+            (Some(1), ..) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Value, String)>();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |h: axum::http::HeaderMap, body: String| {
+            let tx = tx.clone();
+            async move {
+                let count = h
+                    .get("aeg-delivery-count")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string();
+                let _ = tx.send((serde_json::from_str(&body).unwrap(), count));
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    // A one-second probe interval, so the stored probe time is the only wait.
+    let env = [
+        ("outbound__webhook__httpsOnly", "false"),
+        ("metrics__reporterType", "prometheus"),
+        ("outbound__outageProbeSeconds", "1"),
+    ];
+    let (child, base) = start_serving(dir.path(), &env).await;
+    let (outage, state, pending) = m(base.clone()).await;
+    assert_eq!(state, Some(0), "never disabled");
+    assert!(outage.is_some() && pending.is_some());
+    let mut ids = Vec::new();
+    while ids.len() < 3 {
+        let (batch, count) = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .expect("the waiting events")
+            .unwrap();
+        assert_eq!(count, "0", "an outage charges no attempt");
+        ids.extend(
+            batch
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["id"].as_str().unwrap().to_string()),
+        );
+    }
+    ids.sort();
+    assert_eq!(ids, ["k0", "k1", "k2"]);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), rx.recv())
+            .await
+            .is_err(),
+        "each once"
+    );
+    assert!(terminate(child).await.success());
+}

@@ -232,7 +232,7 @@ async fn disabled_endpoint_reenabled_by_a_successful_probe() {
         if n2.fetch_add(1, Ordering::Relaxed).is_multiple_of(5) {
             Outcome::Delivered
         } else {
-            fail(503)
+            fail(500)
         }
     });
     // 12 attempts, 9 failed (75 %): more than 10 attempts above 70 %.
@@ -670,7 +670,7 @@ async fn endpoint_health_over_http_disabled_frozen_and_reenabled_through_the_api
     ])
     .await;
     let mut rx = Receiver::start().await;
-    rx.respond_with(503);
+    rx.respond_with(500);
     t.topic("t1").await;
     t.webhook_sub(
         "t1",

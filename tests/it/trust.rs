@@ -53,12 +53,13 @@ async fn azure_subscriptions(t: &TestGridlet, host: &str, rx: &Receiver) -> Vec<
         names.push(name);
     }
     // Blob dead letters: a destination that refuses, one attempt, letters to the peer.
+    let failing = crate::util::failing_endpoint("/none").await;
     sub(
         t,
         "t",
         "dl",
         json!({
-            "destination": {"endpointType": "WebHook", "properties": {"endpointUrl": "http://127.0.0.1:9/none"}},
+            "destination": {"endpointType": "WebHook", "properties": {"endpointUrl": failing}},
             "retryPolicy": {"maxDeliveryAttempts": 1},
             "deadLetterDestination": {"endpointType": "StorageBlob", "properties": {
                 "connectionString": account, "blobContainerName": "letters"}}

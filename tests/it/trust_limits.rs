@@ -101,10 +101,11 @@ async fn request_bodies_in_flight_share_one_budget() {
 async fn a_dead_letter_page_over_the_limit_still_points_to_the_next() {
     let t = start(&[]).await;
     t.topic("t").await;
+    let failing = crate::util::failing_endpoint("/refused").await;
     t.webhook_sub(
         "t",
         "s",
-        "http://127.0.0.1:9/refused",
+        &failing,
         json!({"retryPolicy": {"maxDeliveryAttempts": 1}, "deliveryPolicy": {"maxEventsPerBatch": 50}}),
     )
     .await;
@@ -174,9 +175,10 @@ async fn a_hanging_dead_letter_destination_does_not_stall_the_others() {
     let t = start(&[]).await;
     t.topic("a").await;
     t.topic("b").await;
+    let failing = crate::util::failing_endpoint("/refused").await;
     let sub = |dl: String| {
         json!({"properties": {
-            "destination": {"endpointType": "WebHook", "properties": {"endpointUrl": "http://127.0.0.1:9/refused"}},
+            "destination": {"endpointType": "WebHook", "properties": {"endpointUrl": failing}},
             "retryPolicy": {"maxDeliveryAttempts": 1},
             "deadLetterDestination": {"endpointType": "WebHook", "properties": {"endpointUrl": dl}}}})
     };

@@ -338,6 +338,15 @@ pub async fn https_receiver() -> Receiver {
     }
 }
 
+/// The URL (`path` on a plain HTTP server that lives as long as the test's runtime) of an
+/// endpoint that answers every request with 500: a failing endpoint. (A closed port is an
+/// outage, whose events wait instead of failing: issue 34.)
+pub async fn failing_endpoint(path: &str) -> String {
+    let app = Router::new().fallback(|| async { axum::http::StatusCode::INTERNAL_SERVER_ERROR });
+    let (addr, _task) = serve_http(app).await;
+    format!("http://{addr}{path}")
+}
+
 /// Serve `app` over plain HTTP on a free 127.0.0.1 port: its address and the serving task.
 pub async fn serve_http(app: Router) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

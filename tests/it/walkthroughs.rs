@@ -165,13 +165,15 @@ fn pull_md_walk_through_with_the_python_sdk() {
 /// `/metrics?api-version`, the dead letter listed and replayed.
 #[test]
 fn observability_md_walk_through_with_the_trace_receiver() {
-    let (api, tls, otlp) = (free_port(), free_port(), free_port());
+    let (api, tls, otlp, failing) = (free_port(), free_port(), free_port(), free_port());
     Walk::new("docs/OBSERVABILITY.md", "observability")
         .env("inbound__httpPort", api)
         .env("inbound__httpsPort", tls)
         .env("B", format!("http://localhost:{api}"))
         .env("OTLP_PORT", otlp)
+        .env("FAILING_PORT", failing)
         .ready("collector", otlp)
+        .ready("failing", failing)
         .ready("broker", api)
         .run();
 }

@@ -137,7 +137,51 @@ fn rules(s: &Sub) -> Rules<'_> {
         policy: &s.0,
         persisted: s.1,
         forwards: s.2,
+        hold_outages: false,
     }
+}
+
+/// Issue 34: with the endpoint's health tracked, an attempt that found it unreachable (no
+/// connection, 503) is not charged: the events go back as they were, due at once, nothing
+/// written, even past `maxDeliveryAttempts`' edge; any answer from the endpoint is settled as
+/// before. Without health tracking the same outcomes take the schedule.
+#[test]
+fn outages_are_not_charged_while_health_is_tracked() {
+    let p = original(3, 120);
+    let held = Rules {
+        policy: &p,
+        persisted: true,
+        forwards: false,
+        hold_outages: true,
+    };
+    let connect = Outcome::failed(FailureKind::Connect);
+    #[rustfmt::skip]
+    let cases: Vec<(Vec<Pending>, Outcome, &str)> = vec![
+        (vec![ev(1, 1, 0), ev(2, 3, 0)], connect.clone(), "failed connection failed x2; requeue 1,2 in 0s; leave 0"),
+        (vec![ev(1, 3, 0)], status(503), "failed HTTP 503 x1; requeue 1 in 0s; leave 0"),
+        (vec![ev(1, 3, 0)], status(500), "failed HTTP 500 x1; keep 1 MaxDeliveryAttemptsExceeded (HTTP 500) then remove 1; leave 1"),
+        (vec![ev(1, 1, 0), ev(2, 1, 0)], Outcome::per_event(vec![ok(), connect.clone()]), "delivered 1; failed connection failed x1; remove 1; requeue 2 in 0s; leave 1"),
+    ];
+    for (i, (items, outcome, want)) in cases.into_iter().enumerate() {
+        let fx = settle(held, batch(items), outcome, 11 * MIN);
+        assert_eq!(show(&fx), want, "case {i}");
+        if let Some(r) = &fx.requeue {
+            let attempts: Vec<u32> = r.items.iter().map(|p| p.attempts).collect();
+            assert!(
+                attempts == [0, 2] || attempts == [2] || attempts == [0],
+                "case {i}: {attempts:?}"
+            );
+        }
+    }
+    let untracked = Rules {
+        hold_outages: false,
+        ..held
+    };
+    let fx = settle(untracked, batch(vec![ev(1, 1, 0)]), connect, 0);
+    assert_eq!(
+        show(&fx),
+        "failed connection failed x1; store 1 attempts 1 first 0m due 1m; requeue 1 in 60s; leave 0"
+    );
 }
 
 #[test]

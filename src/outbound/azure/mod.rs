@@ -21,6 +21,7 @@
 
 pub mod blobletters;
 pub(crate) mod bus;
+pub mod namespace;
 pub(crate) mod sas;
 pub mod sharedkey;
 pub mod storage;

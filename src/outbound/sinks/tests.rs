@@ -56,6 +56,50 @@ fn eventgrid_destination_rules() {
 }
 
 #[test]
+fn eventgrid_namespace_topics_and_their_credentials() {
+    use super::eventgrid::EventGridDestination;
+    use super::DestinationKind;
+    use crate::model::destination::DestinationSpec;
+    let c = cfg(&[]);
+    let eg = |props: Value| json!({"properties":{"destination":{"endpointType":"EventGrid","properties":props}}});
+    let ns = "https://ns1.westus2-1.eventgrid.azure.net/topics/t1:publish?api-version=2024-06-01";
+    let s = put(eg(json!({"endpointUrl": ns, "sasKey": "k"})), &c).unwrap();
+    let d = s.destination.spec::<EventGridDestination>().unwrap();
+    assert!(d.is_namespace());
+    assert!(
+        !s.destination.webhook_options(),
+        "no webhook options: CloudEvents batches"
+    );
+    for bad in [
+        "https://ns1.westus2-1.eventgrid.azure.net/topics/t1:publish?api-version=2018-01-01",
+        "https://ns1.westus2-1.eventgrid.azure.net/topics/a/b:publish?api-version=2024-06-01",
+        "https://ns1.westus2-1.eventgrid.azure.net/topics/:publish?api-version=2024-06-01",
+        "http://ns1.westus2-1.eventgrid.azure.net/topics/t1:publish?api-version=2024-06-01",
+        "https://ns1.example.com/topics/t1:publish?api-version=2024-06-01",
+    ] {
+        let e = put(eg(json!({"endpointUrl": bad, "sasKey": "k"})), &c).unwrap_err();
+        assert_eq!(e.code, "InvalidDestination", "{bad}");
+    }
+    let older = ns.replace("2024-06-01", "2023-11-01");
+    assert!(put(eg(json!({"endpointUrl": older, "sasKey": "k"})), &c).is_ok());
+    // A SAS token instead of the key, kept through the metadata record.
+    let s = put(
+        eg(json!({"endpointUrl": ns, "sasToken": "r=x&e=1&s=sig"})),
+        &c,
+    )
+    .unwrap();
+    let props = s.properties()["destination"]["properties"].clone();
+    assert_eq!(props["sasToken"], "r=x&e=1&s=sig");
+    assert!(props.get("sasKey").is_none());
+    let back = super::eventgrid::EventGrid
+        .restore(props.as_object().unwrap())
+        .unwrap();
+    let d = back.spec::<EventGridDestination>().unwrap();
+    assert_eq!(d.sas_token.as_deref(), Some("r=x&e=1&s=sig"));
+    assert_eq!(d.secrets().len(), 2);
+}
+
+#[test]
 fn unknown_types_are_refused_with_the_registry_list() {
     let c = cfg(&[]);
     let b = json!({"properties":{"destination":{"endpointType":"Kafka","properties":{}}}});
