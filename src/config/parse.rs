@@ -312,6 +312,11 @@ pub(super) fn broker(raw: &Raw) -> Result<Broker, ConfigError> {
         )? as usize,
         max_locks_per_subscription: raw.int(K::broker__maxLocksPerSubscription, 1, 10_000_000)?
             as usize,
+        max_locked_bytes_per_subscription: raw.int(
+            K::broker__maxLockedBytesPerSubscription,
+            1024,
+            1 << 40,
+        )?,
         max_pending_bytes: raw.int(K::broker__maxPendingBytes, 0, u64::MAX)?,
         max_topics: raw.int(K::broker__maxTopics, 1, 1_000_000)? as usize,
         max_subscriptions_per_topic: raw.int(K::broker__maxSubscriptionsPerTopic, 1, 100_000)?

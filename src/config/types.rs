@@ -205,6 +205,8 @@ pub struct Broker {
     pub max_pending_events_per_subscription: usize,
     /// Received, unsettled events per queue subscription.
     pub max_locks_per_subscription: usize,
+    /// Body bytes of received, unsettled events per queue subscription.
+    pub max_locked_bytes_per_subscription: u64,
     /// Event payload bytes held in memory, all subscriptions (0 = no limit).
     pub max_pending_bytes: u64,
     /// Topic count limit.
