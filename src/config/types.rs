@@ -213,6 +213,8 @@ pub struct Broker {
     pub max_topics: usize,
     /// Subscriptions per topic.
     pub max_subscriptions_per_topic: usize,
+    /// Subscriptions, all topics together.
+    pub max_subscriptions: usize,
     /// Concurrent deliveries per subscription.
     pub max_in_flight_per_subscription: usize,
     /// Concurrent deliveries in total.

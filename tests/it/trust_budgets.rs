@@ -308,3 +308,33 @@ async fn locked_events_stay_within_the_memory_bound_and_a_per_subscription_bound
     .await;
     assert_eq!(again.1, 2, "deliveryCount kept and counted");
 }
+
+/// Finding 9: the original's caps (1,000 topics × 100 subscriptions) allowed 100,000
+/// subscriptions, about 450 MB at the 4–5 KiB each measured. `broker__maxSubscriptions`
+/// (default 10,000, about 50 MB) caps them across topics: past it a PUT is refused naming the
+/// setting; deleting one makes room.
+#[tokio::test]
+async fn subscriptions_are_capped_across_topics() {
+    let cfg = gridlet::config::Config::from_vars(Vec::<(String, String)>::new()).unwrap();
+    assert_eq!(cfg.broker.max_subscriptions, 10_000, "the default");
+    let g = start(&[("broker__maxSubscriptions", "3")]).await;
+    for t in ["a", "b"] {
+        g.topic(t).await;
+    }
+    let sub = json!({"properties":{"destination":{"endpointType":"WebHook",
+        "properties":{"endpointUrl":"http://127.0.0.1:9/x"}}}});
+    for (t, s) in [("a", "1"), ("a", "2"), ("b", "1")] {
+        let (status, b) = g
+            .put(&format!("/topics/{t}/eventSubscriptions/{s}"), sub.clone())
+            .await;
+        assert_eq!(status, 200, "{b}");
+    }
+    let (status, b) = g.put("/topics/b/eventSubscriptions/2", sub.clone()).await;
+    assert!(status >= 400, "{status} {b}");
+    assert!(b.to_string().contains("broker__maxSubscriptions"), "{b}");
+    let (status, b) = g.put("/topics/a/eventSubscriptions/1", sub.clone()).await;
+    assert_eq!(status, 200, "an update is not a new subscription: {b}");
+    assert_eq!(g.delete("/topics/a/eventSubscriptions/2").await.0, 200);
+    let (status, b) = g.put("/topics/b/eventSubscriptions/2", sub).await;
+    assert_eq!(status, 200, "{b}");
+}
