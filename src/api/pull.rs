@@ -191,8 +191,8 @@ async fn subscription_op(
     let tokens = lock_tokens(&s, &parts.headers, body).await?;
     let settled = match op {
         Op::Acknowledge => puller.acknowledge(&tokens).await?,
-        Op::Release => puller.release(&tokens, delay)?,
-        Op::Reject => puller.reject(&tokens)?,
+        Op::Release => puller.release(&tokens, delay).await?,
+        Op::Reject => puller.reject(&tokens).await?,
         Op::RenewLock | Op::Receive => puller.renew(&tokens)?,
     };
     Ok(json_response(StatusCode::OK, results_body(&settled)))

@@ -40,6 +40,7 @@ impl Broker {
             global: Arc::new(Semaphore::new(cfg.broker.max_in_flight_total)),
             max_in_flight: cfg.broker.max_in_flight_per_subscription,
             max_locks: cfg.broker.max_locks_per_subscription,
+            max_locked_bytes: cfg.broker.max_locked_bytes_per_subscription,
             lock_tokens: Arc::new(crate::delivery::lock_token::TokenKey::random()),
             log_success: cfg.broker.log_delivery_success,
             health_cfg: cfg.resilience.health.clone(),

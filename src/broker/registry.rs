@@ -187,6 +187,17 @@ impl Broker {
                 setting: Key::broker__maxSubscriptionsPerTopic.name(),
             });
         }
+        let total: usize = read(&self.inner.topics)
+            .values()
+            .map(|t| t.subscriptions().len())
+            .sum();
+        if total >= self.inner.cfg.broker.max_subscriptions {
+            return Err(BrokerError::LimitExceeded {
+                what: "event subscriptions in all",
+                max: self.inner.cfg.broker.max_subscriptions,
+                setting: Key::broker__maxSubscriptions.name(),
+            });
+        }
         let queue_id = self
             .inner
             .ctx

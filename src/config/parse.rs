@@ -325,10 +325,16 @@ pub(super) fn broker(raw: &Raw) -> Result<Broker, ConfigError> {
             1,
             100_000_000,
         )? as usize,
+        max_locked_bytes_per_subscription: raw.int(
+            K::broker__maxLockedBytesPerSubscription,
+            1024,
+            1 << 40,
+        )?,
         max_pending_bytes: raw.int(K::broker__maxPendingBytes, 0, u64::MAX)?,
         max_topics: raw.int(K::broker__maxTopics, 1, 1_000_000)? as usize,
         max_subscriptions_per_topic: raw.int(K::broker__maxSubscriptionsPerTopic, 1, 100_000)?
             as usize,
+        max_subscriptions: raw.int(K::broker__maxSubscriptions, 1, 10_000_000)? as usize,
         max_in_flight_per_subscription: raw.int(K::broker__maxInFlightPerSubscription, 1, 10_000)?
             as usize,
         max_in_flight_total: raw.int(K::broker__maxInFlightTotal, 1, 1_000_000)? as usize,

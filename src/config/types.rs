@@ -212,12 +212,16 @@ pub struct Broker {
     pub deduplication_max_identities: usize,
     /// Received, unsettled events per queue subscription.
     pub max_locks_per_subscription: usize,
+    /// Body bytes of received, unsettled events per queue subscription.
+    pub max_locked_bytes_per_subscription: u64,
     /// Event payload bytes held in memory, all subscriptions (0 = no limit).
     pub max_pending_bytes: u64,
     /// Topic count limit.
     pub max_topics: usize,
     /// Subscriptions per topic.
     pub max_subscriptions_per_topic: usize,
+    /// Subscriptions, all topics together.
+    pub max_subscriptions: usize,
     /// Concurrent deliveries per subscription.
     pub max_in_flight_per_subscription: usize,
     /// Concurrent deliveries in total.

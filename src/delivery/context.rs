@@ -21,6 +21,8 @@ pub struct DeliveryContext {
     pub max_in_flight: usize,
     /// Per-queue-subscription bound of received, unsettled events.
     pub max_locks: usize,
+    /// Per-queue-subscription bound of received, unsettled events' body bytes.
+    pub max_locked_bytes: u64,
     /// The key every queue subscription's lock tokens are signed with (one per process, so a
     /// token of another subscription is known as such).
     pub lock_tokens: Arc<super::lock_token::TokenKey>,

@@ -294,6 +294,22 @@ impl SubQueue {
         }
     }
 
+    /// Whether the queue keeps a window over a backlog in the store (a persisted subscription).
+    pub fn is_windowed(&self) -> bool {
+        self.spill.is_some()
+    }
+
+    /// Give back events that are pending already (received under a lock that kept no body)
+    /// as spilled retries due at `due`: their bodies and retry states are read from the store
+    /// when due. Only for windowed queues (a no-op otherwise).
+    pub fn return_spilled(&mut self, due: Instant, seqs: impl IntoIterator<Item = u64>) {
+        if let Some(s) = &mut self.spill {
+            let at = s.ms_after_epoch(due, true);
+            s.retries
+                .extend(seqs.into_iter().map(|seq| Reverse((at, seq))));
+        }
+    }
+
     /// Put a failed batch back, due at `due`. Its events are still pending. A windowed queue
     /// whose retry lane already holds a window of bodies keeps only the batch's sequence
     /// numbers (the caller has stored its retry state).

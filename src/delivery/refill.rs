@@ -22,21 +22,28 @@ const REFILL_CHUNK: usize = 64;
 type WindowRead = (Vec<StoredEvent>, usize, Vec<u64>);
 
 /// Read spilled events' bodies from the store, stopping once `room` body bytes are read (at
-/// least one event is always read). Runs on a blocking thread.
+/// least one event is always read). Chunks are sized from the events read so far, so large
+/// events pass the room by one event at most, not by a chunk (issue 37: a 64-event chunk of
+/// 1 MB events put 64 MB in a 1 MiB window). Runs on a blocking thread.
 fn read_window(
     store: &dyn Store,
     queue: QueueId,
     seqs: &[u64],
     room: usize,
 ) -> Result<WindowRead, StoreError> {
-    let mut out = Vec::with_capacity(seqs.len());
+    let mut out = Vec::with_capacity(seqs.len().min(REFILL_CHUNK));
     let mut missing = 0usize;
     let mut bytes = 0usize;
     let mut done = 0usize;
-    for chunk in seqs.chunks(REFILL_CHUNK) {
+    while done < seqs.len() {
         if !out.is_empty() && bytes >= room {
             break;
         }
+        let n = match bytes.checked_div(out.len()) {
+            None => 1,
+            Some(avg) => ((room - bytes) / avg.max(1)).clamp(1, REFILL_CHUNK),
+        };
+        let chunk = &seqs[done..(done + n).min(seqs.len())];
         for e in store.get(queue, chunk)? {
             match e {
                 Some(e) => {

@@ -95,7 +95,11 @@ impl SubscriptionHandle {
         // A queue subscription is received from; its task only refills and expires locks.
         let (pull, task) = match shared.config().sub.queue {
             Some(_) => {
-                let pull = Arc::new(PullState::new(ctx.max_locks, ctx.lock_tokens.clone()));
+                let pull = Arc::new(PullState::new(
+                    ctx.max_locks,
+                    ctx.max_locked_bytes,
+                    ctx.lock_tokens.clone(),
+                ));
                 let task = super::pull::task::spawn(shared.clone(), ctx.clone(), pull.clone());
                 (Some(pull), task)
             }

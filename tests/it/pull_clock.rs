@@ -166,8 +166,11 @@ async fn a_release_with_a_delay_comes_back_after_it() {
     let h = b.find_subscription("q", "s").unwrap();
     let p = h.pull().unwrap();
     p.release(&[got[0].2.clone()], Duration::from_secs(600))
+        .await
         .unwrap();
-    p.release(&[got[1].2.clone()], Duration::ZERO).unwrap();
+    p.release(&[got[1].2.clone()], Duration::ZERO)
+        .await
+        .unwrap();
     let now = receive(&b, 10).await;
     assert_eq!(
         now.iter().map(|e| (e.0.as_str(), e.1)).collect::<Vec<_>>(),

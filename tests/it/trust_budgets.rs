@@ -189,3 +189,152 @@ async fn case_variant_keys_inside_data_are_refused_naming_the_path() {
         "the refused were not delivered"
     );
 }
+
+/// Finding 4, the probe scaled down: three persisted queue subscriptions each receive
+/// 40 events of 256 KiB and settle none, under `broker__maxPendingBytes` = 8 MiB. Before, each
+/// kept its own copy of every locked body outside that bound (the gauge passed 30 MB) and a
+/// publish to an unrelated in-memory subscription got 503. Now a persisted lock keeps no body:
+/// the gauge stays within the bound, the publish is accepted, and the locked bytes of each
+/// subscription stop at `broker__maxLockedBytesPerSubscription` (here 5 MiB: 19 events of a
+/// little over 256 KiB, and the one that passes it). Released, an event comes back read from the event log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locked_events_stay_within_the_memory_bound_and_a_per_subscription_bound() {
+    let bound: u64 = 8 << 20;
+    let g = start(&[
+        ("broker__maxPendingBytes", "8388608"),
+        ("broker__maxLockedBytesPerSubscription", "5242880"),
+    ])
+    .await;
+    let ns = Ns::from(&g);
+    queue_topic(&g, "q", "s0", json!({})).await;
+    for sub in ["s1", "s2"] {
+        let (s, b) = g
+            .put(
+                &format!("/topics/q/eventSubscriptions/{sub}"),
+                json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Queue"}}}),
+            )
+            .await;
+        assert_eq!(s, 200, "{b}");
+    }
+    let (s, b) = g
+        .put(
+            "/topics/mem",
+            json!({"properties":{"inputSchema":"CloudEventSchemaV1_0"}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let (s, b) = g
+        .put(
+            "/topics/mem/eventSubscriptions/m",
+            json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Queue"},
+                   "persistencePolicy":{"isPersisted":false}}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let big = "x".repeat(256 << 10);
+    for batch in 0..20 {
+        let events: Vec<Value> = (0..2)
+            .map(|i| {
+                let id = format!("e{}", batch * 2 + i);
+                json!({"specversion":"1.0","id":id,"source":"/t","type":"t","data":{"pad":big}})
+            })
+            .collect();
+        let (s, b) = ns_post(
+            &ns,
+            "/topics/q:publish",
+            "application/cloudevents-batch+json",
+            serde_json::to_vec(&events).unwrap(),
+        )
+        .await;
+        assert_eq!(s, 200, "{b}");
+    }
+    let gauge = |text: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix("gridlet_pending_event_bytes "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap()
+    };
+    let mut held = Vec::new();
+    for sub in ["s0", "s1", "s2"] {
+        // The window over the log holds about 1 MiB: receive as it refills.
+        let got = std::sync::Mutex::new(Vec::new());
+        crate::util::eventually("20 events locked", || async {
+            let more = receive(&ns, "q", sub, 100, 0).await;
+            let pending = gauge(&g.metrics().await);
+            assert!(pending <= bound, "{pending} bytes pending past {bound}");
+            let mut got = got.lock().unwrap();
+            got.extend(more);
+            if got.len() >= 20 {
+                Ok(())
+            } else {
+                Err(format!("{}", got.len()))
+            }
+        })
+        .await;
+        let got = got.into_inner().unwrap();
+        assert!(
+            receive(&ns, "q", sub, 100, 1).await.is_empty(),
+            "{sub}: at the bound"
+        );
+        assert_eq!(
+            got.len(),
+            20,
+            "{sub}: 19 bodies of 256 KiB and a little fit in 5 MiB, the 20th passes it"
+        );
+        held.push(got);
+    }
+    let pending = gauge(&g.metrics().await);
+    assert!(pending <= bound, "{pending} bytes pending past {bound}");
+    let (s, b) = ns_post(
+        &ns,
+        "/topics/mem:publish",
+        "application/cloudevents+json",
+        serde_json::to_vec(&crate::pull::cloud_event("unrelated")).unwrap(),
+    )
+    .await;
+    assert_eq!((s, &b), (200, &json!({})), "an unrelated in-memory publish");
+    // Settling makes room under the per-subscription bound; a released event is read back.
+    let tokens: Vec<&str> = held[0][..2].iter().map(|e| e.0.as_str()).collect();
+    let r = crate::pull::settle(&ns, "q", "s0", "release", &tokens[..1]).await;
+    assert_eq!(r["succeededLockTokens"].as_array().unwrap().len(), 1);
+    crate::pull::settle(&ns, "q", "s0", "acknowledge", &tokens[1..]).await;
+    let again = crate::util::eventually("the released event back", || async {
+        let got = receive(&ns, "q", "s0", 1, 1).await;
+        match got.first() {
+            Some(e) if e.2 == held[0][0].2 => Ok(e.clone()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(again.1, 2, "deliveryCount kept and counted");
+}
+
+/// Finding 9: the original's caps (1,000 topics × 100 subscriptions) allowed 100,000
+/// subscriptions, about 450 MB at the 4–5 KiB each measured. `broker__maxSubscriptions`
+/// (default 10,000, about 50 MB) caps them across topics: past it a PUT is refused naming the
+/// setting; deleting one makes room.
+#[tokio::test]
+async fn subscriptions_are_capped_across_topics() {
+    let cfg = gridlet::config::Config::from_vars(Vec::<(String, String)>::new()).unwrap();
+    assert_eq!(cfg.broker.max_subscriptions, 10_000, "the default");
+    let g = start(&[("broker__maxSubscriptions", "3")]).await;
+    for t in ["a", "b"] {
+        g.topic(t).await;
+    }
+    let sub = json!({"properties":{"destination":{"endpointType":"WebHook",
+        "properties":{"endpointUrl":"http://127.0.0.1:9/x"}}}});
+    for (t, s) in [("a", "1"), ("a", "2"), ("b", "1")] {
+        let (status, b) = g
+            .put(&format!("/topics/{t}/eventSubscriptions/{s}"), sub.clone())
+            .await;
+        assert_eq!(status, 200, "{b}");
+    }
+    let (status, b) = g.put("/topics/b/eventSubscriptions/2", sub.clone()).await;
+    assert!(status >= 400, "{status} {b}");
+    assert!(b.to_string().contains("broker__maxSubscriptions"), "{b}");
+    let (status, b) = g.put("/topics/a/eventSubscriptions/1", sub.clone()).await;
+    assert_eq!(status, 200, "an update is not a new subscription: {b}");
+    assert_eq!(g.delete("/topics/a/eventSubscriptions/2").await.0, 200);
+    let (status, b) = g.put("/topics/b/eventSubscriptions/2", sub).await;
+    assert_eq!(status, 200, "{b}");
+}

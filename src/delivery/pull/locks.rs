@@ -1,12 +1,21 @@
 //! A queue subscription's lock table: the events received and not yet settled, each with the
 //! time its lock expires. Pure data: no I/O, no clock reads (callers pass `now`).
 //!
-//! Bounded: at most `max` locks (received events) per subscription; a receive first
-//! [`Locks::reserve`]s room, so concurrent receivers never pass the bound between the check and
-//! the insert.
+//! Bounded: at most `max` locks (received events) and `max_bytes` locked body bytes per
+//! subscription (`broker__maxLocksPerSubscription`, `broker__maxLockedBytesPerSubscription`);
+//! a receive first [`Locks::reserve`]s room, so concurrent receivers never pass the count
+//! between the check and the insert (the byte bound may be passed by one receive's batch).
+//!
+//! A lock keeps its event's body only when the event lives nowhere else: an in-memory
+//! subscription's (the payload shared with every other subscription it was routed to, counted
+//! once in `broker__maxPendingBytes`). A persisted subscription's lock keeps the sequence number
+//! and retry facts only; the body is in the event log, read back when the event is released,
+//! its lock expires or it becomes a dead letter (issue 37, finding 4: each subscription held its
+//! own copy of every locked body, outside every memory bound).
 
-use super::super::payload::Pending;
+use super::super::payload::{EventData, Pending};
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use tokio::time::Instant;
 
 /// Why a token's lock could not be used.
@@ -22,10 +31,36 @@ pub enum Lost {
 /// One received event.
 #[derive(Debug)]
 pub struct Lock {
-    /// The event (its `attempts` is the receive that locked it).
-    pub item: Pending,
+    /// Sequence number.
+    pub seq: u64,
+    /// Receives so far, the one that locked it included.
+    pub attempts: u32,
+    /// First-enqueue wall time (TTL counts from here).
+    pub first_enqueued_ms: u64,
+    /// When it entered this process's queue.
+    pub enqueued_at: Instant,
+    /// Body bytes (counted against the byte bound whether kept or not).
+    pub size: u64,
+    /// The payload, kept for an in-memory subscription only.
+    pub event: Option<Arc<EventData>>,
     /// When the lock expires.
     pub expires: Instant,
+}
+
+impl Lock {
+    /// The event as a queue entry again, when its payload was kept.
+    pub fn into_pending(self) -> Result<Pending, Self> {
+        match self.event {
+            Some(event) => Ok(Pending {
+                seq: self.seq,
+                event,
+                attempts: self.attempts,
+                first_enqueued_ms: self.first_enqueued_ms,
+                enqueued_at: self.enqueued_at,
+            }),
+            None => Err(self),
+        }
+    }
 }
 
 /// The table.
@@ -35,16 +70,20 @@ pub struct Locks {
     by_expiry: BTreeSet<(Instant, u64)>,
     reserved: usize,
     max: usize,
+    bytes: u64,
+    max_bytes: u64,
 }
 
 impl Locks {
-    /// An empty table holding at most `max` locks.
-    pub fn new(max: usize) -> Self {
+    /// An empty table holding at most `max` locks of at most `max_bytes` body bytes together.
+    pub fn new(max: usize, max_bytes: u64) -> Self {
         Self {
             by_seq: HashMap::new(),
             by_expiry: BTreeSet::new(),
             reserved: 0,
             max: max.max(1),
+            bytes: 0,
+            max_bytes: max_bytes.max(1),
         }
     }
 
@@ -53,28 +92,58 @@ impl Locks {
         self.by_seq.len()
     }
 
-    /// Reserve room for up to `n` locks; answers how many were granted (0 when full).
-    pub fn reserve(&mut self, n: usize) -> usize {
+    /// Body bytes locked.
+    #[cfg(test)]
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Reserve room for up to `n` locks; answers how many were granted (0 when full, by count
+    /// or by bytes) and the body bytes they may hold together (a first event always fits).
+    pub fn reserve(&mut self, n: usize) -> (usize, u64) {
+        let bytes = self.max_bytes.saturating_sub(self.bytes);
+        if bytes == 0 {
+            return (0, 0);
+        }
         let room = self.max.saturating_sub(self.by_seq.len() + self.reserved);
         let granted = n.min(room);
         self.reserved += granted;
-        granted
+        (granted, bytes)
     }
 
-    /// Lock `items` (within a reservation of `granted`), until `expires`.
-    pub fn insert(&mut self, granted: usize, items: Vec<Pending>, expires: Instant) {
+    /// Lock `items` (within a reservation of `granted`), until `expires`, keeping their
+    /// payloads when `keep_bodies`.
+    pub fn insert(
+        &mut self,
+        granted: usize,
+        items: &[Pending],
+        expires: Instant,
+        keep_bodies: bool,
+    ) {
         self.reserved = self.reserved.saturating_sub(granted);
-        for item in items {
-            self.by_expiry.insert((expires, item.seq));
-            if let Some(old) = self.by_seq.insert(item.seq, Lock { item, expires }) {
-                self.by_expiry.remove(&(old.expires, old.item.seq));
+        for p in items {
+            let size = p.event.body.len() as u64;
+            let lock = Lock {
+                seq: p.seq,
+                attempts: p.attempts,
+                first_enqueued_ms: p.first_enqueued_ms,
+                enqueued_at: p.enqueued_at,
+                size,
+                event: keep_bodies.then(|| p.event.clone()),
+                expires,
+            };
+            self.by_expiry.insert((expires, p.seq));
+            self.bytes += size;
+            if let Some(old) = self.by_seq.insert(p.seq, lock) {
+                self.by_expiry.remove(&(old.expires, old.seq));
+                self.bytes = self.bytes.saturating_sub(old.size);
             }
         }
     }
 
     fn check(&self, seq: u64, attempt: u32, now: Instant) -> Result<&Lock, Lost> {
         let lock = self.by_seq.get(&seq).ok_or(Lost::Unknown)?;
-        if lock.item.attempts != attempt {
+        if lock.attempts != attempt {
             return Err(Lost::Unknown);
         }
         if lock.expires <= now {
@@ -83,18 +152,21 @@ impl Locks {
         Ok(lock)
     }
 
+    fn remove(&mut self, seq: u64) -> Option<Lock> {
+        let lock = self.by_seq.remove(&seq)?;
+        self.bytes = self.bytes.saturating_sub(lock.size);
+        Some(lock)
+    }
+
     /// Take the lock of `seq` at `attempt` (to settle its event), if it holds at `now`.
     ///
     /// # Errors
     /// [`Lost`] when there is no such lock or it expired (an expired lock stays for
     /// [`Locks::expired`]).
-    pub fn take(&mut self, seq: u64, attempt: u32, now: Instant) -> Result<Pending, Lost> {
+    pub fn take(&mut self, seq: u64, attempt: u32, now: Instant) -> Result<Lock, Lost> {
         let expires = self.check(seq, attempt, now)?.expires;
         self.by_expiry.remove(&(expires, seq));
-        self.by_seq
-            .remove(&seq)
-            .map(|l| l.item)
-            .ok_or(Lost::Unknown)
+        self.remove(seq).ok_or(Lost::Unknown)
     }
 
     /// Extend the lock of `seq` at `attempt` to `until`; answers the event's retry facts
@@ -114,19 +186,19 @@ impl Locks {
         self.by_expiry.insert((until, seq));
         let lock = self.by_seq.get_mut(&seq).ok_or(Lost::Unknown)?;
         lock.expires = until;
-        Ok((lock.item.attempts, lock.item.first_enqueued_ms))
+        Ok((lock.attempts, lock.first_enqueued_ms))
     }
 
     /// Remove and answer every lock expired at `now`.
-    pub fn expired(&mut self, now: Instant) -> Vec<Pending> {
+    pub fn expired(&mut self, now: Instant) -> Vec<Lock> {
         let mut out = Vec::new();
         while let Some(&(at, seq)) = self.by_expiry.first() {
             if at > now {
                 break;
             }
             self.by_expiry.pop_first();
-            if let Some(l) = self.by_seq.remove(&seq) {
-                out.push(l.item);
+            if let Some(l) = self.remove(seq) {
+                out.push(l);
             }
         }
         if self.by_seq.is_empty() && self.by_seq.capacity() > 1024 {
@@ -163,12 +235,12 @@ mod tests {
     async fn locks_are_bounded_named_by_attempt_and_expire() {
         let t0 = Instant::now();
         let min = Duration::from_secs(60);
-        let mut l = Locks::new(3);
-        assert_eq!(l.reserve(2), 2);
-        assert_eq!(l.reserve(5), 1, "bounded, reservations counted");
-        assert_eq!(l.reserve(1), 0);
-        l.insert(2, vec![p(1, 1), p(2, 1)], t0 + min);
-        l.insert(1, vec![p(3, 2)], t0 + 2 * min);
+        let mut l = Locks::new(3, 1 << 20);
+        assert_eq!(l.reserve(2).0, 2);
+        assert_eq!(l.reserve(5).0, 1, "bounded, reservations counted");
+        assert_eq!(l.reserve(1).0, 0);
+        l.insert(2, &[p(1, 1), p(2, 1)], t0 + min, true);
+        l.insert(1, &[p(3, 2)], t0 + 2 * min, false);
         assert_eq!(l.len(), 3);
         assert_eq!(
             l.take(1, 2, t0).unwrap_err(),
@@ -176,14 +248,36 @@ mod tests {
             "older attempt"
         );
         assert_eq!(l.take(9, 1, t0).unwrap_err(), Lost::Unknown);
-        assert_eq!(l.take(1, 1, t0).unwrap().seq, 1);
+        assert_eq!(l.bytes(), 6);
+        assert!(
+            l.take(1, 1, t0).unwrap().into_pending().is_ok(),
+            "body kept"
+        );
+        assert_eq!(l.bytes(), 4);
         assert_eq!(l.take(1, 1, t0).unwrap_err(), Lost::Unknown, "settled once");
         assert_eq!(l.renew(2, 1, t0, t0 + 3 * min), Ok((1, 5)));
         assert_eq!(l.next_expiry(), Some(t0 + 2 * min));
         assert_eq!(l.take(3, 2, t0 + 2 * min).unwrap_err(), Lost::Expired);
-        let gone: Vec<u64> = l.expired(t0 + 2 * min).iter().map(|p| p.seq).collect();
-        assert_eq!(gone, vec![3]);
+        let gone = l.expired(t0 + 2 * min);
+        assert_eq!(gone.iter().map(|p| p.seq).collect::<Vec<_>>(), vec![3]);
+        assert!(gone[0].event.is_none(), "a persisted lock keeps no body");
         assert_eq!(l.len(), 1);
-        assert_eq!(l.reserve(5), 2);
+        assert_eq!(l.reserve(5).0, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn locked_bytes_are_bounded_a_first_event_always_fits() {
+        let t = Instant::now() + Duration::from_secs(60);
+        let mut l = Locks::new(100, 5);
+        assert_eq!(l.reserve(10), (10, 5));
+        l.insert(10, &[p(1, 1), p(2, 1), p(3, 1)], t, false);
+        assert_eq!(
+            l.bytes(),
+            6,
+            "past the bound by the last event of one receive"
+        );
+        assert_eq!(l.reserve(1), (0, 0), "full by bytes");
+        l.take(2, 1, Instant::now()).unwrap();
+        assert_eq!(l.reserve(1), (1, 1));
     }
 }

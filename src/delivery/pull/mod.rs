@@ -24,6 +24,7 @@
 //!
 //! Lock tokens ([`token`]) are unforgeable and name (subscription, event, attempt).
 
+mod bodies;
 mod locks;
 pub(super) mod task;
 
@@ -37,8 +38,9 @@ use super::state::SubscriptionState;
 use super::writer::Write;
 use crate::model::queue::QueueSettings;
 use crate::store::{RetryState, StoreError};
+use bodies::with_bodies;
 use bytes::Bytes;
-use locks::{Locks, Lost};
+use locks::{Lock, Locks, Lost};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -56,10 +58,11 @@ pub struct PullState {
 }
 
 impl PullState {
-    /// A pull state holding at most `max_locks` locks, its tokens signed with `key`.
-    pub fn new(max_locks: usize, key: Arc<TokenKey>) -> Self {
+    /// A pull state holding at most `max_locks` locks of `max_bytes` body bytes, its tokens
+    /// signed with `key`.
+    pub fn new(max_locks: usize, max_bytes: u64, key: Arc<TokenKey>) -> Self {
         Self {
-            locks: Mutex::new(Locks::new(max_locks)),
+            locks: Mutex::new(Locks::new(max_locks, max_bytes)),
             arrived: Notify::new(),
             key,
         }
@@ -221,26 +224,33 @@ impl Puller<'_> {
     /// Take and lock up to `max` events from the queue.
     fn take(&self, max: usize) -> Result<Vec<Pending>, PullError> {
         let (q, policy, _) = self.settings()?;
-        let granted = self.pull.locks().reserve(max);
+        let (granted, byte_room) = self.pull.locks().reserve(max);
         if granted == 0 {
             return Ok(Vec::new());
         }
         let now = Instant::now();
         let now_ms = self.ctx.clock.now_ms();
-        let (mut items, mut expired) = (Vec::new(), Vec::new());
+        let (mut items, mut expired) = (Vec::new(), Vec::<Pending>::new());
+        let mut bytes = 0u64;
+        let keep_bodies;
         {
             let mut queue = self.shared.queue();
-            while items.len() < granted {
+            // A persisted subscription's events are in the event log: its locks keep no bodies.
+            keep_bodies = !queue.is_windowed();
+            while items.len() < granted && bytes < byte_room {
                 let lim = Limits {
                     max_events: granted - items.len(),
-                    max_bytes: usize::MAX,
+                    max_bytes: usize::try_from(byte_room - bytes).unwrap_or(usize::MAX),
                     max_in_flight: usize::MAX,
                     retry_cap: usize::MAX,
                 };
                 let is_expired =
                     |p: &Pending| retry::is_expired(&policy, p.first_enqueued_ms, now_ms);
                 match pick(&mut queue, now, &lim, is_expired, &mut expired) {
-                    Some(batch) => items.extend(batch),
+                    Some(batch) => {
+                        bytes += batch.iter().map(|p| p.event.body.len() as u64).sum::<u64>();
+                        items.extend(batch);
+                    }
                     None => break,
                 }
             }
@@ -269,8 +279,9 @@ impl Puller<'_> {
         }
         let n = items.len();
         let expires = now + q.lock_duration;
-        let locked: Vec<Pending> = items.clone();
-        self.pull.locks().insert(granted, locked, expires);
+        self.pull
+            .locks()
+            .insert(granted, &items, expires, keep_bodies);
         self.shared.metrics.delivery_attempts_count.add(n as u64);
         self.shared.metrics.received.add(n as u64);
         // The window may want refilling now that events left it.
@@ -285,7 +296,12 @@ impl Puller<'_> {
         let (q, _, persisted) = self.settings()?;
         if persisted {
             let due_ms = self.ctx.clock.now_ms() + q.lock_duration.as_millis() as u64;
-            self.write_states(&items, due_ms);
+            self.write_states(
+                items
+                    .iter()
+                    .map(|p| (p.seq, p.attempts, p.first_enqueued_ms)),
+                due_ms,
+            );
             self.durable().await?;
         }
         let queue = self.shared.queue_id;
@@ -303,19 +319,19 @@ impl Puller<'_> {
             .collect())
     }
 
-    /// Store the retry state of `items` (their attempts, due at `due_ms`), one write per
-    /// distinct (attempts, first enqueue).
-    fn write_states(&self, items: &[Pending], due_ms: u64) {
+    /// Store the retry state of `items` (sequence number, attempts, first enqueue; due at
+    /// `due_ms`), one write per distinct (attempts, first enqueue).
+    fn write_states(&self, items: impl Iterator<Item = (u64, u32, u64)>, due_ms: u64) {
         let mut groups: Vec<(RetryState, Vec<u64>)> = Vec::new();
-        for p in items {
+        for (seq, attempts, first_enqueued_ms) in items {
             let state = RetryState {
-                attempts: p.attempts,
-                first_enqueued_ms: p.first_enqueued_ms,
+                attempts,
+                first_enqueued_ms,
                 due_ms,
             };
             match groups.iter_mut().find(|(s, _)| *s == state) {
-                Some((_, seqs)) => seqs.push(p.seq),
-                None => groups.push((state, vec![p.seq])),
+                Some((_, seqs)) => seqs.push(seq),
+                None => groups.push((state, vec![seq])),
             }
         }
         for (state, seqs) in groups {
@@ -337,8 +353,8 @@ impl Puller<'_> {
     fn settle_with(
         &self,
         tokens: &[String],
-        mut op: impl FnMut(&mut Locks, TokenId, Instant) -> Result<Option<Pending>, Lost>,
-    ) -> (TokenResults, Vec<Pending>) {
+        mut op: impl FnMut(&mut Locks, TokenId, Instant) -> Result<Option<Lock>, Lost>,
+    ) -> (TokenResults, Vec<Lock>) {
         let now = Instant::now();
         let mut out = TokenResults::default();
         let mut items = Vec::new();
@@ -396,11 +412,17 @@ impl Puller<'_> {
     }
 
     /// Release: the events are available again now, or after `delay`, with their delivery
-    /// counts kept.
+    /// counts kept. Released now, a persisted subscription's events are read back from the
+    /// store before the answer (so the next receive finds them); released for later, they stay
+    /// there until due.
     ///
     /// # Errors
     /// [`PullError::NotQueue`].
-    pub fn release(&self, tokens: &[String], delay: Duration) -> Result<TokenResults, PullError> {
+    pub async fn release(
+        &self,
+        tokens: &[String],
+        delay: Duration,
+    ) -> Result<TokenResults, PullError> {
         let (_, _, persisted) = self.settings()?;
         let (out, items) = self.settle_with(tokens, |l, id, now| {
             l.take(id.seq, id.attempt, now).map(Some)
@@ -411,9 +433,23 @@ impl Puller<'_> {
         self.shared.metrics.released.add(items.len() as u64);
         if persisted {
             let due_ms = self.ctx.clock.now_ms() + delay.as_millis() as u64;
-            self.write_states(&items, due_ms);
+            self.write_states(
+                items
+                    .iter()
+                    .map(|l| (l.seq, l.attempts, l.first_enqueued_ms)),
+                due_ms,
+            );
         }
-        requeue(&self.shared.queue, Instant::now() + delay, items);
+        let due = Instant::now() + delay;
+        if delay.is_zero() {
+            let items = with_bodies(self.shared, self.ctx, items).await;
+            let mut q = self.shared.queue();
+            for p in items {
+                q.schedule_retry(due, vec![p]);
+            }
+        } else {
+            requeue(&self.shared.queue, due, items);
+        }
         // Waiting receivers look now; the task sets its timer for a delayed release.
         self.pull.arrived.notify_waiters();
         self.shared.notify.notify_one();
@@ -425,15 +461,16 @@ impl Puller<'_> {
     ///
     /// # Errors
     /// [`PullError::NotQueue`].
-    pub fn reject(&self, tokens: &[String]) -> Result<TokenResults, PullError> {
+    pub async fn reject(&self, tokens: &[String]) -> Result<TokenResults, PullError> {
         self.settings()?;
-        let (out, items) = self.settle_with(tokens, |l, id, now| {
+        let (out, locks) = self.settle_with(tokens, |l, id, now| {
             l.take(id.seq, id.attempt, now).map(Some)
         });
-        if items.is_empty() {
+        if locks.is_empty() {
             return Ok(out);
         }
-        self.shared.metrics.rejected.add(items.len() as u64);
+        self.shared.metrics.rejected.add(locks.len() as u64);
+        let items = with_bodies(self.shared, self.ctx, locks).await;
         let why = Outcome::failed(FailureKind::Other("rejected by the receiver".into()));
         drop_events(
             self.shared,
@@ -492,12 +529,18 @@ fn pick(
 }
 
 /// Put events back in the queue's retry lane, due at `due`, one entry each (a later receive
-/// takes as many as it asks for, never a whole released batch).
-fn requeue(queue: &Mutex<SubQueue>, due: Instant, items: Vec<Pending>) {
+/// takes as many as it asks for, never a whole released batch). Those whose lock kept no body
+/// (a persisted subscription) go back by sequence number, read from the store when due.
+fn requeue(queue: &Mutex<SubQueue>, due: Instant, items: Vec<Lock>) {
     let mut q = crate::sync::lock(queue);
-    for p in items {
-        q.schedule_retry(due, vec![p]);
+    let mut spilled = Vec::new();
+    for l in items {
+        match l.into_pending() {
+            Ok(p) => q.schedule_retry(due, vec![p]),
+            Err(l) => spilled.push(l.seq),
+        }
     }
+    q.return_spilled(due, spilled);
 }
 
 /// Events that leave undelivered (expired, received `maxDeliveryCount` times, rejected): `settle`

@@ -9,7 +9,7 @@ use super::super::refill::{refill, Lane};
 use super::super::retry::DropReason;
 use super::super::state::SubscriptionState;
 use super::drop_events;
-use super::{requeue, PullState};
+use super::{requeue, with_bodies, PullState};
 use crate::sync::AbortOnDrop;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -46,7 +46,7 @@ async fn run(shared: Arc<SubscriptionState>, ctx: Arc<DeliveryContext>, pull: Ar
         if !due.is_empty() {
             refill(&shared, &ctx, Lane::Retry, due).await;
         }
-        expire_locks(&shared, &ctx, &pull, Instant::now());
+        expire_locks(&shared, &ctx, &pull, Instant::now()).await;
         pull.arrived.notify_waiters();
         let now = Instant::now();
         let retry_due = shared.queue().next_due().filter(|d| *d > seen);
@@ -65,7 +65,7 @@ async fn run(shared: Arc<SubscriptionState>, ctx: Arc<DeliveryContext>, pull: Ar
 
 /// Locks expired at `now`: each event is due again at once (its count kept: the store already
 /// says so), or a dead letter when it has been received `maxDeliveryCount` times.
-fn expire_locks(
+async fn expire_locks(
     shared: &Arc<SubscriptionState>,
     ctx: &Arc<DeliveryContext>,
     pull: &PullState,
@@ -83,6 +83,15 @@ fn expire_locks(
         .map_or(u32::MAX, |q| q.max_delivery_count);
     shared.metrics.lock_expired.add(expired.len() as u64);
     let (spent, again): (Vec<_>, Vec<_>) = expired.into_iter().partition(|p| p.attempts >= max);
+    if !again.is_empty() {
+        requeue(&shared.queue, now, again);
+        // Those kept by sequence number only are read back by this task: go round again.
+        shared.notify.notify_one();
+    }
+    if spent.is_empty() {
+        return;
+    }
+    let spent = with_bodies(shared, ctx, spent).await;
     drop_events(
         shared,
         ctx,
@@ -90,9 +99,6 @@ fn expire_locks(
         DropReason::MaxDeliveryAttemptsExceeded,
         None,
     );
-    if !again.is_empty() {
-        requeue(&shared.queue, now, again);
-    }
 }
 
 async fn sleep_until_opt(due: Option<Instant>) {

@@ -425,3 +425,14 @@ fn binary_mode_ce_traceparent_is_the_events_context() {
     assert_eq!(t.traceparent(), tp);
     assert!(!t.sampled());
 }
+
+/// Parse scenario (a)'s event (the bench's shape, `data` with two members) 20,000 times: run
+/// under callgrind to count the instructions of the publish parse (`--ignored`).
+#[test]
+#[ignore]
+fn measure_parse_of_the_bench_event() {
+    let body = r#"[{"id":"c1-1","subject":"/bench/1","eventType":"bench.event","eventTime":"2026-01-01T00:00:00Z","dataVersion":"1.0","data":{"bts":1767225600000,"pad":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}]"#;
+    for _ in 0..20_000 {
+        assert_eq!(run(EventSchema::EventGrid, None, body).unwrap().len(), 1);
+    }
+}
