@@ -44,11 +44,15 @@ impl Log {
             log.spare = Some(file.size().map_err(|e| io_err(&path, e))?);
         }
         let ck = log.load_checkpoint()?;
+        // Whether it is used or not, a later start may use it: what it records as owed waits
+        // for the next checkpoint before it is deleted (`collect.rs`).
+        if let Some(ck) = &ck {
+            log.note_owed(ck);
+        }
         let generation = ck.as_ref().map_or(0, |c| c.generation);
         let from_checkpoint = match &ck {
             Some(ck) => match log.checkpoint_fits(ck, &numbers) {
                 Ok(()) => {
-                    log.note_owed(ck);
                     log.recover_from(ck, &numbers, known)?;
                     true
                 }

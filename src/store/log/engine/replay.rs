@@ -58,7 +58,7 @@ impl Log {
             .find(|s| s.first_seq.is_some())
             .map_or(0, |s| s.last_seq);
         let base = match self.segs.last().and_then(|s| s.first_seq) {
-            Some(first) if expect.apply_from > HEADER as u64 => prev.max(first - 1),
+            Some(first) if expect.apply_from > HEADER as u64 => prev.max(first.saturating_sub(1)),
             _ => prev,
         };
         let mut offset = HEADER as u64;
@@ -83,7 +83,7 @@ impl Log {
                     });
                     let (first, last) = (seqs.clone().next(), seqs.last());
                     if let (Some(g), Some(first)) = (&gap, first) {
-                        self.close_gap(g, first, first - g.before - 1);
+                        self.close_gap(g, first, first.saturating_sub(g.before + 1));
                         gap = None;
                     }
                     if applied {
