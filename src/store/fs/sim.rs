@@ -185,6 +185,41 @@ impl SimFs {
         self.lock().crashed = true;
     }
 
+    /// Damage synced data (between a reboot and the next open): `bytes` over the file at
+    /// `path` from `offset`, durably, as a disk that flips a bit or returns a wrong sector does.
+    ///
+    /// # Errors
+    /// No such file.
+    pub fn damage(&self, path: &Path, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let mut s = self.lock();
+        let (dir, name) = State::split(path)?;
+        let id = s
+            .current
+            .get(&dir)
+            .and_then(|d| d.get(&name))
+            .copied()
+            .ok_or_else(|| eio("no such file"))?;
+        let f = s.files.get_mut(&id).ok_or_else(|| eio("no such file"))?;
+        write_into(&mut f.durable, offset, bytes);
+        write_into(&mut f.current, offset, bytes);
+        Ok(())
+    }
+
+    /// Lose a file for good (between a reboot and the next open): its directory entry is gone,
+    /// durably.
+    ///
+    /// # Errors
+    /// No such file.
+    pub fn lose(&self, path: &Path) -> io::Result<()> {
+        let mut s = self.lock();
+        let (dir, name) = State::split(path)?;
+        let gone = s.current.get_mut(&dir).and_then(|d| d.remove(&name));
+        if let Some(d) = s.durable.get_mut(&dir) {
+            d.remove(&name);
+        }
+        gone.map(|_| ()).ok_or_else(|| eio("no such file"))
+    }
+
     /// Power on again after a cut: apply the rules in the module docs.
     pub fn reboot(&self) {
         let mut s = self.lock();

@@ -64,7 +64,8 @@ fn zeros_after_a_closed_segments_frames_are_reserved_space_and_anything_else_is_
     let d = log.damage();
     assert_eq!(d.losses.len(), 1, "{d:?}");
     assert_eq!(d.losses[0].file, seg);
-    assert_eq!(d.events(), 0);
+    // Counted by sequence numbers up to the next segment's base: an upper bound.
+    assert!(d.events() <= 1, "{d:?}");
 }
 
 /// A segment given back is kept as the spare and becomes the next head: its frames overwrite

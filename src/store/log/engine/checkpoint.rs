@@ -321,6 +321,24 @@ impl Log {
         Ok(best)
     }
 
+    /// The segments the newest checkpoint in `opts.dir` records, `number -> (salt, valid
+    /// length)`, and the newest of them (the simulation's damage faults).
+    ///
+    /// # Errors
+    /// The directory cannot be read.
+    pub fn recorded(
+        fs: Arc<dyn crate::store::fs::Fs>,
+        opts: super::LogOptions,
+    ) -> Result<(Recorded, Option<u64>), StoreError> {
+        let ck = Log::empty(fs, opts).load_checkpoint()?;
+        let segs = ck.map(|c| c.segs).unwrap_or_default();
+        let newest = segs.iter().map(|s| s.no).max();
+        Ok((
+            segs.iter().map(|s| (s.no, (s.salt, s.len))).collect(),
+            newest,
+        ))
+    }
+
     /// Segments of `ck` owing events.
     pub(super) fn note_owed(&mut self, ck: &Checkpoint) {
         self.ck_owed = owed_in(ck);
@@ -461,6 +479,9 @@ impl Log {
         self.segs.push(seg);
     }
 }
+
+/// Segments a checkpoint records: number -> (salt, valid length).
+pub type Recorded = HashMap<u64, (u64, u64)>;
 
 /// The segments `ck` records as owing events.
 fn owed_in(ck: &Checkpoint) -> HashSet<u64> {

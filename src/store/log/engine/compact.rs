@@ -253,6 +253,8 @@ impl Log {
                     seg.ms_runs = copy.ms_runs;
                     seg.events = copy.events;
                     seg.skip_floor = 0;
+                    // The copy holds none of the old file's damaged spans.
+                    seg.holes = copy.holes;
                     seg.live = live;
                     self.compactions += 1;
                     self.ck_asap = true;

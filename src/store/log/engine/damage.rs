@@ -38,6 +38,9 @@ pub struct Loss {
     /// Events lost: the sequence numbers the damaged span held (an upper bound when some of
     /// them may have been delivered before), or the events a segment still owed.
     pub events: u64,
+    /// Whether `events` is the count (or a bound from sequence numbers): `false` when the
+    /// damaged span's events could not be counted, only those that still read (a lower bound).
+    pub counted: bool,
     /// What was found, in words.
     pub what: String,
 }
@@ -81,8 +84,13 @@ impl Damage {
             return None;
         }
         let files: std::collections::BTreeSet<_> = self.losses.iter().map(|l| &l.file).collect();
+        let more = if self.losses.iter().all(|l| l.counted) {
+            ""
+        } else {
+            " (at least: some damaged records do not read)"
+        };
         Some(format!(
-            "damaged data found at start: {} events lost in {} frames of {} files (copies in the quarantine folder; see the error log)",
+            "damaged data found at start: {} events lost{more} in {} frames of {} files (copies in the quarantine folder; see the error log)",
             self.events(),
             self.frames(),
             files.len()
@@ -215,30 +223,27 @@ pub fn quarantine(
         }
         n += 1;
     };
-    match how {
-        Keep::Move => fs.rename(path, &target)?,
-        Keep::Copy => {
-            let src = fs.open(path)?;
-            let size = src.size()?;
-            let dst = fs.create(&target)?;
-            let mut buf = vec![0u8; 1 << 20];
-            let mut at = 0u64;
-            while at < size {
-                let want = usize::try_from((size - at).min(buf.len() as u64)).unwrap_or(0);
-                let chunk = buf.get_mut(..want).unwrap_or_default();
-                let got = src.read_at(chunk, at)?;
-                if got == 0 {
-                    break;
-                }
-                dst.write_at(chunk.get(..got).unwrap_or_default(), at)?;
-                at += got as u64;
-            }
-            dst.sync_data()?;
-            dst.done_writing();
+    // Copied, then (moved) removed: the copy is synced before the original goes.
+    let src = fs.open(path)?;
+    let size = src.size()?;
+    let dst = fs.create(&target)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < size {
+        let want = usize::try_from((size - at).min(buf.len() as u64)).unwrap_or(0);
+        let chunk = buf.get_mut(..want).unwrap_or_default();
+        let got = src.read_at(chunk, at)?;
+        if got == 0 {
+            break;
         }
+        dst.write_at(chunk.get(..got).unwrap_or_default(), at)?;
+        at += got as u64;
     }
+    dst.sync_data()?;
+    dst.done_writing();
     fs.sync_dir(dir)?;
     if how == Keep::Move {
+        fs.remove(path)?;
         if let Some(parent) = path.parent() {
             fs.sync_dir(parent)?;
         }

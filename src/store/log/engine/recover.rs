@@ -44,11 +44,15 @@ impl Log {
             log.spare = Some(file.size().map_err(|e| io_err(&path, e))?);
         }
         let ck = log.load_checkpoint()?;
+        // Whether it is used or not, a later start may use it: what it records as owed waits
+        // for the next checkpoint before it is deleted (`collect.rs`).
+        if let Some(ck) = &ck {
+            log.note_owed(ck);
+        }
         let generation = ck.as_ref().map_or(0, |c| c.generation);
         let from_checkpoint = match &ck {
             Some(ck) => match log.checkpoint_fits(ck, &numbers) {
                 Ok(()) => {
-                    log.note_owed(ck);
                     log.recover_from(ck, &numbers, known)?;
                     true
                 }
@@ -68,9 +72,10 @@ impl Log {
                 .map(|s| (s.no, s))
                 .collect();
             let newest = numbers.last().copied();
-            for no in numbers {
+            for (i, &no) in numbers.iter().enumerate() {
                 let st = ends.get(&no).copied();
-                log.recover_segment(no, Some(no) == newest, st, known)?;
+                let next = numbers.get(i + 1).copied();
+                log.recover_segment(no, Some(no) == newest, next, st, known)?;
             }
         }
         log.clear_lost();
@@ -98,7 +103,7 @@ impl Log {
         Ok((log, recovered))
     }
 
-    fn empty(fs: Arc<dyn Fs>, opts: LogOptions) -> Self {
+    pub(super) fn empty(fs: Arc<dyn Fs>, opts: LogOptions) -> Self {
         Log {
             fs,
             opts,
@@ -236,7 +241,8 @@ impl Log {
                     .sync_dir(&self.opts.dir)
                     .map_err(|e| io_err(&self.opts.dir, e))?;
             } else {
-                self.recover_segment(no, newest, None, known)?;
+                let next = numbers.iter().find(|n| **n > no).copied();
+                self.recover_segment(no, newest, next, None, known)?;
             }
         }
         self.clear_lost();
@@ -259,6 +265,7 @@ impl Log {
                         bytes: 0,
                         frames: 1,
                         events: owed,
+                        counted: true,
                         what: format!(
                             "segment file missing: the checkpoint records it, owing {owed} events"
                         ),
@@ -299,6 +306,7 @@ impl Log {
                 bytes: HEADER as u64,
                 frames: 1,
                 events: 0,
+                counted: true,
                 what: "segment header damaged: written again from the checkpoint".into(),
             },
         )?;
@@ -308,12 +316,23 @@ impl Log {
         Ok(hdr)
     }
 
+    /// The base sequence number in segment `no`'s header, if it reads.
+    fn base_of(&self, no: u64) -> Option<u64> {
+        let file = self.fs.open(&self.path(no)).ok()?;
+        let mut hb = [0u8; HEADER];
+        let read = file.read_at(&mut hb, 0).ok()?;
+        Header::decode(hb.get(..read)?)
+            .filter(|h| h.no == no)
+            .map(|h| h.base_seq)
+    }
+
     /// Read one segment's frames and apply their records (`st`: what a checkpoint that could
     /// not be used recorded of it).
     fn recover_segment(
         &mut self,
         no: u64,
         newest: bool,
+        next: Option<u64>,
         st: Option<&SegState>,
         known: &HashSet<QueueId>,
     ) -> Result<(), StoreError> {
@@ -337,7 +356,11 @@ impl Log {
                         .map_err(|e| io_err(&self.opts.dir, e))?;
                     return Ok(());
                 }
-                let events = damage::events_unchecked(&buf, HEADER as u64, size);
+                // What it held: the frames that still read, or the sequence numbers between
+                // the segments before it and the next one's base.
+                let bound = next.and_then(|n| self.base_of(n));
+                let between = bound.map_or(0, |b| b.saturating_sub(self.max_seq));
+                let events = damage::events_unchecked(&buf, HEADER as u64, size).max(between);
                 let what = match other {
                     Some(_) => "segment header names another segment: its frames cannot be checked; moved to the quarantine folder",
                     None => "segment header damaged: its frames cannot be checked; moved to the quarantine folder",
@@ -351,6 +374,7 @@ impl Log {
                         bytes: size,
                         frames: damage::frames_unchecked(&buf).max(1),
                         events,
+                        counted: bound.is_some(),
                         what: what.into(),
                     },
                 )?;
@@ -369,6 +393,7 @@ impl Log {
             None => Expect {
                 apply_from: HEADER as u64,
                 newest,
+                last_seq: next.and_then(|n| self.base_of(n)),
                 ..Expect::default()
             },
         };

@@ -18,7 +18,8 @@ pub(super) struct Expect {
     pub(super) recorded: u64,
     /// Frames before here are in the checkpoint: checked, not applied.
     pub(super) apply_from: u64,
-    /// The last sequence number the checkpoint recorded for the segment.
+    /// The last sequence number the segment can hold: the checkpoint's record of it, or the
+    /// base of the segment after it (bounds what a damaged tail held).
     pub(super) last_seq: Option<u64>,
     /// The newest segment file: the only one that may end in a torn frame.
     pub(super) newest: bool,
@@ -46,7 +47,20 @@ impl Log {
         known: &HashSet<QueueId>,
     ) -> Result<(), StoreError> {
         let size = buf.len() as u64;
-        let base = self.segs.last().map_or(0, |s| s.hdr.base_seq);
+        // Below every event of the segment: the last of the segment before (events staged before
+        // a roll go to the new head, so its header's base is no bound), or the first event the
+        // checkpoint recorded.
+        let prev = self
+            .segs
+            .iter()
+            .rev()
+            .skip(1)
+            .find(|s| s.first_seq.is_some())
+            .map_or(0, |s| s.last_seq);
+        let base = match self.segs.last().and_then(|s| s.first_seq) {
+            Some(first) if expect.apply_from > HEADER as u64 => prev.max(first.saturating_sub(1)),
+            _ => prev,
+        };
         let mut offset = HEADER as u64;
         // The last event seen in a decoded frame, and the good frames only checked since.
         let mut last_event: Option<u64> = None;
@@ -69,7 +83,7 @@ impl Log {
                     });
                     let (first, last) = (seqs.clone().next(), seqs.last());
                     if let (Some(g), Some(first)) = (&gap, first) {
-                        self.close_gap(g, first, first - g.before - 1);
+                        self.close_gap(g, first, first.saturating_sub(g.before + 1));
                         gap = None;
                     }
                     if applied {
@@ -121,6 +135,7 @@ impl Log {
                             bytes: at - offset,
                             frames: 1,
                             events: 0,
+                            counted: true,
                             what: "damaged frame: the frames after it are recovered".into(),
                         },
                     )?;
@@ -152,6 +167,7 @@ impl Log {
                         bytes: end - offset,
                         frames: 1,
                         events: 0,
+                        counted: true,
                         what: what.into(),
                     },
                 )?;
@@ -203,6 +219,7 @@ impl Log {
     fn close_gap(&mut self, g: &Gap, after: u64, events: u64) {
         if let Some(l) = self.damage.losses.get_mut(g.loss) {
             l.events += events;
+            l.counted &= after != u64::MAX;
         }
         if let Some(no) = self.segs.last().map(|s| s.hdr.no) {
             self.lost.push((no, g.before, after));
@@ -266,15 +283,23 @@ impl Log {
     /// Log what the open found: each loss at error level, naming the file and where.
     pub(super) fn report(&self) {
         for l in &self.damage.losses {
+            let lost = if l.counted {
+                format!("{} events lost", l.events)
+            } else {
+                format!(
+                    "{} events that still read lost, and more whose records do not read",
+                    l.events
+                )
+            };
             tracing::error!(
                 file = %l.file.display(),
                 offset = l.offset,
                 bytes = l.bytes,
                 frames = l.frames,
                 events = l.events,
-                "event log damaged: {} ({} events lost)",
+                counted = l.counted,
+                "event log damaged: {} ({lost})",
                 l.what,
-                l.events
             );
         }
         for q in &self.damage.quarantined {
