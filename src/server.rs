@@ -448,7 +448,8 @@ fn default_sinks(
             .with_denied_ranges(cfg.outbound.denied_ranges.clone())
             .with_own_listeners(own.to_vec()))
     };
-    let sinks = DefaultSinks::new(client(outbound_tls(cfg))?, client(azure_tls(cfg)?)?);
+    let sinks = DefaultSinks::new(client(outbound_tls(cfg))?, client(azure_tls(cfg)?)?)
+        .with_mqtt(Default::default(), timeout);
     Ok(match edge.and_then(EdgeRuntime::edgehub) {
         Some(hub) => sinks.with_module_outputs(Arc::new(hub), timeout),
         None => sinks,

@@ -17,7 +17,8 @@
 //! **What counts** ([`verdict`]): only what says something about the endpoint. Success counts
 //! as up; transport errors, timeouts, 5xx, 429, 408, 3xx (redirects are not followed) and the
 //! configuration faults 401/403/404/405/410 count as down. Refusals of particular events (every
-//! other 4xx: 400, 409, 413, 415, 422 ..., and an event too large for the destination) count
+//! other 4xx: 400, 409, 413, 415, 422 ..., an event too large for the destination, and an MQTT
+//! broker's refusal of one message such as PUBACK 0x87 or 0x90) count
 //! neither way: one subscription whose events a receiver refuses cannot disable a URL other
 //! subscriptions deliver to (a probe answered that way just ends the probe).
 //!
@@ -153,7 +154,7 @@ pub fn verdict(outcome: &Outcome) -> Verdict {
             400..=499 => Verdict::Neither,
             _ => Verdict::Down,
         },
-        FailureKind::TooLarge(_) => Verdict::Neither,
+        FailureKind::TooLarge(_) | FailureKind::Refused(_) => Verdict::Neither,
         FailureKind::CredentialExpired(_)
         | FailureKind::Timeout
         | FailureKind::Connect
@@ -577,6 +578,11 @@ mod tests {
         assert_eq!(
             verdict(&failed(FailureKind::TooLarge("64 KiB".into()))),
             Verdict::Neither
+        );
+        assert_eq!(
+            verdict(&failed(FailureKind::Refused("0x90".into()))),
+            Verdict::Neither,
+            "a refusal says nothing about the endpoint"
         );
     }
 

@@ -14,6 +14,7 @@
 //! | timeout, connection error, other | retried | retried |
 //! | Azure service 429/500/503 | retried, `Retry-After` honoured (capped) | the same |
 //! | event too large for the destination | dead-lettered at once | the same |
+//! | refused for good (MQTT PUBACK 0x87, 0x90, 0x95, 0x99...) | dead-lettered at once | the same |
 //! | delay jitter | none (exact 1-min/10-min queues) | ± `broker__retryJitterPercent` |
 //!
 //! Three named schedules (delay before the next attempt, by attempts made so far):
@@ -51,7 +52,7 @@ pub fn classify(policy: StatusCodePolicy, outcome: &Outcome, dead_letter: bool) 
     };
     match kind {
         // Never deliverable, whatever the policy.
-        FailureKind::TooLarge(_) => return Verdict::Refuse,
+        FailureKind::TooLarge(_) | FailureKind::Refused(_) => return Verdict::Refuse,
         // Azure services ask for a delay when throttling or busy: honoured under every policy.
         FailureKind::Service {
             status: 429 | 500 | 503,
@@ -78,6 +79,7 @@ pub fn classify(policy: StatusCodePolicy, outcome: &Outcome, dead_letter: bool) 
         FailureKind::Status(_)
         | FailureKind::Service { .. }
         | FailureKind::TooLarge(_)
+        | FailureKind::Refused(_)
         | FailureKind::CredentialExpired(_)
         | FailureKind::Timeout
         | FailureKind::Connect
@@ -147,6 +149,10 @@ mod tests {
             },
             retry_after,
         }
+    }
+
+    fn refused() -> Outcome {
+        Outcome::failed(FailureKind::Refused("PUBACK 0x87 not authorized".into()))
     }
 
     fn too_large() -> Outcome {
@@ -303,6 +309,8 @@ mod tests {
             (Standard, svc(410, None), false, retry),
             (Original, too_large(), false, Verdict::Refuse),
             (Standard, too_large(), false, Verdict::Refuse),
+            (Original, refused(), false, Verdict::Refuse),
+            (Standard, refused(), true, Verdict::Refuse),
         ];
         for (p, o, dl, v) in table {
             assert_eq!(classify(p, &o, dl), v, "{p:?} {o:?} dl={dl}");

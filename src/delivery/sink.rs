@@ -33,12 +33,21 @@ pub struct DeliveryRequest {
     /// Each event's trace context (per-message properties on Service Bus and Event Hubs) when
     /// the batch mixes contexts; empty when every event travels in `trace`'s (or none).
     pub event_traces: Vec<Option<TraceContext>>,
+    /// Each event's time to live left when the attempt started (first enqueued + TTL - now),
+    /// in order (an MQTT message's expiry interval); empty when not known (dead letters being
+    /// forwarded).
+    pub time_left: Vec<Duration>,
 }
 
 impl DeliveryRequest {
     /// The events as one JSON array (the body webhooks always get, even for one event).
     pub fn json_array(&self) -> Bytes {
         json_array(&self.events)
+    }
+
+    /// Event `i`'s time to live left when the attempt started, if known.
+    pub fn time_left_of(&self, i: usize) -> Option<Duration> {
+        self.time_left.get(i).copied()
     }
 
     /// The attempt number of event `i` (1-based).
@@ -78,6 +87,10 @@ pub enum FailureKind {
     /// The event can never be delivered to this destination (e.g. larger than a Storage queue
     /// message can hold): refused at once under every status-code policy.
     TooLarge(String),
+    /// The destination answered and refused this event for good (an MQTT PUBACK reason code
+    /// such as 0x87 not authorized or 0x90 topic name invalid): dead-lettered at once under
+    /// every status-code policy. Says nothing about the endpoint's health (it answered).
+    Refused(String),
     /// The connection string's ready-made shared access signature has expired (its `se` has
     /// passed): nothing was sent. A configuration fault (retried: a new connection string fixes
     /// it), reported apart in the log, `gridlet_destination_faults_total{fault="sasExpired"}`
@@ -100,6 +113,7 @@ impl std::fmt::Display for FailureKind {
             Self::Service { status, message } if message.is_empty() => write!(f, "HTTP {status}"),
             Self::Service { status, message } => write!(f, "HTTP {status}: {message}"),
             Self::TooLarge(m) => write!(f, "too large: {m}"),
+            Self::Refused(m) => write!(f, "refused: {m}"),
             Self::CredentialExpired(m) => write!(f, "credential expired: {m}"),
             Self::Timeout => write!(f, "timeout"),
             Self::Connect => write!(f, "connection failed"),

@@ -198,6 +198,7 @@ pub(super) fn finish_deliver(
                     (s.to_string(), Some(*s))
                 }
                 FailureKind::TooLarge(_) => ("too_large".to_string(), None),
+                FailureKind::Refused(_) => ("refused".to_string(), None),
                 FailureKind::Timeout => ("timeout".to_string(), None),
                 FailureKind::Connect => ("connect".to_string(), None),
                 FailureKind::Unsupported(_) => ("unsupported".to_string(), None),

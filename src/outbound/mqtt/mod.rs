@@ -7,3 +7,12 @@
 //!   destination (events become messages) both build their clients from it.
 
 pub mod connection;
+
+// The destination: events become messages (`outbound::sinks::mqtt` is its registry entry).
+// * [`topic`]: the topic template filled from each event.
+// * [`publish`]: one shared publishing connection per broker and credentials, PUBACKs matched
+//   to their publishes.
+// * [`sink`]: the `Sink` (one message per event, MQTT 5 properties, the reason-code split).
+pub mod publish;
+pub mod sink;
+pub mod topic;
