@@ -16,6 +16,7 @@ mod harness;
 mod health_isolation;
 mod layering;
 mod management;
+mod mqtt_out;
 mod node;
 mod otel;
 mod outbound;
