@@ -448,8 +448,11 @@ fn default_sinks(
             .with_denied_ranges(cfg.outbound.denied_ranges.clone())
             .with_own_listeners(own.to_vec()))
     };
-    let sinks = DefaultSinks::new(client(outbound_tls(cfg))?, client(azure_tls(cfg)?)?)
-        .with_mqtt(Default::default(), timeout);
+    let sinks = DefaultSinks::new(client(outbound_tls(cfg))?, client(azure_tls(cfg)?)?).with_mqtt(
+        Default::default(),
+        cfg.outbound.denied_ranges.clone(),
+        timeout,
+    );
     Ok(match edge.and_then(EdgeRuntime::edgehub) {
         Some(hub) => sinks.with_module_outputs(Arc::new(hub), timeout),
         None => sinks,

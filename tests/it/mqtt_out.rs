@@ -477,3 +477,43 @@ async fn bad_mqtt_destinations_are_a_400_naming_the_field() {
     let (s, _) = t.get("/topics/t/eventSubscriptions/bad").await;
     assert_eq!(s, 404);
 }
+
+#[tokio::test]
+async fn a_broker_in_a_denied_address_range_is_never_dialled() {
+    let t = start(&[("outbound__deniedAddressRanges", "127.0.0.0/8,::1/128")]).await;
+    let broker = Mosquitto::start(t.dir.path(), free_port(), None).await;
+    t.topic("t").await;
+    // An address literal is refused at PUT ...
+    let (s, b) = mqtt_sub(
+        &t,
+        "t",
+        "s",
+        json!({"url": broker.url(), "topicTemplate": "x"}),
+        json!({}),
+    )
+    .await;
+    assert_eq!(s, 400, "{b}");
+    assert!(
+        b.to_string().contains("outbound__deniedAddressRanges"),
+        "{b}"
+    );
+    // ... a host name is checked on its resolved addresses before every connect.
+    let (s, b) = mqtt_sub(
+        &t,
+        "t",
+        "s",
+        json!({"url": format!("mqtt://localhost:{}", broker.port), "topicTemplate": "x"}),
+        json!({"retryPolicy": {"maxDeliveryAttempts": 1}}),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    t.publish("t", json!([eg_event("e1", "a", "T", json!({}))]))
+        .await;
+    t.wait_metric(
+        "gridlet_dead_lettered_events_total",
+        "topic=\"t\",subscription=\"s\"",
+        1,
+    )
+    .await;
+    assert_eq!(broker.gridlet_connects(), 0, "{}", broker.log_text());
+}

@@ -25,6 +25,7 @@
 //! a publish ends in the delivery timeout and is retried.)
 
 use super::connection::{Backoff, ConnectionSpec, EdgeTls, Scheme};
+use crate::config::{IpRange, Key};
 use crate::sync::{lock, AbortOnDrop};
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::{PubAckReason, PublishProperties};
@@ -212,11 +213,17 @@ fn varint_len(n: usize) -> usize {
 
 impl Publisher {
     /// Connect to the broker `spec` names (the session always clean; `client_id` overrides the
-    /// spec's) and keep reconnecting until dropped. Must run inside the tokio runtime.
+    /// spec's; never to an address in `denied`) and keep reconnecting until dropped. Must run
+    /// inside the tokio runtime.
     ///
     /// # Errors
     /// The TLS files or the token cannot be read, or the spec is not MQTT 5.
-    fn start(spec: &ConnectionSpec, client_id: &str, edge: &EdgeTls) -> Result<Self, String> {
+    fn start(
+        spec: &ConnectionSpec,
+        client_id: &str,
+        edge: &EdgeTls,
+        denied: Vec<IpRange>,
+    ) -> Result<Self, String> {
         let tls = spec.tls_config(edge).map_err(|e| e.to_string())?;
         let mut opts = spec.v5_options(tls).map_err(|e| e.to_string())?;
         opts.set_client_id(client_id.to_string());
@@ -231,9 +238,12 @@ impl Publisher {
         });
         let task = tokio::spawn(run(
             eventloop,
-            Arc::downgrade(&shared),
-            spec.clone(),
-            spec.max_packet_bytes,
+            Driver {
+                shared: Arc::downgrade(&shared),
+                spec: spec.clone(),
+                ours: spec.max_packet_bytes,
+                denied,
+            },
         ));
         Ok(Self {
             shared,
@@ -280,13 +290,54 @@ impl Publisher {
     }
 }
 
+/// What a connection's task needs besides rumqttc's event loop.
+struct Driver {
+    shared: Weak<Shared>,
+    spec: ConnectionSpec,
+    /// Our own maximum packet size.
+    ours: u32,
+    /// `outbound__deniedAddressRanges`.
+    denied: Vec<IpRange>,
+}
+
+/// Refuse a broker whose host name resolves to an address in a denied range (checked before
+/// every connect; an IP literal was checked at `PUT` too).
+async fn check_address(spec: &ConnectionSpec, denied: &[IpRange]) -> Result<(), String> {
+    if denied.is_empty() {
+        return Ok(());
+    }
+    let addrs = tokio::net::lookup_host((spec.endpoint.host.as_str(), spec.endpoint.port))
+        .await
+        .map_err(|e| format!("cannot resolve {}: {e}", spec.endpoint.host))?;
+    for a in addrs {
+        if let Some(r) = denied.iter().find(|r| r.contains(a.ip())) {
+            return Err(format!(
+                "the broker's address {} is in the denied range {r} ({})",
+                a.ip(),
+                Key::outbound__deniedAddressRanges.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Drive one connection until its [`Publisher`] is dropped.
-async fn run(mut el: EventLoop, shared_weak: Weak<Shared>, spec: ConnectionSpec, ours: u32) {
-    let mut backoff = Backoff::reconnect(&spec.client_id);
-    let broker = broker_url(&spec);
+async fn run(mut el: EventLoop, d: Driver) {
+    let mut backoff = Backoff::reconnect(&d.spec.client_id);
+    let broker = broker_url(&d.spec);
+    let mut checked = false;
     loop {
-        let event = el.poll().await;
-        let Some(shared) = shared_weak.upgrade() else {
+        let event = match checked {
+            true => el.poll().await.map_err(|e| e.to_string()),
+            false => match check_address(&d.spec, &d.denied).await {
+                Ok(()) => {
+                    checked = true;
+                    continue;
+                }
+                Err(e) => Err(e),
+            },
+        };
+        let Some(shared) = d.shared.upgrade() else {
             return;
         };
         match event {
@@ -297,7 +348,9 @@ async fn run(mut el: EventLoop, shared_weak: Weak<Shared>, spec: ConnectionSpec,
                     .as_ref()
                     .and_then(|p| p.max_packet_size)
                     .unwrap_or(u32::MAX);
-                shared.max_packet.store(theirs.min(ours), Ordering::Relaxed);
+                shared
+                    .max_packet
+                    .store(theirs.min(d.ours), Ordering::Relaxed);
                 shared.state.store(CONNECTED, Ordering::Relaxed);
                 tracing::info!(broker = %broker, "MQTT destination connected");
             }
@@ -310,6 +363,7 @@ async fn run(mut el: EventLoop, shared_weak: Weak<Shared>, spec: ConnectionSpec,
             }
             Ok(_) => {}
             Err(e) => {
+                checked = false;
                 shared.state.store(DOWN, Ordering::Relaxed);
                 {
                     // Drop the session: fail every waiter (see the module documentation).
@@ -318,16 +372,16 @@ async fn run(mut el: EventLoop, shared_weak: Weak<Shared>, spec: ConnectionSpec,
                     el.pending.clear();
                     t.fail_all(&PublishError::Disconnected);
                 }
-                // ConnectionError never carries the credentials.
+                // rumqttc's errors never carry the credentials.
                 tracing::warn!(broker = %broker, error = %e,
                     "MQTT destination connection failed; reconnecting");
                 drop(shared);
                 tokio::time::sleep(backoff.next_delay()).await;
-                if let Err(e) = spec.refresh_v5(&mut el.options) {
+                if let Err(e) = d.spec.refresh_v5(&mut el.options) {
                     tracing::warn!(broker = %broker, error = %e,
                         "cannot refresh the MQTT destination's authentication data");
                 }
-                match shared_weak.upgrade() {
+                match d.shared.upgrade() {
                     Some(s) => s.state.store(CONNECTING, Ordering::Relaxed),
                     None => return,
                 }
@@ -354,6 +408,7 @@ pub fn broker_url(spec: &ConnectionSpec) -> String {
 pub struct Publishers {
     open: Mutex<Vec<(ConnectionSpec, Weak<Publisher>)>>,
     edge: EdgeTls,
+    denied: Vec<IpRange>,
     /// `gridlet-{prefix}-{n}`: client ids of connections whose spec names none.
     id_prefix: String,
     next: AtomicU32,
@@ -361,11 +416,13 @@ pub struct Publishers {
 
 impl Publishers {
     /// No connection yet; `edge`: what IoT Edge adds to TLS; `id_prefix`: a per-process id
-    /// (default client ids stay unique across restarts and processes sharing a broker).
-    pub fn new(edge: EdgeTls, id_prefix: &str) -> Self {
+    /// (default client ids stay unique across restarts and processes sharing a broker);
+    /// `denied`: address ranges no broker may resolve to (`outbound__deniedAddressRanges`).
+    pub fn new(edge: EdgeTls, id_prefix: &str, denied: Vec<IpRange>) -> Self {
         Self {
             open: Mutex::new(Vec::new()),
             edge,
+            denied,
             id_prefix: id_prefix.to_string(),
             next: AtomicU32::new(0),
         }
@@ -399,8 +456,10 @@ impl Publishers {
                 self.next.fetch_add(1, Ordering::Relaxed)
             ),
         };
-        let p =
-            Arc::new(Publisher::start(spec, &client_id, &self.edge).map_err(PublishError::Setup)?);
+        let p = Arc::new(
+            Publisher::start(spec, &client_id, &self.edge, self.denied.clone())
+                .map_err(PublishError::Setup)?,
+        );
         open.push((spec.clone(), Arc::downgrade(&p)));
         Ok(p)
     }

@@ -19,7 +19,7 @@ pub(crate) mod webhook;
 
 use super::http::HttpClient;
 use super::mqtt::connection::EdgeTls;
-use crate::config::{Config, Key};
+use crate::config::{Config, IpRange, Key};
 use crate::delivery::sink::{Sink, SinkFactory, UnsupportedSink};
 use crate::model::destination::{Destination, DestinationError, DestinationTypes, Role};
 use crate::model::json::Obj;
@@ -327,7 +327,12 @@ impl DefaultSinks {
             ctx: SinkContext {
                 client,
                 azure_client,
-                mqtt: mqtt::MqttContext::new(EdgeTls::default(), &boot_id, DEFAULT_MQTT_TIMEOUT),
+                mqtt: mqtt::MqttContext::new(
+                    EdgeTls::default(),
+                    &boot_id,
+                    Vec::new(),
+                    DEFAULT_MQTT_TIMEOUT,
+                ),
                 boot_id,
                 module_outputs: None,
             },
@@ -335,9 +340,10 @@ impl DefaultSinks {
     }
 
     /// MQTT destinations connect with `edge` (under IoT Edge: its trust bundle and module
-    /// identity) and wait up to `timeout` for each PUBACK.
-    pub fn with_mqtt(mut self, edge: EdgeTls, timeout: Duration) -> Self {
-        self.ctx.mqtt = mqtt::MqttContext::new(edge, &self.ctx.boot_id, timeout);
+    /// identity), never to a broker resolving into `denied`, and wait up to `timeout` for each
+    /// PUBACK.
+    pub fn with_mqtt(mut self, edge: EdgeTls, denied: Vec<IpRange>, timeout: Duration) -> Self {
+        self.ctx.mqtt = mqtt::MqttContext::new(edge, &self.ctx.boot_id, denied, timeout);
         self
     }
 

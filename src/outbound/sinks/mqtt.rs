@@ -12,6 +12,7 @@
 //! by broker URL (`mqtt(s)://host:port`). No dead letters.
 
 use super::{mismatched, DestinationKind, ParseContext, SinkContext};
+use crate::config::IpRange;
 use crate::delivery::sink::Sink;
 use crate::model::attributes::AttributeTarget;
 use crate::model::destination::{
@@ -61,9 +62,9 @@ pub struct MqttContext {
 
 impl MqttContext {
     /// No connection yet (see [`Publishers::new`]).
-    pub fn new(edge: EdgeTls, id_prefix: &str, timeout: Duration) -> Self {
+    pub fn new(edge: EdgeTls, id_prefix: &str, denied: Vec<IpRange>, timeout: Duration) -> Self {
         Self {
-            publishers: Arc::new(Publishers::new(edge, id_prefix)),
+            publishers: Arc::new(Publishers::new(edge, id_prefix, denied)),
             timeout,
         }
     }
@@ -239,6 +240,17 @@ impl DestinationKind for Mqtt {
         let d = Raw::read(props.map())
             .and_then(Self::build)
             .map_err(|e| ctx.invalid(format!("properties.{e}")))?;
+        // An address literal in a denied range (a host name is checked on its resolved
+        // addresses before every connect). `mqtt:` is not a special scheme to the URL parser,
+        // so its host is checked as an HTTP URL's would be.
+        let host = &d.target.spec.endpoint.host;
+        let as_http = match host.contains(':') {
+            true => format!("http://[{host}]/"),
+            false => format!("http://{host}/"),
+        };
+        if let Ok(u) = url::Url::parse(&as_http) {
+            ctx.check_address(&u, "properties.url")?;
+        }
         // The files the connection reads at every connect must be there now (the IoT Edge
         // identity comes from the runtime: not checked here).
         let mut probe = d.target.spec.clone();
