@@ -517,3 +517,36 @@ async fn a_broker_in_a_denied_address_range_is_never_dialled() {
     .await;
     assert_eq!(broker.gridlet_connects(), 0, "{}", broker.log_text());
 }
+
+/// More events in flight than one connection's request slots (1,024): the rest wait for a slot
+/// instead of failing (which would retry them a minute later).
+#[tokio::test]
+async fn a_burst_larger_than_the_connections_request_slots_is_delivered_without_failures() {
+    let t = start(&[]).await;
+    let broker = Mosquitto::start(t.dir.path(), free_port(), None).await;
+    let mut sub = Subscriber::connect(broker.port, "burst/#").await;
+    t.topic("t").await;
+    let (s, b) = mqtt_sub(
+        &t,
+        "t",
+        "s",
+        json!({"url": broker.url(), "topicTemplate": "burst/${id}", "maxEventsPerBatch": 50}),
+        json!({}),
+    )
+    .await;
+    assert_eq!(s, 200, "{b}");
+    let n = 3_000;
+    for chunk in 0..n / 500 {
+        let events: Vec<Value> = (0..500)
+            .map(|i| eg_event(&format!("e{}", chunk * 500 + i), "s", "T", json!({})))
+            .collect();
+        t.publish("t", Value::Array(events)).await;
+    }
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < n {
+        seen.insert(topic_of(&sub.next(&broker).await));
+    }
+    let lbl = "topic=\"t\",subscription=\"s\"";
+    let m = t.wait_metric("DeliverySuccessCounts", lbl, n as u64).await;
+    assert_eq!(metric(&m, "DeliveryFailureCounts", lbl), Some(0), "{m}");
+}

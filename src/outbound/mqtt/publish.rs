@@ -35,9 +35,10 @@ use rumqttc::Outgoing;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 
-/// Requests rumqttc's channel holds before publishes fail with "queue full".
+/// Publishes one connection has unanswered (in rumqttc's channel or awaiting their PUBACK);
+/// more wait for a slot.
 const REQUEST_CAPACITY: usize = 1024;
 
 /// Why a publish was not acknowledged.
@@ -88,7 +89,19 @@ pub fn reason_text(r: PubAckReason) -> &'static str {
 }
 
 type Ack = Result<(), PublishError>;
-type Waiter = oneshot::Sender<Ack>;
+
+/// A publish waiting for its acknowledgement, holding one of the connection's request slots
+/// until it is answered.
+struct Waiter {
+    tx: oneshot::Sender<Ack>,
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+impl Waiter {
+    fn answer(self, a: Ack) {
+        let _ = self.tx.send(a);
+    }
+}
 
 /// Publish waiters in rumqttc's request order, and by packet id once sent.
 #[derive(Default)]
@@ -111,7 +124,7 @@ impl Tracker {
         };
         if pkid == 0 {
             // QoS 0: written, nothing to wait for.
-            let _ = w.send(Ok(()));
+            w.answer(Ok(()));
         } else {
             self.awaiting.entry(pkid).or_default().push_back(w);
         }
@@ -131,8 +144,8 @@ impl Tracker {
         if self.awaiting.get(&pkid).is_some_and(VecDeque::is_empty) {
             self.awaiting.remove(&pkid);
         }
-        if let Some(tx) = w {
-            let _ = tx.send(match reason_code(reason) {
+        if let Some(w) = w {
+            w.answer(match reason_code(reason) {
                 c if c < 0x80 => Ok(()),
                 _ => Err(PublishError::Refused(reason)),
             });
@@ -144,8 +157,8 @@ impl Tracker {
             .unsent
             .drain(..)
             .chain(self.awaiting.drain().flat_map(|(_, q)| q));
-        for tx in waiters {
-            let _ = tx.send(Err(e.clone()));
+        for w in waiters {
+            w.answer(Err(e.clone()));
         }
         self.collided = None;
     }
@@ -160,6 +173,9 @@ struct Shared {
     client: AsyncClient,
     tracker: Mutex<Tracker>,
     state: AtomicU8,
+    /// One per request in rumqttc's channel or awaiting its PUBACK: at most
+    /// [`REQUEST_CAPACITY`], so the channel never overflows.
+    slots: Arc<Semaphore>,
     /// Largest packet the broker takes (its CONNACK's maximum packet size, at most ours).
     max_packet: AtomicU32,
 }
@@ -229,11 +245,16 @@ impl Publisher {
         opts.set_client_id(client_id.to_string());
         opts.set_clean_start(true);
         opts.set_session_expiry_interval(Some(0));
+        // Each delivery waits for its PUBACK: no Nagle delay on the small PUBLISH packets.
+        let mut net = rumqttc::NetworkOptions::new();
+        net.set_tcp_nodelay(true);
+        opts.set_network_options(net);
         let (client, eventloop) = AsyncClient::new(opts, REQUEST_CAPACITY);
         let shared = Arc::new(Shared {
             client,
             tracker: Mutex::new(Tracker::default()),
             state: AtomicU8::new(CONNECTING),
+            slots: Arc::new(Semaphore::new(REQUEST_CAPACITY)),
             max_packet: AtomicU32::new(spec.max_packet_bytes),
         });
         let task = tokio::spawn(run(
@@ -261,13 +282,24 @@ impl Publisher {
         self.shared.max_packet.load(Ordering::Relaxed) as usize
     }
 
-    /// Queue `m`; the receiver resolves on its PUBACK (QoS 1) or once written (QoS 0).
+    /// Queue `m`; the receiver resolves on its PUBACK (QoS 1) or once written (QoS 0). Waits
+    /// while [`REQUEST_CAPACITY`] publishes are unanswered (the caller bounds the wait).
     ///
     /// # Errors
-    /// [`PublishError::Disconnected`] at once while the connection is down (between attempts),
-    /// [`PublishError::QueueFull`].
-    pub fn publish(&self, m: Message) -> Result<oneshot::Receiver<Ack>, PublishError> {
-        if self.shared.state.load(Ordering::Relaxed) == DOWN {
+    /// [`PublishError::Disconnected`] at once while the connection is down (between attempts).
+    pub async fn publish(&self, m: Message) -> Result<oneshot::Receiver<Ack>, PublishError> {
+        let down = || self.shared.state.load(Ordering::Relaxed) == DOWN;
+        if down() {
+            return Err(PublishError::Disconnected);
+        }
+        let slot = self
+            .shared
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| PublishError::Disconnected)?;
+        if down() {
             return Err(PublishError::Disconnected);
         }
         let (tx, rx) = oneshot::channel();
@@ -281,9 +313,13 @@ impl Publisher {
             m.properties,
         ) {
             Ok(()) => {
-                t.unsent.push_back(tx);
+                t.unsent.push_back(Waiter {
+                    tx,
+                    _slot: Some(slot),
+                });
                 Ok(rx)
             }
+            // Not expected: every request in the channel holds a slot.
             Err(ClientError::TryRequest(_)) => Err(PublishError::QueueFull),
             Err(_) => Err(PublishError::Disconnected),
         }
@@ -471,7 +507,7 @@ mod tests {
 
     fn waiter(t: &mut Tracker) -> oneshot::Receiver<Ack> {
         let (tx, rx) = oneshot::channel();
-        t.unsent.push_back(tx);
+        t.unsent.push_back(Waiter { tx, _slot: None });
         rx
     }
 

@@ -177,18 +177,24 @@ impl Sink for MqttSink {
                 Err(e) => return Outcome::failed(failure(e)),
             };
             let deadline = tokio::time::Instant::now() + self.timeout;
-            let waits = (0..req.events.len()).map(|i| {
-                let sent = self.message(req, i).and_then(|m| {
-                    let size = m.packet_size();
-                    if size > conn.max_packet() {
-                        return Err(FailureKind::TooLarge(format!(
-                            "a {size}-byte MQTT packet; the broker takes at most {} bytes",
+            // Published in order, one after the other; their PUBACKs are awaited together.
+            let mut waits = Vec::with_capacity(req.events.len());
+            for i in 0..req.events.len() {
+                let sent = match self.message(req, i) {
+                    Ok(m) if m.packet_size() > conn.max_packet() => {
+                        Err(FailureKind::TooLarge(format!(
+                            "a {}-byte MQTT packet; the broker takes at most {} bytes",
+                            m.packet_size(),
                             conn.max_packet()
-                        )));
+                        )))
                     }
-                    conn.publish(m).map_err(failure)
-                });
-                async move {
+                    Ok(m) => match tokio::time::timeout_at(deadline, conn.publish(m)).await {
+                        Ok(r) => r.map_err(failure),
+                        Err(_) => Err(FailureKind::Timeout),
+                    },
+                    Err(kind) => Err(kind),
+                };
+                waits.push(async move {
                     let rx = match sent {
                         Ok(rx) => rx,
                         Err(kind) => return Outcome::failed(kind),
@@ -199,8 +205,8 @@ impl Sink for MqttSink {
                         Ok(Err(_)) => Outcome::failed(FailureKind::Connect),
                         Err(_) => Outcome::failed(FailureKind::Timeout),
                     }
-                }
-            });
+                });
+            }
             Outcome::per_event(join_all(waits).await)
         })
     }
