@@ -16,6 +16,8 @@ mod harness;
 mod health_isolation;
 mod layering;
 mod management;
+mod mosquitto;
+mod mqtt_source;
 mod node;
 mod otel;
 mod outbound;
