@@ -110,13 +110,17 @@ pub fn help() -> String {
 
 /// `check-config`: the text to print and the exit code (0 valid, 2 not).
 pub fn check_config(vars: Vec<(String, String)>) -> (String, u8) {
-    if let Err(e) = Config::from_vars(vars.clone()) {
+    let cfg = match Config::from_vars(vars.clone()) {
+        Ok(cfg) => cfg,
+        Err(e) => return (format!("gridlet: {e}\n"), 2),
+    };
+    if let Err(e) = crate::ingress::plan(&cfg).and_then(|p| crate::ingress::check_files(&p)) {
         return (format!("gridlet: {e}\n"), 2);
     }
     let mut out = String::from("configuration is valid; settings in force (* = set):\n");
     for e in config::effective(vars) {
         let mark = if e.given { '*' } else { ' ' };
-        let _ = writeln!(out, "{mark} {} = {}", e.setting.key, e.value);
+        let _ = writeln!(out, "{mark} {} = {}", e.key, e.value);
     }
     (out, 0)
 }
@@ -259,7 +263,7 @@ pub fn log_start(vars: Vec<(String, String)>) {
     let changed: Vec<String> = config::effective(vars)
         .into_iter()
         .filter(|e| e.given && e.value != e.setting.default)
-        .map(|e| format!("{}={}", e.setting.key, e.value))
+        .map(|e| format!("{}={}", e.key, e.value))
         .collect();
     tracing::info!(version = %version(), settings = %changed.join(" "), "gridlet starting");
 }

@@ -66,6 +66,7 @@ impl Broker {
                 mgmt: Mutex::new(()),
                 replays: tokio::sync::Mutex::new(()),
                 seq: Mutex::new(snapshot.max_seq + 1),
+                mqtt: RwLock::new(Vec::new()),
             }),
         };
         let topics = restore_topics(snapshot.topics);

@@ -11,10 +11,12 @@
 //! Nothing else in the crate reads the environment: `main` calls [`Config::from_env`] and passes
 //! `Arc<Config>` down.
 
+mod mqtt;
 mod parse;
 mod settings;
 mod types;
 
+pub use mqtt::{Instance, Mqtt};
 pub use settings::{Key, Setting, SETTINGS};
 pub use types::{
     ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, Outbound,
@@ -27,6 +29,9 @@ use std::fmt;
 /// One setting as a list of `KEY=value` pairs sets it: its canonical key, the value in force,
 /// and whether that value was given (else it is the default).
 pub struct Effective {
+    /// The key as shown: the setting's, or for a named instance's setting the key with its name
+    /// (`mqtt__connections__plant__url`).
+    pub key: String,
     /// The setting.
     pub setting: &'static Setting,
     /// The value in force ("" = unset); `***` for a secret that is set.
@@ -39,8 +44,9 @@ pub struct Effective {
 /// does), secrets masked: for `gridlet check-config` and the start-up log.
 pub fn effective(vars: impl IntoIterator<Item = (String, String)>) -> Vec<Effective> {
     let raw = Raw::new(vars);
-    Key::ALL
+    let mut out: Vec<Effective> = Key::ALL
         .iter()
+        .filter(|key| parse::template(**key).is_none())
         .map(|key| {
             let setting = key.setting();
             let given = raw.given(*key);
@@ -50,12 +56,31 @@ pub fn effective(vars: impl IntoIterator<Item = (String, String)>) -> Vec<Effect
                 None => setting.default.to_string(),
             };
             Effective {
+                key: setting.key.to_string(),
                 setting,
                 value,
                 given: given.is_some(),
             }
         })
-        .collect()
+        .collect();
+    for ((family, name), values) in &raw.instances {
+        for (key, v) in values {
+            let setting = key.setting();
+            let field = parse::template(*key).map_or("", |(_, f)| f);
+            let value = if setting.is_secret() && !v.trim().is_empty() {
+                "***".to_string()
+            } else {
+                v.trim().to_string()
+            };
+            out.push(Effective {
+                key: format!("{family}__{name}__{field}"),
+                setting,
+                value,
+                given: true,
+            });
+        }
+    }
+    out
 }
 
 /// A setting that could not be parsed. Its `Display` is the one line printed at start-up.
@@ -101,6 +126,8 @@ pub struct Config {
     pub edge: EdgeEnv,
     /// OpenTelemetry (`OTEL_*`, `telemetry__*`).
     pub telemetry: Telemetry,
+    /// MQTT sources (`mqtt__connections__*`, `mqtt__routes__*`), as given.
+    pub mqtt: Mqtt,
     /// Keys that looked like settings but are not known (reported as a warning at start-up).
     pub unknown_keys: Vec<String>,
 }
@@ -125,6 +152,7 @@ impl fmt::Debug for Config {
             .field("persistence", &self.persistence)
             .field("edge", &self.edge)
             .field("telemetry", &self.telemetry)
+            .field("mqtt", &self.mqtt)
             .finish()
     }
 }
@@ -157,6 +185,7 @@ impl Config {
         let edge = parse::edge(&raw);
         let log_format = parse::log_format(&raw)?;
         let telemetry = parse::telemetry(&raw)?;
+        let mqtt = mqtt::mqtt(&raw);
         Ok(Self {
             inbound,
             outbound,
@@ -168,6 +197,7 @@ impl Config {
             persistence,
             edge,
             telemetry,
+            mqtt,
             unknown_keys: raw.unknown,
         })
     }
