@@ -89,6 +89,9 @@ struct BrokerState {
     /// The next sequence number. Held while a publish numbers its events **and** submits them to
     /// the store, so the store receives events in sequence order (the event log's invariant).
     seq: Mutex<u64>,
+    /// The MQTT sources' connection statuses (their tasks sit above the broker and register
+    /// here so `/metrics` and the readiness detail show them).
+    mqtt: RwLock<Vec<(String, Arc<crate::metrics::MqttConnectionMetrics>)>>,
 }
 
 /// Cheap to clone handle to the broker.
@@ -163,6 +166,22 @@ impl Broker {
     pub async fn close_store(&self) {
         let store = self.inner.ctx.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.close()).await;
+    }
+
+    /// Show an MQTT source connection's status in `/metrics` and the readiness detail.
+    pub fn register_mqtt_connection(
+        &self,
+        name: &str,
+        status: Arc<crate::metrics::MqttConnectionMetrics>,
+    ) {
+        let mut g = crate::sync::write(&self.inner.mqtt);
+        g.retain(|(n, _)| n != name);
+        g.push((name.to_string(), status));
+    }
+
+    /// The MQTT source connections' statuses, by name.
+    pub fn mqtt_connections(&self) -> Vec<(String, Arc<crate::metrics::MqttConnectionMetrics>)> {
+        crate::sync::read(&self.inner.mqtt).clone()
     }
 
     /// The tracer spans are recorded with (off unless an OTLP endpoint is configured).

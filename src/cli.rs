@@ -132,13 +132,17 @@ pub fn check_config(vars: Vec<(String, String)>) -> (String, u8) {
         Ok(cfg) if unknown.is_empty() => cfg,
         _ => return (out, 2),
     };
+    if let Err(e) = crate::ingress::plan(&cfg).and_then(|p| crate::ingress::check_files(&p)) {
+        let _ = writeln!(out, "gridlet: {e}");
+        return (out, 2);
+    }
     for w in cfg.warnings() {
         let _ = writeln!(out, "warning: {w}");
     }
     out.push_str("configuration is valid; settings in force (* = set):\n");
     for e in config::effective(vars) {
         let mark = if e.given { '*' } else { ' ' };
-        let _ = writeln!(out, "{mark} {} = {}", e.setting.key, e.value);
+        let _ = writeln!(out, "{mark} {} = {}", e.key, e.value);
     }
     (out, 0)
 }
@@ -281,7 +285,7 @@ pub fn log_start(vars: Vec<(String, String)>) {
     let changed: Vec<String> = config::effective(vars)
         .into_iter()
         .filter(|e| e.given && e.value != e.setting.default)
-        .map(|e| format!("{}={}", e.setting.key, e.value))
+        .map(|e| format!("{}={}", e.key, e.value))
         .collect();
     tracing::info!(version = %version(), settings = %changed.join(" "), "gridlet starting");
 }

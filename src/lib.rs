@@ -23,6 +23,7 @@
 //!   engine); `outbound`: the destinations behind its `Sink` seam (HTTP, Azure, edgeHub).
 //! * `store`: storage trait and implementations; `tls`: certificates and verifiers.
 //! * `edge`: running as an IoT Edge module (workload API, edgeHub, module twin).
+//! * `ingress`: MQTT sources (messages from MQTT brokers become published events).
 //! * `metrics`: counters and the one table of families; `clock`: time seam.
 //! * `telemetry`: OpenTelemetry trace context, spans and their OTLP export.
 //!
@@ -44,6 +45,7 @@ pub mod config;
 pub mod delivery;
 pub mod edge;
 pub(crate) mod error;
+pub mod ingress;
 pub(crate) mod metrics;
 pub mod model;
 pub mod outbound;

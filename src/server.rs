@@ -43,6 +43,9 @@ pub enum StartError {
     /// The IoT Edge workload API or its material.
     #[error(transparent)]
     Edge(#[from] EdgeError),
+    /// An MQTT source setting (a file it names, a route's topic).
+    #[error(transparent)]
+    Mqtt(#[from] crate::ingress::SettingError),
     /// A listener could not bind.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -83,6 +86,8 @@ pub struct Gridlet {
     listeners: Vec<JoinHandle<()>>,
     /// Under IoT Edge: owns the edgeHub, twin and certificate-renewal tasks.
     edge: Option<EdgeRuntime>,
+    /// The MQTT sources' tasks.
+    mqtt: crate::ingress::Sources,
     /// The OTLP span and metrics exporters, when endpoints are configured.
     exporters: Vec<otlp::Exporter>,
 }
@@ -247,6 +252,11 @@ impl Gridlet {
         if let Some(e) = edge.as_mut() {
             e.start(broker.clone(), certs.clone());
         }
+        let mqtt = crate::ingress::start(
+            crate::ingress::plan(&cfg)?,
+            &broker,
+            &edge.as_ref().map(EdgeRuntime::mqtt_tls).unwrap_or_default(),
+        )?;
         tracing::info!(http = ?http_addr, https = ?https_addr, "gridlet listening");
         Ok(Self {
             broker,
@@ -257,6 +267,7 @@ impl Gridlet {
             stop,
             listeners: tasks,
             edge,
+            mqtt,
             exporters,
         })
     }
@@ -266,6 +277,8 @@ impl Gridlet {
     /// (`broker__shutdownDrainTimeoutInSeconds`; nothing new is sent), then every task stops.
     pub async fn shutdown(self) {
         self.ready.store(false, Ordering::Relaxed);
+        // No new MQTT messages; those not yet acknowledged are resent by their brokers.
+        drop(self.mqtt);
         let _ = self.stop.send(true);
         for l in self.listeners {
             let _ = l.await;
@@ -469,7 +482,11 @@ fn default_sinks(
         // The module identity certificate is presented under IoT Edge when this is on.
         presents_certificate: edge.is_some() && cfg.outbound.client_cert_enabled,
     };
-    let sinks = DefaultSinks::new(webhook, client(azure_tls(cfg)?)?);
+    let sinks = DefaultSinks::new(webhook, client(azure_tls(cfg)?)?).with_mqtt(
+        edge.map(EdgeRuntime::mqtt_tls).unwrap_or_default(),
+        cfg.outbound.denied_ranges.clone(),
+        timeout,
+    );
     Ok(match edge.and_then(EdgeRuntime::edgehub) {
         Some(hub) => sinks.with_module_outputs(Arc::new(hub), timeout),
         None => sinks,

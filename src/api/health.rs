@@ -13,14 +13,22 @@ pub(super) async fn live() -> &'static str {
     "ok"
 }
 
-/// Readiness: the broker accepts work (503 while shutting down). The body says so, and names
-/// any data the store found damaged at start (`persistence__onDamage=serve`): a second line.
+/// Readiness: the broker accepts work (503 while shutting down). The body says so, names any
+/// data the store found damaged at start (`persistence__onDamage=serve`), and adds one line per
+/// MQTT source connection (its state does not change readiness: publishing over HTTP works
+/// whatever the brokers do).
 pub(super) async fn ready(State(s): State<AppState>) -> Response {
     if s.ready.load(Ordering::Relaxed) {
-        match s.broker.store_damage() {
-            Some(damage) => (StatusCode::OK, format!("ready\n{damage}\n")).into_response(),
-            None => (StatusCode::OK, "ready").into_response(),
+        let mut body = String::from("ready");
+        if let Some(damage) = s.broker.store_damage() {
+            body.push('\n');
+            body.push_str(&damage.to_string());
+            body.push('\n');
         }
+        for (name, m) in s.broker.mqtt_connections() {
+            body.push_str(&mqtt_line(&name, &m));
+        }
+        (StatusCode::OK, body).into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response()
     }
@@ -46,4 +54,29 @@ pub(super) async fn metrics(State(s): State<AppState>) -> Response {
         s.broker.render_metrics(),
     )
         .into_response()
+}
+
+/// `\nmqtt plant: connected, received 10, acknowledged 9, refused 1, dropped 0[, paused][; last
+/// error: ...]`.
+fn mqtt_line(name: &str, m: &crate::metrics::MqttConnectionMetrics) -> String {
+    let state = if m.is_connected() {
+        "connected"
+    } else {
+        "disconnected"
+    };
+    let mut line = format!(
+        "\nmqtt {name}: {state}, received {}, acknowledged {}, refused {}, dropped {}",
+        m.received.get(),
+        m.acknowledged.get(),
+        m.refused.get(),
+        m.dropped.get()
+    );
+    if m.paused.load(Ordering::Relaxed) == 1 {
+        line.push_str(", paused (gridlet cannot accept its messages now)");
+    }
+    if let Some(e) = m.last_error() {
+        line.push_str("; last error: ");
+        line.push_str(&e.replace('\n', " "));
+    }
+    line
 }

@@ -3,7 +3,9 @@
 
 use super::*;
 use crate::metrics::text::{Series, SeriesValue};
-use crate::metrics::{BrokerView, CommitView, EndpointView, Kind, SubscriptionView, TopicView};
+use crate::metrics::{
+    BrokerView, CommitView, EndpointView, Kind, MqttView, SubscriptionView, TopicView,
+};
 use crate::telemetry::{MetricFamily, MetricKind, MetricPoint, PointValue};
 
 impl Broker {
@@ -44,7 +46,12 @@ impl Broker {
                     .collect::<Vec<_>>()
             })
             .collect();
+        let mqtt = self.mqtt_connections();
         let snapshot = metrics::Snapshot {
+            mqtt: mqtt
+                .iter()
+                .map(|(name, m)| MqttView { name, metrics: m })
+                .collect(),
             topics: topics
                 .iter()
                 .zip(&names)

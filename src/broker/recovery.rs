@@ -67,6 +67,7 @@ impl Broker {
                 mgmt: Mutex::new(()),
                 replays: tokio::sync::Mutex::new(()),
                 seq: Mutex::new(snapshot.max_seq + 1),
+                mqtt: RwLock::new(Vec::new()),
             }),
         };
         let topics = restore_topics(snapshot.topics, cfg.broker.deduplication_max_identities);

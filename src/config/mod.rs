@@ -12,11 +12,13 @@
 //! `Arc<Config>` down.
 
 mod advice;
+mod mqtt;
 mod parse;
 mod settings;
 mod spelling;
 mod types;
 
+pub use mqtt::{Instance, Mqtt};
 pub use settings::{Key, Setting, SETTINGS};
 pub use spelling::UnknownKey;
 pub use types::{
@@ -30,6 +32,9 @@ use std::fmt;
 /// One setting as a list of `KEY=value` pairs sets it: its canonical key, the value in force,
 /// and whether that value was given (else it is the default).
 pub struct Effective {
+    /// The key as shown: the setting's, or for a named instance's setting the key with its name
+    /// (`mqtt__connections__plant__url`).
+    pub key: String,
     /// The setting.
     pub setting: &'static Setting,
     /// The value in force ("" = unset); `***` for a secret that is set.
@@ -42,8 +47,9 @@ pub struct Effective {
 /// does), secrets masked: for `gridlet check-config` and the start-up log.
 pub fn effective(vars: impl IntoIterator<Item = (String, String)>) -> Vec<Effective> {
     let raw = Raw::new(vars);
-    Key::ALL
+    let mut out: Vec<Effective> = Key::ALL
         .iter()
+        .filter(|key| parse::template(**key).is_none())
         .map(|key| {
             let setting = key.setting();
             let given = raw.given(*key);
@@ -53,12 +59,31 @@ pub fn effective(vars: impl IntoIterator<Item = (String, String)>) -> Vec<Effect
                 None => setting.default.to_string(),
             };
             Effective {
+                key: setting.key.to_string(),
                 setting,
                 value,
                 given: given.is_some(),
             }
         })
-        .collect()
+        .collect();
+    for ((family, name), values) in &raw.instances {
+        for (key, v) in values {
+            let setting = key.setting();
+            let field = parse::template(*key).map_or("", |(_, f)| f);
+            let value = if setting.is_secret() && !v.trim().is_empty() {
+                "***".to_string()
+            } else {
+                v.trim().to_string()
+            };
+            out.push(Effective {
+                key: format!("{family}__{name}__{field}"),
+                setting,
+                value,
+                given: true,
+            });
+        }
+    }
+    out
 }
 
 /// A given value as logs and `check-config` may show it: a URL with its credentials masked
@@ -120,6 +145,8 @@ pub struct Config {
     pub edge: EdgeEnv,
     /// OpenTelemetry (`OTEL_*`, `telemetry__*`).
     pub telemetry: Telemetry,
+    /// MQTT sources (`mqtt__connections__*`, `mqtt__routes__*`), as given.
+    pub mqtt: Mqtt,
     /// Variables that look like misspelled settings, each with the closest key (a warning at
     /// start-up; `check-config` refuses them).
     pub unknown_keys: Vec<UnknownKey>,
@@ -145,6 +172,7 @@ impl fmt::Debug for Config {
             .field("persistence", &self.persistence)
             .field("edge", &self.edge)
             .field("telemetry", &self.telemetry)
+            .field("mqtt", &self.mqtt)
             .finish()
     }
 }
@@ -177,6 +205,7 @@ impl Config {
         let edge = parse::edge(&raw);
         let log_format = parse::log_format(&raw)?;
         let telemetry = parse::telemetry(&raw)?;
+        let mqtt = mqtt::mqtt(&raw);
         Ok(Self {
             inbound,
             outbound,
@@ -188,6 +217,7 @@ impl Config {
             persistence,
             edge,
             telemetry,
+            mqtt,
             unknown_keys: raw.unknown,
         })
     }

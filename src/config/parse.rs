@@ -12,7 +12,7 @@ use super::types::{
 use super::ConfigError;
 
 mod telemetry;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,8 +23,40 @@ const U32_MAX: u64 = u32::MAX as u64;
 /// Normalised settings: key → raw value, plus the `IOTEDGE_*` variables.
 pub(super) struct Raw {
     values: HashMap<K, String>,
+    /// Settings of named instances (`mqtt__connections__{name}__url`): by family
+    /// (`mqtt__connections`) and name (lower case), each templated key's value.
+    pub(super) instances: BTreeMap<(&'static str, String), BTreeMap<K, String>>,
     pub(super) edge: HashMap<String, String>,
     pub(super) unknown: Vec<UnknownKey>,
+}
+
+/// The placeholder segment of a templated key (`mqtt__connections__N__url`).
+const INSTANCE: &str = "__N__";
+
+/// A templated key's family and field: `mqtt__connections__N__tls__caFile` →
+/// (`mqtt__connections`, `tls__caFile`).
+pub(super) fn template(key: K) -> Option<(&'static str, &'static str)> {
+    key.name().split_once(INSTANCE)
+}
+
+/// An instance name: letters, digits, `-` and single `_` (two are a separator).
+fn instance_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.contains("__")
+        && !name.starts_with('_')
+        && !name.ends_with('_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// The templated key and instance name `norm` (a lower-cased key) spells, if any.
+fn match_template(templates: &[(String, String, K)], norm: &str) -> Option<(K, String)> {
+    templates.iter().find_map(|(family, field, key)| {
+        let rest = norm.strip_prefix(family.as_str())?.strip_prefix("__")?;
+        let name = rest.strip_suffix(field.as_str())?.strip_suffix("__")?;
+        instance_name(name).then(|| (*key, name.to_string()))
+    })
 }
 
 impl Raw {
@@ -40,13 +72,24 @@ impl Raw {
             .keys()
             .filter_map(|k| k.split_once("__").map(|(section, _)| section))
             .collect();
+        let templates: Vec<(String, String, K)> = K::ALL
+            .iter()
+            .filter_map(|k| {
+                let (family, field) = template(*k)?;
+                Some((family.to_ascii_lowercase(), field.to_ascii_lowercase(), *k))
+            })
+            .collect();
         let mut values = HashMap::new();
+        let mut instances: BTreeMap<(&'static str, String), BTreeMap<K, String>> = BTreeMap::new();
         let mut edge = HashMap::new();
         let mut unknown = Vec::new();
         for (k, v) in vars {
             let norm = k.replace(':', "__").to_ascii_lowercase();
-            if let Some(key) = canon.get(&norm) {
+            if let Some(key) = canon.get(&norm).filter(|k| template(**k).is_none()) {
                 values.insert(*key, v);
+            } else if let Some((key, name)) = match_template(&templates, &norm) {
+                let family = template(key).map_or("", |(f, _)| f);
+                instances.entry((family, name)).or_default().insert(key, v);
             } else if norm.starts_with("iotedge_") {
                 edge.insert(norm, v);
             } else {
@@ -59,6 +102,7 @@ impl Raw {
         unknown.sort_by(|a, b| a.key.cmp(&b.key));
         Self {
             values,
+            instances,
             edge,
             unknown,
         }

@@ -26,7 +26,7 @@ macro_rules! settings {
         /// A setting, named by its canonical key (the variant's name is the key, so it is
         /// written once, in the table below). `Key::k as usize` is its index in [`SETTINGS`].
         #[allow(non_camel_case_types)]
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum Key {
             $( #[doc = $doc] $key, )*
         }
@@ -137,6 +137,27 @@ settings! {
     api__deliveryPolicyLimits__maxpreferredBatchSizeInKilobytes = "1033" : "largest `preferredBatchSizeInKilobytes` a subscription may set";
     api__deliveryPolicyLimits__maxBatchSizeInBytes = "1058576" : "largest `approxBatchSizeInBytes` (older twin knob) a subscription may set";
     api__filterLimits__maxIncludedEventTypes = "256" : "most entries in a subscription's `filter.includedEventTypes` (400 above); matched in constant time, this bounds the memory of one subscription's type set";
+    mqtt__connections__N__url = "" : "MQTT sources (docs/MQTT.md): the broker of connection `N` (`N`: a name of letters, digits, `-` and single `_`, case-insensitive; it names the connection in the events' `source`, metrics and logs), `mqtt://host[:1883]` or `mqtts://host[:8883]`. Each `mqtt__connections__N__*` setting belongs to connection `N`";
+    mqtt__connections__N__clientId = "" : "MQTT client id of connection `N` (default `gridlet-N`); keep it stable: the broker keeps the session under it";
+    mqtt__connections__N__protocolVersion = "5" : "`5` or `3.1.1` (no enhanced authentication, session expiry or receive maximum)";
+    mqtt__connections__N__username = "" : "MQTT user name";
+    mqtt__connections__N__password = "" : "MQTT password (secret, never logged)";
+    mqtt__connections__N__authentication__method = "" : "MQTT 5 enhanced authentication: `K8S-SAT` (Azure IoT Operations' broker) sends the token of `authentication__tokenFile` as the authentication data";
+    mqtt__connections__N__authentication__tokenFile = "" : "Kubernetes service-account token file, read at every connect (the kubelet rotates it)";
+    mqtt__connections__N__tls__caFile = "" : "PEM file of the roots the broker's certificate must chain to (default: Mozilla's roots and, under IoT Edge, the trust bundle); the host name is always checked";
+    mqtt__connections__N__tls__certFile = "" : "PEM client certificate chain presented to the broker (with `tls__keyFile`)";
+    mqtt__connections__N__tls__keyFile = "" : "PEM private key of `tls__certFile`";
+    mqtt__connections__N__tls__clientIdentity = "" : "`IoTEdge`: present the module identity certificate from the IoT Edge workload API (instead of `tls__certFile`)";
+    mqtt__connections__N__keepAliveSeconds = "60" : "MQTT keep-alive, 5 to 65535";
+    mqtt__connections__N__cleanStart = "false" : "`false`: the broker keeps the session (subscriptions and unacknowledged QoS 1 messages) while gridlet is away, so nothing published meanwhile is lost; `true` starts afresh at each connect";
+    mqtt__connections__N__sessionExpirySeconds = "86400" : "how long the broker keeps the session after gridlet disconnects (MQTT 5)";
+    mqtt__connections__N__receiveMaximum = "100" : "QoS 1 messages the broker may send gridlet before it acknowledges any (MQTT 5): the bound on messages in flight on the connection";
+    mqtt__connections__N__maxPacketBytes = "1048576" : "largest MQTT packet accepted (1024 to 268435455)";
+    mqtt__routes__N__connection = "" : "MQTT route `N` (each `mqtt__routes__N__*` setting belongs to route `N`): the connection it subscribes on";
+    mqtt__routes__N__topicFilter = "" : "MQTT topic filter the route subscribes to (`+` and `#` wildcards; `$share/group/filter` for shared subscriptions)";
+    mqtt__routes__N__topic = "" : "the gridlet topic its messages are published to (must exist; its input schema decides the event shape, docs/MQTT.md)";
+    mqtt__routes__N__qos = "1" : "subscription QoS: `1` (at least once: acknowledged only once gridlet accepted the event) or `0` (at most once: messages gridlet cannot accept are dropped and counted)";
+    mqtt__routes__N__enrichments = "" : "comma-separated `key=value` attributes added to each event: a static value, or `${mqtt.message.userProperties.x}`, `${mqtt.message.topicName}`, `${mqtt.message.contentType}`, `${mqtt.message.pfi}`, `${mqtt.message.responseTopic}`; keys lower-case letters and digits, at most 20 of them, values at most 128 characters (Event Grid namespaces' rules)";
     metrics__reporterType = "none" : "`none`, `prometheus` (serve `/metrics`), `console` (log metrics every 60 s)";
     log__format = "text" : "`text`: one line per record with the syslog severity prefix IoT Edge filters on (`<6>` info, `<4>` warn, `<3>` error), colours only on a terminal and never with `NO_COLOR`; `json`: one JSON object per line, for log shippers. Level: `RUST_LOG` (default `info`)";
     OTEL_EXPORTER_OTLP_ENDPOINT = "" : "OpenTelemetry: base URL of an OTLP/HTTP collector (`http://host:4318`); traces go to `<base>/v1/traces`. Both this and `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` unset: no spans are recorded or exported (trace context is still carried to subscribers). docs/OBSERVABILITY.md";

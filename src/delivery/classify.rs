@@ -16,6 +16,7 @@
 //! | event too large for the destination | dead-lettered at once | the same |
 //! | refused for good (namespace 410, no CloudEvents form) | dead-lettered at once | the same |
 //! | throttled (namespace 403 for a quota) | retried, `Retry-After` honoured (capped) | the same |
+//! | refused for good (MQTT PUBACK 0x87, 0x90, 0x95, 0x99...) | dead-lettered at once | the same |
 //! | delay jitter | none (exact 1-min/10-min queues) | ± `broker__retryJitterPercent` |
 //!
 //! Three named schedules (delay before the next attempt, by attempts made so far):
@@ -153,6 +154,13 @@ mod tests {
             },
             retry_after,
         }
+    }
+
+    fn refused() -> Outcome {
+        Outcome::failed(FailureKind::Refused {
+            status: None,
+            message: "PUBACK 0x87 not authorized".into(),
+        })
     }
 
     fn too_large() -> Outcome {
@@ -309,6 +317,8 @@ mod tests {
             (Standard, svc(410, None), false, retry),
             (Original, too_large(), false, Verdict::Refuse),
             (Standard, too_large(), false, Verdict::Refuse),
+            (Original, refused(), false, Verdict::Refuse),
+            (Standard, refused(), true, Verdict::Refuse),
         ];
         for (p, o, dl, v) in table {
             assert_eq!(classify(p, &o, dl), v, "{p:?} {o:?} dl={dl}");

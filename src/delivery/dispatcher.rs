@@ -284,6 +284,18 @@ impl Task {
             batch_id: batch.items.first().map(|p| p.seq).unwrap_or(0),
             trace: onward.request,
             event_traces: onward.events,
+            time_left: {
+                let now_ms = self.ctx.clock.now_ms();
+                let ttl = cfg.policy.ttl.as_millis() as u64;
+                batch
+                    .items
+                    .iter()
+                    .map(|p| {
+                        let expires = p.first_enqueued_ms.saturating_add(ttl);
+                        Duration::from_millis(expires.saturating_sub(now_ms))
+                    })
+                    .collect()
+            },
         };
         let tracer = self.ctx.tracer.clone();
         self.in_flight

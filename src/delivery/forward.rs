@@ -131,6 +131,7 @@ impl Batch {
             batch_id: self.first_seq,
             trace: None,
             event_traces: Vec::new(),
+            time_left: Vec::new(),
         }
     }
 }

@@ -18,7 +18,8 @@
 //! as up; timeouts after a connection was made, 5xx other than 503, 429, 408, 3xx (redirects
 //! are not followed), TLS failures the peer answered and the configuration faults
 //! 401/403/404/405/410 count as down. Refusals of particular events (every other 4xx: 400, 409,
-//! 413, 415, 422 ..., and an event too large for the destination) count neither way: one
+//! 413, 415, 422 ..., an event too large for the destination, and an MQTT broker's refusal of
+//! one message such as PUBACK 0x87 or 0x90) count neither way: one
 //! subscription whose events a receiver refuses cannot disable a URL other subscriptions
 //! deliver to (a probe answered that way just ends the probe).
 //!

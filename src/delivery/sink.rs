@@ -33,12 +33,21 @@ pub struct DeliveryRequest {
     /// Each event's trace context (per-message properties on Service Bus and Event Hubs) when
     /// the batch mixes contexts; empty when every event travels in `trace`'s (or none).
     pub event_traces: Vec<Option<TraceContext>>,
+    /// Each event's time to live left when the attempt started (first enqueued + TTL - now),
+    /// in order (an MQTT message's expiry interval); empty when not known (dead letters being
+    /// forwarded).
+    pub time_left: Vec<Duration>,
 }
 
 impl DeliveryRequest {
     /// The events as one JSON array (the body webhooks always get, even for one event).
     pub fn json_array(&self) -> Bytes {
         json_array(&self.events)
+    }
+
+    /// Event `i`'s time to live left when the attempt started, if known.
+    pub fn time_left_of(&self, i: usize) -> Option<Duration> {
+        self.time_left.get(i).copied()
     }
 
     /// The attempt number of event `i` (1-based).
@@ -84,8 +93,9 @@ pub enum FailureKind {
     /// and the dead letter's `lastError`.
     CredentialExpired(String),
     /// The destination refused the event for good (a namespace topic that no longer exists:
-    /// 410; an event that has no form the destination takes): dead-lettered at once under
-    /// every status-code policy.
+    /// 410; an event that has no form the destination takes; an MQTT PUBACK reason code such as
+    /// 0x87 not authorized or 0x90 topic name invalid): dead-lettered at once under every
+    /// status-code policy. Says nothing about the endpoint's health (it answered).
     Refused {
         /// HTTP status, when a response said so.
         status: Option<u16>,

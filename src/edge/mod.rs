@@ -271,6 +271,18 @@ impl EdgeRuntime {
         Ok(crate::outbound::http::HttpClient::new(client_cfg, timeout))
     }
 
+    /// What IoT Edge adds to MQTT connections' TLS: the trust bundle, and the identity
+    /// certificate when `outbound__clientAuth__clientCert__enabled`.
+    pub fn mqtt_tls(&self) -> crate::outbound::mqtt::connection::EdgeTls {
+        crate::outbound::mqtt::connection::EdgeTls {
+            trust_bundle_pem: Some(self.trust_bundle_pem.as_bytes().to_vec()),
+            identity: self
+                .identity
+                .as_ref()
+                .map(|(s, _)| s.clone() as Arc<dyn ResolvesClientCert>),
+        }
+    }
+
     /// The edgeHub connection, when IoT Edge gave enough to make one.
     pub fn edgehub(&self) -> Option<EdgeHub> {
         self.hub_handle.clone()

@@ -126,8 +126,18 @@ pub struct BrokerView {
     pub spans: Option<(u64, u64)>,
 }
 
+/// An MQTT source connection, as the metrics see it.
+pub struct MqttView<'a> {
+    /// Connection name (label `connection`).
+    pub name: &'a str,
+    /// Its status.
+    pub metrics: &'a super::MqttConnectionMetrics,
+}
+
 /// Everything one exposition shows.
 pub struct Snapshot<'a> {
+    /// MQTT source connections.
+    pub mqtt: Vec<MqttView<'a>>,
     /// Topics, in the order to show them.
     pub topics: Vec<TopicView<'a>>,
     /// Subscriptions, in the order to show them.
@@ -256,6 +266,26 @@ pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 22] {
     ]
 }
 
+/// MQTT source families: one series per connection (docs/MQTT.md).
+pub fn mqtt_families<'a>() -> [Family<MqttView<'a>>; 4] {
+    use std::sync::atomic::Ordering::Relaxed;
+    use Kind::*;
+    [
+        family("gridlet_mqtt_connected", Gauge, "1 while the MQTT source connection has a session with its broker", |c| n(c.metrics.connected.load(Relaxed))),
+        family("gridlet_mqtt_paused", Gauge, "1 while the MQTT source holds messages because gridlet cannot accept them now (memory or disk bound: what a publish would answer 503/507); QoS 1 messages stay unacknowledged at the broker", |c| n(c.metrics.paused.load(Relaxed))),
+        Family {
+            name: "gridlet_mqtt_messages_total",
+            kind: Counter,
+            help: "MQTT source messages by result: received; acknowledged (QoS 1 PUBACK after gridlet accepted the events); refused (no valid event or no route: acknowledged, no event); dropped (QoS 0 that could not be accepted)",
+            read: Read::By("result", |c| {
+                let m = c.metrics;
+                vec![("received", m.received.get()), ("acknowledged", m.acknowledged.get()), ("refused", m.refused.get()), ("dropped", m.dropped.get())]
+            }),
+        },
+        family("gridlet_mqtt_connection_errors_total", Counter, "MQTT source connection attempts that failed and sessions that ended", |c| n(c.metrics.connection_errors.get())),
+    ]
+}
+
 /// Broker-wide families: one series each (omitted when not applicable).
 pub fn broker_families() -> [Family<BrokerView>; 11] {
     use Kind::*;
@@ -358,6 +388,13 @@ pub fn visit(s: &Snapshot<'_>, f: &mut FamilyVisitor<'_>) {
             .map(|v| (vec![("topic", v.topic), ("subscription", v.name)], v));
         f(fam.name, fam.kind, fam.help, &series(&fam, views));
     }
+    for fam in mqtt_families() {
+        if s.mqtt.is_empty() {
+            break;
+        }
+        let views = s.mqtt.iter().map(|c| (vec![("connection", c.name)], c));
+        f(fam.name, fam.kind, fam.help, &series(&fam, views));
+    }
     for fam in broker_families() {
         let one = series(&fam, std::iter::once((Vec::new(), &s.broker)));
         if !one.is_empty() {
@@ -383,6 +420,7 @@ mod tests {
         let mut v: Vec<_> = topic_families().iter().map(|f| (f.name, f.help)).collect();
         v.extend(subscription_families().iter().map(|f| (f.name, f.help)));
         v.extend(broker_families().iter().map(|f| (f.name, f.help)));
+        v.extend(mqtt_families().iter().map(|f| (f.name, f.help)));
         v
     }
 
@@ -410,7 +448,14 @@ mod tests {
     fn every_family_is_written_with_its_kind_and_labels() {
         let (t, s) = (TopicMetrics::default(), SubscriptionMetrics::default());
         s.dropped_refused.add(3);
+        let m = super::super::MqttConnectionMetrics::default();
+        m.received.add(4);
+        m.connected.store(1, std::sync::atomic::Ordering::Relaxed);
         let snap = Snapshot {
+            mqtt: vec![MqttView {
+                name: "plant",
+                metrics: &m,
+            }],
             topics: vec![TopicView {
                 name: "t",
                 metrics: &t,
@@ -436,6 +481,14 @@ mod tests {
             },
         };
         let out = render(&snap);
+        assert!(
+            out.contains("gridlet_mqtt_messages_total{connection=\"plant\",result=\"received\"} 4"),
+            "{out}"
+        );
+        assert!(
+            out.contains("gridlet_mqtt_connected{connection=\"plant\"} 1"),
+            "{out}"
+        );
         assert!(
             out.contains("# TYPE EventsReceived counter\nEventsReceived{topic=\"t\"} 0\n"),
             "{out}"

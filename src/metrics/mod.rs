@@ -12,8 +12,8 @@ pub mod families;
 pub mod text;
 
 pub use families::{
-    render, visit, BrokerView, CommitView, EndpointView, Kind, Snapshot, SubscriptionView,
-    TopicView,
+    render, visit, BrokerView, CommitView, EndpointView, Kind, MqttView, Snapshot,
+    SubscriptionView, TopicView,
 };
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -136,4 +136,48 @@ pub struct SubscriptionMetrics {
     pub rejected: Counter,
     /// Queue subscriptions: locks that expired unsettled.
     pub lock_expired: Counter,
+}
+
+/// One MQTT source connection's status (docs/MQTT.md): the task that drives it writes, the
+/// metrics and the readiness detail read.
+#[derive(Debug, Default)]
+pub struct MqttConnectionMetrics {
+    /// 1 while an MQTT session is up.
+    pub connected: AtomicU64,
+    /// 1 while back-pressure holds its messages (gridlet answered 503/507; nothing is
+    /// acknowledged or dropped meanwhile except QoS 0 messages).
+    pub paused: AtomicU64,
+    /// Messages received from the broker.
+    pub received: Counter,
+    /// QoS 1 messages acknowledged (PUBACK) after gridlet accepted their events.
+    pub acknowledged: Counter,
+    /// Messages refused for good (no valid event for the topic; no route): acknowledged,
+    /// no event.
+    pub refused: Counter,
+    /// QoS 0 messages that could not be accepted (back-pressure): dropped.
+    pub dropped: Counter,
+    /// Connection attempts that failed, and sessions that ended.
+    pub connection_errors: Counter,
+    /// The last error (connection, subscription or publish), if any.
+    last_error: std::sync::Mutex<Option<String>>,
+}
+
+impl MqttConnectionMetrics {
+    /// Record `e` as the last error.
+    pub fn set_error(&self, e: String) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+    }
+
+    /// The last error.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Whether a session is up.
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Relaxed) == 1
+    }
 }

@@ -11,8 +11,8 @@
 //! string, number or boolean, and left out otherwise. Where they go depends on the
 //! destination ([`AttributeTarget`]): HTTP headers for webhooks; for Service Bus and Event
 //! Hubs, the reserved names Event Grid documents become the message's broker properties and
-//! every other name an application property. Secret values (`isSecret`) are masked in GET,
-//! the twin and logs by the destination type's secret list.
+//! every other name an application property; for MQTT, MQTT 5 user properties. Secret values
+//! (`isSecret`) are masked in GET, the twin and logs by the destination type's secret list.
 
 use super::json::Obj;
 use super::Invalid;
@@ -32,6 +32,8 @@ pub enum AttributeTarget {
     ServiceBus,
     /// Event Hubs message properties.
     EventHubs,
+    /// MQTT 5 user properties (any UTF-8 name and value, no NUL).
+    MqttUserProperties,
 }
 
 /// The Service Bus broker properties a mapping may set, as Event Grid documents them
@@ -56,7 +58,7 @@ impl AttributeTarget {
     /// application property (or a header).
     pub fn system_name(self, name: &str) -> Option<&'static str> {
         let list: &[&'static str] = match self {
-            Self::Headers => &[],
+            Self::Headers | Self::MqttUserProperties => &[],
             Self::ServiceBus => &SERVICE_BUS_SYSTEM,
             Self::EventHubs => &EVENT_HUBS_SYSTEM,
         };
@@ -226,6 +228,20 @@ fn parse_one(item: &Value, target: AttributeTarget) -> Result<DeliveryAttribute,
                 if hyper::header::HeaderValue::from_str(v).is_err() {
                     return Err(bad(format!(
                         "the value of '{name}' is not a valid header value"
+                    )));
+                }
+            }
+        }
+        AttributeTarget::MqttUserProperties => {
+            if name.is_empty() || name.contains('\0') {
+                return Err(bad(format!(
+                    "'{name}' is not an allowed MQTT user property name"
+                )));
+            }
+            if let AttributeValue::Static(v) = &value {
+                if v.contains('\0') {
+                    return Err(bad(format!(
+                        "the value of '{name}' is not a valid MQTT user property value"
                     )));
                 }
             }

@@ -8,9 +8,11 @@
 //!   (gridlet's own pooled HTTP/1.1 client, with the denied-address check).
 //! * [`signing`]: Standard Webhooks signatures.
 //! * [`azure`]: Event Hubs, Service Bus, Storage queue and blob dead-letter sinks.
+//! * [`mqtt`]: broker connections (shared with the MQTT sources, which sit above the broker).
 
 pub mod azure;
 pub mod http;
+pub mod mqtt;
 pub mod post;
 pub mod signing;
 pub mod sinks;

@@ -35,6 +35,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("api", 8),
     ("error", 8),
     ("edge", 8),
+    // MQTT sources: messages from MQTT brokers published through the broker, like `api`.
+    ("ingress", 8),
     ("cli", 8),
     ("server", 9),
 ];

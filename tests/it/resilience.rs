@@ -444,6 +444,7 @@ fn req() -> DeliveryRequest {
         batch_id: 1,
         trace: None,
         event_traces: Vec::new(),
+        time_left: Vec::new(),
     }
 }
 

@@ -277,6 +277,7 @@ impl Bench {
                         batch_id: i,
                         trace: None,
                         event_traces: Vec::new(),
+                        time_left: Vec::new(),
                     };
                     if sink.send(&req).await == Outcome::Delivered {
                         done.fetch_add(1, Relaxed);

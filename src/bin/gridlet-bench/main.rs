@@ -1,7 +1,7 @@
 //! `gridlet-bench`: gridlet measured against the physical limit of the machine it runs on.
 //!
 //! ```text
-//! cargo run --release --bin gridlet-bench -- [--scenario a|b|c|d|e|store|footprint|azure|all] [--quick]
+//! cargo run --release --bin gridlet-bench -- [--scenario a|b|c|d|e|store|footprint|azure|mqtt|all] [--quick]
 //! ```
 //!
 //! gridlet runs as a **child process** (the `gridlet` binary next to this one, or `--gridlet
@@ -27,7 +27,9 @@
 //!   and 100) against the same client loop on a canned server, and RSS with 1,000,000 events
 //!   waiting in a queue subscription ([`pull`]);
 //! * azure (opt-in, not in `all`): delivery to a Storage queue in Azurite beside webhook
-//!   delivery, with the raw Azurite limit ([`azure`]).
+//!   delivery, with the raw Azurite limit ([`azure`]);
+//! * mqtt (opt-in, not in `all`): HTTP publish → gridlet → MQTT destination → a subscriber on
+//!   Mosquitto, beside a raw MQTT publisher feeding the same subscriber ([`mqtt`]).
 //!
 //! `--otlp ok|500|slow|dead` runs every scenario with OpenTelemetry export on, to a collector
 //! sink inside the bench ([`otlp`]): the cost of tracing, and a dead, slow or failing collector.
@@ -44,6 +46,7 @@ mod azure;
 mod backlog;
 mod child;
 mod crashsim;
+mod mqtt;
 mod nats;
 mod net;
 mod opts;
@@ -313,6 +316,10 @@ impl Bench {
         // Opt-in: needs Azurite, so `all` leaves it out.
         if o.scenarios.iter().any(|s| s == "azure") {
             self.scenario_azure().await?;
+        }
+        // Opt-in: needs Mosquitto, so `all` leaves it out.
+        if o.scenarios.iter().any(|s| s == "mqtt") {
+            self.scenario_mqtt().await?;
         }
         self.summary();
         if let Some(path) = &o.json {

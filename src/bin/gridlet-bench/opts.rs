@@ -48,7 +48,7 @@ pub(super) struct Opts {
 }
 
 const USAGE: &str =
-    "usage: gridlet-bench [--scenario a|b|c|d|e|store|footprint|crashsim|azure|pull|all (comma list ok)] [--quick]
+    "usage: gridlet-bench [--scenario a|b|c|d|e|store|footprint|crashsim|azure|mqtt|pull|all (comma list ok)] [--quick]
                      [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
                      [--down stall|refuse] [--e-in-memory] [--e-kill] [--gridlet PATH] [--max-seconds SECS]
                      [--rounds N] [--slice SECS]
@@ -215,6 +215,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         "footprint",
         "crashsim",
         "azure",
+        "mqtt",
         "pull",
         "all",
     ];

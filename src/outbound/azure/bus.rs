@@ -414,6 +414,7 @@ mod tests {
             batch_id: 1,
             trace: None,
             event_traces: Vec::new(),
+            time_left: Vec::new(),
         }
     }
 

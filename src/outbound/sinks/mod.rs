@@ -12,12 +12,14 @@
 pub(crate) mod edgehub;
 pub(crate) mod eventgrid;
 pub(crate) mod messaging;
+pub(crate) mod mqtt;
 pub(crate) mod storageblob;
 pub(crate) mod storagequeue;
 pub(crate) mod webhook;
 
 use super::http::HttpClient;
-use crate::config::{Config, Key};
+use super::mqtt::connection::EdgeTls;
+use crate::config::{Config, IpRange, Key};
 use crate::delivery::sink::{Sink, SinkFactory, UnsupportedSink};
 use crate::model::destination::DestinationRecord;
 use crate::model::destination::{Destination, DestinationError, DestinationTypes, Role};
@@ -27,6 +29,10 @@ use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::Duration;
 use url::Url;
+
+/// How long an MQTT publish waits for its PUBACK unless the server says otherwise
+/// (`broker__deliveryTimeoutInSeconds`'s default).
+const DEFAULT_MQTT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The destination types of this build, in the order error messages list them.
 pub static DESTINATIONS: Registry = Registry {
@@ -39,6 +45,7 @@ pub static DESTINATIONS: Registry = Registry {
         &messaging::SERVICE_BUS_TOPIC,
         &storagequeue::StorageQueue,
         &storageblob::StorageBlob,
+        &mqtt::Mqtt,
     ],
 };
 
@@ -249,6 +256,8 @@ pub struct SinkContext {
     /// edgeHub's module outputs with the time each attempt waits for an acknowledgement
     /// (under IoT Edge).
     pub module_outputs: Option<(Arc<dyn edgehub::ModuleOutputs>, Duration)>,
+    /// The MQTT destinations' shared broker connections.
+    pub mqtt: mqtt::MqttContext,
 }
 
 /// The destination types, looked up by `endpointType`.
@@ -344,14 +353,29 @@ impl DefaultSinks {
     pub fn new(webhook: WebhookClients, azure_client: HttpClient) -> Self {
         let mut b = [0u8; 6];
         let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut b);
+        let boot_id: String = b.iter().map(|x| format!("{x:02x}")).collect();
         Self {
             ctx: SinkContext {
                 webhook,
                 azure_client,
-                boot_id: b.iter().map(|x| format!("{x:02x}")).collect(),
+                mqtt: mqtt::MqttContext::new(
+                    EdgeTls::default(),
+                    &boot_id,
+                    Vec::new(),
+                    DEFAULT_MQTT_TIMEOUT,
+                ),
+                boot_id,
                 module_outputs: None,
             },
         }
+    }
+
+    /// MQTT destinations connect with `edge` (under IoT Edge: its trust bundle and module
+    /// identity), never to a broker resolving into `denied`, and wait up to `timeout` for each
+    /// PUBACK.
+    pub fn with_mqtt(mut self, edge: EdgeTls, denied: Vec<IpRange>, timeout: Duration) -> Self {
+        self.ctx.mqtt = mqtt::MqttContext::new(edge, &self.ctx.boot_id, denied, timeout);
+        self
     }
 
     /// Deliver `EdgeHub` destinations to these module outputs (under IoT Edge); each attempt

@@ -106,7 +106,7 @@ fn unknown_types_are_refused_with_the_registry_list() {
     let e = put(b, &c).unwrap_err();
     assert_eq!(e.code, "InvalidDestination");
     assert!(
-        e.message.contains("use WebHook, EdgeHub, EventGrid, EventHub, ServiceBusQueue, ServiceBusTopic or StorageQueue"),
+        e.message.contains("use WebHook, EdgeHub, EventGrid, EventHub, ServiceBusQueue, ServiceBusTopic, StorageQueue or Mqtt"),
         "{}",
         e.message
     );

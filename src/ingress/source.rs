@@ -1,0 +1,481 @@
+//! One MQTT source connection: two tasks around one rumqttc MQTT 5 client.
+//!
+//! * The **driver** polls rumqttc's event loop for as long as gridlet runs (so keep-alive
+//!   pings go out even while messages are held), subscribes to the routes' filters at every
+//!   connect (subscription identifier = route index + 1, so the broker says which routes a
+//!   message is for), reconnects with jittered back-off, and hands each received message to
+//!   the acceptor through a bounded channel.
+//! * The **acceptor** takes what the channel holds (up to the receive maximum) as one batch,
+//!   makes each message's events, publishes them per gridlet topic through
+//!   [`Broker::publish`] (the HTTP publish path: one commit for the batch), and only then
+//!   acknowledges the QoS 1 messages, in the order they arrived (MQTT requires it).
+//!
+//! ## At least once
+//! Acknowledgements are manual (`set_manual_acks`): a PUBACK leaves only after the batch's
+//! publishes returned, i.e. after the store commit for persisted subscriptions. A refused
+//! message (it makes no valid event) is acknowledged and counted; anything gridlet cannot take
+//! now (503 memory bound, 507 disk bound, topic gone) is retried with back-off, unacknowledged,
+//! and the acceptor reads nothing new meanwhile. The broker never has more than the receive
+//! maximum unacknowledged QoS 1 messages out, so it holds the rest. QoS 0 messages are dropped
+//! (and counted) when they cannot be accepted.
+//!
+//! ## Acknowledgements and reconnects
+//! A PUBACK belongs to the connection its PUBLISH came on: after a reconnect the broker resends
+//! what was not acknowledged (same packet id), and a late PUBACK for the old copy would, once
+//! the id is reused, acknowledge a message gridlet never saw. So every message carries the
+//! session generation it arrived in; the acceptor acknowledges under the [`Generation`] lock
+//! only when it is still current, and the driver, on losing the connection, invalidates the
+//! generation and clears rumqttc's queued acknowledgements under the same lock. The resent copy
+//! is published again (at least once: a duplicate, never a loss).
+
+use super::message::{self, Envelope, Message};
+use super::route::{self, Qos, Route};
+use crate::broker::{Broker, BrokerError};
+use crate::metrics::MqttConnectionMetrics;
+use crate::model::event::IncomingEvent;
+use crate::outbound::mqtt::connection::{Backoff, ConnectionSpec};
+use rumqttc::v5::mqttbytes::v5::{Packet, Publish, SubscribeProperties};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::{AsyncClient, Event, EventLoop};
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Shortest and longest wait before a held batch is offered again.
+const HOLD_MIN: Duration = Duration::from_millis(100);
+const HOLD_MAX: Duration = Duration::from_secs(5);
+
+/// The current session's number (0: no session). See the module docs.
+#[derive(Default)]
+struct Generation(Mutex<u64>);
+
+impl Generation {
+    fn lock(&self) -> std::sync::MutexGuard<'_, u64> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One event to publish: which message of the batch, through which route, under which id
+/// (kept across offers, so a held event keeps its id).
+struct Item {
+    message: usize,
+    route: usize,
+    id: String,
+}
+
+/// A message as the driver hands it over.
+struct Received {
+    generation: u64,
+    /// The packet, to acknowledge (QoS 1).
+    publish: Option<Publish>,
+    message: Message,
+}
+
+/// Everything one connection's tasks share.
+pub struct Source {
+    spec: ConnectionSpec,
+    routes: Vec<Route>,
+    broker: Broker,
+    status: Arc<MqttConnectionMetrics>,
+    generation: Generation,
+    client: AsyncClient,
+}
+
+impl Source {
+    /// Prepare the connection (nothing is dialled until [`Source::run`]).
+    ///
+    /// # Errors
+    /// The options cannot be made (the token file is unreadable).
+    pub fn new(
+        spec: ConnectionSpec,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        routes: Vec<Route>,
+        broker: Broker,
+        status: Arc<MqttConnectionMetrics>,
+    ) -> Result<(Arc<Self>, EventLoop), crate::outbound::mqtt::connection::SpecError> {
+        let mut opts = spec.v5_options(tls)?;
+        opts.set_manual_acks(true);
+        // Acknowledgements and subscriptions go through rumqttc's request channel; room for a
+        // whole window of acknowledgements and the subscriptions.
+        let capacity = usize::from(spec.receive_maximum) * 2 + routes.len() + 16;
+        let (client, eventloop) = AsyncClient::new(opts, capacity);
+        Ok((
+            Arc::new(Self {
+                spec,
+                routes,
+                broker,
+                status,
+                generation: Generation::default(),
+                client,
+            }),
+            eventloop,
+        ))
+    }
+
+    /// Run both tasks until aborted.
+    pub async fn run(self: Arc<Self>, eventloop: EventLoop) {
+        // The window (receive maximum) plus room for QoS 0 messages.
+        let (tx, rx) = mpsc::channel(usize::from(self.spec.receive_maximum) + 256);
+        let acceptor = tokio::spawn(self.clone().accept(rx));
+        let _abort = crate::sync::AbortOnDrop(acceptor);
+        self.drive(eventloop, tx).await;
+    }
+
+    fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    async fn drive(&self, mut el: EventLoop, tx: mpsc::Sender<Received>) {
+        let mut backoff = Backoff::reconnect(self.name());
+        // SUBACKs still awaited on this session: the status says connected once they are in, when
+        // messages on every route can arrive.
+        let mut awaiting_subacks = 0usize;
+        // QoS 1 messages the acceptor's channel had no room for (see `Handover`).
+        let mut held = Handover::new(usize::from(self.spec.receive_maximum));
+        loop {
+            match held.pass_on(&tx) {
+                Err(()) => return, // the acceptor ended: gridlet is stopping
+                Ok(true) => {
+                    tracing::warn!(connection = %self.name(), "MQTT broker sent more than the receive maximum; reconnecting so it resends what was set aside");
+                    self.forget_session(&mut el);
+                }
+                Ok(false) => {}
+            }
+            match el.poll().await {
+                Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                    backoff.reset();
+                    *self.generation.lock() += 1;
+                    tracing::info!(connection = %self.name(), host = %self.spec.endpoint.host, session_present = ack.session_present, "MQTT source connected");
+                    awaiting_subacks = self.routes.len();
+                    self.subscribe();
+                }
+                Ok(Event::Incoming(Packet::Publish(p))) => {
+                    self.status.received.inc();
+                    let generation = *self.generation.lock();
+                    let message = to_message(&p);
+                    let r = Received {
+                        generation,
+                        publish: (p.qos != QoS::AtMostOnce).then_some(p),
+                        message,
+                    };
+                    if r.publish.is_none() {
+                        if !held.is_empty() || tx.try_send(r).is_err() {
+                            self.status.dropped.inc();
+                        }
+                    } else {
+                        held.push(r);
+                    }
+                }
+                Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                    awaiting_subacks = awaiting_subacks.saturating_sub(1);
+                    if awaiting_subacks == 0 {
+                        self.status.connected.store(1, Relaxed);
+                    }
+                    for code in &ack.return_codes {
+                        if !matches!(
+                            code,
+                            rumqttc::v5::mqttbytes::v5::SubscribeReasonCode::Success(_)
+                        ) {
+                            let e = format!("the broker refused a subscription: {code:?}");
+                            tracing::warn!(connection = %self.name(), error = %e, "MQTT subscription refused");
+                            self.status.set_error(e);
+                        }
+                    }
+                }
+                Ok(Event::Incoming(Packet::Disconnect(d))) => {
+                    let e = format!("the broker disconnected: {:?}", d.reason_code);
+                    tracing::warn!(connection = %self.name(), error = %e, "MQTT source disconnected");
+                    self.status.set_error(e);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.forget_session(&mut el);
+                    held.clear();
+                    self.status.connection_errors.inc();
+                    // rumqttc's errors never carry the credentials.
+                    let text = e.to_string();
+                    tracing::warn!(connection = %self.name(), error = %text, "MQTT source connection failed; reconnecting");
+                    self.status.set_error(text);
+                    if let Err(e) = self.spec.refresh_v5(&mut el.options) {
+                        tracing::warn!(connection = %self.name(), error = %e, "MQTT credentials");
+                        self.status.set_error(e.to_string());
+                    }
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+            }
+        }
+    }
+
+    /// The connection is gone (or given up): no acknowledgement of its messages may reach the
+    /// next one (see the module docs); the next poll reconnects.
+    fn forget_session(&self, el: &mut EventLoop) {
+        {
+            let mut g = self.generation.lock();
+            *g = 0;
+            el.clean();
+            el.pending
+                .retain(|r| !matches!(r, rumqttc::v5::Request::PubAck(_)));
+        }
+        self.status.connected.store(0, Relaxed);
+    }
+
+    /// Subscribe to every route's filter (subscription identifier = index + 1).
+    fn subscribe(&self) {
+        for (i, r) in self.routes.iter().enumerate() {
+            let qos = match r.qos {
+                Qos::AtMostOnce => QoS::AtMostOnce,
+                Qos::AtLeastOnce => QoS::AtLeastOnce,
+            };
+            let props = SubscribeProperties {
+                id: Some(i + 1),
+                user_properties: Vec::new(),
+            };
+            if let Err(e) = self
+                .client
+                .try_subscribe_with_properties(r.filter.clone(), qos, props)
+            {
+                let e = format!("cannot subscribe to {}: {e}", r.filter);
+                tracing::warn!(connection = %self.name(), error = %e, "MQTT subscribe");
+                self.status.set_error(e);
+            }
+        }
+    }
+
+    async fn accept(self: Arc<Self>, mut rx: mpsc::Receiver<Received>) {
+        let max = usize::from(self.spec.receive_maximum).max(1);
+        let mut batch = Vec::with_capacity(max);
+        loop {
+            if rx.recv_many(&mut batch, max).await == 0 {
+                return;
+            }
+            tracing::debug!(connection = %self.name(), messages = batch.len(), "MQTT batch");
+            self.accept_batch(&mut batch).await;
+            self.acknowledge(&batch).await;
+            tracing::debug!(connection = %self.name(), messages = batch.len(), "MQTT batch accepted and acknowledged");
+            batch.clear();
+        }
+    }
+
+    /// The routes `m` goes to: those the broker named (subscription identifiers), else those
+    /// whose filter matches its topic.
+    fn routes_of(&self, m: &Message) -> Vec<usize> {
+        let named: Vec<usize> = m
+            .subscription_ids
+            .iter()
+            .filter_map(|id| id.checked_sub(1))
+            .filter(|i| *i < self.routes.len())
+            .collect();
+        if !named.is_empty() {
+            return named;
+        }
+        (0..self.routes.len())
+            .filter(|i| route::matches(&self.routes[*i].filter, &m.topic))
+            .collect()
+    }
+
+    /// Publish the batch's events, per gridlet topic, until all are accepted (or refused for
+    /// good); QoS 0 messages are dropped when they cannot be accepted at once.
+    async fn accept_batch(&self, batch: &mut [Received]) {
+        // Per gridlet topic, its events in arrival order.
+        let mut groups: Vec<(String, Vec<Item>)> = Vec::new();
+        for (mi, r) in batch.iter().enumerate() {
+            let routes = self.routes_of(&r.message);
+            if routes.is_empty() {
+                self.status.refused.inc();
+                tracing::debug!(connection = %self.name(), topic = %r.message.topic, "MQTT message matches no route");
+                continue;
+            }
+            for ri in routes {
+                let topic = &self.routes[ri].topic;
+                let item = Item {
+                    message: mi,
+                    route: ri,
+                    id: message::new_id(),
+                };
+                match groups.iter_mut().find(|(t, _)| t == topic) {
+                    Some((_, items)) => items.push(item),
+                    None => groups.push((topic.clone(), vec![item])),
+                }
+            }
+        }
+        let time = crate::store::deadletter::rfc3339(crate::clock::system_wall_ms());
+        let mut hold = Backoff::new(HOLD_MIN, HOLD_MAX, u64::from(batch.len() as u32));
+        for (topic, mut items) in groups {
+            // Published in chunks; a chunk gridlet cannot take now is halved before it is
+            // offered again, so a batch larger than what the disk bound leaves still goes in.
+            let mut chunk = items.len();
+            let mut warned = false;
+            while !items.is_empty() {
+                let mut part: Vec<_> = items.drain(..chunk.min(items.len())).collect();
+                match self.publish(&topic, &mut part, batch, &time).await {
+                    Ok(()) => hold.reset(),
+                    Err(e) => {
+                        // Held: QoS 0 messages go, the rest waits and is offered again.
+                        part.retain(|it| {
+                            let keep = batch[it.message].publish.is_some();
+                            if !keep {
+                                self.status.dropped.inc();
+                            }
+                            keep
+                        });
+                        items.splice(0..0, part);
+                        chunk = (chunk / 2).max(1);
+                        self.status.paused.store(1, Relaxed);
+                        self.status.set_error(e.to_string());
+                        if !warned {
+                            warned = true;
+                            tracing::warn!(connection = %self.name(), %topic, error = %e, "MQTT messages held (not acknowledged) until gridlet can accept them");
+                        }
+                        if !items.is_empty() {
+                            tokio::time::sleep(hold.next_delay()).await;
+                        }
+                    }
+                }
+            }
+        }
+        self.status.paused.store(0, Relaxed);
+    }
+
+    /// One publish of `items` to `topic`. Items whose message makes no valid event are refused
+    /// (removed, counted, logged). An error means nothing was accepted.
+    async fn publish(
+        &self,
+        topic: &str,
+        items: &mut Vec<Item>,
+        batch: &[Received],
+        time: &str,
+    ) -> Result<(), BrokerError> {
+        let entry = self.broker.find_topic(topic)?;
+        let t = entry.topic();
+        let mut events: Vec<IncomingEvent> = Vec::with_capacity(items.len());
+        let mut refused = Vec::new();
+        for (k, it) in items.iter().enumerate() {
+            let env = Envelope {
+                schema: t.input_schema,
+                topic: &t.name,
+                source: self.name(),
+                id: it.id.clone(),
+                time,
+                enrichments: &self.routes[it.route].enrichments,
+            };
+            let m = &batch[it.message].message;
+            match message::to_event(m, &env) {
+                Ok(ev) => events.push(ev),
+                Err(e) => {
+                    tracing::warn!(connection = %self.name(), mqtt_topic = %m.topic, %topic, error = %e, "MQTT message refused: it makes no valid event");
+                    self.status
+                        .set_error(format!("message on {} refused: {e}", m.topic));
+                    refused.push(k);
+                }
+            }
+        }
+        for k in refused.into_iter().rev() {
+            items.remove(k);
+            self.status.refused.inc();
+        }
+        if events.is_empty() {
+            return Ok(());
+        }
+        self.broker.publish(&entry, events, None).await
+    }
+
+    /// Acknowledge the batch's QoS 1 messages of the current session, in order.
+    async fn acknowledge(&self, batch: &[Received]) {
+        for r in batch {
+            let Some(p) = &r.publish else { continue };
+            loop {
+                let sent = {
+                    let g = self.generation.lock();
+                    if *g != r.generation || *g == 0 {
+                        // The broker resends it on the new session.
+                        break;
+                    }
+                    self.client.try_ack(p)
+                };
+                match sent {
+                    Ok(()) => {
+                        self.status.acknowledged.inc();
+                        break;
+                    }
+                    // rumqttc's request queue is full: let the driver drain it.
+                    Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                }
+            }
+        }
+    }
+}
+
+/// QoS 1 messages between the driver and the acceptor's channel. The driver must keep polling
+/// rumqttc (its acknowledgements go out only then), so it never waits for room in the channel:
+/// what does not fit waits here, and is passed on before each poll (each acknowledgement the
+/// acceptor sends wakes the poll). A broker that keeps to the receive maximum never fills the
+/// channel; one that does not is bounded here: past the bound, messages are set aside
+/// unacknowledged, and once the rest has gone the connection is dropped so the broker resends
+/// them on the next (a duplicate at worst, never a loss).
+struct Handover {
+    queue: VecDeque<Received>,
+    bound: usize,
+    shed: bool,
+}
+
+impl Handover {
+    fn new(receive_maximum: usize) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            bound: receive_maximum * 4 + 1024,
+            shed: false,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    fn push(&mut self, r: Received) {
+        if self.queue.len() < self.bound {
+            self.queue.push_back(r);
+        } else {
+            self.shed = true;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.queue.clear();
+        self.shed = false;
+    }
+
+    /// Pass on what fits. `Ok(true)`: messages were set aside and all the others are passed
+    /// on: time to reconnect. `Err`: the acceptor has ended.
+    fn pass_on(&mut self, tx: &mpsc::Sender<Received>) -> Result<bool, ()> {
+        while let Some(r) = self.queue.pop_front() {
+            match tx.try_send(r) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(r)) => {
+                    self.queue.push_front(r);
+                    return Ok(false);
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return Err(()),
+            }
+        }
+        Ok(std::mem::take(&mut self.shed))
+    }
+}
+
+/// The protocol-neutral message of a v5 publish.
+fn to_message(p: &Publish) -> Message {
+    let props = p.properties.as_ref();
+    Message {
+        topic: String::from_utf8_lossy(&p.topic).into_owned(),
+        payload: p.payload.clone(),
+        at_least_once: p.qos != QoS::AtMostOnce,
+        content_type: props.and_then(|p| p.content_type.clone()),
+        pfi: props.and_then(|p| p.payload_format_indicator),
+        user_properties: props.map(|p| p.user_properties.clone()).unwrap_or_default(),
+        response_topic: props.and_then(|p| p.response_topic.clone()),
+        subscription_ids: props
+            .map(|p| p.subscription_identifiers.clone())
+            .unwrap_or_default(),
+    }
+}

@@ -1,0 +1,588 @@
+//! MQTT 5 publishing connections for the MQTT destination: one per broker and credentials
+//! ([`Publishers`]), shared by every subscription that delivers there, reconnecting with
+//! jittered back-off ([`Backoff`]).
+//!
+//! * The session is always clean (clean start, session expiry 0): a publish whose PUBACK was
+//!   lost with the connection is failed and retried by the subscription's schedule, never
+//!   re-sent behind the engine's back. At least once: a message may arrive twice.
+//! * While the connection is down (between a failed attempt and the next), a publish fails at
+//!   once ([`PublishError::Disconnected`]); while it is being made, the publish waits in
+//!   rumqttc's request channel and fails with it if the attempt fails.
+//! * A connection lives as long as a sink holds it: the last sink dropped (its subscriptions
+//!   deleted or changed) aborts its task and closes the socket.
+//!
+//! ## Matching PUBACKs to publishes
+//! rumqttc assigns packet ids inside its event loop, so a caller cannot know its id. The loop
+//! takes requests from its channel strictly in order and reports each with
+//! `Outgoing::Publish(pkid)` (or `Outgoing::AwaitAck(pkid)` on an id collision, followed by one
+//! more `Outgoing::Publish(pkid)` for the same message once that id is free). So callers enqueue
+//! under the [`Tracker`] lock (a waiter is pushed in the same order as the request), the owner
+//! task files the oldest waiter under its packet id on each outgoing report, and a PUBACK
+//! resolves the oldest waiter filed under that id with its reason code. When the connection
+//! fails, the owner takes the lock, drains rumqttc's channel and pending list and fails every
+//! waiter, so order and waiters stay in step. (rumqttc does not re-send a collided publish after
+//! a failed PUBACK for its id; collisions need a broker that acknowledges out of order, and such
+//! a publish ends in the delivery timeout and is retried.)
+
+use super::connection::{Backoff, ConnectionSpec, EdgeTls, Scheme};
+use crate::config::{IpRange, Key};
+use crate::sync::{lock, AbortOnDrop};
+use bytes::Bytes;
+use rumqttc::v5::mqttbytes::v5::{PubAckReason, PublishProperties};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::{AsyncClient, ClientError, Event, EventLoop, Incoming};
+use rumqttc::Outgoing;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+
+/// Publishes one connection has unanswered (in rumqttc's channel or awaiting their PUBACK);
+/// more wait for a slot.
+const REQUEST_CAPACITY: usize = 1024;
+
+/// Why a publish was not acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    /// No connection, or it dropped before the PUBACK.
+    #[error("not connected to the MQTT broker")]
+    Disconnected,
+    /// Too many requests are queued for the connection.
+    #[error("the MQTT connection's request queue is full")]
+    QueueFull,
+    /// The broker answered with a failure reason code (0x80 or more).
+    #[error("the MQTT broker refused the message: PUBACK reason {:#04x} ({})", reason_code(*.0), reason_text(*.0))]
+    Refused(PubAckReason),
+    /// The connection could not be set up (its TLS files, its token file).
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// The MQTT 5 reason code of a PUBACK reason.
+pub fn reason_code(r: PubAckReason) -> u8 {
+    match r {
+        PubAckReason::Success => 0x00,
+        PubAckReason::NoMatchingSubscribers => 0x10,
+        PubAckReason::UnspecifiedError => 0x80,
+        PubAckReason::ImplementationSpecificError => 0x83,
+        PubAckReason::NotAuthorized => 0x87,
+        PubAckReason::TopicNameInvalid => 0x90,
+        PubAckReason::PacketIdentifierInUse => 0x91,
+        PubAckReason::QuotaExceeded => 0x97,
+        PubAckReason::PayloadFormatInvalid => 0x99,
+    }
+}
+
+/// The reason's name in the MQTT 5 specification.
+pub fn reason_text(r: PubAckReason) -> &'static str {
+    match r {
+        PubAckReason::Success => "success",
+        PubAckReason::NoMatchingSubscribers => "no matching subscribers",
+        PubAckReason::UnspecifiedError => "unspecified error",
+        PubAckReason::ImplementationSpecificError => "implementation specific error",
+        PubAckReason::NotAuthorized => "not authorized",
+        PubAckReason::TopicNameInvalid => "topic name invalid",
+        PubAckReason::PacketIdentifierInUse => "packet identifier in use",
+        PubAckReason::QuotaExceeded => "quota exceeded",
+        PubAckReason::PayloadFormatInvalid => "payload format invalid",
+    }
+}
+
+type Ack = Result<(), PublishError>;
+
+/// A publish waiting for its acknowledgement, holding one of the connection's request slots
+/// until it is answered.
+struct Waiter {
+    tx: oneshot::Sender<Ack>,
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+impl Waiter {
+    fn answer(self, a: Ack) {
+        let _ = self.tx.send(a);
+    }
+}
+
+/// Publish waiters in rumqttc's request order, and by packet id once sent.
+#[derive(Default)]
+struct Tracker {
+    unsent: VecDeque<Waiter>,
+    awaiting: HashMap<u16, VecDeque<Waiter>>,
+    collided: Option<u16>,
+}
+
+impl Tracker {
+    /// `Outgoing::Publish(pkid)`: the oldest unsent request went out.
+    fn sent(&mut self, pkid: u16) {
+        if self.collided == Some(pkid) {
+            // The re-send of a collided publish: its waiter is already filed.
+            self.collided = None;
+            return;
+        }
+        let Some(w) = self.unsent.pop_front() else {
+            return;
+        };
+        if pkid == 0 {
+            // QoS 0: written, nothing to wait for.
+            w.answer(Ok(()));
+        } else {
+            self.awaiting.entry(pkid).or_default().push_back(w);
+        }
+    }
+
+    /// `Outgoing::AwaitAck(pkid)`: the oldest request collided with an unacknowledged id.
+    fn collision(&mut self, pkid: u16) {
+        if let Some(w) = self.unsent.pop_front() {
+            self.awaiting.entry(pkid).or_default().push_back(w);
+            self.collided = Some(pkid);
+        }
+    }
+
+    /// A PUBACK for `pkid` with `reason`.
+    fn acked(&mut self, pkid: u16, reason: PubAckReason) {
+        let w = self.awaiting.get_mut(&pkid).and_then(VecDeque::pop_front);
+        if self.awaiting.get(&pkid).is_some_and(VecDeque::is_empty) {
+            self.awaiting.remove(&pkid);
+        }
+        if let Some(w) = w {
+            w.answer(match reason_code(reason) {
+                c if c < 0x80 => Ok(()),
+                _ => Err(PublishError::Refused(reason)),
+            });
+        }
+    }
+
+    fn fail_all(&mut self, e: &PublishError) {
+        let waiters = self
+            .unsent
+            .drain(..)
+            .chain(self.awaiting.drain().flat_map(|(_, q)| q));
+        for w in waiters {
+            w.answer(Err(e.clone()));
+        }
+        self.collided = None;
+    }
+}
+
+/// Connection state, as an [`AtomicU8`].
+const CONNECTING: u8 = 0;
+const CONNECTED: u8 = 1;
+const DOWN: u8 = 2;
+
+struct Shared {
+    client: AsyncClient,
+    tracker: Mutex<Tracker>,
+    state: AtomicU8,
+    /// One per request in rumqttc's channel or awaiting its PUBACK: at most
+    /// [`REQUEST_CAPACITY`], so the channel never overflows.
+    slots: Arc<Semaphore>,
+    /// Largest packet the broker takes (its CONNACK's maximum packet size, at most ours).
+    max_packet: AtomicU32,
+}
+
+/// One publishing connection. Cheap to share through its `Arc`; dropping the last one closes it.
+pub struct Publisher {
+    shared: Arc<Shared>,
+    _task: AbortOnDrop,
+}
+
+/// One message to publish.
+pub struct Message {
+    /// Topic name.
+    pub topic: String,
+    /// QoS 0 or 1.
+    pub qos: QoS,
+    /// Retain flag.
+    pub retain: bool,
+    /// Payload.
+    pub payload: Bytes,
+    /// MQTT 5 properties.
+    pub properties: PublishProperties,
+}
+
+impl Message {
+    /// The PUBLISH packet's size on the wire, for the broker's maximum packet size.
+    pub fn packet_size(&self) -> usize {
+        let p = &self.properties;
+        let props = p.payload_format_indicator.map_or(0, |_| 2)
+            + p.message_expiry_interval.map_or(0, |_| 5)
+            + p.content_type.as_ref().map_or(0, |c| 3 + c.len())
+            + p.user_properties
+                .iter()
+                .map(|(k, v)| 5 + k.len() + v.len())
+                .sum::<usize>();
+        let pkid = if self.qos == QoS::AtMostOnce { 0 } else { 2 };
+        let remaining =
+            2 + self.topic.len() + pkid + varint_len(props) + props + self.payload.len();
+        1 + varint_len(remaining) + remaining
+    }
+}
+
+fn varint_len(n: usize) -> usize {
+    match n {
+        0..=127 => 1,
+        128..=16_383 => 2,
+        16_384..=2_097_151 => 3,
+        _ => 4,
+    }
+}
+
+impl Publisher {
+    /// Connect to the broker `spec` names (the session always clean; `client_id` overrides the
+    /// spec's; never to an address in `denied`) and keep reconnecting until dropped. Must run
+    /// inside the tokio runtime.
+    ///
+    /// # Errors
+    /// The TLS files or the token cannot be read, or the spec is not MQTT 5.
+    fn start(
+        spec: &ConnectionSpec,
+        client_id: &str,
+        edge: &EdgeTls,
+        denied: Vec<IpRange>,
+    ) -> Result<Self, String> {
+        let tls = spec.tls_config(edge).map_err(|e| e.to_string())?;
+        let mut opts = spec.v5_options(tls).map_err(|e| e.to_string())?;
+        opts.set_client_id(client_id.to_string());
+        opts.set_clean_start(true);
+        opts.set_session_expiry_interval(Some(0));
+        // Each delivery waits for its PUBACK: no Nagle delay on the small PUBLISH packets.
+        let mut net = rumqttc::NetworkOptions::new();
+        net.set_tcp_nodelay(true);
+        opts.set_network_options(net);
+        let (client, eventloop) = AsyncClient::new(opts, REQUEST_CAPACITY);
+        let shared = Arc::new(Shared {
+            client,
+            tracker: Mutex::new(Tracker::default()),
+            state: AtomicU8::new(CONNECTING),
+            slots: Arc::new(Semaphore::new(REQUEST_CAPACITY)),
+            max_packet: AtomicU32::new(spec.max_packet_bytes),
+        });
+        let task = tokio::spawn(run(
+            eventloop,
+            Driver {
+                shared: Arc::downgrade(&shared),
+                spec: spec.clone(),
+                ours: spec.max_packet_bytes,
+                denied,
+            },
+        ));
+        Ok(Self {
+            shared,
+            _task: AbortOnDrop(task),
+        })
+    }
+
+    /// Whether a session is up.
+    pub fn is_connected(&self) -> bool {
+        self.shared.state.load(Ordering::Relaxed) == CONNECTED
+    }
+
+    /// The largest packet the broker takes.
+    pub fn max_packet(&self) -> usize {
+        self.shared.max_packet.load(Ordering::Relaxed) as usize
+    }
+
+    /// Queue `m`; the receiver resolves on its PUBACK (QoS 1) or once written (QoS 0). Waits
+    /// while [`REQUEST_CAPACITY`] publishes are unanswered (the caller bounds the wait).
+    ///
+    /// # Errors
+    /// [`PublishError::Disconnected`] at once while the connection is down (between attempts).
+    pub async fn publish(&self, m: Message) -> Result<oneshot::Receiver<Ack>, PublishError> {
+        let down = || self.shared.state.load(Ordering::Relaxed) == DOWN;
+        if down() {
+            return Err(PublishError::Disconnected);
+        }
+        let slot = self
+            .shared
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| PublishError::Disconnected)?;
+        if down() {
+            return Err(PublishError::Disconnected);
+        }
+        let (tx, rx) = oneshot::channel();
+        // Request and waiter enter their queues under one lock, so their orders agree.
+        let mut t = lock(&self.shared.tracker);
+        match self.shared.client.try_publish_with_properties(
+            m.topic,
+            m.qos,
+            m.retain,
+            m.payload,
+            m.properties,
+        ) {
+            Ok(()) => {
+                t.unsent.push_back(Waiter {
+                    tx,
+                    _slot: Some(slot),
+                });
+                Ok(rx)
+            }
+            // Not expected: every request in the channel holds a slot.
+            Err(ClientError::TryRequest(_)) => Err(PublishError::QueueFull),
+            Err(_) => Err(PublishError::Disconnected),
+        }
+    }
+}
+
+/// What a connection's task needs besides rumqttc's event loop.
+struct Driver {
+    shared: Weak<Shared>,
+    spec: ConnectionSpec,
+    /// Our own maximum packet size.
+    ours: u32,
+    /// `outbound__deniedAddressRanges`.
+    denied: Vec<IpRange>,
+}
+
+/// Refuse a broker whose host name resolves to an address in a denied range (checked before
+/// every connect; an IP literal was checked at `PUT` too).
+async fn check_address(spec: &ConnectionSpec, denied: &[IpRange]) -> Result<(), String> {
+    if denied.is_empty() {
+        return Ok(());
+    }
+    let addrs = tokio::net::lookup_host((spec.endpoint.host.as_str(), spec.endpoint.port))
+        .await
+        .map_err(|e| format!("cannot resolve {}: {e}", spec.endpoint.host))?;
+    for a in addrs {
+        if let Some(r) = denied.iter().find(|r| r.contains(a.ip())) {
+            return Err(format!(
+                "the broker's address {} is in the denied range {r} ({})",
+                a.ip(),
+                Key::outbound__deniedAddressRanges.name()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Drive one connection until its [`Publisher`] is dropped.
+async fn run(mut el: EventLoop, d: Driver) {
+    let mut backoff = Backoff::reconnect(&d.spec.client_id);
+    let broker = broker_url(&d.spec);
+    let mut checked = false;
+    loop {
+        let event = match checked {
+            true => el.poll().await.map_err(|e| e.to_string()),
+            false => match check_address(&d.spec, &d.denied).await {
+                Ok(()) => {
+                    checked = true;
+                    continue;
+                }
+                Err(e) => Err(e),
+            },
+        };
+        let Some(shared) = d.shared.upgrade() else {
+            return;
+        };
+        match event {
+            Ok(Event::Incoming(Incoming::ConnAck(ack))) => {
+                backoff.reset();
+                let theirs = ack
+                    .properties
+                    .as_ref()
+                    .and_then(|p| p.max_packet_size)
+                    .unwrap_or(u32::MAX);
+                shared
+                    .max_packet
+                    .store(theirs.min(d.ours), Ordering::Relaxed);
+                shared.state.store(CONNECTED, Ordering::Relaxed);
+                tracing::info!(broker = %broker, "MQTT destination connected");
+            }
+            Ok(Event::Incoming(Incoming::PubAck(ack))) => {
+                lock(&shared.tracker).acked(ack.pkid, ack.reason);
+            }
+            Ok(Event::Outgoing(Outgoing::Publish(pkid))) => lock(&shared.tracker).sent(pkid),
+            Ok(Event::Outgoing(Outgoing::AwaitAck(pkid))) => {
+                lock(&shared.tracker).collision(pkid);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                checked = false;
+                shared.state.store(DOWN, Ordering::Relaxed);
+                {
+                    // Drop the session: fail every waiter (see the module documentation).
+                    let mut t = lock(&shared.tracker);
+                    el.clean();
+                    el.pending.clear();
+                    t.fail_all(&PublishError::Disconnected);
+                }
+                // rumqttc's errors never carry the credentials.
+                tracing::warn!(broker = %broker, error = %e,
+                    "MQTT destination connection failed; reconnecting");
+                drop(shared);
+                tokio::time::sleep(backoff.next_delay()).await;
+                if let Err(e) = d.spec.refresh_v5(&mut el.options) {
+                    tracing::warn!(broker = %broker, error = %e,
+                        "cannot refresh the MQTT destination's authentication data");
+                }
+                match d.shared.upgrade() {
+                    Some(s) => s.state.store(CONNECTING, Ordering::Relaxed),
+                    None => return,
+                }
+            }
+        }
+    }
+}
+
+/// `mqtt(s)://host:port`: what logs, metrics and endpoint health name a broker by (no
+/// credentials: the URL never holds any).
+pub fn broker_url(spec: &ConnectionSpec) -> String {
+    let scheme = match spec.endpoint.scheme {
+        Scheme::Mqtt => "mqtt",
+        Scheme::Mqtts => "mqtts",
+    };
+    match spec.endpoint.host.contains(':') {
+        true => format!("{scheme}://[{}]:{}", spec.endpoint.host, spec.endpoint.port),
+        false => format!("{scheme}://{}:{}", spec.endpoint.host, spec.endpoint.port),
+    }
+}
+
+/// The publishing connections of this process, one per broker and credentials (the whole
+/// [`ConnectionSpec`]: two destinations share a connection only when every field agrees).
+pub struct Publishers {
+    open: Mutex<Vec<(ConnectionSpec, Weak<Publisher>)>>,
+    edge: EdgeTls,
+    denied: Vec<IpRange>,
+    /// `gridlet-{prefix}-{n}`: client ids of connections whose spec names none.
+    id_prefix: String,
+    next: AtomicU32,
+}
+
+impl Publishers {
+    /// No connection yet; `edge`: what IoT Edge adds to TLS; `id_prefix`: a per-process id
+    /// (default client ids stay unique across restarts and processes sharing a broker);
+    /// `denied`: address ranges no broker may resolve to (`outbound__deniedAddressRanges`).
+    pub fn new(edge: EdgeTls, id_prefix: &str, denied: Vec<IpRange>) -> Self {
+        Self {
+            open: Mutex::new(Vec::new()),
+            edge,
+            denied,
+            id_prefix: id_prefix.to_string(),
+            next: AtomicU32::new(0),
+        }
+    }
+
+    /// The connection for `spec`, opened now if none is (inside the tokio runtime).
+    /// `own_client_id`: the spec's client id was given, use it (else one is made up: a
+    /// destination's session is clean, nothing depends on its id).
+    ///
+    /// # Errors
+    /// The connection cannot be set up ([`PublishError::Setup`]).
+    pub fn get(
+        &self,
+        spec: &ConnectionSpec,
+        own_client_id: bool,
+    ) -> Result<Arc<Publisher>, PublishError> {
+        let mut open = lock(&self.open);
+        open.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(p) = open
+            .iter()
+            .find(|(s, _)| s == spec)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            return Ok(p);
+        }
+        let client_id = match own_client_id {
+            true => spec.client_id.clone(),
+            false => format!(
+                "gridlet-{}-{}",
+                self.id_prefix,
+                self.next.fetch_add(1, Ordering::Relaxed)
+            ),
+        };
+        let p = Arc::new(
+            Publisher::start(spec, &client_id, &self.edge, self.denied.clone())
+                .map_err(PublishError::Setup)?,
+        );
+        open.push((spec.clone(), Arc::downgrade(&p)));
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiter(t: &mut Tracker) -> oneshot::Receiver<Ack> {
+        let (tx, rx) = oneshot::channel();
+        t.unsent.push_back(Waiter { tx, _slot: None });
+        rx
+    }
+
+    #[test]
+    fn pubacks_resolve_their_publish_with_its_reason() {
+        let mut t = Tracker::default();
+        let mut a = waiter(&mut t);
+        let mut b = waiter(&mut t);
+        let mut zero = waiter(&mut t);
+        let mut c = waiter(&mut t);
+        t.sent(1);
+        t.sent(2);
+        t.sent(0);
+        assert_eq!(zero.try_recv(), Ok(Ok(())), "QoS 0 is done once written");
+        t.sent(3);
+        t.acked(2, PubAckReason::NotAuthorized);
+        assert_eq!(
+            b.try_recv(),
+            Ok(Err(PublishError::Refused(PubAckReason::NotAuthorized)))
+        );
+        assert!(a.try_recv().is_err());
+        t.acked(1, PubAckReason::NoMatchingSubscribers);
+        assert_eq!(a.try_recv(), Ok(Ok(())), "0x10 is a success");
+        t.fail_all(&PublishError::Disconnected);
+        assert_eq!(c.try_recv(), Ok(Err(PublishError::Disconnected)));
+    }
+
+    #[test]
+    fn a_collided_publish_is_matched_once() {
+        let mut t = Tracker::default();
+        let mut old = waiter(&mut t);
+        t.sent(5);
+        let mut new = waiter(&mut t);
+        let mut next = waiter(&mut t);
+        t.collision(5);
+        t.acked(5, PubAckReason::Success);
+        assert_eq!(old.try_recv(), Ok(Ok(())));
+        t.sent(5);
+        t.sent(6);
+        t.acked(5, PubAckReason::Success);
+        assert_eq!(new.try_recv(), Ok(Ok(())));
+        t.acked(6, PubAckReason::QuotaExceeded);
+        assert_eq!(
+            next.try_recv(),
+            Ok(Err(PublishError::Refused(PubAckReason::QuotaExceeded)))
+        );
+    }
+
+    #[test]
+    fn the_packet_size_counts_every_part() {
+        let m = Message {
+            topic: "a/b".into(),
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            payload: Bytes::from(vec![b'x'; 100]),
+            properties: PublishProperties {
+                payload_format_indicator: Some(1),
+                content_type: Some("application/json".into()),
+                user_properties: vec![("k".into(), "v".into())],
+                ..Default::default()
+            },
+        };
+        // 2+3 topic, 2 pkid, 1+(2+19+7) properties, 100 payload = 136; 1 + 2 + 136.
+        assert_eq!(m.packet_size(), 139);
+        let mut buf = bytes::BytesMut::new();
+        let p = rumqttc::v5::mqttbytes::v5::Publish {
+            dup: false,
+            qos: m.qos,
+            retain: false,
+            topic: Bytes::from(m.topic.clone()),
+            pkid: 1,
+            payload: m.payload.clone(),
+            properties: Some(m.properties.clone()),
+        };
+        let n = p.write(&mut buf).unwrap();
+        assert_eq!(n, m.packet_size(), "as rumqttc writes it");
+    }
+}

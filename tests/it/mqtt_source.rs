@@ -1,0 +1,500 @@
+//! MQTT sources against a real Mosquitto (MQTT 5): messages become events delivered to real
+//! webhook receivers; at least once across gridlet SIGKILLs and broker restarts; back-pressure
+//! from a full disk; bad settings refused naming the setting (docs/MQTT.md).
+
+use crate::mosquitto::{publish_all, Mosquitto, Msg};
+use crate::util::*;
+use rumqttc::v5::mqttbytes::v5::PublishProperties;
+use rumqttc::v5::mqttbytes::QoS;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::process::{Child, Command, Stdio};
+
+/// Settings for connection `local` to `m` and route `r1` from `filter` to gridlet topic `topic`.
+fn source_env(m: &Mosquitto, filter: &str, topic: &str) -> Vec<(String, String)> {
+    [
+        ("mqtt__connections__local__url", m.url()),
+        ("mqtt__connections__local__clientId", "gridlet-test".into()),
+        ("mqtt__connections__local__receiveMaximum", "20".into()),
+        ("mqtt__routes__r1__connection", "local".into()),
+        ("mqtt__routes__r1__topicFilter", filter.into()),
+        ("mqtt__routes__r1__topic", topic.into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+fn refs(v: &[(String, String)]) -> Vec<(&str, &str)> {
+    v.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// Every event a delivery carried (an array, or one CloudEvent).
+fn events_of(r: &Received) -> Vec<Value> {
+    match r.json() {
+        Value::Array(a) => a,
+        v => vec![v],
+    }
+}
+
+/// JSON payloads `{"seq": i}` marked as UTF-8 (payload format indicator 1).
+fn numbered(topic: &str, range: std::ops::Range<u32>, pad: usize) -> Vec<Msg> {
+    range
+        .map(|i| Msg {
+            topic: topic.into(),
+            payload: serde_json::to_vec(&json!({"seq": i, "pad": "x".repeat(pad)})).unwrap(),
+            props: Some(PublishProperties {
+                payload_format_indicator: Some(1),
+                ..Default::default()
+            }),
+        })
+        .collect()
+}
+
+/// Collect deliveries until every `seq` of `0..n` has arrived (duplicates allowed).
+async fn all_seqs(rx: &mut Receiver, n: u32, limit: std::time::Duration) -> BTreeSet<u64> {
+    all_seqs_after(rx, n, limit, BTreeSet::new()).await
+}
+
+/// [`all_seqs`], counting those already `seen`.
+async fn all_seqs_after(
+    rx: &mut Receiver,
+    n: u32,
+    limit: std::time::Duration,
+    mut seen: BTreeSet<u64>,
+) -> BTreeSet<u64> {
+    let deadline = tokio::time::Instant::now() + limit;
+    while seen.len() < n as usize {
+        let r = tokio::time::timeout_at(deadline, rx.rx.recv())
+            .await
+            .unwrap_or_else(|_| {
+                let missing: Vec<u32> = (0..n).filter(|i| !seen.contains(&u64::from(*i))).collect();
+                panic!(
+                    "{} of {n} messages arrived; missing {missing:?}",
+                    seen.len()
+                )
+            })
+            .expect("receiver open");
+        for ev in events_of(&r) {
+            seen.insert(ev["data"]["seq"].as_u64().expect("seq in data"));
+        }
+    }
+    seen
+}
+
+async fn wait_connected(g: &TestGridlet) {
+    g.wait_metric("gridlet_mqtt_connected", "connection=\"local\"", 1)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_messages_reach_a_webhook_as_cloud_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mosquitto::start(dir.path()).await;
+    let mut env = source_env(&m, "plant/#", "readings");
+    env.push((
+        "mqtt__routes__r1__enrichments".into(),
+        "site=plant4,line=${mqtt.message.userProperties.line}".into(),
+    ));
+    let g = start(&refs(&env)).await;
+    let (s, b) = g
+        .put(
+            "/topics/readings",
+            json!({"properties": {"inputSchema": "CloudEventSchemaV1_0"}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let mut rx = Receiver::start().await;
+    g.webhook_sub("readings", "hook", &rx.url("/hook"), json!({}))
+        .await;
+    wait_connected(&g).await;
+
+    let json_msg = Msg {
+        topic: "plant/line1/temp".into(),
+        payload: br#"{"t":21.5}"#.to_vec(),
+        props: Some(PublishProperties {
+            content_type: Some("application/json".into()),
+            user_properties: vec![("line".into(), "L1".into()), ("secret".into(), "s".into())],
+            ..Default::default()
+        }),
+    };
+    let binary = Msg::new("plant/line2/raw", vec![0u8, 159, 146, 150]);
+    let cloud_event = Msg {
+        topic: "plant/line3/ce".into(),
+        payload: br#"{"specversion":"1.0","id":"own-1","source":"/dev/9","type":"Reading","data":{"v":1}}"#.to_vec(),
+        props: Some(PublishProperties {
+            content_type: Some("application/cloudevents+json".into()),
+            ..Default::default()
+        }),
+    };
+    publish_all(
+        m.port,
+        "device-1",
+        QoS::AtLeastOnce,
+        vec![json_msg, binary, cloud_event],
+    )
+    .await;
+
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        got.extend(events_of(&rx.next().await));
+    }
+    let by_subject = |s: &str| got.iter().find(|e| e["subject"] == s).cloned().unwrap();
+    let j = by_subject("plant/line1/temp");
+    assert_eq!(j["type"], "MQTT.EventPublished");
+    assert_eq!(j["source"], "local");
+    assert_eq!(j["data"]["t"], 21.5);
+    assert_eq!(j["site"], "plant4");
+    assert_eq!(j["line"], "L1");
+    assert!(
+        j.get("secret").is_none(),
+        "user properties only through enrichments"
+    );
+    assert!(j["time"].as_str().unwrap().ends_with('Z'));
+    let raw = by_subject("plant/line2/raw");
+    assert_eq!(raw["data_base64"], "AJ+Slg==");
+    let ce = got.iter().find(|e| e["id"] == "own-1").unwrap();
+    assert_eq!(ce["type"], "Reading");
+    assert_eq!(ce["site"], "plant4");
+
+    let text = g
+        .wait_metric(
+            "gridlet_mqtt_messages_total",
+            "connection=\"local\",result=\"acknowledged\"",
+            3,
+        )
+        .await;
+    assert_eq!(
+        metric(
+            &text,
+            "gridlet_mqtt_messages_total",
+            "connection=\"local\",result=\"dropped\""
+        ),
+        Some(0)
+    );
+    let ready = g
+        .client
+        .get(format!("{}/readyz", g.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        ready.contains("mqtt local: connected, received 3, acknowledged 3"),
+        "{ready}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_mid_stream_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Mosquitto::start(dir.path()).await;
+    let env = source_env(&m, "line/+", "t");
+    let g = start(&refs(&env)).await;
+    g.topic("t").await;
+    let mut rx = Receiver::start().await;
+    g.webhook_sub(
+        "t",
+        "s",
+        &rx.url("/s"),
+        json!({"persistencePolicy": {"isPersisted": true}}),
+    )
+    .await;
+    wait_connected(&g).await;
+
+    // Published and acknowledged by the broker; then the broker stops while gridlet takes them.
+    publish_all(
+        m.port,
+        "device-1",
+        QoS::AtLeastOnce,
+        numbered("line/a", 0..150, 0),
+    )
+    .await;
+    m.restart().await;
+    publish_all(
+        m.port,
+        "device-1",
+        QoS::AtLeastOnce,
+        numbered("line/b", 150..300, 0),
+    )
+    .await;
+
+    all_seqs(&mut rx, 300, WAIT * 3).await;
+    let text = g.metrics().await;
+    assert!(
+        metric(
+            &text,
+            "gridlet_mqtt_connection_errors_total",
+            "connection=\"local\""
+        )
+        .is_some_and(|n| n >= 1),
+        "gridlet saw the broker go: {text}"
+    );
+    wait_connected(&g).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_holds_mqtt_messages_until_space_frees() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mosquitto::start(dir.path()).await;
+    let mut env = source_env(&m, "line/#", "t");
+    env.push(("persistence__maxDiskBytes".into(), "65536".into()));
+    env.push(("broker__endpointHealth__enabled".into(), "false".into()));
+    let g = start(&refs(&env)).await;
+    g.topic("t").await;
+    let persisted = json!({"persistencePolicy": {"isPersisted": true}});
+    // `blocker` keeps every event on disk (its receiver fails) until it is deleted.
+    let failing = Receiver::start().await;
+    failing.respond_with(500);
+    g.webhook_sub("t", "blocker", &failing.url("/b"), persisted.clone())
+        .await;
+    let mut rx = Receiver::start().await;
+    g.webhook_sub("t", "sink", &rx.url("/s"), persisted).await;
+    wait_connected(&g).await;
+
+    let n = 300;
+    publish_all(
+        m.port,
+        "device-1",
+        QoS::AtLeastOnce,
+        numbered("line/a", 0..n, 300),
+    )
+    .await;
+    let paused = g
+        .wait_metric("gridlet_mqtt_paused", "connection=\"local\"", 1)
+        .await;
+    let acked = metric(
+        &paused,
+        "gridlet_mqtt_messages_total",
+        "connection=\"local\",result=\"acknowledged\"",
+    )
+    .unwrap();
+    assert!(
+        acked < u64::from(n),
+        "held messages are not acknowledged: {acked}"
+    );
+
+    // Space frees: everything held goes in, nothing was dropped.
+    let (s, body) = g.delete("/topics/t/eventSubscriptions/blocker").await;
+    assert_eq!(s, 200, "{body}");
+    all_seqs(&mut rx, n, WAIT * 3).await;
+    let text = g
+        .wait_metric(
+            "gridlet_mqtt_messages_total",
+            "connection=\"local\",result=\"acknowledged\"",
+            u64::from(n),
+        )
+        .await;
+    assert_eq!(
+        metric(
+            &text,
+            "gridlet_mqtt_messages_total",
+            "connection=\"local\",result=\"dropped\""
+        ),
+        Some(0)
+    );
+    g.wait_metric("gridlet_mqtt_paused", "connection=\"local\"", 0)
+        .await;
+}
+
+fn gridlet_process(dir: &std::path::Path, port: u16, env: &[(String, String)]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_gridlet"))
+        .current_dir(dir)
+        .env("inbound__serverAuth__tlsPolicy", "disabled")
+        .env("inbound__clientAuth__clientCert__enabled", "false")
+        .env("outbound__webhook__httpsOnly", "false")
+        .env("inbound__bindAddress", "127.0.0.1")
+        .env("inbound__httpPort", port.to_string())
+        .env("metrics__reporterType", "prometheus")
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdout(Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join("gridlet.log"))
+                .unwrap(),
+        ))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Wait until the process serves and its MQTT connection is subscribed.
+async fn serving(client: &reqwest::Client, base: &str) {
+    eventually("gridlet's MQTT source connected", || async {
+        let text = client
+            .get(format!("{base}/metrics?{V}"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .text()
+            .await
+            .map_err(|e| e.to_string())?;
+        match metric(&text, "gridlet_mqtt_connected", "connection=\"local\"") {
+            Some(1) => Ok(()),
+            _ => Err(text),
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_stream_loses_no_acknowledged_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("gridlet");
+    std::fs::create_dir_all(&data).unwrap();
+    let m = Mosquitto::start(dir.path()).await;
+    let env = source_env(&m, "line/#", "t");
+    gridlet::tls::install_default_provider();
+    let client = reqwest::Client::new();
+    let port = crate::mosquitto::free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut child = gridlet_process(&data, port, &env);
+    serving(&client, &base).await;
+    let put = |path: &str, body: Value| client.put(format!("{base}{path}?{V}")).json(&body).send();
+    assert_eq!(put("/topics/t", json!({})).await.unwrap().status(), 200);
+    let mut rx = Receiver::start().await;
+    let sub = json!({"properties": {
+        "destination": {"endpointType": "WebHook", "properties": {"endpointUrl": rx.url("/s")}},
+        "persistencePolicy": {"isPersisted": true}
+    }});
+    assert_eq!(
+        put("/topics/t/eventSubscriptions/s", sub)
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    let n = 400;
+    let publisher = tokio::spawn(publish_all(
+        m.port,
+        "device-1",
+        QoS::AtLeastOnce,
+        numbered("line/a", 0..n, 0),
+    ));
+    // Mid-stream: some events delivered, others accepted and not yet delivered, others not
+    // yet taken from the broker.
+    let mut seen = BTreeSet::new();
+    while seen.len() < 30 {
+        for ev in events_of(&rx.next().await) {
+            seen.insert(ev["data"]["seq"].as_u64().unwrap());
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let mut child = gridlet_process(&data, port, &env);
+    serving(&client, &base).await;
+    publisher.await.unwrap();
+    let all = all_seqs_after(&mut rx, n, WAIT * 3, seen).await;
+    assert_eq!(all.len() as u32, n);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn bad_mqtt_settings_are_refused_naming_the_setting() {
+    let base = |extra: &[(&str, &str)]| {
+        let mut v: Vec<(String, String)> = vec![
+            (
+                "mqtt__connections__plant__url".into(),
+                "mqtt://broker".into(),
+            ),
+            ("mqtt__routes__r__connection".into(), "plant".into()),
+            ("mqtt__routes__r__topicFilter".into(), "a/#".into()),
+            ("mqtt__routes__r__topic".into(), "t".into()),
+        ];
+        for (k, val) in extra {
+            v.retain(|(kk, _)| kk != k);
+            v.push((k.to_string(), val.to_string()));
+        }
+        gridlet::cli::check_config(v)
+    };
+    let (out, code) = base(&[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("* mqtt__connections__plant__url = mqtt://broker"),
+        "{out}"
+    );
+    for (key, value, says) in [
+        (
+            "mqtt__connections__plant__url",
+            "http://broker",
+            "unknown scheme",
+        ),
+        (
+            "mqtt__routes__r__topicFilter",
+            "a/#/b",
+            "`#` must be the whole last level",
+        ),
+        (
+            "mqtt__routes__r__connection",
+            "nowhere",
+            "no connection `nowhere`",
+        ),
+        ("mqtt__routes__r__qos", "2", "expected 0 or 1"),
+        (
+            "mqtt__connections__plant__receiveMaximum",
+            "0",
+            "from 1 to 65535",
+        ),
+        ("mqtt__routes__r__enrichments", "ID=x", "lower-case"),
+    ] {
+        let (out, code) = base(&[(key, value)]);
+        assert_eq!(code, 2, "{key}={value}: {out}");
+        assert!(
+            out.contains(key) && out.contains(says),
+            "{key}={value}: {out}"
+        );
+    }
+    let (out, code) = base(&[
+        ("mqtt__connections__plant__url", "mqtts://broker"),
+        (
+            "mqtt__connections__plant__tls__caFile",
+            "/nonexistent/ca.pem",
+        ),
+    ]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("mqtt__connections__plant__tls__caFile")
+            && out.contains("/nonexistent/ca.pem"),
+        "{out}"
+    );
+    let (out, _) = base(&[("mqtt__connections__plant__password", "hunter2")]);
+    assert!(
+        !out.contains("hunter2") && out.contains("mqtt__connections__plant__password = ***"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_refuses_a_missing_ca_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = base_env(dir.path());
+    env.extend([
+        (
+            "mqtt__connections__plant__url".to_string(),
+            "mqtts://127.0.0.1:1".to_string(),
+        ),
+        (
+            "mqtt__connections__plant__tls__caFile".into(),
+            "/nonexistent/ca.pem".into(),
+        ),
+        ("mqtt__routes__r__connection".into(), "plant".into()),
+        ("mqtt__routes__r__topicFilter".into(), "a/#".into()),
+        ("mqtt__routes__r__topic".into(), "t".into()),
+    ]);
+    let cfg = gridlet::Config::from_vars(env).unwrap();
+    let e = gridlet::Gridlet::start(cfg, gridlet::Parts::default())
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        e.to_string()
+            .contains("mqtt__connections__plant__tls__caFile"),
+        "{e}"
+    );
+}
