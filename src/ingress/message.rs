@@ -121,7 +121,7 @@ fn enrich(obj: &mut Map<String, Json>, m: &Message, env: &Envelope<'_>) {
         if obj.contains_key(k) {
             continue;
         }
-        if let Some(value) = v.resolve(m) {
+        if let Some(value) = m.enrichment(v) {
             obj.insert(k.clone(), Json::String(value));
         }
     }
@@ -257,3 +257,22 @@ pub fn new_id() -> String {
 
 #[cfg(test)]
 mod tests;
+
+impl Message {
+    /// The value enrichment `v` takes for this message; `None` when the message has none (the
+    /// attribute is then left out).
+    pub fn enrichment(&self, v: &Value) -> Option<String> {
+        match v {
+            Value::Static(s) => Some(s.clone()),
+            Value::UserProperty(name) => self
+                .user_properties
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone()),
+            Value::TopicName => Some(self.topic.clone()),
+            Value::ContentType => self.content_type.clone(),
+            Value::Pfi => self.pfi.map(|p| p.to_string()),
+            Value::ResponseTopic => self.response_topic.clone(),
+        }
+    }
+}

@@ -2,7 +2,6 @@
 //! with the enrichments the route adds. Parsing checks what can be checked without the broker:
 //! the filter's syntax, the QoS, the enrichments (Event Grid namespaces' rules).
 
-use super::message::Message;
 use std::fmt;
 
 /// Most enrichments per route (Event Grid namespaces' limit).
@@ -87,22 +86,6 @@ impl Value {
                 }
             },
         })
-    }
-
-    /// The value for `m`; `None` when the message has none (the attribute is then left out).
-    pub fn resolve<'a>(&'a self, m: &'a Message) -> Option<String> {
-        match self {
-            Self::Static(s) => Some(s.clone()),
-            Self::UserProperty(name) => m
-                .user_properties
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.clone()),
-            Self::TopicName => Some(m.topic.clone()),
-            Self::ContentType => m.content_type.clone(),
-            Self::Pfi => m.pfi.map(|p| p.to_string()),
-            Self::ResponseTopic => m.response_topic.clone(),
-        }
     }
 }
 
