@@ -18,8 +18,9 @@ mod types;
 
 pub use settings::{Key, Setting, SETTINGS};
 pub use types::{
-    ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, OnDamage, Outbound,
-    Persistence, ReceiveKey, Resilience, Sampler, StoreKind, Telemetry, TlsPolicy,
+    ApiLimits, Broker, EdgeEnv, Entra, Inbound, IpRange, Jwk, LogFormat, MetricsReporter, OnDamage,
+    Outbound, Persistence, Principal, ReceiveKey, Resilience, Sampler, StoreKind, Telemetry,
+    TlsPolicy,
 };
 
 use parse::Raw;

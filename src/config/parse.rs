@@ -10,6 +10,7 @@ use super::types::{
 };
 use super::ConfigError;
 
+mod entra;
 mod telemetry;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -255,6 +256,7 @@ pub(super) fn inbound(raw: &Raw) -> Result<Inbound, ConfigError> {
             60,
             31_536_000,
         )?,
+        entra: entra::entra(raw)?,
     })
 }
 
