@@ -328,3 +328,60 @@ async fn bearer_tokens_are_refused_when_entra_is_off() {
     assert_eq!(status, 401);
     assert!(msg.contains("not enabled"), "{msg}");
 }
+
+/// Microsoft's Python SDK, unmodified, with a token credential returning locally signed tokens:
+/// publish as the sender, receive and acknowledge as the receiver, each refused the other's
+/// right, and an expired token refused. Over https: azure-core sends bearer tokens only there;
+/// `REQUESTS_CA_BUNDLE` trusts gridlet's self-signed certificate (what a device would do with
+/// its IoT Edge CA).
+#[tokio::test]
+async fn the_python_sdk_authenticates_with_a_token_credential() {
+    let s = Signer::new("k1");
+    let g = gridlet(&s).await;
+    let now = gridlet::clock::system_wall_ms() / 1000;
+    let sign = |c: &Value| s.sign(json!({"kid": "k1", "typ": "JWT"}), c);
+    let mut expired = claims(SENDER);
+    expired["exp"] = json!(now - 3600);
+    let args = [
+        g.https_base.clone().expect("https listener"),
+        "q".into(),
+        "s".into(),
+        sign(&claims(SENDER)),
+        sign(&claims(RECEIVER)),
+        sign(&expired),
+    ];
+    let ca = g.dir.path().join("metadataDb/tls/server-cert.pem");
+    let script = format!("{}/tests/pull/sdk_entra.py", env!("CARGO_MANIFEST_DIR"));
+    let program = crate::pull_sdk::python();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(&program)
+            .arg(&script)
+            .args(&args)
+            .env("REQUESTS_CA_BUNDLE", ca)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{program} could not run ({e}): run scripts/test.sh once to install the SDKs"
+                )
+            })
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        got["scopes"],
+        json!(["https://eventgrid.azure.net/.default"]),
+        "{got}"
+    );
+    assert_eq!(got["received"], json!(["e0", "e1"]), "{got}");
+    assert_eq!(got["acknowledged"], 2, "{got}");
+    assert_eq!(got["receiver_publishes"], 403, "{got}");
+    assert_eq!(got["sender_receives"], 403, "{got}");
+    assert_eq!(got["expired_publishes"], 401, "{got}");
+}
