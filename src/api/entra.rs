@@ -144,3 +144,57 @@ fn shown(v: &str) -> &str {
         "(not shown)"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn cfg() -> Entra {
+        Entra {
+            issuers: vec!["https://sts.windows.net/t/".into()],
+            audiences: vec!["https://eventgrid.azure.net".into()],
+            keys: vec![Jwk {
+                kid: "k".into(),
+                n: vec![1; 256],
+                e: vec![1, 0, 1],
+            }],
+            senders: vec![],
+            receivers: vec![],
+            clock_skew: Duration::from_secs(300),
+        }
+    }
+
+    fn token(header: &str, claims: &str, sig: &str) -> String {
+        format!(
+            "{}.{}.{sig}",
+            URL_SAFE_NO_PAD.encode(header),
+            URL_SAFE_NO_PAD.encode(claims)
+        )
+    }
+
+    /// What is refused before any key is used (the signed cases are `tests/it/entra.rs`).
+    #[test]
+    fn malformed_and_unsupported_tokens_are_refused_before_the_signature() {
+        let refusal = |t: &str| verify(&cfg(), t, 1000).unwrap_err();
+        assert!(refusal("a.b").contains("not a JSON Web Token"));
+        assert!(refusal("a.b.c.d").contains("not a JSON Web Token"));
+        assert!(refusal(&token("[1]", "{}", "")).contains("header is not base64url JSON"));
+        assert!(refusal(&token("{}", "{}", "")).contains("no alg"));
+        assert!(refusal(&token(r#"{"alg":"NONE"}"#, "{}", "")).contains("alg none"));
+        for alg in ["HS256", "RS384", "PS256", "ES256"] {
+            let h = format!(r#"{{"alg":"{alg}","kid":"k"}}"#);
+            assert!(refusal(&token(&h, "{}", "AA")).contains(&format!("alg {alg} is refused")));
+        }
+        // A header value that is not plain is not echoed.
+        let h = r#"{"alg":"<script>","kid":"k"}"#;
+        assert!(refusal(&token(h, "{}", "")).contains("alg (not shown)"));
+        assert!(refusal(&token(r#"{"alg":"RS256"}"#, "{}", "")).contains("no signing key"));
+        let e = refusal(&token(r#"{"alg":"RS256","kid":"other"}"#, "{}", ""));
+        assert!(e.contains("key id other is not one of"), "{e}");
+        let e = refusal(&token(r#"{"alg":"RS256","kid":"k"}"#, "{}", "!!"));
+        assert!(e.contains("signature is not base64url"), "{e}");
+        let e = refusal(&token(r#"{"alg":"RS256","x5t":"k"}"#, "{}", "AAAA"));
+        assert!(e.contains("does not verify"), "{e}");
+    }
+}
