@@ -27,12 +27,20 @@
 //! answers 403 `Forbidden` with the documented body. When a request carries several credentials
 //! it passes if one of them allows it.
 //!
+//! A Microsoft Entra ID access token (`Authorization: Bearer`, [`super::entra`], when
+//! `inbound__clientAuth__entra__enabled`) is verified there; its principal (`tid`/`oid`) gets
+//! the rights `inbound__clientAuth__entra__senders` (publish) and `__receivers` (receive and
+//! settle any queue subscription) give it. Azure's RBAC roles are evaluated inside Azure and never
+//! appear in the token, so gridlet has its own map. No Entra principal manages. A token that
+//! fails a check is a 401 naming the check.
+//!
 //! A shared access signature ([`super::sas_token`]) is its signing key's credential narrowed to
 //! its resource `r` (Event Grid's rule, [`token_allows`]) and to a lifetime; `r` must name one of
 //! gridlet's host names. Management needs a token for the broker's root (gridlet's own rule).
 
 use super::sas_token::{Resource, Token};
 use super::ConnInfo;
+use crate::config::Principal;
 use crate::config::{Config, Inbound, Key};
 use crate::error::ApiError;
 use axum::extract::Request;
@@ -56,6 +64,9 @@ pub enum Role {
     /// Receive from and settle one queue subscription, nothing else: the index of its entry in
     /// `inbound__clientAuth__sasKeys__receiveKeys`.
     Receiver(usize),
+    /// Receive from and settle any queue subscription, nothing else: an Entra principal in
+    /// `inbound__clientAuth__entra__receivers`.
+    AnyReceiver,
     /// Everything: topics, subscriptions, dead letters, metrics, publishing.
     Admin,
 }
@@ -87,7 +98,7 @@ fn any_key_matches(given: &[u8], keys: &[String]) -> bool {
 /// The role a SAS key or a client certificate gives the caller, or `None` when neither is
 /// accepted. Shared access signatures, which also name a resource, are [`token_grant`]'s.
 pub fn authenticate(cfg: &Inbound, headers: &HeaderMap, conn: Option<&ConnInfo>) -> Option<Role> {
-    if !cfg.sas_enabled && !cfg.client_cert_enabled {
+    if !cfg.requires_credential() {
         return Some(Role::Admin);
     }
     let mut role = None;
@@ -169,6 +180,57 @@ fn sas_token(headers: &HeaderMap) -> Option<&str> {
     scheme
         .eq_ignore_ascii_case("SharedAccessSignature")
         .then(|| token.trim())
+}
+
+/// An Entra ID access token the request carries: `Authorization: Bearer <token>`.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let auth = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let (scheme, token) = auth.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("Bearer").then(|| token.trim())
+}
+
+/// The roles an Entra ID token gives, or the 401 that refuses it: a sender publishes, a
+/// receiver receives and settles; a principal in neither list gets none (403 on any route).
+fn entra_roles(cfg: &Config, token: &str) -> Result<Vec<Role>, ApiError> {
+    let refuse = |why: String| ApiError {
+        status: StatusCode::UNAUTHORIZED,
+        detail: "Unauthorized",
+        message: format!("Microsoft Entra ID token refused: {why}"),
+        retry_after: None,
+    };
+    let Some(entra) = cfg.inbound.entra.as_ref() else {
+        return Err(refuse(format!(
+            "Entra ID tokens are not enabled ({})",
+            Key::inbound__clientAuth__entra__enabled.name()
+        )));
+    };
+    let now = crate::clock::system_wall_ms() / 1000;
+    let who: Principal = super::entra::verify(entra, token, now).map_err(refuse)?;
+    let mut roles = Vec::new();
+    if entra.senders.contains(&who) {
+        roles.push(Role::Publisher);
+    }
+    if entra.receivers.contains(&who) {
+        roles.push(Role::AnyReceiver);
+    }
+    if roles.is_empty() {
+        return Err(ApiError {
+            status: StatusCode::FORBIDDEN,
+            detail: "Forbidden",
+            message: format!(
+                "the Entra principal {}/{} is in neither {} nor {}",
+                who.tenant,
+                who.object,
+                Key::inbound__clientAuth__entra__senders.name(),
+                Key::inbound__clientAuth__entra__receivers.name()
+            ),
+            retry_after: None,
+        });
+    }
+    Ok(roles)
 }
 
 /// The role of the key that signed `token` and the resource it names, if one of the keys signed
@@ -297,7 +359,7 @@ fn forbidden() -> ApiError {
 /// 403 with the documented body.
 pub fn browser_guard(cfg: &Config, req: &Request) -> Result<(), ApiError> {
     let inbound = &cfg.inbound;
-    if inbound.sas_enabled || inbound.client_cert_enabled {
+    if inbound.requires_credential() {
         return Ok(());
     }
     let h = req.headers();
@@ -416,6 +478,22 @@ pub fn require(cfg: &Config, req: &Request) -> Result<(), ApiError> {
             Err(e) => denied = denied.or(Some(e)),
         }
     }
+    if let Some(token) = bearer(req.headers()) {
+        match entra_roles(cfg, token) {
+            Ok(roles) => {
+                let mut refusal = None;
+                for role in roles {
+                    match role_allows(inbound, role, req) {
+                        Ok(()) => return Ok(()),
+                        Err(e) => refusal = refusal.or(Some(e)),
+                    }
+                }
+                denied = denied.or(refusal);
+            }
+            // A 401 for the token yields to another credential's 403.
+            Err(e) => denied = denied.or(Some(e)),
+        }
+    }
     Err(denied.unwrap_or_else(ApiError::unauthorized))
 }
 
@@ -442,6 +520,13 @@ fn role_allows(cfg: &Inbound, role: Role, req: &Request) -> Result<(), ApiError>
                 })
             }
         }
+        Role::AnyReceiver if pull_target(req).is_some() => Ok(()),
+        Role::AnyReceiver => Err(ApiError {
+            status: StatusCode::FORBIDDEN,
+            detail: "Forbidden",
+            message: "this credential may only receive from and settle queue subscriptions (POST /topics/{topic}/eventsubscriptions/{subscription}:receive, ...)".into(),
+            retry_after: None,
+        }),
         Role::Metrics if req.method() == Method::GET && req.uri().path() == "/metrics" => Ok(()),
         Role::Metrics => Err(ApiError {
             status: StatusCode::FORBIDDEN,

@@ -16,6 +16,7 @@
 pub mod auth;
 pub mod body;
 pub mod deadletters;
+mod entra;
 mod events;
 mod health;
 pub mod long_poll;

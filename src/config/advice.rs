@@ -19,6 +19,14 @@ impl Config {
                 Key::inbound__clientAuth__clientCert__adminIdentities.name()
             ));
         }
+        if inbound.entra.is_some() && inbound.tls_policy.http() {
+            out.push(format!(
+                "{} accepts Entra ID bearer tokens on the plain HTTP port too, where anyone on the \
+                 network can copy one and replay it until it expires: set {}=strict",
+                Key::inbound__clientAuth__entra__enabled.name(),
+                Key::inbound__serverAuth__tlsPolicy.name()
+            ));
+        }
         let t = &self.telemetry;
         for url in [&t.traces_endpoint, &t.metrics_endpoint]
             .into_iter()

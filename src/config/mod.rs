@@ -22,8 +22,9 @@ pub use mqtt::{Instance, Mqtt};
 pub use settings::{Key, Setting, SETTINGS};
 pub use spelling::UnknownKey;
 pub use types::{
-    ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, OnDamage, Outbound,
-    Persistence, ReceiveKey, Resilience, Sampler, StoreKind, Telemetry, TlsPolicy,
+    ApiLimits, Broker, EdgeEnv, Entra, Inbound, IpRange, Jwk, LogFormat, MetricsReporter, OnDamage,
+    Outbound, Persistence, Principal, ReceiveKey, Resilience, Sampler, StoreKind, Telemetry,
+    TlsPolicy,
 };
 
 use parse::Raw;

@@ -11,6 +11,7 @@ use super::types::{
 };
 use super::ConfigError;
 
+mod entra;
 mod telemetry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
@@ -311,6 +312,7 @@ pub(super) fn inbound(raw: &Raw) -> Result<Inbound, ConfigError> {
             60,
             31_536_000,
         )?,
+        entra: entra::entra(raw)?,
     })
 }
 

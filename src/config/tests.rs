@@ -104,6 +104,67 @@ fn sas_enabled_without_a_key_is_refused() {
 }
 
 #[test]
+fn entra_settings_are_checked_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let jwks = dir.path().join("jwks.json");
+    let path = jwks.display().to_string();
+    let on = |extra: &[(&str, &str)]| {
+        let mut v = vec![
+            ("inbound__clientAuth__entra__enabled", "true"),
+            ("inbound__clientAuth__entra__tenantId", "t-1"),
+            ("inbound__clientAuth__entra__jwksPath", path.as_str()),
+        ];
+        v.extend_from_slice(extra);
+        cfg(&v)
+    };
+    let err = |extra: &[(&str, &str)]| on(extra).unwrap_err().to_string();
+    assert!(err(&[]).contains("jwksPath"), "no file");
+    for (doc, why) in [
+        ("not json", "not JSON"),
+        (r#"{"keys": []}"#, "no RSA signing key"),
+        (
+            r#"{"keys": [{"kty": "RSA", "n": "AQAB", "e": "AQAB"}]}"#,
+            "kid",
+        ),
+        (
+            r#"{"keys": [{"kty": "RSA", "kid": "a", "n": "*", "e": "AQAB"}]}"#,
+            "base64url",
+        ),
+        (
+            r#"{"keys": [{"kty": "RSA", "use": "enc", "kid": "a", "n": "AQAB", "e": "AQAB"}]}"#,
+            "no RSA signing key",
+        ),
+    ] {
+        std::fs::write(&jwks, doc).unwrap();
+        let e = err(&[]);
+        assert!(e.contains("jwksPath") && e.contains(why), "{doc}: {e}");
+    }
+    std::fs::write(
+        &jwks,
+        r#"{"keys": [{"kty": "RSA", "kid": "a", "n": "AQAB", "e": "AQAB"}]}"#,
+    )
+    .unwrap();
+    assert!(err(&[("inbound__clientAuth__entra__tenantId", "")]).contains("tenantId"));
+    assert!(err(&[("inbound__clientAuth__entra__senders", "no-slash")]).contains("senders"));
+    let c = on(&[("inbound__clientAuth__entra__receivers", "T-1/ABC")]).unwrap();
+    let e = c.inbound.entra.as_ref().unwrap();
+    assert_eq!(e.issuers[0], "https://sts.windows.net/t-1/");
+    assert_eq!(e.audiences, ["https://eventgrid.azure.net"]);
+    assert_eq!(
+        (
+            e.receivers[0].tenant.as_str(),
+            e.receivers[0].object.as_str()
+        ),
+        ("t-1", "abc")
+    );
+    assert!(
+        c.inbound.requires_credential(),
+        "Entra alone ends the open mode"
+    );
+    assert!(cfg(&[]).unwrap().inbound.entra.is_none());
+}
+
+#[test]
 fn secrets_never_show_in_debug_output() {
     let c = cfg(&[
         ("inbound__clientAuth__sasKeys__enabled", "true"),

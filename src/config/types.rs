@@ -95,6 +95,54 @@ pub struct Inbound {
     pub admin_identities: Vec<String>,
     /// Shared access signatures expiring further ahead than this are refused.
     pub max_token_lifetime: Duration,
+    /// Microsoft Entra ID bearer tokens, when enabled.
+    pub entra: Option<Entra>,
+}
+
+impl Inbound {
+    /// Whether some credential is required (SAS keys, client certificates or Entra tokens);
+    /// with none, every request is an administrator (the original's open mode).
+    pub fn requires_credential(&self) -> bool {
+        self.sas_enabled || self.client_cert_enabled || self.entra.is_some()
+    }
+}
+
+/// What an Entra ID access token must satisfy, and the rights of its principal
+/// (`inbound__clientAuth__entra__*`).
+#[derive(Debug, Clone)]
+pub struct Entra {
+    /// The accepted `iss` values (the tenant's v1 and v2 issuers).
+    pub issuers: Vec<String>,
+    /// The accepted `aud` values, without a trailing `/`.
+    pub audiences: Vec<String>,
+    /// The tenant's RSA signing keys, from the JWKS file.
+    pub keys: Vec<Jwk>,
+    /// Principals that may publish.
+    pub senders: Vec<Principal>,
+    /// Principals that may receive and settle.
+    pub receivers: Vec<Principal>,
+    /// Allowance on `exp` and `nbf`.
+    pub clock_skew: Duration,
+}
+
+/// One RSA signing key of a JSON Web Key Set.
+#[derive(Debug, Clone)]
+pub struct Jwk {
+    /// `kid`, which a token's header names.
+    pub kid: String,
+    /// The modulus, big-endian bytes.
+    pub n: Vec<u8>,
+    /// The public exponent, big-endian bytes.
+    pub e: Vec<u8>,
+}
+
+/// A token's principal: its tenant (`tid`) and object (`oid`) ids, lowercase.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// `tid`.
+    pub tenant: String,
+    /// `oid`.
+    pub object: String,
 }
 
 /// Outbound (delivery side) settings.

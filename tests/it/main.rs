@@ -19,6 +19,7 @@ mod delivery;
 mod docs;
 mod durable_resilience;
 mod edge;
+mod entra;
 mod fuzz;
 mod harness;
 mod health_isolation;

@@ -23,7 +23,7 @@ fn home() -> String {
     std::env::var("HOME").unwrap_or_default()
 }
 
-fn python() -> String {
+pub fn python() -> String {
     std::env::var("GRIDLET_OTEL_PYTHON")
         .unwrap_or_else(|_| format!("{}/.cache/gridlet/otel-py/bin/python", home()))
 }
