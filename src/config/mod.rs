@@ -21,7 +21,7 @@ pub use settings::{Key, Setting, SETTINGS};
 pub use spelling::UnknownKey;
 pub use types::{
     ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, OnDamage, Outbound,
-    Persistence, ReceiveKey, Resilience, Sampler, StoreKind, Telemetry, TlsPolicy,
+    Persistence, ReceiveKey, Resilience, Resources, Sampler, StoreKind, Telemetry, TlsPolicy,
 };
 
 use parse::Raw;

@@ -43,6 +43,11 @@ impl<'a> Obj<'a> {
         }
     }
 
+    /// The object itself.
+    pub fn map(&self) -> &'a Map<String, Value> {
+        self.map
+    }
+
     /// The path of this object.
     pub fn path(&self) -> &'a str {
         self.path

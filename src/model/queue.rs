@@ -6,7 +6,9 @@
 //! [`normalize`] rewrites a (lowercase-keyed) PUT body of that shape into gridlet's own shape
 //! before [`super::subscription::Subscription::from_put`] reads it, so one parser stays the
 //! only parser:
-//! * `Push`: `push.destination` becomes `destination`, `push.maxDeliveryCount` and
+//! * `Push`: `push.destination` (or `push.deliveryWithResourceIdentity.destination`, whose
+//!   identity is not used: a `resourceId` resolves through `outbound__resources`) becomes
+//!   `destination`, `push.maxDeliveryCount` and
 //!   `push.eventTimeToLive` the `retryPolicy`, the dead-letter destination `deadLetterDestination`;
 //! * `Queue`: the queue settings are parsed into [`QueueSettings`] (the subscription has no
 //!   destination), the dead-letter destination becomes `deadLetterDestination`;
@@ -289,7 +291,22 @@ fn queue_settings(q: &Map<String, Value>) -> Result<QueueSettings, Invalid> {
 }
 
 fn push_settings(mut p: Map<String, Value>, props: &mut Map<String, Value>) -> Result<(), Invalid> {
-    let dest = p.remove("destination").filter(|d| !d.is_null()).ok_or_else(|| {
+    // Microsoft's shape with a managed identity: the identity is Azure's to use; on the device
+    // the destination's `resourceId` resolves through `outbound__resources` instead.
+    let with_identity = p
+        .remove("deliverywithresourceidentity")
+        .and_then(|d| match d {
+            Value::Object(mut d) => d.remove("destination"),
+            _ => None,
+        })
+        .filter(|d| !d.is_null());
+    let dest = p.remove("destination").filter(|d| !d.is_null());
+    if with_identity.is_some() && dest.is_some() {
+        return Err(bad(
+            "give push.destination or push.deliveryWithResourceIdentity.destination, not both",
+        ));
+    }
+    let dest = with_identity.or(dest).ok_or_else(|| {
         bad("properties.deliveryConfiguration.push.destination is required with deliveryMode Push")
     })?;
     if props.contains_key("destination") {
@@ -455,6 +472,16 @@ mod tests {
         assert_eq!(p["filter"]["advancedfilters"][0]["key"], "data.b");
         let (_, r) = norm(json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Push"}}}));
         assert!(r.is_err(), "push needs a destination");
+        let (v, r) = norm(
+            json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Push","push":{
+            "deliveryWithResourceIdentity":{"identity":{"type":"SystemAssigned"},
+                "destination":{"endpointType":"EventHub","properties":{"resourceId":"/x/eventhubs/h"}}}}}}}),
+        );
+        assert_eq!(r.unwrap(), None);
+        assert_eq!(
+            v["properties"]["destination"]["properties"]["resourceid"],
+            "/x/eventhubs/h"
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ mod harness;
 mod health_isolation;
 mod layering;
 mod management;
+mod namespaces_push;
 mod node;
 mod otel;
 mod outbound;
