@@ -59,7 +59,7 @@ pub(super) async fn delete(
 
 /// The topic resource as the API returns it.
 fn topic_resource(t: &Topic, ctx: &ResourceContext) -> Value {
-    json!({
+    let mut v = json!({
         "id": format!("{}/topics/{}", ctx.id_prefix, t.name),
         "name": t.name,
         "type": "Microsoft.EventGrid/topics",
@@ -67,5 +67,9 @@ fn topic_resource(t: &Topic, ctx: &ResourceContext) -> Value {
             "endpoint": format!("{}/topics/{}/events?api-version={}", ctx.base_url, t.name, super::API_VERSION),
             "inputSchema": t.input_schema.as_str(),
         }
-    })
+    });
+    if let Some(days) = t.event_retention_days {
+        v["properties"]["eventRetentionInDays"] = json!(days);
+    }
+    v
 }

@@ -425,6 +425,7 @@ pub(crate) mod testing {
         Topic {
             name: "t1".into(),
             input_schema: EventSchema::EventGrid,
+            event_retention_days: None,
         }
     }
 

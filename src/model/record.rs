@@ -73,6 +73,9 @@ pub struct TopicRecord {
     pub name: String,
     /// Input schema.
     pub input_schema: EventSchema,
+    /// `eventRetentionInDays`, when the topic was given one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_retention_days: Option<u32>,
 }
 
 /// `retryPolicy` as stored (names, as echoed).
@@ -179,6 +182,7 @@ impl Topic {
             v: RECORD_VERSION,
             name: self.name.clone(),
             input_schema: self.input_schema,
+            event_retention_days: self.event_retention_days,
         }
     }
 
@@ -187,6 +191,7 @@ impl Topic {
         Self {
             name: r.name,
             input_schema: r.input_schema,
+            event_retention_days: r.event_retention_days,
         }
     }
 }

@@ -480,6 +480,7 @@ pub mod contract {
             v: RECORD_VERSION,
             name: name.into(),
             input_schema: EventSchema::EventGrid,
+            event_retention_days: None,
         }
     }
 

@@ -162,3 +162,38 @@ async fn dead_letters_go_to_a_blob_container_named_by_resource_id() {
     let v: Value = serde_json::from_str(&az.get_blob("letters", &names[0]).await).unwrap();
     assert_eq!(v[0]["id"], "d0", "{v}");
 }
+
+#[tokio::test]
+async fn namespace_shaped_topics_take_cloudevents_and_bound_event_ttl_by_retention() {
+    let t = start(&[]).await;
+    // As ARM writes a namespace topic: no inputSchema, CloudEvents is the default.
+    let (s, b) = t
+        .put(
+            "/topics/ns",
+            json!({"properties": {"publisherType": "Custom", "eventRetentionInDays": 1}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(
+        b["properties"]["inputSchema"], "CloudEventSchemaV1_0",
+        "{b}"
+    );
+    assert_eq!(b["properties"]["eventRetentionInDays"], 1, "{b}");
+    let queue = |ttl: &str| {
+        json!({"properties": {"deliveryConfiguration": {"deliveryMode": "Queue",
+            "queue": {"eventTimeToLive": ttl}}}})
+    };
+    let (s, b) = t
+        .put("/topics/ns/eventSubscriptions/long", queue("P2D"))
+        .await;
+    assert_eq!(s, 400, "{b}");
+    assert!(b.to_string().contains("eventRetentionInDays"), "{b}");
+    let (s, b) = t
+        .put("/topics/ns/eventSubscriptions/day", queue("PT24H"))
+        .await;
+    assert_eq!(s, 200, "{b}");
+    // The edge module's shape keeps Event Grid's schema.
+    let (s, b) = t.put("/topics/edge", json!({"properties": {}})).await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(b["properties"]["inputSchema"], "EventGridSchema", "{b}");
+}
