@@ -71,5 +71,8 @@ fn topic_resource(t: &Topic, ctx: &ResourceContext) -> Value {
     if let Some(w) = t.dedup_window_secs {
         v["properties"]["deduplicationWindowInSeconds"] = json!(w);
     }
+    if let Some(days) = t.event_retention_days {
+        v["properties"]["eventRetentionInDays"] = json!(days);
+    }
     v
 }

@@ -93,12 +93,15 @@ impl Broker {
                     name: name.clone(),
                     reason: format!("its topic '{}' is missing", rec.topic),
                 })?;
-            let sub =
-                Subscription::from_record(rec, &DESTINATIONS).map_err(|e| OpenError::Record {
-                    what: "subscription",
-                    name,
-                    reason: e.message,
-                })?;
+            let types = crate::outbound::sinks::resources::Resolving {
+                types: &DESTINATIONS,
+                resources: &self.inner.cfg.outbound.resources,
+            };
+            let sub = Subscription::from_record(rec, &types).map_err(|e| OpenError::Record {
+                what: "subscription",
+                name,
+                reason: e.message,
+            })?;
             let sub_entry = self.start_subscription(queue_id, sub);
             if sub_entry.config().sub.persisted {
                 sub_entry.restore()?;

@@ -23,8 +23,8 @@ pub use settings::{Key, Setting, SETTINGS};
 pub use spelling::UnknownKey;
 pub use types::{
     ApiLimits, Broker, EdgeEnv, Entra, Inbound, IpRange, Jwk, LogFormat, MetricsReporter, OnDamage,
-    Outbound, Persistence, Principal, ReceiveKey, Resilience, Sampler, StoreKind, Telemetry,
-    TlsPolicy,
+    Outbound, Persistence, Principal, ReceiveKey, Resilience, Resources, Sampler, StoreKind,
+    Telemetry, TlsPolicy,
 };
 
 use parse::Raw;

@@ -7,7 +7,7 @@ use super::settings::Key as K;
 use super::spelling::{self, UnknownKey};
 use super::types::{
     ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, OnDamage, Outbound,
-    Persistence, ReceiveKey, Resilience, StoreKind, TlsPolicy,
+    Persistence, ReceiveKey, Resilience, Resources, StoreKind, TlsPolicy,
 };
 use super::ConfigError;
 
@@ -341,7 +341,35 @@ pub(super) fn outbound(raw: &Raw) -> Result<Outbound, ConfigError> {
                 })
             })
             .collect::<Result<_, _>>()?,
+        resources: resources(raw)?,
     })
+}
+
+/// `outbound__resources`: a JSON object of resource id to connection string (the error never
+/// quotes the value: it holds secrets).
+fn resources(raw: &Raw) -> Result<Resources, ConfigError> {
+    let text = raw.text(K::outbound__resources).trim();
+    if text.is_empty() {
+        return Ok(Resources::default());
+    }
+    let expected = "a JSON object from resource id to connection string, e.g. {\"/subscriptions/…/eventhubs/orders\": \"Endpoint=sb://…\"}";
+    let err = || ConfigError {
+        key: K::outbound__resources.name().to_string(),
+        value: "(secret, not shown)".into(),
+        expected: expected.to_string(),
+    };
+    let map: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(text).map_err(|_| err())?;
+    let mut pairs = Vec::with_capacity(map.len());
+    for (id, cs) in map {
+        match cs {
+            serde_json::Value::String(cs) if !id.trim().is_empty() && !cs.trim().is_empty() => {
+                pairs.push((id, cs));
+            }
+            _ => return Err(err()),
+        }
+    }
+    Ok(Resources::new(pairs))
 }
 
 /// `broker__*` delivery defaults and limits (the resilience ones are [`resilience`]'s).

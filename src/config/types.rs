@@ -164,6 +164,41 @@ pub struct Outbound {
     pub eventgrid_allow_invalid_hostnames: bool,
     /// Address ranges no destination may reach (checked on the resolved address).
     pub denied_ranges: Vec<IpRange>,
+    /// `outbound__resources`: connection strings by Azure resource id.
+    pub resources: Resources,
+}
+
+/// Connection strings by Azure resource id (`outbound__resources`), so a subscription can name
+/// a resource as Event Grid namespaces do and hold no secret. Ids match without regard to case,
+/// as ARM's do. `Debug` shows the ids only.
+#[derive(Clone, Default)]
+pub struct Resources(std::collections::BTreeMap<String, String>);
+
+impl Resources {
+    /// From `(resource id, connection string)` pairs.
+    pub fn new(pairs: impl IntoIterator<Item = (String, String)>) -> Self {
+        Self(
+            pairs
+                .into_iter()
+                .map(|(id, cs)| (Self::key(&id), cs))
+                .collect(),
+        )
+    }
+
+    fn key(id: &str) -> String {
+        id.trim().trim_end_matches('/').to_ascii_lowercase()
+    }
+
+    /// The connection string of `resource_id`, if configured.
+    pub fn get(&self, resource_id: &str) -> Option<&str> {
+        self.0.get(&Self::key(resource_id)).map(String::as_str)
+    }
+}
+
+impl std::fmt::Debug for Resources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.keys()).finish()
+    }
 }
 
 /// An address range in CIDR notation (`169.254.0.0/16`, `fe80::/10`; a bare address is one

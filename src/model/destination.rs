@@ -426,6 +426,7 @@ pub(crate) mod testing {
             name: "t1".into(),
             input_schema: EventSchema::EventGrid,
             dedup_window_secs: None,
+            event_retention_days: None,
         }
     }
 

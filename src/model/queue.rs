@@ -6,7 +6,9 @@
 //! [`normalize`] rewrites a (lowercase-keyed) PUT body of that shape into gridlet's own shape
 //! before [`super::subscription::Subscription::from_put`] reads it, so one parser stays the
 //! only parser:
-//! * `Push`: `push.destination` becomes `destination`, `push.maxDeliveryCount` and
+//! * `Push`: `push.destination` (or `push.deliveryWithResourceIdentity.destination`, whose
+//!   identity is not used: a `resourceId` resolves through `outbound__resources`) becomes
+//!   `destination`, `push.maxDeliveryCount` and
 //!   `push.eventTimeToLive` the `retryPolicy`, the dead-letter destination `deadLetterDestination`;
 //! * `Queue`: the queue settings are parsed into [`QueueSettings`] (the subscription has no
 //!   destination), the dead-letter destination becomes `deadLetterDestination`;
@@ -16,7 +18,8 @@
 //!
 //! Limits as Event Grid documents them: `receiveLockDurationInSeconds` 60–300 (default 60),
 //! `maxDeliveryCount` 1–10 (default 10), `eventTimeToLive` an ISO 8601 duration from one minute
-//! to seven days (default seven days).
+//! to seven days (default seven days), and no longer than the topic's `eventRetentionInDays`
+//! when it has one (which is then the default when shorter).
 
 use super::destination::{Destination, DestinationSpec, SecretProperty};
 use super::Invalid;
@@ -119,7 +122,14 @@ fn bad(message: impl Into<String>) -> Invalid {
 /// # Errors
 /// [`Invalid`] naming the field: a missing or unknown `deliveryMode`, a setting out of range, a
 /// `destination` on a queue subscription, a push configuration without a destination.
-pub fn normalize(body: &mut Value) -> Result<Option<QueueSettings>, Invalid> {
+///
+/// `retention_days`: the topic's `eventRetentionInDays`, which bounds `eventTimeToLive` (and
+/// is a queue subscription's default when shorter than seven days).
+pub fn normalize(
+    body: &mut Value,
+    retention_days: Option<u32>,
+) -> Result<Option<QueueSettings>, Invalid> {
+    let longest = longest_ttl(retention_days);
     let Some(props) = body.get_mut("properties").and_then(Value::as_object_mut) else {
         return Ok(None);
     };
@@ -187,7 +197,7 @@ pub fn normalize(body: &mut Value) -> Result<Option<QueueSettings>, Invalid> {
                 }
             };
             move_dead_letter(&q, props);
-            queue_settings(&q).map(Some)
+            queue_settings(&q, longest).map(Some)
         }
         "push" => {
             let p =
@@ -197,7 +207,7 @@ pub fn normalize(body: &mut Value) -> Result<Option<QueueSettings>, Invalid> {
                         "properties.deliveryConfiguration.push is required with deliveryMode Push",
                     )),
                 };
-            push_settings(p, props)?;
+            push_settings(p, props, longest)?;
             Ok(None)
         }
         _ => Err(bad(format!(
@@ -241,7 +251,32 @@ fn int(
     }
 }
 
-fn ttl(q: &Map<String, Value>, path: &str) -> Result<Option<(Duration, String)>, Invalid> {
+/// The longest `eventTimeToLive` a topic with `retention_days` allows, and how it is bounded.
+#[derive(Clone, Copy)]
+struct Longest {
+    ttl: Duration,
+    /// The topic's retention, when it is the bound.
+    retention_days: Option<u32>,
+}
+
+fn longest_ttl(retention_days: Option<u32>) -> Longest {
+    match retention_days {
+        Some(d) if Duration::from_secs(u64::from(d) * 86400) < EVENT_TTL_MAX => Longest {
+            ttl: Duration::from_secs(u64::from(d) * 86400),
+            retention_days: Some(d),
+        },
+        _ => Longest {
+            ttl: EVENT_TTL_MAX,
+            retention_days: None,
+        },
+    }
+}
+
+fn ttl(
+    q: &Map<String, Value>,
+    path: &str,
+    longest: Longest,
+) -> Result<Option<(Duration, String)>, Invalid> {
     match q.get("eventtimetolive") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => {
@@ -255,6 +290,11 @@ fn ttl(q: &Map<String, Value>, path: &str) -> Result<Option<(Duration, String)>,
                     "properties.deliveryConfiguration.{path}.eventTimeToLive must be from PT1M to P7D"
                 )));
             }
+            if let (Some(days), true) = (longest.retention_days, d > longest.ttl) {
+                return Err(bad(format!(
+                    "properties.deliveryConfiguration.{path}.eventTimeToLive '{s}' is longer than the topic's eventRetentionInDays ({days})"
+                )));
+            }
             Ok(Some((d, s.trim().to_ascii_uppercase())))
         }
         Some(_) => Err(bad(format!(
@@ -263,7 +303,7 @@ fn ttl(q: &Map<String, Value>, path: &str) -> Result<Option<(Duration, String)>,
     }
 }
 
-fn queue_settings(q: &Map<String, Value>) -> Result<QueueSettings, Invalid> {
+fn queue_settings(q: &Map<String, Value>, longest: Longest) -> Result<QueueSettings, Invalid> {
     let lock = int(
         q,
         "receivelockdurationinseconds",
@@ -281,15 +321,38 @@ fn queue_settings(q: &Map<String, Value>) -> Result<QueueSettings, Invalid> {
         max_delivery_count: count as u32,
         ..QueueSettings::default()
     };
-    if let Some((d, text)) = ttl(q, "queue")? {
+    if let Some(days) = longest.retention_days {
+        s.event_ttl = longest.ttl;
+        s.event_ttl_text = format!("P{days}D");
+    }
+    if let Some((d, text)) = ttl(q, "queue", longest)? {
         s.event_ttl = d;
         s.event_ttl_text = text;
     }
     Ok(s)
 }
 
-fn push_settings(mut p: Map<String, Value>, props: &mut Map<String, Value>) -> Result<(), Invalid> {
-    let dest = p.remove("destination").filter(|d| !d.is_null()).ok_or_else(|| {
+fn push_settings(
+    mut p: Map<String, Value>,
+    props: &mut Map<String, Value>,
+    longest: Longest,
+) -> Result<(), Invalid> {
+    // Microsoft's shape with a managed identity: the identity is Azure's to use; on the device
+    // the destination's `resourceId` resolves through `outbound__resources` instead.
+    let with_identity = p
+        .remove("deliverywithresourceidentity")
+        .and_then(|d| match d {
+            Value::Object(mut d) => d.remove("destination"),
+            _ => None,
+        })
+        .filter(|d| !d.is_null());
+    let dest = p.remove("destination").filter(|d| !d.is_null());
+    if with_identity.is_some() && dest.is_some() {
+        return Err(bad(
+            "give push.destination or push.deliveryWithResourceIdentity.destination, not both",
+        ));
+    }
+    let dest = with_identity.or(dest).ok_or_else(|| {
         bad("properties.deliveryConfiguration.push.destination is required with deliveryMode Push")
     })?;
     if props.contains_key("destination") {
@@ -309,7 +372,7 @@ fn push_settings(mut p: Map<String, Value>, props: &mut Map<String, Value>) -> R
         )?;
         retry.insert("maxdeliveryattempts".into(), json!(n));
     }
-    if let Some((d, _)) = ttl(&p, "push")? {
+    if let Some((d, _)) = ttl(&p, "push", longest)? {
         retry.insert(
             "eventexpiryinminutes".into(),
             json!(d.as_secs().div_ceil(60)),
@@ -395,7 +458,7 @@ mod tests {
 
     fn norm(v: Value) -> (Value, Result<Option<QueueSettings>, Invalid>) {
         let mut v = lower_keys(v);
-        let r = normalize(&mut v);
+        let r = normalize(&mut v, None);
         (v, r)
     }
 
@@ -455,6 +518,53 @@ mod tests {
         assert_eq!(p["filter"]["advancedfilters"][0]["key"], "data.b");
         let (_, r) = norm(json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Push"}}}));
         assert!(r.is_err(), "push needs a destination");
+        let (v, r) = norm(
+            json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Push","push":{
+            "deliveryWithResourceIdentity":{"identity":{"type":"SystemAssigned"},
+                "destination":{"endpointType":"EventHub","properties":{"resourceId":"/x/eventhubs/h"}}}}}}}),
+        );
+        assert_eq!(r.unwrap(), None);
+        assert_eq!(
+            v["properties"]["destination"]["properties"]["resourceid"],
+            "/x/eventhubs/h"
+        );
+    }
+
+    #[test]
+    fn event_ttl_is_bounded_by_the_topics_retention() {
+        let sub = |ttl: Option<&str>| {
+            let mut q = json!({});
+            if let Some(t) = ttl {
+                q["eventTimeToLive"] = json!(t);
+            }
+            lower_keys(
+                json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Queue","queue":q}}}),
+            )
+        };
+        let s = normalize(&mut sub(None), Some(2)).unwrap().unwrap();
+        assert_eq!(
+            s.event_ttl,
+            Duration::from_secs(2 * 86400),
+            "the default is the retention"
+        );
+        assert_eq!(s.event_ttl_text, "P2D");
+        let s = normalize(&mut sub(Some("PT48H")), Some(2))
+            .unwrap()
+            .unwrap();
+        assert_eq!(s.event_ttl, Duration::from_secs(2 * 86400));
+        let e = normalize(&mut sub(Some("P3D")), Some(2)).unwrap_err();
+        assert!(e.to_string().contains("eventRetentionInDays (2)"), "{e}");
+        assert!(normalize(&mut sub(Some("P7D")), Some(7)).is_ok());
+        assert_eq!(
+            normalize(&mut sub(None), None).unwrap().unwrap(),
+            QueueSettings::default()
+        );
+        let mut push = lower_keys(
+            json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Push","push":{
+            "eventTimeToLive":"P2D",
+            "destination":{"endpointType":"WebHook","properties":{"endpointUrl":"https://x"}}}}}}),
+        );
+        assert!(normalize(&mut push, Some(1)).is_err());
     }
 
     #[test]

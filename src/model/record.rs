@@ -76,6 +76,9 @@ pub struct TopicRecord {
     /// `deduplicationWindowInSeconds`, when the topic sets it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dedup_window_secs: Option<u64>,
+    /// `eventRetentionInDays`, when the topic was given one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_retention_days: Option<u32>,
 }
 
 /// `retryPolicy` as stored (names, as echoed).
@@ -183,6 +186,7 @@ impl Topic {
             name: self.name.clone(),
             input_schema: self.input_schema,
             dedup_window_secs: self.dedup_window_secs,
+            event_retention_days: self.event_retention_days,
         }
     }
 
@@ -192,6 +196,7 @@ impl Topic {
             name: r.name,
             input_schema: r.input_schema,
             dedup_window_secs: r.dedup_window_secs,
+            event_retention_days: r.event_retention_days,
         }
     }
 }

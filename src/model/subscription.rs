@@ -349,7 +349,7 @@ impl Subscription {
     ) -> Result<Self, Invalid> {
         names::validate("event subscription", url_name)?;
         let mut body = lower_keys(body);
-        let queue = queue::normalize(&mut body)?;
+        let queue = queue::normalize(&mut body, topic.event_retention_days)?;
         let root = Obj::new(&body, "")?;
         check_name(&root, url_name)?;
         let empty = Value::Object(Map::new());

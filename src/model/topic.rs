@@ -66,10 +66,16 @@ pub struct Topic {
     pub input_schema: EventSchema,
     /// `deduplicationWindowInSeconds`: overrides `broker__deduplicationWindowSeconds` (0 = off).
     pub dedup_window_secs: Option<u64>,
+    /// `eventRetentionInDays` (Event Grid namespaces' topics): the longest a subscription's
+    /// `eventTimeToLive` may be. `None` when not given.
+    pub event_retention_days: Option<u32>,
 }
 
 /// The longest deduplication window (seven days).
 pub const MAX_DEDUP_WINDOW_SECS: u64 = 604_800;
+
+/// Bounds of a namespace topic's `eventRetentionInDays`, as Event Grid documents them.
+pub const RETENTION_DAYS: (u64, u64) = (1, 7);
 
 impl Topic {
     /// Parse a topic PUT body for the topic named in the URL.
@@ -88,24 +94,46 @@ impl Topic {
                 ));
             }
         }
-        let props = root.obj("properties", "properties")?;
-        let input_schema = match props.as_ref().map(|p| p.str("inputschema")).transpose()? {
-            Some(Some(s)) => EventSchema::parse("properties.inputSchema", s)?,
-            _ => EventSchema::EventGrid,
+        let empty = Value::Object(serde_json::Map::new());
+        let props = root
+            .obj("properties", "properties")?
+            .unwrap_or(Obj::new(&empty, "properties")?);
+        let event_retention_days = props
+            .int(
+                "eventretentionindays",
+                "properties.eventRetentionInDays",
+                RETENTION_DAYS.0,
+                RETENTION_DAYS.1,
+            )?
+            .map(|d| d as u32);
+        if let Some(p) = props.str("publishertype")? {
+            if !p.eq_ignore_ascii_case("custom") {
+                return Err(Invalid::new(
+                    "InvalidTopic",
+                    format!("properties.publisherType '{p}' is not supported; use Custom"),
+                ));
+            }
+        }
+        // A body in the shape ARM writes Event Grid namespaces' topics (which take only
+        // CloudEvents) defaults to CloudEvents; the edge module's shape to Event Grid's schema.
+        let namespace_shape =
+            props.get("eventretentionindays").is_some() || props.get("publishertype").is_some();
+        let input_schema = match props.str("inputschema")? {
+            Some(s) => EventSchema::parse("properties.inputSchema", s)?,
+            None if namespace_shape => EventSchema::CloudEventV1_0,
+            None => EventSchema::EventGrid,
         };
-        let dedup_window_secs = match &props {
-            Some(p) => p.int(
-                "deduplicationwindowinseconds",
-                "deduplicationWindowInSeconds",
-                0,
-                MAX_DEDUP_WINDOW_SECS,
-            )?,
-            None => None,
-        };
+        let dedup_window_secs = props.int(
+            "deduplicationwindowinseconds",
+            "properties.deduplicationWindowInSeconds",
+            0,
+            MAX_DEDUP_WINDOW_SECS,
+        )?;
         Ok(Self {
             name: url_name.to_string(),
             input_schema,
             dedup_window_secs,
+            event_retention_days,
         })
     }
 }
@@ -165,5 +193,29 @@ mod tests {
         assert_eq!(t.input_schema, EventSchema::Custom);
         assert!(Topic::from_put("t3", serde_json::json!({"name":"other"})).is_err());
         assert!(Topic::from_put("t3", serde_json::json!([])).is_err());
+    }
+
+    #[test]
+    fn namespace_shaped_topics_default_to_cloudevents_and_keep_their_retention() {
+        use serde_json::json;
+        let t = Topic::from_put("n", json!({"properties":{"eventRetentionInDays":3}})).unwrap();
+        assert_eq!(t.input_schema, EventSchema::CloudEventV1_0);
+        assert_eq!(t.event_retention_days, Some(3));
+        let t = Topic::from_put("n", json!({"properties":{"publisherType":"Custom"}})).unwrap();
+        assert_eq!(t.input_schema, EventSchema::CloudEventV1_0);
+        assert_eq!(t.event_retention_days, None);
+        let t = Topic::from_put(
+            "n",
+            json!({"properties":{"publisherType":"Custom","inputSchema":"CloudEventSchemaV1_0","eventRetentionInDays":1}}),
+        )
+        .unwrap();
+        assert_eq!(t.input_schema, EventSchema::CloudEventV1_0);
+        for bad in [
+            json!({"properties":{"eventRetentionInDays":0}}),
+            json!({"properties":{"eventRetentionInDays":8}}),
+            json!({"properties":{"publisherType":"Partner"}}),
+        ] {
+            assert!(Topic::from_put("n", bad).is_err());
+        }
     }
 }

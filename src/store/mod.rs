@@ -481,6 +481,7 @@ pub mod contract {
             name: name.into(),
             input_schema: EventSchema::EventGrid,
             dedup_window_secs: None,
+            event_retention_days: None,
         }
     }
 

@@ -28,6 +28,7 @@ mod management;
 mod mosquitto;
 mod mqtt_out;
 mod mqtt_source;
+mod namespaces_push;
 mod node;
 mod ns_peer;
 mod otel;

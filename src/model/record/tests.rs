@@ -50,6 +50,7 @@ fn topics_read_back_from_their_records() {
         name: "Orders".into(),
         input_schema: EventSchema::CloudEventV1_0,
         dedup_window_secs: None,
+        event_retention_days: None,
     };
     let bytes = serde_json::to_vec(&t.to_record()).unwrap();
     assert_eq!(

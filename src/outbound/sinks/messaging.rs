@@ -2,7 +2,9 @@
 //! services' REST interface ([`crate::outbound::azure::bus::MessagingSink`]). The three
 //! types differ only in name, so one file declares them (three registry lines).
 //!
-//! Properties: `connectionString` (required, entity-level: `EntityPath`; parsed at PUT so a bad
+//! Properties: `connectionString` or, as Event Grid namespaces name an Event Hub, `resourceId`
+//! resolved through `outbound__resources` ([`super::resources`]; the id is echoed and stored,
+//! the connection string never is) (required, entity-level: `EntityPath`; parsed at PUT so a bad
 //! one is a 400 naming the part; secret: its key and signature parts) and
 //! `maxBatchSizeInKilobytes` (optional, 1–1024: the namespace tier's batch limit; default the
 //! Standard tier's, 256 for Service Bus, 1024 for Event Hubs). Health: by the entity's URL (no
@@ -11,7 +13,7 @@
 //! `MessageId`, `SessionId`, `CorrelationId`, `Label`, `ReplyTo`, `ReplyToSessionId`, `To`,
 //! `ViaPartitionKey`) broker properties, every other name an application property.
 
-use super::{DestinationKind, ParseContext, SinkContext};
+use super::{resources, DestinationKind, ParseContext, SinkContext};
 use crate::delivery::sink::Sink;
 use crate::model::attributes::AttributeTarget;
 use crate::model::azure::{MessagingAuth, MessagingConn};
@@ -55,8 +57,10 @@ pub const SERVICE_BUS_TOPIC: Messaging = Messaging {
 /// A parsed Event Hubs / Service Bus destination.
 #[derive(Debug)]
 pub struct MessagingDestination {
-    /// The connection string as given (stored and echoed).
+    /// The connection string as given, or as `outbound__resources` holds it for `resource_id`.
     connection_string: String,
+    /// `resourceId` as given (echoed and stored in place of the connection string).
+    resource_id: Option<String>,
     /// Parsed once at PUT.
     conn: MessagingConn,
     /// `{scheme}://{host}/{entity}`: SSRF checks and endpoint health.
@@ -71,7 +75,10 @@ pub struct MessagingDestination {
 
 impl DestinationSpec for MessagingDestination {
     fn echo(&self, props: &mut Map<String, Value>) {
-        props.insert("connectionString".into(), json!(self.connection_string));
+        match &self.resource_id {
+            Some(id) => props.insert("resourceId".into(), json!(id)),
+            None => props.insert("connectionString".into(), json!(self.connection_string)),
+        };
         if let Some(k) = self.max_batch_kib {
             props.insert("maxBatchSizeInKilobytes".into(), json!(k));
         }
@@ -98,10 +105,16 @@ impl DestinationSpec for MessagingDestination {
 
 impl Messaging {
     /// The destination a connection string and batch size make (no setting applies here).
-    fn build(&self, cs: &str, max_batch_kib: Option<u64>) -> Result<MessagingDestination, String> {
+    fn build(
+        &self,
+        cs: &str,
+        resource_id: Option<String>,
+        max_batch_kib: Option<u64>,
+    ) -> Result<MessagingDestination, String> {
         let conn = MessagingConn::parse(cs).map_err(|e| e.to_string())?;
         Ok(MessagingDestination {
             connection_string: cs.to_string(),
+            resource_id,
             resource_uri: conn.resource_uri(),
             conn,
             max_batch_kib,
@@ -130,19 +143,36 @@ impl DestinationKind for Messaging {
             1,
             1024,
         )?;
+        let resource_id = resources::given_id(props)?;
+        let what = match resource_id {
+            Some(_) => "the connection string of resourceId (outbound__resources)",
+            None => "connectionString",
+        };
         let d = self
-            .build(cs, max_batch_kib)
-            .map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
+            .build(cs, resource_id, max_batch_kib)
+            .map_err(|e| ctx.invalid(format!("{what}: {e}")))?;
         ctx.azure_endpoint(&d.resource_uri, "connectionString Endpoint")?;
         Ok(Destination::new(self.names[0], d))
     }
 
     fn restore(&self, props: &Map<String, Value>) -> Result<Destination, String> {
         let max_batch_kib = props.get("maxBatchSizeInKilobytes").and_then(Value::as_u64);
+        let resource_id = props
+            .get("resourceId")
+            .and_then(Value::as_str)
+            .map(str::to_string);
         let d = self
-            .build(stored_str(props, "connectionString")?, max_batch_kib)
+            .build(
+                stored_str(props, "connectionString")?,
+                resource_id,
+                max_batch_kib,
+            )
             .map_err(|e| format!("connectionString: {e}"))?;
         Ok(Destination::new(self.names[0], d))
+    }
+
+    fn takes_resource_id(&self) -> bool {
+        true
     }
 
     fn sink(&self, sub: &Subscription, ctx: &SinkContext) -> Arc<dyn Sink> {

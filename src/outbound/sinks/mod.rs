@@ -13,6 +13,7 @@ pub(crate) mod edgehub;
 pub(crate) mod eventgrid;
 pub(crate) mod messaging;
 pub(crate) mod mqtt;
+pub mod resources;
 pub(crate) mod storageblob;
 pub(crate) mod storagequeue;
 pub(crate) mod webhook;
@@ -70,6 +71,10 @@ pub trait DestinationKind: Send + Sync + 'static {
     }
     /// Whether it can be a `deadLetterDestination`.
     fn dead_letter(&self) -> bool {
+        false
+    }
+    /// Whether it takes a `resourceId` in place of its `connectionString` (see [`resources`]).
+    fn takes_resource_id(&self) -> bool {
         false
     }
     /// The destination a metadata record holds (`props`: what [`DestinationSpec::echo`] wrote),
@@ -323,7 +328,22 @@ impl DestinationTypes for Registry {
             )));
         };
         let ctx = ParseContext { cfg, role };
-        let d = kind.parse(props, &ctx)?;
+        let resolved = match kind.takes_resource_id() {
+            true => resources::resolve(
+                props.map(),
+                "resourceid",
+                "connectionstring",
+                &cfg.outbound.resources,
+            )
+            .map_err(|e| role.invalid(e))?
+            .map(Value::Object),
+            false => None,
+        };
+        let props = match &resolved {
+            Some(v) => Obj::new(v, props.path())?,
+            None => *props,
+        };
+        let d = kind.parse(&props, &ctx)?;
         // Every type's outbound URL, whether or not its parser checked it.
         if let Some(url) = d.url().and_then(|u| Url::parse(u).ok()) {
             ctx.check_address(&url, "the destination URL")?;

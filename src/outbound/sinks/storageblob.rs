@@ -3,12 +3,14 @@
 //! record with `deadLetterFormat: gridlet`
 //! ([`crate::outbound::azure::storage::BlobDeadLetterSink`]).
 //!
-//! Properties: `blobContainerName` (required, container naming rules), `connectionString`
+//! Properties: `blobContainerName` (required, container naming rules), `connectionString` or,
+//! as Event Grid namespaces name a storage account, `resourceId` resolved through
+//! `outbound__resources` ([`super::resources`]; the id is stored, never the connection string)
 //! (required, account-level; parsed at PUT; secret: its key and signature parts). Health: not
 //! tracked (dead-letter forwarding has its own retries).
 
 use super::storagequeue::{account_example, SECRETS};
-use super::{DestinationKind, ParseContext, SinkContext};
+use super::{resources, DestinationKind, ParseContext, SinkContext};
 use crate::delivery::sink::Sink;
 use crate::model::azure::{check_container_name, StorageConn};
 use crate::model::destination::{
@@ -28,7 +30,10 @@ pub struct StorageBlob;
 #[derive(Debug)]
 pub struct StorageBlobDestination {
     container: String,
+    /// As given, or as `outbound__resources` holds it for `resource_id`.
     connection_string: String,
+    /// `resourceId` as given (echoed and stored in place of the connection string).
+    resource_id: Option<String>,
     conn: StorageConn,
     /// `{blob endpoint}/{container}`: SSRF checks.
     container_url: String,
@@ -38,7 +43,10 @@ pub struct StorageBlobDestination {
 
 impl DestinationSpec for StorageBlobDestination {
     fn echo(&self, props: &mut Map<String, Value>) {
-        props.insert("connectionString".into(), json!(self.connection_string));
+        match &self.resource_id {
+            Some(id) => props.insert("resourceId".into(), json!(id)),
+            None => props.insert("connectionString".into(), json!(self.connection_string)),
+        };
         props.insert("blobContainerName".into(), json!(self.container));
         if let Some(f) = self.format {
             props.insert("deadLetterFormat".into(), json!(f.as_str()));
@@ -75,8 +83,13 @@ impl DestinationKind for StorageBlob {
             ),
         };
         let cs = ctx.required(props, "connectionstring", "connectionString")?;
-        let d = build(container, cs, format)
-            .map_err(|e| ctx.invalid(format!("connectionString: {e}")))?;
+        let resource_id = resources::given_id(props)?;
+        let what = match resource_id {
+            Some(_) => "the connection string of resourceId (outbound__resources)",
+            None => "connectionString",
+        };
+        let d = build(container, cs, resource_id, format)
+            .map_err(|e| ctx.invalid(format!("{what}: {e}")))?;
         ctx.azure_endpoint(&d.container_url, "connectionString blob endpoint")?;
         Ok(Destination::new("StorageBlob", d))
     }
@@ -87,8 +100,17 @@ impl DestinationKind for StorageBlob {
             Some(f) => Some(BlobFormat::parse(f).ok_or("deadLetterFormat is unknown")?),
         };
         let container = stored_str(props, "blobContainerName")?;
-        let d = build(container, stored_str(props, "connectionString")?, format)
-            .map_err(|e| format!("connectionString: {e}"))?;
+        let resource_id = props
+            .get("resourceId")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let d = build(
+            container,
+            stored_str(props, "connectionString")?,
+            resource_id,
+            format,
+        )
+        .map_err(|e| format!("connectionString: {e}"))?;
         Ok(Destination::new("StorageBlob", d))
     }
 
@@ -97,6 +119,10 @@ impl DestinationKind for StorageBlob {
     }
 
     fn dead_letter(&self) -> bool {
+        true
+    }
+
+    fn takes_resource_id(&self) -> bool {
         true
     }
 
@@ -125,6 +151,7 @@ impl DestinationKind for StorageBlob {
 fn build(
     container: &str,
     cs: &str,
+    resource_id: Option<String>,
     format: Option<BlobFormat>,
 ) -> Result<StorageBlobDestination, String> {
     let conn = StorageConn::parse(cs).map_err(|e| e.to_string())?;
@@ -135,6 +162,7 @@ fn build(
         container_url: format!("{}/{container}", conn.blob_endpoint),
         container: container.to_string(),
         connection_string: cs.to_string(),
+        resource_id,
         conn,
         format,
     })

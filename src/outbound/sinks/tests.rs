@@ -175,3 +175,49 @@ fn every_example_parses_and_round_trips() {
         );
     }
 }
+
+#[test]
+fn a_resource_id_is_stored_alone_and_resolved_again_when_read_back() {
+    use super::resources::Resolving;
+    let id =
+        "/subscriptions/0/resourceGroups/g/providers/Microsoft.EventHub/namespaces/n/eventhubs/h";
+    // A SAS token's expiry tells which connection string a destination was built from.
+    let cs = |se: u64| {
+        format!("Endpoint=sb://ns.servicebus.windows.net/;SharedAccessSignature=SharedAccessSignature sr=x&sig=y&se={se}&skn=a;EntityPath=h")
+    };
+    let map = |se: u64| json!({ id: cs(se) }).to_string();
+    let c = cfg(&[("outbound__resources", &map(4_000_000_000))]);
+    let body = json!({"properties":{"destination":{"endpointType":"EventHub","properties":{"resourceId":id}}}});
+    let s = put(body, &c).unwrap();
+    let record = serde_json::to_string(&s.to_record()).unwrap();
+    assert!(
+        record.contains(id) && !record.contains("SharedAccess"),
+        "{record}"
+    );
+    assert!(!serde_json::to_string(&s.properties())
+        .unwrap()
+        .contains("SharedAccess"));
+    // Without the settings the record cannot be read; with them, a rotated key applies.
+    let rec = || serde_json::from_str(&record).unwrap();
+    assert!(Subscription::from_record(rec(), &DESTINATIONS).is_err());
+    let rotated = cfg(&[("outbound__resources", &map(4_100_000_000))]);
+    let types = Resolving {
+        types: &DESTINATIONS,
+        resources: &rotated.outbound.resources,
+    };
+    let again = Subscription::from_record(rec(), &types).unwrap();
+    assert_eq!(again.to_record(), s.to_record());
+    assert_eq!(s.destination.credential_expiry(), Some(4_000_000_000));
+    assert_eq!(
+        again.destination.credential_expiry(),
+        Some(4_100_000_000),
+        "a credential rotated in the settings applies when the record is read back"
+    );
+    let empty = cfg(&[]);
+    let types = Resolving {
+        types: &DESTINATIONS,
+        resources: &empty.outbound.resources,
+    };
+    let e = Subscription::from_record(rec(), &types).unwrap_err();
+    assert!(e.message.contains(id), "{}", e.message);
+}
