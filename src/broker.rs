@@ -9,14 +9,17 @@
 
 mod error;
 mod exposition;
+mod overview;
 mod publish;
 mod recovery;
 mod registry;
 mod replay;
 mod resilience;
 mod route_trace;
+pub mod tail;
 
 pub use error::BrokerError;
+pub use overview::SubscriptionStatus;
 pub use resilience::MAX_PAGE;
 
 use crate::clock::Clock;
@@ -42,6 +45,8 @@ pub struct TopicEntry {
     subs: RwLock<Arc<Vec<Arc<SubscriptionHandle>>>>,
     /// Topic metrics.
     pub metrics: TopicMetrics,
+    /// A sample of the events as they are published, while someone watches (the console).
+    pub tail: tail::Tail,
 }
 
 fn read<T: Clone>(l: &RwLock<T>) -> T {
@@ -76,6 +81,10 @@ struct BrokerState {
     /// The next sequence number. Held while a publish numbers its events **and** submits them to
     /// the store, so the store receives events in sequence order (the event log's invariant).
     seq: Mutex<u64>,
+    /// The last minutes of counters, for the console's overview.
+    samples: Mutex<crate::metrics::ring::SampleRing>,
+    /// When the broker started, ms since the epoch.
+    started_ms: u64,
 }
 
 /// Cheap to clone handle to the broker.

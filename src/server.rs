@@ -235,6 +235,9 @@ impl Gridlet {
         if let Some(dir) = heartbeat.clone() {
             tasks.push(tokio::spawn(heartbeats(dir, clock, stop.subscribe())));
         }
+        if cfg.console.enabled {
+            tasks.push(tokio::spawn(samples(broker.clone(), stop.subscribe())));
+        }
         if cfg.metrics == MetricsReporter::Console {
             tasks.push(tokio::spawn(console_metrics(
                 broker.clone(),
@@ -365,6 +368,20 @@ async fn console_metrics(broker: Broker, mut stop: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = tick.tick() => tracing::info!(target: "gridlet::metrics", "\n{}", broker.render_metrics()),
+            _ = stop.changed() => break,
+        }
+    }
+}
+
+/// The operator console's ring of samples ([`crate::metrics::ring`]): one every
+/// `SAMPLE_EVERY_SECS`, the first at once.
+async fn samples(broker: Broker, mut stop: watch::Receiver<bool>) {
+    let every = Duration::from_secs(crate::metrics::ring::SAMPLE_EVERY_SECS);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => broker.record_sample(crate::clock::system_wall_ms()),
             _ = stop.changed() => break,
         }
     }

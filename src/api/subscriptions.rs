@@ -80,3 +80,29 @@ pub(super) async fn delete(
         .await?;
     Ok(StatusCode::OK.into_response())
 }
+
+/// `GET …/eventSubscriptions/{sub}/status`: the subscription's live state (the console's
+/// columns: backlog, in flight, dead letters, counts since start, a queue's locked events), and
+/// its endpoint health whatever its state.
+pub(super) async fn status(
+    State(s): State<AppState>,
+    Path((topic, name)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let st = s.broker.subscription_status(&topic, &name)?;
+    let health = s
+        .broker
+        .find_subscription(&topic, &name)?
+        .endpoint_health()
+        .map_or(Value::Null, |h| super::deadletters::health_json(&h));
+    Ok(Json(serde_json::json!({
+        "pending": st.pending,
+        "inFlight": st.in_flight,
+        "deadLetters": st.dead_letters,
+        "delivered": st.delivered,
+        "failedAttempts": st.failed_attempts,
+        "deadLettered": st.dead_lettered,
+        "locked": st.locked,
+        "persisted": st.persisted,
+        "endpointHealth": health,
+    })))
+}

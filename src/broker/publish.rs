@@ -60,6 +60,17 @@ fn routed<'a>(
         .map(|(seq, data)| (*seq, data))
 }
 
+/// An event as the topic's live tail samples it.
+fn tailed(ev: &IncomingEvent) -> super::tail::Offered<'_> {
+    let view = ev.view();
+    super::tail::Offered {
+        id: &ev.id,
+        subject: view.subject,
+        event_type: view.event_type,
+        body: &ev.body,
+    }
+}
+
 /// Route every event through every subscription's filter.
 fn route(configs: &[Arc<SubConfig>], events: &[IncomingEvent]) -> Routes {
     let mut routes = Routes {
@@ -131,6 +142,10 @@ impl Broker {
         entry.metrics.events_received.add(events.len() as u64);
         if events.is_empty() {
             return Ok(());
+        }
+        let now_ms = crate::clock::system_wall_ms();
+        if entry.tail.watched(now_ms) {
+            entry.tail.offer(now_ms, events.iter().map(tailed));
         }
         let mut spans = RouteSpans::start(self.tracer(), span);
         let subs = entry.subscriptions();

@@ -66,6 +66,8 @@ impl Broker {
                 mgmt: Mutex::new(()),
                 replays: tokio::sync::Mutex::new(()),
                 seq: Mutex::new(snapshot.max_seq + 1),
+                samples: super::overview::ring(),
+                started_ms: crate::clock::system_wall_ms(),
             }),
         };
         let topics = restore_topics(snapshot.topics);
@@ -120,6 +122,7 @@ fn restore_topics(records: Vec<TopicRecord>) -> HashMap<String, Arc<TopicEntry>>
                 topic: RwLock::new(topic),
                 subs: RwLock::new(Arc::new(Vec::new())),
                 metrics: TopicMetrics::default(),
+                tail: Default::default(),
             }),
         );
     }

@@ -103,6 +103,7 @@ impl Broker {
                 topic: RwLock::new(topic.clone()),
                 subs: RwLock::new(Arc::new(Vec::new())),
                 metrics: TopicMetrics::default(),
+                tail: Default::default(),
             }),
         );
         write(&self.inner.topics, Arc::new(next));

@@ -17,7 +17,7 @@ mod types;
 
 pub use settings::{Key, Setting, SETTINGS};
 pub use types::{
-    ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, Outbound,
+    ApiLimits, Broker, Console, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, Outbound,
     Persistence, ReceiveKey, Resilience, Sampler, StoreKind, Telemetry, TlsPolicy,
 };
 
@@ -101,6 +101,11 @@ pub struct Config {
     pub edge: EdgeEnv,
     /// OpenTelemetry (`OTEL_*`, `telemetry__*`).
     pub telemetry: Telemetry,
+    /// The operator console (`console__*`).
+    pub console: Console,
+    /// The settings given a value other than their default, secrets masked (`***`): what the
+    /// console's overview shows.
+    pub changed: Vec<(&'static str, String)>,
     /// Keys that looked like settings but are not known (reported as a warning at start-up).
     pub unknown_keys: Vec<String>,
 }
@@ -157,6 +162,23 @@ impl Config {
         let edge = parse::edge(&raw);
         let log_format = parse::log_format(&raw)?;
         let telemetry = parse::telemetry(&raw)?;
+        let console = parse::console(&raw)?;
+        let changed = Key::ALL
+            .iter()
+            .filter_map(|key| {
+                let s = key.setting();
+                let v = raw.given(*key)?;
+                if v == s.default {
+                    return None;
+                }
+                let shown = if s.is_secret() && !v.is_empty() {
+                    "***".to_string()
+                } else {
+                    v.to_string()
+                };
+                Some((s.key, shown))
+            })
+            .collect();
         Ok(Self {
             inbound,
             outbound,
@@ -168,6 +190,8 @@ impl Config {
             persistence,
             edge,
             telemetry,
+            console,
+            changed,
             unknown_keys: raw.unknown,
         })
     }

@@ -129,6 +129,8 @@ settings! {
     api__deliveryPolicyLimits__maxpreferredBatchSizeInKilobytes = "1033" : "largest `preferredBatchSizeInKilobytes` a subscription may set";
     api__deliveryPolicyLimits__maxBatchSizeInBytes = "1058576" : "largest `approxBatchSizeInBytes` (older twin knob) a subscription may set";
     api__filterLimits__maxIncludedEventTypes = "256" : "most entries in a subscription's `filter.includedEventTypes` (400 above); matched in constant time, this bounds the memory of one subscription's type set";
+    console__enabled = "true" : "serve the operator console at `/console` on gridlet's own listeners; its data comes from the management API with the API's authentication (an administrator's SAS key, kept in the browser tab, or client certificate); docs/CONSOLE.md";
+    console__traceUrlTemplate = "" : "link from an event's or dead letter's trace id in the console to a trace viewer: a URL in which `{traceId}` is replaced (`http://jaeger:16686/trace/{traceId}`); empty = no links";
     metrics__reporterType = "none" : "`none`, `prometheus` (serve `/metrics`), `console` (log metrics every 60 s)";
     log__format = "text" : "`text`: one line per record with the syslog severity prefix IoT Edge filters on (`<6>` info, `<4>` warn, `<3>` error), colours only on a terminal and never with `NO_COLOR`; `json`: one JSON object per line, for log shippers. Level: `RUST_LOG` (default `info`)";
     OTEL_EXPORTER_OTLP_ENDPOINT = "" : "OpenTelemetry: base URL of an OTLP/HTTP collector (`http://host:4318`); traces go to `<base>/v1/traces`. Both this and `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` unset: no spans are recorded or exported (trace context is still carried to subscribers). docs/OBSERVABILITY.md";

@@ -6,6 +6,7 @@ mod azure_eventgrid;
 mod bench_smoke;
 mod bus_peer;
 mod compaction;
+mod console;
 mod crash;
 mod delivery;
 mod docs;
