@@ -19,7 +19,7 @@ mod route_trace;
 pub mod tail;
 
 pub use error::BrokerError;
-pub use overview::SubscriptionStatus;
+pub use overview::{QueueLocks, SubscriptionStatus};
 pub use resilience::MAX_PAGE;
 
 use crate::clock::Clock;

@@ -1,6 +1,7 @@
 //! `/topics/{topic}/eventSubscriptions` handlers.
 
 use super::{read_json, AppState, Conn};
+use crate::delivery::deadletter::rfc3339;
 use crate::error::ApiError;
 use crate::model::subscription::subscription_resource;
 use axum::body::Body;
@@ -101,7 +102,23 @@ pub(super) async fn status(
         "delivered": st.delivered,
         "failedAttempts": st.failed_attempts,
         "deadLettered": st.dead_lettered,
-        "locked": st.locked,
+        "locked": st.locks.as_ref().map(|l| l.summary.locked),
+        "queue": st.locks.as_ref().map(|l| serde_json::json!({
+            "locked": l.summary.locked,
+            "deliveryCounts": {
+                "1": l.summary.delivery_counts[0],
+                "2": l.summary.delivery_counts[1],
+                "3": l.summary.delivery_counts[2],
+                "4": l.summary.delivery_counts[3],
+                "5+": l.summary.delivery_counts[4],
+            },
+            "oldestLockedEventTime": l.summary.oldest_enqueued_ms.map(rfc3339),
+            "nextLockExpiryInSeconds": l.next_expiry_in.map(|d| d.as_secs()),
+        })),
+        "lastError": st.last_error.as_ref().map(|(at, why)| serde_json::json!({
+            "time": rfc3339(*at),
+            "message": why,
+        })),
         "persisted": st.persisted,
         "endpointHealth": health,
     })))

@@ -2,9 +2,11 @@
 //! behind the overview's charts ([`crate::metrics::ring`]) and a subscription's live state.
 
 use super::{Broker, BrokerError};
+use crate::delivery::pull::LockSummary;
 use crate::metrics::families::dropped;
 use crate::metrics::ring::{Sample, SampleRing};
 use crate::model::reason::DropReason;
+use std::time::Duration;
 
 /// A subscription's live state, beside its stored resource.
 #[derive(Debug, Clone)]
@@ -21,10 +23,22 @@ pub struct SubscriptionStatus {
     pub failed_attempts: u64,
     /// Events dead-lettered (cumulative since start).
     pub dead_lettered: u64,
-    /// Events locked by receivers (a queue subscription only).
-    pub locked: Option<u64>,
+    /// A queue subscription's locks: how many, by delivery count, the oldest locked event, the
+    /// next expiry (from now).
+    pub locks: Option<QueueLocks>,
+    /// The last failed attempt: when (wall ms) and why.
+    pub last_error: Option<(u64, String)>,
     /// The subscription's events are kept on disk.
     pub persisted: bool,
+}
+
+/// A queue subscription's locks, for the console.
+#[derive(Debug, Clone)]
+pub struct QueueLocks {
+    /// The table summed up.
+    pub summary: LockSummary,
+    /// Until the next lock expires.
+    pub next_expiry_in: Option<Duration>,
 }
 
 impl Broker {
@@ -89,7 +103,17 @@ impl Broker {
             delivered: m.delivery_success_counts.get(),
             failed_attempts: m.delivery_failure_counts.get(),
             dead_lettered: m.dead_lettered.get(),
-            locked: sub.pull().map(|p| p.locked() as u64),
+            locks: sub.pull().map(|p| {
+                let summary = p.lock_summary();
+                let now = self.inner.ctx.clock.instant();
+                QueueLocks {
+                    next_expiry_in: summary
+                        .next_expiry
+                        .map(|at| at.saturating_duration_since(now)),
+                    summary,
+                }
+            }),
+            last_error: sub.last_error(),
             persisted: sub.config().sub.persisted,
         })
     }

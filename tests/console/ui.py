@@ -70,15 +70,21 @@ class Receiver:
         raise AssertionError(f"{path} got {self.ids(path)}, wanted {ids}")
 
 
-def publish(topic, events):
+def request(method, path, body=None, content_type="application/json", version=V):
     req = urllib.request.Request(
-        f"{BASE}/topics/{topic}/events?{V}",
-        data=json.dumps(events).encode(),
-        headers={"content-type": "application/json", "aeg-sas-key": KEY},
-        method="POST",
+        f"{BASE}{path}?{version}",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"content-type": content_type, "aeg-sas-key": KEY},
+        method=method,
     )
     with urllib.request.urlopen(req) as r:
-        assert r.status == 200
+        assert r.status == 200, r.status
+        text = r.read()
+        return json.loads(text) if text else None
+
+
+def publish(topic, events):
+    request("POST", f"/topics/{topic}/events", events)
 
 
 def event(i, subject="orders/1", data=None):
@@ -186,9 +192,14 @@ def main():
         )
         expect(page.locator("#stat-dead-orders-flaky")).to_have_text("3")
         expect(page.locator("#stat-health-orders-flaky")).to_have_text("Frozen")
+        # The healthy subscription got those three too: its count moved on.
+        expect(page.locator("#stat-delivered-orders-audit")).to_have_text("6")
+        page.evaluate("document.getElementById('toast').textContent = ''")
+        page.locator("main").screenshot(path=os.path.join(SHOTS, "topics-frozen.png"))
         page.get_by_role("link", name="flaky", exact=True).click()
         expect(page.locator("#dead-letter-count")).to_have_text("3")
         expect(page.locator("#health-state")).to_have_text("Frozen")
+        expect(page.locator("#last-error")).to_contain_text("500")
         rows = page.locator("#dead-letters tbody tr")
 
         def letter(event_id):
@@ -235,6 +246,30 @@ def main():
         assert page.evaluate("window.__pwned") is None
         shot(page, "tail")
         page.get_by_role("button", name="Stop").click()
+
+        # A queue subscription: locked events, their delivery counts, the oldest one.
+        request("PUT", "/topics/jobs", {"properties": {"inputSchema": "CloudEventSchemaV1_0"}})
+        request(
+            "PUT",
+            "/topics/jobs/eventSubscriptions/workers",
+            {"properties": {"deliveryConfiguration": {"deliveryMode": "Queue"}}},
+        )
+        jobs = [
+            {"specversion": "1.0", "id": f"j{i}", "source": "s", "type": "job", "data": {"i": i}}
+            for i in range(3)
+        ]
+        request("POST", "/topics/jobs/events", jobs, content_type="application/cloudevents-batch+json")
+        got = request(
+            "POST",
+            "/topics/jobs/eventsubscriptions/workers:receive",
+            version="api-version=2024-06-01&maxEvents=2&maxWaitTime=5",
+        )
+        assert len(got["value"]) == 2, got
+        page.goto(f"{BASE}/console/#/topics/jobs/subscriptions/workers")
+        expect(page.locator("#queue-locked")).to_have_text("2")
+        expect(page.get_by_role("table", name="Locked events by delivery count")).to_contain_text("2")
+        expect(page.get_by_text("Oldest locked event")).to_be_visible()
+        shot(page, "queue")
 
         # The overview: charts from the ring of samples, changed settings masked.
         page.get_by_role("link", name="Overview").click()

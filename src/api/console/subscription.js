@@ -14,11 +14,12 @@ export async function subscription(topic, name) {
   const template = overview.traceUrlTemplate;
   const stats = el('div', { class: 'cards', id: 'sub-stats' });
   const health = el('div', { id: 'sub-health' });
+  const queue = el('div', { id: 'sub-queue' });
   const letters = el('section', { id: 'dead-letters', 'aria-labelledby': 'dl-title' });
   const sub = await get(base);
   const main = page(`${topic} / ${name}`,
     el('p', {}, el('a', { href: '#/topics' }, '← Topics and subscriptions')),
-    stats, health, letters, editor(base, sub));
+    stats, queue, health, letters, editor(base, sub));
 
   let lastHealth = '';
   await every(2000, async () => {
@@ -30,8 +31,9 @@ export async function subscription(topic, name) {
       card('Failed attempts', count(st.failedAttempts)),
       card('Dead letters', count(st.deadLetters), 'dead-letter-count'),
       card('Persisted', st.persisted ? 'yes' : 'no'),
-      st.locked !== null ? card('Locked (queue)', count(st.locked)) : null,
+      card('Last error', st.lastError ? `${st.lastError.message}, ${ago(st.lastError.time)}` : 'none', 'last-error'),
     ].filter(Boolean));
+    queue.replaceChildren(...(st.queue ? queueView(st.queue) : []));
     const h = JSON.stringify(st.endpointHealth);
     if (h !== lastHealth) {
       lastHealth = h;
@@ -44,6 +46,19 @@ export async function subscription(topic, name) {
 
 function card(k, v, id) {
   return el('div', { class: 'card' }, el('div', { class: 'k' }, k), el('div', { class: 'v', id }, v));
+}
+
+function queueView(q) {
+  const counts = Object.entries(q.deliveryCounts);
+  return [
+    el('h2', {}, 'Queue (pull delivery)'),
+    el('div', { class: 'cards' },
+      card('Locked', count(q.locked), 'queue-locked'),
+      card('Oldest locked event', q.oldestLockedEventTime ? `enqueued ${ago(q.oldestLockedEventTime)}` : '—'),
+      card('Next lock expiry', q.nextLockExpiryInSeconds === null ? '—' : `in ${q.nextLockExpiryInSeconds} s`)),
+    table('Locked events by delivery count', counts.map(([k]) => ({ label: `delivered ${k}×`, num: true })),
+      [counts.map(([, v]) => count(v))]),
+  ];
 }
 
 function healthView(base, h) {

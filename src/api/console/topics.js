@@ -3,7 +3,7 @@
 // next to the form or row it came from.
 
 import { get, put, del, seg } from './api.js';
-import { el, page, table, count, rate, errorLine, showError, every, toast } from './ui.js';
+import { el, page, table, count, rate, ago, errorLine, showError, every, toast } from './ui.js';
 
 const schemas = ['EventGridSchema', 'CloudEventSchemaV1_0', 'CustomEventSchema'];
 
@@ -71,6 +71,7 @@ function topicSection(t, subs) {
     { label: 'Subscription' }, { label: 'Destination', narrow: true }, { label: 'Filter', narrow: true },
     { label: 'Persisted', narrow: true }, { label: 'Backlog', num: true }, { label: 'Delivered', num: true },
     { label: 'Rate', num: true }, { label: 'Dead letters', num: true }, { label: 'Endpoint' },
+    { label: 'Last error', narrow: true },
   ];
   return el('section', { class: 'topic', 'data-topic': t.name, 'aria-labelledby': `topic-${t.name}` },
     el('div', { class: 'head' },
@@ -114,7 +115,7 @@ function subscriptionRow(topic, s) {
     destinationText(p),
     filterText(p.filter),
     persisted ? 'yes' : 'no',
-    stat('pending'), stat('delivered'), stat('rate'), stat('dead'), stat('health'),
+    stat('pending'), stat('delivered'), stat('rate'), stat('dead'), stat('health'), stat('error'),
   ];
 }
 
@@ -137,6 +138,7 @@ async function refreshStats(topic, sub, previous) {
   const h = st.endpointHealth;
   const state = h ? h.state : (st.locked !== null ? `${count(st.locked)} locked` : '—');
   set('health', state, h ? `state-${h.state}` : '');
+  set('error', st.lastError ? `${st.lastError.message} (${ago(st.lastError.time)})` : '—');
 }
 
 function createSubscriptionForm(topic) {

@@ -25,6 +25,7 @@
 //! Lock tokens ([`token`]) are unforgeable and name (subscription, event, attempt).
 
 mod locks;
+pub use locks::LockSummary;
 pub(super) mod task;
 
 use super::engine::DeliveryContext;
@@ -72,6 +73,11 @@ impl PullState {
     /// Events received and not yet settled.
     pub fn locked(&self) -> usize {
         self.locks().len()
+    }
+
+    /// The locks summed up, for the console.
+    pub fn summary(&self) -> LockSummary {
+        self.locks().summary()
     }
 }
 
@@ -175,6 +181,11 @@ impl Puller<'_> {
     /// Events received and not yet settled.
     pub fn locked(&self) -> usize {
         self.pull.locked()
+    }
+
+    /// The locks summed up: delivery counts, the oldest locked event, the next expiry.
+    pub fn lock_summary(&self) -> LockSummary {
+        self.pull.summary()
     }
 
     /// Receive up to `max` events, waiting up to `wait` for the first to be available
