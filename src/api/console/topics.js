@@ -81,7 +81,8 @@ function topicSection(t, subs) {
       remove),
     line,
     subs.length ? table(`Subscriptions of ${t.name}`, headers, rows) : el('p', { class: 'muted' }, 'No subscriptions.'),
-    createSubscriptionForm(t.name));
+    createSubscriptionForm(t.name),
+    createFromJsonForm(t.name));
 }
 
 function destinationText(p) {
@@ -180,4 +181,36 @@ function createSubscriptionForm(topic) {
     }
   });
   return el('details', {}, el('summary', {}, `Add a webhook subscription to ${topic}`), form, line);
+}
+
+/** Any subscription the API accepts (every destination type, queue delivery): its properties as JSON. */
+function createFromJsonForm(topic) {
+  const id = (x) => `json-sub-${x}-${topic}`;
+  const line = errorLine();
+  const name = el('input', { id: id('name'), required: true, autocomplete: 'off' });
+  const text = el('textarea', { id: id('props'), rows: 8, spellcheck: 'false' },
+    JSON.stringify({ deliveryConfiguration: { deliveryMode: 'Queue' } }, null, 2));
+  const form = el('form', { 'aria-label': `New subscription on ${topic} from JSON` },
+    el('label', { for: id('name') }, 'Subscription name', name),
+    el('label', { for: id('props') }, 'Properties (JSON, as in the API)', text),
+    el('div', { class: 'actions' }, el('button', { type: 'submit', class: 'primary' }, 'Create from JSON')));
+  form.addEventListener('submit', async (ev) => {
+    ev.preventDefault();
+    line.textContent = '';
+    let props;
+    try {
+      props = JSON.parse(text.value);
+    } catch (e) {
+      line.textContent = `Not JSON: ${e.message}`;
+      return;
+    }
+    try {
+      await put(`/topics/${seg(topic)}/eventSubscriptions/${seg(name.value.trim())}`, { properties: props });
+      toast(`Subscription ${name.value.trim()} created`);
+      window.dispatchEvent(new HashChangeEvent('hashchange'));
+    } catch (e) {
+      showError(line, e);
+    }
+  });
+  return el('details', {}, el('summary', {}, `Add any subscription to ${topic} from JSON`), form, line);
 }
