@@ -381,7 +381,7 @@ async fn samples(broker: Broker, mut stop: watch::Receiver<bool>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = tick.tick() => broker.record_sample(crate::clock::system_wall_ms()),
+            _ = tick.tick() => broker.record_sample(broker.now_ms()),
             _ = stop.changed() => break,
         }
     }

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 pub(super) async fn get(State(s): State<AppState>) -> Json<Value> {
     let cfg = s.broker.config();
-    let now = crate::clock::system_wall_ms();
+    let now = s.broker.now_ms();
     let started = s.broker.started_ms();
     let reasons: Vec<&str> = DropReason::ALL.iter().map(|r| r.as_str()).collect();
     let samples: Vec<Value> = s

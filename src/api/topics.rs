@@ -113,7 +113,7 @@ pub(super) async fn tail(
         None => None,
     };
     let entry = s.broker.find_topic(&name)?;
-    let now = crate::clock::system_wall_ms();
+    let now = s.broker.now_ms();
     let page = entry
         .tail
         .poll(

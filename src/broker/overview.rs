@@ -80,6 +80,11 @@ impl Broker {
             .collect()
     }
 
+    /// Wall-clock ms now, by the broker's clock (the one event times and the live tail use).
+    pub fn now_ms(&self) -> u64 {
+        self.inner.ctx.clock.now_ms()
+    }
+
     /// When this broker started, ms since the epoch.
     pub fn started_ms(&self) -> u64 {
         self.inner.started_ms

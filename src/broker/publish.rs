@@ -143,7 +143,7 @@ impl Broker {
         if events.is_empty() {
             return Ok(());
         }
-        let now_ms = crate::clock::system_wall_ms();
+        let now_ms = self.inner.ctx.clock.now_ms();
         if entry.tail.watched(now_ms) {
             entry.tail.offer(now_ms, events.iter().map(tailed));
         }
@@ -188,7 +188,6 @@ impl Broker {
                 },
             );
         }
-        let now_ms = self.inner.ctx.clock.now_ms();
         let numbered = {
             // Numbered and submitted in one step: the store sees events in sequence order.
             let mut next = crate::sync::lock(&self.inner.seq);

@@ -57,6 +57,7 @@ impl Broker {
             )),
         });
         store.trace_commits(&ctx.tracer);
+        let started_ms = ctx.clock.now_ms();
         let broker = Self {
             inner: Arc::new(BrokerState {
                 cfg: cfg.clone(),
@@ -67,7 +68,7 @@ impl Broker {
                 replays: tokio::sync::Mutex::new(()),
                 seq: Mutex::new(snapshot.max_seq + 1),
                 samples: super::overview::ring(),
-                started_ms: crate::clock::system_wall_ms(),
+                started_ms,
             }),
         };
         let topics = restore_topics(snapshot.topics);

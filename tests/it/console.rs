@@ -3,7 +3,7 @@
 //! Playwright for Python, `tests/console/ui.py`) against a real gridlet.
 
 use crate::util::{start, TestGridlet};
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::process::Command;
 
 const KEY: &str = "console-admin-key";
@@ -263,4 +263,49 @@ async fn the_console_in_a_real_browser() {
         "the browser scenario failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
     );
     assert!(stdout.contains("console scenario passed"), "{stdout}");
+}
+
+#[tokio::test]
+async fn the_tail_samples_a_watched_topic_and_filters_like_a_subscription() {
+    let g = start(&[]).await;
+    g.topic("t").await;
+    let ev =
+        |i: usize, subject: &str| crate::util::eg_event(&i.to_string(), subject, "k", json!({}));
+    // Unwatched: nothing is kept.
+    g.publish("t", json!([ev(0, "a/0")])).await;
+    let (_, first) = g.get("/topics/t/tail?wait=0").await;
+    assert_eq!(first["events"], json!([]));
+    let next = first["next"].as_u64().unwrap();
+    assert_eq!(next, 0, "the unwatched publish was not sampled");
+    // Watched: at most 10 events of one request are sampled, in order.
+    let events: Vec<Value> = (1..=15).map(|i| ev(i, &format!("a/{i}"))).collect();
+    g.publish("t", Value::Array(events)).await;
+    let (_, page) = g.get(&format!("/topics/t/tail?after={next}&wait=0")).await;
+    let ids: Vec<&str> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, (1..=10).map(|i| i.to_string()).collect::<Vec<_>>());
+    assert_eq!(page["events"][0]["subject"], "a/1");
+    assert_eq!(page["events"][0]["eventType"], "k");
+    assert_eq!(page["missed"], 0);
+    // A filter, URL-encoded, as a subscription's.
+    let next = page["next"].as_u64().unwrap();
+    g.publish("t", json!([ev(20, "keep/1"), ev(21, "drop/1")]))
+        .await;
+    let filter = "%7B%22subjectBeginsWith%22%3A%22keep%2F%22%7D";
+    let (_, page) = g
+        .get(&format!(
+            "/topics/t/tail?after={next}&wait=0&filter={filter}"
+        ))
+        .await;
+    let subjects: Vec<&str> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["subject"].as_str().unwrap())
+        .collect();
+    assert_eq!(subjects, vec!["keep/1"]);
 }
