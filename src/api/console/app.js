@@ -14,9 +14,13 @@ const routes = [
   [/^#\/tail(?:\/([^/]+))?$/, (t) => tail(t)],
 ];
 
+let shown = null;
+
 async function route() {
   leave();
   const hash = location.hash || '#/overview';
+  if (hash !== shown) document.getElementById('toast').textContent = '';
+  shown = hash;
   for (const a of document.querySelectorAll('#nav a')) {
     const here = hash === a.getAttribute('href') || hash.startsWith(a.getAttribute('href') + '/');
     if (here) a.setAttribute('aria-current', 'page');

@@ -121,7 +121,13 @@ function subscriptionRow(topic, s) {
 }
 
 async function refreshStats(topic, sub, previous) {
-  const st = await get(`/topics/${seg(topic)}/eventSubscriptions/${seg(sub)}/status`);
+  let st;
+  try {
+    st = await get(`/topics/${seg(topic)}/eventSubscriptions/${seg(sub)}/status`);
+  } catch (e) {
+    if (e.status === 404) return; // deleted meanwhile: the next refresh drops its row
+    throw e;
+  }
   const set = (what, text, cls) => {
     const e = document.getElementById(cellId(topic, sub, what));
     if (!e) return;
