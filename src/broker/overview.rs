@@ -28,6 +28,12 @@ pub struct SubscriptionStatus {
     pub locks: Option<QueueLocks>,
     /// The last failed attempt: when (wall ms) and why.
     pub last_error: Option<(u64, String)>,
+    /// First enqueue (wall ms) of the oldest event waiting for an attempt.
+    pub oldest_ready_ms: Option<u64>,
+    /// Events waiting to retry.
+    pub retrying: u64,
+    /// Until the next retry is due.
+    pub next_retry_in: Option<Duration>,
     /// The subscription's events are kept on disk.
     pub persisted: bool,
 }
@@ -101,7 +107,14 @@ impl Broker {
     ) -> Result<SubscriptionStatus, BrokerError> {
         let sub = self.find_subscription(topic, name)?;
         let m = sub.metrics();
+        let waiting = sub.waiting();
+        let now = self.inner.ctx.clock.instant();
         Ok(SubscriptionStatus {
+            oldest_ready_ms: waiting.oldest_ready_ms,
+            retrying: waiting.retrying as u64,
+            next_retry_in: waiting
+                .next_retry
+                .map(|at| at.saturating_duration_since(now)),
             pending: sub.pending() as u64,
             in_flight: sub.in_flight() as u64,
             dead_letters: self.inner.ctx.dead_letters.count(sub.queue_id()) as u64,
@@ -110,7 +123,6 @@ impl Broker {
             dead_lettered: m.dead_lettered.get(),
             locks: sub.pull().map(|p| {
                 let summary = p.lock_summary();
-                let now = self.inner.ctx.clock.instant();
                 QueueLocks {
                     next_expiry_in: summary
                         .next_expiry

@@ -150,6 +150,11 @@ impl SubscriptionHandle {
         self.shared.queue().pending()
     }
 
+    /// What waits: the oldest event waiting for an attempt, the retries and the next one's time.
+    pub fn waiting(&self) -> crate::delivery::queue::Waiting {
+        self.shared.queue().waiting()
+    }
+
     /// Events whose bodies are only in the store (persisted subscriptions).
     pub fn spilled(&self) -> usize {
         self.shared.queue().spilled()

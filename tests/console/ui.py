@@ -177,6 +177,7 @@ def main():
         rx.wait_for("/audit", ["1", "2", "3"])
         expect(page.locator("#stat-delivered-orders-audit")).to_have_text("3")
         expect(page.locator("#stat-pending-orders-audit")).to_have_text("0")
+        expect(page.locator("#stat-oldest-orders-audit")).to_have_text("—")
         shot(page, "topics")
 
         # A failing endpoint: its events become dead letters, and it freezes.

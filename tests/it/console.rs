@@ -160,6 +160,9 @@ async fn the_console_is_served_with_a_strict_policy_and_its_data_needs_an_admini
     let (_, st) = get_with(&g, Some(KEY), "/topics/t/eventSubscriptions/q/status").await;
     assert_eq!(st["locked"], 0);
     assert_eq!(st["pending"], 0);
+    assert_eq!(st["retrying"], 0);
+    assert_eq!(st["oldestWaitingEventTime"], Value::Null);
+    assert_eq!(st["queue"]["deliveryCounts"]["5+"], 0);
 }
 
 #[tokio::test]

@@ -26,6 +26,8 @@ export async function subscription(topic, name) {
     const st = await get(`${base}/status`);
     stats.replaceChildren(...[
       card('Backlog', count(st.pending)),
+      card('Oldest waiting event', st.oldestWaitingEventTime ? `enqueued ${ago(st.oldestWaitingEventTime)}` : '—'),
+      card('Waiting to retry', st.retrying ? `${count(st.retrying)}, next in ${st.nextRetryInSeconds} s` : '0'),
       card('In flight', count(st.inFlight)),
       card('Delivered', count(st.delivered)),
       card('Failed attempts', count(st.failedAttempts)),

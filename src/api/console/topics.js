@@ -69,7 +69,8 @@ function topicSection(t, subs) {
   const rows = subs.map((s) => subscriptionRow(t.name, s));
   const headers = [
     { label: 'Subscription' }, { label: 'Destination', narrow: true }, { label: 'Filter', narrow: true },
-    { label: 'Persisted', narrow: true }, { label: 'Backlog', num: true }, { label: 'Delivered', num: true },
+    { label: 'Persisted', narrow: true }, { label: 'Backlog', num: true }, { label: 'Oldest waiting', narrow: true },
+    { label: 'Delivered', num: true },
     { label: 'Rate', num: true }, { label: 'Dead letters', num: true }, { label: 'Endpoint' },
     { label: 'Last error', narrow: true },
   ];
@@ -116,7 +117,7 @@ function subscriptionRow(topic, s) {
     destinationText(p),
     filterText(p.filter),
     persisted ? 'yes' : 'no',
-    stat('pending'), stat('delivered'), stat('rate'), stat('dead'), stat('health'), stat('error'),
+    stat('pending'), stat('oldest'), stat('delivered'), stat('rate'), stat('dead'), stat('health'), stat('error'),
   ];
 }
 
@@ -139,6 +140,7 @@ async function refreshStats(topic, sub, previous) {
   const before = previous.get(key);
   previous.set(key, { at: now, delivered: st.delivered });
   set('pending', count(st.pending));
+  set('oldest', st.oldestWaitingEventTime ? ago(st.oldestWaitingEventTime) : '—');
   set('delivered', count(st.delivered));
   set('rate', before ? rate(((st.delivered - before.delivered) * 1000) / (now - before.at)) : '…');
   set('dead', count(st.deadLetters));
