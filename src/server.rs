@@ -200,7 +200,9 @@ impl Gridlet {
         .flatten()
         .collect();
         let ready = Arc::new(AtomicBool::new(true));
+        let (stop, stop_rx) = watch::channel(false);
         let router = api::router(AppState {
+            stopping: stop_rx.clone(),
             broker: broker.clone(),
             metrics_enabled: cfg.metrics == MetricsReporter::Prometheus,
             ready: ready.clone(),
@@ -208,7 +210,6 @@ impl Gridlet {
                 cfg.inbound.max_body_bytes_in_flight,
             )),
         });
-        let (stop, stop_rx) = watch::channel(false);
         let limits = ConnLimits::new(&cfg.inbound);
         let mut tasks = Vec::new();
         let (mut http_addr, mut https_addr, mut certs) = (None, None, None);

@@ -76,6 +76,9 @@ pub struct AppState {
     pub ready: Arc<std::sync::atomic::AtomicBool>,
     /// Request bodies being read, all connections together (`inbound__maxBodyBytesInFlight`).
     pub bodies: Arc<body::BodyBudget>,
+    /// Turns true when gridlet begins to stop: long polls (the console's tail) answer at once,
+    /// so they do not hold the listeners' graceful close.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The connection facts a handler may extract (absent in router tests without a listener).

@@ -114,15 +114,22 @@ pub(super) async fn tail(
     };
     let entry = s.broker.find_topic(&name)?;
     let now = s.broker.now_ms();
-    let page = entry
-        .tail
-        .poll(
-            after,
-            filter.as_ref(),
-            std::time::Duration::from_secs(wait),
-            now,
-        )
-        .await;
+    let poll = entry.tail.poll(
+        after,
+        filter.as_ref(),
+        std::time::Duration::from_secs(wait),
+        now,
+    );
+    let mut stopping = s.stopping.clone();
+    let page = tokio::select! {
+        page = poll => page,
+        // gridlet is stopping: answer now (nothing new), so the poll does not hold the
+        // listeners' graceful close for its whole wait.
+        _ = stopping.wait_for(|stop| *stop) => crate::broker::tail::TailPage {
+            next: after.unwrap_or(0),
+            ..Default::default()
+        },
+    };
     let events: Vec<Value> = page
         .events
         .iter()

@@ -10,7 +10,7 @@
 use crate::model::filter::{EventView, Filter, LazyObject};
 use bytes::Bytes;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -66,6 +66,17 @@ pub struct Tail {
     wake: tokio::sync::Notify,
     /// Until when (ms since the epoch) publishes are sampled.
     watched_until: AtomicU64,
+    /// Polls waiting now.
+    waiting: AtomicUsize,
+}
+
+/// Counts a poll as waiting while it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
 }
 
 /// One event offered to the tail.
@@ -84,6 +95,11 @@ impl Tail {
     /// Whether anyone polled recently (publishes call this first, and skip the rest if not).
     pub fn watched(&self, now_ms: u64) -> bool {
         self.watched_until.load(Relaxed) > now_ms
+    }
+
+    /// Polls waiting now.
+    pub fn polls_waiting(&self) -> usize {
+        self.waiting.load(Relaxed)
     }
 
     /// Sample the events of one publish request (call only when [`Tail::watched`]).
@@ -120,6 +136,8 @@ impl Tail {
         now_ms: u64,
     ) -> TailPage {
         self.watched_until.store(now_ms + WATCH_MS, Relaxed);
+        self.waiting.fetch_add(1, Relaxed);
+        let _waiting = Waiting(&self.waiting);
         let deadline = tokio::time::Instant::now() + wait;
         let mut after = after;
         loop {
@@ -190,6 +208,11 @@ mod tests {
         assert!(!tail.watched(0));
         let first = tail.poll(None, None, Duration::from_millis(10), 0).await;
         assert!(first.events.is_empty());
+        assert_eq!(
+            tail.polls_waiting(),
+            0,
+            "a poll that ended no longer counts"
+        );
         assert!(tail.watched(1));
         // One request is sampled up to PER_REQUEST events.
         offer(&tail, PER_REQUEST + 5, "a");

@@ -312,3 +312,35 @@ async fn the_tail_samples_a_watched_topic_and_filters_like_a_subscription() {
         .collect();
     assert_eq!(subjects, vec!["keep/1"]);
 }
+
+/// A tail poll waiting when gridlet stops is answered at once (empty), rather than holding the
+/// listeners' graceful close (10 s) until its connection is cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_tail_poll_is_answered_when_gridlet_stops() {
+    let g = start(&[]).await;
+    g.topic("t").await;
+    let url = g.url("/topics/t/tail?wait=25");
+    let client = g.client.clone();
+    let poll = tokio::spawn(async move { client.get(url).send().await });
+    let topic = g.g.broker.topic("t").unwrap();
+    crate::util::eventually("the poll to wait", || async {
+        match topic.tail.polls_waiting() {
+            1 => Ok(()),
+            n => Err(format!("{n} waiting")),
+        }
+    })
+    .await;
+    let started = std::time::Instant::now();
+    g.g.shutdown().await;
+    let r = poll
+        .await
+        .unwrap()
+        .expect("an answer, not a cut connection");
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["events"], json!([]));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "stopping took the whole grace period"
+    );
+}
