@@ -42,6 +42,33 @@ if [ -z "${GRIDLET_OTEL_PYTHON:-}" ] && ! "$OTEL_PY_DIR/bin/python" -c 'import o
     exit 1
   fi
 fi
+# The operator console's browser test (tests/it/console.rs) drives Debian's headless Chromium
+# with Playwright for Python (pointed at /usr/bin/chromium; Playwright's own browser download is
+# never used), installed once into a virtualenv under ~/.cache/gridlet/console-py
+# (GRIDLET_CONSOLE_PYTHON points at another interpreter). Where Chromium cannot be installed the
+# test says so and is skipped.
+if [ ! -x /usr/bin/chromium ] && [ -z "${GRIDLET_CHROMIUM:-}" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing chromium (needed by the console's browser test)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core \
+      || echo "chromium could not be installed: the console's browser test will be skipped" >&2
+  else
+    echo "chromium is missing (apt-get install chromium): the console's browser test will be skipped" >&2
+  fi
+fi
+CONSOLE_PY_DIR="${HOME}/.cache/gridlet/console-py"
+CONSOLE_PY_PKGS="playwright==1.65.2"
+if [ -z "${GRIDLET_CONSOLE_PYTHON:-}" ] && ! "$CONSOLE_PY_DIR/bin/python" -c 'import playwright' >/dev/null 2>&1; then
+  if command -v python3 >/dev/null 2>&1; then
+    echo "== installing $CONSOLE_PY_PKGS into $CONSOLE_PY_DIR (needed by the console's browser test)"
+    python3 -m venv "$CONSOLE_PY_DIR"
+    "$CONSOLE_PY_DIR/bin/pip" install -q $CONSOLE_PY_PKGS
+  else
+    echo "python3 is missing: install Python 3 (with venv) and rerun" >&2
+    exit 1
+  fi
+fi
 # The pull-delivery tests run Microsoft's Event Grid namespaces SDKs: the Python one is
 # azure-eventgrid in the virtualenv above; the npm one, @azure/eventgrid-namespaces, is installed
 # with `npm ci` from tests/pull/js/package-lock.json into ~/.cache/gridlet/eventgrid-js

@@ -10,14 +10,17 @@
 pub mod dedup;
 mod error;
 mod exposition;
+mod overview;
 mod publish;
 mod recovery;
 mod registry;
 mod replay;
 mod resilience;
 mod route_trace;
+pub mod tail;
 
 pub use error::BrokerError;
+pub use overview::{QueueLocks, SubscriptionStatus};
 pub use resilience::MAX_PAGE;
 
 use crate::clock::Clock;
@@ -45,6 +48,8 @@ pub struct TopicEntry {
     pub metrics: TopicMetrics,
     /// Identities accepted within the deduplication window.
     dedup: Mutex<dedup::Window>,
+    /// A sample of the events as they are published, while someone watches (the console).
+    pub tail: tail::Tail,
 }
 
 fn read<T: Clone>(l: &RwLock<T>) -> T {
@@ -63,6 +68,7 @@ impl TopicEntry {
             subs: RwLock::new(Arc::new(Vec::new())),
             metrics: TopicMetrics::default(),
             dedup: Mutex::new(dedup::Window::new(max_identities)),
+            tail: Default::default(),
         }
     }
 
@@ -92,6 +98,10 @@ struct BrokerState {
     /// The MQTT sources' connection statuses (their tasks sit above the broker and register
     /// here so `/metrics` and the readiness detail show them).
     mqtt: RwLock<Vec<(String, Arc<crate::metrics::MqttConnectionMetrics>)>>,
+    /// The last minutes of counters, for the console's overview.
+    samples: Mutex<crate::metrics::ring::SampleRing>,
+    /// When the broker started, ms since the epoch.
+    started_ms: u64,
 }
 
 /// Cheap to clone handle to the broker.

@@ -205,7 +205,9 @@ impl Gridlet {
         .flatten()
         .collect();
         let ready = Arc::new(AtomicBool::new(true));
+        let (stop, stop_rx) = watch::channel(false);
         let router = api::router(AppState {
+            stopping: stop_rx.clone(),
             broker: broker.clone(),
             metrics_enabled: cfg.metrics == MetricsReporter::Prometheus,
             ready: ready.clone(),
@@ -218,7 +220,6 @@ impl Gridlet {
                 cfg.inbound.max_connections,
             )),
         });
-        let (stop, stop_rx) = watch::channel(false);
         let limits = ConnLimits::new(&cfg.inbound);
         let mut tasks = Vec::new();
         let (mut http_addr, mut https_addr, mut certs) = (None, None, None);
@@ -242,6 +243,9 @@ impl Gridlet {
         }
         if let Some(dir) = heartbeat.clone() {
             tasks.push(tokio::spawn(heartbeats(dir, clock, stop.subscribe())));
+        }
+        if cfg.console.enabled {
+            tasks.push(tokio::spawn(samples(broker.clone(), stop.subscribe())));
         }
         if cfg.metrics == MetricsReporter::Console {
             tasks.push(tokio::spawn(console_metrics(
@@ -381,6 +385,20 @@ async fn console_metrics(broker: Broker, mut stop: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = tick.tick() => tracing::info!(target: "gridlet::metrics", "\n{}", broker.render_metrics()),
+            _ = stop.changed() => break,
+        }
+    }
+}
+
+/// The operator console's ring of samples ([`crate::metrics::ring`]): one every
+/// `SAMPLE_EVERY_SECS`, the first at once.
+async fn samples(broker: Broker, mut stop: watch::Receiver<bool>) {
+    let every = Duration::from_secs(crate::metrics::ring::SAMPLE_EVERY_SECS);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => broker.record_sample(broker.now_ms()),
             _ = stop.changed() => break,
         }
     }

@@ -11,15 +11,18 @@
 //! result.
 //!
 //! Health routes (`/healthz`, `/readyz`) sit outside the layer: container health checks carry
-//! neither keys nor api-version.
+//! neither keys nor api-version. So do the operator console's files ([`console`]): they hold no
+//! data, and the page calls the API routes below with the operator's credential.
 
 pub mod auth;
 pub mod body;
+pub mod console;
 pub mod deadletters;
 mod entra;
 mod events;
 mod health;
 pub mod long_poll;
+mod overview;
 mod pull;
 mod sas_token;
 mod subscriptions;
@@ -80,6 +83,9 @@ pub struct AppState {
     pub bodies: Arc<body::BodyBudget>,
     /// The caps on waiting receives (`inbound__maxLongPolls*`).
     pub long_polls: Arc<long_poll::LongPolls>,
+    /// Turns true when gridlet begins to stop: long polls (the console's tail) answer at once,
+    /// so they do not hold the listeners' graceful close.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 /// The connection facts a handler may extract (absent in router tests without a listener).
@@ -163,6 +169,12 @@ pub fn router(state: AppState) -> Router {
             "/topics/{topic}/eventSubscriptions/{sub}/endpointHealth/enable",
             post(deadletters::enable),
         )
+        .route(
+            "/topics/{topic}/eventSubscriptions/{sub}/status",
+            get(subscriptions::status),
+        )
+        .route("/topics/{topic}/tail", get(topics::tail))
+        .route("/broker/overview", get(overview::get))
         .route("/topics/{topic}/events", post(events::publish))
         .route(
             "/topics/{topic}/events/{event_id}",
@@ -176,6 +188,9 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(health::live))
         .route("/readyz", get(health::ready))
+        .route("/console", get(console::index))
+        .route("/console/", get(console::index))
+        .route("/console/{file}", get(console::asset))
         .merge(api)
         .fallback(not_found)
         .with_state(state)

@@ -1,6 +1,7 @@
 //! `/topics/{topic}/eventSubscriptions` handlers.
 
 use super::{read_json, AppState, Conn};
+use crate::delivery::deadletter::rfc3339;
 use crate::error::ApiError;
 use crate::model::subscription::subscription_resource;
 use axum::body::Body;
@@ -79,4 +80,49 @@ pub(super) async fn delete(
         .manage(move |b| b.delete_subscription(&topic, &name))
         .await?;
     Ok(StatusCode::OK.into_response())
+}
+
+/// `GET …/eventSubscriptions/{sub}/status`: the subscription's live state (the console's
+/// columns: backlog, in flight, dead letters, counts since start, a queue's locked events), and
+/// its endpoint health whatever its state.
+pub(super) async fn status(
+    State(s): State<AppState>,
+    Path((topic, name)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let st = s.broker.subscription_status(&topic, &name)?;
+    let health = s
+        .broker
+        .find_subscription(&topic, &name)?
+        .endpoint_health()
+        .map_or(Value::Null, |h| super::deadletters::health_json(&h));
+    Ok(Json(serde_json::json!({
+        "pending": st.pending,
+        "inFlight": st.in_flight,
+        "deadLetters": st.dead_letters,
+        "delivered": st.delivered,
+        "failedAttempts": st.failed_attempts,
+        "deadLettered": st.dead_lettered,
+        "locked": st.locks.as_ref().map(|l| l.summary.locked),
+        "queue": st.locks.as_ref().map(|l| serde_json::json!({
+            "locked": l.summary.locked,
+            "deliveryCounts": {
+                "1": l.summary.delivery_counts[0],
+                "2": l.summary.delivery_counts[1],
+                "3": l.summary.delivery_counts[2],
+                "4": l.summary.delivery_counts[3],
+                "5+": l.summary.delivery_counts[4],
+            },
+            "oldestLockedEventTime": l.summary.oldest_enqueued_ms.map(rfc3339),
+            "nextLockExpiryInSeconds": l.next_expiry_in.map(|d| d.as_secs()),
+        })),
+        "lastError": st.last_error.as_ref().map(|(at, why)| serde_json::json!({
+            "time": rfc3339(*at),
+            "message": why,
+        })),
+        "oldestWaitingEventTime": st.oldest_ready_ms.map(rfc3339),
+        "retrying": st.retrying,
+        "nextRetryInSeconds": st.next_retry_in.map(|d| d.as_secs()),
+        "persisted": st.persisted,
+        "endpointHealth": health,
+    })))
 }

@@ -76,6 +76,17 @@ fn ce_source(body: &[u8]) -> Option<String> {
         .map(std::borrow::Cow::into_owned)
 }
 
+/// An event as the topic's live tail samples it.
+fn tailed(ev: &IncomingEvent) -> super::tail::Offered<'_> {
+    let view = ev.view();
+    super::tail::Offered {
+        id: &ev.id,
+        subject: view.subject,
+        event_type: view.event_type,
+        body: &ev.body,
+    }
+}
+
 /// Route every event through every subscription's filter.
 fn route(configs: &[Arc<SubConfig>], events: &[IncomingEvent]) -> Routes {
     let mut routes = Routes {
@@ -149,6 +160,10 @@ impl Broker {
         if events.is_empty() {
             return Ok(());
         }
+        let now_ms = self.inner.ctx.clock.now_ms();
+        if entry.tail.watched(now_ms) {
+            entry.tail.offer(now_ms, events.iter().map(tailed));
+        }
         let mut spans = RouteSpans::start(self.tracer(), span);
         let subs = entry.subscriptions();
         let configs: Vec<_> = subs.iter().map(|s| s.config()).collect();
@@ -190,7 +205,6 @@ impl Broker {
                 },
             );
         }
-        let now_ms = self.inner.ctx.clock.now_ms();
         let numbered = {
             // Numbered and submitted in one step: the store sees events in sequence order.
             let mut next = crate::sync::lock(&self.inner.seq);

@@ -58,6 +58,7 @@ impl Broker {
             )),
         });
         store.trace_commits(&ctx.tracer);
+        let started_ms = ctx.clock.now_ms();
         let broker = Self {
             inner: Arc::new(BrokerState {
                 cfg: cfg.clone(),
@@ -68,6 +69,8 @@ impl Broker {
                 replays: tokio::sync::Mutex::new(()),
                 seq: Mutex::new(snapshot.max_seq + 1),
                 mqtt: RwLock::new(Vec::new()),
+                samples: super::overview::ring(),
+                started_ms,
             }),
         };
         let topics = restore_topics(snapshot.topics, cfg.broker.deduplication_max_identities);

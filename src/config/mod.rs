@@ -22,9 +22,9 @@ pub use mqtt::{Instance, Mqtt};
 pub use settings::{Key, Setting, SETTINGS};
 pub use spelling::UnknownKey;
 pub use types::{
-    ApiLimits, Broker, EdgeEnv, Entra, Inbound, IpRange, Jwk, LogFormat, MetricsReporter, OnDamage,
-    Outbound, Persistence, Principal, ReceiveKey, Resilience, Resources, Sampler, StoreKind,
-    Telemetry, TlsPolicy,
+    ApiLimits, Broker, Console, EdgeEnv, Entra, Inbound, IpRange, Jwk, LogFormat, MetricsReporter,
+    OnDamage, Outbound, Persistence, Principal, ReceiveKey, Resilience, Resources, Sampler,
+    StoreKind, Telemetry, TlsPolicy,
 };
 
 use parse::Raw;
@@ -148,6 +148,11 @@ pub struct Config {
     pub telemetry: Telemetry,
     /// MQTT sources (`mqtt__connections__*`, `mqtt__routes__*`), as given.
     pub mqtt: Mqtt,
+    /// The operator console (`console__*`).
+    pub console: Console,
+    /// The settings given a value other than their default, secrets masked (`***`): what the
+    /// console's overview shows.
+    pub changed: Vec<(&'static str, String)>,
     /// Variables that look like misspelled settings, each with the closest key (a warning at
     /// start-up; `check-config` refuses them).
     pub unknown_keys: Vec<UnknownKey>,
@@ -207,6 +212,23 @@ impl Config {
         let log_format = parse::log_format(&raw)?;
         let telemetry = parse::telemetry(&raw)?;
         let mqtt = mqtt::mqtt(&raw);
+        let console = parse::console(&raw)?;
+        let changed = Key::ALL
+            .iter()
+            .filter_map(|key| {
+                let s = key.setting();
+                let v = raw.given(*key)?;
+                if v == s.default {
+                    return None;
+                }
+                let shown = if s.is_secret() && !v.is_empty() {
+                    "***".to_string()
+                } else {
+                    v.to_string()
+                };
+                Some((s.key, shown))
+            })
+            .collect();
         Ok(Self {
             inbound,
             outbound,
@@ -219,6 +241,8 @@ impl Config {
             edge,
             telemetry,
             mqtt,
+            console,
+            changed,
             unknown_keys: raw.unknown,
         })
     }

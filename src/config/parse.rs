@@ -6,8 +6,8 @@
 use super::settings::Key as K;
 use super::spelling::{self, UnknownKey};
 use super::types::{
-    ApiLimits, Broker, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, OnDamage, Outbound,
-    Persistence, ReceiveKey, Resilience, Resources, StoreKind, TlsPolicy,
+    ApiLimits, Broker, Console, EdgeEnv, Inbound, IpRange, LogFormat, MetricsReporter, OnDamage,
+    Outbound, Persistence, ReceiveKey, Resilience, Resources, StoreKind, TlsPolicy,
 };
 use super::ConfigError;
 
@@ -530,6 +530,24 @@ pub(super) fn metrics(raw: &Raw) -> Result<MetricsReporter, ConfigError> {
             ("console", MetricsReporter::Console),
         ],
     )
+}
+
+/// `console__*`.
+pub(super) fn console(raw: &Raw) -> Result<Console, ConfigError> {
+    let template = raw.text(K::console__traceUrlTemplate).to_string();
+    let ok = template.is_empty()
+        || ((template.starts_with("http://") || template.starts_with("https://"))
+            && template.contains("{traceId}"));
+    if !ok {
+        return Err(raw.err(
+            K::console__traceUrlTemplate,
+            "an http:// or https:// URL containing {traceId}, or nothing",
+        ));
+    }
+    Ok(Console {
+        enabled: raw.bool(K::console__enabled)?,
+        trace_url_template: template,
+    })
 }
 
 /// `log__format`.

@@ -36,6 +36,15 @@ impl TlsPolicy {
     }
 }
 
+/// `console__*`: the operator console.
+#[derive(Debug, Clone)]
+pub struct Console {
+    /// `/console` is served.
+    pub enabled: bool,
+    /// A URL with `{traceId}` in it ("" = no trace links).
+    pub trace_url_template: String,
+}
+
 /// `metrics__reporterType`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetricsReporter {

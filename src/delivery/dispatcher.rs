@@ -452,6 +452,7 @@ fn count_attempt(
     for (o, n) in &fx.failed {
         m.delivery_failure_counts.add(*n as u64);
         if let Outcome::Failed { kind, .. } = o {
+            *crate::sync::lock(&shared.last_error) = Some((ctx.clock.now_ms(), kind.to_string()));
             tracing::debug!(topic = %shared.topic, subscription = %shared.name, events = n, failure = %kind, trace_id = span.map(TraceContext::trace_hex), span_id = span.map(TraceContext::span_hex), "delivery attempt failed");
         }
     }

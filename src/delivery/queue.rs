@@ -102,6 +102,17 @@ impl Spill {
     }
 }
 
+/// What a queue holds waiting ([`SubQueue::waiting`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Waiting {
+    /// First enqueue (wall ms) of the oldest event waiting for an attempt.
+    pub oldest_ready_ms: Option<u64>,
+    /// Events waiting to retry.
+    pub retrying: usize,
+    /// When the next retry is due.
+    pub next_retry: Option<Instant>,
+}
+
 /// The queue.
 #[derive(Debug, Default)]
 pub struct SubQueue {
@@ -148,6 +159,17 @@ impl SubQueue {
         self.spill.as_ref().map_or(0, |s| {
             s.seqs.len() + s.loading + s.retries.len() + s.retry_loading
         })
+    }
+
+    /// What waits, for the console: the first enqueue (wall ms) of the oldest event waiting for
+    /// an attempt (the ready lane is in arrival order, and spilled events are newer than the
+    /// window's), the events waiting to retry (held or spilled), and when the next is due.
+    pub fn waiting(&self) -> Waiting {
+        Waiting {
+            oldest_ready_ms: self.ready.front().map(|p| p.first_enqueued_ms),
+            retrying: self.retry_events + self.spill.as_ref().map_or(0, |s| s.retries.len()),
+            next_retry: self.next_due(),
+        }
     }
 
     /// Retries held with their bodies.
@@ -616,6 +638,31 @@ mod tests {
         assert!(r.retry);
         assert_eq!(r.items.iter().map(|p| p.seq).collect::<Vec<_>>(), [0, 1]);
         assert_eq!(q.retry_refill_wanted(now), vec![7, 9], "oldest first");
+    }
+
+    #[tokio::test]
+    async fn waiting_names_the_oldest_ready_event_and_the_retries() {
+        let mut q = SubQueue::default();
+        assert_eq!(q.waiting(), Waiting::default());
+        for (seq, ms) in [(1, 10), (2, 20), (3, 30)] {
+            q.push(Pending {
+                first_enqueued_ms: ms,
+                ..p(seq, 1)
+            });
+        }
+        assert_eq!(q.waiting().oldest_ready_ms, Some(10));
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let b = q
+            .pick(now, &lim(1, usize::MAX), |_| false, &mut out)
+            .unwrap();
+        q.finish(false);
+        let due = now + Duration::from_secs(60);
+        q.schedule_retry(due, b.items);
+        let w = q.waiting();
+        assert_eq!(w.oldest_ready_ms, Some(20));
+        assert_eq!(w.retrying, 1);
+        assert_eq!(w.next_retry, Some(due));
     }
 
     #[tokio::test]

@@ -71,6 +71,8 @@ pub(super) struct SubscriptionState {
     pub metrics: Arc<SubscriptionMetrics>,
     /// Set when the subscription is deleted: store writes still queued for it keep nothing.
     pub retired: Arc<AtomicBool>,
+    /// The last failed attempt: when (wall ms) and why (the console shows it).
+    pub last_error: Mutex<Option<(u64, String)>>,
 }
 
 impl SubscriptionState {

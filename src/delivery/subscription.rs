@@ -91,6 +91,7 @@ impl SubscriptionHandle {
             notify: Notify::new(),
             metrics: Arc::default(),
             retired: Arc::default(),
+            last_error: Mutex::new(None),
         });
         // A queue subscription is received from; its task only refills and expires locks.
         let (pull, task) = match shared.config().sub.queue {
@@ -153,6 +154,11 @@ impl SubscriptionHandle {
         self.shared.queue().pending()
     }
 
+    /// What waits: the oldest event waiting for an attempt, the retries and the next one's time.
+    pub fn waiting(&self) -> crate::delivery::queue::Waiting {
+        self.shared.queue().waiting()
+    }
+
     /// Events whose bodies are only in the store (persisted subscriptions).
     pub fn spilled(&self) -> usize {
         self.shared.queue().spilled()
@@ -161,6 +167,11 @@ impl SubscriptionHandle {
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
         self.shared.queue().in_flight()
+    }
+
+    /// The last failed delivery attempt: when (wall ms) and why.
+    pub fn last_error(&self) -> Option<(u64, String)> {
+        crate::sync::lock(&self.shared.last_error).clone()
     }
 
     /// The destination's health, when tracked.

@@ -334,7 +334,7 @@ fn family<V>(
 }
 
 /// Events of a subscription dropped for `reason`.
-fn dropped(m: &SubscriptionMetrics, reason: DropReason) -> u64 {
+pub fn dropped(m: &SubscriptionMetrics, reason: DropReason) -> u64 {
     match reason {
         DropReason::MaxDeliveryAttemptsExceeded => m.dropped_max_attempts.get(),
         DropReason::TimeToLiveExceeded => m.dropped_expired.get(),

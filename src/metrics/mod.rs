@@ -9,6 +9,7 @@
 //! existing dashboards keep working; gridlet's own additions are prefixed `gridlet_`.
 
 pub mod families;
+pub mod ring;
 pub mod text;
 
 pub use families::{

@@ -11,6 +11,7 @@ mod bench_smoke;
 mod bus_peer;
 mod cloud;
 mod compaction;
+mod console;
 mod crash;
 mod credentials;
 mod damage;

@@ -63,6 +63,19 @@ impl Lock {
     }
 }
 
+/// What the console shows of a queue subscription's locks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LockSummary {
+    /// Events locked.
+    pub locked: u64,
+    /// Locked events by delivery count: 1, 2, 3, 4, 5 or more.
+    pub delivery_counts: [u64; 5],
+    /// The earliest first enqueue (wall ms) among the locked events: the oldest one held.
+    pub oldest_enqueued_ms: Option<u64>,
+    /// When the next lock expires.
+    pub next_expiry: Option<Instant>,
+}
+
 /// The table.
 #[derive(Debug)]
 pub struct Locks {
@@ -90,6 +103,22 @@ impl Locks {
     /// Locks held.
     pub fn len(&self) -> usize {
         self.by_seq.len()
+    }
+
+    /// The table summed up (one pass over at most `max` locks).
+    pub fn summary(&self) -> LockSummary {
+        let mut s = LockSummary {
+            locked: self.by_seq.len() as u64,
+            next_expiry: self.by_expiry.first().map(|(at, _)| *at),
+            ..LockSummary::default()
+        };
+        for lock in self.by_seq.values() {
+            let i = (lock.attempts.max(1) as usize - 1).min(s.delivery_counts.len() - 1);
+            s.delivery_counts[i] += 1;
+            let first = lock.first_enqueued_ms;
+            s.oldest_enqueued_ms = Some(s.oldest_enqueued_ms.map_or(first, |o| o.min(first)));
+        }
+        s
     }
 
     /// Body bytes locked.
@@ -229,6 +258,27 @@ mod tests {
             first_enqueued_ms: 5,
             enqueued_at: Instant::now(),
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_summary_counts_deliveries_and_finds_the_oldest_and_the_next_expiry() {
+        let mut t = Locks::new(10, 1 << 20);
+        let now = Instant::now();
+        assert_eq!(t.summary(), LockSummary::default());
+        let at = |seq, attempts, ms| Pending {
+            first_enqueued_ms: ms,
+            ..p(seq, attempts)
+        };
+        let (granted, _) = t.reserve(4);
+        let items = vec![at(1, 1, 90), at(2, 2, 80), at(3, 1, 7), at(4, 9, 70)];
+        t.insert(granted, &items, now + Duration::from_secs(60), true);
+        let (granted, _) = t.reserve(1);
+        t.insert(granted, &[at(5, 1, 60)], now + Duration::from_secs(30), false);
+        let s = t.summary();
+        assert_eq!(s.locked, 5);
+        assert_eq!(s.delivery_counts, [3, 1, 0, 0, 1]);
+        assert_eq!(s.oldest_enqueued_ms, Some(7));
+        assert_eq!(s.next_expiry, Some(now + Duration::from_secs(30)));
     }
 
     #[tokio::test(start_paused = true)]

@@ -26,6 +26,7 @@
 
 mod bodies;
 mod locks;
+pub use locks::LockSummary;
 pub(super) mod task;
 
 use super::context::DeliveryContext;
@@ -75,6 +76,11 @@ impl PullState {
     /// Events received and not yet settled.
     pub fn locked(&self) -> usize {
         self.locks().len()
+    }
+
+    /// The locks summed up, for the console.
+    pub fn summary(&self) -> LockSummary {
+        self.locks().summary()
     }
 }
 
@@ -178,6 +184,11 @@ impl Puller<'_> {
     /// Events received and not yet settled.
     pub fn locked(&self) -> usize {
         self.pull.locked()
+    }
+
+    /// The locks summed up: delivery counts, the oldest locked event, the next expiry.
+    pub fn lock_summary(&self) -> LockSummary {
+        self.pull.summary()
     }
 
     /// Receive up to `max` events, waiting up to `wait` for the first to be available
