@@ -273,7 +273,12 @@ mod tests {
         let items = vec![at(1, 1, 90), at(2, 2, 80), at(3, 1, 7), at(4, 9, 70)];
         t.insert(granted, &items, now + Duration::from_secs(60), true);
         let (granted, _) = t.reserve(1);
-        t.insert(granted, &[at(5, 1, 60)], now + Duration::from_secs(30), false);
+        t.insert(
+            granted,
+            &[at(5, 1, 60)],
+            now + Duration::from_secs(30),
+            false,
+        );
         let s = t.summary();
         assert_eq!(s.locked, 5);
         assert_eq!(s.delivery_counts, [3, 1, 0, 0, 1]);

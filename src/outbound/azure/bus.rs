@@ -350,45 +350,25 @@ impl Sink for MessagingSink {
                 }
             }
             let sizes: Vec<Bytes> = sendable.iter().map(|&i| msgs[i].clone()).collect();
-            // Groups of event indices still to send, in order; a too-large answer replaces one
-            // by its halves.
-            let mut todo: Vec<Vec<usize>> = groups(&sizes, max)
+            let groups: Vec<Vec<usize>> = groups(&sizes, max)
                 .into_iter()
                 .map(|r| sendable[r].to_vec())
                 .collect();
-            todo.reverse();
-            while let Some(g) = todo.pop() {
-                let part: Vec<Bytes> = g.iter().map(|&i| msgs[i].clone()).collect();
-                let o = self
-                    .post(
-                        endpoint,
-                        crate::delivery::sink::json_array(&part),
-                        req.trace.as_ref(),
-                    )
-                    .await;
-                if o == Outcome::Delivered {
-                    for &i in &g {
-                        each[i] = Some(Outcome::Delivered);
-                    }
-                } else if let Some(text) = too_large(&o) {
-                    if let [i] = g[..] {
-                        each[i] = Some(Outcome::failed(FailureKind::TooLarge(format!(
-                            "{} refused the event's message of {} bytes as too large ({text})",
-                            self.what,
-                            msgs[i].len()
-                        ))));
-                    } else {
-                        let (a, b) = g.split_at(g.len() / 2);
-                        todo.push(b.to_vec());
-                        todo.push(a.to_vec());
-                    }
-                } else {
-                    // This request and every one not yet sent fail alike.
-                    for i in g.into_iter().chain(todo.drain(..).flatten()) {
-                        each[i] = Some(o.clone());
-                    }
-                }
-            }
+            super::send_in_groups(
+                groups,
+                &msgs,
+                &mut each,
+                |body| self.post(endpoint, body, req.trace.as_ref()),
+                too_large,
+                |i, text| {
+                    Outcome::failed(FailureKind::TooLarge(format!(
+                        "{} refused the event's message of {} bytes as too large ({text})",
+                        self.what,
+                        msgs[i].len()
+                    )))
+                },
+            )
+            .await;
             Outcome::per_event(
                 each.into_iter()
                     .map(|o| o.unwrap_or(Outcome::Delivered))

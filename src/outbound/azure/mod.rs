@@ -30,6 +30,7 @@ use super::http::{HttpError, HttpResponse};
 use super::post::parse_retry_after;
 use crate::delivery::sink::{FailureKind, Outcome};
 use crate::telemetry::TraceContext;
+use bytes::Bytes;
 use std::time::SystemTime;
 
 /// Longest service error text kept (characters).
@@ -121,6 +122,46 @@ pub fn error_text(body: &[u8]) -> String {
         t.truncate(i);
     }
     t
+}
+
+/// Send each group of `bodies` (event indices, in order) as one JSON array through `post`,
+/// noting each sent event's outcome in `each`. A group the service refuses as too large
+/// (`too_large` reads the answer) is sent again as its two halves; a single event refused so
+/// becomes `oversized(i, text)`. Any other failure is the outcome of that group and of every
+/// group not yet sent (they would fail alike). Event Hubs, Service Bus and Event Grid
+/// namespaces batch this way.
+pub(crate) async fn send_in_groups<Fut>(
+    mut todo: Vec<Vec<usize>>,
+    bodies: &[Bytes],
+    each: &mut [Option<Outcome>],
+    mut post: impl FnMut(Bytes) -> Fut,
+    too_large: fn(&Outcome) -> Option<&str>,
+    oversized: impl Fn(usize, &str) -> Outcome,
+) where
+    Fut: std::future::Future<Output = Outcome>,
+{
+    todo.reverse();
+    while let Some(g) = todo.pop() {
+        let part: Vec<Bytes> = g.iter().map(|&i| bodies[i].clone()).collect();
+        let o = post(crate::delivery::sink::json_array(&part)).await;
+        if o == Outcome::Delivered {
+            for &i in &g {
+                each[i] = Some(Outcome::Delivered);
+            }
+        } else if let Some(text) = too_large(&o) {
+            if let [i] = g[..] {
+                each[i] = Some(oversized(i, text));
+            } else {
+                let (a, b) = g.split_at(g.len() / 2);
+                todo.push(b.to_vec());
+                todo.push(a.to_vec());
+            }
+        } else {
+            for i in g.into_iter().chain(todo.drain(..).flatten()) {
+                each[i] = Some(o.clone());
+            }
+        }
+    }
 }
 
 #[cfg(test)]

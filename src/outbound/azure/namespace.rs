@@ -31,7 +31,7 @@
 //! events already accepted stay delivered ([`Outcome::PerEvent`]).
 
 use super::super::http::{Endpoint, HttpClient};
-use crate::delivery::sink::{json_array, DeliveryRequest, FailureKind, Outcome, Sink};
+use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
 use crate::model::topic::EventSchema;
 use crate::telemetry::TraceContext;
 use bytes::Bytes;
@@ -293,37 +293,24 @@ impl Sink for NamespaceSink {
                 }
             }
             let sizes: Vec<usize> = sendable.iter().map(|&i| bodies[i].len()).collect();
-            let mut todo: Vec<Vec<usize>> = requests(&sizes, &lim)
+            let groups: Vec<Vec<usize>> = requests(&sizes, &lim)
                 .into_iter()
                 .map(|r| sendable[r].to_vec())
                 .collect();
-            todo.reverse();
-            while let Some(g) = todo.pop() {
-                let part: Vec<Bytes> = g.iter().map(|&i| bodies[i].clone()).collect();
-                let o = self
-                    .post(endpoint, json_array(&part), req.trace.as_ref())
-                    .await;
-                if o == Outcome::Delivered {
-                    for &i in &g {
-                        each[i] = Some(Outcome::Delivered);
-                    }
-                } else if let Some(text) = too_large(&o) {
-                    if let [i] = g[..] {
-                        each[i] = Some(Outcome::failed(FailureKind::TooLarge(format!(
-                            "the namespace topic refused the event of {} bytes as too large ({text})",
-                            bodies[i].len()
-                        ))));
-                    } else {
-                        let (a, b) = g.split_at(g.len() / 2);
-                        todo.push(b.to_vec());
-                        todo.push(a.to_vec());
-                    }
-                } else {
-                    for i in g.into_iter().chain(todo.drain(..).flatten()) {
-                        each[i] = Some(o.clone());
-                    }
-                }
-            }
+            super::send_in_groups(
+                groups,
+                &bodies,
+                &mut each,
+                |body| self.post(endpoint, body, req.trace.as_ref()),
+                too_large,
+                |i, text| {
+                    Outcome::failed(FailureKind::TooLarge(format!(
+                        "the namespace topic refused the event of {} bytes as too large ({text})",
+                        bodies[i].len()
+                    )))
+                },
+            )
+            .await;
             Outcome::per_event(
                 each.into_iter()
                     .map(|o| o.unwrap_or(Outcome::Delivered))
