@@ -1,7 +1,9 @@
 //! `GET /broker/overview`: what the console's overview page shows (docs/CONSOLE.md). An
 //! administrator's read, like every management route: version, uptime, the settings given a
 //! value other than their default (secrets masked), the bounds the charts are drawn against,
-//! and the ring of samples of the last 15 minutes ([`crate::metrics::ring`]).
+//! the ring of samples of the last 15 minutes ([`crate::metrics::ring`]), and the broker's
+//! connections: its MQTT sources' sessions, and the subscriptions whose endpoint is in an
+//! outage (an uplink down: their events wait, RESILIENCE.md).
 
 use super::AppState;
 use crate::delivery::deadletter::rfc3339;
@@ -37,6 +39,40 @@ pub(super) async fn get(State(s): State<AppState>) -> Json<Value> {
         .iter()
         .map(|(k, v)| json!({"name": k, "value": v}))
         .collect();
+    let mqtt: Vec<Value> = s
+        .broker
+        .mqtt_connections()
+        .iter()
+        .map(|(name, m)| {
+            json!({
+                "name": name,
+                "connected": m.is_connected(),
+                "paused": m.paused.load(std::sync::atomic::Ordering::Relaxed) == 1,
+                "received": m.received.get(),
+                "acknowledged": m.acknowledged.get(),
+                "refused": m.refused.get(),
+                "dropped": m.dropped.get(),
+                "lastError": m.last_error(),
+            })
+        })
+        .collect();
+    let mut outages: Vec<Value> = Vec::new();
+    for topic in s.broker.topics() {
+        let name = topic.topic().name;
+        for sub in topic.subscriptions().iter() {
+            let Some(h) = sub.endpoint_health() else {
+                continue;
+            };
+            if let Some(since) = h.outage_since_ms {
+                outages.push(json!({
+                    "topic": name,
+                    "subscription": sub.name(),
+                    "since": rfc3339(since),
+                    "lastSuccessTime": rfc3339(h.last_success_ms),
+                }));
+            }
+        }
+    }
     Json(json!({
         "version": env!("CARGO_PKG_VERSION"),
         "startedTime": rfc3339(started),
@@ -51,5 +87,7 @@ pub(super) async fn get(State(s): State<AppState>) -> Json<Value> {
         "dropReasons": reasons,
         "sampleFields": ["time", "eventsIn", "eventsOut", "failedAttempts", "deadLettered", "pendingBytes", "diskBytes"],
         "samples": samples,
+        "mqttConnections": mqtt,
+        "outages": outages,
     }))
 }

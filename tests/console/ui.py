@@ -284,6 +284,9 @@ def main():
         # The overview: charts from the ring of samples, changed settings masked.
         page.get_by_role("link", name="Overview").click()
         expect(page.locator("#charts figure")).to_have_count(4)
+        # The broker's connections: no MQTT sources in this test, every endpoint reachable.
+        expect(page.locator("#connections")).to_contain_text("No MQTT source connections")
+        expect(page.locator("#connections")).to_contain_text("Every endpoint is reachable")
         expect(page.locator("#charts polyline").first).to_be_attached(timeout=30_000)
         expect(page.get_by_text("inbound__clientAuth__sasKeys__key1")).to_be_visible()
         assert KEY not in page.content()

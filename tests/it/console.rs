@@ -344,3 +344,38 @@ async fn a_waiting_tail_poll_is_answered_when_gridlet_stops() {
         "stopping took the whole grace period"
     );
 }
+
+/// Issue 38: the overview names the broker's connections: its MQTT sources (none here) and the
+/// subscriptions whose endpoint cannot be reached (an outage).
+#[tokio::test]
+async fn the_overview_names_unreachable_endpoints_and_mqtt_sources() {
+    let g = start(&[("outbound__outageProbeSeconds", "1")]).await;
+    let (_, o) = g.get("/broker/overview").await;
+    assert_eq!(o["mqttConnections"], json!([]), "{o}");
+    assert_eq!(o["outages"], json!([]), "{o}");
+    g.topic("t").await;
+    // Nothing listens on port 9: no connection, an outage.
+    g.webhook_sub("t", "down", "http://127.0.0.1:9/hook", json!({}))
+        .await;
+    g.publish(
+        "t",
+        json!([crate::util::eg_event("e1", "s", "T", json!({}))]),
+    )
+    .await;
+    g.wait_metric(
+        "gridlet_endpoint_outage",
+        "topic=\"t\",subscription=\"down\"",
+        1,
+    )
+    .await;
+    let (_, o) = g.get("/broker/overview").await;
+    let outages = o["outages"].as_array().unwrap();
+    assert_eq!(outages.len(), 1, "{o}");
+    assert_eq!(outages[0]["topic"], "t");
+    assert_eq!(outages[0]["subscription"], "down");
+    assert!(outages[0]["since"].as_str().is_some(), "{o}");
+    assert!(
+        !o.to_string().contains("127.0.0.1:9"),
+        "no endpoint URL: {o}"
+    );
+}

@@ -3,13 +3,14 @@
 // element (no inline style, no library); each has a text summary for screen readers.
 
 import { get } from './api.js';
-import { el, svg, page, table, bytes, rate, duration, every } from './ui.js';
+import { el, svg, page, table, bytes, rate, duration, ago, every } from './ui.js';
 
 export async function overview() {
   const facts = el('div', { class: 'cards', id: 'facts' });
   const charts = el('div', { class: 'charts', id: 'charts' });
   const settings = el('section', { 'aria-labelledby': 'settings-title' });
-  const main = page('Overview', facts, el('h2', {}, 'Last 15 minutes'), charts, settings);
+  const links = el('section', { id: 'connections', 'aria-labelledby': 'connections-title' });
+  const main = page('Overview', facts, el('h2', {}, 'Last 15 minutes'), charts, links, settings);
   let shownSettings = false;
   await every(2000, async () => {
     const o = await get('/broker/overview');
@@ -43,6 +44,7 @@ export async function overview() {
       chart('Event store on disk', [{ name: 'disk', points: rows.map((r) => ({ t: r.t, v: r.disk })) }],
         bytes, o.bounds.maxDiskBytes),
     );
+    links.replaceChildren(el('h2', { id: 'connections-title' }, 'Connections'), ...connections(o));
     if (!shownSettings) {
       shownSettings = true;
       settings.replaceChildren(
@@ -54,6 +56,26 @@ export async function overview() {
     }
   });
   return main;
+}
+
+/** The MQTT brokers gridlet reads from, and the endpoints it cannot reach (an outage: their
+ * events wait, uncharged, and go at the first probe answered). */
+function connections(o) {
+  const out = [];
+  out.push(o.mqttConnections.length
+    ? table('MQTT sources', [{ label: 'Connection' }, { label: 'State' }, { label: 'Received', num: true },
+      { label: 'Acknowledged', num: true }, { label: 'Refused', num: true, narrow: true },
+      { label: 'Dropped', num: true, narrow: true }, { label: 'Last error', narrow: true }],
+    o.mqttConnections.map((c) => [el('code', {}, c.name),
+      c.connected ? (c.paused ? 'connected, paused' : 'connected') : 'disconnected',
+      String(c.received), String(c.acknowledged), String(c.refused), String(c.dropped), c.lastError || '—']))
+    : el('p', { class: 'muted' }, 'No MQTT source connections.'));
+  out.push(o.outages.length
+    ? table('Endpoints in an outage', [{ label: 'Topic' }, { label: 'Subscription' },
+      { label: 'Unreachable since' }, { label: 'Last success' }],
+    o.outages.map((x) => [x.topic, x.subscription, ago(x.since), ago(x.lastSuccessTime)]))
+    : el('p', { class: 'muted', id: 'no-outages' }, 'Every endpoint is reachable.'));
+  return out;
 }
 
 function fact(k, v, id) {
