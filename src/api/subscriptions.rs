@@ -119,7 +119,7 @@ pub(super) async fn status(
             "time": rfc3339(*at),
             "message": why,
         })),
-        "oldestWaitingEventTime": st.oldest_ready_ms.map(rfc3339),
+        "oldestWaitingEventTime": st.oldest_ms.map(rfc3339),
         "retrying": st.retrying,
         "nextRetryInSeconds": st.next_retry_in.map(|d| d.as_secs()),
         "persisted": st.persisted,

@@ -28,8 +28,9 @@ pub struct SubscriptionStatus {
     pub locks: Option<QueueLocks>,
     /// The last failed attempt: when (wall ms) and why.
     pub last_error: Option<(u64, String)>,
-    /// First enqueue (wall ms) of the oldest event waiting for an attempt.
-    pub oldest_ready_ms: Option<u64>,
+    /// First enqueue (wall ms) of the oldest event waiting in memory, for a first attempt or a
+    /// retry (spilled retries are counted in `retrying`, their age stays on disk).
+    pub oldest_ms: Option<u64>,
     /// Events waiting to retry.
     pub retrying: u64,
     /// Until the next retry is due.
@@ -110,7 +111,7 @@ impl Broker {
         let waiting = sub.waiting();
         let now = self.inner.ctx.clock.instant();
         Ok(SubscriptionStatus {
-            oldest_ready_ms: waiting.oldest_ready_ms,
+            oldest_ms: waiting.oldest_ms,
             retrying: waiting.retrying as u64,
             next_retry_in: waiting
                 .next_retry

@@ -105,8 +105,9 @@ impl Spill {
 /// What a queue holds waiting ([`SubQueue::waiting`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Waiting {
-    /// First enqueue (wall ms) of the oldest event waiting for an attempt.
-    pub oldest_ready_ms: Option<u64>,
+    /// First enqueue (wall ms) of the oldest event waiting in memory, for a first attempt or
+    /// a retry.
+    pub oldest_ms: Option<u64>,
     /// Events waiting to retry.
     pub retrying: usize,
     /// When the next retry is due.
@@ -161,12 +162,21 @@ impl SubQueue {
         })
     }
 
-    /// What waits, for the console: the first enqueue (wall ms) of the oldest event waiting for
-    /// an attempt (the ready lane is in arrival order, and spilled events are newer than the
-    /// window's), the events waiting to retry (held or spilled), and when the next is due.
+    /// What waits, for the console: the first enqueue (wall ms) of the oldest event waiting in
+    /// memory, for its first attempt (the ready lane is in arrival order, and spilled events are
+    /// newer than the window's) or for a retry (the retries held here, one pass over at most the
+    /// window), the events waiting to retry (held or spilled), and when the next is due.
+    /// Spilled retries are counted, but their age is on disk: not read for this.
     pub fn waiting(&self) -> Waiting {
+        let oldest_retry = self
+            .retry
+            .values()
+            .flatten()
+            .map(|p| p.first_enqueued_ms)
+            .min();
+        let oldest_ready = self.ready.front().map(|p| p.first_enqueued_ms);
         Waiting {
-            oldest_ready_ms: self.ready.front().map(|p| p.first_enqueued_ms),
+            oldest_ms: oldest_ready.into_iter().chain(oldest_retry).min(),
             retrying: self.retry_events + self.spill.as_ref().map_or(0, |s| s.retries.len()),
             next_retry: self.next_due(),
         }
@@ -641,7 +651,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn waiting_names_the_oldest_ready_event_and_the_retries() {
+    async fn waiting_names_the_oldest_event_retries_included() {
         let mut q = SubQueue::default();
         assert_eq!(q.waiting(), Waiting::default());
         for (seq, ms) in [(1, 10), (2, 20), (3, 30)] {
@@ -650,7 +660,7 @@ mod tests {
                 ..p(seq, 1)
             });
         }
-        assert_eq!(q.waiting().oldest_ready_ms, Some(10));
+        assert_eq!(q.waiting().oldest_ms, Some(10));
         let now = Instant::now();
         let mut out = Vec::new();
         let b = q
@@ -660,7 +670,11 @@ mod tests {
         let due = now + Duration::from_secs(60);
         q.schedule_retry(due, b.items);
         let w = q.waiting();
-        assert_eq!(w.oldest_ready_ms, Some(20));
+        assert_eq!(
+            w.oldest_ms,
+            Some(10),
+            "the retry of the first event is the oldest"
+        );
         assert_eq!(w.retrying, 1);
         assert_eq!(w.next_retry, Some(due));
     }
