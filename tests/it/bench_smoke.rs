@@ -123,8 +123,10 @@ fn bench_command_runs_every_scenario_on_a_tiny_load() {
             .iter()
             .any(|p| prefix.starts_with(p))
         {
+            // A paired ratio was measured (a number, not `–`). Its size is the machine's: on
+            // a tiny load a loaded machine may deliver next to nothing in a slice (0.00).
             let paired = number(&r[5]);
-            assert!(paired > 0.0, "{prefix}: no paired ratio: {r:?}");
+            assert!(paired >= 0.0, "{prefix}: no paired ratio: {r:?}");
         }
     }
     // The store scenario measured what gridlet wrote and held (whatever the peer did).
