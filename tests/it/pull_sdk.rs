@@ -13,7 +13,7 @@
 //! Lock expiry and the release delay's end are proven on the paused clock (`pull_clock.rs`);
 //! a restart's redelivery on the real binary (`pull_process.rs`).
 
-use crate::util::start;
+use crate::util::{start, TestGridlet};
 use serde_json::{json, Value};
 use std::process::Command;
 
@@ -34,44 +34,54 @@ fn js_modules() -> String {
         + "/node_modules"
 }
 
-/// Run one SDK script against a fresh gridlet and check what it saw; `p` is its id prefix.
-async fn scenario(p: &str, program: &str, script: &str, env: &[(&str, String)]) {
+/// A gridlet that takes the SAS key [`KEY`], with each `(path, body)` PUT to it in order.
+async fn keyed_gridlet(puts: &[(String, Value)]) -> TestGridlet {
     let g = start(&[
         ("inbound__clientAuth__sasKeys__enabled", "true"),
         ("inbound__clientAuth__sasKeys__key1", KEY),
     ])
     .await;
-    for (path, body) in [
-        (
-            "/topics/q",
-            json!({"properties":{"inputSchema":"CloudEventSchemaV1_0"}}),
-        ),
-        (
-            "/topics/q/eventSubscriptions/s",
-            json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Queue"}}}),
-        ),
-    ] {
+    for (path, body) in puts {
         let r = g
             .client
             .put(g.url(path))
             .header("aeg-sas-key", KEY)
-            .json(&body)
+            .json(body)
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status(), 200);
+        assert_eq!(r.status(), 200, "{path}: {}", r.text().await.unwrap());
     }
+    g
+}
+
+/// A CloudEvents topic `topic` with one queue subscription `s`.
+fn queue_puts(topic: &str) -> Vec<(String, Value)> {
+    vec![
+        (
+            format!("/topics/{topic}"),
+            json!({"properties":{"inputSchema":"CloudEventSchemaV1_0"}}),
+        ),
+        (
+            format!("/topics/{topic}/eventSubscriptions/s"),
+            json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Queue"}}}),
+        ),
+    ]
+}
+
+/// Run `program tests/pull/{script} args…` (the client runs while this runtime keeps serving
+/// gridlet); it must succeed, and what it prints is one JSON object.
+async fn run_client(
+    program: String,
+    script: &str,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+) -> Value {
     let script = format!("{}/tests/pull/{script}", env!("CARGO_MANIFEST_DIR"));
-    let (program, base) = (program.to_string(), g.base.clone());
-    let env: Vec<(String, String)> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect();
-    // The client runs while this runtime keeps serving gridlet.
     let out = tokio::task::spawn_blocking(move || {
         Command::new(&program)
             .arg(&script)
-            .args([base.as_str(), KEY, "q", "s"])
+            .args(&args)
             .envs(env)
             .output()
             .unwrap_or_else(|e| {
@@ -88,7 +98,18 @@ async fn scenario(p: &str, program: &str, script: &str, env: &[(&str, String)]) 
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Run one SDK script against a fresh gridlet and check what it saw; `p` is its id prefix.
+async fn scenario(p: &str, program: &str, script: &str, env: &[(&str, String)]) {
+    let g = keyed_gridlet(&queue_puts("q")).await;
+    let env = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    let args = vec![g.base.clone(), KEY.into(), "q".into(), "s".into()];
+    let got = run_client(program.to_string(), script, args, env).await;
     let ids = |v: &[(u32, u64)]| {
         json!(v
             .iter()
@@ -154,11 +175,6 @@ async fn javascript_sdk_publishes_receives_and_settles() {
 /// namespaces shape (`filtersConfiguration`), published and received with the Python SDK.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_sdk_sees_every_namespace_filter_rule() {
-    let g = start(&[
-        ("inbound__clientAuth__sasKeys__enabled", "true"),
-        ("inbound__clientAuth__sasKeys__key1", KEY),
-    ])
-    .await;
     let ranges = json!([[3.5, 999.95], [3000, 4000]]);
     // Subscription, its one filter, and the events it must get (e1..e4: tests/pull/sdk_filters.py).
     let cases: Vec<(&str, Value, Vec<&str>)> = vec![
@@ -224,36 +240,10 @@ async fn python_sdk_sees_every_namespace_filter_rule() {
                    "filtersConfiguration":{"filters":[filter]}}}),
         ));
     }
-    for (path, body) in puts {
-        let r = g
-            .client
-            .put(g.url(&path))
-            .header("aeg-sas-key", KEY)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200, "{path}: {}", r.text().await.unwrap());
-    }
-    let script = format!("{}/tests/pull/sdk_filters.py", env!("CARGO_MANIFEST_DIR"));
-    let base = g.base.clone();
-    let subs: Vec<String> = cases.iter().map(|(n, _, _)| n.to_string()).collect();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python())
-            .arg(&script)
-            .args([base.as_str(), KEY, "f"])
-            .args(&subs)
-            .output()
-            .expect("python runs: run scripts/test.sh once to install the SDK")
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let g = keyed_gridlet(&puts).await;
+    let mut args = vec![g.base.clone(), KEY.into(), "f".into()];
+    args.extend(cases.iter().map(|(n, _, _)| n.to_string()));
+    let got = run_client(python(), "sdk_filters.py", args, Vec::new()).await;
     for (name, _, want) in &cases {
         assert_eq!(got[name], json!(want), "{name}: {got}");
     }
@@ -267,31 +257,7 @@ async fn python_sdk_sees_every_namespace_filter_rule() {
 /// exposes no binary mode in its CommonJS entry, and `azure-eventgrid` 4.22.1 has none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_mode_publish_keeps_json_text_and_bytes_for_the_sdk() {
-    let g = start(&[
-        ("inbound__clientAuth__sasKeys__enabled", "true"),
-        ("inbound__clientAuth__sasKeys__key1", KEY),
-    ])
-    .await;
-    for (path, body) in [
-        (
-            "/topics/b",
-            json!({"properties":{"inputSchema":"CloudEventSchemaV1_0"}}),
-        ),
-        (
-            "/topics/b/eventSubscriptions/s",
-            json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Queue"}}}),
-        ),
-    ] {
-        let r = g
-            .client
-            .put(g.url(path))
-            .header("aeg-sas-key", KEY)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-    }
+    let g = keyed_gridlet(&queue_puts("b")).await;
     let bytes: Vec<u8> = vec![0, 159, 146, 150, 255];
     for (id, ct, body) in [
         ("json", "application/json", br#"{"n":1}"#.to_vec()),
@@ -317,23 +283,8 @@ async fn binary_mode_publish_keeps_json_text_and_bytes_for_the_sdk() {
         let status = r.status();
         assert_eq!(status, 200, "{id}: {}", r.text().await.unwrap());
     }
-    let script = format!("{}/tests/pull/sdk_receive.py", env!("CARGO_MANIFEST_DIR"));
-    let base = g.base.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python())
-            .arg(&script)
-            .args([base.as_str(), KEY, "b", "s"])
-            .output()
-            .expect("python runs: run scripts/test.sh once to install the SDK")
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let args = vec![g.base.clone(), KEY.into(), "b".into(), "s".into()];
+    let got = run_client(python(), "sdk_receive.py", args, Vec::new()).await;
     assert_eq!(got["json"]["data"], json!({"n": 1}), "{got}");
     assert_eq!(got["json"]["datacontenttype"], "application/json", "{got}");
     assert_eq!(got["text"]["data"], "hello, edge", "{got}");
