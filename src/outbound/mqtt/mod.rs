@@ -3,9 +3,10 @@
 //!
 //! * [`connection`]: one broker connection as plain data ([`connection::ConnectionSpec`]: URL,
 //!   client id, protocol version, TLS, credentials, session), the rumqttc options made from it,
-//!   and the jittered reconnect back-off. The MQTT sources (messages become events) and the MQTT
+//!   ([`backoff`]: the jittered reconnect back-off). The MQTT sources (messages become events) and the MQTT
 //!   destination (events become messages) both build their clients from it.
 
+pub mod backoff;
 pub mod connection;
 
 // The destination: events become messages (`outbound::sinks::mqtt` is its registry entry).
