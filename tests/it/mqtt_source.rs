@@ -187,6 +187,63 @@ async fn mqtt_messages_reach_a_webhook_as_cloud_events() {
     );
 }
 
+/// A PUBACK leaves only after the store commit: with the commit held, nothing is acknowledged;
+/// once it completes, everything is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_puback_leaves_only_after_the_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mosquitto::start(dir.path()).await;
+    let (entered_tx, mut entered) = tokio::sync::watch::channel(false);
+    let (open_tx, open) = tokio::sync::watch::channel(false);
+    let store = std::sync::Arc::new(crate::durable_resilience::GatedCommits {
+        inner: gridlet::store::memory::MemoryStore::new(),
+        entered: entered_tx,
+        open,
+    });
+    let env = source_env(&m, "line/#", "t");
+    let g = start_with(
+        &refs(&env),
+        gridlet::Parts {
+            store: Some(store),
+            ..gridlet::Parts::default()
+        },
+    )
+    .await;
+    g.topic("t").await;
+    let mut rx = Receiver::start().await;
+    g.webhook_sub(
+        "t",
+        "s",
+        &rx.url("/s"),
+        json!({"persistencePolicy": {"isPersisted": true}}),
+    )
+    .await;
+    wait_connected(&g).await;
+
+    publish_all(
+        m.port,
+        "device-1",
+        QoS::AtLeastOnce,
+        numbered("line/a", 0..5, 0),
+    )
+    .await;
+    tokio::time::timeout(WAIT, entered.wait_for(|e| *e))
+        .await
+        .expect("a commit starts")
+        .unwrap();
+    let text = g.metrics().await;
+    let acked = "connection=\"local\",result=\"acknowledged\"";
+    assert_eq!(
+        metric(&text, "gridlet_mqtt_messages_total", acked),
+        Some(0),
+        "{text}"
+    );
+
+    open_tx.send(true).unwrap();
+    all_seqs(&mut rx, 5, WAIT).await;
+    g.wait_metric("gridlet_mqtt_messages_total", acked, 5).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_mid_stream_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -271,10 +328,18 @@ async fn a_full_disk_holds_mqtt_messages_until_space_frees() {
         "connection=\"local\",result=\"acknowledged\"",
     )
     .unwrap();
+    let accepted = metric(
+        &paused,
+        "gridlet_enqueued_events_total",
+        "topic=\"t\",subscription=\"sink\"",
+    )
+    .unwrap();
+    // Held messages are not acknowledged: every acknowledgement is an accepted event.
     assert!(
-        acked < u64::from(n),
-        "held messages are not acknowledged: {acked}"
+        acked <= accepted,
+        "{acked} acknowledged, {accepted} accepted"
     );
+    assert!(acked < u64::from(n), "{acked} acknowledged while held");
 
     // Space frees: everything held goes in, nothing was dropped.
     let (s, body) = g.delete("/topics/t/eventSubscriptions/blocker").await;
@@ -368,23 +433,44 @@ async fn sigkill_mid_stream_loses_no_acknowledged_message() {
         200
     );
 
-    let n = 400;
+    let n = 2000;
     let publisher = tokio::spawn(publish_all(
         m.port,
         "device-1",
         QoS::AtLeastOnce,
         numbered("line/a", 0..n, 0),
     ));
-    // Mid-stream: some events delivered, others accepted and not yet delivered, others not
-    // yet taken from the broker.
+    // Mid-stream: batches are being accepted and acknowledged one after the other (some events
+    // delivered, some accepted and not yet delivered, the rest waiting at the broker).
+    let metrics_url = format!("{base}/metrics?{V}");
+    eventually("gridlet acknowledging mid-stream", || async {
+        let text = client
+            .get(&metrics_url)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .text()
+            .await
+            .map_err(|e| e.to_string())?;
+        let acked = metric(
+            &text,
+            "gridlet_mqtt_messages_total",
+            "connection=\"local\",result=\"acknowledged\"",
+        );
+        match acked {
+            Some(a) if a >= 200 => Ok(()),
+            other => Err(format!("{other:?} acknowledged")),
+        }
+    })
+    .await;
+    child.kill().unwrap();
+    child.wait().unwrap();
     let mut seen = BTreeSet::new();
-    while seen.len() < 30 {
-        for ev in events_of(&rx.next().await) {
+    while let Ok(r) = rx.rx.try_recv() {
+        for ev in events_of(&r) {
             seen.insert(ev["data"]["seq"].as_u64().unwrap());
         }
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
 
     let mut child = gridlet_process(&data, port, &env);
     serving(&client, &base).await;
