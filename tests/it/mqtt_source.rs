@@ -584,3 +584,144 @@ async fn start_up_refuses_a_missing_ca_file() {
         "{e}"
     );
 }
+
+/// `mqtts://` with the broker's CA from a file and a client certificate the broker requires;
+/// a connection without the certificate is refused by the broker and says so in its status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtts_with_a_ca_file_and_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = crate::edge::Pki::new();
+    let (m, tls_port) = Mosquitto::start_tls(dir.path(), &pki).await;
+    let client = pki.issue("gridlet", &[], true);
+    let w = |name: &str, data: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, data).unwrap();
+        p.display().to_string()
+    };
+    let ca = w("ca.pem", &pki.ca_pem);
+    let cert = w("client.pem", &client.chain_pem);
+    let key = w("client.key", &client.key_pem);
+    let url = format!("mqtts://localhost:{tls_port}");
+    let env: Vec<(String, String)> = [
+        ("mqtt__connections__local__url", url.clone()),
+        ("mqtt__connections__local__tls__caFile", ca.clone()),
+        ("mqtt__connections__local__tls__certFile", cert),
+        ("mqtt__connections__local__tls__keyFile", key),
+        ("mqtt__connections__nocert__url", url),
+        ("mqtt__connections__nocert__tls__caFile", ca),
+        ("mqtt__routes__r1__connection", "local".into()),
+        ("mqtt__routes__r1__topicFilter", "line/#".into()),
+        ("mqtt__routes__r1__topic", "t".into()),
+        ("mqtt__routes__r2__connection", "nocert".into()),
+        ("mqtt__routes__r2__topicFilter", "other/#".into()),
+        ("mqtt__routes__r2__topic", "t".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let g = start(&refs(&env)).await;
+    g.topic("t").await;
+    let mut rx = Receiver::start().await;
+    g.webhook_sub("t", "s", &rx.url("/s"), json!({})).await;
+    wait_connected(&g).await;
+
+    publish_all(
+        m.port,
+        "device-1",
+        QoS::AtLeastOnce,
+        numbered("line/a", 0..3, 0),
+    )
+    .await;
+    all_seqs(&mut rx, 3, WAIT).await;
+
+    let text = g
+        .wait_metrics("the certificate-less connection refused", |t| {
+            metric(
+                t,
+                "gridlet_mqtt_connection_errors_total",
+                "connection=\"nocert\"",
+            )
+            .is_some_and(|n| n >= 1)
+        })
+        .await;
+    assert_eq!(
+        metric(&text, "gridlet_mqtt_connected", "connection=\"nocert\""),
+        Some(0)
+    );
+    let ready = g
+        .client
+        .get(format!("{}/readyz", g.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(ready.contains("mqtt nocert: disconnected"), "{ready}");
+    assert!(ready.contains("last error: "), "{ready}");
+}
+
+/// QoS 0 messages cannot wait at the broker: those a full disk refuses are dropped and counted,
+/// and every received message is either accepted or counted as dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos0_messages_gridlet_cannot_accept_are_dropped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mosquitto::start(dir.path()).await;
+    let mut env = source_env(&m, "line/#", "t");
+    env.push(("mqtt__routes__r1__qos".into(), "0".into()));
+    env.push(("persistence__maxDiskBytes".into(), "65536".into()));
+    env.push(("broker__endpointHealth__enabled".into(), "false".into()));
+    let g = start(&refs(&env)).await;
+    g.topic("t").await;
+    let failing = Receiver::start().await;
+    failing.respond_with(500);
+    let persisted = json!({"persistencePolicy": {"isPersisted": true}});
+    g.webhook_sub("t", "blocker", &failing.url("/b"), persisted)
+        .await;
+    wait_connected(&g).await;
+
+    let n = 300;
+    publish_all(
+        m.port,
+        "device-1",
+        QoS::AtMostOnce,
+        numbered("line/a", 0..n, 300),
+    )
+    .await;
+    let received = "connection=\"local\",result=\"received\"";
+    let text = g
+        .wait_metric("gridlet_mqtt_messages_total", received, u64::from(n))
+        .await;
+    let text = g
+        .wait_metrics("every QoS 0 message accepted or dropped", |t| {
+            let dropped = metric(
+                t,
+                "gridlet_mqtt_messages_total",
+                "connection=\"local\",result=\"dropped\"",
+            );
+            let accepted = metric(
+                t,
+                "gridlet_enqueued_events_total",
+                "topic=\"t\",subscription=\"blocker\"",
+            );
+            matches!((dropped, accepted), (Some(d), Some(a)) if d + a == u64::from(n))
+        })
+        .await
+        + &text;
+    let dropped = metric(
+        &text,
+        "gridlet_mqtt_messages_total",
+        "connection=\"local\",result=\"dropped\"",
+    )
+    .unwrap();
+    assert!(dropped > 0 && dropped < u64::from(n), "{dropped} dropped");
+    assert_eq!(
+        metric(
+            &text,
+            "gridlet_mqtt_messages_total",
+            "connection=\"local\",result=\"acknowledged\""
+        ),
+        Some(0),
+        "QoS 0 is never acknowledged"
+    );
+}
