@@ -17,6 +17,7 @@ mod health_isolation;
 mod layering;
 mod management;
 mod mosquitto;
+mod mqtt_process;
 mod mqtt_source;
 mod node;
 mod otel;

@@ -8,10 +8,9 @@ use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use rumqttc::v5::mqttbytes::QoS;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
 
 /// Settings for connection `local` to `m` and route `r1` from `filter` to gridlet topic `topic`.
-fn source_env(m: &Mosquitto, filter: &str, topic: &str) -> Vec<(String, String)> {
+pub(crate) fn source_env(m: &Mosquitto, filter: &str, topic: &str) -> Vec<(String, String)> {
     [
         ("mqtt__connections__local__url", m.url()),
         ("mqtt__connections__local__clientId", "gridlet-test".into()),
@@ -25,12 +24,12 @@ fn source_env(m: &Mosquitto, filter: &str, topic: &str) -> Vec<(String, String)>
     .collect()
 }
 
-fn refs(v: &[(String, String)]) -> Vec<(&str, &str)> {
+pub(crate) fn refs(v: &[(String, String)]) -> Vec<(&str, &str)> {
     v.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
 }
 
 /// Every event a delivery carried (an array, or one CloudEvent).
-fn events_of(r: &Received) -> Vec<Value> {
+pub(crate) fn events_of(r: &Received) -> Vec<Value> {
     match r.json() {
         Value::Array(a) => a,
         v => vec![v],
@@ -38,7 +37,7 @@ fn events_of(r: &Received) -> Vec<Value> {
 }
 
 /// JSON payloads `{"seq": i}` marked as UTF-8 (payload format indicator 1).
-fn numbered(topic: &str, range: std::ops::Range<u32>, pad: usize) -> Vec<Msg> {
+pub(crate) fn numbered(topic: &str, range: std::ops::Range<u32>, pad: usize) -> Vec<Msg> {
     range
         .map(|i| Msg {
             topic: topic.into(),
@@ -52,12 +51,16 @@ fn numbered(topic: &str, range: std::ops::Range<u32>, pad: usize) -> Vec<Msg> {
 }
 
 /// Collect deliveries until every `seq` of `0..n` has arrived (duplicates allowed).
-async fn all_seqs(rx: &mut Receiver, n: u32, limit: std::time::Duration) -> BTreeSet<u64> {
+pub(crate) async fn all_seqs(
+    rx: &mut Receiver,
+    n: u32,
+    limit: std::time::Duration,
+) -> BTreeSet<u64> {
     all_seqs_after(rx, n, limit, BTreeSet::new()).await
 }
 
 /// [`all_seqs`], counting those already `seen`.
-async fn all_seqs_after(
+pub(crate) async fn all_seqs_after(
     rx: &mut Receiver,
     n: u32,
     limit: std::time::Duration,
@@ -362,123 +365,6 @@ async fn a_full_disk_holds_mqtt_messages_until_space_frees() {
     );
     g.wait_metric("gridlet_mqtt_paused", "connection=\"local\"", 0)
         .await;
-}
-
-fn gridlet_process(dir: &std::path::Path, port: u16, env: &[(String, String)]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_gridlet"))
-        .current_dir(dir)
-        .env("inbound__serverAuth__tlsPolicy", "disabled")
-        .env("inbound__clientAuth__clientCert__enabled", "false")
-        .env("outbound__webhook__httpsOnly", "false")
-        .env("inbound__bindAddress", "127.0.0.1")
-        .env("inbound__httpPort", port.to_string())
-        .env("metrics__reporterType", "prometheus")
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .stdout(Stdio::from(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(dir.join("gridlet.log"))
-                .unwrap(),
-        ))
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-/// Wait until the process serves and its MQTT connection is subscribed.
-async fn serving(client: &reqwest::Client, base: &str) {
-    eventually("gridlet's MQTT source connected", || async {
-        let text = client
-            .get(format!("{base}/metrics?{V}"))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .text()
-            .await
-            .map_err(|e| e.to_string())?;
-        match metric(&text, "gridlet_mqtt_connected", "connection=\"local\"") {
-            Some(1) => Ok(()),
-            _ => Err(text),
-        }
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_mid_stream_loses_no_acknowledged_message() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("gridlet");
-    std::fs::create_dir_all(&data).unwrap();
-    let m = Mosquitto::start(dir.path()).await;
-    let env = source_env(&m, "line/#", "t");
-    gridlet::tls::install_default_provider();
-    let client = reqwest::Client::new();
-    let port = crate::mosquitto::free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let mut child = gridlet_process(&data, port, &env);
-    serving(&client, &base).await;
-    let put = |path: &str, body: Value| client.put(format!("{base}{path}?{V}")).json(&body).send();
-    assert_eq!(put("/topics/t", json!({})).await.unwrap().status(), 200);
-    let mut rx = Receiver::start().await;
-    let sub = json!({"properties": {
-        "destination": {"endpointType": "WebHook", "properties": {"endpointUrl": rx.url("/s")}},
-        "persistencePolicy": {"isPersisted": true}
-    }});
-    assert_eq!(
-        put("/topics/t/eventSubscriptions/s", sub)
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-
-    let n = 2000;
-    let publisher = tokio::spawn(publish_all(
-        m.port,
-        "device-1",
-        QoS::AtLeastOnce,
-        numbered("line/a", 0..n, 0),
-    ));
-    // Mid-stream: batches are being accepted and acknowledged one after the other (some events
-    // delivered, some accepted and not yet delivered, the rest waiting at the broker).
-    let metrics_url = format!("{base}/metrics?{V}");
-    eventually("gridlet acknowledging mid-stream", || async {
-        let text = client
-            .get(&metrics_url)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .text()
-            .await
-            .map_err(|e| e.to_string())?;
-        let acked = metric(
-            &text,
-            "gridlet_mqtt_messages_total",
-            "connection=\"local\",result=\"acknowledged\"",
-        );
-        match acked {
-            Some(a) if a >= 200 => Ok(()),
-            other => Err(format!("{other:?} acknowledged")),
-        }
-    })
-    .await;
-    child.kill().unwrap();
-    child.wait().unwrap();
-    let mut seen = BTreeSet::new();
-    while let Ok(r) = rx.rx.try_recv() {
-        for ev in events_of(&r) {
-            seen.insert(ev["data"]["seq"].as_u64().unwrap());
-        }
-    }
-
-    let mut child = gridlet_process(&data, port, &env);
-    serving(&client, &base).await;
-    publisher.await.unwrap();
-    let all = all_seqs_after(&mut rx, n, WAIT * 3, seen).await;
-    assert_eq!(all.len() as u32, n);
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 #[test]
