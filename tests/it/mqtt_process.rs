@@ -125,3 +125,25 @@ async fn sigkill_mid_stream_loses_no_acknowledged_message() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A bad MQTT setting stops the binary before anything starts: exit status 2 and one line
+/// naming the setting, like every other invalid setting.
+#[test]
+fn a_bad_mqtt_setting_stops_start_up_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gridlet"))
+        .current_dir(dir.path())
+        .env("mqtt__connections__plant__url", "http://broker")
+        .env("mqtt__routes__r__connection", "plant")
+        .env("mqtt__routes__r__topicFilter", "a/#")
+        .env("mqtt__routes__r__topic", "t")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("mqtt__connections__plant__url") && err.contains("unknown scheme `http`"),
+        "{err}"
+    );
+}
