@@ -62,7 +62,7 @@ fn main() -> ExitCode {
         }
     };
     // The MQTT sources' settings, checked as `check-config` does (files and topics at start).
-    if let Err(e) = gridlet::ingress::plan(&cfg) {
+    if let Err(e) = gridlet::ingress::plan(&cfg).and_then(|p| gridlet::ingress::check_files(&p)) {
         eprintln!("gridlet: {e}");
         return ExitCode::from(2);
     }
