@@ -61,6 +61,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The MQTT sources' settings, checked as `check-config` does (files and topics at start).
+    if let Err(e) = gridlet::ingress::plan(&cfg).and_then(|p| gridlet::ingress::check_files(&p)) {
+        eprintln!("gridlet: {e}");
+        return ExitCode::from(2);
+    }
     cli::init_logging(cfg.log_format);
     cli::log_start(std::env::vars().collect());
     if let Err(line) = data_dirs_writable(&cfg) {

@@ -204,6 +204,12 @@ impl Gridlet {
         .into_iter()
         .flatten()
         .collect();
+        // Before any listener is spawned, so a bad MQTT setting stops the start cleanly.
+        let mqtt = crate::ingress::start(
+            crate::ingress::plan(&cfg)?,
+            &broker,
+            &edge.as_ref().map(EdgeRuntime::mqtt_tls).unwrap_or_default(),
+        )?;
         let ready = Arc::new(AtomicBool::new(true));
         let (stop, stop_rx) = watch::channel(false);
         let router = api::router(AppState {
@@ -256,11 +262,6 @@ impl Gridlet {
         if let Some(e) = edge.as_mut() {
             e.start(broker.clone(), certs.clone());
         }
-        let mqtt = crate::ingress::start(
-            crate::ingress::plan(&cfg)?,
-            &broker,
-            &edge.as_ref().map(EdgeRuntime::mqtt_tls).unwrap_or_default(),
-        )?;
         tracing::info!(http = ?http_addr, https = ?https_addr, "gridlet listening");
         Ok(Self {
             broker,

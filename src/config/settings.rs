@@ -147,7 +147,7 @@ settings! {
     api__filterLimits__maxIncludedEventTypes = "256" : "most entries in a subscription's `filter.includedEventTypes` (400 above); matched in constant time, this bounds the memory of one subscription's type set";
     mqtt__connections__N__url = "" : "MQTT sources (docs/MQTT.md): the broker of connection `N` (`N`: a name of letters, digits, `-` and single `_`, case-insensitive; it names the connection in the events' `source`, metrics and logs), `mqtt://host[:1883]` or `mqtts://host[:8883]`. Each `mqtt__connections__N__*` setting belongs to connection `N`";
     mqtt__connections__N__clientId = "" : "MQTT client id of connection `N` (default `gridlet-N`); keep it stable: the broker keeps the session under it";
-    mqtt__connections__N__protocolVersion = "5" : "`5` or `3.1.1` (no enhanced authentication, session expiry or receive maximum)";
+    mqtt__connections__N__protocolVersion = "5" : "`5` or `3.1.1` for a broker without 5 (no properties: payloads arrive as `data_base64`; no enhanced authentication, session expiry or receive maximum)";
     mqtt__connections__N__username = "" : "MQTT user name";
     mqtt__connections__N__password = "" : "MQTT password (secret, never logged)";
     mqtt__connections__N__authentication__method = "" : "MQTT 5 enhanced authentication: `K8S-SAT` (Azure IoT Operations' broker) sends the token of `authentication__tokenFile` as the authentication data";

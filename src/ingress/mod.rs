@@ -21,7 +21,7 @@ use crate::broker::Broker;
 use crate::config::{Config, Instance};
 use crate::metrics::MqttConnectionMetrics;
 use crate::model::topic::EventSchema;
-use crate::outbound::mqtt::connection::{ConnectionSpec, EdgeTls, Protocol};
+use crate::outbound::mqtt::connection::{ConnectionSpec, EdgeTls};
 use crate::sync::AbortOnDrop;
 use route::Route;
 use std::sync::Arc;
@@ -60,13 +60,6 @@ pub fn plan(cfg: &Config) -> Result<Plan, SettingError> {
     for inst in &cfg.mqtt.connections {
         let spec = ConnectionSpec::parse(&inst.name, &|f| inst.get(f))
             .map_err(|e| setting_error(inst, e.field, e.message))?;
-        if spec.protocol == Protocol::V311 {
-            return Err(setting_error(
-                inst,
-                "protocolVersion",
-                "MQTT 3.1.1 sources are not supported yet: use 5",
-            ));
-        }
         plan.connections.push((spec, Vec::new()));
     }
     for inst in &cfg.mqtt.routes {

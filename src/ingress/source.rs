@@ -1,4 +1,5 @@
-//! One MQTT source connection: two tasks around one rumqttc MQTT 5 client.
+//! One MQTT source connection: two tasks around one rumqttc client (MQTT 5, or 3.1.1 in
+//! [`v311`]).
 //!
 //! * The **driver** polls rumqttc's event loop for as long as gridlet runs (so keep-alive
 //!   pings go out even while messages are held), subscribes to the routes' filters at every
@@ -33,7 +34,8 @@ use super::route::{self, Qos, Route};
 use crate::broker::{Broker, BrokerError};
 use crate::metrics::MqttConnectionMetrics;
 use crate::model::event::IncomingEvent;
-use crate::outbound::mqtt::connection::{Backoff, ConnectionSpec};
+use crate::outbound::mqtt::connection::{Backoff, ConnectionSpec, Protocol};
+use crate::telemetry::{now_ns, SpanData, SpanKind, Status, TraceContext, Tracer};
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish, SubscribeProperties};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, Event, EventLoop};
@@ -42,6 +44,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
+
+mod v311;
 
 /// Shortest and longest wait before a held batch is offered again.
 const HOLD_MIN: Duration = Duration::from_millis(100);
@@ -69,8 +73,28 @@ struct Item {
 struct Received {
     generation: u64,
     /// The packet, to acknowledge (QoS 1).
-    publish: Option<Publish>,
+    publish: Option<Ack>,
     message: Message,
+}
+
+/// A received QoS 1 packet, to acknowledge, per protocol version.
+enum Ack {
+    V5(Publish),
+    V311(rumqttc::Publish),
+}
+
+/// The client half, per protocol version.
+enum Client {
+    V5(AsyncClient),
+    V311(rumqttc::AsyncClient),
+}
+
+/// rumqttc's event loop of a [`Source`], per protocol version.
+pub enum Connection {
+    /// MQTT 5.
+    V5(Box<EventLoop>),
+    /// MQTT 3.1.1.
+    V311(Box<rumqttc::EventLoop>),
 }
 
 /// Everything one connection's tasks share.
@@ -80,7 +104,7 @@ pub struct Source {
     broker: Broker,
     status: Arc<MqttConnectionMetrics>,
     generation: Generation,
-    client: AsyncClient,
+    client: Client,
 }
 
 impl Source {
@@ -94,13 +118,24 @@ impl Source {
         routes: Vec<Route>,
         broker: Broker,
         status: Arc<MqttConnectionMetrics>,
-    ) -> Result<(Arc<Self>, EventLoop), crate::outbound::mqtt::connection::SpecError> {
-        let mut opts = spec.v5_options(tls)?;
-        opts.set_manual_acks(true);
+    ) -> Result<(Arc<Self>, Connection), crate::outbound::mqtt::connection::SpecError> {
         // Acknowledgements and subscriptions go through rumqttc's request channel; room for a
         // whole window of acknowledgements and the subscriptions.
         let capacity = usize::from(spec.receive_maximum) * 2 + routes.len() + 16;
-        let (client, eventloop) = AsyncClient::new(opts, capacity);
+        let (client, eventloop) = match spec.protocol {
+            Protocol::V5 => {
+                let mut opts = spec.v5_options(tls)?;
+                opts.set_manual_acks(true);
+                let (c, el) = AsyncClient::new(opts, capacity);
+                (Client::V5(c), Connection::V5(Box::new(el)))
+            }
+            Protocol::V311 => {
+                let mut opts = spec.v311_options(tls)?;
+                opts.set_manual_acks(true);
+                let (c, el) = rumqttc::AsyncClient::new(opts, capacity);
+                (Client::V311(c), Connection::V311(Box::new(el)))
+            }
+        };
         Ok((
             Arc::new(Self {
                 spec,
@@ -115,12 +150,15 @@ impl Source {
     }
 
     /// Run both tasks until aborted.
-    pub async fn run(self: Arc<Self>, eventloop: EventLoop) {
+    pub async fn run(self: Arc<Self>, eventloop: Connection) {
         // The window (receive maximum) plus room for QoS 0 messages.
         let (tx, rx) = mpsc::channel(usize::from(self.spec.receive_maximum) + 256);
         let acceptor = tokio::spawn(self.clone().accept(rx));
         let _abort = crate::sync::AbortOnDrop(acceptor);
-        self.drive(eventloop, tx).await;
+        match eventloop {
+            Connection::V5(el) => self.drive(*el, tx).await,
+            Connection::V311(el) => self.drive_v311(*el, tx).await,
+        }
     }
 
     fn name(&self) -> &str {
@@ -145,44 +183,21 @@ impl Source {
             }
             match el.poll().await {
                 Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                    backoff.reset();
-                    *self.generation.lock() += 1;
-                    tracing::info!(connection = %self.name(), host = %self.spec.endpoint.host, session_present = ack.session_present, "MQTT source connected");
-                    awaiting_subacks = self.routes.len();
-                    self.subscribe();
+                    awaiting_subacks = self.on_connack(ack.session_present, &mut backoff);
                 }
                 Ok(Event::Incoming(Packet::Publish(p))) => {
-                    self.status.received.inc();
-                    let generation = *self.generation.lock();
                     let message = to_message(&p);
-                    let r = Received {
-                        generation,
-                        publish: (p.qos != QoS::AtMostOnce).then_some(p),
-                        message,
-                    };
-                    if r.publish.is_none() {
-                        if !held.is_empty() || tx.try_send(r).is_err() {
-                            self.status.dropped.inc();
-                        }
-                    } else {
-                        held.push(r);
-                    }
+                    let ack = (p.qos != QoS::AtMostOnce).then_some(Ack::V5(p));
+                    self.on_publish(message, ack, &tx, &mut held);
                 }
                 Ok(Event::Incoming(Packet::SubAck(ack))) => {
-                    awaiting_subacks = awaiting_subacks.saturating_sub(1);
-                    if awaiting_subacks == 0 {
-                        self.status.connected.store(1, Relaxed);
-                    }
-                    for code in &ack.return_codes {
-                        if !matches!(
-                            code,
+                    let refused = ack.return_codes.iter().filter(|c| {
+                        !matches!(
+                            c,
                             rumqttc::v5::mqttbytes::v5::SubscribeReasonCode::Success(_)
-                        ) {
-                            let e = format!("the broker refused a subscription: {code:?}");
-                            tracing::warn!(connection = %self.name(), error = %e, "MQTT subscription refused");
-                            self.status.set_error(e);
-                        }
-                    }
+                        )
+                    });
+                    self.on_suback(&mut awaiting_subacks, refused.map(|c| format!("{c:?}")));
                 }
                 Ok(Event::Incoming(Packet::Disconnect(d))) => {
                     let e = format!("the broker disconnected: {:?}", d.reason_code);
@@ -193,11 +208,7 @@ impl Source {
                 Err(e) => {
                     self.forget_session(&mut el);
                     held.clear();
-                    self.status.connection_errors.inc();
-                    // rumqttc's errors never carry the credentials.
-                    let text = e.to_string();
-                    tracing::warn!(connection = %self.name(), error = %text, "MQTT source connection failed; reconnecting");
-                    self.status.set_error(text);
+                    self.on_connection_error(e.to_string());
                     if let Err(e) = self.spec.refresh_v5(&mut el.options) {
                         tracing::warn!(connection = %self.name(), error = %e, "MQTT credentials");
                         self.status.set_error(e.to_string());
@@ -208,15 +219,75 @@ impl Source {
         }
     }
 
+    /// A session is up: a new generation; subscribe. Returns the SUBACKs to wait for.
+    fn on_connack(&self, session_present: bool, backoff: &mut Backoff) -> usize {
+        backoff.reset();
+        *self.generation.lock() += 1;
+        tracing::info!(connection = %self.name(), host = %self.spec.endpoint.host, session_present, "MQTT source connected");
+        self.subscribe();
+        self.routes.len()
+    }
+
+    /// A message arrived: to the acceptor (QoS 1 through the handover; QoS 0 dropped when it
+    /// cannot go at once).
+    fn on_publish(
+        &self,
+        message: Message,
+        ack: Option<Ack>,
+        tx: &mpsc::Sender<Received>,
+        held: &mut Handover,
+    ) {
+        self.status.received.inc();
+        let r = Received {
+            generation: *self.generation.lock(),
+            publish: ack,
+            message,
+        };
+        if r.publish.is_none() {
+            if !held.is_empty() || tx.try_send(r).is_err() {
+                self.status.dropped.inc();
+            }
+        } else {
+            held.push(r);
+        }
+    }
+
+    /// A SUBACK; `refused` names the reason codes of the filters the broker refused.
+    fn on_suback(&self, awaiting: &mut usize, refused: impl Iterator<Item = String>) {
+        *awaiting = awaiting.saturating_sub(1);
+        if *awaiting == 0 {
+            self.status.connected.store(1, Relaxed);
+        }
+        for code in refused {
+            let e = format!("the broker refused a subscription: {code}");
+            tracing::warn!(connection = %self.name(), error = %e, "MQTT subscription refused");
+            self.status.set_error(e);
+        }
+    }
+
+    /// The connection failed (rumqttc's errors never carry the credentials).
+    fn on_connection_error(&self, text: String) {
+        self.status.connection_errors.inc();
+        tracing::warn!(connection = %self.name(), error = %text, "MQTT source connection failed; reconnecting");
+        self.status.set_error(text);
+    }
+
     /// The connection is gone (or given up): no acknowledgement of its messages may reach the
     /// next one (see the module docs); the next poll reconnects.
     fn forget_session(&self, el: &mut EventLoop) {
-        {
-            let mut g = self.generation.lock();
-            *g = 0;
+        self.forget(|| {
             el.clean();
             el.pending
                 .retain(|r| !matches!(r, rumqttc::v5::Request::PubAck(_)));
+        });
+    }
+
+    /// [`Self::forget_session`]: `clean` drops the queued acknowledgements under the lock.
+    fn forget(&self, clean: impl FnOnce()) {
+        {
+            let mut g = self.generation.lock();
+            *g = 0;
+            clean();
         }
         self.status.connected.store(0, Relaxed);
     }
@@ -232,10 +303,20 @@ impl Source {
                 id: Some(i + 1),
                 user_properties: Vec::new(),
             };
-            if let Err(e) = self
-                .client
-                .try_subscribe_with_properties(r.filter.clone(), qos, props)
-            {
+            let sent = match &self.client {
+                Client::V5(c) => c
+                    .try_subscribe_with_properties(r.filter.clone(), qos, props)
+                    .map_err(|e| e.to_string()),
+                Client::V311(c) => {
+                    let qos = match r.qos {
+                        Qos::AtMostOnce => rumqttc::QoS::AtMostOnce,
+                        Qos::AtLeastOnce => rumqttc::QoS::AtLeastOnce,
+                    };
+                    c.try_subscribe(r.filter.clone(), qos)
+                        .map_err(|e| e.to_string())
+                }
+            };
+            if let Err(e) = sent {
                 let e = format!("cannot subscribe to {}: {e}", r.filter);
                 tracing::warn!(connection = %self.name(), error = %e, "MQTT subscribe");
                 self.status.set_error(e);
@@ -378,7 +459,10 @@ impl Source {
         if events.is_empty() {
             return Ok(());
         }
-        self.broker.publish(&entry, events, None).await
+        let trace = BatchTrace::start(self.broker.tracer(), &mut events);
+        let result = self.broker.publish(&entry, events, trace.span()).await;
+        trace.finish(self.name(), topic, &result);
+        result
     }
 
     /// Acknowledge the batch's QoS 1 messages of the current session, in order.
@@ -392,7 +476,11 @@ impl Source {
                         // The broker resends it on the new session.
                         break;
                     }
-                    self.client.try_ack(p)
+                    match (&self.client, p) {
+                        (Client::V5(c), Ack::V5(p)) => c.try_ack(p).map_err(drop),
+                        (Client::V311(c), Ack::V311(p)) => c.try_ack(p).map_err(drop),
+                        _ => Ok(()),
+                    }
                 };
                 match sent {
                     Ok(()) => {
@@ -404,6 +492,74 @@ impl Source {
                 }
             }
         }
+    }
+}
+
+/// The `publish` span of one batch offered to one topic (tracer on): its parent is the first
+/// event's own trace context (a CloudEvent's `traceparent`), and every event without one
+/// travels in it, as for an HTTP publish.
+struct BatchTrace<'a> {
+    tracer: &'a Tracer,
+    parent: Option<TraceContext>,
+    span: Option<TraceContext>,
+    start_ns: u64,
+    events: usize,
+}
+
+impl<'a> BatchTrace<'a> {
+    fn start(tracer: &'a Tracer, events: &mut [IncomingEvent]) -> Self {
+        let parent = events.first().and_then(|e| e.trace.as_deref().cloned());
+        let span = tracer.start(parent.as_ref());
+        if let Some(s) = &span {
+            let shared = Arc::new(s.clone());
+            for ev in events.iter_mut().filter(|e| e.trace.is_none()) {
+                ev.trace = Some(shared.clone());
+            }
+        }
+        Self {
+            tracer,
+            parent,
+            start_ns: if span.is_some() { now_ns() } else { 0 },
+            span,
+            events: events.len(),
+        }
+    }
+
+    fn span(&self) -> Option<&TraceContext> {
+        self.span.as_ref()
+    }
+
+    fn finish(self, connection: &str, topic: &str, result: &Result<(), BrokerError>) {
+        let Some(span) = self.span else { return };
+        if !span.sampled() {
+            return;
+        }
+        let mut d = SpanData {
+            trace_id: span.trace_id,
+            span_id: span.span_id,
+            parent_span_id: self.parent.as_ref().map_or(0, |p| p.span_id),
+            trace_state: span.state.clone(),
+            name: "publish",
+            kind: SpanKind::Consumer,
+            start_ns: self.start_ns,
+            end_ns: now_ns(),
+            attributes: Vec::with_capacity(6),
+            links: Vec::new(),
+            status: match result {
+                Err(e) => Status::Error(e.to_string()),
+                Ok(()) => Status::Unset,
+            },
+        };
+        d.attr("messaging.system", "mqtt");
+        d.attr("messaging.operation.name", "publish");
+        d.attr("messaging.destination.name", topic.to_string());
+        d.attr("messaging.batch.message_count", self.events as u64);
+        d.attr("gridlet.mqtt.connection", connection.to_string());
+        d.attr(
+            "gridlet.outcome",
+            if result.is_ok() { "accepted" } else { "held" },
+        );
+        self.tracer.record(d, true);
     }
 }
 

@@ -12,6 +12,8 @@ pub enum SpanKind {
     Server = 2,
     /// A request gridlet makes (`deliver`).
     Client = 3,
+    /// Taking messages from a broker (`publish` of an MQTT source's batch).
+    Consumer = 5,
 }
 
 /// An attribute value.

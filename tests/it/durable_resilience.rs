@@ -248,10 +248,10 @@ async fn a_frozen_endpoint_stays_frozen_across_restarts_until_enabled() {
 
 /// The memory store, except that every commit waits until the test opens the gate: a slow
 /// journal flush under the test's control.
-struct GatedCommits {
-    inner: gridlet::store::memory::MemoryStore,
-    entered: tokio::sync::watch::Sender<bool>,
-    open: tokio::sync::watch::Receiver<bool>,
+pub(crate) struct GatedCommits {
+    pub(crate) inner: gridlet::store::memory::MemoryStore,
+    pub(crate) entered: tokio::sync::watch::Sender<bool>,
+    pub(crate) open: tokio::sync::watch::Receiver<bool>,
 }
 
 impl gridlet::store::Store for GatedCommits {

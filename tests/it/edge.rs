@@ -39,20 +39,20 @@ const SIGNING_KEY: &[u8] = b"module-primary-key-for-tests-000";
 // ---------------------------------------------------------------- test PKI
 
 /// A test CA issuing server and client certificates.
-struct Pki {
-    ca_pem: String,
+pub(crate) struct Pki {
+    pub(crate) ca_pem: String,
     issuer: Issuer<'static, KeyPair>,
 }
 
 /// An issued certificate: PEM chain, PEM key, leaf DER.
-struct Issued {
-    chain_pem: String,
-    key_pem: String,
+pub(crate) struct Issued {
+    pub(crate) chain_pem: String,
+    pub(crate) key_pem: String,
     der: Vec<u8>,
 }
 
 impl Pki {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params
             .distinguished_name
@@ -71,7 +71,7 @@ impl Pki {
         }
     }
 
-    fn issue(&self, cn: &str, sans: &[&str], client: bool) -> Issued {
+    pub(crate) fn issue(&self, cn: &str, sans: &[&str], client: bool) -> Issued {
         let mut params =
             CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
         params.distinguished_name.push(DnType::CommonName, cn);

@@ -28,6 +28,7 @@ mod layering;
 mod management;
 mod mosquitto;
 mod mqtt_out;
+mod mqtt_process;
 mod mqtt_source;
 mod namespaces_push;
 mod node;

@@ -41,6 +41,8 @@ pub struct Mosquitto {
     child: Option<Child>,
     pub port: u16,
     dir: PathBuf,
+    /// Extra configuration (another listener).
+    extra: String,
 }
 
 impl Drop for Mosquitto {
@@ -55,13 +57,47 @@ impl Drop for Mosquitto {
 impl Mosquitto {
     /// Start a broker (anonymous, persistent sessions, no bound on queued messages).
     pub async fn start(dir: &Path) -> Self {
+        Self::start_with(dir, String::new()).await
+    }
+
+    /// [`Mosquitto::start`] with `extra` appended to the configuration.
+    pub async fn start_with(dir: &Path, extra: String) -> Self {
         let mut m = Self {
             child: None,
             port: free_port(),
             dir: dir.to_path_buf(),
+            extra,
         };
         m.spawn().await;
         m
+    }
+
+    /// A broker with, besides the plain listener, a TLS listener on the returned port that
+    /// requires a client certificate from `pki`'s CA.
+    pub async fn start_tls(dir: &Path, pki: &crate::edge::Pki) -> (Self, u16) {
+        let server = pki.issue("localhost", &["localhost"], false);
+        let w = |name: &str, data: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, data).unwrap();
+            p.display().to_string()
+        };
+        let ca = w("broker-ca.pem", &pki.ca_pem);
+        let cert = w("broker-server.pem", &server.chain_pem);
+        let key = w("broker-server.key", &server.key_pem);
+        let port = free_port();
+        let extra = format!(
+            "listener {port} 127.0.0.1\ncafile {ca}\ncertfile {cert}\nkeyfile {key}\n\
+             require_certificate true\n"
+        );
+        let m = Self::start_with(dir, extra).await;
+        let up = poll_within(WAIT, || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .map(drop)
+        })
+        .await;
+        assert!(up.is_ok(), "mosquitto's TLS listener: {}", m.log());
+        (m, port)
     }
 
     async fn spawn(&mut self) {
@@ -71,9 +107,10 @@ impl Mosquitto {
             format!(
                 "user root\nallow_anonymous true\npersistence true\npersistence_location {}/\n\
                  max_queued_messages 0\nlog_dest stderr\nlog_type error\nlog_type warning\n\
-                 listener {} 127.0.0.1\n",
+                 listener {} 127.0.0.1\n{}",
                 self.dir.display(),
-                self.port
+                self.port,
+                self.extra
             ),
         )
         .unwrap();

@@ -8,10 +8,9 @@ use rumqttc::v5::mqttbytes::v5::PublishProperties;
 use rumqttc::v5::mqttbytes::QoS;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
 
 /// Settings for connection `local` to `m` and route `r1` from `filter` to gridlet topic `topic`.
-fn source_env(m: &Mosquitto, filter: &str, topic: &str) -> Vec<(String, String)> {
+pub(crate) fn source_env(m: &Mosquitto, filter: &str, topic: &str) -> Vec<(String, String)> {
     [
         ("mqtt__connections__local__url", m.url()),
         ("mqtt__connections__local__clientId", "gridlet-test".into()),
@@ -25,12 +24,12 @@ fn source_env(m: &Mosquitto, filter: &str, topic: &str) -> Vec<(String, String)>
     .collect()
 }
 
-fn refs(v: &[(String, String)]) -> Vec<(&str, &str)> {
+pub(crate) fn refs(v: &[(String, String)]) -> Vec<(&str, &str)> {
     v.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
 }
 
 /// Every event a delivery carried (an array, or one CloudEvent).
-fn events_of(r: &Received) -> Vec<Value> {
+pub(crate) fn events_of(r: &Received) -> Vec<Value> {
     match r.json() {
         Value::Array(a) => a,
         v => vec![v],
@@ -38,7 +37,7 @@ fn events_of(r: &Received) -> Vec<Value> {
 }
 
 /// JSON payloads `{"seq": i}` marked as UTF-8 (payload format indicator 1).
-fn numbered(topic: &str, range: std::ops::Range<u32>, pad: usize) -> Vec<Msg> {
+pub(crate) fn numbered(topic: &str, range: std::ops::Range<u32>, pad: usize) -> Vec<Msg> {
     range
         .map(|i| Msg {
             topic: topic.into(),
@@ -52,12 +51,16 @@ fn numbered(topic: &str, range: std::ops::Range<u32>, pad: usize) -> Vec<Msg> {
 }
 
 /// Collect deliveries until every `seq` of `0..n` has arrived (duplicates allowed).
-async fn all_seqs(rx: &mut Receiver, n: u32, limit: std::time::Duration) -> BTreeSet<u64> {
+pub(crate) async fn all_seqs(
+    rx: &mut Receiver,
+    n: u32,
+    limit: std::time::Duration,
+) -> BTreeSet<u64> {
     all_seqs_after(rx, n, limit, BTreeSet::new()).await
 }
 
 /// [`all_seqs`], counting those already `seen`.
-async fn all_seqs_after(
+pub(crate) async fn all_seqs_after(
     rx: &mut Receiver,
     n: u32,
     limit: std::time::Duration,
@@ -187,6 +190,63 @@ async fn mqtt_messages_reach_a_webhook_as_cloud_events() {
     );
 }
 
+/// A PUBACK leaves only after the store commit: with the commit held, nothing is acknowledged;
+/// once it completes, everything is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_puback_leaves_only_after_the_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mosquitto::start(dir.path()).await;
+    let (entered_tx, mut entered) = tokio::sync::watch::channel(false);
+    let (open_tx, open) = tokio::sync::watch::channel(false);
+    let store = std::sync::Arc::new(crate::durable_resilience::GatedCommits {
+        inner: gridlet::store::memory::MemoryStore::new(),
+        entered: entered_tx,
+        open,
+    });
+    let env = source_env(&m, "line/#", "t");
+    let g = start_with(
+        &refs(&env),
+        gridlet::Parts {
+            store: Some(store),
+            ..gridlet::Parts::default()
+        },
+    )
+    .await;
+    g.topic("t").await;
+    let mut rx = Receiver::start().await;
+    g.webhook_sub(
+        "t",
+        "s",
+        &rx.url("/s"),
+        json!({"persistencePolicy": {"isPersisted": true}}),
+    )
+    .await;
+    wait_connected(&g).await;
+
+    publish_all(
+        m.port,
+        "device-1",
+        QoS::AtLeastOnce,
+        numbered("line/a", 0..5, 0),
+    )
+    .await;
+    tokio::time::timeout(WAIT, entered.wait_for(|e| *e))
+        .await
+        .expect("a commit starts")
+        .unwrap();
+    let text = g.metrics().await;
+    let acked = "connection=\"local\",result=\"acknowledged\"";
+    assert_eq!(
+        metric(&text, "gridlet_mqtt_messages_total", acked),
+        Some(0),
+        "{text}"
+    );
+
+    open_tx.send(true).unwrap();
+    all_seqs(&mut rx, 5, WAIT).await;
+    g.wait_metric("gridlet_mqtt_messages_total", acked, 5).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_restart_mid_stream_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -271,10 +331,18 @@ async fn a_full_disk_holds_mqtt_messages_until_space_frees() {
         "connection=\"local\",result=\"acknowledged\"",
     )
     .unwrap();
+    let accepted = metric(
+        &paused,
+        "gridlet_enqueued_events_total",
+        "topic=\"t\",subscription=\"sink\"",
+    )
+    .unwrap();
+    // Held messages are not acknowledged: every acknowledgement is an accepted event.
     assert!(
-        acked < u64::from(n),
-        "held messages are not acknowledged: {acked}"
+        acked <= accepted,
+        "{acked} acknowledged, {accepted} accepted"
     );
+    assert!(acked < u64::from(n), "{acked} acknowledged while held");
 
     // Space frees: everything held goes in, nothing was dropped.
     let (s, body) = g.delete("/topics/t/eventSubscriptions/blocker").await;
@@ -297,102 +365,6 @@ async fn a_full_disk_holds_mqtt_messages_until_space_frees() {
     );
     g.wait_metric("gridlet_mqtt_paused", "connection=\"local\"", 0)
         .await;
-}
-
-fn gridlet_process(dir: &std::path::Path, port: u16, env: &[(String, String)]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_gridlet"))
-        .current_dir(dir)
-        .env("inbound__serverAuth__tlsPolicy", "disabled")
-        .env("inbound__clientAuth__clientCert__enabled", "false")
-        .env("outbound__webhook__httpsOnly", "false")
-        .env("inbound__bindAddress", "127.0.0.1")
-        .env("inbound__httpPort", port.to_string())
-        .env("metrics__reporterType", "prometheus")
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .stdout(Stdio::from(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(dir.join("gridlet.log"))
-                .unwrap(),
-        ))
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
-}
-
-/// Wait until the process serves and its MQTT connection is subscribed.
-async fn serving(client: &reqwest::Client, base: &str) {
-    eventually("gridlet's MQTT source connected", || async {
-        let text = client
-            .get(format!("{base}/metrics?{V}"))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .text()
-            .await
-            .map_err(|e| e.to_string())?;
-        match metric(&text, "gridlet_mqtt_connected", "connection=\"local\"") {
-            Some(1) => Ok(()),
-            _ => Err(text),
-        }
-    })
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_mid_stream_loses_no_acknowledged_message() {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("gridlet");
-    std::fs::create_dir_all(&data).unwrap();
-    let m = Mosquitto::start(dir.path()).await;
-    let env = source_env(&m, "line/#", "t");
-    gridlet::tls::install_default_provider();
-    let client = reqwest::Client::new();
-    let port = crate::mosquitto::free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let mut child = gridlet_process(&data, port, &env);
-    serving(&client, &base).await;
-    let put = |path: &str, body: Value| client.put(format!("{base}{path}?{V}")).json(&body).send();
-    assert_eq!(put("/topics/t", json!({})).await.unwrap().status(), 200);
-    let mut rx = Receiver::start().await;
-    let sub = json!({"properties": {
-        "destination": {"endpointType": "WebHook", "properties": {"endpointUrl": rx.url("/s")}},
-        "persistencePolicy": {"isPersisted": true}
-    }});
-    assert_eq!(
-        put("/topics/t/eventSubscriptions/s", sub)
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-
-    let n = 400;
-    let publisher = tokio::spawn(publish_all(
-        m.port,
-        "device-1",
-        QoS::AtLeastOnce,
-        numbered("line/a", 0..n, 0),
-    ));
-    // Mid-stream: some events delivered, others accepted and not yet delivered, others not
-    // yet taken from the broker.
-    let mut seen = BTreeSet::new();
-    while seen.len() < 30 {
-        for ev in events_of(&rx.next().await) {
-            seen.insert(ev["data"]["seq"].as_u64().unwrap());
-        }
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-
-    let mut child = gridlet_process(&data, port, &env);
-    serving(&client, &base).await;
-    publisher.await.unwrap();
-    let all = all_seqs_after(&mut rx, n, WAIT * 3, seen).await;
-    assert_eq!(all.len() as u32, n);
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 #[test]
@@ -497,4 +469,203 @@ async fn start_up_refuses_a_missing_ca_file() {
             .contains("mqtt__connections__plant__tls__caFile"),
         "{e}"
     );
+}
+
+/// `mqtts://` with the broker's CA from a file and a client certificate the broker requires;
+/// a connection without the certificate is refused by the broker and says so in its status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtts_with_a_ca_file_and_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = crate::edge::Pki::new();
+    let (m, tls_port) = Mosquitto::start_tls(dir.path(), &pki).await;
+    let client = pki.issue("gridlet", &[], true);
+    let w = |name: &str, data: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, data).unwrap();
+        p.display().to_string()
+    };
+    let ca = w("ca.pem", &pki.ca_pem);
+    let cert = w("client.pem", &client.chain_pem);
+    let key = w("client.key", &client.key_pem);
+    let url = format!("mqtts://localhost:{tls_port}");
+    let env: Vec<(String, String)> = [
+        ("mqtt__connections__local__url", url.clone()),
+        ("mqtt__connections__local__tls__caFile", ca.clone()),
+        ("mqtt__connections__local__tls__certFile", cert),
+        ("mqtt__connections__local__tls__keyFile", key),
+        ("mqtt__connections__nocert__url", url),
+        ("mqtt__connections__nocert__tls__caFile", ca),
+        ("mqtt__routes__r1__connection", "local".into()),
+        ("mqtt__routes__r1__topicFilter", "line/#".into()),
+        ("mqtt__routes__r1__topic", "t".into()),
+        ("mqtt__routes__r2__connection", "nocert".into()),
+        ("mqtt__routes__r2__topicFilter", "other/#".into()),
+        ("mqtt__routes__r2__topic", "t".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let g = start(&refs(&env)).await;
+    g.topic("t").await;
+    let mut rx = Receiver::start().await;
+    g.webhook_sub("t", "s", &rx.url("/s"), json!({})).await;
+    wait_connected(&g).await;
+
+    publish_all(
+        m.port,
+        "device-1",
+        QoS::AtLeastOnce,
+        numbered("line/a", 0..3, 0),
+    )
+    .await;
+    all_seqs(&mut rx, 3, WAIT).await;
+
+    let text = g
+        .wait_metrics("the certificate-less connection refused", |t| {
+            metric(
+                t,
+                "gridlet_mqtt_connection_errors_total",
+                "connection=\"nocert\"",
+            )
+            .is_some_and(|n| n >= 1)
+        })
+        .await;
+    assert_eq!(
+        metric(&text, "gridlet_mqtt_connected", "connection=\"nocert\""),
+        Some(0)
+    );
+    let ready = g
+        .client
+        .get(format!("{}/readyz", g.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(ready.contains("mqtt nocert: disconnected"), "{ready}");
+    assert!(ready.contains("last error: "), "{ready}");
+}
+
+/// QoS 0 messages cannot wait at the broker: those a full disk refuses are dropped and counted,
+/// and every received message is either accepted or counted as dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos0_messages_gridlet_cannot_accept_are_dropped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Mosquitto::start(dir.path()).await;
+    let mut env = source_env(&m, "line/#", "t");
+    env.push(("mqtt__routes__r1__qos".into(), "0".into()));
+    env.push(("persistence__maxDiskBytes".into(), "65536".into()));
+    env.push(("broker__endpointHealth__enabled".into(), "false".into()));
+    let g = start(&refs(&env)).await;
+    g.topic("t").await;
+    let failing = Receiver::start().await;
+    failing.respond_with(500);
+    let persisted = json!({"persistencePolicy": {"isPersisted": true}});
+    g.webhook_sub("t", "blocker", &failing.url("/b"), persisted)
+        .await;
+    wait_connected(&g).await;
+
+    let n = 300;
+    publish_all(
+        m.port,
+        "device-1",
+        QoS::AtMostOnce,
+        numbered("line/a", 0..n, 300),
+    )
+    .await;
+    let received = "connection=\"local\",result=\"received\"";
+    let text = g
+        .wait_metric("gridlet_mqtt_messages_total", received, u64::from(n))
+        .await;
+    let text = g
+        .wait_metrics("every QoS 0 message accepted or dropped", |t| {
+            let dropped = metric(
+                t,
+                "gridlet_mqtt_messages_total",
+                "connection=\"local\",result=\"dropped\"",
+            );
+            let accepted = metric(
+                t,
+                "gridlet_enqueued_events_total",
+                "topic=\"t\",subscription=\"blocker\"",
+            );
+            matches!((dropped, accepted), (Some(d), Some(a)) if d + a == u64::from(n))
+        })
+        .await
+        + &text;
+    let dropped = metric(
+        &text,
+        "gridlet_mqtt_messages_total",
+        "connection=\"local\",result=\"dropped\"",
+    )
+    .unwrap();
+    assert!(dropped > 0 && dropped < u64::from(n), "{dropped} dropped");
+    assert_eq!(
+        metric(
+            &text,
+            "gridlet_mqtt_messages_total",
+            "connection=\"local\",result=\"acknowledged\""
+        ),
+        Some(0),
+        "QoS 0 is never acknowledged"
+    );
+}
+
+/// `protocolVersion=3.1.1`: the same path over MQTT 3.1.1 (no properties: payloads arrive as
+/// `data_base64`), acknowledged after acceptance, the session kept across a broker restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_311_sources_deliver_and_acknowledge() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Mosquitto::start(dir.path()).await;
+    let mut env = source_env(&m, "line/#", "t");
+    env.push((
+        "mqtt__connections__local__protocolVersion".into(),
+        "3.1.1".into(),
+    ));
+    let g = start(&refs(&env)).await;
+    let (s, b) = g
+        .put(
+            "/topics/t",
+            json!({"properties": {"inputSchema": "CloudEventSchemaV1_0"}}),
+        )
+        .await;
+    assert_eq!(s, 200, "{b}");
+    let mut rx = Receiver::start().await;
+    g.webhook_sub("t", "s", &rx.url("/s"), json!({})).await;
+    wait_connected(&g).await;
+
+    publish_all(
+        m.port,
+        "device-1",
+        QoS::AtLeastOnce,
+        numbered("line/a", 0..50, 0),
+    )
+    .await;
+    m.restart().await;
+    publish_all(
+        m.port,
+        "device-1",
+        QoS::AtLeastOnce,
+        numbered("line/b", 50..100, 0),
+    )
+    .await;
+    let mut seen = BTreeSet::new();
+    while seen.len() < 100 {
+        for ev in events_of(&rx.next().await) {
+            assert_eq!(ev["type"], "MQTT.EventPublished");
+            let data = ev["data_base64"]
+                .as_str()
+                .expect("3.1.1 payloads are base64");
+            let bytes =
+                base64::Engine::decode(&base64::engine::general_purpose::STANDARD, data).unwrap();
+            let v: Value = serde_json::from_slice(&bytes).unwrap();
+            seen.insert(v["seq"].as_u64().unwrap());
+        }
+    }
+    let acked = "connection=\"local\",result=\"acknowledged\"";
+    g.wait_metrics("every message acknowledged", |t| {
+        metric(t, "gridlet_mqtt_messages_total", acked).is_some_and(|a| a >= 100)
+    })
+    .await;
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 mod export;
+mod mqtt;
 mod restart;
 mod spans;
 
