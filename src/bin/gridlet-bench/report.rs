@@ -161,6 +161,11 @@ impl Bench {
                         "lowest": round2(p.raw_spread.0),
                         "highest": round2(p.raw_spread.1),
                     })),
+                    "paired_durable": r.paired.as_ref().and_then(|p| p.durable).map(|(d, (lo, hi))| serde_json::json!({
+                        "ratio": round2(d),
+                        "lowest": round2(lo),
+                        "highest": round2(hi),
+                    })),
                     "note": r.note.trim(),
                 })
             })
