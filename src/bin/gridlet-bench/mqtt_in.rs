@@ -5,7 +5,8 @@
 //! * **MQTT → webhook**: `--mqtt-messages` QoS 1 messages per slice (256-byte JSON, content type
 //!   `application/json`, stamped with their send time) from one bench publisher (rumqttc) to a
 //!   route of one in-memory webhook subscription. The raw slice sends the same messages through
-//!   a **raw forwarder**: a minimal rumqttc subscriber (receive maximum 100, as gridlet's) that
+//!   a **raw forwarder**: a minimal rumqttc subscriber (the same receive maximum as gridlet's
+//!   connection, `--mqtt-receive-maximum`, 100 by default as in gridlet) that
 //!   POSTs each message, one per request, over `--conns` keep-alive connections to the same
 //!   receiver. It acknowledges each message as it reads it (rumqttc's automatic PUBACK); gridlet
 //!   only once the event is accepted. A slice runs from the first publish until the receiver
@@ -64,11 +65,16 @@ impl Drop for Forwarder {
 }
 
 impl Forwarder {
-    async fn start(port: u16, to: std::net::SocketAddr, conns: usize) -> Result<Self, String> {
+    async fn start(
+        port: u16,
+        to: std::net::SocketAddr,
+        conns: usize,
+        receive_maximum: u16,
+    ) -> Result<Self, String> {
         let mut opts = MqttOptions::new("bench-forwarder", "127.0.0.1", port);
         opts.set_keep_alive(Duration::from_secs(30));
         opts.set_max_packet_size(Some(1 << 20));
-        opts.set_receive_maximum(Some(100));
+        opts.set_receive_maximum(Some(receive_maximum));
         let (client, mut el) = AsyncClient::new(opts, 1024);
         let mut tasks = Vec::new();
         let mut queues = Vec::new();
@@ -219,7 +225,13 @@ impl Bench {
             .map_err(|e| format!("receiver: {e}"))?;
         rx.stats.sampling.store(false, Relaxed);
         let g = self.source_gridlet(broker, &rx).await?;
-        let _fwd = Forwarder::start(broker.port, rx.addr, self.opts.conns).await?;
+        let _fwd = Forwarder::start(
+            broker.port,
+            rx.addr,
+            self.opts.conns,
+            self.opts.mqtt_receive_maximum,
+        )
+        .await?;
         let publ = Publisher::new(broker.port, self.base);
         // Warm-up: every path delivers before anything is timed.
         let warm = n.min(500);
@@ -315,6 +327,7 @@ impl Bench {
                 "source".into(),
                 serde_json::json!({
                     "messages_per_slice": n,
+                    "receive_maximum": self.opts.mqtt_receive_maximum,
                     "rounds": rounds,
                     "raw_forwarder_eps": raw.rate().round(),
                     "gridlet_eps": mem.rate().round(),
@@ -338,11 +351,16 @@ impl Bench {
     /// webhook subscription, `in/p/#` to a persisted one, both to `rx`.
     async fn source_gridlet(&self, broker: &Mosquitto, rx: &Receiver) -> Result<Gridlet, String> {
         let url = format!("mqtt://127.0.0.1:{}", broker.port);
+        let receive_maximum = self.opts.mqtt_receive_maximum.to_string();
         let g = Gridlet::start(&self.spec(
             "mqtt-in",
             &[
                 ("mqtt__connections__bench__url", url.as_str()),
                 ("mqtt__connections__bench__clientId", "gridlet-bench"),
+                (
+                    "mqtt__connections__bench__receiveMaximum",
+                    receive_maximum.as_str(),
+                ),
                 ("mqtt__routes__g__connection", "bench"),
                 ("mqtt__routes__g__topicFilter", "in/g/#"),
                 ("mqtt__routes__g__topic", crate::TOPIC),

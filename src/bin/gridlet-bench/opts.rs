@@ -47,8 +47,11 @@ pub(super) struct Opts {
     pub(super) json: Option<PathBuf>,
     /// Scenario `mqtt`: messages per slice (default 20,000; quick 2,000).
     pub(super) mqtt_messages: Option<u64>,
+    /// Scenario `mqtt`: the receive maximum of gridlet's source connection and of the raw
+    /// forwarder (default 100, gridlet's own default).
+    pub(super) mqtt_receive_maximum: u16,
     /// Scenario `outage`: persisted events published while the uplink is down (default
-    /// 100,000; quick 20,000).
+    /// 1,000,000; quick 20,000).
     pub(super) outage_events: Option<u64>,
     /// Scenario `outage`: how the uplink is down.
     pub(super) outage_down: super::outage::Down,
@@ -65,7 +68,7 @@ const USAGE: &str =
                      [--rounds N] [--slice SECS]
                      [--store-events N] [--store-watch SECS] [--segment-bytes BYTES]
                      [--nats PATH] [--no-peer] [--seeds N] [--first-seed N]
-                     [--otlp ok|500|slow|dead] [--json PATH] [--mqtt-messages N]
+                     [--otlp ok|500|slow|dead] [--json PATH] [--mqtt-messages N] [--mqtt-receive-maximum N]
                      [--outage-events N] [--outage-down refuse|503] [--outage-seconds SECS]
                      [--probe-seconds N]
 
@@ -97,8 +100,9 @@ OTEL_TRACES_SAMPLER=parentbased_traceidratio OTEL_TRACES_SAMPLER_ARG=0.01).
 scripts/update-figures.py writes the README's and docs' figures from it.
 --mqtt-messages N (scenario mqtt, default 20000, quick 2000): QoS 1 messages per slice of the
 source rows (MQTT -> webhook against a raw MQTT -> HTTP forwarder; QoS 1 persisted against the
-raw durable limit) and of the destination row.
---outage-events N (scenario outage, default 100000, quick 20000; the issue's figure: 1000000):
+raw durable limit) and of the destination row. --mqtt-receive-maximum N (default 100, gridlet's
+default): the receive maximum of gridlet's source connection and of the raw forwarder.
+--outage-events N (scenario outage, default 1000000, quick 20000):
 persisted events published while the uplink (a webhook receiver) is down; --outage-down refuse
 (nothing listens: connection refused, the default) or 503 (503 without Retry-After);
 --outage-seconds SECS (default 5): how long it stays down after the last publish;
@@ -132,6 +136,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         otlp: None,
         json: None,
         mqtt_messages: None,
+        mqtt_receive_maximum: 100,
         outage_events: None,
         outage_down: super::outage::Down::Refused,
         outage_seconds: Duration::from_secs(5),
@@ -228,6 +233,13 @@ pub(super) fn parse_args() -> Result<Opts, String> {
                         .filter(|n| (1..=100_000_000).contains(n))
                         .ok_or("--mqtt-messages: 1..=100000000")?,
                 )
+            }
+            "--mqtt-receive-maximum" => {
+                o.mqtt_receive_maximum = val()?
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or("--mqtt-receive-maximum: 1..=65535")?
             }
             "--outage-events" => {
                 o.outage_events = Some(
