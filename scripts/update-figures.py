@@ -75,6 +75,11 @@ def eps(x):
     return f"{x:.0f}"
 
 
+def us(x):
+    """Microseconds of CPU per event: 1.4 µs, 32 µs."""
+    return f"{x:.1f} µs" if x < 10 else f"{x:.0f} µs"
+
+
 def ratio(p):
     """A paired ratio and its rounds' spread: `0.39 × (rounds 0.32–0.44)`."""
     return f"{p['ratio']:.2f} × (rounds {p['lowest']:.2f}–{p['highest']:.2f})"
@@ -92,7 +97,7 @@ def throughput(run, f):
         if not r:
             continue
         f[f"{key}_eps"] = f"{eps(r['delivered_eps'])} events/s"
-        f[f"{key}_cpu"] = f"{r['cpu_us_per_event']:.0f} µs"
+        f[f"{key}_cpu"] = us(r["cpu_us_per_event"])
         if r.get("paired_raw"):
             f[f"{key}_paired"] = ratio(r["paired_raw"])
         if r.get("paired_durable"):
@@ -117,20 +122,20 @@ def throughput(run, f):
     if d:
         f["mqtt_out_eps"] = f"{eps(d['gridlet_eps'])} events/s"
         f["mqtt_out_ratio"] = f"{d['ratio']:.2f} ×"
-        f["mqtt_out_cpu"] = f"{d['cpu_us_per_event']:.0f} µs"
+        f["mqtt_out_cpu"] = us(d['cpu_us_per_event'])
     s = m.get("source")
     if s:
         f["mqtt_in_eps"] = f"{eps(s['gridlet_eps'])} events/s"
         f["mqtt_in_raw_eps"] = f"{eps(s['raw_forwarder_eps'])} messages/s"
         f["mqtt_in_ratio"] = ratio({"ratio": s["ratio"], "lowest": s["ratio_lowest"],
                                     "highest": s["ratio_highest"]})
-        f["mqtt_in_cpu"] = f"{s['cpu_us_per_event']:.0f} µs"
+        f["mqtt_in_cpu"] = us(s['cpu_us_per_event'])
         f["mqtt_in_persisted_eps"] = f"{eps(s['persisted_eps'])} events/s"
         f["mqtt_in_durable_eps"] = f"{eps(s['raw_durable_eps'])} events/s"
         f["mqtt_in_persisted_ratio"] = ratio({"ratio": s["persisted_ratio"],
                                               "lowest": s["persisted_ratio_lowest"],
                                               "highest": s["persisted_ratio_highest"]})
-        f["mqtt_in_persisted_cpu"] = f"{s['persisted_cpu_us_per_event']:.0f} µs"
+        f["mqtt_in_persisted_cpu"] = us(s['persisted_cpu_us_per_event'])
         f["mqtt_rounds"] = f"{s['rounds']} rounds of {s['messages_per_slice']:,} messages"
     o = sc.get("outage")
     if o:

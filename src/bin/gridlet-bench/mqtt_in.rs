@@ -113,10 +113,17 @@ impl Forwarder {
                 }
             }));
         }
+        let (subscribed_tx, subscribed) = tokio::sync::oneshot::channel();
+        let mut subscribed_tx = Some(subscribed_tx);
         tasks.push(tokio::spawn(async move {
             let mut next = 0usize;
             loop {
                 match el.poll().await {
+                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                        if let Some(tx) = subscribed_tx.take() {
+                            let _ = tx.send(());
+                        }
+                    }
                     Ok(Event::Incoming(Packet::Publish(p))) => {
                         let q = &queues[next % queues.len()];
                         next = next.wrapping_add(1);
@@ -133,7 +140,13 @@ impl Forwarder {
             .subscribe("in/raw/#", QoS::AtLeastOnce)
             .await
             .map_err(|e| format!("forwarder subscribe: {e}"))?;
-        Ok(Self { tasks })
+        // Nothing is published to it before the broker confirmed the subscription.
+        let me = Self { tasks };
+        tokio::time::timeout(Duration::from_secs(30), subscribed)
+            .await
+            .map_err(|_| "forwarder: no SUBACK within 30 s".to_string())?
+            .map_err(|_| "forwarder: its event loop ended".to_string())?;
+        Ok(me)
     }
 }
 
