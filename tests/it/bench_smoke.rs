@@ -139,9 +139,11 @@ fn bench_command_runs_every_scenario_on_a_tiny_load() {
 }
 
 /// Scenario `mqtt` (its source rows: MQTT → webhook beside a raw forwarder, QoS 1 persisted
-/// beside the raw durable limit) and scenario `outage` on a tiny load. Counts are checked, not
-/// speeds: every slice delivered every message, the outage's backlog arrived whole, once, after
-/// the link returned, and disk and RSS were sampled while it was down.
+/// beside the raw durable limit) and scenario `outage` on a tiny load, with gridlet SIGKILLed in
+/// the middle of the outage. Counts are checked, not speeds: every slice delivered every
+/// message; the outage's backlog survived the crash and arrived whole and once (nothing was
+/// delivered before the crash, so nothing may come twice) after the link returned; disk and
+/// RSS were sampled while it was down.
 #[test]
 fn bench_mqtt_and_outage_scenarios_run_on_a_tiny_load() {
     let json_dir = tempfile::tempdir().unwrap();
@@ -165,6 +167,8 @@ fn bench_mqtt_and_outage_scenarios_run_on_a_tiny_load() {
             "0.5",
             "--probe-seconds",
             "1",
+            "--outage-restart",
+            "kill",
             "--max-seconds",
             "90",
         ],
@@ -188,6 +192,7 @@ fn bench_mqtt_and_outage_scenarios_run_on_a_tiny_load() {
     }
     let outage = &run["scenarios"]["outage"];
     assert_eq!(outage["events"], 2000, "{outage}");
+    assert_eq!(outage["restart"], "SIGKILL", "{outage}");
     assert_eq!(
         outage["delivered"], 2000,
         "every event after the return: {outage}"

@@ -59,6 +59,9 @@ pub(super) struct Opts {
     pub(super) outage_seconds: Duration,
     /// Scenario `outage`: gridlet's `outbound__outageProbeSeconds`.
     pub(super) probe_seconds: u32,
+    /// Scenario `outage`: restart gridlet in the middle of the outage (`Some(true)`: SIGKILL,
+    /// `Some(false)`: SIGTERM).
+    pub(super) outage_restart: Option<bool>,
 }
 
 const USAGE: &str =
@@ -70,7 +73,7 @@ const USAGE: &str =
                      [--nats PATH] [--no-peer] [--seeds N] [--first-seed N]
                      [--otlp ok|500|slow|dead] [--json PATH] [--mqtt-messages N] [--mqtt-receive-maximum N]
                      [--outage-events N] [--outage-down refuse|503] [--outage-seconds SECS]
-                     [--probe-seconds N]
+                     [--probe-seconds N] [--outage-restart term|kill]
 
 --rounds N (default 4, 0 = off) and --slice SECS (default 2): after its main run, each throughput
 scenario (a, b, c, d) runs N rounds that alternate a SECS slice of the raw batch-1 limit with a
@@ -106,7 +109,8 @@ default): the receive maximum of gridlet's source connection and of the raw forw
 persisted events published while the uplink (a webhook receiver) is down; --outage-down refuse
 (nothing listens: connection refused, the default) or 503 (503 without Retry-After);
 --outage-seconds SECS (default 5): how long it stays down after the last publish;
---probe-seconds N (default 1): gridlet's outbound__outageProbeSeconds.";
+--probe-seconds N (default 1): gridlet's outbound__outageProbeSeconds. --outage-restart term|kill:
+restart gridlet (SIGTERM, or SIGKILL: a crash) halfway through the time it stays down.";
 
 pub(super) fn parse_args() -> Result<Opts, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -141,6 +145,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         outage_down: super::outage::Down::Refused,
         outage_seconds: Duration::from_secs(5),
         probe_seconds: 1,
+        outage_restart: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -258,6 +263,13 @@ pub(super) fn parse_args() -> Result<Opts, String> {
                 }
             }
             "--outage-seconds" => o.outage_seconds = secs(val()?)?,
+            "--outage-restart" => {
+                o.outage_restart = match val()?.as_str() {
+                    "term" => Some(false),
+                    "kill" => Some(true),
+                    _ => return Err("--outage-restart: term or kill".into()),
+                }
+            }
             "--probe-seconds" => {
                 o.probe_seconds = val()?
                     .parse()

@@ -8,13 +8,15 @@
 //! * `--outage-events` persisted events (default 1,000,000, as issue 34 asks; quick 20,000)
 //!   are published while it is down (batches of 100), then it stays down for
 //!   `--outage-seconds` more (default 5). gridlet probes it every `--probe-seconds` (its
-//!   `outbound__outageProbeSeconds`, default 1 here; 30 in gridlet).
+//!   `outbound__outageProbeSeconds`, default 1 here; 30 in gridlet). `--outage-restart
+//!   term|kill` restarts gridlet halfway through that time (a device restart during the
+//!   outage; `kill` is a crash).
 //! * Then the link returns (the receiver binds the port, or answers 200), and the bench waits
 //!   for every event. Reported, on the bench's wall clock: time from the return to the first
 //!   delivery and to the last, the drain rate (events ÷ first to last delivery), gridlet's RSS
 //!   and disk during the outage (peak of samples every 100 ms), and duplicates: every event id
-//!   is remembered by the receiver, so a second copy is counted (none is expected: there is
-//!   no crash).
+//!   is remembered by the receiver, so a second copy is counted. None is expected, even after a
+//!   crash: nothing was delivered before it.
 
 use crate::child::{free_port, Gridlet};
 use crate::net::{self, Mode, Receiver};
@@ -127,7 +129,32 @@ impl Bench {
             "  published {n} events in {fill_s:.1} s ({:.0} ev/s) while the uplink was down",
             n as f64 / fill_s.max(1e-9)
         );
-        tokio::time::sleep(down_for).await;
+        let (g, watch, restart) = match self.opts.outage_restart {
+            None => {
+                tokio::time::sleep(down_for).await;
+                (g, watch, String::new())
+            }
+            Some(kill) => {
+                tokio::time::sleep(down_for / 2).await;
+                let (rss, disk) = watch.stop().await;
+                let g = if kill {
+                    g.crash_restart().await?
+                } else {
+                    g.restart().await?
+                };
+                let watch = Watch::start(&g);
+                watch.rss.fetch_max(rss, Relaxed);
+                watch.disk.fetch_max(disk, Relaxed);
+                let what = if kill { "SIGKILL" } else { "SIGTERM" };
+                let restored = crate::pending_events(&g).await.unwrap_or(0);
+                println!(
+                    "  restarted ({what}) during the outage: serving after {:.0} ms, {restored} events restored",
+                    crate::ms(g.startup)
+                );
+                tokio::time::sleep(down_for / 2).await;
+                (g, watch, format!("; restarted ({what}) during the outage"))
+            }
+        };
         let in_outage = crate::labelled_sum(&g, "gridlet_endpoint_outage{")
             .await
             .unwrap_or(0);
@@ -193,7 +220,7 @@ impl Bench {
             accepted: n,
             delivered,
             note: format!(
-                "{how}; first delivery {to_first:.2} s after the return, last {to_last:.2} s; {dups} duplicates"
+                "{how}{restart}; first delivery {to_first:.2} s after the return, last {to_last:.2} s; {dups} duplicates"
             ),
             ..Row::default()
         });
@@ -202,6 +229,7 @@ impl Bench {
             serde_json::json!({
                 "events": n,
                 "down": how,
+                "restart": self.opts.outage_restart.map(|kill| if kill { "SIGKILL" } else { "SIGTERM" }),
                 "down_after_publish_s": down_for.as_secs_f64(),
                 "probe_seconds": probe,
                 "publish_eps": (n as f64 / fill_s.max(1e-9)).round(),
