@@ -179,6 +179,16 @@ impl Series {
     }
 }
 
+/// A management `PUT` that must answer 200.
+async fn put(addr: std::net::SocketAddr, path: String, body: String) -> Result<(), String> {
+    let (s, b) = net::request(addr, "PUT", &path, &body).await?;
+    if s == 200 {
+        Ok(())
+    } else {
+        Err(format!("PUT {path}: HTTP {s}: {b}"))
+    }
+}
+
 /// The publisher: one rumqttc client, QoS 1.
 struct Publisher {
     client: AsyncClient,
@@ -384,20 +394,13 @@ impl Bench {
         ))
         .await?;
         for (topic, persisted) in [(crate::TOPIC, false), (PERSISTED_TOPIC, true)] {
-            let put = |path: String, body: String| async move {
-                let (s, b) = net::request(g.addr, "PUT", &path, &body).await?;
-                if s == 200 {
-                    Ok(())
-                } else {
-                    Err(format!("PUT {path}: HTTP {s}: {b}"))
-                }
-            };
-            put(format!("/topics/{topic}?{API}"), "{}".into()).await?;
+            put(g.addr, format!("/topics/{topic}?{API}"), "{}".into()).await?;
             let body = serde_json::json!({"properties": {
                 "persistencePolicy": {"isPersisted": persisted},
                 "destination": {"endpointType": "WebHook",
                     "properties": {"endpointUrl": rx.url(&format!("/{topic}"))}}}});
             put(
+                g.addr,
                 format!("/topics/{topic}/eventSubscriptions/s0?{API}"),
                 body.to_string(),
             )
