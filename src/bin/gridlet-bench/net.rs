@@ -633,4 +633,38 @@ mod tests {
         assert_eq!(b.len(), 2 * EVENT_BYTES + 3);
         assert!(find(&b, STAMP).is_some());
     }
+
+    #[test]
+    fn tracked_ids_count_every_second_copy_and_only_those() {
+        let st = RxStats {
+            events: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            last_us: AtomicU64::new(0),
+            first_us: AtomicU64::new(0),
+            ids: Mutex::new(None),
+            duplicates: AtomicU64::new(0),
+            sampling: AtomicBool::new(false),
+            samples: Mutex::new(Vec::new()),
+        };
+        let base = Instant::now();
+        let (mut a, mut b) = (0, 0);
+        let first = events_body(1, &mut a, 3, EVENT_BYTES, base);
+        count_ids(&st, &first);
+        assert_eq!(st.duplicates.load(Relaxed), 0, "off until asked");
+        *st.ids.lock().unwrap() = Some(Default::default());
+        count_ids(&st, &first);
+        // Another publisher connection's ids are other events; c1-0..2 again are copies.
+        count_ids(&st, &events_body(2, &mut b, 3, EVENT_BYTES, base));
+        assert_eq!(st.duplicates.load(Relaxed), 0);
+        a = 1;
+        count_ids(&st, &events_body(1, &mut a, 3, EVENT_BYTES, base));
+        assert_eq!(
+            st.duplicates.load(Relaxed),
+            2,
+            "c1-1 and c1-2 again; c1-3 is new"
+        );
+        st.reset();
+        count_ids(&st, &first);
+        assert_eq!(st.duplicates.load(Relaxed), 0, "a reset forgets the ids");
+    }
 }
