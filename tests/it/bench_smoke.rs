@@ -146,6 +146,18 @@ fn bench_command_runs_every_scenario_on_a_tiny_load() {
 /// RSS were sampled while it was down.
 #[test]
 fn bench_mqtt_and_outage_scenarios_run_on_a_tiny_load() {
+    // The bench skips `mqtt` without Mosquitto; the tests use the real broker (scripts/test.sh
+    // installs it), so say what is missing instead of failing on an absent figure.
+    assert!(
+        [
+            "/usr/sbin/mosquitto",
+            "/usr/bin/mosquitto",
+            "/usr/local/sbin/mosquitto"
+        ]
+        .iter()
+        .any(|p| std::path::Path::new(p).exists()),
+        "mosquitto is not installed: `sudo apt-get install -y mosquitto` (scripts/test.sh does)"
+    );
     let json_dir = tempfile::tempdir().unwrap();
     let json = json_dir.path().join("run.json");
     let (stdout, run) = run_bench(
