@@ -4,9 +4,11 @@
 # SIGTERM, a new container on the same volumes), the ARM ones under qemu (binfmt_misc). Then the
 # repository's compose.yaml, as a user outside IoT Edge runs it (podman-compose).
 #
-#   scripts/images.sh [build|run|compose|all]     (default: all)
+#   scripts/images.sh [build|run|compose|record|all]     (default: all)
 #
-#   build     the three images;  run  the scenarios on them (scenario.py)
+#   build     the three images, then `record`;  run  the scenarios on them (scenario.py)
+#   record    write the sizes of the three images present to docs/images-run.json
+#             ($GRIDLET_IMAGES_RECORD), which scripts/update-figures.py puts in the README and docs
 #   compose   compose.yaml alone: podman-compose builds gridlet (Dockerfile.amd64) and the sample
 #             subscriber, then scripts/images/compose.sh runs the stack (no ARM image is built)
 #
@@ -28,6 +30,7 @@ PODMAN=(podman --runtime runc)
 # Raising an rlimit is not permitted in these sandboxes: run containers at or below the host's.
 LIMITS=(--ulimit "nofile=$(ulimit -n):$(ulimit -n)" --ulimit "nproc=4096:4096")
 REPORT=${GRIDLET_IMAGE_REPORT:-target/images-report.md}
+RECORD=${GRIDLET_IMAGES_RECORD:-docs/images-run.json}
 mkdir -p "$CACHE" "$(dirname "$REPORT")"
 
 log() { echo "== images: $*"; }
@@ -98,6 +101,41 @@ build_all() {
     build arm64v8 Dockerfile.arm64v8 linux/arm64
     build arm32v7 Dockerfile.arm32v7 linux/arm/v7
     cat "$REPORT"
+    record
+}
+
+# The images' sizes as podman reports them (bytes of the uncompressed layers), when each was
+# created, and the commit checked out (`dirty` when the tree has changes), as JSON for
+# scripts/update-figures.py. Run by `build`; alone, it records the images already present.
+record() {
+    local rows=() platform size created
+    for platform in amd64 arm64v8 arm32v7; do
+        size=$(podman image inspect "gridlet:$platform" --format '{{.Size}}') \
+            || fail "no image gridlet:$platform to record (scripts/images.sh build)"
+        created=$(podman image inspect "gridlet:$platform" --format '{{.Created}}')
+        rows+=("$platform" "$size" "$created")
+    done
+    python3 - "$RECORD" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+        "$(git status --porcelain 2>/dev/null | grep -q . && echo dirty || echo clean)" \
+        "$what" "${rows[@]}" <<'PY'
+import json, sys
+out, commit, tree, how, *rows = sys.argv[1:]
+images = {}
+for i in range(0, len(rows), 3):
+    platform, size, created = rows[i:i + 3]
+    images[platform] = {"size_bytes": int(size), "created": created}
+date = min(v["created"] for v in images.values())[:10]
+record = {
+    "date": date,
+    "command": "scripts/images.sh " + how,
+    "commit": commit if how == "build" else None,
+    "tree": tree if how == "build" else None,
+    "images": images,
+}
+with open(out, "w") as f:
+    f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
+print(f"== images: sizes recorded in {out}")
+PY
 }
 
 enable_binfmt() {
@@ -144,6 +182,7 @@ case "$what" in
     build) ensure_builder; build_all ;;
     run) run_all ;;
     compose) ensure_builder; run_compose ;;
+    record) record ;;
     all) ensure_builder; build_all; run_all; run_compose ;;
-    *) fail "usage: scripts/images.sh [build|run|compose|all]" ;;
+    *) fail "usage: scripts/images.sh [build|run|compose|record|all]" ;;
 esac

@@ -125,8 +125,9 @@ fn settings_and_fault_labels_named_in_destinations_md_exist_and_the_reverse() {
     }
 }
 
-/// Issue 39: the footprint figures of the README and docs are the recorded `gridlet-bench` run's
-/// (`docs/bench-run.json`), as `scripts/update-figures.py` writes them: the script's check
+/// Issue 39: the footprint and throughput figures of the README and docs are the recorded
+/// `gridlet-bench` run's (`docs/bench-run.json`), and the image sizes the recorded image build's
+/// (`docs/images-run.json`), as `scripts/update-figures.py` writes them: the script's check
 /// finds nothing to change, and the binary size is checked here on its own as well.
 #[test]
 fn measured_figures_are_the_recorded_bench_runs() {

@@ -49,6 +49,19 @@ impl Bench {
             format!("{:.0} ms ({restored} events restored)", ms(g.startup)),
         ));
         let fill = &queued.fill;
+        self.figures.insert(
+            "e".into(),
+            serde_json::json!({
+                "events": n,
+                "rss_queued_bytes": queued.at.rss,
+                "disk_bytes": queued.disk,
+                "restart_ms": report::round1(ms(g.startup)),
+                "restored": restored,
+                "drain_eps": drained.events_per_s.round(),
+                "drain_peak_rss_bytes": drained.after.hwm,
+                "delivered": drained.delivered,
+            }),
+        );
         self.rows.push(Row {
             name: "e: drain 1M backlog".into(),
             publish_eps: fill.accepted as f64 / fill.elapsed.as_secs_f64().max(1e-9),

@@ -1,7 +1,7 @@
 //! `gridlet-bench`: gridlet measured against the physical limit of the machine it runs on.
 //!
 //! ```text
-//! cargo run --release --bin gridlet-bench -- [--scenario a|b|c|d|e|store|footprint|azure|mqtt|all] [--quick]
+//! cargo run --release --bin gridlet-bench -- [--scenario a|b|c|d|e|store|footprint|azure|mqtt|outage|all] [--quick]
 //! ```
 //!
 //! gridlet runs as a **child process** (the `gridlet` binary next to this one, or `--gridlet
@@ -29,7 +29,12 @@
 //! * azure (opt-in, not in `all`): delivery to a Storage queue in Azurite beside webhook
 //!   delivery, with the raw Azurite limit ([`azure`]);
 //! * mqtt (opt-in, not in `all`): HTTP publish → gridlet → MQTT destination → a subscriber on
-//!   Mosquitto, beside a raw MQTT publisher feeding the same subscriber ([`mqtt`]).
+//!   Mosquitto, beside a raw MQTT publisher feeding the same subscriber ([`mqtt`]); then MQTT →
+//!   gridlet's MQTT source → webhook against a raw MQTT → HTTP forwarder, and the QoS 1
+//!   persisted path against the raw durable limit, in alternating slices ([`mqtt_in`]);
+//! * outage (opt-in, not in `all`): persisted events behind an uplink that is down, then
+//!   returns: time to the first and last delivery, drain rate, RSS and disk, duplicates
+//!   ([`outage`]).
 //!
 //! `--otlp ok|500|slow|dead` runs every scenario with OpenTelemetry export on, to a collector
 //! sink inside the bench ([`otlp`]): the cost of tracing, and a dead, slow or failing collector.
@@ -47,10 +52,12 @@ mod backlog;
 mod child;
 mod crashsim;
 mod mqtt;
+mod mqtt_in;
 mod nats;
 mod net;
 mod opts;
 mod otlp;
+mod outage;
 mod pinned;
 mod pull;
 mod report;
@@ -320,6 +327,10 @@ impl Bench {
         // Opt-in: needs Mosquitto, so `all` leaves it out.
         if o.scenarios.iter().any(|s| s == "mqtt") {
             self.scenario_mqtt().await?;
+        }
+        // Opt-in: a large persisted backlog and an outage of seconds.
+        if o.scenarios.iter().any(|s| s == "outage") {
+            self.scenario_outage().await?;
         }
         self.summary();
         if let Some(path) = &o.json {

@@ -36,9 +36,9 @@ fn mosquitto_binary() -> Option<PathBuf> {
 }
 
 /// Mosquitto as a child process, killed on drop.
-struct Mosquitto {
+pub(crate) struct Mosquitto {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Drop for Mosquitto {
@@ -84,7 +84,7 @@ impl Mosquitto {
 }
 
 /// An MQTT 5 client driven by its own task; `on_publish` counts messages received.
-fn client(
+pub(crate) fn client(
     id: &str,
     port: u16,
     received: Option<Arc<AtomicU64>>,
@@ -110,7 +110,7 @@ fn client(
 }
 
 /// Wait until `count` reaches `n` (or `cap` passes): the instant it did.
-async fn until(count: &AtomicU64, n: u64, cap: Duration) -> Result<Instant, String> {
+pub(crate) async fn until(count: &AtomicU64, n: u64, cap: Duration) -> Result<Instant, String> {
     let deadline = Instant::now() + cap;
     loop {
         let seen = count.load(Relaxed);
@@ -153,7 +153,7 @@ impl Bench {
             .await
             .map_err(|e| format!("publish: {e}"))?;
         until(&received, 1, Duration::from_secs(10)).await?;
-        let n = if self.opts.quick { 5_000 } else { 50_000 };
+        let n = self.mqtt_messages();
 
         let mut raw = self.mqtt_raw(&broker, &received, n).await?;
         println!("  raw MQTT publisher → Mosquitto → subscriber: {raw:.0} messages/s");
@@ -176,7 +176,17 @@ impl Bench {
             note: format!("raw MQTT {raw:.0}/s; {:.2} × raw", eps / raw.max(1.0)),
             ..Row::default()
         });
-        Ok(())
+        self.figures.insert(
+            "mqtt".into(),
+            serde_json::json!({"destination": {
+                "messages": n,
+                "raw_eps": raw.round(),
+                "gridlet_eps": eps.round(),
+                "ratio": crate::report::round2(eps / raw.max(1.0)),
+                "cpu_us_per_event": crate::report::round1(cpu * 1e6 / n as f64),
+            }}),
+        );
+        self.mqtt_sources(&broker).await
     }
 
     /// The raw rate: `n` QoS 1 messages from a bench publisher to the subscriber.

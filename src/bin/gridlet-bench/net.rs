@@ -54,6 +54,13 @@ pub struct RxStats {
     pub requests: AtomicU64,
     /// Time of the latest counted request (µs since base).
     pub last_us: AtomicU64,
+    /// Time of the first counted request since the last reset (µs since base; 0: none yet).
+    pub first_us: AtomicU64,
+    /// With [`Receiver::track_ids`]: the publisher's event ids seen (`c{conn}-{seq}`), to
+    /// count duplicates.
+    ids: Mutex<Option<std::collections::HashSet<u64>>>,
+    /// Events whose id was already seen (with [`Receiver::track_ids`]).
+    pub duplicates: AtomicU64,
     /// Record latency samples.
     pub sampling: AtomicBool,
     samples: Mutex<Vec<u32>>,
@@ -70,6 +77,11 @@ impl RxStats {
         self.events.store(0, Relaxed);
         self.requests.store(0, Relaxed);
         self.last_us.store(0, Relaxed);
+        self.first_us.store(0, Relaxed);
+        self.duplicates.store(0, Relaxed);
+        if let Some(ids) = self.ids.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            ids.clear();
+        }
         self.take_samples();
     }
 }
@@ -202,12 +214,27 @@ impl Receiver {
 
     /// Listen on a free loopback port; with a [`Syncer`], every body is synced before the 200.
     pub async fn start_with(base: Instant, syncer: Option<Arc<Syncer>>) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::serve(TcpListener::bind("127.0.0.1:0").await?, base, syncer)
+    }
+
+    /// Listen on loopback `port` (one nothing listened on until now: a link that returns).
+    pub async fn start_on(base: Instant, port: u16) -> std::io::Result<Self> {
+        Self::serve(TcpListener::bind(("127.0.0.1", port)).await?, base, None)
+    }
+
+    fn serve(
+        listener: TcpListener,
+        base: Instant,
+        syncer: Option<Arc<Syncer>>,
+    ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let stats = Arc::new(RxStats {
             events: AtomicU64::new(0),
             requests: AtomicU64::new(0),
             last_us: AtomicU64::new(0),
+            first_us: AtomicU64::new(0),
+            ids: Mutex::new(None),
+            duplicates: AtomicU64::new(0),
             sampling: AtomicBool::new(true),
             samples: Mutex::new(Vec::with_capacity(1 << 20)),
         });
@@ -239,6 +266,12 @@ impl Receiver {
             mode,
             task,
         })
+    }
+
+    /// Remember every event id from now on and count the ones seen twice.
+    pub fn track_ids(&self) {
+        *self.stats.ids.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(std::collections::HashSet::new());
     }
 
     /// Change how later (and held) requests are answered.
@@ -298,10 +331,38 @@ async fn handle(
             s.extend_from_slice(&local);
         }
     }
+    count_ids(&st, &body);
     st.events.fetch_add(n, Relaxed);
     st.requests.fetch_add(1, Relaxed);
+    let _ = st
+        .first_us
+        .compare_exchange(0, now.max(1), Relaxed, Relaxed);
     st.last_us.fetch_max(now, Relaxed);
     Ok(Response::new(Full::new(Bytes::new())))
+}
+
+/// With id tracking on, note each `"id":"c{conn}-{seq}"` of `body` and count the repeats.
+fn count_ids(st: &RxStats, body: &[u8]) {
+    const ID: &[u8] = b"\"id\":\"c";
+    let mut guard = st.ids.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(ids) = guard.as_mut() else { return };
+    let mut rest = body;
+    while let Some(pos) = find(rest, ID) {
+        rest = rest.get(pos + ID.len()..).unwrap_or_default();
+        let num = |s: &[u8]| -> (u64, usize) {
+            let d = s.iter().take_while(|b| b.is_ascii_digit()).count();
+            let v = std::str::from_utf8(s.get(..d).unwrap_or_default())
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            (v, d)
+        };
+        let (conn, d) = num(rest);
+        let (seq, _) = num(rest.get(d + 1..).unwrap_or_default());
+        if !ids.insert(conn << 40 | seq) {
+            st.duplicates.fetch_add(1, Relaxed);
+        }
+    }
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -571,5 +632,39 @@ mod tests {
         assert_eq!(seq, 2);
         assert_eq!(b.len(), 2 * EVENT_BYTES + 3);
         assert!(find(&b, STAMP).is_some());
+    }
+
+    #[test]
+    fn tracked_ids_count_every_second_copy_and_only_those() {
+        let st = RxStats {
+            events: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            last_us: AtomicU64::new(0),
+            first_us: AtomicU64::new(0),
+            ids: Mutex::new(None),
+            duplicates: AtomicU64::new(0),
+            sampling: AtomicBool::new(false),
+            samples: Mutex::new(Vec::new()),
+        };
+        let base = Instant::now();
+        let (mut a, mut b) = (0, 0);
+        let first = events_body(1, &mut a, 3, EVENT_BYTES, base);
+        count_ids(&st, &first);
+        assert_eq!(st.duplicates.load(Relaxed), 0, "off until asked");
+        *st.ids.lock().unwrap() = Some(Default::default());
+        count_ids(&st, &first);
+        // Another publisher connection's ids are other events; c1-0..2 again are copies.
+        count_ids(&st, &events_body(2, &mut b, 3, EVENT_BYTES, base));
+        assert_eq!(st.duplicates.load(Relaxed), 0);
+        a = 1;
+        count_ids(&st, &events_body(1, &mut a, 3, EVENT_BYTES, base));
+        assert_eq!(
+            st.duplicates.load(Relaxed),
+            2,
+            "c1-1 and c1-2 again; c1-3 is new"
+        );
+        st.reset();
+        count_ids(&st, &first);
+        assert_eq!(st.duplicates.load(Relaxed), 0, "a reset forgets the ids");
     }
 }

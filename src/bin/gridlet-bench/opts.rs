@@ -45,16 +45,35 @@ pub(super) struct Opts {
     /// `--json PATH`: the run's figures, machine and date as JSON (`report::json`), for
     /// `scripts/update-figures.py`.
     pub(super) json: Option<PathBuf>,
+    /// Scenario `mqtt`: messages per slice (default 20,000; quick 2,000).
+    pub(super) mqtt_messages: Option<u64>,
+    /// Scenario `mqtt`: the receive maximum of gridlet's source connection and of the raw
+    /// forwarder (default 100, gridlet's own default).
+    pub(super) mqtt_receive_maximum: u16,
+    /// Scenario `outage`: persisted events published while the uplink is down (default
+    /// 1,000,000; quick 20,000).
+    pub(super) outage_events: Option<u64>,
+    /// Scenario `outage`: how the uplink is down.
+    pub(super) outage_down: super::outage::Down,
+    /// Scenario `outage`: how long it stays down after the last publish.
+    pub(super) outage_seconds: Duration,
+    /// Scenario `outage`: gridlet's `outbound__outageProbeSeconds`.
+    pub(super) probe_seconds: u32,
+    /// Scenario `outage`: restart gridlet in the middle of the outage (`Some(true)`: SIGKILL,
+    /// `Some(false)`: SIGTERM).
+    pub(super) outage_restart: Option<bool>,
 }
 
 const USAGE: &str =
-    "usage: gridlet-bench [--scenario a|b|c|d|e|store|footprint|crashsim|azure|mqtt|pull|all (comma list ok)] [--quick]
+    "usage: gridlet-bench [--scenario a|b|c|d|e|store|footprint|crashsim|azure|mqtt|outage|pull|all (comma list ok)] [--quick]
                      [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
                      [--down stall|refuse] [--e-in-memory] [--e-kill] [--gridlet PATH] [--max-seconds SECS]
                      [--rounds N] [--slice SECS]
                      [--store-events N] [--store-watch SECS] [--segment-bytes BYTES]
                      [--nats PATH] [--no-peer] [--seeds N] [--first-seed N]
-                     [--otlp ok|500|slow|dead] [--json PATH]
+                     [--otlp ok|500|slow|dead] [--json PATH] [--mqtt-messages N] [--mqtt-receive-maximum N]
+                     [--outage-events N] [--outage-down refuse|503] [--outage-seconds SECS]
+                     [--probe-seconds N] [--outage-restart term|kill]
 
 --rounds N (default 4, 0 = off) and --slice SECS (default 2): after its main run, each throughput
 scenario (a, b, c, d) runs N rounds that alternate a SECS slice of the raw batch-1 limit with a
@@ -81,7 +100,17 @@ slow = answered after 30 s (past gridlet's export timeout), dead = nothing liste
 and other OTEL_* variables of the bench's environment reach gridlet as they are (e.g.
 OTEL_TRACES_SAMPLER=parentbased_traceidratio OTEL_TRACES_SAMPLER_ARG=0.01).
 --json PATH: also write the run as JSON (date, machine, load, each scenario's figures and rows);
-scripts/update-figures.py writes the README's and docs' figures from it.";
+scripts/update-figures.py writes the README's and docs' figures from it.
+--mqtt-messages N (scenario mqtt, default 20000, quick 2000): QoS 1 messages per slice of the
+source rows (MQTT -> webhook against a raw MQTT -> HTTP forwarder; QoS 1 persisted against the
+raw durable limit) and of the destination row. --mqtt-receive-maximum N (default 100, gridlet's
+default): the receive maximum of gridlet's source connection and of the raw forwarder.
+--outage-events N (scenario outage, default 1000000, quick 20000):
+persisted events published while the uplink (a webhook receiver) is down; --outage-down refuse
+(nothing listens: connection refused, the default) or 503 (503 without Retry-After);
+--outage-seconds SECS (default 5): how long it stays down after the last publish;
+--probe-seconds N (default 1): gridlet's outbound__outageProbeSeconds. --outage-restart term|kill:
+restart gridlet (SIGTERM, or SIGKILL: a crash) halfway through the time it stays down.";
 
 pub(super) fn parse_args() -> Result<Opts, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -110,6 +139,13 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         sim_first_seed: 0,
         otlp: None,
         json: None,
+        mqtt_messages: None,
+        mqtt_receive_maximum: 100,
+        outage_events: None,
+        outage_down: super::outage::Down::Refused,
+        outage_seconds: Duration::from_secs(5),
+        probe_seconds: 1,
+        outage_restart: None,
     };
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -194,6 +230,53 @@ pub(super) fn parse_args() -> Result<Opts, String> {
                     Some(super::otlp::Mode::parse(&val()?).ok_or("--otlp: ok, 500, slow or dead")?);
             }
             "--json" => o.json = Some(PathBuf::from(val()?)),
+            "--mqtt-messages" => {
+                o.mqtt_messages = Some(
+                    val()?
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=100_000_000).contains(n))
+                        .ok_or("--mqtt-messages: 1..=100000000")?,
+                )
+            }
+            "--mqtt-receive-maximum" => {
+                o.mqtt_receive_maximum = val()?
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or("--mqtt-receive-maximum: 1..=65535")?
+            }
+            "--outage-events" => {
+                o.outage_events = Some(
+                    val()?
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=100_000_000).contains(n))
+                        .ok_or("--outage-events: 1..=100000000")?,
+                )
+            }
+            "--outage-down" => {
+                o.outage_down = match val()?.as_str() {
+                    "refuse" => super::outage::Down::Refused,
+                    "503" => super::outage::Down::Unavailable,
+                    _ => return Err("--outage-down: refuse or 503".into()),
+                }
+            }
+            "--outage-seconds" => o.outage_seconds = secs(val()?)?,
+            "--outage-restart" => {
+                o.outage_restart = match val()?.as_str() {
+                    "term" => Some(false),
+                    "kill" => Some(true),
+                    _ => return Err("--outage-restart: term or kill".into()),
+                }
+            }
+            "--probe-seconds" => {
+                o.probe_seconds = val()?
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=86_400).contains(n))
+                    .ok_or("--probe-seconds: 1..=86400")?
+            }
             "--max-seconds" => {
                 o.max_seconds = val()?
                     .parse()
@@ -216,6 +299,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         "crashsim",
         "azure",
         "mqtt",
+        "outage",
         "pull",
         "all",
     ];

@@ -5,7 +5,7 @@ use super::*;
 impl Bench {
     pub(super) fn print_row(&self, r: &Row, title: &str) {
         println!("\n== {} — {title} ==", r.name);
-        let ratio = |v: f64| format!("{:.2} × raw", v / self.raw1);
+        let ratio = |v: f64| self.of_raw(v) + " × raw";
         println!(
             "  publish events/s      {:>12.0}   {}",
             r.publish_eps,
@@ -80,6 +80,15 @@ impl Bench {
         }
     }
 
+    /// `v` as a multiple of the raw batch-1 limit, or `–` when the run measured none.
+    fn of_raw(&self, v: f64) -> String {
+        if self.raw1 > 0.0 {
+            format!("{:.2}", v / self.raw1)
+        } else {
+            "–".into()
+        }
+    }
+
     pub(super) fn summary(&self) {
         println!("\n== summary (markdown) ==\n");
         println!("| run | publish ev/s | × raw | delivered ev/s | × raw | × raw, paired (rounds) | p50 ms | p99 ms | max ms | gridlet peak RSS | gridlet CPU s | gridlet CPU µs/event | bench CPU µs/event | disk B/queued event | note |");
@@ -94,12 +103,12 @@ impl Bench {
                 None => ("–".into(), "–".into(), "–".into()),
             };
             println!(
-                "| {} | {:.0} | {:.2} | {:.0} | {:.2} | {} | {p50} | {p99} | {max} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {:.0} | {} | {:.0} | {} | {} | {p50} | {p99} | {max} | {} | {} | {} | {} | {} | {} |",
                 r.name,
                 r.publish_eps,
-                r.publish_eps / self.raw1,
+                self.of_raw(r.publish_eps),
                 r.delivered_eps,
-                r.delivered_eps / self.raw1,
+                self.of_raw(r.delivered_eps),
                 r.paired.as_ref().map_or("–".into(), |p| format!(
                     "{:.2} ({:.2}–{:.2})",
                     p.raw, p.raw_spread.0, p.raw_spread.1
@@ -152,6 +161,11 @@ impl Bench {
                         "lowest": round2(p.raw_spread.0),
                         "highest": round2(p.raw_spread.1),
                     })),
+                    "paired_durable": r.paired.as_ref().and_then(|p| p.durable).map(|(d, (lo, hi))| serde_json::json!({
+                        "ratio": round2(d),
+                        "lowest": round2(lo),
+                        "highest": round2(hi),
+                    })),
                     "note": r.note.trim(),
                 })
             })
@@ -176,7 +190,7 @@ pub(super) fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
-fn round2(x: f64) -> f64 {
+pub(super) fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
