@@ -218,6 +218,11 @@ impl InProcess {
             .insert(sub.to_string(), Arc::new(f));
     }
 
+    /// From now on let the test answer `sub`'s attempts ([`Attempt::answer`]).
+    pub fn unscript(&self, sub: &str) {
+        self.sinks.scripts.lock().unwrap().remove(sub);
+    }
+
     /// Publish `n` events with ids `e{first}`… and `subject` to topic `t`.
     pub async fn publish(&self, first: usize, n: usize, subject: &str) {
         let events: Vec<Value> = (first..first + n)
