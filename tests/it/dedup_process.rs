@@ -112,3 +112,83 @@ async fn a_resent_event_after_sigkill_is_not_delivered_twice() {
     assert_eq!(metric(&text, "gridlet_pending_events", LABELS), Some(0));
     assert!(terminate(child).await.success());
 }
+
+/// What rebuilding the window costs at start (docs/CLOUD.md): `Broker::open` on an event log
+/// holding 100,000 pending events inside the window, with deduplication on and off,
+/// interleaved. Run with `--ignored --nocapture`; noisy on a shared machine, and a debug build
+/// unless run with `--release`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn rebuild_cost_at_start() {
+    use futures_util::future::BoxFuture;
+    use gridlet::broker::Broker;
+    use gridlet::delivery::sink::{DeliveryRequest, Outcome, Sink, SinkFactory};
+    use gridlet::model::event::{parse, PublishInput};
+    use gridlet::model::subscription::Subscription;
+    use gridlet::model::topic::{EventSchema, Topic};
+    use std::sync::Arc;
+
+    struct Never;
+    impl Sink for Never {
+        fn send<'a>(&'a self, _: &'a DeliveryRequest) -> BoxFuture<'a, Outcome> {
+            Box::pin(std::future::pending())
+        }
+    }
+    impl SinkFactory for Never {
+        fn create(&self, _: &Subscription) -> Arc<dyn Sink> {
+            Arc::new(Never)
+        }
+    }
+    const N: usize = 100_000;
+    let dir = tempfile::tempdir().unwrap();
+    let open = |window: &str| {
+        let mut vars = base_env(dir.path());
+        vars.push(("broker__deduplicationWindowSeconds".into(), window.into()));
+        vars.push(("persistence__maxDiskBytes".into(), "4000000000".into()));
+        let cfg = Arc::new(gridlet::Config::from_vars(vars).unwrap());
+        let store = gridlet::store::open(&cfg.persistence).unwrap();
+        let t = std::time::Instant::now();
+        let b = Broker::open(cfg, store, Arc::new(Never), gridlet::clock::Clock::system()).unwrap();
+        (b, t.elapsed())
+    };
+    let (b, _) = open("3600");
+    b.put_topic(Topic::from_put("t", json!({})).unwrap())
+        .unwrap();
+    let sub = json!({"properties": {"destination": {"endpointType": "WebHook",
+        "properties": {"endpointUrl": "http://127.0.0.1:9/hook"}},
+        "persistencePolicy": {"isPersisted": true}}});
+    b.put_subscription("t", "s", sub).unwrap();
+    let entry = b.topic("t").unwrap();
+    for r in 0..N / 1000 {
+        let events: Vec<Value> = (0..1000)
+            .map(|i| {
+                eg_event(
+                    &format!("{r}-{i}-0123456789abcdef"),
+                    "s",
+                    "t",
+                    json!({"i": i}),
+                )
+            })
+            .collect();
+        let body = bytes::Bytes::from(serde_json::to_vec(&events).unwrap());
+        let headers = Default::default();
+        let parsed = parse(&PublishInput {
+            schema: EventSchema::EventGrid,
+            topic: "t",
+            headers: &headers,
+            body: &body,
+            single_id: None,
+            max_events: 100_000,
+        })
+        .unwrap();
+        b.publish(&entry, parsed, None).await.unwrap();
+    }
+    b.close_store().await;
+    drop((b, entry));
+    for window in ["0", "3600", "0", "3600", "0", "3600"] {
+        let (b, took) = open(window);
+        println!("window {window:>4} s: Broker::open with {N} pending events took {took:?}");
+        b.close_store().await;
+        drop(b);
+    }
+}
