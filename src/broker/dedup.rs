@@ -14,12 +14,42 @@
 //! * **Bounded**: at most `broker__deduplicationMaxIdentities` per topic; past it the oldest are
 //!   forgotten before their window ends (counted). The cost per identity is measured in
 //!   `bytes_per_identity_at_a_million` (docs/CLOUD.md gives the figure).
-//! * **Restarts**: the window is in memory; after a restart it begins empty (docs/CLOUD.md).
+//! * **Restarts**: the window is in memory. At start-up it is rebuilt from the events the store
+//!   restored (`broker/recovery.rs`): each pending event of a persisted subscription first
+//!   enqueued within the window is remembered as accepted then. Nothing is written for it;
+//!   what is not rebuilt is in docs/CLOUD.md.
 
 use crate::clock::WallMs;
+use crate::model::topic::{EventSchema, Topic};
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
+
+/// The window of `topic` in milliseconds (its own `deduplicationWindowInSeconds`, else
+/// `default`), `None` when deduplication is off for it (a zero window, or a custom schema:
+/// no identity).
+pub fn window_ms(topic: &Topic, default: std::time::Duration) -> Option<u64> {
+    let window = topic
+        .dedup_window_secs
+        .map_or(default, std::time::Duration::from_secs);
+    if window.is_zero() || topic.input_schema == EventSchema::Custom {
+        return None;
+    }
+    Some(window.as_millis() as u64)
+}
+
+/// A CloudEvent's `source` (the other half of its identity), read from its JSON body.
+pub fn cloud_event_source(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Source<'a> {
+        #[serde(borrow)]
+        source: Option<std::borrow::Cow<'a, str>>,
+    }
+    serde_json::from_slice::<Source<'_>>(body)
+        .ok()?
+        .source
+        .map(std::borrow::Cow::into_owned)
+}
 
 /// One topic's remembered identities.
 #[derive(Debug)]

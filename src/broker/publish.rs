@@ -26,7 +26,6 @@ use crate::model::topic::EventSchema;
 use crate::store::{Commit, Store};
 use crate::telemetry::TraceContext;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Where each event of a request goes.
 struct Routes {
@@ -61,19 +60,6 @@ fn routed<'a>(
     r.iter()
         .filter_map(|&i| payloads.get(i).and_then(Option::as_ref))
         .map(|(seq, data)| (*seq, data))
-}
-
-/// A CloudEvent's `source` (the other half of its identity).
-fn ce_source(body: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Source<'a> {
-        #[serde(borrow)]
-        source: Option<std::borrow::Cow<'a, str>>,
-    }
-    serde_json::from_slice::<Source<'_>>(body)
-        .ok()?
-        .source
-        .map(std::borrow::Cow::into_owned)
 }
 
 /// An event as the topic's live tail samples it.
@@ -253,14 +239,11 @@ impl Broker {
         events: Vec<IncomingEvent>,
     ) -> (Vec<IncomingEvent>, Option<(Vec<Identity>, u64)>) {
         let topic = entry.topic();
-        let window = topic.dedup_window_secs.map_or(
-            self.inner.cfg.broker.deduplication_window,
-            Duration::from_secs,
-        );
-        if window.is_zero() || topic.input_schema == EventSchema::Custom {
+        let Some(window_ms) =
+            super::dedup::window_ms(&topic, self.inner.cfg.broker.deduplication_window)
+        else {
             return (events, None);
-        }
-        let window_ms = window.as_millis() as u64;
+        };
         let now_ms = self.inner.ctx.clock.now_ms();
         let cloud = topic.input_schema == EventSchema::CloudEventV1_0;
         let mut w = crate::sync::lock(&entry.dedup);
@@ -268,7 +251,11 @@ impl Broker {
         let mut in_request = std::collections::HashSet::with_capacity(events.len());
         let mut kept = Vec::with_capacity(events.len());
         for ev in events {
-            let source = if cloud { ce_source(&ev.body) } else { None };
+            let source = if cloud {
+                super::dedup::cloud_event_source(&ev.body)
+            } else {
+                None
+            };
             let id = w.identity(source.as_deref(), &ev.id);
             if w.seen(id, now_ms, window_ms) || !in_request.insert(id) {
                 entry.metrics.deduplicated.inc();

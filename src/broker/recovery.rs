@@ -1,8 +1,19 @@
-//! Start-up recovery: topics, subscriptions and persisted events restored from the store.
+//! Start-up recovery: topics, subscriptions and persisted events restored from the store, and
+//! each topic's deduplication window rebuilt from the restored events.
 
 use super::*;
+use crate::clock::WallMs;
 use crate::model::record::{SubscriptionRecord, TopicRecord};
 use crate::store::QueueId;
+use std::collections::HashSet;
+
+/// The identities of restored events first enqueued within their topic's deduplication
+/// window, by topic key: `(first enqueued, seq, identity)`, and the sequence numbers read (an
+/// event in several queues is read once).
+type Recent = HashMap<String, (Vec<(WallMs, u64, dedup::Identity)>, HashSet<u64>)>;
+
+/// Events read at once while rebuilding a window.
+const REBUILD_CHUNK: usize = 1024;
 
 impl Broker {
     /// Open the broker on `store`, restoring topics, subscriptions and persisted events.
@@ -74,28 +85,31 @@ impl Broker {
             }),
         };
         let topics = restore_topics(snapshot.topics, cfg.broker.deduplication_max_identities);
-        broker.restore_subscriptions(&topics, snapshot.subscriptions)?;
+        let recent = broker.restore_subscriptions(&topics, snapshot.subscriptions)?;
+        broker.rebuild_windows(&topics, recent);
         write(&broker.inner.topics, Arc::new(topics));
         broker.inner.ctx.health.prune_unclaimed();
         Ok(broker)
     }
 
     /// Subscriptions from their stored records (read back as they were created: no setting
-    /// applies), each started (and its persisted events restored) under its topic.
+    /// applies), each started (and its persisted events restored) under its topic. Returns the
+    /// restored events within their topic's deduplication window.
     fn restore_subscriptions(
         &self,
         topics: &HashMap<String, Arc<TopicEntry>>,
         records: Vec<(QueueId, SubscriptionRecord)>,
-    ) -> Result<(), OpenError> {
+    ) -> Result<Recent, OpenError> {
+        let mut recent = Recent::new();
+        let now_ms = self.inner.ctx.clock.now_ms();
         for (queue_id, rec) in records {
             let name = rec.name.clone();
-            let entry = topics
-                .get(&names::key(&rec.topic))
-                .ok_or_else(|| OpenError::Record {
-                    what: "subscription",
-                    name: name.clone(),
-                    reason: format!("its topic '{}' is missing", rec.topic),
-                })?;
+            let topic_key = names::key(&rec.topic);
+            let entry = topics.get(&topic_key).ok_or_else(|| OpenError::Record {
+                what: "subscription",
+                name: name.clone(),
+                reason: format!("its topic '{}' is missing", rec.topic),
+            })?;
             let types = crate::outbound::sinks::resources::Resolving {
                 types: &DESTINATIONS,
                 resources: &self.inner.cfg.outbound.resources,
@@ -107,13 +121,76 @@ impl Broker {
             })?;
             let sub_entry = self.start_subscription(queue_id, sub);
             if sub_entry.config().sub.persisted {
-                sub_entry.restore()?;
+                let topic = entry.topic();
+                let window = dedup::window_ms(&topic, self.inner.cfg.broker.deduplication_window);
+                let since = window.map(|w| now_ms.saturating_sub(w));
+                let cloud = topic.input_schema == EventSchema::CloudEventV1_0;
+                sub_entry.restore(since, |events| {
+                    let (ids, read) = recent.entry(topic_key).or_default();
+                    self.identities(entry, queue_id, events, cloud, ids, read)
+                })?;
             }
             let mut list = (*entry.subscriptions()).clone();
             list.push(sub_entry);
             write(&entry.subs, Arc::new(list));
         }
+        Ok(recent)
+    }
+
+    /// The identities of `events` of `queue` (`(first enqueued, seq)`) not yet in `read`, read
+    /// from their stored bodies in chunks, added to `ids`.
+    fn identities(
+        &self,
+        entry: &TopicEntry,
+        queue: QueueId,
+        events: &[(WallMs, u64)],
+        cloud: bool,
+        ids: &mut Vec<(WallMs, u64, dedup::Identity)>,
+        read: &mut HashSet<u64>,
+    ) -> Result<(), StoreError> {
+        let seqs: Vec<u64> = events
+            .iter()
+            .filter(|(_, seq)| read.insert(*seq))
+            .map(|(_, seq)| *seq)
+            .collect();
+        for chunk in seqs.chunks(REBUILD_CHUNK) {
+            let stored = self.inner.ctx.store.get(queue, chunk)?;
+            let w = crate::sync::lock(&entry.dedup);
+            for e in stored.into_iter().flatten() {
+                let source = if cloud {
+                    dedup::cloud_event_source(&e.body)
+                } else {
+                    None
+                };
+                let id = w.identity(source.as_deref(), &e.id);
+                ids.push((e.state.first_enqueued_ms, e.seq, id));
+            }
+        }
         Ok(())
+    }
+
+    /// Each topic's deduplication window rebuilt from its restored events: every pending event
+    /// of a persisted subscription first enqueued within the window is remembered as accepted
+    /// then. Nothing was written for this; events already settled are not in the store any
+    /// more and are not remembered (docs/CLOUD.md).
+    fn rebuild_windows(&self, topics: &HashMap<String, Arc<TopicEntry>>, recent: Recent) {
+        let default = self.inner.cfg.broker.deduplication_window;
+        for (key, (mut ids, _)) in recent {
+            let Some(entry) = topics.get(&key) else {
+                continue;
+            };
+            let topic = entry.topic();
+            let Some(window_ms) = dedup::window_ms(&topic, default) else {
+                continue;
+            };
+            // Remembered in acceptance order, as the publishes did.
+            ids.sort_unstable_by_key(|&(ms, seq, _)| (ms, seq));
+            let mut w = crate::sync::lock(&entry.dedup);
+            for (ms, _, id) in &ids {
+                w.record(*id, *ms, window_ms);
+            }
+            tracing::info!(topic = %topic.name, identities = w.len(), window_ms, "deduplication window rebuilt from the stored events");
+        }
     }
 }
 

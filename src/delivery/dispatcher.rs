@@ -143,7 +143,8 @@ impl Task {
             Some((k, rx)) if *k == key => {
                 if rx.has_changed().unwrap_or(false) {
                     rx.borrow_and_update();
-                    self.shared.queue().all_due(Instant::now());
+                    let live_first = cfg.sub.batching.live_first();
+                    self.shared.queue().all_due(Instant::now(), live_first);
                 }
             }
             _ => {
@@ -305,10 +306,12 @@ impl Task {
     /// Wait for what the round left pending: a wake-up, a finished send (settled here), a
     /// broker-wide permit, or a retry falling due. `false`: the broker is shutting down.
     async fn wait(&mut self, round: Round) -> bool {
-        // Retry timers only matter while sending is allowed (a held-back due retry would
-        // otherwise wake the task in a loop).
+        // Retry timers only matter while sending is allowed and a broker-wide permit is at
+        // hand: a due retry that is held back, or that waits for a permit (the broker-wide
+        // budget is full), would otherwise wake the task in a loop, spinning a core.
         let next_due = match round.held {
             Some(wake) => wake,
+            None if round.wait_permit => None,
             None => self.shared.queue().next_wakeup(&round.lim),
         };
         tokio::select! {
@@ -326,7 +329,10 @@ impl Task {
                     Err(_) => return false,
                 }
             }
-            _ = recovered(&mut self.recovery) => self.shared.queue().all_due(Instant::now()),
+            _ = recovered(&mut self.recovery) => {
+                let live_first = self.shared.config().sub.batching.live_first();
+                self.shared.queue().all_due(Instant::now(), live_first);
+            }
             _ = sleep_until_opt(next_due) => {}
         }
         true

@@ -22,6 +22,12 @@
 //!   failed once therefore costs about 16–32 MiB instead of its bodies. Expiry (TTL) of a
 //!   spilled retry is checked when it is read back.
 //!
+//! * **live** (`drainOrder: LiveFirst`, [`SubQueue::all_due`]): when an outage ends with a
+//!   backlog waiting, events published from then on go to a lane of their own, sent before the
+//!   backlog (and its retries) until the backlog has drained; then the lane joins the ready
+//!   lane. It holds at most one [`Window`] on a windowed queue; live events past it wait
+//!   behind the backlog as usual.
+//!
 //! Pure data structure: no I/O, no clock reads (the caller passes `now`), no awaits.
 
 mod seqruns;
@@ -127,6 +133,44 @@ pub struct SubQueue {
     in_flight_retries: usize,
     pending: usize,
     spill: Option<Spill>,
+    /// Events published since an outage ended, sent before its backlog (`drainOrder:
+    /// LiveFirst`); `None` when no such drain is under way.
+    live: Option<VecDeque<Pending>>,
+    live_bytes: usize,
+}
+
+/// Cut a batch from the head of `lane` (whose body bytes `bytes` counts) within `lim`'s caps,
+/// moving expired events met on the way to `expired_out`.
+fn cut(
+    lane: &mut VecDeque<Pending>,
+    bytes: &mut usize,
+    lim: &Limits,
+    expired: impl Fn(&Pending) -> bool,
+    expired_out: &mut Vec<Pending>,
+) -> Vec<Pending> {
+    let mut items = Vec::new();
+    let mut size = 0usize;
+    while let Some(front) = lane.front() {
+        let len = front.event.body.len();
+        if !expired(front)
+            && !items.is_empty()
+            && (items.len() >= lim.max_events || size + len + 1 > lim.max_bytes)
+        {
+            break;
+        }
+        let Some(p) = lane.pop_front() else { break };
+        *bytes = bytes.saturating_sub(len);
+        if expired(&p) {
+            expired_out.push(p);
+            continue;
+        }
+        size += len + 1;
+        items.push(p);
+        if items.len() >= lim.max_events {
+            break;
+        }
+    }
+    items
 }
 
 impl SubQueue {
@@ -237,6 +281,10 @@ impl SubQueue {
 
     /// [`SubQueue::push`] for an event whose place was [`SubQueue::reserve`]d.
     pub fn push_reserved(&mut self, p: Pending) {
+        let p = match self.push_live(p) {
+            Some(p) => p,
+            None => return,
+        };
         let (ready, bytes) = (self.ready.len(), self.ready_bytes);
         if let Some(s) = &mut self.spill {
             if !s.seqs.is_empty()
@@ -249,6 +297,47 @@ impl SubQueue {
             }
         }
         self.push_ready(p);
+    }
+
+    /// Put a new event in the live lane while a live-first drain is under way and the lane has
+    /// room (one window on a windowed queue); otherwise hand it back.
+    fn push_live(&mut self, p: Pending) -> Option<Pending> {
+        let Some(live) = &mut self.live else {
+            return Some(p);
+        };
+        let len = p.event.body.len();
+        let room = self.spill.as_ref().is_none_or(|s| {
+            live.is_empty()
+                || (live.len() < s.window.events && self.live_bytes + len <= s.window.bytes)
+        });
+        if !room {
+            return Some(p);
+        }
+        self.live_bytes += len;
+        live.push_back(p);
+        None
+    }
+
+    /// Whether events older than the live lane's wait: the ready lane, spilled events, retries.
+    fn has_backlog(&self) -> bool {
+        !self.ready.is_empty()
+            || !self.retry.is_empty()
+            || self.spill.as_ref().is_some_and(|s| {
+                !s.seqs.is_empty() || s.loading > 0 || !s.retries.is_empty() || s.retry_loading > 0
+            })
+    }
+
+    /// A live-first drain whose backlog is gone ends: the live lane joins the ready lane.
+    fn end_drain_if_done(&mut self) {
+        if self.live.is_none() || self.has_backlog() {
+            return;
+        }
+        if let Some(live) = self.live.take() {
+            self.live_bytes = 0;
+            for p in live {
+                self.push_ready(p);
+            }
+        }
     }
 
     /// Add an event recovered from the store that waits for its first attempt, by sequence
@@ -446,8 +535,13 @@ impl SubQueue {
 
     /// Make every waiting retry due at `now` (an endpoint's outage ended): held batches keep
     /// their order by first sequence number, spilled retries theirs by sequence number, so the
-    /// backlog drains oldest first. Cost: the retries waiting, once.
-    pub fn all_due(&mut self, now: Instant) {
+    /// backlog drains oldest first. With `live_first` (`drainOrder: LiveFirst`) and a backlog
+    /// waiting, events published from now on go before it (the live lane). Cost: the retries
+    /// waiting, once.
+    pub fn all_due(&mut self, now: Instant, live_first: bool) {
+        if live_first && self.live.is_none() && self.has_backlog() {
+            self.live = Some(VecDeque::new());
+        }
         if self.retry.keys().any(|(due, _)| *due > now) {
             let held = std::mem::take(&mut self.retry);
             for ((due, seq), items) in held {
@@ -505,6 +599,14 @@ impl SubQueue {
     /// pending until the caller settles them. Cost: the expired events plus the retry lane.
     pub fn take_expired(&mut self, expired: impl Fn(&Pending) -> bool) -> Vec<Pending> {
         let mut out = Vec::new();
+        if let Some(live) = &mut self.live {
+            while live.front().is_some_and(&expired) {
+                if let Some(p) = live.pop_front() {
+                    self.live_bytes = self.live_bytes.saturating_sub(p.event.body.len());
+                    out.push(p);
+                }
+            }
+        }
         while self.ready.front().is_some_and(&expired) {
             if let Some(p) = self.pop_ready() {
                 out.push(p);
@@ -539,6 +641,17 @@ impl SubQueue {
     ) -> Option<Batch> {
         if self.in_flight >= lim.max_in_flight {
             return None;
+        }
+        self.end_drain_if_done();
+        if let Some(live) = &mut self.live {
+            let items = cut(live, &mut self.live_bytes, lim, &expired, expired_out);
+            if !items.is_empty() {
+                self.in_flight += 1;
+                return Some(Batch {
+                    items,
+                    retry: false,
+                });
+            }
         }
         if self.in_flight_retries < lim.retry_cap {
             while let Some(key) = self.retry.keys().next().copied() {
@@ -642,12 +755,69 @@ mod tests {
         q.push_spilled_retry(now + Duration::from_secs(300), 9);
         q.push_spilled_retry(now + Duration::from_secs(900), 7);
         assert_eq!(q.next_due(), Some(now + Duration::from_secs(300)));
-        q.all_due(now);
+        q.all_due(now, false);
         assert_eq!(q.next_due(), Some(now));
         let r = q.pick(now, &lim, |_| false, &mut Vec::new()).unwrap();
         assert!(r.retry);
         assert_eq!(r.items.iter().map(|p| p.seq).collect::<Vec<_>>(), [0, 1]);
         assert_eq!(q.retry_refill_wanted(now), vec![7, 9], "oldest first");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn live_first_sends_what_arrived_after_the_outage_before_the_backlog() {
+        let now = Instant::now();
+        let lim = lim(2, 1 << 20);
+        // Take a batch, and finish its request at once.
+        let take = |q: &mut SubQueue| {
+            let b = q.pick(now, &lim, |_| false, &mut Vec::new())?;
+            q.finish(false);
+            Some(b.items.iter().map(|p| p.seq).collect::<Vec<_>>())
+        };
+        for live_first in [false, true] {
+            let mut q = SubQueue::windowed(Window {
+                events: 2,
+                bytes: 1 << 20,
+            });
+            // The backlog: two in the window, two spilled.
+            for i in 0..4 {
+                q.reserve(1);
+                q.push_reserved(p(i, 10));
+            }
+            q.all_due(now, live_first);
+            q.reserve(2);
+            q.push_reserved(p(10, 10));
+            q.push_reserved(p(11, 10));
+            let first = take(&mut q);
+            if !live_first {
+                assert_eq!(first, Some(vec![0, 1]), "oldest first");
+                continue;
+            }
+            assert_eq!(first, Some(vec![10, 11]), "live first");
+            assert_eq!(take(&mut q), Some(vec![0, 1]));
+            q.refilled(Vec::new(), Vec::new());
+            // A live lane holds one window; past it, live events wait behind the backlog.
+            for i in 20..23 {
+                q.reserve(1);
+                q.push_reserved(p(i, 10));
+            }
+            assert_eq!(take(&mut q), Some(vec![20, 21]));
+            assert_eq!(q.spilled(), 3, "2 and 3, then 22");
+            // 22 joined the backlog: a later live event still goes first. Once the backlog is
+            // gone the drain ends and events queue as usual.
+            let _ = q.refill_wanted();
+            q.refilled(vec![p(2, 10), p(3, 10)], Vec::new());
+            assert_eq!(take(&mut q), Some(vec![2, 3]));
+            assert_eq!(q.refill_wanted(), vec![22]);
+            q.refilled(vec![p(22, 10)], Vec::new());
+            q.reserve(1);
+            q.push_reserved(p(30, 10));
+            assert_eq!(take(&mut q), Some(vec![30]));
+            assert_eq!(take(&mut q), Some(vec![22]));
+            q.reserve(1);
+            q.push_reserved(p(31, 10));
+            assert_eq!(take(&mut q), Some(vec![31]));
+            assert!(q.live.is_none());
+        }
     }
 
     #[tokio::test]

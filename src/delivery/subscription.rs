@@ -18,6 +18,7 @@ use super::queue::{SubQueue, Window};
 use super::retry::{self, DropReason};
 use super::settle;
 use super::state::SubscriptionState;
+use crate::clock::WallMs;
 use crate::metrics::SubscriptionMetrics;
 use crate::store::{QueueId, StoreError};
 use crate::sync::AbortOnDrop;
@@ -289,28 +290,56 @@ impl SubscriptionHandle {
     /// read when they enter the delivery window or fall due. What expired while gridlet was
     /// stopped is dead-lettered (and counted) now rather than delivered late.
     ///
+    /// Before anything is queued (so before any of them can be delivered and leave the store),
+    /// `recent` is handed `(first enqueued, seq)` of the events to restore first enqueued at or
+    /// after `since_ms` (not called when `None` or when there are none): the broker rebuilds its
+    /// deduplication windows from them.
+    ///
     /// # Errors
-    /// Unreadable store data.
-    pub fn restore(&self) -> Result<(), StoreError> {
+    /// Unreadable store data, or what `recent` answers.
+    pub fn restore(
+        &self,
+        since_ms: Option<WallMs>,
+        recent: impl FnOnce(&[(WallMs, u64)]) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         let store = &self.ctx.store;
         let index = store.pending_runs(self.shared.queue_id)?;
         let now_ms = self.ctx.clock.now_ms();
         let now = Instant::now();
         let cfg = self.config();
         let policy = cfg.policy;
+        let live = |ms: WallMs| !retry::is_expired(&policy, ms, now_ms);
+        if let Some(since) = since_ms {
+            let runs = index.fresh.iter().filter(|r| r.first_enqueued_ms >= since);
+            let mut list: Vec<(WallMs, u64)> = runs
+                .filter(|r| live(r.first_enqueued_ms))
+                .flat_map(|r| {
+                    let seqs = r.first..r.first + u64::from(r.count);
+                    seqs.map(|s| (r.first_enqueued_ms, s))
+                })
+                .collect();
+            let retrying = index
+                .retrying
+                .iter()
+                .map(|(seq, st)| (st.first_enqueued_ms, *seq));
+            list.extend(retrying.filter(|&(ms, _)| ms >= since && live(ms)));
+            if !list.is_empty() {
+                recent(&list)?;
+            }
+        }
         let mut expired = Vec::new();
         {
             let mut q = self.shared.queue();
             for run in index.fresh {
                 let seqs = run.first..run.first + u64::from(run.count);
-                if retry::is_expired(&policy, run.first_enqueued_ms, now_ms) {
+                if !live(run.first_enqueued_ms) {
                     expired.extend(seqs);
                 } else {
                     q.push_spilled_run(run.first, run.count);
                 }
             }
             for (seq, state) in index.retrying {
-                if retry::is_expired(&policy, state.first_enqueued_ms, now_ms) {
+                if !live(state.first_enqueued_ms) {
                     expired.push(seq);
                 } else {
                     let wait = Duration::from_millis(state.due_ms.saturating_sub(now_ms));

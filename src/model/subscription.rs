@@ -18,8 +18,41 @@ use crate::policy::{names_list, ScheduleName, StatusCodePolicy};
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
-/// Output batching knobs of a destination, as the subscriber set them (also their metadata
-/// record).
+/// How a backlog drains when its endpoint's outage ends (`drainOrder`, gridlet: in the
+/// destination's properties or `deliveryPolicy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum DrainOrder {
+    /// The backlog first, oldest first, then what arrived since (the default).
+    #[default]
+    OldestFirst,
+    /// Events published after the link returned first, the backlog behind them.
+    LiveFirst,
+}
+
+impl DrainOrder {
+    fn parse(v: &str) -> Result<Self, Invalid> {
+        if v.eq_ignore_ascii_case("OldestFirst") {
+            Ok(Self::OldestFirst)
+        } else if v.eq_ignore_ascii_case("LiveFirst") {
+            Ok(Self::LiveFirst)
+        } else {
+            Err(Invalid::new(
+                "InvalidDeliveryPolicy",
+                format!("drainOrder must be OldestFirst or LiveFirst, not '{v}'"),
+            ))
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::OldestFirst => "OldestFirst",
+            Self::LiveFirst => "LiveFirst",
+        }
+    }
+}
+
+/// Output batching knobs of a destination, and the order its backlog drains in after an
+/// outage, as the subscriber set them (also their metadata record).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Batching {
@@ -32,6 +65,9 @@ pub struct Batching {
     /// `deliveryPolicy.approxBatchSizeInBytes` (older twin knob).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approx_batch_size_bytes: Option<u64>,
+    /// `drainOrder` (gridlet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain_order: Option<DrainOrder>,
 }
 
 /// What one delivery request may carry.
@@ -69,7 +105,17 @@ impl Batching {
                 "approxBatchSizeInBytes",
                 api.max_batch_size_bytes,
             )?,
+            drain_order: props
+                .str("drainorder")?
+                .map(DrainOrder::parse)
+                .transpose()?,
         })
+    }
+
+    /// Whether events published after an outage go before its backlog (`drainOrder:
+    /// LiveFirst`).
+    pub fn live_first(&self) -> bool {
+        self.drain_order == Some(DrainOrder::LiveFirst)
     }
 
     /// Each knob of `self`, else of `other`.
@@ -82,6 +128,7 @@ impl Batching {
             approx_batch_size_bytes: self
                 .approx_batch_size_bytes
                 .or(other.approx_batch_size_bytes),
+            drain_order: self.drain_order.or(other.drain_order),
         }
     }
 
@@ -124,6 +171,9 @@ impl Batching {
         }
         if let Some(n) = self.approx_batch_size_bytes {
             props.insert("approxBatchSizeInBytes".into(), json!(n));
+        }
+        if let Some(d) = self.drain_order {
+            props.insert("drainOrder".into(), json!(d.as_str()));
         }
     }
 }

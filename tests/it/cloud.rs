@@ -292,3 +292,49 @@ async fn a_second_gridlet_is_the_namespace() {
     ids.sort();
     assert_eq!(ids, ["d1", "d2"]);
 }
+
+/// `outbound__eventgrid__allowInvalidHostnames` lets a namespace URL's host lie outside
+/// `eventgrid.azure.*` (a local peer); it never lets gridlet talk to a peer whose certificate
+/// does not name that host. A trusted certificate for another name: nothing reaches the peer
+/// (the key is never sent), the attempt fails and is retried, the event waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_peer_whose_certificate_names_another_host_is_refused() {
+    let ns = StrictNamespace::start_as(&["other.example"]).await;
+    // Without allowInvalidHostnames the URL's host is refused at PUT.
+    let strict = start(&ns.settings()[..1]).await;
+    strict.topic("t").await;
+    let (s, b) = sub(
+        &strict,
+        "t",
+        "up",
+        namespace_dest(&ns.url("cloud")),
+        json!({}),
+    )
+    .await;
+    assert_eq!(s, 400, "{b}");
+    assert!(b.to_string().contains("eventgrid.azure"), "{b}");
+
+    let t = start(&ns.settings()).await;
+    t.topic("t").await;
+    let (s, b) = sub(&t, "t", "up", namespace_dest(&ns.url("cloud")), json!({})).await;
+    assert_eq!(s, 200, "{b}");
+    t.publish("t", json!([eg_event("e0", "s", "x", json!({}))]))
+        .await;
+    let labels = r#"topic="t",subscription="up""#;
+    eventually("the attempt fails", || async {
+        let m = t.metrics().await;
+        match metric(&m, "DeliveryFailureCounts", labels) {
+            Some(n) if n >= 1 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert!(
+        ns.log().is_empty(),
+        "nothing reached the peer: {:?}",
+        ns.log()
+    );
+    let m = t.metrics().await;
+    assert_eq!(metric(&m, "DeliverySuccessCounts", labels), Some(0));
+    assert_eq!(metric(&m, "gridlet_pending_events", labels), Some(1));
+}

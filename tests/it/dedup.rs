@@ -74,3 +74,64 @@ async fn a_topic_overrides_the_setting_and_zero_is_off() {
     )
     .is_err());
 }
+
+/// The window survives a crash for persisted events: rebuilt at start from the events the store
+/// restored, each remembered from its first acceptance (so the window's edge does not move).
+#[tokio::test(start_paused = true)]
+async fn a_restart_in_the_middle_of_the_window_keeps_it_for_persisted_events() {
+    let mut g = InProcess::open(&[("broker__deduplicationWindowSeconds", "60")]);
+    g.sub("p", json!({"persistencePolicy": {"isPersisted": true}}));
+    // The endpoint never answers: the events stay pending in the store.
+    let t0 = tokio::time::Instant::now();
+    g.publish(0, 3, "x").await;
+    assert_eq!(g.within(Duration::from_secs(1)).await.len(), 3);
+    tokio::time::sleep_until(t0 + Duration::from_secs(30)).await;
+    g.restart();
+    // After the restart they are delivered again (at least once)...
+    g.script("p", |_| Outcome::Delivered);
+    let again = g.until_quiet(Duration::from_secs(1)).await;
+    assert_eq!(again.iter().map(|a| a.events()).sum::<usize>(), 3);
+    // ...and a resend within the window is still suppressed, up to its edge: 60 s after the
+    // first acceptance, not after the restart.
+    tokio::time::sleep_until(t0 + Duration::from_millis(59_999)).await;
+    g.publish(0, 3, "x").await;
+    g.none_within(Duration::ZERO).await;
+    assert_eq!(suppressed(&g, "t"), Some(3));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    g.publish(0, 1, "x").await;
+    assert_eq!(g.next().await.ids, ["e0"]);
+    assert_eq!(suppressed(&g, "t"), Some(3));
+}
+
+/// What a restart does not keep: identities of events no longer in the store (already
+/// delivered) and of events only in-memory subscriptions took (lost with the crash, so a resend
+/// brings them back). docs/CLOUD.md says so.
+#[tokio::test(start_paused = true)]
+async fn a_restart_forgets_delivered_and_in_memory_events() {
+    let mut g = InProcess::open(&[("broker__deduplicationWindowSeconds", "600")]);
+    g.sub("mem", json!({}));
+    g.sub(
+        "p",
+        json!({"persistencePolicy": {"isPersisted": true},
+        "filter": {"subjectBeginsWith": "p"}}),
+    );
+    g.script("p", |_| Outcome::Delivered);
+    g.publish(0, 1, "mem").await; // in memory only, never answered
+    g.publish(1, 1, "p").await; // persisted and delivered
+    assert_eq!(g.until_quiet(Duration::from_secs(1)).await.len(), 3);
+    g.restart();
+    g.script("mem", |_| Outcome::Delivered);
+    g.publish(0, 1, "mem").await;
+    g.publish(1, 1, "p").await;
+    let mut ids: Vec<(String, String)> = g
+        .until_quiet(Duration::from_secs(1))
+        .await
+        .into_iter()
+        .map(|a| (a.sub, a.ids[0].clone()))
+        .collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        [("mem", "e0"), ("mem", "e1"), ("p", "e1")].map(|(s, i)| (s.to_string(), i.to_string()))
+    );
+}

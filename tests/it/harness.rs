@@ -131,6 +131,9 @@ pub struct InProcess {
     pub broker: Broker,
     sinks: Sinks,
     rx: mpsc::UnboundedReceiver<Attempt>,
+    cfg: Arc<Config>,
+    store: Arc<MemoryStore>,
+    clock: Clock,
 }
 
 impl InProcess {
@@ -146,17 +149,41 @@ impl InProcess {
             .iter()
             .chain(extra)
             .map(|(k, v)| (k.to_string(), v.to_string()));
-        let broker = Broker::open(
-            Arc::new(Config::from_vars(vars).unwrap()),
-            Arc::new(MemoryStore::new()),
-            Arc::new(sinks.clone()),
-            Clock::anchored_at(1_700_000_000_000),
-        )
-        .unwrap();
+        let cfg = Arc::new(Config::from_vars(vars).unwrap());
+        let store = Arc::new(MemoryStore::new());
+        let clock = Clock::anchored_at(1_700_000_000_000);
+        let broker =
+            Broker::open(cfg.clone(), store.clone(), Arc::new(sinks.clone()), clock).unwrap();
         broker
             .put_topic(Topic::from_put("t", json!({})).unwrap())
             .unwrap();
-        Self { broker, sinks, rx }
+        Self {
+            broker,
+            sinks,
+            rx,
+            cfg,
+            store,
+            clock,
+        }
+    }
+
+    /// A crash and a restart now: the broker and its tasks are dropped (attempts in flight are
+    /// never settled; in-memory subscriptions lose their events) and a new one opens on the
+    /// same store, its wall clock going on from the old one's. Scripts stay; attempts not yet
+    /// taken are discarded.
+    pub fn restart(&mut self) {
+        self.clock = Clock::anchored_at(self.clock.now_ms());
+        let broker = Broker::open(
+            self.cfg.clone(),
+            self.store.clone(),
+            Arc::new(self.sinks.clone()),
+            self.clock,
+        )
+        .unwrap();
+        // Dropped after the new one opened: a store write the old one's writer still had
+        // queued is done by then or lost, as in a crash.
+        drop(std::mem::replace(&mut self.broker, broker));
+        self.drain();
     }
 
     /// Subscribe `name` to topic `t`, webhook [`ENDPOINT`], with `props` merged into its properties.
@@ -189,6 +216,11 @@ impl InProcess {
             .lock()
             .unwrap()
             .insert(sub.to_string(), Arc::new(f));
+    }
+
+    /// From now on let the test answer `sub`'s attempts ([`Attempt::answer`]).
+    pub fn unscript(&self, sub: &str) {
+        self.sinks.scripts.lock().unwrap().remove(sub);
     }
 
     /// Publish `n` events with ids `e{first}`… and `subject` to topic `t`.

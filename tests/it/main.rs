@@ -16,6 +16,7 @@ mod crash;
 mod credentials;
 mod damage;
 mod dedup;
+mod dedup_process;
 mod delivery;
 mod docs;
 mod durable_resilience;

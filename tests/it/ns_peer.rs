@@ -193,6 +193,11 @@ pub struct StrictNamespace {
 
 impl StrictNamespace {
     pub async fn start() -> Self {
+        Self::start_as(&["localhost"]).await
+    }
+
+    /// A peer whose self-signed certificate names only `names` (gridlet still trusts it).
+    pub async fn start_as(names: &[&str]) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let state = NsState {
             force: Arc::new(AtomicU16::new(0)),
@@ -205,7 +210,7 @@ impl StrictNamespace {
         let app = Router::new()
             .route("/topics/{raw}", post(publish))
             .with_state(state.clone());
-        let (port, task, pem) = crate::util::serve_https_as(app, &["localhost"]).await;
+        let (port, task, pem) = crate::util::serve_https_as(app, names).await;
         let trust_file = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(trust_file.path(), pem).unwrap();
         Self {

@@ -133,3 +133,110 @@ async fn an_endpoint_that_answers_errors_is_still_disabled_as_before() {
     assert_eq!(g.metric("gridlet_endpoint_outage", "a"), Some(0));
     let _ = ENDPOINT;
 }
+
+/// A drain takes no more than its share. With the broker-wide budget
+/// (`broker__maxInFlightTotal`) full of the drain's batches, a live event of a subscription to
+/// another endpoint goes with the first permit freed, before the backlog's next batch (the
+/// budget is handed out first come, first served).
+#[tokio::test(start_paused = true)]
+async fn a_drain_does_not_starve_other_subscriptions() {
+    let mut g = InProcess::open(&[
+        ("broker__maxInFlightTotal", "2"),
+        ("broker__defaultEventTimeToLiveInSeconds", "86400"),
+    ]);
+    let persisted = json!({"persistencePolicy": {"isPersisted": true}});
+    g.subs(&[("a", persisted.clone()), ("b", persisted)]);
+    g.broker
+        .put_subscription(
+            "t",
+            "other",
+            json!({"properties": {"destination": {"endpointType": "WebHook",
+                "properties": {"endpointUrl": "http://127.0.0.1:9/elsewhere"}},
+                "filter": {"subjectBeginsWith": "live"}}}),
+        )
+        .unwrap();
+    for sub in ["a", "b"] {
+        g.script(sub, |_| Outcome::failed(FailureKind::Connect));
+    }
+    g.script("other", |_| Outcome::Delivered);
+    g.publish(0, 100, "backlog").await;
+    let _ = g.within(Duration::from_secs(45)).await; // the first attempts and a probe
+    assert_eq!(g.metric("gridlet_endpoint_outage", "a"), Some(1));
+
+    // The link is back: the next probe succeeds and the drain fills the budget.
+    g.unscript("a");
+    g.unscript("b");
+    let probe = g
+        .next_within(Duration::from_secs(60))
+        .await
+        .expect("a probe");
+    assert_ne!(probe.sub, "other");
+    probe.answer(Outcome::Delivered);
+    let mut held: std::collections::VecDeque<_> = g.within(Duration::from_millis(10)).await.into();
+    assert_eq!(held.len(), 2, "the budget is full: {held:?}");
+    g.publish(1000, 1, "live").await;
+    assert!(g.next_within(Duration::from_secs(1)).await.is_none());
+    // The endpoint takes the drain's batches one at a time: the live event goes with one of
+    // the first permits freed (each draining subscription may be waiting before it).
+    for answered in 1.. {
+        assert!(
+            answered <= 3,
+            "the live event waited behind {answered} batches"
+        );
+        held.pop_front()
+            .expect("a held batch")
+            .answer(Outcome::Delivered);
+        let next = g
+            .next_within(Duration::from_millis(10))
+            .await
+            .expect("an attempt");
+        if next.sub == "other" {
+            assert_eq!(next.ids, ["e1000"]);
+            break;
+        }
+        held.push_back(next);
+    }
+}
+
+/// `drainOrder: LiveFirst`: after an outage, an event published once the link is back goes
+/// before the rest of the backlog; the default (`OldestFirst`) sends the backlog first.
+#[tokio::test(start_paused = true)]
+async fn drain_order_live_first_sends_new_events_before_the_backlog() {
+    let mut g = InProcess::open(&[
+        ("broker__maxInFlightPerSubscription", "1"),
+        ("broker__defaultEventTimeToLiveInSeconds", "86400"),
+    ]);
+    let live_first = json!({"persistencePolicy": {"isPersisted": true},
+        "deliveryPolicy": {"drainOrder": "LiveFirst"}});
+    g.subs(&[
+        ("old", json!({"persistencePolicy": {"isPersisted": true}})),
+        ("live", live_first),
+    ]);
+    let bad = json!({"properties": {"destination": {"endpointType": "WebHook",
+        "properties": {"endpointUrl": ENDPOINT, "drainOrder": "NewestFirst"}}}});
+    let e = g.broker.put_subscription("t", "bad", bad).unwrap_err();
+    assert!(e.to_string().contains("drainOrder"), "{e}");
+    for sub in ["old", "live"] {
+        g.script(sub, |_| Outcome::failed(FailureKind::Connect));
+    }
+    g.publish(0, 5, "backlog").await;
+    let _ = g.within(Duration::from_secs(45)).await;
+    g.unscript("old");
+    g.unscript("live");
+    g.next_within(Duration::from_secs(60))
+        .await
+        .expect("a probe")
+        .answer(Outcome::Delivered);
+    // Each subscription sends one backlog batch (one request in flight each).
+    let held = g.within(Duration::from_millis(10)).await;
+    assert_eq!(held.len(), 2, "{held:?}");
+    g.publish(100, 1, "live").await;
+    for a in held {
+        a.answer(Outcome::Delivered);
+    }
+    let next = g.within(Duration::from_millis(10)).await;
+    let of = |s: &str| next.iter().find(|a| a.sub == s).map(|a| a.ids.clone());
+    assert_eq!(of("live"), Some(vec!["e100".to_string()]), "{next:?}");
+    assert_ne!(of("old"), Some(vec!["e100".to_string()]), "{next:?}");
+    assert!(of("old").is_some(), "{next:?}");
+}

@@ -4,7 +4,7 @@ use crate::util::*;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -36,7 +36,7 @@ fn invalid_setting_stops_start_up_with_one_clear_line() {
 
 /// Start the real binary on a free loopback port with `env` on top of a plain-HTTP local setup,
 /// and wait until `/healthz` answers. Returns the process and the API's base URL.
-async fn start_serving(
+pub(crate) async fn start_serving(
     dir: &std::path::Path,
     env: &[(&str, &str)],
 ) -> (std::process::Child, String) {
@@ -65,7 +65,7 @@ async fn start_serving(
 }
 
 /// Send SIGTERM and wait for the exit status.
-async fn terminate(mut child: std::process::Child) -> std::process::ExitStatus {
+pub(crate) async fn terminate(mut child: std::process::Child) -> std::process::ExitStatus {
     let pid = child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])

@@ -8,6 +8,7 @@ fn full(c: &crate::config::Config) -> Subscription {
         "destination": {"endpointType": "WebHook", "properties": {
             "endpointUrl": "https://user:pw@x/hook?code=abc",
             "maxEventsPerBatch": 80,
+            "drainOrder": "liveFirst",
             "signingSecrets": ["whsec_c2VjcmV0LXNpZ25pbmcta2V5LTAxMjM0NTY3"],
             "deliveryAttributeMappings": [
                 {"name": "X-Key", "type": "Static", "properties": {"value": "hidden", "isSecret": true}},
@@ -36,6 +37,11 @@ fn a_subscription_reads_back_from_its_record_as_created() {
     assert_eq!(back.to_record(), s.to_record());
     assert_eq!((back.name.as_str(), back.topic.as_str()), ("Sub1", "t1"));
     assert_eq!(back.batching.max_events_per_batch, Some(80));
+    assert!(back.batching.live_first());
+    assert_eq!(
+        back.properties()["destination"]["properties"]["drainOrder"],
+        "LiveFirst"
+    );
     let c = cfg(&[]);
     assert_eq!(back.effective_policy(&c), s.effective_policy(&c));
     // The settings in force now would refuse it as a new PUT (80 > the default limit of 50):
