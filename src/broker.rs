@@ -7,7 +7,7 @@
 //! short `RwLock`s; publish clones `Arc`s and touches only the matching subscriptions' queue
 //! mutexes — no lock is held across an await, and nothing global is locked per event.
 
-pub mod dedup;
+pub(crate) mod dedup;
 mod error;
 mod exposition;
 mod overview;
@@ -17,7 +17,7 @@ mod registry;
 mod replay;
 mod resilience;
 mod route_trace;
-pub mod tail;
+pub(crate) mod tail;
 
 pub use error::BrokerError;
 pub use overview::{QueueLocks, SubscriptionStatus};

@@ -40,8 +40,8 @@ mod committer_tests;
 #[cfg(test)]
 mod compact_tests;
 pub mod engine;
-pub mod format;
-pub mod letters;
+pub(crate) mod format;
+pub(crate) mod letters;
 pub mod sim;
 #[cfg(test)]
 mod tests;
