@@ -212,7 +212,7 @@ impl Gridlet {
         )?;
         let ready = Arc::new(AtomicBool::new(true));
         let (stop, stop_rx) = watch::channel(false);
-        let (entra, entra_task) = entra_keys(&cfg, edge.as_ref(), clock, &stop_rx)?;
+        let (entra, entra_task) = entra_keys(&cfg, edge.as_ref(), &broker, clock, &stop_rx)?;
         let router = api::router(AppState {
             stopping: stop_rx.clone(),
             broker: broker.clone(),
@@ -473,6 +473,7 @@ type EntraKeys = (Option<Arc<api::entra::Keys>>, Option<JoinHandle<()>>);
 fn entra_keys(
     cfg: &Config,
     edge: Option<&EdgeRuntime>,
+    broker: &Broker,
     clock: Clock,
     stop: &watch::Receiver<bool>,
 ) -> Result<EntraKeys, StartError> {
@@ -481,6 +482,7 @@ fn entra_keys(
         return Ok((None, None));
     };
     let keys = Arc::new(Keys::new(entra.keys.clone(), entra.refresh.clone()));
+    broker.register_entra_keys(keys.clone());
     let Some(r) = entra.refresh.as_ref() else {
         return Ok((Some(keys), None));
     };

@@ -150,6 +150,27 @@ async fn wait_line(g: &TestGridlet, parts: &[&str]) -> String {
     .await
 }
 
+/// The value of the series `series` (its name and labels as written) in `/metrics`.
+async fn metric(g: &TestGridlet, series: &str) -> Option<u64> {
+    let text = g
+        .client
+        .get(g.url("/metrics"))
+        .header("aeg-sas-key", ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
 fn token(s: &Signer, kid: &str) -> String {
     s.sign(json!({"kid": kid, "typ": "JWT"}), &claims(SENDER))
 }
@@ -174,6 +195,13 @@ async fn a_rolled_key_verifies_after_the_fetch_its_first_token_asks_for() {
     assert_eq!(status, 401, "the retired key no longer verifies");
     assert!(msg.contains("key id k1 is not one of"), "{msg}");
     assert_eq!(peer.key_gets(), 2, "within the interval, no fetch for k1");
+    let fetches = r#"gridlet_entra_signing_key_fetches_total{result="succeeded"}"#;
+    assert_eq!(metric(&g, fetches).await, Some(2));
+    assert_eq!(metric(&g, "gridlet_entra_signing_keys").await, Some(1));
+    assert_eq!(
+        metric(&g, "gridlet_entra_signing_keys_stale").await,
+        Some(0)
+    );
     // The fetched set is on disk for the next start.
     let cache = g.dir.path().join("metadataDb/entra-jwks.json");
     let cached = eventually("the cache holds k2", || async {
@@ -263,6 +291,16 @@ async fn keys_come_only_over_verified_https() {
     let g = start(&pairs(&env(&untrusted.authority, None, dir.path()))).await;
     let line = wait_line(&g, &["none fetched yet", "last fetch failed", "TLS"]).await;
     assert!(line.contains("stale"), "{line}");
+    assert_eq!(
+        metric(&g, "gridlet_entra_signing_keys_stale").await,
+        Some(1)
+    );
+    let failed = r#"gridlet_entra_signing_key_fetches_total{result="failed"}"#;
+    assert_eq!(metric(&g, failed).await, Some(1));
+    assert_eq!(
+        metric(&g, "gridlet_entra_signing_keys_age_seconds").await,
+        None
+    );
     assert_eq!(untrusted.metadata_gets(), 0);
     let (status, msg) = call(&g, "POST", PUBLISH, &token(&k1, "k1")).await;
     assert_eq!(status, 401, "{msg}");

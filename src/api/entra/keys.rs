@@ -63,7 +63,7 @@ pub struct Status {
     /// Keys are fetched, and none was fetched within two refresh intervals: Microsoft may have
     /// rolled its keys since.
     pub stale: bool,
-    /// Successful and failed fetches by this run.
+    /// Successful fetches by this run.
     pub successes: u64,
     /// Failed fetches by this run.
     pub failures: u64,
@@ -221,6 +221,19 @@ impl Keys {
             line.push_str(&e.replace('\n', " "));
         }
         line
+    }
+}
+
+impl crate::metrics::EntraStatus for Keys {
+    fn view(&self, now_ms: u64) -> crate::metrics::EntraView {
+        let st = self.status(now_ms);
+        crate::metrics::EntraView {
+            keys: st.keys as u64,
+            age_secs: st.age_secs,
+            stale: st.stale,
+            fetched: st.successes,
+            failed: st.failures,
+        }
     }
 }
 
