@@ -281,8 +281,7 @@ async fn fill(store: &SledStore, q: u32, from: u64, n: u64, body: &[u8]) {
             .map(|s| (q, stored(s, body)))
             .collect();
         seq += chunk.len() as u64;
-        store.append(&chunk).unwrap();
-        store.commit().await.unwrap();
+        store.submit(chunk).unwrap().wait().await.unwrap();
     }
 }
 

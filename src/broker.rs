@@ -7,7 +7,7 @@
 //! short `RwLock`s; publish clones `Arc`s and touches only the matching subscriptions' queue
 //! mutexes — no lock is held across an await, and nothing global is locked per event.
 
-pub mod dedup;
+pub(crate) mod dedup;
 mod error;
 mod exposition;
 mod overview;
@@ -17,7 +17,7 @@ mod registry;
 mod replay;
 mod resilience;
 mod route_trace;
-pub mod tail;
+pub(crate) mod tail;
 
 pub use error::BrokerError;
 pub use overview::{QueueLocks, SubscriptionStatus};
@@ -98,6 +98,8 @@ struct BrokerState {
     /// The MQTT sources' connection statuses (their tasks sit above the broker and register
     /// here so `/metrics` and the readiness detail show them).
     mqtt: RwLock<Vec<(String, Arc<crate::metrics::MqttConnectionMetrics>)>>,
+    /// The Entra ID signing keys' state (the API's key set registers it, like the MQTT sources).
+    entra: std::sync::OnceLock<Arc<dyn crate::metrics::EntraStatus>>,
     /// The last minutes of counters, for the console's overview.
     samples: Mutex<crate::metrics::ring::SampleRing>,
     /// When the broker started, ms since the epoch.
@@ -187,6 +189,11 @@ impl Broker {
         let mut g = crate::sync::write(&self.inner.mqtt);
         g.retain(|(n, _)| n != name);
         g.push((name.to_string(), status));
+    }
+
+    /// Show the Entra ID signing keys' state in `/metrics` (the first registration stays).
+    pub fn register_entra_keys(&self, status: Arc<dyn crate::metrics::EntraStatus>) {
+        let _ = self.inner.entra.set(status);
     }
 
     /// The MQTT source connections' statuses, by name.

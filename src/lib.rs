@@ -50,11 +50,11 @@ pub(crate) mod metrics;
 pub mod model;
 pub mod outbound;
 pub(crate) mod policy;
-pub mod redact;
+pub(crate) mod redact;
 pub mod server;
 pub mod store;
 pub mod sync;
-pub mod telemetry;
+pub(crate) mod telemetry;
 pub mod tls;
 
 pub use config::Config;

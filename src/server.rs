@@ -212,6 +212,7 @@ impl Gridlet {
         )?;
         let ready = Arc::new(AtomicBool::new(true));
         let (stop, stop_rx) = watch::channel(false);
+        let (entra, entra_task) = entra_keys(&cfg, edge.as_ref(), &broker, clock, &stop_rx)?;
         let router = api::router(AppState {
             stopping: stop_rx.clone(),
             broker: broker.clone(),
@@ -225,9 +226,10 @@ impl Gridlet {
                 cfg.inbound.max_long_polls_per_credential,
                 cfg.inbound.max_connections,
             )),
+            entra,
         });
         let limits = ConnLimits::new(&cfg.inbound);
-        let mut tasks = Vec::new();
+        let mut tasks: Vec<JoinHandle<()>> = entra_task.into_iter().collect();
         let (mut http_addr, mut https_addr, mut certs) = (None, None, None);
         if let Some(l) = listeners.http.filter(|_| cfg.inbound.tls_policy.http()) {
             http_addr = Some(local_addr(&l)?);
@@ -460,6 +462,40 @@ pub fn azure_tls(cfg: &Config) -> Result<OutboundTls, StartError> {
         extra_roots_pem,
         identity: None,
     })
+}
+
+/// The Entra signing keys (when Entra tokens are enabled) and the task that fetches them.
+type EntraKeys = (Option<Arc<api::entra::Keys>>, Option<JoinHandle<()>>);
+
+/// The Entra ID signing keys when Entra tokens are enabled: the JWKS file's, the cached set, and
+/// the task that fetches the tenant's keys (`api::entra::refresh`) over a client that verifies
+/// certificates like the Azure destinations' ([`azure_tls`]).
+fn entra_keys(
+    cfg: &Config,
+    edge: Option<&EdgeRuntime>,
+    broker: &Broker,
+    clock: Clock,
+    stop: &watch::Receiver<bool>,
+) -> Result<EntraKeys, StartError> {
+    use api::entra::{refresh, Keys};
+    let Some(entra) = cfg.inbound.entra.as_ref() else {
+        return Ok((None, None));
+    };
+    let keys = Arc::new(Keys::new(entra.keys.clone(), entra.refresh.clone()));
+    broker.register_entra_keys(keys.clone());
+    let Some(r) = entra.refresh.as_ref() else {
+        return Ok((Some(keys), None));
+    };
+    refresh::restore_cache(&keys);
+    let timeout = Duration::from_secs(10);
+    let o = azure_tls(cfg)?;
+    let client = match edge {
+        Some(edge) => edge.outbound_http_client(o, timeout)?,
+        None => HttpClient::new(tls::client_config(&o)?, timeout),
+    };
+    let source = Arc::new(refresh::Https::new(client, r.metadata_url.clone()));
+    let task = tokio::spawn(refresh::run(keys.clone(), source, clock, stop.clone()));
+    Ok((Some(keys), Some(task)))
 }
 
 /// The production sinks: HTTP clients (webhooks per the `outbound__webhook__*` settings, webhooks

@@ -38,6 +38,7 @@
 //! its resource `r` (Event Grid's rule, [`token_allows`]) and to a lifetime; `r` must name one of
 //! gridlet's host names. Management needs a token for the broker's root (gridlet's own rule).
 
+use super::entra::Keys;
 use super::sas_token::{Resource, Token};
 use super::ConnInfo;
 use crate::config::Principal;
@@ -192,23 +193,57 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("Bearer").then(|| token.trim())
 }
 
+/// A refused request: the error to answer, unless a fetch of the Entra signing keys that is
+/// coming may change it.
+#[derive(Debug)]
+pub struct Refused {
+    /// 401 or 403 with the documented body.
+    pub error: ApiError,
+    /// The request's Entra token names an unknown key id and a fetch of the tenant's keys was
+    /// asked for ([`super::entra::Keys::ask_for_fetch`]): check again when this changes.
+    pub after_fetch: Option<tokio::sync::watch::Receiver<u64>>,
+}
+
+impl From<ApiError> for Refused {
+    fn from(error: ApiError) -> Self {
+        Self {
+            error,
+            after_fetch: None,
+        }
+    }
+}
+
 /// The roles an Entra ID token gives, or the 401 that refuses it: a sender publishes, a
 /// receiver receives and settles; a principal in neither list gets none (403 on any route).
-fn entra_roles(cfg: &Config, token: &str) -> Result<Vec<Role>, ApiError> {
+/// A token naming an unknown key id asks `keys` for a fetch (the receiver in the refusal).
+fn entra_roles(cfg: &Config, keys: Option<&Keys>, token: &str) -> Result<Vec<Role>, Refused> {
     let refuse = |why: String| ApiError {
         status: StatusCode::UNAUTHORIZED,
         detail: "Unauthorized",
         message: format!("Microsoft Entra ID token refused: {why}"),
         retry_after: None,
     };
-    let Some(entra) = cfg.inbound.entra.as_ref() else {
+    let (Some(entra), Some(keys)) = (cfg.inbound.entra.as_ref(), keys) else {
         return Err(refuse(format!(
             "Entra ID tokens are not enabled ({})",
             Key::inbound__clientAuth__entra__enabled.name()
-        )));
+        ))
+        .into());
     };
     let now = crate::clock::system_wall_ms() / 1000;
-    let who: Principal = super::entra::verify(entra, token, now).map_err(refuse)?;
+    let who: Principal = match super::entra::verify(entra, &keys.current(), token, now) {
+        Ok(who) => who,
+        Err(r) => {
+            let after_fetch = r
+                .unknown_key
+                .then(|| keys.ask_for_fetch(tokio::time::Instant::now()))
+                .flatten();
+            return Err(Refused {
+                error: refuse(r.message),
+                after_fetch,
+            });
+        }
+    };
     let mut roles = Vec::new();
     if entra.senders.contains(&who) {
         roles.push(Role::Publisher);
@@ -228,7 +263,8 @@ fn entra_roles(cfg: &Config, token: &str) -> Result<Vec<Role>, ApiError> {
                 Key::inbound__clientAuth__entra__receivers.name()
             ),
             retry_after: None,
-        });
+        }
+        .into());
     }
     Ok(roles)
 }
@@ -457,8 +493,9 @@ pub fn credential(cfg: &Inbound, headers: &HeaderMap, conn: Option<&ConnInfo>) -
 /// carries several credentials, it passes if one of them allows it.
 ///
 /// # Errors
-/// 401 or 403 with the documented body.
-pub fn require(cfg: &Config, req: &Request) -> Result<(), ApiError> {
+/// 401 or 403 with the documented body; when the request's Entra token names an unknown key id,
+/// what to wait for before checking again.
+pub fn require(cfg: &Config, keys: Option<&Keys>, req: &Request) -> Result<(), Refused> {
     let inbound = &cfg.inbound;
     let conn = req.extensions().get::<ConnInfo>();
     let role = authenticate(inbound, req.headers(), conn);
@@ -478,8 +515,9 @@ pub fn require(cfg: &Config, req: &Request) -> Result<(), ApiError> {
             Err(e) => denied = denied.or(Some(e)),
         }
     }
+    let mut after_fetch = None;
     if let Some(token) = bearer(req.headers()) {
-        match entra_roles(cfg, token) {
+        match entra_roles(cfg, keys, token) {
             Ok(roles) => {
                 let mut refusal = None;
                 for role in roles {
@@ -491,10 +529,16 @@ pub fn require(cfg: &Config, req: &Request) -> Result<(), ApiError> {
                 denied = denied.or(refusal);
             }
             // A 401 for the token yields to another credential's 403.
-            Err(e) => denied = denied.or(Some(e)),
+            Err(e) => {
+                denied = denied.or(Some(e.error));
+                after_fetch = e.after_fetch;
+            }
         }
     }
-    Err(denied.unwrap_or_else(ApiError::unauthorized))
+    Err(Refused {
+        error: denied.unwrap_or_else(ApiError::unauthorized),
+        after_fetch,
+    })
 }
 
 /// What `role` may do with `req`.

@@ -16,7 +16,8 @@ pub(super) async fn live() -> &'static str {
 /// Readiness: the broker accepts work (503 while shutting down). The body says so, names any
 /// data the store found damaged at start (`persistence__onDamage=serve`), and adds one line per
 /// MQTT source connection (its state does not change readiness: publishing over HTTP works
-/// whatever the brokers do).
+/// whatever the brokers do) and one for the Entra signing keys (stale keys do not either: tokens
+/// signed with the keys known still verify).
 pub(super) async fn ready(State(s): State<AppState>) -> Response {
     if s.ready.load(Ordering::Relaxed) {
         let mut body = String::from("ready");
@@ -27,6 +28,10 @@ pub(super) async fn ready(State(s): State<AppState>) -> Response {
         }
         for (name, m) in s.broker.mqtt_connections() {
             body.push_str(&mqtt_line(&name, &m));
+        }
+        if let Some(keys) = &s.entra {
+            body.push('\n');
+            body.push_str(&keys.line(s.broker.now_ms()));
         }
         (StatusCode::OK, body).into_response()
     } else {

@@ -18,7 +18,7 @@ pub mod auth;
 pub mod body;
 pub mod console;
 pub mod deadletters;
-mod entra;
+pub mod entra;
 mod events;
 mod health;
 pub mod long_poll;
@@ -86,6 +86,8 @@ pub struct AppState {
     /// Turns true when gridlet begins to stop: long polls (the console's tail) answer at once,
     /// so they do not hold the listeners' graceful close.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// The Entra ID signing keys, when Entra tokens are enabled.
+    pub entra: Option<Arc<entra::Keys>>,
 }
 
 /// The connection facts a handler may extract (absent in router tests without a listener).
@@ -184,6 +186,7 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(GuardLayer {
             broker: state.broker.clone(),
+            entra: state.entra.clone(),
         });
     Router::new()
         .route("/healthz", get(health::live))
@@ -220,6 +223,7 @@ fn query_param<'a>(query: &'a str, name: &str) -> Option<&'a str> {
 #[derive(Clone)]
 struct GuardLayer {
     broker: Broker,
+    entra: Option<Arc<entra::Keys>>,
 }
 
 impl<S> tower::Layer<S> for GuardLayer {
@@ -229,44 +233,82 @@ impl<S> tower::Layer<S> for GuardLayer {
         Guard {
             inner,
             broker: self.broker.clone(),
+            entra: self.entra.clone(),
         }
     }
 }
 
 /// Authentication, then api-version, then the route (see the module docs). A hand-written
 /// service rather than two `from_fn` middlewares, which box the inner service and a future per
-/// request each.
+/// request each. The one boxed future: a request whose Entra token names an unknown key id
+/// waits (at most [`entra::refresh::WAIT_FOR_FETCH`]) for the fetch of the tenant's keys it asked
+/// for, then is checked again.
 #[derive(Clone)]
 pub struct Guard<S> {
     inner: S,
     broker: Broker,
+    entra: Option<Arc<entra::Keys>>,
 }
+
+type Answer = Result<Response, Infallible>;
 
 impl<S> tower::Service<Request> for Guard<S>
 where
-    S: tower::Service<Request, Response = Response, Error = Infallible>,
+    S: tower::Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
 {
     type Response = Response;
     type Error = Infallible;
-    type Future = Either<Ready<Result<Response, Infallible>>, Instrumented<S::Future>>;
+    type Future = Either<
+        Ready<Answer>,
+        Either<Instrumented<S::Future>, futures_util::future::BoxFuture<'static, Answer>>,
+    >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request) -> Self::Future {
-        let cfg = self.broker.config();
-        let checked = auth::require(cfg, &req)
-            .and_then(|()| auth::browser_guard(cfg, &req))
-            .and_then(|()| api_version(&req));
-        match checked {
+        match check(self.broker.config(), self.entra.as_deref(), &req) {
             Ok(()) => {
                 let span = request_span(&req);
-                Either::Right(self.inner.call(req).instrument(span))
+                Either::Right(Either::Left(self.inner.call(req).instrument(span)))
             }
-            Err(e) => Either::Left(ready(Ok(e.into_response()))),
+            Err(auth::Refused {
+                after_fetch: Some(mut fetched),
+                ..
+            }) => {
+                // The ready service goes with the request; a clone stays (tower's rule).
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                let (broker, keys) = (self.broker.clone(), self.entra.clone());
+                Either::Right(Either::Right(Box::pin(async move {
+                    let wait = entra::refresh::WAIT_FOR_FETCH;
+                    let _ = tokio::time::timeout(wait, fetched.changed()).await;
+                    match check(broker.config(), keys.as_deref(), &req) {
+                        Ok(()) => {
+                            let span = request_span(&req);
+                            inner.call(req).instrument(span).await
+                        }
+                        Err(r) => Ok(r.error.into_response()),
+                    }
+                })))
+            }
+            Err(r) => Either::Left(ready(Ok(r.error.into_response()))),
         }
     }
+}
+
+/// The guard's checks, in order.
+fn check(
+    cfg: &crate::config::Config,
+    keys: Option<&entra::Keys>,
+    req: &Request,
+) -> Result<(), auth::Refused> {
+    auth::require(cfg, keys, req)?;
+    auth::browser_guard(cfg, req)
+        .and_then(|()| api_version(req))
+        .map_err(auth::Refused::from)
 }
 
 /// The span every accepted request runs in: method, route template and topic, so what the

@@ -129,16 +129,19 @@ impl Window {
     }
 
     /// Identities remembered.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.seen.len()
     }
 
     /// Whether nothing is remembered.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.seen.is_empty()
     }
 
     /// Heap bytes held (capacity, not length).
+    #[cfg(test)]
     pub fn heap_bytes(&self) -> usize {
         // hashbrown: a bucket per capacity slot plus one control byte.
         let bucket = std::mem::size_of::<((u64, u64), WallMs)>() + 1;

@@ -93,6 +93,7 @@ impl Broker {
                     damaged_events: c.damaged_events,
                 }),
                 spans: ctx.tracer.stats(),
+                entra: self.inner.entra.get().map(|e| e.view(now_ms)),
             },
         };
         f(&snapshot)

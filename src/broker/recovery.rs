@@ -80,6 +80,7 @@ impl Broker {
                 replays: tokio::sync::Mutex::new(()),
                 seq: Mutex::new(snapshot.max_seq + 1),
                 mqtt: RwLock::new(Vec::new()),
+                entra: std::sync::OnceLock::new(),
                 samples: super::overview::ring(),
                 started_ms,
             }),

@@ -14,6 +14,7 @@
 mod advice;
 mod mqtt;
 mod parse;
+pub(crate) use parse::jwks;
 mod settings;
 mod spelling;
 mod types;
@@ -22,9 +23,9 @@ pub use mqtt::{Instance, Mqtt};
 pub use settings::{Key, Setting, SETTINGS};
 pub use spelling::UnknownKey;
 pub use types::{
-    ApiLimits, Broker, Console, EdgeEnv, Entra, Inbound, IpRange, Jwk, LogFormat, MetricsReporter,
-    OnDamage, Outbound, Persistence, Principal, ReceiveKey, Resilience, Resources, Sampler,
-    StoreKind, Telemetry, TlsPolicy,
+    ApiLimits, Broker, Console, EdgeEnv, Entra, Inbound, IpRange, Jwk, JwksRefresh, LogFormat,
+    MetricsReporter, OnDamage, Outbound, Persistence, Principal, ReceiveKey, Resilience, Resources,
+    Sampler, StoreKind, Telemetry, TlsPolicy,
 };
 
 use parse::Raw;

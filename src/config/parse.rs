@@ -12,6 +12,7 @@ use super::types::{
 use super::ConfigError;
 
 mod entra;
+pub(crate) use entra::jwks;
 mod telemetry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;

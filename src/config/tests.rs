@@ -162,6 +162,57 @@ fn entra_settings_are_checked_at_start() {
         "Entra alone ends the open mode"
     );
     assert!(cfg(&[]).unwrap().inbound.entra.is_none());
+    // Where fetched keys come from: an https authority; the file is optional when fetching.
+    let r = e.refresh.as_ref().expect("fetched by default");
+    assert_eq!(
+        r.metadata_url,
+        "https://login.microsoftonline.com/t-1/v2.0/.well-known/openid-configuration"
+    );
+    assert_eq!((r.every.as_secs(), r.min_interval.as_secs()), (43200, 300));
+    assert!(r.cache_path.ends_with("metadataDb/entra-jwks.json"));
+    for bad in [
+        "http://login.example",
+        "login.example",
+        "https://u:p@h",
+        "https://h/?q=1",
+    ] {
+        let e = err(&[("inbound__clientAuth__entra__authority", bad)]);
+        assert!(
+            e.contains("authority") && e.contains("https URL"),
+            "{bad}: {e}"
+        );
+    }
+    let china = on(&[(
+        "inbound__clientAuth__entra__authority",
+        "https://login.partner.microsoftonline.cn/",
+    )])
+    .unwrap();
+    let issuers = &china.inbound.entra.as_ref().unwrap().issuers;
+    assert_eq!(
+        issuers,
+        &[
+            "https://sts.chinacloudapi.cn/t-1/",
+            "https://login.partner.microsoftonline.cn/t-1/v2.0"
+        ]
+    );
+    let fetch_only = on(&[("inbound__clientAuth__entra__jwksPath", "")]).unwrap();
+    assert!(fetch_only.inbound.entra.as_ref().unwrap().keys.is_empty());
+    let e = err(&[
+        ("inbound__clientAuth__entra__jwksPath", ""),
+        (
+            "inbound__clientAuth__entra__jwksRefreshIntervalInSeconds",
+            "0",
+        ),
+    ]);
+    assert!(
+        e.contains("jwksPath") && e.contains("jwksRefreshIntervalInSeconds=0"),
+        "{e}"
+    );
+    let file_only = on(&[(
+        "inbound__clientAuth__entra__jwksRefreshIntervalInSeconds",
+        "0",
+    )]);
+    assert!(file_only.unwrap().inbound.entra.unwrap().refresh.is_none());
 }
 
 #[test]

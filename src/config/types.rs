@@ -124,8 +124,11 @@ pub struct Entra {
     pub issuers: Vec<String>,
     /// The accepted `aud` values, without a trailing `/`.
     pub audiences: Vec<String>,
-    /// The tenant's RSA signing keys, from the JWKS file.
+    /// The RSA signing keys of the JWKS file (`jwksPath`; empty without one), trusted besides
+    /// the fetched ones.
     pub keys: Vec<Jwk>,
+    /// Where the fetched keys come from, when they are fetched.
+    pub refresh: Option<JwksRefresh>,
     /// Principals that may publish.
     pub senders: Vec<Principal>,
     /// Principals that may receive and settle.
@@ -134,8 +137,23 @@ pub struct Entra {
     pub clock_skew: Duration,
 }
 
-/// One RSA signing key of a JSON Web Key Set.
+/// Fetching the tenant's signing keys from its OpenID metadata
+/// (`inbound__clientAuth__entra__authority`, `__jwksRefreshIntervalInSeconds`).
 #[derive(Debug, Clone)]
+pub struct JwksRefresh {
+    /// `{authority}/{tenantId}/v2.0/.well-known/openid-configuration`, https.
+    pub metadata_url: String,
+    /// How often the keys are fetched.
+    pub every: Duration,
+    /// At most one fetch per this interval for tokens naming an unknown key id; also the first
+    /// delay after a failed fetch.
+    pub min_interval: Duration,
+    /// The last fetched key set, on disk (in `persistence__metadataPath`).
+    pub cache_path: std::path::PathBuf,
+}
+
+/// One RSA signing key of a JSON Web Key Set.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Jwk {
     /// `kid`, which a token's header names.
     pub kid: String,

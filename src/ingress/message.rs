@@ -25,8 +25,6 @@ pub struct Message {
     pub topic: String,
     /// Payload.
     pub payload: Bytes,
-    /// QoS 1 or more (acknowledged), else 0.
-    pub at_least_once: bool,
     /// Content type (MQTT 5).
     pub content_type: Option<String>,
     /// Payload format indicator (MQTT 5): 1 = UTF-8 text.

@@ -13,9 +13,9 @@
 //! `mqtt__routes__{name}__*`): [`plan`] validates them (errors name the setting), [`start`]
 //! runs them. This module sits beside `api` and `edge`: it publishes through the broker.
 
-pub mod message;
-pub mod route;
-pub mod source;
+pub(crate) mod message;
+pub(crate) mod route;
+pub(crate) mod source;
 
 use crate::broker::Broker;
 use crate::config::{Config, Instance};

@@ -625,7 +625,6 @@ fn to_message(p: &Publish) -> Message {
     Message {
         topic: String::from_utf8_lossy(&p.topic).into_owned(),
         payload: p.payload.clone(),
-        at_least_once: p.qos != QoS::AtMostOnce,
         content_type: props.and_then(|p| p.content_type.clone()),
         pfi: props.and_then(|p| p.payload_format_indicator),
         user_properties: props.map(|p| p.user_properties.clone()).unwrap_or_default(),

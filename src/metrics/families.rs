@@ -124,6 +124,30 @@ pub struct BrokerView {
     pub commits: Option<CommitView>,
     /// Spans exported and dropped, when OpenTelemetry export is on.
     pub spans: Option<(u64, u64)>,
+    /// The Entra ID signing keys, when Entra tokens are enabled.
+    pub entra: Option<EntraView>,
+}
+
+/// The Entra ID signing keys, as the metrics see them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EntraView {
+    /// Keys tokens may be signed with (the JWKS file's and the fetched ones).
+    pub keys: u64,
+    /// Seconds since the fetched set in use was fetched, if there is one.
+    pub age_secs: Option<u64>,
+    /// Keys are fetched and none was within two refresh intervals.
+    pub stale: bool,
+    /// Fetches that succeeded, by this run.
+    pub fetched: u64,
+    /// Fetches that failed, by this run.
+    pub failed: u64,
+}
+
+/// Where the broker reads the Entra keys' state (the API's key set registers itself: it sits
+/// above the broker).
+pub trait EntraStatus: Send + Sync {
+    /// The state at `now_ms` (the broker's clock).
+    fn view(&self, now_ms: u64) -> EntraView;
 }
 
 /// An MQTT source connection, as the metrics see it.
@@ -287,7 +311,7 @@ pub fn mqtt_families<'a>() -> [Family<MqttView<'a>>; 4] {
 }
 
 /// Broker-wide families: one series each (omitted when not applicable).
-pub fn broker_families() -> [Family<BrokerView>; 11] {
+pub fn broker_families() -> [Family<BrokerView>; 15] {
     use Kind::*;
     [
         family("gridlet_pending_event_bytes", Gauge, "Bytes of undelivered events held in memory, all subscriptions (limit: broker__maxPendingBytes)", |b| n(b.pending_event_bytes)),
@@ -313,6 +337,18 @@ pub fn broker_families() -> [Family<BrokerView>; 11] {
             help: "OpenTelemetry spans by result: exported (accepted by the collector) or dropped (queue full, or the collector failed or timed out)",
             read: Read::By("result", |b| match b.spans {
                 Some((exported, dropped)) => vec![("exported", exported), ("dropped", dropped)],
+                None => Vec::new(),
+            }),
+        },
+        family("gridlet_entra_signing_keys", Gauge, "Entra ID signing keys tokens are verified with: the JWKS file's (inbound__clientAuth__entra__jwksPath) and the tenant's fetched set", |b| b.entra.and_then(|e| n(e.keys))),
+        family("gridlet_entra_signing_keys_age_seconds", Gauge, "Seconds since the Entra signing keys in use were fetched from the tenant's OpenID metadata (by this run or, from the cache, an earlier one)", |b| b.entra.and_then(|e| e.age_secs).and_then(n)),
+        family("gridlet_entra_signing_keys_stale", Gauge, "1 when Entra signing keys are fetched and no fetch succeeded within two refresh intervals (inbound__clientAuth__entra__jwksRefreshIntervalInSeconds): tokens signed with keys Microsoft rolled in since are refused", |b| b.entra.and_then(|e| n(u64::from(e.stale)))),
+        Family {
+            name: "gridlet_entra_signing_key_fetches_total",
+            kind: Counter,
+            help: "Fetches of the tenant's Entra signing keys from its OpenID metadata, by result",
+            read: Read::By("result", |b| match b.entra {
+                Some(e) => vec![("succeeded", e.fetched), ("failed", e.failed)],
                 None => Vec::new(),
             }),
         },
@@ -478,6 +514,7 @@ mod tests {
                 dead_letter_bytes: 0,
                 commits: None,
                 spans: Some((3, 1)),
+                entra: None,
             },
         };
         let out = render(&snap);

@@ -13,8 +13,8 @@ pub mod ring;
 pub mod text;
 
 pub use families::{
-    render, visit, BrokerView, CommitView, EndpointView, Kind, MqttView, Snapshot,
-    SubscriptionView, TopicView,
+    render, visit, BrokerView, CommitView, EndpointView, EntraStatus, EntraView, Kind, MqttView,
+    Snapshot, SubscriptionView, TopicView,
 };
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

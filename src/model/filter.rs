@@ -289,8 +289,8 @@ impl Filter {
     }
 }
 
-pub mod advanced;
-pub mod fold;
+pub(crate) mod advanced;
+pub(crate) mod fold;
 
 #[cfg(test)]
 mod tests;

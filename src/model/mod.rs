@@ -9,7 +9,7 @@
 //! * [`azure`]: Azure connection strings and storage resource names.
 //! * [`invalid`]: the model's one error, [`Invalid`] (a code and a message; no HTTP).
 
-pub mod attributes;
+pub(crate) mod attributes;
 pub mod azure;
 pub(crate) mod delivery_options;
 pub mod destination;
@@ -19,10 +19,10 @@ pub(crate) mod invalid;
 pub(crate) mod json;
 pub(crate) mod media;
 pub(crate) mod names;
-pub mod queue;
+pub(crate) mod queue;
 pub(crate) mod reason;
 pub mod record;
-pub mod sas;
+pub(crate) mod sas;
 pub(crate) mod signing_secret;
 pub mod subscription;
 pub mod topic;

@@ -95,7 +95,7 @@ pub struct HttpResponse {
     /// Headers.
     pub headers: HeaderMap,
     /// For a status of 300 or more, the first [`ERROR_BODY_BYTES`] of the body (the service's
-    /// error text, for logs and dead letters); empty otherwise.
+    /// error text, for logs and dead letters); empty otherwise. [`Endpoint::get`]: the whole body.
     pub error_body: Bytes,
 }
 
@@ -401,6 +401,37 @@ impl Endpoint {
         headers: HeaderMap,
         body: Bytes,
     ) -> Result<HttpResponse, HttpError> {
+        self.send_keeping(method, headers, body, 0, MAX_RESPONSE_BYTES)
+            .await
+    }
+
+    /// `GET` and return the response with its whole body (at most `max` bytes) in
+    /// [`HttpResponse::error_body`], whatever the status, within the client's timeout.
+    ///
+    /// # Errors
+    /// As [`Endpoint::post`]; a body longer than `max` is [`HttpError::Other`].
+    pub async fn get(&self, headers: HeaderMap, max: usize) -> Result<HttpResponse, HttpError> {
+        let r = self
+            .send_keeping(Method::GET, headers, Bytes::new(), max + 1, max + 1)
+            .await?;
+        if r.error_body.len() > max {
+            return Err(HttpError::Other(format!(
+                "the response body is longer than {max} bytes"
+            )));
+        }
+        Ok(r)
+    }
+
+    /// [`Endpoint::send`], keeping the first `keep_ok` bytes of a 2xx body too, and reading at
+    /// most `max` bytes of any body.
+    async fn send_keeping(
+        &self,
+        method: Method,
+        headers: HeaderMap,
+        body: Bytes,
+        keep_ok: usize,
+        max: usize,
+    ) -> Result<HttpResponse, HttpError> {
         let deadline = Instant::now() + self.inner.timeout;
         let req = self.request(method, headers, body);
         let mut head: Option<HttpResponse> = None;
@@ -408,16 +439,16 @@ impl Endpoint {
             let (resp, tx) = self.exchange(req).await?;
             let (parts, body) = resp.into_parts();
             let keep = if parts.status.as_u16() >= 300 {
-                ERROR_BODY_BYTES
+                ERROR_BODY_BYTES.max(keep_ok)
             } else {
-                0
+                keep_ok
             };
             head = Some(HttpResponse {
                 status: parts.status,
                 headers: parts.headers,
                 error_body: Bytes::new(),
             });
-            let (complete, kept) = read_to_end(body, keep).await;
+            let (complete, kept) = read_to_end(body, keep, max).await;
             if let Some(h) = head.as_mut() {
                 h.error_body = kept;
             }
@@ -588,9 +619,9 @@ where
     Ok(tx)
 }
 
-/// Read a response body, keeping its first `keep` bytes; true if it ended within
-/// [`MAX_RESPONSE_BYTES`] without an error (then the connection can be reused).
-async fn read_to_end(mut body: Incoming, keep: usize) -> (bool, Bytes) {
+/// Read a response body, keeping its first `keep` bytes; true if it ended within `max` bytes
+/// without an error (then the connection can be reused).
+async fn read_to_end(mut body: Incoming, keep: usize, max: usize) -> (bool, Bytes) {
     let mut read = 0usize;
     let mut kept = Vec::new();
     loop {
@@ -603,7 +634,7 @@ async fn read_to_end(mut body: Incoming, keep: usize) -> (bool, Bytes) {
                         let n = d.len().min(keep - kept.len());
                         kept.extend_from_slice(d.get(..n).unwrap_or_default());
                     }
-                    if read > MAX_RESPONSE_BYTES {
+                    if read > max {
                         return (false, kept.into());
                     }
                 }

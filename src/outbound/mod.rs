@@ -12,7 +12,7 @@
 
 pub mod azure;
 pub mod http;
-pub mod mqtt;
+pub(crate) mod mqtt;
 pub mod post;
 pub mod signing;
 pub mod sinks;

@@ -14,7 +14,7 @@
 //! * a write that was not synced may be lost whole, in part, or leave garbage in the last sector
 //!   it touched; nothing else changes.
 
-pub mod sim;
+pub(crate) mod sim;
 
 use std::io;
 use std::path::Path;

@@ -40,8 +40,8 @@ mod committer_tests;
 #[cfg(test)]
 mod compact_tests;
 pub mod engine;
-pub mod format;
-pub mod letters;
+pub(crate) mod format;
+pub(crate) mod letters;
 pub mod sim;
 #[cfg(test)]
 mod tests;
@@ -270,17 +270,11 @@ fn refuse_old_format(events_path: &std::path::Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-impl Store for LogStore {
-    fn load(&self) -> Result<Snapshot, StoreError> {
-        let (topics, subscriptions) = self.meta.snapshot()?;
-        Ok(Snapshot {
-            topics,
-            subscriptions,
-            max_seq: self.shared.log().max_seq(),
-        })
-    }
-
-    fn pending(&self, queue: QueueId) -> Result<Vec<StoredEvent>, StoreError> {
+/// What the log's tests read around the recovery path.
+#[cfg(test)]
+impl LogStore {
+    /// Pending events of one queue, bodies included, in sequence order.
+    pub(crate) fn pending(&self, queue: QueueId) -> Result<Vec<StoredEvent>, StoreError> {
         let seqs: Vec<u64> = self
             .pending_index(queue)?
             .into_iter()
@@ -289,8 +283,23 @@ impl Store for LogStore {
         Ok(self.get(queue, &seqs)?.into_iter().flatten().collect())
     }
 
-    fn pending_index(&self, queue: QueueId) -> Result<Vec<(u64, RetryState)>, StoreError> {
+    /// Sequence numbers and retry states of one queue's pending events, in sequence order.
+    pub(crate) fn pending_index(
+        &self,
+        queue: QueueId,
+    ) -> Result<Vec<(u64, RetryState)>, StoreError> {
         Ok(self.pending_runs(queue)?.events())
+    }
+}
+
+impl Store for LogStore {
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        let (topics, subscriptions) = self.meta.snapshot()?;
+        Ok(Snapshot {
+            topics,
+            subscriptions,
+            max_seq: self.shared.log().max_seq(),
+        })
     }
 
     fn pending_runs(&self, queue: QueueId) -> Result<crate::store::PendingRuns, StoreError> {
@@ -337,11 +346,6 @@ impl Store for LogStore {
 
     fn next_queue_id(&self) -> Result<QueueId, StoreError> {
         self.meta.new_queue_id()
-    }
-
-    fn append(&self, items: &[(QueueId, StoredEvent)]) -> Result<(), StoreError> {
-        let reserved = self.letters.disk_bytes();
-        self.shared.log().stage_events(items, reserved)
     }
 
     fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>> {

@@ -1,6 +1,8 @@
 //! The in-memory store: metadata and events in maps, lost on restart (the original's behaviour).
 
-use super::{QueueId, RetryState, Settlement, Snapshot, Store, StoreError, StoredEvent};
+use super::{
+    Commit, PendingRuns, QueueId, RetryState, Settlement, Snapshot, Store, StoreError, StoredEvent,
+};
 use crate::model::record::{SubscriptionRecord, TopicRecord};
 use futures_util::future::BoxFuture;
 use std::collections::BTreeMap;
@@ -47,12 +49,17 @@ impl Store for MemoryStore {
         })
     }
 
-    fn pending(&self, queue: QueueId) -> Result<Vec<StoredEvent>, StoreError> {
+    fn pending_runs(&self, queue: QueueId) -> Result<PendingRuns, StoreError> {
         let g = self.lock();
-        Ok(g.events
+        let mut out = PendingRuns::default();
+        for e in g
+            .events
             .range((queue, 0)..=(queue, u64::MAX))
-            .map(|(_, e)| e.clone())
-            .collect())
+            .map(|(_, e)| e)
+        {
+            out.push(e.seq, e.state);
+        }
+        Ok(out)
     }
 
     fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
@@ -105,17 +112,17 @@ impl Store for MemoryStore {
         Ok(g.next_queue)
     }
 
-    fn append(&self, items: &[(QueueId, StoredEvent)]) -> Result<(), StoreError> {
+    fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {
         let mut g = self.lock();
         for (q, e) in items {
             g.max_seq = g.max_seq.max(e.seq);
-            g.events.insert((*q, e.seq), e.clone());
+            g.events.insert((q, e.seq), e);
         }
-        Ok(())
-    }
-
-    fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async { Ok(()) })
+        Ok(Commit::done())
     }
 
     fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {

@@ -272,59 +272,23 @@ pub trait Store: Send + Sync + 'static {
     /// Corrupt or unreadable data: the broker refuses to start rather than start empty.
     fn load(&self) -> Result<Snapshot, StoreError>;
 
-    /// Pending events of one queue, in sequence order.
+    /// One queue's pending events without their bodies (recovery keeps only these in memory;
+    /// bodies are read with [`Store::get`] when an event enters the delivery window): events
+    /// never attempted as runs of consecutive sequence numbers with one first-enqueue time, and
+    /// the retrying ones apart, so a large backlog is restored without a list entry per event.
+    /// The log store answers the first call per queue from the scan it made when it opened, so
+    /// start-up reads the log once.
     ///
     /// # Errors
     /// Unreadable data.
-    fn pending(&self, queue: QueueId) -> Result<Vec<StoredEvent>, StoreError>;
-
-    /// Sequence numbers and retry states of one queue's pending events, in sequence order,
-    /// without their bodies (recovery keeps only these in memory; bodies are read with
-    /// [`Store::get`] when an event enters the delivery window). The sled store answers the
-    /// first call per queue from the scan it made when it opened, so start-up reads the
-    /// database once.
-    ///
-    /// # Errors
-    /// Unreadable data.
-    fn pending_index(&self, queue: QueueId) -> Result<Vec<(u64, RetryState)>, StoreError> {
-        Ok(self
-            .pending(queue)?
-            .into_iter()
-            .map(|e| (e.seq, e.state))
-            .collect())
-    }
-
-    /// What [`Store::pending_index`] says, compactly: events never attempted as runs of
-    /// consecutive sequence numbers with one first-enqueue time, and the retrying ones apart.
-    /// Recovery uses this, so a large backlog is restored without a list entry per event. The
-    /// default builds it from [`Store::pending_index`].
-    ///
-    /// # Errors
-    /// Unreadable data.
-    fn pending_runs(&self, queue: QueueId) -> Result<PendingRuns, StoreError> {
-        let mut out = PendingRuns::default();
-        for (seq, st) in self.pending_index(queue)? {
-            out.push(seq, st);
-        }
-        Ok(out)
-    }
+    fn pending_runs(&self, queue: QueueId) -> Result<PendingRuns, StoreError>;
 
     /// Read events of one queue by sequence number, in the order asked; `None` for one that is
     /// not stored (settled meanwhile).
     ///
-    /// The default reads the whole queue ([`Store::pending`]); stores override it with point
-    /// reads.
-    ///
     /// # Errors
     /// Unreadable data.
-    fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
-        let mut all: std::collections::HashMap<u64, StoredEvent> = self
-            .pending(queue)?
-            .into_iter()
-            .map(|e| (e.seq, e))
-            .collect();
-        Ok(seqs.iter().map(|s| all.remove(s)).collect())
-    }
+    fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError>;
 
     /// Create or replace a topic record.
     ///
@@ -360,31 +324,19 @@ pub trait Store: Send + Sync + 'static {
     /// Write failure.
     fn next_queue_id(&self) -> Result<QueueId, StoreError>;
 
-    /// Append events (one publish request's copies for all its persisted subscriptions),
-    /// atomically: all or none. Durable only after [`Store::commit`].
-    ///
-    /// # Errors
-    /// [`StoreError::Full`] when the disk bound would be exceeded; nothing is written then.
-    fn append(&self, items: &[(QueueId, StoredEvent)]) -> Result<(), StoreError>;
-
-    /// Make everything appended so far durable. Concurrent callers share one flush.
+    /// Make everything submitted so far durable. Concurrent callers share one flush.
     fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 
     /// The publish path: append `items` (one request's copies, the same event once per queue it
-    /// goes to) and return a [`Commit`] that resolves once they are durable. Stores see
-    /// submissions in the order they are made: the broker submits in the order it numbers
-    /// events, so the log's sequence numbers increase. Stores override it to make a whole group
-    /// of publishes durable with one sync (the log store's committer).
-    ///
-    /// The default appends and answers at once: right for stores whose [`Store::commit`] does
-    /// nothing (memory); a durable store overrides it.
+    /// goes to), atomically (all or none), and return a [`Commit`] that resolves once they are
+    /// durable. Stores see submissions in the order they are made: the broker submits in the
+    /// order it numbers events, so the log's sequence numbers increase. The log store makes a
+    /// whole group of publishes durable with one sync (its committer); the memory store
+    /// answers at once.
     ///
     /// # Errors
-    /// As [`Store::append`]: nothing is written.
-    fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {
-        self.append(&items)?;
-        Ok(Commit::done())
-    }
+    /// [`StoreError::Full`] when the disk bound would be exceeded; nothing is written then.
+    fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError>;
 
     /// Rewrite the retry state of events.
     ///
@@ -536,6 +488,23 @@ pub mod contract {
         }
     }
 
+    /// One queue's pending events, bodies included, through the production calls.
+    pub fn pending(store: &dyn Store, queue: QueueId) -> Vec<StoredEvent> {
+        let seqs: Vec<u64> = store
+            .pending_runs(queue)
+            .unwrap()
+            .events()
+            .into_iter()
+            .map(|(seq, _)| seq)
+            .collect();
+        store
+            .get(queue, &seqs)
+            .unwrap()
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
     /// Run the whole contract against a store.
     pub async fn run(store: &dyn Store) {
         let snap = store.load().unwrap();
@@ -549,10 +518,12 @@ pub mod contract {
         store.put_subscription(q2, &sub("s2")).unwrap();
 
         store
-            .append(&[(q, ev(1)), (q2, ev(1)), (q, ev(2))])
+            .submit(vec![(q, ev(1)), (q2, ev(1)), (q, ev(2))])
+            .unwrap()
+            .wait()
+            .await
             .unwrap();
-        store.commit().await.unwrap();
-        assert_eq!(store.pending(q).unwrap(), vec![ev(1), ev(2)]);
+        assert_eq!(pending(store, q), vec![ev(1), ev(2)]);
 
         let st = RetryState {
             attempts: 2,
@@ -560,10 +531,11 @@ pub mod contract {
             due_ms: 61_000,
         };
         store.update(q, &[2], st).unwrap();
-        assert_eq!(store.pending(q).unwrap()[1].state, st);
+        store.commit().await.unwrap();
+        assert_eq!(pending(store, q)[1].state, st);
 
         assert_eq!(
-            store.pending_index(q).unwrap(),
+            store.pending_runs(q).unwrap().events(),
             vec![(1, ev(1).state), (2, st)]
         );
         let mut two = ev(2);
@@ -574,7 +546,8 @@ pub mod contract {
         );
 
         store.remove(q, &[1]).unwrap();
-        assert_eq!(store.pending(q).unwrap().len(), 1);
+        store.commit().await.unwrap();
+        assert_eq!(pending(store, q).len(), 1);
         assert_eq!(store.get(q, &[1]).unwrap(), vec![None]);
 
         let snap = store.load().unwrap();
@@ -589,7 +562,7 @@ pub mod contract {
         assert!(snap.max_seq >= 2);
 
         store.delete_subscription(q2).unwrap();
-        assert!(store.pending(q2).unwrap().is_empty());
+        assert!(pending(store, q2).is_empty());
         assert_eq!(store.load().unwrap().subscriptions.len(), 1);
         store.delete_subscription(q).unwrap();
         store.delete_topic("t1").unwrap();

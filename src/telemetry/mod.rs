@@ -13,14 +13,14 @@
 //!   lives in a higher layer).
 
 mod context;
-pub mod export;
+pub(crate) mod export;
 mod metrics;
-pub mod otlp;
+pub(crate) mod otlp;
 mod span;
 mod tracer;
 
-pub use context::{TraceContext, MAX_TRACESTATE};
+pub use context::TraceContext;
 pub use export::Transport;
 pub use metrics::{MetricFamily, MetricKind, MetricPoint, PointValue};
 pub use span::{Link, SpanData, SpanKind, Status, Value};
-pub use tracer::{now_ns, resource, SpanStats, Tracer};
+pub use tracer::{now_ns, resource, Tracer};

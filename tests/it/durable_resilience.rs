@@ -258,11 +258,11 @@ impl gridlet::store::Store for GatedCommits {
     fn load(&self) -> Result<gridlet::store::Snapshot, gridlet::store::StoreError> {
         self.inner.load()
     }
-    fn pending(
+    fn pending_runs(
         &self,
         queue: gridlet::store::QueueId,
-    ) -> Result<Vec<gridlet::store::StoredEvent>, gridlet::store::StoreError> {
-        self.inner.pending(queue)
+    ) -> Result<gridlet::store::PendingRuns, gridlet::store::StoreError> {
+        self.inner.pending_runs(queue)
     }
     fn get(
         &self,
@@ -297,12 +297,6 @@ impl gridlet::store::Store for GatedCommits {
     fn next_queue_id(&self) -> Result<gridlet::store::QueueId, gridlet::store::StoreError> {
         self.inner.next_queue_id()
     }
-    fn append(
-        &self,
-        items: &[(gridlet::store::QueueId, gridlet::store::StoredEvent)],
-    ) -> Result<(), gridlet::store::StoreError> {
-        self.inner.append(items)
-    }
     fn commit(
         &self,
     ) -> futures_util::future::BoxFuture<'_, Result<(), gridlet::store::StoreError>> {
@@ -317,7 +311,8 @@ impl gridlet::store::Store for GatedCommits {
         &self,
         items: Vec<(gridlet::store::QueueId, gridlet::store::StoredEvent)>,
     ) -> Result<gridlet::store::Commit, gridlet::store::StoreError> {
-        self.inner.append(&items)?;
+        // The memory store's commit is done at once; this one waits for the gate.
+        drop(self.inner.submit(items)?);
         let _ = self.entered.send(true);
         let mut open = self.open.clone();
         let (tx, rx) = tokio::sync::oneshot::channel();

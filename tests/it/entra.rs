@@ -16,7 +16,7 @@ use std::process::Command;
 pub const TENANT: &str = "72f988bf-86f1-41af-91ab-2d7cd011db47";
 pub const SENDER: &str = "11111111-1111-1111-1111-111111111111";
 pub const RECEIVER: &str = "22222222-2222-2222-2222-222222222222";
-const ADMIN_KEY: &str = "entra-admin-key";
+pub const ADMIN_KEY: &str = "entra-admin-key";
 
 /// A locally made signing key and its JWKS.
 pub struct Signer {
@@ -134,6 +134,11 @@ pub fn entra_env(signer: &Signer, dir: &std::path::Path) -> Vec<(&'static str, S
             "inbound__clientAuth__entra__receivers",
             format!("{}/{RECEIVER}", TENANT.to_uppercase()),
         ),
+        // The file's keys only: nothing is fetched (`entra_refresh.rs` fetches from a local peer).
+        (
+            "inbound__clientAuth__entra__jwksRefreshIntervalInSeconds",
+            "0".into(),
+        ),
         ("inbound__clientAuth__sasKeys__enabled", "true".into()),
         ("inbound__clientAuth__sasKeys__key1", ADMIN_KEY.into()),
     ]
@@ -144,6 +149,11 @@ async fn gridlet(signer: &Signer) -> TestGridlet {
     let env = entra_env(signer, dir.path());
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let g = start(&env).await;
+    with_queue(g).await
+}
+
+/// `g` with the topic `q` and its queue subscription `s`, made with the admin key.
+pub async fn with_queue(g: TestGridlet) -> TestGridlet {
     for (path, body) in [
         (
             "/topics/q",
@@ -168,7 +178,7 @@ async fn gridlet(signer: &Signer) -> TestGridlet {
 }
 
 /// `(status, error message)` of `method path` with `Authorization: Bearer token`.
-async fn call(g: &TestGridlet, method: &str, path: &str, token: &str) -> (u16, String) {
+pub async fn call(g: &TestGridlet, method: &str, path: &str, token: &str) -> (u16, String) {
     let url = g.url(&format!("{path}?{NS}"));
     let req = match method {
         "GET" => g.client.get(url),
@@ -189,7 +199,7 @@ async fn call(g: &TestGridlet, method: &str, path: &str, token: &str) -> (u16, S
     )
 }
 
-const PUBLISH: &str = "/topics/q:publish";
+pub const PUBLISH: &str = "/topics/q:publish";
 const RECEIVE: &str = "/topics/q/eventsubscriptions/s:receive";
 
 #[tokio::test]

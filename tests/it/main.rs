@@ -22,6 +22,7 @@ mod docs;
 mod durable_resilience;
 mod edge;
 mod entra;
+mod entra_refresh;
 mod fuzz;
 mod harness;
 mod health_isolation;

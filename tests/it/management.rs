@@ -9,7 +9,9 @@ use futures_util::future::BoxFuture;
 use gridlet::model::record::{SubscriptionRecord, TopicRecord};
 use gridlet::store::deadletter::{DeadLetter, DeadLetterBound, DeadLetterStore, MemoryDeadLetters};
 use gridlet::store::memory::MemoryStore;
-use gridlet::store::{QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent};
+use gridlet::store::{
+    Commit, PendingRuns, QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent,
+};
 use gridlet::Parts;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -117,8 +119,8 @@ impl Store for SlowStore {
     fn load(&self) -> Result<Snapshot, StoreError> {
         self.inner.load()
     }
-    fn pending(&self, queue: QueueId) -> Result<Vec<StoredEvent>, StoreError> {
-        self.inner.pending(queue)
+    fn pending_runs(&self, queue: QueueId) -> Result<PendingRuns, StoreError> {
+        self.inner.pending_runs(queue)
     }
     fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
         self.inner.get(queue, seqs)
@@ -140,8 +142,8 @@ impl Store for SlowStore {
     fn next_queue_id(&self) -> Result<QueueId, StoreError> {
         self.inner.next_queue_id()
     }
-    fn append(&self, items: &[(QueueId, StoredEvent)]) -> Result<(), StoreError> {
-        self.inner.append(items)
+    fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {
+        self.inner.submit(items)
     }
     fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         self.inner.commit()

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
-/// A day of outage (the tracker's own test runs five, `health.rs`): about 10 s of real time,
+/// A day of outage (the tracker's own test runs five, `delivery/health/tests.rs`): about 10 s of real time,
 /// spent in the held-back tasks' once-a-second expiry sweeps.
 #[tokio::test(start_paused = true)]
 async fn a_day_down_then_one_probe_gets_through_and_everything_drains_at_once() {

@@ -11,7 +11,9 @@
 //! renews, releases (at once and with a 10 s delay), rejects, receives again (the released one
 //! with `deliveryCount` 2), and tries a settled and a malformed token; it prints what it saw.
 //! Lock expiry and the release delay's end are proven on the paused clock (`pull_clock.rs`);
-//! a restart's redelivery on the real binary (`pull_process.rs`).
+//! a restart's redelivery on the real binary (`pull_process.rs`). Entra ID tokens through each
+//! client's token-credential interface: the Python SDK in `entra.rs`, the npm one here (with
+//! namespace filters).
 
 use crate::util::{start, TestGridlet};
 use serde_json::{json, Value};
@@ -291,4 +293,86 @@ async fn binary_mode_publish_keeps_json_text_and_bytes_for_the_sdk() {
     assert_eq!(got["bytes"]["type"], "bytes", "{got}");
     let latin1: String = bytes.iter().map(|&b| b as char).collect();
     assert_eq!(got["bytes"]["data"], latin1, "{got}");
+}
+
+/// Issue 35: the npm client, unmodified, authenticating with a `TokenCredential` (an object whose
+/// `getToken` returns a token this test signed: `DefaultAzureCredential`'s interface), over
+/// HTTPS (the SDK sends bearer tokens nowhere else), receiving through namespace subscriptions
+/// whose `filtersConfiguration` sorts the events: an event type and a number range, a
+/// case-insensitive "does not contain". The sender may not receive, the receiver may not publish,
+/// an expired token gets 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn javascript_sdk_authenticates_with_a_token_credential_and_receives_through_filters() {
+    use crate::entra::{claims, entra_env, with_queue, Signer, ADMIN_KEY, RECEIVER, SENDER};
+    let s = Signer::new("k1");
+    let dir = tempfile::tempdir().unwrap();
+    let env = entra_env(&s, dir.path());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let g = with_queue(start(&env).await).await;
+    let subs = [
+        ("everything", json!({})),
+        (
+            "range",
+            json!({"filtersConfiguration": {
+                "includedEventTypes": ["js.entra"],
+                "filters": [{"operatorType": "NumberInRange", "key": "data.n", "values": [[1, 3]]}],
+            }}),
+        ),
+        (
+            "nothub",
+            json!({"filtersConfiguration": {
+                "filters": [{"operatorType": "StringNotContains", "key": "data.s", "values": ["hub"]}],
+            }}),
+        ),
+    ];
+    for (name, extra) in &subs {
+        let mut props = json!({"deliveryConfiguration": {"deliveryMode": "Queue"}});
+        props
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let r = g
+            .client
+            .put(g.url(&format!("/topics/q/eventSubscriptions/{name}")))
+            .header("aeg-sas-key", ADMIN_KEY)
+            .json(&json!({ "properties": props }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{name}: {}", r.text().await.unwrap());
+    }
+    let now = gridlet::clock::system_wall_ms() / 1000;
+    let sign = |c: &Value| s.sign(json!({"kid": "k1", "typ": "JWT"}), c);
+    let mut expired = claims(SENDER);
+    expired["exp"] = json!(now - 3600);
+    let mut args = vec![
+        g.https_base.clone().expect("https listener"),
+        "q".into(),
+        sign(&claims(SENDER)),
+        sign(&claims(RECEIVER)),
+        sign(&expired),
+    ];
+    args.extend(subs.iter().map(|(n, _)| n.to_string()));
+    let ca = g.dir.path().join("metadataDb/tls/server-cert.pem");
+    let env = vec![
+        ("NODE_PATH".to_string(), js_modules()),
+        ("NODE_EXTRA_CA_CERTS".to_string(), ca.display().to_string()),
+    ];
+    let got = run_client("node".into(), "js/sdk_entra.cjs", args, env).await;
+    assert_eq!(
+        got["scopes"],
+        json!(["https://eventgrid.azure.net/.default"]),
+        "{got}"
+    );
+    assert_eq!(got["everything"], json!(["e0", "e1", "e2", "e3"]), "{got}");
+    assert_eq!(got["everything_acknowledged"], 4, "{got}");
+    assert_eq!(got["range"], json!(["e1", "e2"]), "type and range: {got}");
+    assert_eq!(
+        got["nothub"],
+        json!(["e0", "e2", "e3"]),
+        "case-insensitive: {got}"
+    );
+    assert_eq!(got["receiver_publishes"], 403, "{got}");
+    assert_eq!(got["sender_receives"], 403, "{got}");
+    assert_eq!(got["expired_publishes"], 401, "{got}");
 }

@@ -143,7 +143,7 @@ fn a_receive_key_may_only_pull_from_its_subscription() {
             "authorization",
             HeaderValue::from_str(&format!("SharedAccessKey {key}")).unwrap(),
         );
-        require(&c, &r).map_err(|e| e.status.as_u16())
+        require(&c, None, &r).map_err(|e| e.error.status.as_u16())
     };
     assert_eq!(
         req(
@@ -228,7 +228,7 @@ fn check(c: &Config, method: Method, path: &str, header: &str, value: &str) -> R
         axum::http::HeaderName::from_bytes(header.as_bytes()).unwrap(),
         HeaderValue::from_str(value).unwrap(),
     );
-    require(c, &r).map_err(|e| e.status.as_u16())
+    require(c, None, &r).map_err(|e| e.error.status.as_u16())
 }
 
 fn in_secs(d: u64) -> String {

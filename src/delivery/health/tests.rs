@@ -1,6 +1,8 @@
 //! The tracker's rules, the verdict table, outages, records and recovery announcements.
 
 use super::*;
+use crate::delivery::sink::FailureKind;
+use serde_json::json;
 
 /// Issue 20, Low 10: the health-change log line names the endpoint without the keys
 /// webhook URLs carry in their path.

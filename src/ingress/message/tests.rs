@@ -21,7 +21,6 @@ fn msg(payload: &str) -> Message {
     Message {
         topic: "site/line1/temp".into(),
         payload: Bytes::from(payload.to_string()),
-        at_least_once: true,
         ..Message::default()
     }
 }

@@ -29,7 +29,6 @@ impl Source {
                     let message = Message {
                         topic: p.topic.clone(),
                         payload: p.payload.clone(),
-                        at_least_once: p.qos != QoS::AtMostOnce,
                         ..Message::default()
                     };
                     let ack = (p.qos != QoS::AtMostOnce).then_some(Ack::V311(p));

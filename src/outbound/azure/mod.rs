@@ -19,9 +19,9 @@
 //! each event's own outcome ([`Outcome::PerEvent`]): events a service accepted are delivered,
 //! an oversized one is dead-lettered alone, the rest are retried.
 
-pub mod blobletters;
+pub(crate) mod blobletters;
 pub(crate) mod bus;
-pub mod namespace;
+pub(crate) mod namespace;
 pub(crate) mod sas;
 pub mod sharedkey;
 pub mod storage;

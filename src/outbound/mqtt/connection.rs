@@ -3,7 +3,7 @@
 //! A [`ConnectionSpec`] is parsed from named fields ([`ConnectionSpec::parse`]), so settings
 //! (`mqtt__connections__{name}__tls__caFile`) and JSON resources (`tls.caFile`) share one parser:
 //! an error names the field in its canonical spelling ([`SpecError::field`]) and the caller
-//! turns that into its own (a settings key, a JSON path). The fields ([`FIELDS`]):
+//! turns that into its own (a settings key, a JSON path). The fields:
 //!
 //! | field | meaning |
 //! |---|---|
@@ -39,29 +39,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use super::backoff::Backoff;
-
-/// Every field [`ConnectionSpec::parse`] reads, in canonical spelling.
-pub const FIELDS: &[&str] = &[
-    "url",
-    "clientId",
-    "protocolVersion",
-    "username",
-    "password",
-    "authentication.method",
-    "authentication.tokenFile",
-    "tls.caFile",
-    "tls.certFile",
-    "tls.keyFile",
-    "tls.clientIdentity",
-    "keepAliveSeconds",
-    "cleanStart",
-    "sessionExpirySeconds",
-    "receiveMaximum",
-    "maxPacketBytes",
-];
-
-/// Fields whose values are secrets (masked wherever the fields are shown).
-pub const SECRET_FIELDS: &[&str] = &["password"];
 
 /// The one enhanced-authentication method gridlet speaks (Azure IoT Operations' broker).
 pub const K8S_SAT: &str = "K8S-SAT";

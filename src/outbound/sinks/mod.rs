@@ -13,7 +13,7 @@ pub(crate) mod edgehub;
 pub(crate) mod eventgrid;
 pub(crate) mod messaging;
 pub(crate) mod mqtt;
-pub mod resources;
+pub(crate) mod resources;
 pub(crate) mod storageblob;
 pub(crate) mod storagequeue;
 pub(crate) mod webhook;

@@ -275,21 +275,6 @@ impl SimFs {
         s.crash_at = None;
         s.rng = Some(rng);
     }
-
-    /// Bytes of every file as the running system sees them (for disk-bound checks).
-    pub fn total_bytes(&self) -> u64 {
-        let s = self.lock();
-        let named: std::collections::HashSet<FileId> = s
-            .current
-            .values()
-            .flat_map(|d| d.values().copied())
-            .collect();
-        named
-            .iter()
-            .filter_map(|id| s.files.get(id))
-            .map(|f| f.current.len() as u64)
-            .sum()
-    }
 }
 
 struct SimFile {

@@ -189,7 +189,7 @@ fn put_seqs(out: &mut Vec<u8>, seqs: &[u64]) {
 }
 
 /// A context's `tracestate` as written (at most `u16::MAX` bytes; parsing keeps it to
-/// [`crate::telemetry::MAX_TRACESTATE`]).
+/// `telemetry::context::MAX_TRACESTATE`).
 fn state_of(t: &TraceContext) -> &[u8] {
     let s = t.state.as_deref().unwrap_or("").as_bytes();
     s.get(..usize::from(u16::MAX)).unwrap_or(s)

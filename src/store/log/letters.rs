@@ -30,7 +30,8 @@
 //! * **Fail-stop**: after a failed write or sync, every later write is refused until restart.
 
 pub mod record;
-pub mod sim;
+#[cfg(test)]
+mod sim;
 #[cfg(test)]
 mod tests;
 
@@ -443,12 +444,14 @@ impl LogLetters {
     }
 
     /// Letter segment files (tests).
+    #[cfg(test)]
     pub fn segments(&self) -> usize {
         self.lock().segs.len()
     }
 
     /// The letters a [`DeadLetterStore::put`] of `letter` would evict now (the simulation's
     /// model: a put cut by the power may still have evicted them).
+    #[cfg(test)]
     pub fn would_evict(
         &self,
         queue: QueueId,

@@ -14,6 +14,16 @@
 //!
 //! Refusals say which check failed, never echo the token, and echo header values only when they
 //! are short and plain.
+//!
+//! The keys ([`Keys`]) are the JWKS file's (`jwksPath`, read at start) and the tenant's current
+//! set, fetched from its OpenID metadata by [`refresh`] periodically, at once when a token names
+//! an unknown key id (at most once per `jwksMinRefreshIntervalInSeconds`), and cached on disk for
+//! a start without the network.
+
+mod keys;
+pub mod refresh;
+
+pub use keys::Keys;
 
 use crate::config::{Entra, Jwk, Principal};
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -22,13 +32,36 @@ use ring::signature::{RsaPublicKeyComponents, RSA_PKCS1_2048_8192_SHA256};
 use serde_json::Value;
 
 /// Why a token was refused: a sentence for the 401's message.
-pub type Refusal = String;
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The sentence.
+    pub message: String,
+    /// The token names a key id that none of the keys has (a fetch of the tenant's current keys
+    /// may know it).
+    pub unknown_key: bool,
+}
 
-/// The principal of `token` if it passes every check in the module docs at `now` (Unix seconds).
+impl From<&str> for Refusal {
+    fn from(message: &str) -> Self {
+        message.to_string().into()
+    }
+}
+
+impl From<String> for Refusal {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            unknown_key: false,
+        }
+    }
+}
+
+/// The principal of `token` if it passes every check in the module docs at `now` (Unix
+/// seconds), its signature made by one of `keys`.
 ///
 /// # Errors
 /// Which check failed.
-pub fn verify(cfg: &Entra, token: &str, now: u64) -> Result<Principal, Refusal> {
+pub fn verify(cfg: &Entra, keys: &[Jwk], token: &str, now: u64) -> Result<Principal, Refusal> {
     let mut parts = token.trim().split('.');
     let (Some(h), Some(c), Some(s), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -43,22 +76,21 @@ pub fn verify(cfg: &Entra, token: &str, now: u64) -> Result<Principal, Refusal> 
             return Err("alg none (an unsigned token) is refused: only RS256 is accepted".into())
         }
         Some(alg) => {
-            return Err(format!(
-                "alg {} is refused: only RS256 is accepted",
-                shown(alg)
-            ))
+            return Err(format!("alg {} is refused: only RS256 is accepted", shown(alg)).into())
         }
         None => return Err("the header names no alg".into()),
     }
     let kid = text("kid")
         .or_else(|| text("x5t"))
         .ok_or("the header names no signing key (kid)")?;
-    let key = cfg.keys.iter().find(|k| k.kid == kid).ok_or_else(|| {
-        format!(
-            "key id {} is not one of the tenant's signing keys ({})",
+    let key = keys.iter().find(|k| k.kid == kid).ok_or_else(|| Refusal {
+        message: format!(
+            "key id {} is not one of the tenant's signing keys (fetched from {}, or in {})",
             shown(kid),
+            crate::config::Key::inbound__clientAuth__entra__authority.name(),
             crate::config::Key::inbound__clientAuth__entra__jwksPath.name()
-        )
+        ),
+        unknown_key: true,
     })?;
     let signature = decode(s).ok_or("the signature is not base64url")?;
     // The signed text is the first two parts exactly as sent.
@@ -73,7 +105,8 @@ pub fn verify(cfg: &Entra, token: &str, now: u64) -> Result<Principal, Refusal> 
         return Err(format!(
             "the issuer is not the configured tenant's ({})",
             crate::config::Key::inbound__clientAuth__entra__tenantId.name()
-        ));
+        )
+        .into());
     }
     let audience_ok = |a: &Value| {
         a.as_str().is_some_and(|a| {
@@ -90,7 +123,8 @@ pub fn verify(cfg: &Entra, token: &str, now: u64) -> Result<Principal, Refusal> 
         return Err(format!(
             "the audience is not one of {} (get the token for the scope https://eventgrid.azure.net/.default)",
             cfg.audiences.join(", ")
-        ));
+        )
+        .into());
     }
     let skew = cfg.clock_skew.as_secs();
     let time = |name: &str| claims.get(name).and_then(Value::as_f64).map(|t| t as u64);
@@ -130,7 +164,7 @@ fn json_part(part: &str, what: &str) -> Result<Value, Refusal> {
     decode(part)
         .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
         .filter(Value::is_object)
-        .ok_or_else(|| format!("the {what} is not base64url JSON"))
+        .ok_or_else(|| format!("the {what} is not base64url JSON").into())
 }
 
 /// A header value fit to echo: short and plain, else a placeholder.
@@ -159,6 +193,7 @@ mod tests {
                 n: vec![1; 256],
                 e: vec![1, 0, 1],
             }],
+            refresh: None,
             senders: vec![],
             receivers: vec![],
             clock_skew: Duration::from_secs(300),
@@ -176,7 +211,8 @@ mod tests {
     /// What is refused before any key is used (the signed cases are `tests/it/entra.rs`).
     #[test]
     fn malformed_and_unsupported_tokens_are_refused_before_the_signature() {
-        let refusal = |t: &str| verify(&cfg(), t, 1000).unwrap_err();
+        let c = cfg();
+        let refusal = |t: &str| verify(&c, &c.keys, t, 1000).unwrap_err().message;
         assert!(refusal("a.b").contains("not a JSON Web Token"));
         assert!(refusal("a.b.c.d").contains("not a JSON Web Token"));
         assert!(refusal(&token("[1]", "{}", "")).contains("header is not base64url JSON"));
@@ -192,6 +228,20 @@ mod tests {
         assert!(refusal(&token(r#"{"alg":"RS256"}"#, "{}", "")).contains("no signing key"));
         let e = refusal(&token(r#"{"alg":"RS256","kid":"other"}"#, "{}", ""));
         assert!(e.contains("key id other is not one of"), "{e}");
+        let unknown = verify(
+            &c,
+            &c.keys,
+            &token(r#"{"alg":"RS256","kid":"o"}"#, "{}", ""),
+            0,
+        );
+        assert!(unknown.unwrap_err().unknown_key);
+        let known = verify(
+            &c,
+            &c.keys,
+            &token(r#"{"alg":"RS256","kid":"k"}"#, "{}", ""),
+            0,
+        );
+        assert!(!known.unwrap_err().unknown_key);
         let e = refusal(&token(r#"{"alg":"RS256","kid":"k"}"#, "{}", "!!"));
         assert!(e.contains("signature is not base64url"), "{e}");
         let e = refusal(&token(r#"{"alg":"RS256","x5t":"k"}"#, "{}", "AAAA"));
