@@ -129,7 +129,6 @@ impl Window {
     }
 
     /// Identities remembered.
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.seen.len()
     }
