@@ -101,6 +101,9 @@ pub enum Connection {
 pub struct Source {
     spec: ConnectionSpec,
     routes: Vec<Route>,
+    /// Filters of routes removed from this connection: unsubscribed at every connect (the
+    /// session would otherwise keep them, and their messages would match no route).
+    forget: Vec<String>,
     broker: Broker,
     status: Arc<MqttConnectionMetrics>,
     generation: Generation,
@@ -108,7 +111,8 @@ pub struct Source {
 }
 
 impl Source {
-    /// Prepare the connection (nothing is dialled until [`Source::run`]).
+    /// Prepare the connection (nothing is dialled until [`Source::run`]); `forget`: filters to
+    /// unsubscribe at each connect (routes removed since the session began).
     ///
     /// # Errors
     /// The options cannot be made (the token file is unreadable).
@@ -116,12 +120,13 @@ impl Source {
         spec: ConnectionSpec,
         tls: Option<Arc<rustls::ClientConfig>>,
         routes: Vec<Route>,
+        forget: Vec<String>,
         broker: Broker,
         status: Arc<MqttConnectionMetrics>,
     ) -> Result<(Arc<Self>, Connection), crate::outbound::mqtt::connection::SpecError> {
         // Acknowledgements and subscriptions go through rumqttc's request channel; room for a
         // whole window of acknowledgements and the subscriptions.
-        let capacity = usize::from(spec.receive_maximum) * 2 + routes.len() + 16;
+        let capacity = usize::from(spec.receive_maximum) * 2 + routes.len() + forget.len() + 16;
         let (client, eventloop) = match spec.protocol {
             Protocol::V5 => {
                 let mut opts = spec.v5_options(tls)?;
@@ -140,6 +145,7 @@ impl Source {
             Arc::new(Self {
                 spec,
                 routes,
+                forget,
                 broker,
                 status,
                 generation: Generation::default(),
@@ -225,6 +231,10 @@ impl Source {
         *self.generation.lock() += 1;
         tracing::info!(connection = %self.name(), host = %self.spec.endpoint.host, session_present, "MQTT source connected");
         self.subscribe();
+        if self.routes.is_empty() {
+            // Nothing to wait for: a connection without routes is up once connected.
+            self.status.connected.store(1, Relaxed);
+        }
         self.routes.len()
     }
 
@@ -320,6 +330,21 @@ impl Source {
                 let e = format!("cannot subscribe to {}: {e}", r.filter);
                 tracing::warn!(connection = %self.name(), error = %e, "MQTT subscribe");
                 self.status.set_error(e);
+            }
+        }
+        self.unsubscribe_forgotten();
+    }
+
+    /// Unsubscribe the filters of removed routes (no UNSUBACK is awaited: a filter the session
+    /// no longer has is answered 0x11, which changes nothing).
+    fn unsubscribe_forgotten(&self) {
+        for f in &self.forget {
+            let sent = match &self.client {
+                Client::V5(c) => c.try_unsubscribe(f.clone()).map_err(|e| e.to_string()),
+                Client::V311(c) => c.try_unsubscribe(f.clone()).map_err(|e| e.to_string()),
+            };
+            if let Err(e) = sent {
+                tracing::warn!(connection = %self.name(), filter = %f, error = %e, "MQTT unsubscribe");
             }
         }
     }

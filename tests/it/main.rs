@@ -27,6 +27,7 @@ mod health_isolation;
 mod layering;
 mod management;
 mod mosquitto;
+mod mqtt_api;
 mod mqtt_out;
 mod mqtt_process;
 mod mqtt_source;
