@@ -189,6 +189,12 @@ impl Broker {
         g.push((name.to_string(), status));
     }
 
+    /// The MQTT destination connections' statuses (broker URL, client id, status), from the
+    /// sinks.
+    pub fn mqtt_destinations(&self) -> Vec<crate::delivery::sink::MqttDestinationStatus> {
+        self.inner.sinks.mqtt_destinations()
+    }
+
     /// Stop showing MQTT source connection `name` (deleted through the management API).
     pub fn unregister_mqtt_connection(&self, name: &str) {
         crate::sync::write(&self.inner.mqtt).retain(|(n, _)| n != name);
