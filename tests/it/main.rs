@@ -30,6 +30,8 @@ mod mosquitto;
 mod mqtt_api;
 mod mqtt_out;
 mod mqtt_process;
+mod mqtt_sdk;
+mod mqtt_secrets;
 mod mqtt_source;
 mod namespaces_push;
 mod node;
