@@ -205,6 +205,9 @@ impl Source {
                     });
                     self.on_suback(&mut awaiting_subacks, refused.map(|c| format!("{c:?}")));
                 }
+                Ok(Event::Incoming(Packet::UnsubAck(_))) => {
+                    self.on_suback(&mut awaiting_subacks, std::iter::empty());
+                }
                 Ok(Event::Incoming(Packet::Disconnect(d))) => {
                     let e = format!("the broker disconnected: {:?}", d.reason_code);
                     tracing::warn!(connection = %self.name(), error = %e, "MQTT source disconnected");
@@ -225,17 +228,19 @@ impl Source {
         }
     }
 
-    /// A session is up: a new generation; subscribe. Returns the SUBACKs to wait for.
+    /// A session is up: a new generation; subscribe (and unsubscribe the filters of removed
+    /// routes). Returns the SUBACKs and UNSUBACKs to wait for.
     fn on_connack(&self, session_present: bool, backoff: &mut Backoff) -> usize {
         backoff.reset();
         *self.generation.lock() += 1;
         tracing::info!(connection = %self.name(), host = %self.spec.endpoint.host, session_present, "MQTT source connected");
         self.subscribe();
-        if self.routes.is_empty() {
+        let awaited = self.routes.len() + self.forget.len();
+        if awaited == 0 {
             // Nothing to wait for: a connection without routes is up once connected.
             self.status.connected.store(1, Relaxed);
         }
-        self.routes.len()
+        awaited
     }
 
     /// A message arrived: to the acceptor (QoS 1 through the handover; QoS 0 dropped when it
@@ -262,7 +267,8 @@ impl Source {
         }
     }
 
-    /// A SUBACK; `refused` names the reason codes of the filters the broker refused.
+    /// A SUBACK (or an UNSUBACK); `refused` names the reason codes of the filters the broker
+    /// refused. The connection counts as up once every one is in.
     fn on_suback(&self, awaiting: &mut usize, refused: impl Iterator<Item = String>) {
         *awaiting = awaiting.saturating_sub(1);
         if *awaiting == 0 {
@@ -365,13 +371,19 @@ impl Source {
     }
 
     /// The routes `m` goes to: those the broker named (subscription identifiers), else those
-    /// whose filter matches its topic.
+    /// whose filter matches its topic. A named route must match the topic too: a message the
+    /// broker sends again after the routes changed (resent on a new session) carries the
+    /// identifier of the session it was first sent on, which may now number another route.
     fn routes_of(&self, m: &Message) -> Vec<usize> {
         let named: Vec<usize> = m
             .subscription_ids
             .iter()
             .filter_map(|id| id.checked_sub(1))
-            .filter(|i| *i < self.routes.len())
+            .filter(|i| {
+                self.routes
+                    .get(*i)
+                    .is_some_and(|r| route::matches(&r.filter, &m.topic))
+            })
             .collect();
         if !named.is_empty() {
             return named;

@@ -173,8 +173,9 @@ async fn a_connection_and_route_put_at_runtime_deliver_survive_a_restart_and_sto
     assert_eq!(g.get("/mqtt/routes").await.1, json!([]));
 }
 
-/// A PUT that changes a connection restarts it; the messages it held unacknowledged stay with
-/// the broker's session and come again on the new connection (same client id): none is lost.
+/// A PUT that changes a connection or its route restarts it; the messages it held
+/// unacknowledged stay with the broker's session and come again on the new connection (same
+/// client id): none is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replacing_a_connection_loses_none_of_the_messages_in_flight() {
     let mdir = tempfile::tempdir().unwrap();
@@ -182,13 +183,14 @@ async fn replacing_a_connection_loses_none_of_the_messages_in_flight() {
     let g = start(&[]).await;
     let mut rx = Receiver::start().await;
     g.topic("t").await;
+    g.topic("t2").await;
+    g.webhook_sub("t2", "s", &rx.url("/s"), json!({})).await;
     assert_eq!(
         g.put("/mqtt/connections/site", connection_body(&m)).await.0,
         200
     );
-    let route =
-        json!({"properties": {"connection": "site", "topicFilter": "line/+", "topic": "t"}});
-    assert_eq!(g.put("/mqtt/routes/r", route).await.0, 200);
+    let route = |topic: &str| json!({"properties": {"connection": "site", "topicFilter": "line/+", "topic": topic}});
+    assert_eq!(g.put("/mqtt/routes/r", route("t")).await.0, 200);
     g.wait_metric("gridlet_mqtt_connected", "connection=\"site\"", 1)
         .await;
     // The topic goes: the messages are held, unacknowledged.
@@ -200,34 +202,109 @@ async fn replacing_a_connection_loses_none_of_the_messages_in_flight() {
         numbered("line/a", 0..20, 0),
     )
     .await;
+    let count = |result: &str| format!("connection=\"site\",result=\"{result}\"");
     let held = g
         .wait_metrics("the messages held", |t| {
             metric(t, "gridlet_mqtt_paused", "connection=\"site\"") == Some(1)
+                && metric(t, "gridlet_mqtt_messages_total", &count("received")) == Some(20)
         })
         .await;
-    assert_eq!(
-        metric(
-            &held,
-            "gridlet_mqtt_messages_total",
-            "connection=\"site\",result=\"acknowledged\""
-        ),
-        Some(0)
-    );
+    let acked = metric(&held, "gridlet_mqtt_messages_total", &count("acknowledged"));
+    assert_eq!(acked, Some(0));
 
+    // The connection changes: the broker sends the 20 again to the new session, held again.
     let mut changed = connection_body(&m);
     changed["properties"]["keepAliveSeconds"] = json!(45);
     let (s, b) = g.put("/mqtt/connections/site", changed).await;
     assert_eq!(s, 200, "{b}");
-    // Once the topic is back, every message arrives, resent by the broker to the new session.
-    g.topic("t").await;
-    g.webhook_sub("t", "s", &rx.url("/s"), json!({})).await;
+    g.wait_metric("gridlet_mqtt_messages_total", &count("received"), 40)
+        .await;
+    // The route changes to a topic that exists: they come a third time, and go in.
+    assert_eq!(g.put("/mqtt/routes/r", route("t2")).await.0, 200);
     all_seqs(&mut rx, 20, WAIT * 3).await;
-    g.wait_metric(
-        "gridlet_mqtt_messages_total",
-        "connection=\"site\",result=\"acknowledged\"",
-        20,
+    g.wait_metric("gridlet_mqtt_messages_total", &count("acknowledged"), 20)
+        .await;
+}
+
+/// Deleting a route: its connection restarts without it and unsubscribes its filter. The
+/// messages it held are sent again by the broker and, wanted by no route, acknowledged and
+/// counted as refused (not handed to the route that now has its subscription identifier);
+/// later messages on its filter no longer come at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_route_is_unsubscribed_and_its_held_messages_go_to_no_other_route() {
+    let mdir = tempfile::tempdir().unwrap();
+    let m = Mosquitto::start(mdir.path()).await;
+    let g = start(&[]).await;
+    let mut rx = Receiver::start().await;
+    g.topic("ta").await;
+    g.topic("tb").await;
+    g.webhook_sub("tb", "s", &rx.url("/b"), json!({})).await;
+    assert_eq!(
+        g.put("/mqtt/connections/site", connection_body(&m)).await.0,
+        200
+    );
+    for (name, filter, topic) in [("a", "a/+", "ta"), ("b", "b/+", "tb")] {
+        let r =
+            json!({"properties": {"connection": "site", "topicFilter": filter, "topic": topic}});
+        assert_eq!(g.put(&format!("/mqtt/routes/{name}"), r).await.0, 200);
+    }
+    g.wait_metric("gridlet_mqtt_connected", "connection=\"site\"", 1)
+        .await;
+    // Route a's topic goes: its messages are held.
+    assert_eq!(g.delete("/topics/ta").await.0, 200);
+    publish_all(
+        m.port,
+        "device-1",
+        QoS::AtLeastOnce,
+        numbered("a/x", 0..3, 0),
     )
     .await;
+    g.wait_metric("gridlet_mqtt_paused", "connection=\"site\"", 1)
+        .await;
+
+    // Route a goes (b, now the first route, takes subscription identifier 1).
+    assert_eq!(g.delete("/mqtt/routes/a").await.0, 200);
+    let refused = "connection=\"site\",result=\"refused\"";
+    g.wait_metric("gridlet_mqtt_messages_total", refused, 3)
+        .await;
+    g.wait_metric("gridlet_mqtt_connected", "connection=\"site\"", 1)
+        .await;
+    publish_all(
+        m.port,
+        "device-1",
+        QoS::AtLeastOnce,
+        vec![
+            json_msg("a/y", json!({"n": 1})),
+            json_msg("b/1", json!({"n": 2})),
+        ],
+    )
+    .await;
+    let got = events_of(&rx.next().await);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["subject"], "b/1");
+    let text = g
+        .wait_metric(
+            "gridlet_mqtt_messages_total",
+            "connection=\"site\",result=\"acknowledged\"",
+            4,
+        )
+        .await;
+    assert_eq!(
+        metric(&text, "gridlet_mqtt_messages_total", refused),
+        Some(3),
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "gridlet_mqtt_messages_total",
+            "connection=\"site\",result=\"received\""
+        ),
+        Some(7),
+        "3 held, the same 3 again, b/1; a/y never came: {text}"
+    );
+    rx.nothing_within(std::time::Duration::from_millis(300))
+        .await;
 }
 
 async fn refused(g: &TestGridlet, path: &str, body: Value, code: &str, field: &str) {

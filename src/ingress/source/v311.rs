@@ -42,6 +42,9 @@ impl Source {
                         .filter(|c| matches!(c, SubscribeReasonCode::Failure));
                     self.on_suback(&mut awaiting_subacks, refused.map(|c| format!("{c:?}")));
                 }
+                Ok(Event::Incoming(Packet::UnsubAck(_))) => {
+                    self.on_suback(&mut awaiting_subacks, std::iter::empty());
+                }
                 Ok(_) => {}
                 Err(e) => {
                     self.forget_session_v311(&mut el);
