@@ -239,6 +239,7 @@ impl From<crate::ingress::manage::ManageError> for ApiError {
                 Self::bad_request("DefinedBySettings", message)
             }
             ManageError::InUse { .. } => Self::bad_request("MqttConnectionInUse", message),
+            ManageError::LimitExceeded { .. } => Self::bad_request("LimitExceeded", message),
             ManageError::Broker(b) => Self::from_broker(&b),
         }
     }

@@ -91,6 +91,16 @@ pub enum ManageError {
         /// The routes on it.
         routes: Vec<String>,
     },
+    /// A new one past `mqtt__maxConnections` or `mqtt__maxRoutes`.
+    #[error("at most {max} MQTT {}s (settings and API together; {setting})", kind.as_str())]
+    LimitExceeded {
+        /// Connection or route.
+        kind: MqttKind,
+        /// The bound.
+        max: usize,
+        /// The setting.
+        setting: &'static str,
+    },
     /// The store could not keep the change (nothing changed).
     #[error(transparent)]
     Broker(#[from] BrokerError),
@@ -374,6 +384,35 @@ impl Mqtt {
         }
     }
 
+    /// 400 when a new `name` would pass the bound on connections or routes.
+    fn within_bound(&self, kind: MqttKind, name: &str) -> Result<(), ManageError> {
+        use crate::config::Key;
+        let cfg = &self.broker.config().mqtt;
+        let st = self.lock();
+        let (exists, count, max, key) = match kind {
+            MqttKind::Connection => (
+                st.connections.contains_key(name),
+                st.connections.len(),
+                cfg.max_connections,
+                Key::mqtt__maxConnections,
+            ),
+            MqttKind::Route => (
+                st.routes.contains_key(name),
+                st.routes.len(),
+                cfg.max_routes,
+                Key::mqtt__maxRoutes,
+            ),
+        };
+        if !exists && count >= max {
+            return Err(ManageError::LimitExceeded {
+                kind,
+                max,
+                setting: key.name(),
+            });
+        }
+        Ok(())
+    }
+
     /// 400 when the settings define `name`.
     fn writable(&self, kind: MqttKind, name: &str) -> Result<(), ManageError> {
         let st = self.lock();
@@ -421,6 +460,7 @@ impl Mqtt {
             resource::fields(body, FIELDS).map_err(|e| invalid(kind, e.path, e.message))?;
         let _op = self.ops.lock().await;
         self.writable(kind, &name)?;
+        self.within_bound(kind, &name)?;
         let spec =
             ConnectionSpec::parse(&name, &|f| fields.get(f).cloned()).map_err(spec_invalid)?;
         spec.tls_config(&self.edge).map_err(spec_invalid)?;
@@ -538,6 +578,7 @@ impl Mqtt {
             resource::fields(body, route::FIELDS).map_err(|e| invalid(kind, e.path, e.message))?;
         let _op = self.ops.lock().await;
         self.writable(kind, &name)?;
+        self.within_bound(kind, &name)?;
         let r = Route::parse(&name, &|f| fields.get(f).cloned())
             .map_err(|e| invalid(kind, format!("properties.{}", e.field), e.message))?;
         if !self.lock().connections.contains_key(&r.connection) {

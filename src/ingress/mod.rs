@@ -59,6 +59,29 @@ fn setting_error(inst: &Instance, field: &str, message: impl Into<String>) -> Se
 /// # Errors
 /// The first setting that does not validate, by key.
 pub fn plan(cfg: &Config) -> Result<Plan, SettingError> {
+    use crate::config::Key;
+    let bounds = [
+        (
+            cfg.mqtt.connections.len(),
+            cfg.mqtt.max_connections,
+            Key::mqtt__maxConnections,
+            "connections",
+        ),
+        (
+            cfg.mqtt.routes.len(),
+            cfg.mqtt.max_routes,
+            Key::mqtt__maxRoutes,
+            "routes",
+        ),
+    ];
+    for (given, max, key, what) in bounds {
+        if given > max {
+            return Err(SettingError {
+                key: key.name().to_string(),
+                message: format!("{given} MQTT {what} are set, more than {max}"),
+            });
+        }
+    }
     let mut plan = Plan::default();
     for inst in &cfg.mqtt.connections {
         let spec = ConnectionSpec::parse(&inst.name, &|f| inst.get(f))
