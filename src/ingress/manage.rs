@@ -334,6 +334,12 @@ impl Mqtt {
             return;
         };
         c.forget.retain(|f| !routes.iter().any(|r| &r.filter == f));
+        // The settings' brokers are the operator's own; one made through the API meets the
+        // destinations' rule.
+        let denied = match c.origin {
+            Origin::Api => self.broker.config().outbound.denied_ranges.clone(),
+            Origin::Settings => Vec::new(),
+        };
         let started = c
             .spec
             .tls_config(&self.edge)
@@ -343,6 +349,7 @@ impl Mqtt {
                     tls,
                     routes,
                     c.forget.clone(),
+                    denied,
                     self.broker.clone(),
                     c.status.clone(),
                 )

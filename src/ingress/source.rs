@@ -104,6 +104,9 @@ pub struct Source {
     /// Filters of routes removed from this connection: unsubscribed at every connect (the
     /// session would otherwise keep them, and their messages would match no route).
     forget: Vec<String>,
+    /// Address ranges the broker may not resolve to (a connection made through the API),
+    /// checked before every connect.
+    denied: Vec<crate::config::IpRange>,
     broker: Broker,
     status: Arc<MqttConnectionMetrics>,
     generation: Generation,
@@ -112,7 +115,8 @@ pub struct Source {
 
 impl Source {
     /// Prepare the connection (nothing is dialled until [`Source::run`]); `forget`: filters to
-    /// unsubscribe at each connect (routes removed since the session began).
+    /// unsubscribe at each connect (routes removed since the session began); `denied`: address
+    /// ranges the broker's host may not resolve to (checked before every connect).
     ///
     /// # Errors
     /// The options cannot be made (the token file is unreadable).
@@ -121,6 +125,7 @@ impl Source {
         tls: Option<Arc<rustls::ClientConfig>>,
         routes: Vec<Route>,
         forget: Vec<String>,
+        denied: Vec<crate::config::IpRange>,
         broker: Broker,
         status: Arc<MqttConnectionMetrics>,
     ) -> Result<(Arc<Self>, Connection), crate::outbound::mqtt::connection::SpecError> {
@@ -146,6 +151,7 @@ impl Source {
                 spec,
                 routes,
                 forget,
+                denied,
                 broker,
                 status,
                 generation: Generation::default(),
@@ -178,6 +184,7 @@ impl Source {
         let mut awaiting_subacks = 0usize;
         // QoS 1 messages the acceptor's channel had no room for (see `Handover`).
         let mut held = Handover::new(usize::from(self.spec.receive_maximum));
+        let mut checked = false;
         loop {
             match held.pass_on(&tx) {
                 Err(()) => return, // the acceptor ended: gridlet is stopping
@@ -186,6 +193,10 @@ impl Source {
                     self.forget_session(&mut el);
                 }
                 Ok(false) => {}
+            }
+            if !checked {
+                checked = self.address_allowed(&mut backoff).await;
+                continue;
             }
             match el.poll().await {
                 Ok(Event::Incoming(Packet::ConnAck(ack))) => {
@@ -215,6 +226,7 @@ impl Source {
                 }
                 Ok(_) => {}
                 Err(e) => {
+                    checked = false;
                     self.forget_session(&mut el);
                     held.clear();
                     self.on_connection_error(e.to_string());
@@ -224,6 +236,19 @@ impl Source {
                     }
                     tokio::time::sleep(backoff.next_delay()).await;
                 }
+            }
+        }
+    }
+
+    /// Before a connect: whether the broker's host resolves outside the denied ranges; if not,
+    /// the failure is recorded and the back-off waited.
+    async fn address_allowed(&self, backoff: &mut Backoff) -> bool {
+        match self.spec.check_address(&self.denied).await {
+            Ok(()) => true,
+            Err(e) => {
+                self.on_connection_error(e);
+                tokio::time::sleep(backoff.next_delay()).await;
+                false
             }
         }
     }

@@ -635,3 +635,31 @@ async fn connections_and_routes_are_bounded_by_their_settings() {
     let e = gridlet::ingress::plan(&cfg).unwrap_err();
     assert_eq!(e.key, "mqtt__maxConnections", "{e}");
 }
+
+/// A connection made through the API meets the destinations' address rule: a host name that
+/// resolves into `outbound__deniedAddressRanges` is never dialled (checked before every
+/// connect), and its status says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_connection_resolving_into_a_denied_range_is_never_dialled() {
+    let mdir = tempfile::tempdir().unwrap();
+    let m = Mosquitto::start(mdir.path()).await;
+    let g = start(&[("outbound__deniedAddressRanges", "127.0.0.0/8")]).await;
+    let body = json!({"properties": {"url": format!("mqtt://localhost:{}", m.port)}});
+    let (s, b) = g.put("/mqtt/connections/local", body).await;
+    assert_eq!(s, 200, "{b}");
+    let status = eventually("the connection refused", || async {
+        let (_, c) = g.get("/mqtt/connections/local").await;
+        let st = c["properties"]["status"].clone();
+        match st["connectionErrors"].as_u64() {
+            Some(n) if n >= 1 => Ok(st),
+            _ => Err(c.to_string()),
+        }
+    })
+    .await;
+    assert_eq!(status["connected"], false, "{status}");
+    let why = status["lastError"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("denied range 127.0.0.0/8") && why.contains("outbound__deniedAddressRanges"),
+        "{status}"
+    );
+}

@@ -545,6 +545,31 @@ impl ConnectionSpec {
         }
     }
 
+    /// Refuse a broker whose host resolves to an address in a denied range
+    /// (`outbound__deniedAddressRanges`); run before every connect (an address literal is also
+    /// checked when the connection is made through the API).
+    ///
+    /// # Errors
+    /// The host does not resolve, or an address it resolves to is denied.
+    pub async fn check_address(&self, denied: &[crate::config::IpRange]) -> Result<(), String> {
+        if denied.is_empty() {
+            return Ok(());
+        }
+        let addrs = tokio::net::lookup_host((self.endpoint.host.as_str(), self.endpoint.port))
+            .await
+            .map_err(|e| format!("cannot resolve {}: {e}", self.endpoint.host))?;
+        for a in addrs {
+            if let Some(r) = denied.iter().find(|r| r.contains(a.ip())) {
+                return Err(format!(
+                    "the broker's address {} is in the denied range {r} ({})",
+                    a.ip(),
+                    crate::config::Key::outbound__deniedAddressRanges.name()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// rumqttc MQTT 5 options: endpoint, TLS (`tls` from [`Self::tls_config`]), client id,
     /// credentials, enhanced authentication (token read now), keep-alive, session, receive
     /// maximum, packet size. Manual acknowledgements and the outgoing in-flight limit are the

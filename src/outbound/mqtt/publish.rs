@@ -25,7 +25,7 @@
 //! a publish ends in the delivery timeout and is retried.)
 
 use super::connection::{Backoff, ConnectionSpec, EdgeTls, Scheme};
-use crate::config::{IpRange, Key};
+use crate::config::IpRange;
 use crate::metrics::MqttDestinationMetrics;
 use crate::sync::{lock, AbortOnDrop};
 use bytes::Bytes;
@@ -355,27 +355,6 @@ struct Driver {
     denied: Vec<IpRange>,
 }
 
-/// Refuse a broker whose host name resolves to an address in a denied range (checked before
-/// every connect; an IP literal was checked at `PUT` too).
-async fn check_address(spec: &ConnectionSpec, denied: &[IpRange]) -> Result<(), String> {
-    if denied.is_empty() {
-        return Ok(());
-    }
-    let addrs = tokio::net::lookup_host((spec.endpoint.host.as_str(), spec.endpoint.port))
-        .await
-        .map_err(|e| format!("cannot resolve {}: {e}", spec.endpoint.host))?;
-    for a in addrs {
-        if let Some(r) = denied.iter().find(|r| r.contains(a.ip())) {
-            return Err(format!(
-                "the broker's address {} is in the denied range {r} ({})",
-                a.ip(),
-                Key::outbound__deniedAddressRanges.name()
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Drive one connection until its [`Publisher`] is dropped.
 async fn run(mut el: EventLoop, d: Driver) {
     let mut backoff = Backoff::reconnect(&d.spec.client_id);
@@ -384,7 +363,7 @@ async fn run(mut el: EventLoop, d: Driver) {
     loop {
         let event = match checked {
             true => el.poll().await.map_err(|e| e.to_string()),
-            false => match check_address(&d.spec, &d.denied).await {
+            false => match d.spec.check_address(&d.denied).await {
                 Ok(()) => {
                     checked = true;
                     continue;
