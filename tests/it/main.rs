@@ -28,6 +28,7 @@ mod layering;
 mod management;
 mod mosquitto;
 mod mqtt_api;
+mod mqtt_api_limits;
 mod mqtt_out;
 mod mqtt_process;
 mod mqtt_sdk;
