@@ -110,7 +110,8 @@ impl Mqtt {
             .lock()
             .connections
             .get(&name)
-            .is_some_and(|c| c.fields == fields);
+            // One that could not start (a file missing then) is started again.
+            .is_some_and(|c| c.fields == fields && c.live.is_some());
         if !unchanged {
             self.persist(kind, &name, Some(fields.clone())).await?;
             {
