@@ -1,6 +1,6 @@
 //! The bounds on MQTT connections and routes made through the management API
 //! (`mqtt__maxConnections`, `mqtt__maxRoutes`) and the address rule they meet
-//! (`outbound__deniedAddressRanges`), docs/MQTT.md.
+//! (`outbound__deniedAddressRanges`), and the settings' precedence over stored ones, docs/MQTT.md.
 
 use crate::mosquitto::Mosquitto;
 use crate::util::*;
@@ -78,4 +78,42 @@ async fn an_api_connection_resolving_into_a_denied_range_is_never_dialled() {
         why.contains("denied range 127.0.0.0/8") && why.contains("outbound__deniedAddressRanges"),
         "{status}"
     );
+}
+
+/// Settings win over what the API stored: a stored connection whose name a setting takes after
+/// a restart is not used (the setting's is, read-only), and comes back once the setting is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setting_of_the_same_name_shadows_a_stored_connection() {
+    let mdir = tempfile::tempdir().unwrap();
+    let m = Mosquitto::start(mdir.path()).await;
+    let g = start(&[]).await;
+    g.topic("t").await;
+    let api = json!({"properties": {"url": "mqtt://127.0.0.1:9", "clientId": "from-api"}});
+    assert_eq!(g.put("/mqtt/connections/local", api).await.0, 200);
+    let TestGridlet {
+        g: running, dir, ..
+    } = g;
+    running.shutdown().await;
+
+    let env = crate::mqtt_source::source_env(&m, "a/#", "t");
+    let g = start_in(
+        dir,
+        &crate::mqtt_source::refs(&env),
+        gridlet::Parts::default(),
+    )
+    .await;
+    let (_, c) = g.get("/mqtt/connections/local").await;
+    assert_eq!(c["properties"]["managedBy"], "settings", "{c}");
+    assert_eq!(c["properties"]["clientId"], "gridlet-test", "{c}");
+    g.wait_metric("gridlet_mqtt_connected", "connection=\"local\"", 1)
+        .await;
+    let TestGridlet {
+        g: running, dir, ..
+    } = g;
+    running.shutdown().await;
+
+    let g = start_in(dir, &[], gridlet::Parts::default()).await;
+    let (_, c) = g.get("/mqtt/connections/local").await;
+    assert_eq!(c["properties"]["managedBy"], "api", "{c}");
+    assert_eq!(c["properties"]["clientId"], "from-api", "{c}");
 }
