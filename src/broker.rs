@@ -196,6 +196,39 @@ impl Broker {
         let _ = self.inner.entra.set(status);
     }
 
+    /// The MQTT destination connections' statuses (broker URL, client id, status), from the
+    /// sinks.
+    pub fn mqtt_destinations(&self) -> Vec<crate::delivery::sink::MqttDestinationStatus> {
+        self.inner.sinks.mqtt_destinations()
+    }
+
+    /// Stop showing MQTT source connection `name` (deleted through the management API).
+    pub fn unregister_mqtt_connection(&self, name: &str) {
+        crate::sync::write(&self.inner.mqtt).retain(|(n, _)| n != name);
+    }
+
+    /// The MQTT connections and routes made through the management API, as stored.
+    ///
+    /// # Errors
+    /// The store cannot read them.
+    pub fn mqtt_records(&self) -> Result<Vec<crate::model::record::MqttRecord>, BrokerError> {
+        Ok(self.inner.ctx.store.mqtt_records()?)
+    }
+
+    /// Keep (`Some`) or forget (`None`) an MQTT connection or route made through the management
+    /// API; durable on return. Writes the metadata store: run it through [`Broker::manage`].
+    ///
+    /// # Errors
+    /// The store cannot write it.
+    pub fn put_mqtt_record(
+        &self,
+        kind: crate::model::record::MqttKind,
+        name: &str,
+        record: Option<&crate::model::record::MqttRecord>,
+    ) -> Result<(), BrokerError> {
+        Ok(self.inner.ctx.store.put_mqtt_record(kind, name, record)?)
+    }
+
     /// The MQTT source connections' statuses, by name.
     pub fn mqtt_connections(&self) -> Vec<(String, Arc<crate::metrics::MqttConnectionMetrics>)> {
         crate::sync::read(&self.inner.mqtt).clone()

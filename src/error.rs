@@ -214,6 +214,37 @@ impl From<BrokerError> for ApiError {
     }
 }
 
+/// MQTT connections and routes through the management API (`ingress::manage`).
+impl From<crate::ingress::manage::ManageError> for ApiError {
+    fn from(e: crate::ingress::manage::ManageError) -> Self {
+        use crate::ingress::manage::ManageError;
+        use crate::model::record::MqttKind;
+        let message = e.to_string();
+        match e {
+            ManageError::Invalid { kind, .. } => Self::bad_request(
+                match kind {
+                    MqttKind::Connection => "InvalidMqttConnection",
+                    MqttKind::Route => "InvalidMqttRoute",
+                },
+                message,
+            ),
+            ManageError::NotFound { kind, .. } => Self::not_found(
+                match kind {
+                    MqttKind::Connection => "MqttConnectionNotFound",
+                    MqttKind::Route => "MqttRouteNotFound",
+                },
+                message,
+            ),
+            ManageError::DefinedBySettings { .. } => {
+                Self::bad_request("DefinedBySettings", message)
+            }
+            ManageError::InUse { .. } => Self::bad_request("MqttConnectionInUse", message),
+            ManageError::LimitExceeded { .. } => Self::bad_request("LimitExceeded", message),
+            ManageError::Broker(b) => Self::from_broker(&b),
+        }
+    }
+}
+
 impl From<crate::delivery::pull::PullError> for ApiError {
     fn from(e: crate::delivery::pull::PullError) -> Self {
         use crate::delivery::pull::PullError;

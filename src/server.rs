@@ -205,8 +205,14 @@ impl Gridlet {
         .flatten()
         .collect();
         // Before any listener is spawned, so a bad MQTT setting stops the start cleanly.
+        let plan = crate::ingress::plan(&cfg)?;
+        let stored = on_exiting_thread(|| broker.mqtt_records()).map_err(|e| match e {
+            crate::broker::BrokerError::Store(s) => OpenError::Store(s),
+            other => OpenError::Store(crate::store::StoreError::Io(other.to_string())),
+        })?;
         let mqtt = crate::ingress::start(
-            crate::ingress::plan(&cfg)?,
+            plan,
+            stored,
             &broker,
             &edge.as_ref().map(EdgeRuntime::mqtt_tls).unwrap_or_default(),
         )?;
@@ -216,6 +222,7 @@ impl Gridlet {
         let router = api::router(AppState {
             stopping: stop_rx.clone(),
             broker: broker.clone(),
+            mqtt: mqtt.manager(),
             metrics_enabled: cfg.metrics == MetricsReporter::Prometheus,
             ready: ready.clone(),
             bodies: Arc::new(api::body::BodyBudget::new(

@@ -15,9 +15,9 @@ pub(super) async fn live() -> &'static str {
 
 /// Readiness: the broker accepts work (503 while shutting down). The body says so, names any
 /// data the store found damaged at start (`persistence__onDamage=serve`), and adds one line per
-/// MQTT source connection (its state does not change readiness: publishing over HTTP works
-/// whatever the brokers do) and one for the Entra signing keys (stale keys do not either: tokens
-/// signed with the keys known still verify).
+/// MQTT source connection and per MQTT destination connection (their state does not change
+/// readiness: publishing over HTTP works whatever the brokers do) and one for the Entra signing
+/// keys (stale keys do not either: tokens signed with the keys known still verify).
 pub(super) async fn ready(State(s): State<AppState>) -> Response {
     if s.ready.load(Ordering::Relaxed) {
         let mut body = String::from("ready");
@@ -28,6 +28,9 @@ pub(super) async fn ready(State(s): State<AppState>) -> Response {
         }
         for (name, m) in s.broker.mqtt_connections() {
             body.push_str(&mqtt_line(&name, &m));
+        }
+        for (broker, client_id, m) in s.broker.mqtt_destinations() {
+            body.push_str(&destination_line(&broker, &client_id, &m));
         }
         if let Some(keys) = &s.entra {
             body.push('\n');
@@ -79,6 +82,31 @@ fn mqtt_line(name: &str, m: &crate::metrics::MqttConnectionMetrics) -> String {
     if m.paused.load(Ordering::Relaxed) == 1 {
         line.push_str(", paused (gridlet cannot accept its messages now)");
     }
+    if let Some(e) = m.last_error() {
+        line.push_str("; last error: ");
+        line.push_str(&e.replace('\n', " "));
+    }
+    line
+}
+
+/// `\nmqtt destination mqtt://b:1883 (gridlet-x-0): connected, published 2, acknowledged 2,
+/// refused 0[; last error: ...]`.
+fn destination_line(
+    broker: &str,
+    client_id: &str,
+    m: &crate::metrics::MqttDestinationMetrics,
+) -> String {
+    let state = if m.is_connected() {
+        "connected"
+    } else {
+        "disconnected"
+    };
+    let mut line = format!(
+        "\nmqtt destination {broker} ({client_id}): {state}, published {}, acknowledged {}, refused {}",
+        m.published.get(),
+        m.acknowledged.get(),
+        m.refused.get()
+    );
     if let Some(e) = m.last_error() {
         line.push_str("; last error: ");
         line.push_str(&e.replace('\n', " "));

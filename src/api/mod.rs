@@ -22,6 +22,7 @@ pub mod entra;
 mod events;
 mod health;
 pub mod long_poll;
+mod mqtt;
 mod overview;
 mod pull;
 mod sas_token;
@@ -81,6 +82,8 @@ pub struct AppState {
     pub ready: Arc<std::sync::atomic::AtomicBool>,
     /// Request bodies being read, all connections together (`inbound__maxBodyBytesInFlight`).
     pub bodies: Arc<body::BodyBudget>,
+    /// The MQTT sources' connections and routes (`/mqtt/...`).
+    pub mqtt: Arc<crate::ingress::manage::Mqtt>,
     /// The caps on waiting receives (`inbound__maxLongPolls*`).
     pub long_polls: Arc<long_poll::LongPolls>,
     /// Turns true when gridlet begins to stop: long polls (the console's tail) answer at once,
@@ -177,6 +180,22 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/topics/{topic}/tail", get(topics::tail))
         .route("/broker/overview", get(overview::get))
+        .route("/mqtt/connections", get(mqtt::list_connections))
+        .route("/mqtt/connections/", get(mqtt::list_connections))
+        .route(
+            "/mqtt/connections/{name}",
+            put(mqtt::put_connection)
+                .get(mqtt::get_connection)
+                .delete(mqtt::delete_connection),
+        )
+        .route("/mqtt/routes", get(mqtt::list_routes))
+        .route("/mqtt/routes/", get(mqtt::list_routes))
+        .route(
+            "/mqtt/routes/{name}",
+            put(mqtt::put_route)
+                .get(mqtt::get_route)
+                .delete(mqtt::delete_route),
+        )
         .route("/topics/{topic}/events", post(events::publish))
         .route(
             "/topics/{topic}/events/{event_id}",

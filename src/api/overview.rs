@@ -56,6 +56,23 @@ pub(super) async fn get(State(s): State<AppState>) -> Json<Value> {
             })
         })
         .collect();
+    let destinations: Vec<Value> = s
+        .broker
+        .mqtt_destinations()
+        .iter()
+        .map(|(broker, client_id, m)| {
+            json!({
+                "broker": broker,
+                "clientId": client_id,
+                "connected": m.is_connected(),
+                "published": m.published.get(),
+                "acknowledged": m.acknowledged.get(),
+                "refused": m.refused.get(),
+                "connectionErrors": m.connection_errors.get(),
+                "lastError": m.last_error(),
+            })
+        })
+        .collect();
     let mut outages: Vec<Value> = Vec::new();
     for topic in s.broker.topics() {
         let name = topic.topic().name;
@@ -88,6 +105,7 @@ pub(super) async fn get(State(s): State<AppState>) -> Json<Value> {
         "sampleFields": ["time", "eventsIn", "eventsOut", "failedAttempts", "deadLettered", "pendingBytes", "diskBytes"],
         "samples": samples,
         "mqttConnections": mqtt,
+        "mqttDestinations": destinations,
         "outages": outages,
     }))
 }

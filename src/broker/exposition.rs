@@ -4,7 +4,8 @@
 use super::*;
 use crate::metrics::text::{Series, SeriesValue};
 use crate::metrics::{
-    BrokerView, CommitView, EndpointView, Kind, MqttView, SubscriptionView, TopicView,
+    BrokerView, CommitView, EndpointView, Kind, MqttDestinationView, MqttView, SubscriptionView,
+    TopicView,
 };
 use crate::telemetry::{MetricFamily, MetricKind, MetricPoint, PointValue};
 
@@ -47,10 +48,19 @@ impl Broker {
             })
             .collect();
         let mqtt = self.mqtt_connections();
+        let destinations = self.mqtt_destinations();
         let snapshot = metrics::Snapshot {
             mqtt: mqtt
                 .iter()
                 .map(|(name, m)| MqttView { name, metrics: m })
+                .collect(),
+            mqtt_destinations: destinations
+                .iter()
+                .map(|(broker, client_id, m)| MqttDestinationView {
+                    broker,
+                    client_id,
+                    metrics: m,
+                })
                 .collect(),
             topics: topics
                 .iter()

@@ -212,7 +212,7 @@ impl Config {
         let edge = parse::edge(&raw);
         let log_format = parse::log_format(&raw)?;
         let telemetry = parse::telemetry(&raw)?;
-        let mqtt = mqtt::mqtt(&raw);
+        let mqtt = mqtt::mqtt(&raw)?;
         let console = parse::console(&raw)?;
         let changed = Key::ALL
             .iter()

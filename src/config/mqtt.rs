@@ -58,13 +58,17 @@ impl fmt::Debug for Instance {
     }
 }
 
-/// MQTT connections and routes, in name order.
+/// MQTT connections and routes, in name order, and the bounds on them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Mqtt {
     /// `mqtt__connections__{name}__*`.
     pub connections: Vec<Instance>,
     /// `mqtt__routes__{name}__*`.
     pub routes: Vec<Instance>,
+    /// `mqtt__maxConnections`: connections of the settings and the API together.
+    pub max_connections: usize,
+    /// `mqtt__maxRoutes`: routes of the settings and the API together.
+    pub max_routes: usize,
 }
 
 impl Mqtt {
@@ -74,9 +78,13 @@ impl Mqtt {
     }
 }
 
-/// The instances of `raw`, sorted into their families.
-pub(super) fn mqtt(raw: &Raw) -> Mqtt {
-    let mut out = Mqtt::default();
+/// The instances of `raw`, sorted into their families, and the bounds.
+pub(super) fn mqtt(raw: &Raw) -> Result<Mqtt, super::ConfigError> {
+    let mut out = Mqtt {
+        max_connections: raw.int(Key::mqtt__maxConnections, 1, 10_000)? as usize,
+        max_routes: raw.int(Key::mqtt__maxRoutes, 1, 100_000)? as usize,
+        ..Mqtt::default()
+    };
     for ((family, name), values) in &raw.instances {
         let fields = values
             .iter()
@@ -96,5 +104,5 @@ pub(super) fn mqtt(raw: &Raw) -> Mqtt {
             _ => {}
         }
     }
-    out
+    Ok(out)
 }

@@ -136,7 +136,7 @@ impl Raw {
         }
     }
 
-    fn int(&self, key: K, min: u64, max: u64) -> Result<u64, ConfigError> {
+    pub(super) fn int(&self, key: K, min: u64, max: u64) -> Result<u64, ConfigError> {
         // The docs print 1_058_576 for readability; accept underscores.
         let cleaned: String = self.text(key).chars().filter(|c| *c != '_').collect();
         match cleaned.parse::<u64>() {

@@ -169,6 +169,8 @@ settings! {
     mqtt__routes__N__topic = "" : "the gridlet topic its messages are published to (must exist; its input schema decides the event shape, docs/MQTT.md)";
     mqtt__routes__N__qos = "1" : "subscription QoS: `1` (at least once: acknowledged only once gridlet accepted the event) or `0` (at most once: messages gridlet cannot accept are dropped and counted)";
     mqtt__routes__N__enrichments = "" : "comma-separated `key=value` attributes added to each event: a static value, or `${mqtt.message.userProperties.x}`, `${mqtt.message.topicName}`, `${mqtt.message.contentType}`, `${mqtt.message.pfi}`, `${mqtt.message.responseTopic}`; keys lower-case letters and digits, at most 20 of them, values at most 128 characters (Event Grid namespaces' rules)";
+    mqtt__maxConnections = "32" : "most MQTT source connections, of the settings and the management API together: a `PUT /mqtt/connections/{name}` of a new one past it is a 400 (each is a socket, two tasks and up to `receiveMaximum` messages held)";
+    mqtt__maxRoutes = "256" : "most MQTT routes, of the settings and the management API together: a `PUT /mqtt/routes/{name}` of a new one past it is a 400";
     console__enabled = "true" : "serve the operator console at `/console` on gridlet's own listeners; its data comes from the management API with the API's authentication (an administrator's SAS key, kept in the browser tab, or client certificate); docs/CONSOLE.md";
     console__traceUrlTemplate = "" : "link from an event's or dead letter's trace id in the console to a trace viewer: a URL in which `{traceId}` is replaced (`http://jaeger:16686/trace/{traceId}`); empty = no links";
     metrics__reporterType = "none" : "`none`, `prometheus` (serve `/metrics`), `console` (log metrics every 60 s)";

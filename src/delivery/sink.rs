@@ -238,7 +238,16 @@ pub trait Sink: Send + Sync + 'static {
 pub trait SinkFactory: Send + Sync + 'static {
     /// The sink for `sub`. Called when a subscription is created or updated.
     fn create(&self, sub: &Subscription) -> Arc<dyn Sink>;
+
+    /// The open MQTT destination connections' statuses, `(broker URL, client id, status)`, for
+    /// `/metrics` and the readiness detail (none from a factory without MQTT).
+    fn mqtt_destinations(&self) -> Vec<MqttDestinationStatus> {
+        Vec::new()
+    }
 }
+
+/// One MQTT destination connection: broker URL, client id, status.
+pub type MqttDestinationStatus = (String, String, Arc<crate::metrics::MqttDestinationMetrics>);
 
 /// A sink for destinations this build cannot reach (e.g. Event Hubs without the cloud): every
 /// attempt fails with a clear reason, and the retry policy decides what happens next.

@@ -11,18 +11,21 @@
 //! Connections are `outbound::mqtt::connection::ConnectionSpec`s, shared with the MQTT
 //! destination. Configuration is settings (`mqtt__connections__{name}__*`,
 //! `mqtt__routes__{name}__*`): [`plan`] validates them (errors name the setting), [`start`]
-//! runs them. This module sits beside `api` and `edge`: it publishes through the broker.
+//! runs them with those made through the management API ([`manage`], [`resource`]: the JSON
+//! shape; stored in the metadata store). This module sits beside `api` and `edge`: it
+//! publishes through the broker; `api` calls [`manage::Mqtt`].
 
+pub(crate) mod manage;
 pub(crate) mod message;
+pub(crate) mod resource;
 pub(crate) mod route;
 pub(crate) mod source;
 
 use crate::broker::Broker;
 use crate::config::{Config, Instance};
-use crate::metrics::MqttConnectionMetrics;
+use crate::model::record::MqttRecord;
 use crate::model::topic::EventSchema;
-use crate::outbound::mqtt::connection::{ConnectionSpec, EdgeTls};
-use crate::sync::AbortOnDrop;
+use crate::outbound::mqtt::connection::{ConnectionSpec, EdgeTls, SpecError};
 use route::Route;
 use std::sync::Arc;
 
@@ -56,6 +59,29 @@ fn setting_error(inst: &Instance, field: &str, message: impl Into<String>) -> Se
 /// # Errors
 /// The first setting that does not validate, by key.
 pub fn plan(cfg: &Config) -> Result<Plan, SettingError> {
+    use crate::config::Key;
+    let bounds = [
+        (
+            cfg.mqtt.connections.len(),
+            cfg.mqtt.max_connections,
+            Key::mqtt__maxConnections,
+            "connections",
+        ),
+        (
+            cfg.mqtt.routes.len(),
+            cfg.mqtt.max_routes,
+            Key::mqtt__maxRoutes,
+            "routes",
+        ),
+    ];
+    for (given, max, key, what) in bounds {
+        if given > max {
+            return Err(SettingError {
+                key: key.name().to_string(),
+                message: format!("{given} MQTT {what} are set, more than {max}"),
+            });
+        }
+    }
     let mut plan = Plan::default();
     for inst in &cfg.mqtt.connections {
         let spec = ConnectionSpec::parse(&inst.name, &|f| inst.get(f))
@@ -167,30 +193,45 @@ pub fn check_topics(plan: &Plan, broker: &Broker) -> Result<(), SettingError> {
     Ok(())
 }
 
-/// The running MQTT sources; dropping it stops them.
-#[derive(Default)]
-pub struct Sources {
-    _tasks: Vec<AbortOnDrop>,
+/// A connection's field error as the setting's error.
+fn spec_setting_error(connection: &str, e: &SpecError) -> SettingError {
+    SettingError {
+        key: format!(
+            "mqtt__connections__{connection}__{}",
+            e.field.replace('.', "__")
+        ),
+        message: e.message.clone(),
+    }
 }
 
-/// Start every connection of `plan`, its status registered with the broker's metrics.
+/// The running MQTT sources; dropping it stops them. [`Sources::manager`] is what the
+/// management API works on.
+pub struct Sources(Arc<manage::Mqtt>);
+
+impl Sources {
+    /// The connections and routes, for the management API.
+    pub fn manager(&self) -> Arc<manage::Mqtt> {
+        self.0.clone()
+    }
+}
+
+impl Drop for Sources {
+    fn drop(&mut self) {
+        self.0.stop_all();
+    }
+}
+
+/// Start every connection of `plan` and every stored one (`stored`: made through the
+/// management API, [`manage`]), their statuses registered with the broker's metrics.
 ///
 /// # Errors
-/// A file that cannot be read, an IoT Edge identity outside IoT Edge, an unusable route.
-pub fn start(plan: Plan, broker: &Broker, edge: &EdgeTls) -> Result<Sources, SettingError> {
-    check_topics(&plan, broker)?;
-    let mut tasks = Vec::new();
-    for (spec, routes) in plan.connections {
-        let tls = tls_of(&spec, edge)?;
-        let status = Arc::new(MqttConnectionMetrics::default());
-        broker.register_mqtt_connection(&spec.name, status.clone());
-        let name = spec.name.clone();
-        let (src, eventloop) = source::Source::new(spec, tls, routes, broker.clone(), status)
-            .map_err(|e| SettingError {
-                key: format!("mqtt__connections__{name}__{}", e.field.replace('.', "__")),
-                message: e.message,
-            })?;
-        tasks.push(AbortOnDrop(tokio::spawn(src.run(eventloop))));
-    }
-    Ok(Sources { _tasks: tasks })
+/// A file that cannot be read, an IoT Edge identity outside IoT Edge, an unusable route (of
+/// the settings; a stored one that no longer validates is logged and left out).
+pub fn start(
+    plan: Plan,
+    stored: Vec<MqttRecord>,
+    broker: &Broker,
+    edge: &EdgeTls,
+) -> Result<Sources, SettingError> {
+    manage::Mqtt::start(plan, stored, broker, edge).map(Sources)
 }

@@ -89,18 +89,48 @@ impl Value {
     }
 }
 
-/// Parse `key=value,key=value` enrichments.
+/// Every field [`Route::parse`] reads.
+pub const FIELDS: &[&str] = &["connection", "topicFilter", "topic", "qos", "enrichments"];
+
+/// The `key`/`value` pairs of enrichments as given: `key=value,key=value` (settings), or a JSON
+/// object of strings (the management API; a value may then hold a comma).
+///
+/// # Errors
+/// An item that is not `key=value`, or a JSON object with a value that is not a string.
+pub fn enrichment_pairs(text: &str) -> Result<Vec<(String, String)>, RouteError> {
+    let field = "enrichments";
+    if text.trim_start().starts_with('{') {
+        let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)
+            .map_err(|e| bad(field, format!("not a JSON object: {e}")))?;
+        return map
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => Ok((k, s)),
+                _ => Err(bad(field, format!("the value of `{k}` must be a string"))),
+            })
+            .collect();
+    }
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|item| {
+            item.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .ok_or_else(|| bad(field, format!("`{item}` is not key=value")))
+        })
+        .collect()
+}
+
+/// Parse enrichments: `key=value,key=value`, or a JSON object of strings
+/// ([`enrichment_pairs`]).
 ///
 /// # Errors
 /// A key or value outside the rules (see the module docs), named in the message.
 pub fn parse_enrichments(text: &str) -> Result<Vec<(String, Value)>, RouteError> {
     let field = "enrichments";
     let mut out: Vec<(String, Value)> = Vec::new();
-    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (k, v) = item
-            .split_once('=')
-            .ok_or_else(|| bad(field, format!("`{item}` is not key=value")))?;
-        let (k, v) = (k.trim(), v.trim());
+    for (k, v) in enrichment_pairs(text)? {
+        let (k, v) = (k.as_str(), v.as_str());
         if k.is_empty()
             || k.len() > MAX_KEY_LEN
             || !k
@@ -335,6 +365,16 @@ mod tests {
             let err = parse_enrichments(bad).expect_err(bad);
             assert_eq!(err.field, "enrichments");
         }
+        let json = parse_enrichments(r#"{"site":"a,b","t":"${mqtt.message.topicName}"}"#).unwrap();
+        assert_eq!(
+            json,
+            vec![
+                ("site".to_string(), Value::Static("a,b".into())),
+                ("t".to_string(), Value::TopicName)
+            ]
+        );
+        assert!(parse_enrichments(r#"{"a":1}"#).is_err());
+        assert!(parse_enrichments(r#"{"Site":"x"}"#).is_err());
         let long = format!("a={}", "x".repeat(129));
         assert!(parse_enrichments(&long).is_err());
         let many: Vec<String> = (0..21).map(|i| format!("k{i}=v")).collect();

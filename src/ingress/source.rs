@@ -101,6 +101,12 @@ pub enum Connection {
 pub struct Source {
     spec: ConnectionSpec,
     routes: Vec<Route>,
+    /// Filters of routes removed from this connection: unsubscribed at every connect (the
+    /// session would otherwise keep them, and their messages would match no route).
+    forget: Vec<String>,
+    /// Address ranges the broker may not resolve to (a connection made through the API),
+    /// checked before every connect.
+    denied: Vec<crate::config::IpRange>,
     broker: Broker,
     status: Arc<MqttConnectionMetrics>,
     generation: Generation,
@@ -108,7 +114,9 @@ pub struct Source {
 }
 
 impl Source {
-    /// Prepare the connection (nothing is dialled until [`Source::run`]).
+    /// Prepare the connection (nothing is dialled until [`Source::run`]); `forget`: filters to
+    /// unsubscribe at each connect (routes removed since the session began); `denied`: address
+    /// ranges the broker's host may not resolve to (checked before every connect).
     ///
     /// # Errors
     /// The options cannot be made (the token file is unreadable).
@@ -116,12 +124,14 @@ impl Source {
         spec: ConnectionSpec,
         tls: Option<Arc<rustls::ClientConfig>>,
         routes: Vec<Route>,
+        forget: Vec<String>,
+        denied: Vec<crate::config::IpRange>,
         broker: Broker,
         status: Arc<MqttConnectionMetrics>,
     ) -> Result<(Arc<Self>, Connection), crate::outbound::mqtt::connection::SpecError> {
         // Acknowledgements and subscriptions go through rumqttc's request channel; room for a
         // whole window of acknowledgements and the subscriptions.
-        let capacity = usize::from(spec.receive_maximum) * 2 + routes.len() + 16;
+        let capacity = usize::from(spec.receive_maximum) * 2 + routes.len() + forget.len() + 16;
         let (client, eventloop) = match spec.protocol {
             Protocol::V5 => {
                 let mut opts = spec.v5_options(tls)?;
@@ -140,6 +150,8 @@ impl Source {
             Arc::new(Self {
                 spec,
                 routes,
+                forget,
+                denied,
                 broker,
                 status,
                 generation: Generation::default(),
@@ -172,6 +184,7 @@ impl Source {
         let mut awaiting_subacks = 0usize;
         // QoS 1 messages the acceptor's channel had no room for (see `Handover`).
         let mut held = Handover::new(usize::from(self.spec.receive_maximum));
+        let mut checked = false;
         loop {
             match held.pass_on(&tx) {
                 Err(()) => return, // the acceptor ended: gridlet is stopping
@@ -180,6 +193,10 @@ impl Source {
                     self.forget_session(&mut el);
                 }
                 Ok(false) => {}
+            }
+            if !checked {
+                checked = self.address_allowed(&mut backoff).await;
+                continue;
             }
             match el.poll().await {
                 Ok(Event::Incoming(Packet::ConnAck(ack))) => {
@@ -199,6 +216,9 @@ impl Source {
                     });
                     self.on_suback(&mut awaiting_subacks, refused.map(|c| format!("{c:?}")));
                 }
+                Ok(Event::Incoming(Packet::UnsubAck(_))) => {
+                    self.on_suback(&mut awaiting_subacks, std::iter::empty());
+                }
                 Ok(Event::Incoming(Packet::Disconnect(d))) => {
                     let e = format!("the broker disconnected: {:?}", d.reason_code);
                     tracing::warn!(connection = %self.name(), error = %e, "MQTT source disconnected");
@@ -206,6 +226,7 @@ impl Source {
                 }
                 Ok(_) => {}
                 Err(e) => {
+                    checked = false;
                     self.forget_session(&mut el);
                     held.clear();
                     self.on_connection_error(e.to_string());
@@ -219,13 +240,32 @@ impl Source {
         }
     }
 
-    /// A session is up: a new generation; subscribe. Returns the SUBACKs to wait for.
+    /// Before a connect: whether the broker's host resolves outside the denied ranges; if not,
+    /// the failure is recorded and the back-off waited.
+    async fn address_allowed(&self, backoff: &mut Backoff) -> bool {
+        match self.spec.check_address(&self.denied).await {
+            Ok(()) => true,
+            Err(e) => {
+                self.on_connection_error(e);
+                tokio::time::sleep(backoff.next_delay()).await;
+                false
+            }
+        }
+    }
+
+    /// A session is up: a new generation; subscribe (and unsubscribe the filters of removed
+    /// routes). Returns the SUBACKs and UNSUBACKs to wait for.
     fn on_connack(&self, session_present: bool, backoff: &mut Backoff) -> usize {
         backoff.reset();
         *self.generation.lock() += 1;
         tracing::info!(connection = %self.name(), host = %self.spec.endpoint.host, session_present, "MQTT source connected");
         self.subscribe();
-        self.routes.len()
+        let awaited = self.routes.len() + self.forget.len();
+        if awaited == 0 {
+            // Nothing to wait for: a connection without routes is up once connected.
+            self.status.connected.store(1, Relaxed);
+        }
+        awaited
     }
 
     /// A message arrived: to the acceptor (QoS 1 through the handover; QoS 0 dropped when it
@@ -252,7 +292,8 @@ impl Source {
         }
     }
 
-    /// A SUBACK; `refused` names the reason codes of the filters the broker refused.
+    /// A SUBACK (or an UNSUBACK); `refused` names the reason codes of the filters the broker
+    /// refused. The connection counts as up once every one is in.
     fn on_suback(&self, awaiting: &mut usize, refused: impl Iterator<Item = String>) {
         *awaiting = awaiting.saturating_sub(1);
         if *awaiting == 0 {
@@ -322,6 +363,21 @@ impl Source {
                 self.status.set_error(e);
             }
         }
+        self.unsubscribe_forgotten();
+    }
+
+    /// Unsubscribe the filters of removed routes (no UNSUBACK is awaited: a filter the session
+    /// no longer has is answered 0x11, which changes nothing).
+    fn unsubscribe_forgotten(&self) {
+        for f in &self.forget {
+            let sent = match &self.client {
+                Client::V5(c) => c.try_unsubscribe(f.clone()).map_err(|e| e.to_string()),
+                Client::V311(c) => c.try_unsubscribe(f.clone()).map_err(|e| e.to_string()),
+            };
+            if let Err(e) = sent {
+                tracing::warn!(connection = %self.name(), filter = %f, error = %e, "MQTT unsubscribe");
+            }
+        }
     }
 
     async fn accept(self: Arc<Self>, mut rx: mpsc::Receiver<Received>) {
@@ -340,13 +396,19 @@ impl Source {
     }
 
     /// The routes `m` goes to: those the broker named (subscription identifiers), else those
-    /// whose filter matches its topic.
+    /// whose filter matches its topic. A named route must match the topic too: a message the
+    /// broker sends again after the routes changed (resent on a new session) carries the
+    /// identifier of the session it was first sent on, which may now number another route.
     fn routes_of(&self, m: &Message) -> Vec<usize> {
         let named: Vec<usize> = m
             .subscription_ids
             .iter()
             .filter_map(|id| id.checked_sub(1))
-            .filter(|i| *i < self.routes.len())
+            .filter(|i| {
+                self.routes
+                    .get(*i)
+                    .is_some_and(|r| route::matches(&r.filter, &m.topic))
+            })
             .collect();
         if !named.is_empty() {
             return named;

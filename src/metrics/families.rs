@@ -158,10 +158,23 @@ pub struct MqttView<'a> {
     pub metrics: &'a super::MqttConnectionMetrics,
 }
 
+/// An MQTT destination connection, as the metrics see it.
+pub struct MqttDestinationView<'a> {
+    /// The broker, `mqtt(s)://host:port` (label `broker`).
+    pub broker: &'a str,
+    /// The connection's client id (label `client_id`: connections to one broker with other
+    /// credentials are other connections).
+    pub client_id: &'a str,
+    /// Its status.
+    pub metrics: &'a super::MqttDestinationMetrics,
+}
+
 /// Everything one exposition shows.
 pub struct Snapshot<'a> {
     /// MQTT source connections.
     pub mqtt: Vec<MqttView<'a>>,
+    /// MQTT destination connections.
+    pub mqtt_destinations: Vec<MqttDestinationView<'a>>,
     /// Topics, in the order to show them.
     pub topics: Vec<TopicView<'a>>,
     /// Subscriptions, in the order to show them.
@@ -310,6 +323,25 @@ pub fn mqtt_families<'a>() -> [Family<MqttView<'a>>; 4] {
     ]
 }
 
+/// MQTT destination families: one series per publishing connection (docs/MQTT.md).
+pub fn mqtt_destination_families<'a>() -> [Family<MqttDestinationView<'a>>; 3] {
+    use std::sync::atomic::Ordering::Relaxed;
+    use Kind::*;
+    [
+        family("gridlet_mqtt_destination_connected", Gauge, "1 while the MQTT destination connection has a session with its broker", |c| n(c.metrics.connected.load(Relaxed))),
+        Family {
+            name: "gridlet_mqtt_destination_messages_total",
+            kind: Counter,
+            help: "MQTT destination messages by result: published (written to the connection); acknowledged (QoS 1 PUBACK with a success reason code); refused (PUBACK reason code 0x80 or above)",
+            read: Read::By("result", |c| {
+                let m = c.metrics;
+                vec![("published", m.published.get()), ("acknowledged", m.acknowledged.get()), ("refused", m.refused.get())]
+            }),
+        },
+        family("gridlet_mqtt_destination_connection_errors_total", Counter, "MQTT destination connection attempts that failed and sessions that ended", |c| n(c.metrics.connection_errors.get())),
+    ]
+}
+
 /// Broker-wide families: one series each (omitted when not applicable).
 pub fn broker_families() -> [Family<BrokerView>; 15] {
     use Kind::*;
@@ -431,6 +463,16 @@ pub fn visit(s: &Snapshot<'_>, f: &mut FamilyVisitor<'_>) {
         let views = s.mqtt.iter().map(|c| (vec![("connection", c.name)], c));
         f(fam.name, fam.kind, fam.help, &series(&fam, views));
     }
+    for fam in mqtt_destination_families() {
+        if s.mqtt_destinations.is_empty() {
+            break;
+        }
+        let views = s
+            .mqtt_destinations
+            .iter()
+            .map(|c| (vec![("broker", c.broker), ("client_id", c.client_id)], c));
+        f(fam.name, fam.kind, fam.help, &series(&fam, views));
+    }
     for fam in broker_families() {
         let one = series(&fam, std::iter::once((Vec::new(), &s.broker)));
         if !one.is_empty() {
@@ -457,6 +499,7 @@ mod tests {
         v.extend(subscription_families().iter().map(|f| (f.name, f.help)));
         v.extend(broker_families().iter().map(|f| (f.name, f.help)));
         v.extend(mqtt_families().iter().map(|f| (f.name, f.help)));
+        v.extend(mqtt_destination_families().iter().map(|f| (f.name, f.help)));
         v
     }
 
@@ -487,10 +530,17 @@ mod tests {
         let m = super::super::MqttConnectionMetrics::default();
         m.received.add(4);
         m.connected.store(1, std::sync::atomic::Ordering::Relaxed);
+        let d = super::super::MqttDestinationMetrics::default();
+        d.published.add(2);
         let snap = Snapshot {
             mqtt: vec![MqttView {
                 name: "plant",
                 metrics: &m,
+            }],
+            mqtt_destinations: vec![MqttDestinationView {
+                broker: "mqtt://b:1883",
+                client_id: "gridlet-x-0",
+                metrics: &d,
             }],
             topics: vec![TopicView {
                 name: "t",
@@ -524,6 +574,10 @@ mod tests {
         );
         assert!(
             out.contains("gridlet_mqtt_connected{connection=\"plant\"} 1"),
+            "{out}"
+        );
+        assert!(
+            out.contains("gridlet_mqtt_destination_messages_total{broker=\"mqtt://b:1883\",client_id=\"gridlet-x-0\",result=\"published\"} 2"),
             "{out}"
         );
         assert!(

@@ -13,8 +13,8 @@ pub mod ring;
 pub mod text;
 
 pub use families::{
-    render, visit, BrokerView, CommitView, EndpointView, EntraStatus, EntraView, Kind, MqttView,
-    Snapshot, SubscriptionView, TopicView,
+    render, visit, BrokerView, CommitView, EndpointView, EntraStatus, EntraView, Kind,
+    MqttDestinationView, MqttView, Snapshot, SubscriptionView, TopicView,
 };
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -137,6 +137,44 @@ pub struct SubscriptionMetrics {
     pub rejected: Counter,
     /// Queue subscriptions: locks that expired unsettled.
     pub lock_expired: Counter,
+}
+
+/// One MQTT destination connection's status (docs/MQTT.md, "MQTT as a destination"): its
+/// connection task and the publishes write, the metrics and the readiness detail read.
+#[derive(Debug, Default)]
+pub struct MqttDestinationMetrics {
+    /// 1 while an MQTT session is up.
+    pub connected: AtomicU64,
+    /// Messages written to the connection (PUBLISH packets sent; a QoS 0 one is then delivered).
+    pub published: Counter,
+    /// QoS 1 messages the broker acknowledged with a success reason code (below 0x80).
+    pub acknowledged: Counter,
+    /// QoS 1 messages the broker refused (PUBACK reason code 0x80 or above).
+    pub refused: Counter,
+    /// Connection attempts that failed, and sessions that ended.
+    pub connection_errors: Counter,
+    /// The last error (connection, refusal), if any.
+    last_error: std::sync::Mutex<Option<String>>,
+}
+
+impl MqttDestinationMetrics {
+    /// Record `e` as the last error.
+    pub fn set_error(&self, e: String) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+    }
+
+    /// The last error.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Whether a session is up.
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Relaxed) == 1
+    }
 }
 
 /// One MQTT source connection's status (docs/MQTT.md): the task that drives it writes, the

@@ -299,5 +299,68 @@ impl Subscription {
     }
 }
 
+/// Which kind of MQTT resource an [`MqttRecord`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MqttKind {
+    /// A broker connection (`/mqtt/connections/{name}`).
+    Connection,
+    /// A route (`/mqtt/routes/{name}`).
+    Route,
+}
+
+impl MqttKind {
+    /// `connection` or `route`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Connection => "connection",
+            Self::Route => "route",
+        }
+    }
+}
+
+/// An MQTT connection or route made through the management API, as stored: its fields as
+/// given, by their canonical names (`url`, `tls.caFile`, `topicFilter`), the secrets among them
+/// (a connection's `password`) included. It is parsed again at start by the same parser as the
+/// settings (`crate::ingress`). `Debug` shows the field names only, never a value.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MqttRecord {
+    /// Format version ([`RECORD_VERSION`]).
+    pub v: u32,
+    /// Connection or route.
+    pub kind: MqttKind,
+    /// Its name (lower case).
+    pub name: String,
+    /// Field → value as given (numbers and booleans as text).
+    pub fields: std::collections::BTreeMap<String, String>,
+}
+
+impl MqttRecord {
+    /// The record of `kind` `name` with `fields`.
+    pub fn new(
+        kind: MqttKind,
+        name: &str,
+        fields: std::collections::BTreeMap<String, String>,
+    ) -> Self {
+        Self {
+            v: RECORD_VERSION,
+            kind,
+            name: name.to_string(),
+            fields,
+        }
+    }
+}
+
+impl fmt::Debug for MqttRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MqttRecord")
+            .field("kind", &self.kind)
+            .field("name", &self.name)
+            .field("fields", &self.fields.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -50,7 +50,7 @@ mod trace_tests;
 #[cfg(test)]
 mod write_tests;
 
-use crate::model::record::{SubscriptionRecord, TopicRecord};
+use crate::model::record::{MqttKind, MqttRecord, SubscriptionRecord, TopicRecord};
 use crate::store::deadletter::DeadLetterStore;
 use crate::store::fs::{Fs, RealFs};
 use crate::store::sled::SledMeta;
@@ -451,6 +451,19 @@ impl Store for LogStore {
 
     fn put_endpoint_health(&self, url: &str, record: Option<&Value>) -> Result<(), StoreError> {
         self.meta.write_endpoint_health(url, record)
+    }
+
+    fn mqtt_records(&self) -> Result<Vec<MqttRecord>, StoreError> {
+        self.meta.mqtt_records()
+    }
+
+    fn put_mqtt_record(
+        &self,
+        kind: MqttKind,
+        name: &str,
+        record: Option<&MqttRecord>,
+    ) -> Result<(), StoreError> {
+        self.meta.write_mqtt_record(kind, name, record)
     }
 }
 

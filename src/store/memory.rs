@@ -3,7 +3,7 @@
 use super::{
     Commit, PendingRuns, QueueId, RetryState, Settlement, Snapshot, Store, StoreError, StoredEvent,
 };
-use crate::model::record::{SubscriptionRecord, TopicRecord};
+use crate::model::record::{MqttKind, MqttRecord, SubscriptionRecord, TopicRecord};
 use futures_util::future::BoxFuture;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -13,6 +13,7 @@ struct Inner {
     topics: BTreeMap<String, (u64, TopicRecord)>,
     subs: BTreeMap<QueueId, SubscriptionRecord>,
     events: BTreeMap<(QueueId, u64), StoredEvent>,
+    mqtt: BTreeMap<(&'static str, String), MqttRecord>,
     next_queue: QueueId,
     order: u64,
     max_seq: u64,
@@ -68,6 +69,25 @@ impl Store for MemoryStore {
             .iter()
             .map(|s| g.events.get(&(queue, *s)).cloned())
             .collect())
+    }
+
+    fn mqtt_records(&self) -> Result<Vec<MqttRecord>, StoreError> {
+        Ok(self.lock().mqtt.values().cloned().collect())
+    }
+
+    fn put_mqtt_record(
+        &self,
+        kind: MqttKind,
+        name: &str,
+        record: Option<&MqttRecord>,
+    ) -> Result<(), StoreError> {
+        let key = (kind.as_str(), name.to_string());
+        let mut g = self.lock();
+        match record {
+            Some(r) => g.mqtt.insert(key, r.clone()),
+            None => g.mqtt.remove(&key),
+        };
+        Ok(())
     }
 
     fn put_topic(&self, key: &str, record: &TopicRecord) -> Result<(), StoreError> {

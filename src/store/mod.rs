@@ -29,7 +29,7 @@ pub mod memory;
 pub mod sled;
 
 use crate::clock::WallMs;
-use crate::model::record::{SubscriptionRecord, TopicRecord};
+use crate::model::record::{MqttKind, MqttRecord, SubscriptionRecord, TopicRecord};
 use bytes::Bytes;
 use deadletter::DeadLetterStore;
 use futures_util::future::BoxFuture;
@@ -415,6 +415,30 @@ pub trait Store: Send + Sync + 'static {
     /// Write failure.
     fn put_endpoint_health(&self, _url: &str, _record: Option<&Value>) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// The MQTT connections and routes made through the management API (`crate::ingress`).
+    ///
+    /// # Errors
+    /// Unreadable data, or a record this build does not read.
+    fn mqtt_records(&self) -> Result<Vec<MqttRecord>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Keep (`Some`) or forget (`None`) the MQTT connection or route `kind` `name`; durable on
+    /// return.
+    ///
+    /// # Errors
+    /// Write failure, or a store that keeps no MQTT records.
+    fn put_mqtt_record(
+        &self,
+        _kind: MqttKind,
+        _name: &str,
+        _record: Option<&MqttRecord>,
+    ) -> Result<(), StoreError> {
+        Err(StoreError::Io(
+            "this store keeps no MQTT connections or routes".into(),
+        ))
     }
 }
 

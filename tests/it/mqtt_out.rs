@@ -390,6 +390,54 @@ async fn a_refused_publish_is_dead_lettered_at_once_and_the_rest_delivered() {
     // A refusal says nothing about the broker: the good event is delivered (counted once its
     // PUBACK is settled, which may come after the subscriber has the message).
     t.wait_metric("DeliverySuccessCounts", lbl, 1).await;
+
+    // The connection's status: in /metrics, the readiness detail and the console's overview.
+    // The wildcard topic was never sent; the broker acknowledged one message and refused one.
+    let series = |m: &str, family: &str, result: &str| -> Option<u64> {
+        let prefix = format!("{family}{{broker=\"{}\",client_id=\"gridlet-", broker.url());
+        m.lines()
+            .filter(|l| l.starts_with(&prefix) && l.contains(result))
+            .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+    };
+    let family = "gridlet_mqtt_destination_messages_total";
+    let m = t
+        .wait_metrics("the destination's acknowledgement counted", |m| {
+            series(m, family, "result=\"acknowledged\"") == Some(1)
+        })
+        .await;
+    assert_eq!(series(&m, family, "result=\"published\""), Some(2), "{m}");
+    assert_eq!(series(&m, family, "result=\"refused\""), Some(1), "{m}");
+    assert_eq!(
+        series(&m, "gridlet_mqtt_destination_connected", "} "),
+        Some(1),
+        "{m}"
+    );
+    let ready = t
+        .client
+        .get(format!("{}/readyz", t.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = ready
+        .lines()
+        .find(|l| l.starts_with(&format!("mqtt destination {} (gridlet-", broker.url())))
+        .unwrap_or_else(|| panic!("{ready}"));
+    assert!(
+        line.contains("connected, published 2, acknowledged 1, refused 1")
+            && line.contains("last error: the MQTT broker refused the message: PUBACK reason 0x87"),
+        "{line}"
+    );
+    let (_, o) = t.get("/broker/overview").await;
+    let d = &o["mqttDestinations"][0];
+    assert_eq!(d["broker"], broker.url(), "{o}");
+    assert_eq!(
+        (d["refused"].as_u64(), d["connected"].as_bool()),
+        (Some(1), Some(true)),
+        "{o}"
+    );
 }
 
 #[tokio::test]

@@ -73,7 +73,7 @@ fn queue_puts(topic: &str) -> Vec<(String, Value)> {
 
 /// Run `program tests/pull/{script} args…` (the client runs while this runtime keeps serving
 /// gridlet); it must succeed, and what it prints is one JSON object.
-async fn run_client(
+pub(crate) async fn run_client(
     program: String,
     script: &str,
     args: Vec<String>,

@@ -177,7 +177,8 @@ pub async fn start_with(extra: &[(&str, &str)], parts: Parts) -> TestGridlet {
     start_in(tempfile::tempdir().unwrap(), extra, parts).await
 }
 
-/// Start gridlet with its data in `dir` (a restart: the last run's `dir`).
+/// Start gridlet with its metadata and events in `dir` (a gridlet stopped before started on
+/// the same `dir` again finds what it stored).
 pub async fn start_in(dir: tempfile::TempDir, extra: &[(&str, &str)], parts: Parts) -> TestGridlet {
     let mut env = base_env(dir.path());
     env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));

@@ -160,6 +160,26 @@ fn pull_md_walk_through_with_the_python_sdk() {
         .run();
 }
 
+/// docs/MQTT.md, the management API's walk-through: Mosquitto, a broker, the sample
+/// subscriber; a connection and a route PUT while gridlet runs, a message from `mosquitto_pub`
+/// delivered with the route's enrichment, the GET with its password masked, the 400 for a
+/// connection a route uses, and both deleted.
+#[test]
+fn mqtt_md_management_api_walk_through_with_mosquitto() {
+    let (api, tls, hook, mqtt) = (free_port(), free_port(), free_port(), free_port());
+    Walk::new("docs/MQTT.md", "mqtt-api")
+        .env("inbound__httpPort", api)
+        .env("inbound__httpsPort", tls)
+        .env("SUBSCRIBER_PORT", hook)
+        .env("MQTT_PORT", mqtt)
+        .env("B", format!("http://localhost:{api}"))
+        .env("HOOK", format!("http://localhost:{hook}/events"))
+        .ready("mosquitto", mqtt)
+        .ready("broker", api)
+        .ready("receiver", hook)
+        .run();
+}
+
 /// docs/OBSERVABILITY.md: the trace receiver it suggests (`tests/otel/collector.py`), a broker
 /// exporting to it, an event dead-lettered in the publisher's trace, the health gauge through
 /// `/metrics?api-version`, the dead letter listed and replayed.

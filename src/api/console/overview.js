@@ -58,7 +58,7 @@ export async function overview() {
   return main;
 }
 
-/** The MQTT brokers gridlet reads from, and the endpoints it cannot reach (an outage: their
+/** The MQTT brokers gridlet reads from and publishes to, and the endpoints it cannot reach (an outage: their
  * events wait, uncharged, and go at the first probe answered). */
 function connections(o) {
   const out = [];
@@ -70,6 +70,14 @@ function connections(o) {
       c.connected ? (c.paused ? 'connected, paused' : 'connected') : 'disconnected',
       String(c.received), String(c.acknowledged), String(c.refused), String(c.dropped), c.lastError || '—']))
     : el('p', { class: 'muted' }, 'No MQTT source connections.'));
+  if (o.mqttDestinations && o.mqttDestinations.length) {
+    out.push(table('MQTT destinations', [{ label: 'Broker' }, { label: 'Client id' }, { label: 'State' },
+      { label: 'Published', num: true }, { label: 'Acknowledged', num: true },
+      { label: 'Refused', num: true, narrow: true }, { label: 'Last error', narrow: true }],
+    o.mqttDestinations.map((d) => [el('code', {}, d.broker), el('code', {}, d.clientId),
+      d.connected ? 'connected' : 'disconnected', String(d.published), String(d.acknowledged),
+      String(d.refused), d.lastError || '—'])));
+  }
   out.push(o.outages.length
     ? table('Endpoints in an outage', [{ label: 'Topic' }, { label: 'Subscription' },
       { label: 'Unreachable since' }, { label: 'Last success' }],

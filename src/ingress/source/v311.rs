@@ -12,6 +12,7 @@ impl Source {
         let mut backoff = Backoff::reconnect(self.name());
         let mut awaiting_subacks = 0usize;
         let mut held = Handover::new(usize::from(self.spec.receive_maximum));
+        let mut checked = false;
         loop {
             match held.pass_on(&tx) {
                 Err(()) => return,
@@ -20,6 +21,10 @@ impl Source {
                     self.forget_session_v311(&mut el);
                 }
                 Ok(false) => {}
+            }
+            if !checked {
+                checked = self.address_allowed(&mut backoff).await;
+                continue;
             }
             match el.poll().await {
                 Ok(Event::Incoming(Packet::ConnAck(ack))) => {
@@ -41,8 +46,12 @@ impl Source {
                         .filter(|c| matches!(c, SubscribeReasonCode::Failure));
                     self.on_suback(&mut awaiting_subacks, refused.map(|c| format!("{c:?}")));
                 }
+                Ok(Event::Incoming(Packet::UnsubAck(_))) => {
+                    self.on_suback(&mut awaiting_subacks, std::iter::empty());
+                }
                 Ok(_) => {}
                 Err(e) => {
+                    checked = false;
                     self.forget_session_v311(&mut el);
                     held.clear();
                     self.on_connection_error(e.to_string());

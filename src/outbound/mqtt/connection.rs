@@ -3,7 +3,7 @@
 //! A [`ConnectionSpec`] is parsed from named fields ([`ConnectionSpec::parse`]), so settings
 //! (`mqtt__connections__{name}__tls__caFile`) and JSON resources (`tls.caFile`) share one parser:
 //! an error names the field in its canonical spelling ([`SpecError::field`]) and the caller
-//! turns that into its own (a settings key, a JSON path). The fields:
+//! turns that into its own (a settings key, a JSON path). The fields ([`FIELDS`]):
 //!
 //! | field | meaning |
 //! |---|---|
@@ -39,6 +39,29 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use super::backoff::Backoff;
+
+/// Every field [`ConnectionSpec::parse`] reads, in canonical spelling.
+pub const FIELDS: &[&str] = &[
+    "url",
+    "clientId",
+    "protocolVersion",
+    "username",
+    "password",
+    "authentication.method",
+    "authentication.tokenFile",
+    "tls.caFile",
+    "tls.certFile",
+    "tls.keyFile",
+    "tls.clientIdentity",
+    "keepAliveSeconds",
+    "cleanStart",
+    "sessionExpirySeconds",
+    "receiveMaximum",
+    "maxPacketBytes",
+];
+
+/// Fields whose values are secrets (masked wherever the fields are shown).
+pub const SECRET_FIELDS: &[&str] = &["password"];
 
 /// The one enhanced-authentication method gridlet speaks (Azure IoT Operations' broker).
 pub const K8S_SAT: &str = "K8S-SAT";
@@ -520,6 +543,31 @@ impl ConnectionSpec {
                 Ok(Some(Bytes::copy_from_slice(trimmed)))
             }
         }
+    }
+
+    /// Refuse a broker whose host resolves to an address in a denied range
+    /// (`outbound__deniedAddressRanges`); run before every connect (an address literal is also
+    /// checked when the connection is made through the API).
+    ///
+    /// # Errors
+    /// The host does not resolve, or an address it resolves to is denied.
+    pub async fn check_address(&self, denied: &[crate::config::IpRange]) -> Result<(), String> {
+        if denied.is_empty() {
+            return Ok(());
+        }
+        let addrs = tokio::net::lookup_host((self.endpoint.host.as_str(), self.endpoint.port))
+            .await
+            .map_err(|e| format!("cannot resolve {}: {e}", self.endpoint.host))?;
+        for a in addrs {
+            if let Some(r) = denied.iter().find(|r| r.contains(a.ip())) {
+                return Err(format!(
+                    "the broker's address {} is in the denied range {r} ({})",
+                    a.ip(),
+                    crate::config::Key::outbound__deniedAddressRanges.name()
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// rumqttc MQTT 5 options: endpoint, TLS (`tls` from [`Self::tls_config`]), client id,

@@ -25,7 +25,8 @@
 //! a publish ends in the delivery timeout and is retried.)
 
 use super::connection::{Backoff, ConnectionSpec, EdgeTls, Scheme};
-use crate::config::{IpRange, Key};
+use crate::config::IpRange;
+use crate::metrics::MqttDestinationMetrics;
 use crate::sync::{lock, AbortOnDrop};
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5::{PubAckReason, PublishProperties};
@@ -112,15 +113,16 @@ struct Tracker {
 }
 
 impl Tracker {
-    /// `Outgoing::Publish(pkid)`: the oldest unsent request went out.
-    fn sent(&mut self, pkid: u16) {
+    /// `Outgoing::Publish(pkid)`: the oldest unsent request went out. `true`: it was the
+    /// re-send of a collided publish (already counted).
+    fn sent(&mut self, pkid: u16) -> bool {
         if self.collided == Some(pkid) {
             // The re-send of a collided publish: its waiter is already filed.
             self.collided = None;
-            return;
+            return true;
         }
         let Some(w) = self.unsent.pop_front() else {
-            return;
+            return false;
         };
         if pkid == 0 {
             // QoS 0: written, nothing to wait for.
@@ -128,6 +130,7 @@ impl Tracker {
         } else {
             self.awaiting.entry(pkid).or_default().push_back(w);
         }
+        false
     }
 
     /// `Outgoing::AwaitAck(pkid)`: the oldest request collided with an unacknowledged id.
@@ -178,6 +181,10 @@ struct Shared {
     slots: Arc<Semaphore>,
     /// Largest packet the broker takes (its CONNACK's maximum packet size, at most ours).
     max_packet: AtomicU32,
+    /// The client id the connection uses (with the broker URL, what its metrics name it by).
+    client_id: String,
+    /// Connected, counts, last error: `/metrics` and the readiness detail.
+    status: Arc<MqttDestinationMetrics>,
 }
 
 /// One publishing connection. Cheap to share through its `Arc`; dropping the last one closes it.
@@ -256,6 +263,8 @@ impl Publisher {
             state: AtomicU8::new(CONNECTING),
             slots: Arc::new(Semaphore::new(REQUEST_CAPACITY)),
             max_packet: AtomicU32::new(spec.max_packet_bytes),
+            client_id: client_id.to_string(),
+            status: Arc::new(MqttDestinationMetrics::default()),
         });
         let task = tokio::spawn(run(
             eventloop,
@@ -275,6 +284,16 @@ impl Publisher {
     /// Whether a session is up.
     pub fn is_connected(&self) -> bool {
         self.shared.state.load(Ordering::Relaxed) == CONNECTED
+    }
+
+    /// Its client id.
+    pub fn client_id(&self) -> &str {
+        &self.shared.client_id
+    }
+
+    /// Its status (connected, counts, last error).
+    pub fn status(&self) -> &Arc<MqttDestinationMetrics> {
+        &self.shared.status
     }
 
     /// The largest packet the broker takes.
@@ -336,27 +355,6 @@ struct Driver {
     denied: Vec<IpRange>,
 }
 
-/// Refuse a broker whose host name resolves to an address in a denied range (checked before
-/// every connect; an IP literal was checked at `PUT` too).
-async fn check_address(spec: &ConnectionSpec, denied: &[IpRange]) -> Result<(), String> {
-    if denied.is_empty() {
-        return Ok(());
-    }
-    let addrs = tokio::net::lookup_host((spec.endpoint.host.as_str(), spec.endpoint.port))
-        .await
-        .map_err(|e| format!("cannot resolve {}: {e}", spec.endpoint.host))?;
-    for a in addrs {
-        if let Some(r) = denied.iter().find(|r| r.contains(a.ip())) {
-            return Err(format!(
-                "the broker's address {} is in the denied range {r} ({})",
-                a.ip(),
-                Key::outbound__deniedAddressRanges.name()
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Drive one connection until its [`Publisher`] is dropped.
 async fn run(mut el: EventLoop, d: Driver) {
     let mut backoff = Backoff::reconnect(&d.spec.client_id);
@@ -365,7 +363,7 @@ async fn run(mut el: EventLoop, d: Driver) {
     loop {
         let event = match checked {
             true => el.poll().await.map_err(|e| e.to_string()),
-            false => match check_address(&d.spec, &d.denied).await {
+            false => match d.spec.check_address(&d.denied).await {
                 Ok(()) => {
                     checked = true;
                     continue;
@@ -388,12 +386,25 @@ async fn run(mut el: EventLoop, d: Driver) {
                     .max_packet
                     .store(theirs.min(d.ours), Ordering::Relaxed);
                 shared.state.store(CONNECTED, Ordering::Relaxed);
+                shared.status.connected.store(1, Ordering::Relaxed);
                 tracing::info!(broker = %broker, "MQTT destination connected");
             }
             Ok(Event::Incoming(Incoming::PubAck(ack))) => {
+                if reason_code(ack.reason) < 0x80 {
+                    shared.status.acknowledged.inc();
+                } else {
+                    shared.status.refused.inc();
+                    shared
+                        .status
+                        .set_error(PublishError::Refused(ack.reason).to_string());
+                }
                 lock(&shared.tracker).acked(ack.pkid, ack.reason);
             }
-            Ok(Event::Outgoing(Outgoing::Publish(pkid))) => lock(&shared.tracker).sent(pkid),
+            Ok(Event::Outgoing(Outgoing::Publish(pkid))) => {
+                if !lock(&shared.tracker).sent(pkid) {
+                    shared.status.published.inc();
+                }
+            }
             Ok(Event::Outgoing(Outgoing::AwaitAck(pkid))) => {
                 lock(&shared.tracker).collision(pkid);
             }
@@ -401,6 +412,9 @@ async fn run(mut el: EventLoop, d: Driver) {
             Err(e) => {
                 checked = false;
                 shared.state.store(DOWN, Ordering::Relaxed);
+                shared.status.connected.store(0, Ordering::Relaxed);
+                shared.status.connection_errors.inc();
+                shared.status.set_error(e.clone());
                 {
                     // Drop the session: fail every waiter (see the module documentation).
                     let mut t = lock(&shared.tracker);
@@ -462,6 +476,21 @@ impl Publishers {
             id_prefix: id_prefix.to_string(),
             next: AtomicU32::new(0),
         }
+    }
+
+    /// The open connections' statuses: `(broker URL, client id, status)`.
+    pub fn statuses(&self) -> Vec<(String, String, Arc<MqttDestinationMetrics>)> {
+        lock(&self.open)
+            .iter()
+            .filter_map(|(spec, w)| {
+                let p = w.upgrade()?;
+                Some((
+                    broker_url(spec),
+                    p.client_id().to_string(),
+                    p.status().clone(),
+                ))
+            })
+            .collect()
     }
 
     /// The connection for `spec`, opened now if none is (inside the tokio runtime).
@@ -545,7 +574,7 @@ mod tests {
         t.collision(5);
         t.acked(5, PubAckReason::Success);
         assert_eq!(old.try_recv(), Ok(Ok(())));
-        t.sent(5);
+        assert!(t.sent(5), "the collided publish's re-send, counted once");
         t.sent(6);
         t.acked(5, PubAckReason::Success);
         assert_eq!(new.try_recv(), Ok(Ok(())));

@@ -420,6 +420,10 @@ impl SinkFactory for DefaultSinks {
             ))),
         }
     }
+
+    fn mqtt_destinations(&self) -> Vec<crate::delivery::sink::MqttDestinationStatus> {
+        self.ctx.mqtt.publishers.statuses()
+    }
 }
 
 /// An [`UnsupportedSink`] for a value a type's builder did not recognise (never expected: the

@@ -1,5 +1,6 @@
-//! Metadata: topics, subscriptions, queue ids and endpoint-health records, in the metadata
-//! database (trees `topics`, `subs`, `health`; layout in the [`super`] docs). Topics and
+//! Metadata: topics, subscriptions, queue ids, endpoint-health records and the MQTT connections
+//! and routes made through the API, in the metadata database (trees `topics`, `subs`, `health`,
+//! `mqtt`; layout in the [`super`] docs). Topics and
 //! subscriptions are their typed, versioned records (`crate::model::record`), as JSON; a
 //! record of another version is refused at start-up, naming the database and the record.
 //!
@@ -8,7 +9,7 @@
 
 use super::codec::be;
 use super::{corrupt, io};
-use crate::model::record::{check_version, SubscriptionRecord, TopicRecord};
+use crate::model::record::{check_version, MqttKind, MqttRecord, SubscriptionRecord, TopicRecord};
 use crate::store::{QueueId, StoreError};
 use serde_json::Value;
 use std::collections::HashSet;
@@ -38,6 +39,8 @@ pub struct SledMeta {
     subs: sled::Tree,
     /// Endpoint-health records (destination URL → JSON).
     health: sled::Tree,
+    /// MQTT connections and routes (`connection/{name}`, `route/{name}` → record).
+    mqtt: sled::Tree,
     /// Serialises `write_topic` order assignment.
     topic_order: Mutex<()>,
     path: PathBuf,
@@ -59,6 +62,7 @@ impl SledMeta {
             topics: meta.open_tree("topics").map_err(io)?,
             subs: meta.open_tree("subs").map_err(io)?,
             health: meta.open_tree("health").map_err(io)?,
+            mqtt: meta.open_tree("mqtt").map_err(io)?,
             meta,
             topic_order: Mutex::new(()),
             path: metadata_path.to_path_buf(),
@@ -208,6 +212,41 @@ impl SledMeta {
         self.flush_meta()
     }
 
+    /// The MQTT connections and routes made through the API.
+    ///
+    /// # Errors
+    /// Unreadable data, or a record this build does not read (naming the database and the
+    /// record).
+    pub fn mqtt_records(&self) -> Result<Vec<MqttRecord>, StoreError> {
+        let db = self.path.join(super::SUBDIR).join("meta");
+        let mut out = Vec::new();
+        for item in self.mqtt.iter() {
+            let (k, v) = item.map_err(io)?;
+            let rec: MqttRecord = decode(&v)
+                .map_err(|e| corrupt(&db, format!("MQTT {}: {e}", String::from_utf8_lossy(&k))))?;
+            out.push(rec);
+        }
+        Ok(out)
+    }
+
+    /// Keep or forget an MQTT connection or route; flushed on return.
+    ///
+    /// # Errors
+    /// Write failure.
+    pub fn write_mqtt_record(
+        &self,
+        kind: MqttKind,
+        name: &str,
+        record: Option<&MqttRecord>,
+    ) -> Result<(), StoreError> {
+        let key = format!("{}/{name}", kind.as_str());
+        match record {
+            Some(r) => self.mqtt.insert(key, encode(r)?).map(|_| ()).map_err(io)?,
+            None => self.mqtt.remove(key).map(|_| ()).map_err(io)?,
+        }
+        self.flush_meta()
+    }
+
     fn flush_meta(&self) -> Result<(), StoreError> {
         self.meta.flush().map(|_| ()).map_err(io)
     }
@@ -258,5 +297,23 @@ mod tests {
             e.contains("topic 't2'") && e.contains("earlier development format"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn mqtt_records_round_trip_and_are_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = SledMeta::open(dir.path(), 0).unwrap();
+        let fields = [("url".to_string(), "mqtt://b:1883".to_string())].into();
+        let c = MqttRecord::new(MqttKind::Connection, "site", fields);
+        let r = MqttRecord::new(MqttKind::Route, "site", Default::default());
+        m.write_mqtt_record(MqttKind::Connection, "site", Some(&c))
+            .unwrap();
+        m.write_mqtt_record(MqttKind::Route, "site", Some(&r))
+            .unwrap();
+        drop(m);
+        let m = SledMeta::open(dir.path(), 0).unwrap();
+        assert_eq!(m.mqtt_records().unwrap(), vec![c.clone(), r]);
+        m.write_mqtt_record(MqttKind::Route, "site", None).unwrap();
+        assert_eq!(m.mqtt_records().unwrap(), vec![c]);
     }
 }
