@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// No push subscription here: a sink that is never used.
-struct NoSinks;
+pub(crate) struct NoSinks;
 
 struct Never;
 
@@ -32,15 +32,24 @@ impl SinkFactory for NoSinks {
     }
 }
 
+/// The wall time the tests start at.
+pub(crate) const T0: u64 = 1_700_000_000_000;
+
 fn open(extra: &[(&str, &str)], queue: Value) -> Broker {
     let vars = extra.iter().map(|(k, v)| (k.to_string(), v.to_string()));
     let broker = Broker::open(
         Arc::new(Config::from_vars(vars).unwrap()),
         Arc::new(MemoryStore::new()),
         Arc::new(NoSinks),
-        Clock::anchored_at(1_700_000_000_000),
+        Clock::anchored_at(T0),
     )
     .unwrap();
+    create(&broker, queue);
+    broker
+}
+
+/// A CloudEvents topic `q` with a queue subscription `s` (persisted: the default).
+pub(crate) fn create(broker: &Broker, queue: Value) {
     broker
         .put_topic(
             Topic::from_put(
@@ -57,10 +66,9 @@ fn open(extra: &[(&str, &str)], queue: Value) -> Broker {
             json!({"properties":{"deliveryConfiguration":{"deliveryMode":"Queue","queue":queue}}}),
         )
         .unwrap();
-    broker
 }
 
-async fn publish(b: &Broker, ids: &[&str]) {
+pub(crate) async fn publish(b: &Broker, ids: &[&str]) {
     let events: Vec<Value> = ids
         .iter()
         .map(|id| json!({"specversion":"1.0","id":id,"source":"/t","type":"t"}))
@@ -82,7 +90,7 @@ async fn publish(b: &Broker, ids: &[&str]) {
 }
 
 /// Receive up to `max` (no wait): `(id, deliveryCount, token)`.
-async fn receive(b: &Broker, max: usize) -> Vec<(String, u32, String)> {
+pub(crate) async fn receive(b: &Broker, max: usize) -> Vec<(String, u32, String)> {
     let h = b.find_subscription("q", "s").unwrap();
     let got = h
         .pull()
