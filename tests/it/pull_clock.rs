@@ -251,3 +251,37 @@ async fn locks_are_bounded_per_subscription() {
     let got = receive(&b, 10).await;
     assert_eq!(got.len(), 3);
 }
+
+/// A persisted subscription keeps a window of its backlog in memory and reads the rest back
+/// from the store: a receive that drains the window waits for the read (`READ_BACK_WAIT`), even
+/// with `maxWaitTime` 0, instead of answering none while thousands wait. (A receive answered
+/// at once let the loop below outrun the window's refill: an empty answer at 2,048 of 5,000.)
+#[tokio::test(start_paused = true)]
+async fn a_receive_waits_for_the_backlog_read_back_not_answering_none() {
+    let b = open(&[], json!({}));
+    for k in 0..5 {
+        let ids: Vec<String> = (0..1000).map(|i| format!("e{}", k * 1000 + i)).collect();
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        publish(&b, &ids).await;
+    }
+    let h = b.find_subscription("q", "s").unwrap();
+    let p = h.pull().unwrap();
+    let t0 = tokio::time::Instant::now();
+    let mut total = 0;
+    while total < 5000 {
+        let got = receive(&b, 100).await;
+        assert!(!got.is_empty(), "answered none after {total} of 5,000");
+        total += got.len();
+        let tokens: Vec<String> = got.into_iter().map(|e| e.2).collect();
+        assert_eq!(
+            p.acknowledge(&tokens).await.unwrap().succeeded.len(),
+            tokens.len()
+        );
+    }
+    assert!(
+        receive(&b, 100).await.is_empty(),
+        "drained: answered at once"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert_eq!(h.pending(), 0);
+}

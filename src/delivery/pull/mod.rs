@@ -63,6 +63,11 @@ use tokio::time::Instant;
 /// The release delays Event Grid accepts (`releaseDelayInSeconds`).
 pub const RELEASE_DELAYS: [u64; 5] = [0, 10, 60, 600, 3600];
 
+/// How long a receive that found nothing waits, whatever its `maxWaitTime`, while events of a
+/// persisted subscription's backlog are being read back from the event log into its window:
+/// they are there, and answering none would tell the client the queue is empty.
+pub const READ_BACK_WAIT: Duration = Duration::from_secs(1);
+
 /// A queue subscription's pull state, shared by its handle and its task.
 pub struct PullState {
     locks: Mutex<Locks>,
@@ -224,7 +229,8 @@ impl Puller<'_> {
         wait: Duration,
         ended: impl std::future::Future<Output = ()>,
     ) -> Result<Vec<Received>, PullError> {
-        let deadline = Instant::now() + wait;
+        let started = Instant::now();
+        let deadline = started + wait;
         tokio::pin!(ended);
         loop {
             let arrived = self.pull.arrived.notified();
@@ -234,12 +240,19 @@ impl Puller<'_> {
             if !got.is_empty() {
                 return self.record(got);
             }
-            if Instant::now() >= deadline || self.ctx.drain.started() {
+            // Events on their way into the window (see `READ_BACK_WAIT`) are waited for, when
+            // there is room to lock them.
+            let coming = self.shared.queue().spilled_ready() > 0 && !self.pull.locks().full();
+            let end = match coming {
+                false => deadline,
+                true => deadline.max(started + READ_BACK_WAIT),
+            };
+            if Instant::now() >= end || self.ctx.drain.started() {
                 return Ok(Vec::new());
             }
             tokio::select! {
                 _ = arrived => {}
-                _ = tokio::time::sleep_until(deadline) => {}
+                _ = tokio::time::sleep_until(end) => {}
                 () = &mut ended => return Ok(Vec::new()),
             }
         }
