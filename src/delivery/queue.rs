@@ -206,6 +206,13 @@ impl SubQueue {
         })
     }
 
+    /// Events that wait for a first attempt with their bodies only in the store: spilled
+    /// behind the window, or being read into it. (Retries spilled until their due time are not
+    /// counted: they are not ready.)
+    pub fn spilled_ready(&self) -> usize {
+        self.spill.as_ref().map_or(0, |s| s.seqs.len() + s.loading)
+    }
+
     /// What waits, for the console: the first enqueue (wall ms) of the oldest event waiting in
     /// memory, for its first attempt (the ready lane is in arrival order, and spilled events are
     /// newer than the window's) or for a retry (the retries held here, one pass over at most the

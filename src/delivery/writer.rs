@@ -283,9 +283,14 @@ impl StoreWriter {
         }
     }
 
-    /// Wait, without blocking the runtime, until every write submitted so far has run.
+    /// Wait, without blocking the runtime, until every write submitted so far has run. When
+    /// they have (a settlement done in place, nothing queued), it answers at once, without a
+    /// hop to the blocking pool.
     pub async fn flush(self: &Arc<Self>) {
         let mark = self.mark();
+        if *crate::sync::lock(&self.progress.done) >= mark {
+            return;
+        }
         let me = self.clone();
         let _ = tokio::task::spawn_blocking(move || me.wait_for(mark)).await;
     }
@@ -412,6 +417,27 @@ mod tests {
         );
         w.wait_for(w.mark());
         assert!(pending(&t).is_empty());
+    }
+
+    /// A settlement done in place leaves nothing to wait for: `flush` answers on its first
+    /// poll (no hop to the blocking pool); behind a queued job it waits for that job.
+    #[tokio::test]
+    async fn flush_answers_at_once_when_nothing_is_queued() {
+        use std::future::Future;
+        let t = targets();
+        t.store.append(&[(1, stored(1))]).unwrap();
+        let w = Arc::new(StoreWriter::start(t.clone()).unwrap());
+        w.submit(owner(1), vec![Write::Remove { seqs: vec![1] }]);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(Box::pin(w.flush()).as_mut().poll(&mut cx).is_ready());
+        let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+        w.probe(move || {
+            let _ = gate_rx.recv();
+        });
+        let mut queued = Box::pin(w.flush());
+        assert!(queued.as_mut().poll(&mut cx).is_pending());
+        gate_tx.send(()).unwrap();
+        queued.await;
     }
 
     #[test]

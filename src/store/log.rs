@@ -358,6 +358,18 @@ impl Store for LogStore {
         })
     }
 
+    fn sync_staged(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        // Answered with the next frame's publishes: everything staged before this call is in
+        // that frame (or an earlier one), since a frame takes all that is staged.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.shared.waiting().waiters.push(Waiter::Publish(tx));
+        self.shared.wake.notify_one();
+        Box::pin(async move {
+            rx.await
+                .map_err(|_| StoreError::Io("the committer stopped".into()))?
+        })
+    }
+
     fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {
         let reserved = self.letters.disk_bytes();
         let (tx, rx) = tokio::sync::oneshot::channel();

@@ -327,6 +327,14 @@ pub trait Store: Send + Sync + 'static {
     /// Make everything submitted so far durable. Concurrent callers share one flush.
     fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 
+    /// Make everything staged so far durable (events, settlements, retry states), answered as
+    /// soon as it is: a store with a committer answers when the frame holding it is synced, as
+    /// a publish is, not after the round's other work ([`Store::commit`] waits for that too).
+    /// A pull acknowledgement waits for this. The default is [`Store::commit`].
+    fn sync_staged(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.commit()
+    }
+
     /// The publish path: append `items` (one request's copies, the same event once per queue it
     /// goes to), atomically (all or none), and return a [`Commit`] that resolves once they are
     /// durable. Stores see submissions in the order they are made: the broker submits in the

@@ -48,6 +48,7 @@ mod process;
 mod pull;
 mod pull_auth;
 mod pull_clock;
+mod pull_power_cut;
 mod pull_process;
 mod pull_sdk;
 mod records;

@@ -127,6 +127,11 @@ impl Locks {
         self.bytes
     }
 
+    /// No room for another lock (by count or by bytes).
+    pub fn full(&self) -> bool {
+        self.bytes >= self.max_bytes || self.by_seq.len() + self.reserved >= self.max
+    }
+
     /// Reserve room for up to `n` locks; answers how many were granted (0 when full, by count
     /// or by bytes) and the body bytes they may hold together (a first event always fits).
     pub fn reserve(&mut self, n: usize) -> (usize, u64) {
@@ -294,6 +299,7 @@ mod tests {
         assert_eq!(l.reserve(2).0, 2);
         assert_eq!(l.reserve(5).0, 1, "bounded, reservations counted");
         assert_eq!(l.reserve(1).0, 0);
+        assert!(l.full());
         l.insert(2, &[p(1, 1), p(2, 1)], t0 + min, true);
         l.insert(1, &[p(3, 2)], t0 + 2 * min, false);
         assert_eq!(l.len(), 3);
@@ -332,6 +338,7 @@ mod tests {
             "past the bound by the last event of one receive"
         );
         assert_eq!(l.reserve(1), (0, 0), "full by bytes");
+        assert!(l.full());
         l.take(2, 1, Instant::now()).unwrap();
         assert_eq!(l.reserve(1), (1, 1));
     }

@@ -12,15 +12,28 @@
 //!
 //! Durable state, on the store's existing records (no new record kind):
 //! * a receive is a delivery attempt: the event's retry state becomes `attempts` = its
-//!   `deliveryCount`, `due` = its lock's expiry, durable before the receive answers. After a
-//!   crash or restart an unsettled event comes back when its lock would have expired, with its
-//!   count kept ([`super::subscription::SubscriptionHandle::restore`] reads exactly that);
-//! * acknowledge removes the event and answers only once the removal is durable (the store's
-//!   commit), so an acknowledged event never comes back;
+//!   `deliveryCount`, `due` = its lock's expiry. It is staged, not waited for: it reaches the
+//!   disk with the next frame (an acknowledgement's, a publish's, or the committer's own within
+//!   the store's settle interval, 100 ms). A lock is not worth a sync of its own: a crash ends
+//!   every lock anyway (tokens are signed with a key drawn at each start), and at least once
+//!   allows the event to come back. After a crash or restart an unsettled event comes back as
+//!   the disk last recorded it: when the last lock of it that reached the disk would have
+//!   expired (at once if none did), with that lock's count. So the `deliveryCount` a receive
+//!   answers is one more than the earlier receives that reached the disk: after a crash it may
+//!   be lower than the receives made (by those answered after the last frame), never higher
+//!   ([`super::subscription::SubscriptionHandle::restore`] reads exactly that);
+//! * acknowledge removes the event and answers once the removal is durable: it waits for the
+//!   frame holding it ([`crate::store::Store::sync_staged`]), shared with every other
+//!   settlement and publish staged meanwhile, not for the committer's whole round. Frames are
+//!   written in order, so the receives before it are durable then too. An acknowledged event
+//!   never comes back;
+//! * reject makes the events dead letters and answers once that is durable, as acknowledge:
+//!   a rejected event never comes back either;
 //! * release makes it due again (now, or after the delay) with its count kept; renew moves
-//!   `due` to the new expiry;
-//! * reject, a receive past `maxDeliveryCount`, and the time to live end in the dead-letter
-//!   path every subscription uses.
+//!   `due` to the new expiry. Both are staged like a receive: a crash before the next frame
+//!   undoes them, and the event comes back when its earlier lock would have expired;
+//! * a receive past `maxDeliveryCount` and the time to live end in the dead-letter path every
+//!   subscription uses.
 //!
 //! Lock tokens ([`token`]) are unforgeable and name (subscription, event, attempt).
 
@@ -49,6 +62,11 @@ use tokio::time::Instant;
 
 /// The release delays Event Grid accepts (`releaseDelayInSeconds`).
 pub const RELEASE_DELAYS: [u64; 5] = [0, 10, 60, 600, 3600];
+
+/// How long a receive that found nothing waits, whatever its `maxWaitTime`, while events of a
+/// persisted subscription's backlog are being read back from the event log into its window:
+/// they are there, and answering none would tell the client the queue is empty.
+pub const READ_BACK_WAIT: Duration = Duration::from_secs(1);
 
 /// A queue subscription's pull state, shared by its handle and its task.
 pub struct PullState {
@@ -211,7 +229,8 @@ impl Puller<'_> {
         wait: Duration,
         ended: impl std::future::Future<Output = ()>,
     ) -> Result<Vec<Received>, PullError> {
-        let deadline = Instant::now() + wait;
+        let started = Instant::now();
+        let deadline = started + wait;
         tokio::pin!(ended);
         loop {
             let arrived = self.pull.arrived.notified();
@@ -219,14 +238,21 @@ impl Puller<'_> {
             arrived.as_mut().enable();
             let got = self.take(max)?;
             if !got.is_empty() {
-                return self.record(got).await;
+                return self.record(got);
             }
-            if Instant::now() >= deadline || self.ctx.drain.started() {
+            // Events on their way into the window (see `READ_BACK_WAIT`) are waited for, when
+            // there is room to lock them.
+            let coming = self.shared.queue().spilled_ready() > 0 && !self.pull.locks().full();
+            let end = match coming {
+                false => deadline,
+                true => deadline.max(started + READ_BACK_WAIT),
+            };
+            if Instant::now() >= end || self.ctx.drain.started() {
                 return Ok(Vec::new());
             }
             tokio::select! {
                 _ = arrived => {}
-                _ = tokio::time::sleep_until(deadline) => {}
+                _ = tokio::time::sleep_until(end) => {}
                 () = &mut ended => return Ok(Vec::new()),
             }
         }
@@ -302,8 +328,9 @@ impl Puller<'_> {
         Ok(items)
     }
 
-    /// Make the receive of `items` durable (persisted subscriptions), then answer it.
-    async fn record(&self, items: Vec<Pending>) -> Result<Vec<Received>, PullError> {
+    /// Stage the receive of `items` (persisted subscriptions: not waited for, see the module
+    /// docs), then answer it.
+    fn record(&self, items: Vec<Pending>) -> Result<Vec<Received>, PullError> {
         let (q, _, persisted) = self.settings()?;
         if persisted {
             let due_ms = self.ctx.clock.now_ms() + q.lock_duration.as_millis() as u64;
@@ -313,7 +340,6 @@ impl Puller<'_> {
                     .map(|p| (p.seq, p.attempts, p.first_enqueued_ms)),
                 due_ms,
             );
-            self.durable().await?;
         }
         let queue = self.shared.queue_id;
         Ok(items
@@ -353,10 +379,11 @@ impl Puller<'_> {
         }
     }
 
-    /// Wait until every store write submitted so far is durable.
+    /// Wait until every store write submitted so far is durable: staged (by the store
+    /// writer, at once when it was done in place), then in a synced frame.
     async fn durable(&self) -> Result<(), StoreError> {
         self.ctx.writer.flush().await;
-        self.ctx.store.commit().await
+        self.ctx.store.sync_staged().await
     }
 
     /// Check each token; for those that name a lock of this subscription that holds, `op`
@@ -468,12 +495,13 @@ impl Puller<'_> {
     }
 
     /// Reject: the events become dead letters at once (reason `DeliveryRefused`, last error
-    /// "rejected by the receiver").
+    /// "rejected by the receiver"); answered once that is durable (persisted subscriptions).
     ///
     /// # Errors
-    /// [`PullError::NotQueue`].
+    /// [`PullError::NotQueue`]; the store could not make the removal durable (the events may
+    /// then be received again after a restart).
     pub async fn reject(&self, tokens: &[String]) -> Result<TokenResults, PullError> {
-        self.settings()?;
+        let (_, _, persisted) = self.settings()?;
         let (out, locks) = self.settle_with(tokens, |l, id, now| {
             l.take(id.seq, id.attempt, now).map(Some)
         });
@@ -491,6 +519,9 @@ impl Puller<'_> {
             Some(&why),
         );
         self.pull.arrived.notify_waiters();
+        if persisted {
+            self.durable().await?;
+        }
         Ok(out)
     }
 

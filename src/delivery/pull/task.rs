@@ -33,7 +33,8 @@ async fn run(shared: Arc<SubscriptionState>, ctx: Arc<DeliveryContext>, pull: Ar
     let mut seen = Instant::now();
     loop {
         if ctx.drain.started() {
-            // Nothing in flight to settle: receivers' locks are in the store already.
+            // Nothing in flight to settle: receivers' locks are staged in the store already,
+            // and a clean stop's last frame writes them.
             pull.arrived.notify_waiters();
             return;
         }

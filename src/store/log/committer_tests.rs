@@ -127,3 +127,35 @@ async fn a_publish_does_not_wait_for_segments_to_be_given_back() {
         s.segments()
     );
 }
+
+/// What a pull acknowledgement waits for ([`Store::sync_staged`]) is what a publish waits for:
+/// the frame holding the settlements staged before it, durable. Not the round after it.
+#[tokio::test]
+async fn a_sync_of_staged_settlements_does_not_wait_for_segments_to_be_given_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = Arc::new(HeldRemovals::default());
+    let s = LogStore::open_on(fs.clone(), &opts(dir.path())).unwrap();
+    for seq in 1..=100u64 {
+        s.submit(vec![(1, ev(seq, 2000))])
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+    }
+    s.commit().await.unwrap();
+    let before = s.segments();
+    assert!(before >= 3, "{before} segments");
+    fs.hold(true);
+    let _release = Release(&fs);
+    let all: Vec<u64> = (1..=100).collect();
+    s.remove(1, &all).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), s.sync_staged())
+        .await
+        .expect("answered while its round gives segments back")
+        .unwrap();
+    // The round is held giving back the segments the settlements let go.
+    fs.wait_for_removal();
+    fs.hold(false);
+    s.commit().await.unwrap();
+    assert!(s.segments() < before);
+}
