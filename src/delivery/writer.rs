@@ -425,7 +425,7 @@ mod tests {
     async fn flush_answers_at_once_when_nothing_is_queued() {
         use std::future::Future;
         let t = targets();
-        t.store.append(&[(1, stored(1))]).unwrap();
+        drop(t.store.submit(vec![(1, stored(1))]).unwrap());
         let w = Arc::new(StoreWriter::start(t.clone()).unwrap());
         w.submit(owner(1), vec![Write::Remove { seqs: vec![1] }]);
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());

@@ -14,7 +14,9 @@ use gridlet::broker::Broker;
 use gridlet::clock::Clock;
 use gridlet::model::record::{SubscriptionRecord, TopicRecord};
 use gridlet::store::memory::MemoryStore;
-use gridlet::store::{QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent};
+use gridlet::store::{
+    Commit, PendingRuns, QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent,
+};
 use gridlet::Config;
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,8 +84,8 @@ impl Store for PowerCut {
     fn load(&self) -> Result<Snapshot, StoreError> {
         self.disk.load()
     }
-    fn pending(&self, queue: QueueId) -> Result<Vec<StoredEvent>, StoreError> {
-        self.disk.pending(queue)
+    fn pending_runs(&self, queue: QueueId) -> Result<PendingRuns, StoreError> {
+        self.disk.pending_runs(queue)
     }
     fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
         self.disk.get(queue, seqs)
@@ -112,9 +114,10 @@ impl Store for PowerCut {
         self.on()?;
         self.disk.next_queue_id()
     }
-    fn append(&self, items: &[(QueueId, StoredEvent)]) -> Result<(), StoreError> {
+    fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {
+        // A publish is a frame: it carries everything staged before it.
         self.frame()?;
-        self.disk.append(items)
+        self.disk.submit(items)
     }
     fn commit(&self) -> futures_util::future::BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move { self.frame() })
