@@ -26,6 +26,7 @@ pub mod deadletter;
 pub mod fs;
 pub mod log;
 pub mod memory;
+pub mod meta;
 pub mod sled;
 
 use crate::clock::WallMs;
