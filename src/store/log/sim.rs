@@ -92,6 +92,9 @@ struct Model {
     states: HashMap<(QueueId, u64), Vec<RetryState>>,
     /// Deleted queues (the deletion returned).
     dropped: HashSet<QueueId>,
+    /// Events dead-lettered (their letter put, then their removal staged): after a cut each is
+    /// pending, a letter, or both; never neither.
+    lettered: HashSet<(QueueId, u64)>,
     /// A deletion of this queue began and did not return: either outcome is allowed.
     deleting: Option<QueueId>,
     /// Publishes submitted and not yet answered, with their events.
@@ -250,7 +253,9 @@ pub fn run_seed_with(seed: u64, ops: usize, damage: bool) -> Result<Outcome, Str
             .map_err(|e| format!("seed {seed}: load: {e}"))?
             .max_seq;
         model.next_seq = model.next_seq.max(max_seq + 1);
-        fs.crash_at_step(fs.steps() + 1 + rng.below(ops as u64 * 2));
+        // Disk steps before the cut: the store makes more per operation than the bare log did
+        // (metadata, letters, idle rounds), so the window is wider than two per operation.
+        fs.crash_at_step(fs.steps() + 1 + rng.below(ops as u64 * 3));
         for _ in 0..ops {
             clock.fetch_add(1 + rng.below(50), Ordering::Relaxed);
             let now = clock.load(Ordering::Relaxed);
@@ -332,6 +337,9 @@ fn step(
             let k = 1 + rng.below(8) as usize;
             let start = rng.below(owed.len() as u64) as usize;
             let picked: Vec<_> = owed.iter().skip(start).take(k).copied().collect();
+            if rng.chance(1, 4) {
+                return dead_letter(store, m, &picked, now);
+            }
             for (q, s) in &picked {
                 // Through the store writer's path or in place, as delivery settles.
                 if rng.chance(1, 2) {
@@ -391,6 +399,48 @@ fn step(
         }
         9 if !owed.is_empty() => read_back(rng, store, m, &owed, out)?,
         _ => run_round(driver, m)?,
+    }
+    Ok(())
+}
+
+/// Dead-letter `picked` as delivery does: each event's letter put, then the removal of the
+/// events staged (`remove_dropped`, which makes the letters durable first).
+fn dead_letter(
+    store: &LogStore,
+    m: &mut Model,
+    picked: &[(QueueId, u64)],
+    now: u64,
+) -> Result<(), ()> {
+    let letters = store.dead_letters().ok_or(())?;
+    let bound = crate::store::deadletter::DeadLetterBound {
+        per_subscription: usize::MAX,
+        max_bytes: u64::MAX,
+    };
+    let mut by_queue: BTreeMap<QueueId, Vec<u64>> = BTreeMap::new();
+    for (q, s) in picked {
+        let body = m.published.get(&(*q, *s)).cloned().unwrap_or_default();
+        let letter = crate::store::deadletter::DeadLetter {
+            id: 0,
+            seq: *s,
+            event_id: format!("id-{s}"),
+            body,
+            reason: crate::store::deadletter::DropReason::MaxDeliveryAttemptsExceeded,
+            last_status: Some(500),
+            last_error: None,
+            attempts: 3,
+            first_enqueued_ms: now,
+            dead_lettered_ms: now,
+        };
+        letters.put(*q, letter, bound).map_err(|_| ())?;
+        by_queue.entry(*q).or_default().push(*s);
+    }
+    for (q, seqs) in by_queue {
+        store.remove_dropped(q, &seqs).map_err(|_| ())?;
+        for s in seqs {
+            m.owed.remove(&(q, s));
+            m.settling.insert((q, s));
+            m.lettered.insert((q, s));
+        }
     }
     Ok(())
 }
@@ -541,6 +591,24 @@ fn check(seed: u64, m: &mut Model, store: &LogStore, ever: bool) -> Result<(u64,
                 ));
             }
             found.insert((*q, *seq));
+        }
+    }
+    // Dead letters first: a dead-lettered event is pending, a letter, or both.
+    if let Some(letters) = store.dead_letters() {
+        for q in &known {
+            let kept: HashSet<u64> = letters
+                .list(*q, 0, usize::MAX)
+                .map_err(|e| format!("seed {seed}: letters of queue {q}: {e}"))?
+                .iter()
+                .map(|l| l.seq)
+                .collect();
+            for (lq, s) in &m.lettered {
+                if lq == q && !kept.contains(s) && !found.contains(&(*q, *s)) {
+                    return Err(format!(
+                        "seed {seed}: dead-lettered event {s} of queue {q} is neither pending nor a letter"
+                    ));
+                }
+            }
         }
     }
     let d = store.damage();

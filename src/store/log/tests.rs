@@ -318,7 +318,7 @@ fn power_cuts_never_lose_or_invent_events() {
         total.read
     );
     assert!(
-        total.recycled > seeds / 25,
+        total.recycled > seeds / 20,
         "the seeds started heads in recycled segments: {}",
         total.recycled
     );
