@@ -228,3 +228,42 @@ impl MetaStore for FsMeta {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::contract::{sub, topic};
+    use crate::store::fs::sim::SimFs;
+
+    /// Every write is whole after a cut at any step: the old contents or the new, never a mix
+    /// or nothing; a write that returned is there.
+    #[test]
+    fn a_cut_at_any_step_leaves_the_old_contents_or_the_new() {
+        for cut in 1..=6 {
+            let fs = SimFs::new(cut);
+            let shared: Arc<dyn Fs> = Arc::new(fs.clone());
+            let m = FsMeta::open(shared.clone(), "/m".into()).unwrap();
+            m.write_topic("t1", &topic("t1")).unwrap();
+            m.write_subscription(7, &sub("s")).unwrap();
+            fs.crash_at_step(fs.steps() + cut);
+            let deleted = m.remove_subscription(7).is_ok();
+            if !fs.crashed() {
+                fs.power_cut();
+            }
+            fs.reboot();
+            let m = FsMeta::open(shared, "/m".into()).unwrap();
+            let (topics, subs) = m.snapshot().unwrap();
+            assert_eq!(topics, vec![topic("t1")], "cut at step {cut}");
+            if deleted {
+                assert!(
+                    subs.is_empty(),
+                    "cut at step {cut}: a returned delete is durable"
+                );
+            } else {
+                assert!(subs.len() <= 1, "cut at step {cut}");
+            }
+            let known = m.known_queues().unwrap();
+            assert_eq!(known.contains(&7), subs.len() == 1);
+        }
+    }
+}

@@ -1,7 +1,8 @@
 //! The event log's engine: segments on an [`Fs`], what each one still owes each queue, group
 //! commit of frames, recovery, and giving space back. Synchronous and single-owner: the store
-//! (`log.rs`) runs it on its committer thread behind a mutex, the simulation (`sim.rs`) calls
-//! it step by step.
+//! (`log.rs`) holds it behind a mutex, and the committer's round (`round.rs`, one executor for
+//! the store's thread, the simulation of the store and the engine's tests) calls it step by
+//! step.
 //!
 //! Files: this one stages events and settlements, and rolls segments; `engine/frame.rs` takes
 //! what is staged as a frame and writes it; `engine/segment.rs` is a segment in memory (its bits); `engine/collect.rs` gives dead
