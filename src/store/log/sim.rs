@@ -42,7 +42,6 @@ use crate::store::fs::Fs;
 use crate::store::meta::FsMeta;
 use crate::store::{Commit, QueueId, RetryState, Settlement, Store, StoredEvent};
 use bytes::Bytes;
-use futures_util::FutureExt;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -447,8 +446,8 @@ fn dead_letter(
 
 /// Publishes answered: those answered `Ok` are acknowledged (owed).
 fn answered(m: &mut Model) {
-    for (commit, keys) in std::mem::take(&mut m.unanswered) {
-        match commit.wait().now_or_never() {
+    for (mut commit, keys) in std::mem::take(&mut m.unanswered) {
+        match commit.ready() {
             Some(Ok(())) => m.owed.extend(keys),
             Some(Err(_)) => {}
             // A round answers every publish staged before it: none can still wait.
