@@ -62,6 +62,7 @@ use crate::store::{
     Commit, CommitCounters, QueueId, RetryState, Settlement, Snapshot, Store, StoreError,
     StoredEvent,
 };
+pub use committer::Driver;
 use committer::{committer, compactor, Compactor, Shared, Waiting};
 use engine::{Log, LogOptions, Recovered};
 use futures_util::future::BoxFuture;
@@ -124,66 +125,6 @@ enum Running {
     Inline,
     /// Stopped (or crashed, in the simulation): nothing more is written.
     Stopped,
-}
-
-/// Runs a [`LogStore::simulated`] store's rounds: the same executor as the committer thread
-/// ([`round`]), on the caller's thread, when told to.
-pub struct Driver {
-    shared: Arc<Shared>,
-}
-
-impl Driver {
-    /// The committer's round ([`round::Round::Frame`]): whatever is staged as one frame, every
-    /// waiting publish, `commit` and management call answered at its step.
-    ///
-    /// # Errors
-    /// A write or sync failed (the log has failed then).
-    pub fn round(&self) -> Result<(), StoreError> {
-        self.shared.round_now(round::Round::Frame)
-    }
-
-    /// The idle committer's round: weigh the segments for a compaction.
-    ///
-    /// # Errors
-    /// As [`Driver::round`].
-    pub fn idle(&self) -> Result<(), StoreError> {
-        round::run(&*self.shared, round::Round::Idle, Vec::new())
-    }
-
-    /// The compactor's work: copy the segment a round handed over and swap it in, as
-    /// `gridlet-compact` does. Whether there was one.
-    pub fn compact(&self) -> bool {
-        let job = match &self.shared.compactor {
-            Compactor::Held(slot) => crate::sync::lock(slot).take(),
-            Compactor::Thread(_) => None,
-        };
-        match job {
-            Some(job) => {
-                self.shared.finish_compaction(job);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Hand over a compaction of a closed segment with events pending, chosen by `pick` from
-    /// their numbers, whatever it holds (the round's own choice is [`Driver::idle`]'s): the
-    /// simulation's way to copy segments the store would leave for longer.
-    ///
-    /// # Errors
-    /// As [`Driver::round`].
-    pub fn compact_one(&self, pick: impl FnOnce(&[u64]) -> Option<u64>) -> Result<(), StoreError> {
-        let closed = self.shared.log().closed_pending_segments();
-        match pick(&closed) {
-            Some(no) => round::hand_over_compaction(&*self.shared, Some(no)),
-            None => Ok(()),
-        }
-    }
-
-    /// A checkpoint now, as the round takes one when due.
-    pub fn checkpoint(&self) {
-        round::checkpoint(&*self.shared);
-    }
 }
 
 fn now_ms() -> u64 {

@@ -1,6 +1,6 @@
 //! The log store's threads: `gridlet-commit` waits for work and runs the round
 //! ([`super::round`]) on the store's shared state; `gridlet-compact` copies the segments the
-//! round hands over. The simulation runs the same rounds in place ([`Shared::inline`]).
+//! round hands over. The simulation runs the same rounds in place, through [`Driver`].
 
 use super::commit_trace::Group;
 use super::engine::{Compaction, Log};
@@ -199,5 +199,68 @@ pub(super) fn committer(s: &Shared, letters: &letters::LogLetters, letters_every
 pub(super) fn compactor(s: &Shared, jobs: &std::sync::mpsc::Receiver<Compaction>) {
     for job in jobs {
         s.finish_compaction(job);
+    }
+}
+
+/// Runs a [`super::LogStore::simulated`] store's rounds: the same executor as the committer thread
+/// ([`round`]), on the caller's thread, when told to.
+pub struct Driver {
+    pub(super) shared: std::sync::Arc<Shared>,
+}
+
+impl Driver {
+    /// The committer's round ([`Round::Frame`]): whatever is staged as one frame, every
+    /// waiting publish, `commit` and management call answered at its step.
+    ///
+    /// # Errors
+    /// A write or sync failed (the log has failed then).
+    pub fn round(&self) -> Result<(), crate::store::StoreError> {
+        self.shared.round_now(Round::Frame)
+    }
+
+    /// The idle committer's round: weigh the segments for a compaction.
+    ///
+    /// # Errors
+    /// As [`Driver::round`].
+    pub fn idle(&self) -> Result<(), crate::store::StoreError> {
+        round::run(&*self.shared, Round::Idle, Vec::new())
+    }
+
+    /// The compactor's work: copy the segment a round handed over and swap it in, as
+    /// `gridlet-compact` does. Whether there was one.
+    pub fn compact(&self) -> bool {
+        let job = match &self.shared.compactor {
+            Compactor::Held(slot) => crate::sync::lock(slot).take(),
+            Compactor::Thread(_) => None,
+        };
+        match job {
+            Some(job) => {
+                self.shared.finish_compaction(job);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Hand over a compaction of a closed segment with events pending, chosen by `pick` from
+    /// their numbers, whatever it holds (the round's own choice is [`Driver::idle`]'s): the
+    /// simulation's way to copy segments the store would leave for longer.
+    ///
+    /// # Errors
+    /// As [`Driver::round`].
+    pub fn compact_one(
+        &self,
+        pick: impl FnOnce(&[u64]) -> Option<u64>,
+    ) -> Result<(), crate::store::StoreError> {
+        let closed = self.shared.log().closed_pending_segments();
+        match pick(&closed) {
+            Some(no) => round::hand_over_compaction(&*self.shared, Some(no)),
+            None => Ok(()),
+        }
+    }
+
+    /// A checkpoint now, as the round takes one when due.
+    pub fn checkpoint(&self) {
+        round::checkpoint(&*self.shared);
     }
 }
