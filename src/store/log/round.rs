@@ -198,7 +198,8 @@ pub(super) fn run<H: Host>(host: &H, round: Round, waiters: Vec<Waiter>) -> Resu
             Step::Checkpoint if result.is_ok() => {
                 let (due, waited) = {
                     let log = host.log();
-                    (log.checkpoint_due(), log.owed_dead())
+                    let due = log.checkpoint_due();
+                    (due, due && log.owed_dead())
                 };
                 if due {
                     checkpoint(host);
