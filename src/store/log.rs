@@ -42,6 +42,9 @@ mod compact_tests;
 pub mod engine;
 pub(crate) mod format;
 pub(crate) mod letters;
+pub mod round;
+#[cfg(test)]
+mod round_tests;
 pub mod sim;
 #[cfg(test)]
 mod tests;
@@ -53,14 +56,17 @@ mod write_tests;
 use crate::model::record::{MqttKind, MqttRecord, SubscriptionRecord, TopicRecord};
 use crate::store::deadletter::DeadLetterStore;
 use crate::store::fs::{Fs, RealFs};
+use crate::store::meta::MetaStore;
 use crate::store::sled::SledMeta;
 use crate::store::{
     Commit, CommitCounters, QueueId, RetryState, Settlement, Snapshot, Store, StoreError,
     StoredEvent,
 };
-use committer::{checkpoint, committer, compactor, Shared, Waiter, Waiting};
+pub use committer::Driver;
+use committer::{committer, compactor, Compactor, Shared, Waiting};
 use engine::{Log, LogOptions, Recovered};
 use futures_util::future::BoxFuture;
+use round::Waiter;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -101,14 +107,24 @@ pub struct LogStoreOptions {
 
 /// The store. See the module docs.
 pub struct LogStore {
-    meta: SledMeta,
+    meta: Box<dyn MetaStore>,
     letters: Arc<letters::LogLetters>,
     shared: Arc<Shared>,
-    /// The committer and compactor threads, until stopped.
-    thread: Mutex<Option<(std::thread::JoinHandle<()>, std::thread::JoinHandle<()>)>>,
+    /// Who runs the rounds, until stopped.
+    running: Mutex<Running>,
     recovered: Mutex<Recovered>,
     /// What the open found damaged, both logs ([`engine::Damage`]).
     damage: engine::Damage,
+}
+
+/// Who runs the committer's rounds.
+enum Running {
+    /// The committer and compactor threads.
+    Threads(std::thread::JoinHandle<()>, std::thread::JoinHandle<()>),
+    /// The caller, through a [`Driver`] (the simulation).
+    Inline,
+    /// Stopped (or crashed, in the simulation): nothing more is written.
+    Stopped,
 }
 
 fn now_ms() -> u64 {
@@ -125,33 +141,71 @@ impl LogStore {
         Self::open_on(Arc::new(RealFs), opts)
     }
 
-    /// [`LogStore::open`] with the log's files on `fs` (tests: a simulated disk).
+    /// [`LogStore::open`] with the log's files on `fs` (tests: a disk that holds removals).
     ///
     /// # Errors
     /// As [`LogStore::open`].
     pub fn open_on(fs: Arc<dyn Fs>, opts: &LogStoreOptions) -> Result<Self, StoreError> {
         refuse_old_format(&opts.events_path)?;
         let meta = SledMeta::open(&opts.metadata_path, opts.flush_every_ms)?;
+        let store = Self::assemble(
+            fs,
+            Box::new(meta),
+            opts,
+            log_options(opts),
+            Box::new(now_ms),
+            Compactor::Thread(Mutex::new(None)),
+        )?;
+        store.start(Duration::from_millis(opts.flush_every_ms))?;
+        Ok(store)
+    }
+
+    /// The store as shipped, with its metadata on `meta`, its log options `log` (its
+    /// directory included: `<events_path>/gridlet-v2/log`) and the clock `now_ms`, and no
+    /// threads: the returned [`Driver`] runs the committer's rounds and the compactor's copies
+    /// when told to, on the caller's thread. For the power-cut simulation (`sim.rs`), which
+    /// needs every step in a seeded order.
+    ///
+    /// # Errors
+    /// As [`LogStore::open`].
+    pub fn simulated(
+        fs: Arc<dyn Fs>,
+        meta: Box<dyn MetaStore>,
+        opts: &LogStoreOptions,
+        log: LogOptions,
+        now_ms: Arc<AtomicU64>,
+    ) -> Result<(Self, Driver), StoreError> {
+        let store = Self::assemble(
+            fs,
+            meta,
+            opts,
+            log,
+            Box::new(move || now_ms.load(Ordering::Relaxed)),
+            Compactor::Held(Mutex::new(None)),
+        )?;
+        *crate::sync::lock(&store.running) = Running::Inline;
+        let driver = Driver {
+            shared: store.shared.clone(),
+        };
+        Ok((store, driver))
+    }
+
+    /// Open the metadata's queues, the event log and the dead letters; no thread yet.
+    fn assemble(
+        fs: Arc<dyn Fs>,
+        meta: Box<dyn MetaStore>,
+        opts: &LogStoreOptions,
+        log_opts: LogOptions,
+        clock: Box<dyn Fn() -> u64 + Send + Sync>,
+        compactor: Compactor,
+    ) -> Result<Self, StoreError> {
         let known = meta.known_queues()?;
         let root = opts.events_path.join(SUBDIR);
-        // At most an eighth of the disk bound: a head segment whose events are all settled
-        // still counts until it is rolled over (see `Log::stage_collection`).
-        let segment_bytes = opts.segment_bytes.min((opts.max_disk_bytes / 8).max(4096));
-        let log_opts = LogOptions {
-            dir: root.join("log"),
-            segment_bytes,
-            max_disk_bytes: opts.max_disk_bytes,
-            tail_bytes: engine::TAIL_BYTES,
-            checkpoint_bytes: engine::CHECKPOINT_BYTES,
-            align: crate::store::fs::DIRECT_ALIGN,
-            // The head file's direct-write unit (512 on most disks).
-            sector: 0,
-            allocate_step: engine::ALLOCATE_STEP.min(segment_bytes),
-            compact_idle_ms: opts.compact_idle_ms,
-            refuse_damage: opts.refuse_damage,
-        };
-        let (log, recovered) = Log::open(fs.clone(), log_opts, &known, now_ms())?;
+        let (mut log, recovered) = Log::open(fs.clone(), log_opts, &known, clock())?;
         let damage = log.damage().clone();
+        if !damage.losses.is_empty() {
+            log.start_clean_head(clock())?;
+        }
         let shared = Arc::new(Shared {
             log: Mutex::new(log),
             waiting: Mutex::new(Waiting::default()),
@@ -160,6 +214,8 @@ impl LogStore {
             publish_syncs: AtomicU64::new(0),
             collections: AtomicU64::new(0),
             tracer: std::sync::OnceLock::new(),
+            clock,
+            compactor,
         });
         let for_letters = shared.clone();
         let letters = letters::LogLetters::open(
@@ -172,27 +228,34 @@ impl LogStore {
             &known,
             Box::new(move || for_letters.log().disk_bytes()),
         )?;
-        let letters = Arc::new(letters);
-        let (s, l) = (shared.clone(), letters.clone());
-        let every = Duration::from_millis(opts.flush_every_ms);
+        Ok(Self {
+            meta,
+            letters: Arc::new(letters),
+            shared,
+            running: Mutex::new(Running::Stopped),
+            recovered: Mutex::new(recovered),
+            damage,
+        })
+    }
+
+    /// Start the committer and compactor threads.
+    fn start(&self, letters_every: Duration) -> Result<(), StoreError> {
         let (jobs, queue) = std::sync::mpsc::channel();
-        let c = shared.clone();
+        if let Compactor::Thread(tx) = &self.shared.compactor {
+            *crate::sync::lock(tx) = Some(jobs);
+        }
+        let c = self.shared.clone();
         let compactor = std::thread::Builder::new()
             .name("gridlet-compact".into())
             .spawn(move || compactor(&c, &queue))
             .map_err(|e| StoreError::Io(format!("cannot start the compactor: {e}")))?;
+        let (s, l) = (self.shared.clone(), self.letters.clone());
         let thread = std::thread::Builder::new()
             .name("gridlet-commit".into())
-            .spawn(move || committer(&s, &l, every, &jobs))
+            .spawn(move || committer(&s, &l, letters_every))
             .map_err(|e| StoreError::Io(format!("cannot start the committer: {e}")))?;
-        Ok(Self {
-            meta,
-            letters,
-            shared,
-            thread: Mutex::new(Some((thread, compactor))),
-            recovered: Mutex::new(recovered),
-            damage,
-        })
+        *crate::sync::lock(&self.running) = Running::Threads(thread, compactor);
+        Ok(())
     }
 
     /// Settlements were staged: the committer writes them within [`SETTLE_EVERY`]. Only the
@@ -209,6 +272,9 @@ impl LogStore {
     /// Write what is staged and give back dead segments, waiting for it (management calls on
     /// the blocking pool: a deleted subscription's space is free when the call returns).
     fn flush_blocking(&self) -> Result<(), StoreError> {
+        if self.shared.inline() {
+            return self.shared.round_now(round::Round::Frame);
+        }
         let (tx, rx) = std::sync::mpsc::channel();
         self.shared.waiting().waiters.push(Waiter::Thread(tx));
         self.shared.wake.notify_one();
@@ -239,6 +305,26 @@ impl LogStore {
     /// Bytes the log's segments occupy (tests, metrics).
     pub fn log_bytes(&self) -> u64 {
         self.shared.log().bytes()
+    }
+}
+
+/// The event log's options for the store's settings.
+fn log_options(opts: &LogStoreOptions) -> LogOptions {
+    // At most an eighth of the disk bound: a head segment whose events are all settled
+    // still counts until it is rolled over (see `Log::stage_collection`).
+    let segment_bytes = opts.segment_bytes.min((opts.max_disk_bytes / 8).max(4096));
+    LogOptions {
+        dir: opts.events_path.join(SUBDIR).join("log"),
+        segment_bytes,
+        max_disk_bytes: opts.max_disk_bytes,
+        tail_bytes: engine::TAIL_BYTES,
+        checkpoint_bytes: engine::CHECKPOINT_BYTES,
+        align: crate::store::fs::DIRECT_ALIGN,
+        // The head file's direct-write unit (512 on most disks).
+        sector: 0,
+        allocate_step: engine::ALLOCATE_STEP.min(segment_bytes),
+        compact_idle_ms: opts.compact_idle_ms,
+        refuse_damage: opts.refuse_damage,
     }
 }
 
@@ -485,24 +571,45 @@ impl LogStore {
     /// calls it at the end of a clean stop ([`Store::close`]), and dropping the store does it
     /// again if it was not called.
     fn stop(&self) {
-        let thread = crate::sync::lock(&self.thread).take();
-        let Some((t, compactor)) = thread else {
-            return;
-        };
-        self.shared.waiting().shutdown = true;
-        self.shared.wake.notify_one();
-        let _ = t.join();
-        // The committer's end closed the compactor's queue: it finishes what it has.
-        let _ = compactor.join();
+        let running = std::mem::replace(&mut *crate::sync::lock(&self.running), Running::Stopped);
+        match running {
+            Running::Stopped => return,
+            Running::Threads(t, compactor) => {
+                self.shared.waiting().shutdown = true;
+                self.shared.wake.notify_one();
+                let _ = t.join();
+                // The committer's end closed the compactor's queue: it finishes what it has.
+                let _ = compactor.join();
+            }
+            Running::Inline => {
+                let _ = self.shared.round_now(round::Round::Stop);
+                if let Compactor::Held(slot) = &self.shared.compactor {
+                    if let Some(job) = crate::sync::lock(slot).take() {
+                        self.shared.finish_compaction(job);
+                    }
+                }
+            }
+        }
         let due = {
             let log = self.shared.log();
             log.since_checkpoint() > 0 || log.checkpoint_due()
         };
         if due {
-            checkpoint(&self.shared);
+            round::checkpoint(&*self.shared);
         }
         let _ = self.letters.sync();
         self.meta.flush();
+    }
+
+    /// The process dies here (the simulation's power cut): nothing more is written, not even
+    /// at drop.
+    pub fn crash(self) {
+        *crate::sync::lock(&self.running) = Running::Stopped;
+    }
+
+    /// Heads started in the spare segment since open (tests).
+    pub fn recycled(&self) -> u64 {
+        self.shared.log().recycled()
     }
 }
 

@@ -26,6 +26,7 @@ pub mod deadletter;
 pub mod fs;
 pub mod log;
 pub mod memory;
+pub mod meta;
 pub mod sled;
 
 use crate::clock::WallMs;
@@ -248,6 +249,21 @@ impl Commit {
     /// Durable when `rx` answers.
     pub fn pending(rx: tokio::sync::oneshot::Receiver<Result<(), StoreError>>) -> Self {
         Self(Some(rx))
+    }
+
+    /// The answer, if it has come, without waiting (`None` while the events are not yet
+    /// durable). Not a future: polling one inside a runtime spends the task's budget, and a
+    /// spent budget reads as "not yet" (the simulation answers its commits this way).
+    pub fn ready(&mut self) -> Option<Result<(), StoreError>> {
+        use tokio::sync::oneshot::error::TryRecvError;
+        match self.0.as_mut().map(|rx| rx.try_recv()) {
+            None => Some(Ok(())),
+            Some(Ok(r)) => Some(r),
+            Some(Err(TryRecvError::Empty)) => None,
+            Some(Err(TryRecvError::Closed)) => Some(Err(StoreError::Io(
+                "the event store stopped before the commit".into(),
+            ))),
+        }
     }
 
     /// Wait until the events are durable.

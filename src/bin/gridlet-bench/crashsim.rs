@@ -1,8 +1,11 @@
-//! Scenario `crashsim`: the event log's power-cut simulation (`gridlet::store::log::sim`) over
-//! many more seeds than the suite runs (2,000 there). Each seed drives the log on a simulated
-//! disk through three rounds, each ended by a power cut at a seeded step, and checks after every
-//! cut that no acknowledged event is lost, nothing is invented and no committed settlement is
-//! undone. A failing seed is printed with the call that reproduces it.
+//! Scenario `crashsim`: the log store's power-cut simulation (`gridlet::store::log::sim`) over
+//! many more seeds than the suite runs (2,000 there). Each seed drives the store as shipped
+//! (`LogStore`, its rounds run by the same executor as the committer thread, its metadata and
+//! dead letters on the same simulated disk) through three rounds, each ended by a power cut at
+//! a seeded step, and checks after every cut that no acknowledged event is lost, nothing is
+//! invented, no committed settlement is undone, a dead-lettered event is pending or a letter,
+//! and a deleted subscription is gone with its events. A failing seed is printed with the call
+//! that reproduces it.
 
 use std::time::Instant;
 
@@ -32,7 +35,7 @@ pub fn run(first: u64, seeds: u64) -> Result<(), String> {
         recycled += o.recycled;
     }
     let secs = t.elapsed().as_secs_f64();
-    println!("\n== crashsim: the event log under simulated power cuts");
+    println!("\n== crashsim: the log store under simulated power cuts");
     println!(
         "  seeds {first}..{}: {cuts} power cuts survived, {published} events published, {checked} acknowledged events found after cuts, {compactions} segments compacted, {read} events read back while running, {recycled} heads started in recycled segments, {steps} disk operations; {:.1} s ({:.0} seeds/s)",
         first + seeds,

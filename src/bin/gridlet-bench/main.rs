@@ -22,7 +22,7 @@
 //!   (`/proc/<pid>/io`, `du`), beside NATS JetStream's file store doing the same work
 //!   ([`store_cost`], [`nats`]);
 //! * footprint: release binary size, idle RSS, start-up to serving;
-//! * crashsim: the event log's power-cut simulation over many seeds ([`crashsim`]);
+//! * crashsim: the log store's power-cut simulation over many seeds ([`crashsim`]);
 //! * pull (opt-in, not in `all`): pull delivery's receive + acknowledge throughput (batches of 1
 //!   and 100) against the same client loop on a canned server, and RSS with 1,000,000 events
 //!   waiting in a queue subscription ([`pull`]);

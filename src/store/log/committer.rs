@@ -1,40 +1,15 @@
-//! The log store's threads: `gridlet-commit` writes what is staged as one frame, syncs it,
-//! answers the publishes in it, gives dead segments back, hands compactions to
-//! `gridlet-compact` and takes checkpoints (see the module docs of [`super`]).
+//! The log store's threads: `gridlet-commit` waits for work and runs the round
+//! ([`super::round`]) on the store's shared state; `gridlet-compact` copies the segments the
+//! round hands over. The simulation runs the same rounds in place, through [`Driver`].
 
-use super::commit_trace::{CommitSpan, Group};
-use super::engine::Log;
-use super::{engine, letters, now_ms, IDLE_TICK, SETTLE_EVERY};
+use super::commit_trace::Group;
+use super::engine::{Compaction, Log};
+use super::round::{self, Host, Round, Waiter};
+use super::{letters, IDLE_TICK, SETTLE_EVERY};
 use crate::store::deadletter::DeadLetterStore;
-use crate::store::StoreError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
-
-/// Who waits for the next frame.
-pub(super) enum Waiter {
-    /// A publish: answered as soon as the frame holding its events is durable.
-    Publish(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
-    /// A `commit`, awaiting in a task: answered after the whole round (segments with nothing
-    /// pending given back, checkpoint).
-    Task(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
-    /// A management call on a blocking thread: as `Task` (a deleted subscription's space is
-    /// free when it returns).
-    Thread(std::sync::mpsc::Sender<Result<(), StoreError>>),
-}
-
-impl Waiter {
-    pub(super) fn answer(self, r: Result<(), StoreError>) {
-        match self {
-            Waiter::Publish(tx) | Waiter::Task(tx) => {
-                let _ = tx.send(r);
-            }
-            Waiter::Thread(tx) => {
-                let _ = tx.send(r);
-            }
-        }
-    }
-}
 
 #[derive(Default)]
 pub(super) struct Waiting {
@@ -47,6 +22,15 @@ pub(super) struct Waiting {
     pub(super) group: Group,
 }
 
+/// Where the round hands a planned compaction.
+pub(super) enum Compactor {
+    /// The `gridlet-compact` thread's queue; closed when the committer ends, which ends the
+    /// compactor once it has finished what it has.
+    Thread(Mutex<Option<std::sync::mpsc::Sender<Compaction>>>),
+    /// Kept until the simulation runs it ([`super::Driver::run_compaction`]).
+    Held(Mutex<Option<Compaction>>),
+}
+
 pub(super) struct Shared {
     pub(super) log: Mutex<Log>,
     pub(super) waiting: Mutex<Waiting>,
@@ -57,6 +41,9 @@ pub(super) struct Shared {
     pub(super) collections: AtomicU64,
     /// Records a `commit` span per frame once set ([`Store::trace_commits`], tracer on).
     pub(super) tracer: std::sync::OnceLock<crate::telemetry::Tracer>,
+    /// Wall time, milliseconds (the system's; the simulation's own clock).
+    pub(super) clock: Box<dyn Fn() -> u64 + Send + Sync>,
+    pub(super) compactor: Compactor,
 }
 
 impl Shared {
@@ -69,16 +56,88 @@ impl Shared {
     pub(super) fn tracer(&self) -> Option<&crate::telemetry::Tracer> {
         self.tracer.get()
     }
+
+    /// Whether rounds run in place, on the caller's thread (the simulation), rather than on
+    /// `gridlet-commit`.
+    pub(super) fn inline(&self) -> bool {
+        matches!(self.compactor, Compactor::Held(_))
+    }
+
+    /// Run one round now with everyone waiting (the simulation's committer).
+    pub(super) fn round_now(&self, round: Round) -> Result<(), crate::store::StoreError> {
+        let waiters = {
+            let mut w = self.waiting();
+            w.dirty = false;
+            std::mem::take(&mut w.waiters)
+        };
+        round::run(self, round, waiters)
+    }
+
+    /// A copy made: swap it in, and have the next round take the checkpoint it makes due.
+    pub(super) fn finish_compaction(&self, job: Compaction) {
+        let no = job.segment();
+        let started = std::time::Instant::now();
+        let done = job.run();
+        if let Some(bytes) = done.replaced_bytes() {
+            tracing::debug!(
+                segment = no,
+                bytes,
+                ms = started.elapsed().as_millis() as u64,
+                "compacted a segment of the event log"
+            );
+        }
+        self.log().finish_compaction(done);
+        self.waiting().dirty = true;
+        self.wake.notify_one();
+    }
 }
 
-/// The committer thread: one frame per round, every publish staged before it answered after
-/// its sync; then dead segments given back.
-pub(super) fn committer(
-    s: &Shared,
-    letters: &letters::LogLetters,
-    letters_every: Duration,
-    jobs: &std::sync::mpsc::Sender<engine::Compaction>,
-) {
+impl Host for Shared {
+    type Guard<'g> = std::sync::MutexGuard<'g, Log>;
+
+    fn log(&self) -> Self::Guard<'_> {
+        Shared::log(self)
+    }
+
+    fn now_ms(&self) -> u64 {
+        (self.clock)()
+    }
+
+    fn compacts(&self) -> bool {
+        true
+    }
+
+    fn hand_over(&self, job: Compaction) -> Option<Compaction> {
+        match &self.compactor {
+            Compactor::Thread(tx) => match crate::sync::lock(tx).as_ref() {
+                Some(tx) => tx.send(job).err().map(|back| back.0),
+                None => Some(job),
+            },
+            Compactor::Held(slot) => {
+                // One compaction at a time (the log plans no second while one is in flight).
+                *crate::sync::lock(slot) = Some(job);
+                None
+            }
+        }
+    }
+
+    fn take_group(&self) -> Option<(&crate::telemetry::Tracer, Group)> {
+        let t = self.tracer()?;
+        Some((t, std::mem::take(&mut self.waiting().group)))
+    }
+
+    fn publish_synced(&self) {
+        self.publish_syncs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn collected(&self) {
+        self.collections.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The committer thread: waits for publishes, settlements or the idle tick, then runs the
+/// round ([`Round::Frame`], [`Round::Idle`], [`Round::Stop`] at the end).
+pub(super) fn committer(s: &Shared, letters: &letters::LogLetters, letters_every: Duration) {
     let mut letters_synced = std::time::Instant::now();
     loop {
         let waiters = {
@@ -104,8 +163,7 @@ pub(super) fn committer(
                             tracing::error!(error = %e, "could not make dead letters durable");
                         }
                     }
-                    // A backlog left pinned after a drain is compacted with no traffic at all.
-                    if let Err(e) = compact(s, jobs) {
+                    if let Err(e) = round::run(s, Round::Idle, Vec::new()) {
                         tracing::error!(error = %e, "event log: could not start a compaction");
                     }
                     w = s.waiting();
@@ -121,175 +179,88 @@ pub(super) fn committer(
             }
             if w.shutdown && w.waiters.is_empty() {
                 drop(w);
-                let _ = write_round(s, None);
+                let _ = round::run(s, Round::Stop, Vec::new());
+                if let Compactor::Thread(tx) = &s.compactor {
+                    crate::sync::lock(tx).take();
+                }
                 return;
             }
             w.dirty = false;
             std::mem::take(&mut w.waiters)
         };
-        // Publishes are answered as soon as their frame is durable: giving segments back,
-        // compactions and checkpoints (a write and a sync of their own) come after, off their
-        // path. A failure there fails the log (`Log::fail`), which refuses the next publishes.
-        let framed = write_frame(s);
-        if !waiters.is_empty() && framed.is_ok() {
-            s.publish_syncs.fetch_add(1, Ordering::Relaxed);
-        }
-        let mut after_round = Vec::new();
-        for w in waiters {
-            match w {
-                Waiter::Publish(_) => w.answer(framed.as_ref().map(|_| ()).map_err(clone_err)),
-                _ => after_round.push(w),
-            }
-        }
-        let result = framed.and_then(|()| housekeeping(s, Some(jobs)));
-        for w in after_round {
-            w.answer(result.as_ref().map(|_| ()).map_err(clone_err));
-        }
+        // A failure fails the log (`Log::fail`), which refuses the next publishes; the waiters
+        // got the error.
+        let _ = round::run(s, Round::Frame, waiters);
     }
 }
 
-fn clone_err(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::Full { used, limit } => StoreError::Full {
-            used: *used,
-            limit: *limit,
-        },
-        StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
-        StoreError::Io(m) => StoreError::Io(m.clone()),
-    }
-}
-
-/// Write what is staged (one frame, synced), then [`housekeeping`].
-fn write_round(
-    s: &Shared,
-    jobs: Option<&std::sync::mpsc::Sender<engine::Compaction>>,
-) -> Result<(), StoreError> {
-    write_frame(s)?;
-    housekeeping(s, jobs)
-}
-
-/// After a frame: delete segments with nothing pending, then hand a compaction that is worth
-/// it to the compactor (after the frame restating the older segments), then write a checkpoint
-/// when one is due.
-fn housekeeping(
-    s: &Shared,
-    jobs: Option<&std::sync::mpsc::Sender<engine::Compaction>>,
-) -> Result<(), StoreError> {
-    collect(s)?;
-    if let Some(jobs) = jobs {
-        compact(s, jobs)?;
-    }
-    if s.log().checkpoint_due() {
-        checkpoint(s);
-        // Segments that waited for a checkpoint recording them owing nothing (see
-        // `engine/collect.rs`) go now.
-        if s.log().owed_dead() {
-            collect(s)?;
-        }
-    }
-    Ok(())
-}
-
-/// Delete the segments with nothing pending (after the frame restating older ones).
-fn collect(s: &Shared) -> Result<(), StoreError> {
-    let dead = s.log().stage_collection(now_ms());
-    if !dead.is_empty() {
-        write_frame(s)?;
-        s.log().remove_segments(&dead)?;
-        s.collections.fetch_add(1, Ordering::Relaxed);
-    }
-    Ok(())
-}
-
-/// Hand a compaction that is worth it to the compactor, after the frame that restates the
-/// older segments is durable (see `engine/compact.rs`).
-fn compact(
-    s: &Shared,
-    jobs: &std::sync::mpsc::Sender<engine::Compaction>,
-) -> Result<(), StoreError> {
-    let job = {
-        let mut log = s.log();
-        log.note_time(now_ms());
-        log.plan_compaction(None)
-    };
-    if let Some(job) = job {
-        write_frame(s)?;
-        if let Err(back) = jobs.send(job) {
-            // The compactor is gone (it panicked): run it here.
-            let done = back.0.run();
-            s.log().finish_compaction(done);
-        }
-    }
-    Ok(())
-}
-
-/// The compactor thread: copies segments the committer planned ([`engine::Compaction`]) while
-/// frames go on being written, then swaps them in and has the committer take a checkpoint.
-pub(super) fn compactor(s: &Shared, jobs: &std::sync::mpsc::Receiver<engine::Compaction>) {
+/// The compactor thread: copies segments the round handed over ([`Compaction`]) while frames
+/// go on being written, then swaps them in and has the committer take a checkpoint.
+pub(super) fn compactor(s: &Shared, jobs: &std::sync::mpsc::Receiver<Compaction>) {
     for job in jobs {
-        let no = job.segment();
-        let started = std::time::Instant::now();
-        let done = job.run();
-        if let Some(bytes) = done.replaced_bytes() {
-            tracing::debug!(
-                segment = no,
-                bytes,
-                ms = started.elapsed().as_millis() as u64,
-                "compacted a segment of the event log"
-            );
-        }
-        s.log().finish_compaction(done);
-        s.waiting().dirty = true;
-        s.wake.notify_one();
+        s.finish_compaction(job);
     }
 }
 
-/// Write a checkpoint (prepared under the log's lock, written outside it). A failure is logged:
-/// the previous checkpoint stays valid, and opening the log reads more.
-pub(super) fn checkpoint(s: &Shared) {
-    let prepared = s.log().prepare_checkpoint();
-    let result = prepared.and_then(|w| w.run());
-    if let Err(e) = &result {
-        tracing::warn!(error = %e, "could not write the event log's checkpoint; the next start reads more of the log");
-    }
-    s.log().checkpoint_done(result.is_ok());
+/// Runs a [`super::LogStore::simulated`] store's rounds: the same executor as the committer thread
+/// ([`round`]), on the caller's thread, when told to.
+pub struct Driver {
+    pub(super) shared: std::sync::Arc<Shared>,
 }
 
-fn write_frame(s: &Shared) -> Result<(), StoreError> {
-    let (frame, group) = {
-        let mut log = s.log();
-        let frame = log.take_frame(now_ms())?;
-        // Under the log's lock, as `submit` gathers it: exactly the publishes in this frame.
-        let group = match s.tracer() {
-            Some(_) => std::mem::take(&mut s.waiting().group),
-            None => Group::default(),
+impl Driver {
+    /// The committer's round ([`Round::Frame`]): whatever is staged as one frame, every
+    /// waiting publish, `commit` and management call answered at its step.
+    ///
+    /// # Errors
+    /// A write or sync failed (the log has failed then).
+    pub fn round(&self) -> Result<(), crate::store::StoreError> {
+        self.shared.round_now(Round::Frame)
+    }
+
+    /// The idle committer's round: weigh the segments for a compaction.
+    ///
+    /// # Errors
+    /// As [`Driver::round`].
+    pub fn idle(&self) -> Result<(), crate::store::StoreError> {
+        round::run(&*self.shared, Round::Idle, Vec::new())
+    }
+
+    /// The compactor's work: copy the segment a round handed over and swap it in, as
+    /// `gridlet-compact` does. Whether there was one.
+    pub fn compact(&self) -> bool {
+        let job = match &self.shared.compactor {
+            Compactor::Held(slot) => crate::sync::lock(slot).take(),
+            Compactor::Thread(_) => None,
         };
-        (frame, group)
-    };
-    if let Some(f) = frame {
-        let span = s
-            .tracer()
-            .and_then(|t| Some((t, CommitSpan::start(t, group, f.bytes())?)));
-        // Outside the lock: publishes keep staging while this frame syncs.
-        let written = f.write().and_then(|()| {
-            let synced = std::time::Instant::now();
-            f.sync().map(|()| synced.elapsed())
-        });
-        let fsync = match written {
-            Ok(d) => d,
-            Err(e) => {
-                if let Some((t, span)) = span {
-                    span.finish(t, None, Some(&e.to_string()));
-                }
-                let mut log = s.log();
-                log.fail(e.to_string());
-                return Err(StoreError::Io(format!("event log write failed: {e}")));
+        match job {
+            Some(job) => {
+                self.shared.finish_compaction(job);
+                true
             }
-        };
-        s.log().syncs += 1;
-        if let Some((t, span)) = span {
-            span.finish(t, Some(fsync), None);
+            None => false,
         }
     }
-    Ok(())
+
+    /// Hand over a compaction of a closed segment with events pending, chosen by `pick` from
+    /// their numbers, whatever it holds (the round's own choice is [`Driver::idle`]'s): the
+    /// simulation's way to copy segments the store would leave for longer.
+    ///
+    /// # Errors
+    /// As [`Driver::round`].
+    pub fn compact_one(
+        &self,
+        pick: impl FnOnce(&[u64]) -> Option<u64>,
+    ) -> Result<(), crate::store::StoreError> {
+        let closed = self.shared.log().closed_pending_segments();
+        match pick(&closed) {
+            Some(no) => round::hand_over_compaction(&*self.shared, Some(no)),
+            None => Ok(()),
+        }
+    }
+
+    /// A checkpoint now, as the round takes one when due.
+    pub fn checkpoint(&self) {
+        round::checkpoint(&*self.shared);
+    }
 }

@@ -77,7 +77,7 @@ fn a_segment_pinned_by_a_few_events_is_replaced_by_their_copy_which_restarts_rea
                 items.push((3, ev(seq)));
             }
             log.stage_events(&items, 0).unwrap();
-            log.commit(seq).unwrap();
+            round::commit(&mut log, seq).unwrap();
         }
         let retried: Vec<u64> = pinned.iter().copied().filter(|s| s % 100 == 0).collect();
         log.stage_retry(2, &retried, RETRY);
@@ -85,7 +85,7 @@ fn a_segment_pinned_by_a_few_events_is_replaced_by_their_copy_which_restarts_rea
         log.stage_settle(1, &all);
         let rest: Vec<u64> = all.iter().copied().filter(|s| s % 50 != 0).collect();
         log.stage_settle(2, &rest);
-        log.commit(700).unwrap();
+        round::commit(&mut log, 700).unwrap();
         // A checkpoint of the segments as they are now: after the compaction it describes
         // files that were replaced.
         log.checkpoint().unwrap();
@@ -108,7 +108,7 @@ fn a_segment_pinned_by_a_few_events_is_replaced_by_their_copy_which_restarts_rea
         check_pinned(&log, &pinned);
         // Writing goes on; the copies are settled and given back like any segment.
         log.stage_events(&[(2, ev(601))], 0).unwrap();
-        log.commit(900).unwrap();
+        round::commit(&mut log, 900).unwrap();
     }
     // The checkpoint on disk predates the copies: every segment is read.
     let mut with_601 = pinned.clone();
@@ -125,7 +125,7 @@ fn a_segment_pinned_by_a_few_events_is_replaced_by_their_copy_which_restarts_rea
     log.stage_settle(2, &with_601);
     let q3: Vec<u64> = (561..=600).collect();
     log.stage_settle(3, &q3);
-    log.commit(1200).unwrap();
+    round::commit(&mut log, 1200).unwrap();
     assert_eq!(
         log.segments(),
         1,
@@ -215,7 +215,7 @@ fn a_segment_whose_few_pending_events_hold_most_of_its_bytes_is_left_as_it_is() 
     let publish = |log: &mut Log, e: StoredEvent, queues: &[QueueId]| {
         let items: Vec<_> = queues.iter().map(|q| (*q, e.clone())).collect();
         log.stage_events(&items, 0).unwrap();
-        log.commit(e.seq).unwrap();
+        round::commit(log, e.seq).unwrap();
     };
     for _ in 0..10 {
         seq += 1;
@@ -234,7 +234,7 @@ fn a_segment_whose_few_pending_events_hold_most_of_its_bytes_is_left_as_it_is() 
     }
     let all: Vec<u64> = (1..=seq).collect();
     log.stage_settle(1, &all);
-    log.commit(seq + 1).unwrap();
+    round::commit(&mut log, seq + 1).unwrap();
     let before = log.frame_bytes();
     assert!(!log.compact(None, seq + 2).unwrap(), "not worth copying");
     assert_eq!(log.compactions(), 0);

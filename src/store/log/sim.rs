@@ -1,24 +1,31 @@
-//! Power cuts, simulated: a seeded workload drives the event log on a [`SimFs`] that cuts the
-//! power at a seeded step, loses or tears what was not synced, and reboots; the log is opened
-//! again and checked against a model of what was acknowledged.
+//! Power cuts, simulated: a seeded workload drives the log store as shipped ([`LogStore`], its
+//! metadata on the same disk, [`FsMeta`]) on a [`SimFs`] that cuts the power at a seeded step,
+//! loses or tears what was not synced, and reboots; the store is opened again and checked
+//! against a model of what was acknowledged. The store runs without threads
+//! ([`LogStore::simulated`]): its [`Driver`] runs the committer's rounds (the same executor,
+//! `round.rs`) and the compactor's copies when the seed says, so every seed is one order of
+//! events, reproducible from its number. Publishes go through [`Store::submit`] and are
+//! acknowledged when their `Commit` resolves; several may share a round's frame.
 //!
 //! The promises checked after every cut:
 //!
-//! 1. start-up succeeds (a crash never leaves a state the log refuses);
+//! 1. start-up succeeds (a crash never leaves a state the store refuses);
 //! 2. every event whose publish was acknowledged, and not settled since, is pending, exactly once,
 //!    with the body (and trace context) that was published;
 //! 3. nothing is invented: every pending event was published to that queue (an unacknowledged
 //!    publish may or may not be there), of a queue not deleted;
-//! 4. a settlement followed by a successful commit is never undone (the event does not come back);
+//! 4. a settlement followed by a successful round is never undone (the event does not come back);
 //!    a pending event's retry state is its first one or one that was set;
-//! 5. writing goes on after the restart (the next round publishes, settles and is cut again).
+//! 5. a subscription deletion cut short leaves the subscription either gone with its events or
+//!    there with all of them (`delete_subscription`: the record first); one that returned is gone;
+//! 6. writing goes on after the restart (the next round publishes, settles and is cut again).
 //!
 //! With damage on ([`run_seed_with`]), between a cut and the next open half the rounds of a
 //! seed also damage **synced** data
 //! ([`damage`]: a flipped bit, a zeroed or lost sector, a stale block, a damaged header, a
 //! missing segment file), where the log promises to see it. Then promise 2 becomes: every
 //! acknowledged event is pending unless it was in damaged data, and then the open reported the
-//! loss ([`Log::damage`]); never silent. Whether the count reported covers what went missing is
+//! loss ([`LogStore::damage`]); never silent. Whether the count reported covers what went missing is
 //! counted ([`Outcome::undercounted`]), not yet a failure. A settled
 //! event may come back (a damaged frame may have held its settlement: at least once). An open
 //! with no fault made in the seed so far must report no damage at all.
@@ -26,14 +33,21 @@
 //! `run_seed(seed, ops)` is deterministic: a failing seed reproduces from its number. The suite
 //! runs a few thousand short seeds (`sim_tests`), `gridlet-bench --scenario crashsim` many more.
 
+mod check;
 pub mod damage;
 
-use super::engine::{Compaction, Log, LogOptions};
+use check::{check, counted_enough};
+
+use super::engine::LogOptions;
+use super::{Driver, LogStore, LogStoreOptions, SUBDIR};
 use crate::store::fs::sim::{Rng, SimFs};
-use crate::store::{QueueId, RetryState, StoredEvent};
+use crate::store::fs::Fs;
+use crate::store::meta::FsMeta;
+use crate::store::{Commit, QueueId, RetryState, Settlement, Store, StoredEvent};
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// What one seed did.
@@ -78,16 +92,41 @@ struct Model {
     settled: HashSet<(QueueId, u64)>,
     /// Retry states ever set per event.
     states: HashMap<(QueueId, u64), Vec<RetryState>>,
-    /// Deleted queues.
+    /// Deleted queues (the deletion returned).
     dropped: HashSet<QueueId>,
+    /// Events dead-lettered (their letter put, then their removal staged): after a cut each is
+    /// pending, a letter, or both; never neither.
+    lettered: HashSet<(QueueId, u64)>,
+    /// A deletion of this queue began and did not return: either outcome is allowed.
+    deleting: Option<QueueId>,
+    /// Publishes submitted and not yet answered, with their events.
+    unanswered: Vec<(Commit, Vec<(QueueId, u64)>)>,
     next_seq: u64,
 }
 
 const QUEUES: [QueueId; 3] = [1, 2, 3];
 
-fn opts(seed: u64) -> LogOptions {
+/// Where the simulated store keeps its files.
+const EVENTS: &str = "/data/events";
+const META: &str = "/data/meta";
+
+fn store_opts() -> LogStoreOptions {
+    LogStoreOptions {
+        metadata_path: PathBuf::from(META),
+        events_path: PathBuf::from(EVENTS),
+        max_disk_bytes: 64 << 20,
+        cache_bytes: 0,
+        flush_every_ms: 0,
+        segment_bytes: 16 << 10,
+        compact_idle_ms: 0,
+        refuse_damage: false,
+    }
+}
+
+/// The event log's options of a seed (its directory: the store's).
+pub fn opts(seed: u64) -> LogOptions {
     LogOptions {
-        dir: PathBuf::from("/data/log"),
+        dir: Path::new(EVENTS).join(SUBDIR).join("log"),
         // Small segments: rolls and deletions happen within a few dozen operations.
         segment_bytes: 16 << 10,
         max_disk_bytes: 64 << 20,
@@ -110,8 +149,8 @@ fn opts(seed: u64) -> LogOptions {
             4096
         },
         allocate_step: [1, 4096, 12 << 10][(seed / 9 % 3) as usize],
-        // Segments qualify as soon as a quarter of their events are pending (`compact` also
-        // forces them whatever they hold).
+        // Segments are weighed at every round, and qualify as soon as a quarter of their events
+        // at most are pending.
         compact_idle_ms: 0,
         refuse_damage: false,
     }
@@ -127,6 +166,42 @@ fn body(rng: &mut Rng, seq: u64) -> Bytes {
     b.extend((0..len).map(|i| b'a' + ((seq + i) % 26) as u8));
     b.extend_from_slice(b"\"}");
     Bytes::from(b)
+}
+
+/// The record each simulated subscription is created with.
+fn record(q: QueueId) -> crate::model::record::SubscriptionRecord {
+    crate::model::record::SubscriptionRecord {
+        v: crate::model::record::RECORD_VERSION,
+        name: format!("s{q}"),
+        topic: "t".into(),
+        delivery_schema: crate::model::topic::EventSchema::EventGrid,
+        persisted: true,
+        retry_policy: None,
+        destination: crate::model::destination::DestinationRecord {
+            endpoint_type: "WebHook".into(),
+            properties: serde_json::Map::new(),
+        },
+        batching: Default::default(),
+        filter: None,
+        signing_secrets: Vec::new(),
+        attributes: Vec::new(),
+        dead_letter: None,
+        queue: None,
+    }
+}
+
+/// Open the store on the seed's disk.
+fn open(fs: &SimFs, seed: u64, clock: &Arc<AtomicU64>) -> Result<(LogStore, Driver), String> {
+    let shared: Arc<dyn Fs> = Arc::new(fs.clone());
+    let meta = FsMeta::open(shared.clone(), PathBuf::from(META)).map_err(|e| e.to_string())?;
+    LogStore::simulated(
+        shared,
+        Box::new(meta),
+        &store_opts(),
+        opts(seed),
+        clock.clone(),
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// Run one seed: `rounds` rounds of about `ops` operations, each ended by a power cut.
@@ -149,36 +224,44 @@ pub fn run_seed_with(seed: u64, ops: usize, damage: bool) -> Result<Outcome, Str
         ..Model::default()
     };
     let mut out = Outcome::default();
-    let known: HashSet<QueueId> = QUEUES.into_iter().collect();
-    let mut now = 1_000u64;
+    let clock = Arc::new(AtomicU64::new(1_000));
     // Damage faults draw from a generator of their own: the workload of a seed stays the same.
     let mut harm = Rng::new(seed ^ 0x0da3_a9e5);
     let mut fault: Option<damage::Injected> = None;
     let mut ever = false;
     for round in 0..3 {
-        let alive: HashSet<QueueId> = known.difference(&model.dropped).copied().collect();
-        let (mut log, recovered) = Log::open(Arc::new(fs.clone()), opts(seed), &alive, now)
+        let (store, driver) = open(&fs, seed, &clock)
             .map_err(|e| format!("seed {seed} round {round}: open failed: {e}"))?;
-        if round > 0 {
+        if round == 0 {
+            for q in QUEUES {
+                store
+                    .put_subscription(q, &record(q))
+                    .map_err(|e| format!("seed {seed}: subscription {q}: {e}"))?;
+            }
+        } else {
             let why = |e: String| match &fault {
                 Some(f) => format!("{e} (damage made before this open: {f:?})"),
                 None => e,
             };
-            let (checked, lost) = check(seed, &mut model, &log, &recovered, ever).map_err(why)?;
+            let (checked, lost) = check(seed, &mut model, &store, ever).map_err(why)?;
             out.checked += checked;
             out.lost += lost;
-            out.undercounted += u32::from(!counted_enough(&log, lost));
-            out.reported += u32::from(fault.is_some() && !log.damage().losses.is_empty());
+            out.undercounted += u32::from(!counted_enough(&store, lost));
+            out.reported += u32::from(fault.is_some() && !store.damage().losses.is_empty());
             out.cuts += 1;
         }
-        model.next_seq = model.next_seq.max(log.max_seq() + 1);
-        fs.crash_at_step(fs.steps() + 1 + rng.below(ops as u64 * 2));
-        // A compaction planned and not yet run: other operations go on meanwhile, as on the
-        // store's compactor thread.
-        let mut job = None;
+        let max_seq = store
+            .load()
+            .map_err(|e| format!("seed {seed}: load: {e}"))?
+            .max_seq;
+        model.next_seq = model.next_seq.max(max_seq + 1);
+        // Disk steps before the cut: the store makes more per operation than the bare log did
+        // (metadata, letters, idle rounds), so the window is wider than two per operation.
+        fs.crash_at_step(fs.steps() + 1 + rng.below(ops as u64 * 3));
         for _ in 0..ops {
-            now += 1 + rng.below(50);
-            if step(&mut rng, &mut log, &mut model, now, &mut out, &mut job).is_err() {
+            clock.fetch_add(1 + rng.below(50), Ordering::Relaxed);
+            let now = clock.load(Ordering::Relaxed);
+            if step(&mut rng, &store, &driver, &mut model, now, &mut out).is_err() {
                 break;
             }
         }
@@ -186,14 +269,22 @@ pub fn run_seed_with(seed: u64, ops: usize, damage: bool) -> Result<Outcome, Str
             return Err(format!("seed {seed} round {round}: {b}"));
         }
         if !fs.crashed() {
-            let _ = commit(&mut log, &mut model, now);
+            if rng.chance(1, 2) {
+                // A clean stop: the last round and a checkpoint, then the power goes.
+                store.close();
+                answered(&mut model);
+            } else {
+                let _ = run_round(&driver, &mut model);
+            }
             fs.power_cut();
         }
-        // Settlements not followed by a successful commit may or may not have been written.
+        // Publishes never answered were never acknowledged.
+        model.unanswered.clear();
+        // Settlements not followed by a successful round may or may not have been written.
         model.settling.clear();
-        out.compactions += log.compactions();
-        out.recycled += log.recycled();
-        drop(log);
+        out.compactions += store.compactions();
+        out.recycled += store.recycled();
+        store.crash();
         fs.reboot();
         fault = None;
         if damage && round < 2 && harm.chance(1, 2) {
@@ -209,11 +300,11 @@ pub fn run_seed_with(seed: u64, ops: usize, damage: bool) -> Result<Outcome, Str
 /// One random operation. `Err` once the disk failed (the power is cut).
 fn step(
     rng: &mut Rng,
-    log: &mut Log,
+    store: &LogStore,
+    driver: &Driver,
     m: &mut Model,
     now: u64,
     out: &mut Outcome,
-    job: &mut Option<Compaction>,
 ) -> Result<(), ()> {
     let owed: Vec<(QueueId, u64)> = {
         let mut v: Vec<_> = m.owed.iter().copied().collect();
@@ -236,16 +327,28 @@ fn step(
                 }
             }
             out.published += n;
-            log.stage_events(&items, 0).map_err(|_| ())?;
-            commit(log, m, now)?;
-            m.owed.extend(items.iter().map(|(q, e)| (*q, e.seq)));
+            let keys = items.iter().map(|(q, e)| (*q, e.seq)).collect();
+            let commit = store.submit(items).map_err(|_| ())?;
+            m.unanswered.push((commit, keys));
+            // Most publishes are written at once; the others share the next round's frame.
+            if rng.chance(2, 3) {
+                run_round(driver, m)?;
+            }
         }
         4..=5 if !owed.is_empty() => {
             let k = 1 + rng.below(8) as usize;
             let start = rng.below(owed.len() as u64) as usize;
             let picked: Vec<_> = owed.iter().skip(start).take(k).copied().collect();
+            if rng.chance(1, 4) {
+                return dead_letter(store, m, &picked, now);
+            }
             for (q, s) in &picked {
-                log.stage_settle(*q, &[*s]);
+                // Through the store writer's path or in place, as delivery settles.
+                if rng.chance(1, 2) {
+                    store.remove(*q, &[*s]).map_err(|_| ())?;
+                } else if !store.try_settle(*q, &[Settlement::Remove(&[*s])]) {
+                    return Err(());
+                }
                 m.owed.remove(&(*q, *s));
                 m.settling.insert((*q, *s));
             }
@@ -257,30 +360,111 @@ fn step(
                 first_enqueued_ms: now,
                 due_ms: now + 60_000,
             };
-            log.stage_retry(q, &[s], st);
+            store.update(q, &[s], st).map_err(|_| ())?;
             m.states.entry((q, s)).or_default().push(st);
         }
         8 if rng.chance(1, 2) => {
-            // A checkpoint between frames (as the committer takes them); a failed one is only a
-            // warning: the previous one stays valid.
-            // Sometimes with settlements staged and not yet written (as when a delivery settles
-            // while the committer writes): the checkpoint holds them a frame early.
+            // A checkpoint at a random step (the rounds take them when due), sometimes with
+            // settlements staged and not yet written (as when a delivery settles while the
+            // committer writes): the checkpoint holds them a frame early.
             if rng.chance(1, 2) {
-                commit(log, m, now)?;
+                run_round(driver, m)?;
             }
-            if log.checkpoint_due() || rng.chance(1, 3) {
-                let _ = log.checkpoint();
+            if rng.chance(1, 3) {
+                driver.checkpoint();
             }
         }
         7 if rng.chance(1, 8) && !m.dropped.contains(&3) => {
-            log.stage_drop_queue(3);
+            // The metadata record first, then the log: a cut in between leaves the subscription
+            // gone with its events (see promise 5).
+            m.deleting = Some(3);
+            // Cut short, it may not have reached its round: its publishes stay unanswered.
+            store.delete_subscription(3).map_err(|_| ())?;
+            answered(m);
+            m.deleting = None;
             m.dropped.insert(3);
             m.owed.retain(|(q, _)| *q != 3);
+            m.settled.extend(m.settling.drain());
         }
-        10 => compact(rng, log, m, now, job)?,
-        9 if !owed.is_empty() => read_back(rng, log, m, &owed, out)?,
-        _ => commit(log, m, now)?,
+        // The compactor copies what a round handed over; an idle round weighs the segments.
+        10 => {
+            if !driver.compact() {
+                if rng.chance(1, 3) {
+                    driver.idle().map_err(|_| ())?;
+                } else {
+                    // A closed segment with events pending, whatever it holds.
+                    let pick =
+                        |c: &[u64]| (!c.is_empty()).then(|| c[rng.below(c.len() as u64) as usize]);
+                    driver.compact_one(pick).map_err(|_| ())?;
+                }
+            }
+        }
+        9 if !owed.is_empty() => read_back(rng, store, m, &owed, out)?,
+        _ => run_round(driver, m)?,
     }
+    Ok(())
+}
+
+/// Dead-letter `picked` as delivery does: each event's letter put, then the removal of the
+/// events staged (`remove_dropped`, which makes the letters durable first).
+fn dead_letter(
+    store: &LogStore,
+    m: &mut Model,
+    picked: &[(QueueId, u64)],
+    now: u64,
+) -> Result<(), ()> {
+    let letters = store.dead_letters().ok_or(())?;
+    let bound = crate::store::deadletter::DeadLetterBound {
+        per_subscription: usize::MAX,
+        max_bytes: u64::MAX,
+    };
+    let mut by_queue: BTreeMap<QueueId, Vec<u64>> = BTreeMap::new();
+    for (q, s) in picked {
+        let body = m.published.get(&(*q, *s)).cloned().unwrap_or_default();
+        let letter = crate::store::deadletter::DeadLetter {
+            id: 0,
+            seq: *s,
+            event_id: format!("id-{s}"),
+            body,
+            reason: crate::store::deadletter::DropReason::MaxDeliveryAttemptsExceeded,
+            last_status: Some(500),
+            last_error: None,
+            attempts: 3,
+            first_enqueued_ms: now,
+            dead_lettered_ms: now,
+        };
+        letters.put(*q, letter, bound).map_err(|_| ())?;
+        by_queue.entry(*q).or_default().push(*s);
+    }
+    for (q, seqs) in by_queue {
+        store.remove_dropped(q, &seqs).map_err(|_| ())?;
+        for s in seqs {
+            m.owed.remove(&(q, s));
+            m.settling.insert((q, s));
+            m.lettered.insert((q, s));
+        }
+    }
+    Ok(())
+}
+
+/// Publishes answered: those answered `Ok` are acknowledged (owed).
+fn answered(m: &mut Model) {
+    for (mut commit, keys) in std::mem::take(&mut m.unanswered) {
+        match commit.ready() {
+            Some(Ok(())) => m.owed.extend(keys),
+            Some(Err(_)) => {}
+            // A round answers every publish staged before it: none can still wait.
+            None => m.broken = Some("a publish was not answered by the round after it".into()),
+        }
+    }
+}
+
+/// The committer's round; on success every settlement staged before it is durable.
+fn run_round(driver: &Driver, m: &mut Model) -> Result<(), ()> {
+    let r = driver.round();
+    answered(m);
+    r.map_err(|_| ())?;
+    m.settled.extend(m.settling.drain());
     Ok(())
 }
 
@@ -288,7 +472,7 @@ fn step(
 /// frame cache, across rolls, collections and compactions): each must read its body.
 fn read_back(
     rng: &mut Rng,
-    log: &Log,
+    store: &LogStore,
     m: &mut Model,
     owed: &[(QueueId, u64)],
     out: &mut Outcome,
@@ -303,7 +487,7 @@ fn read_back(
     let chunk = 1 + rng.below(64) as usize;
     for part in seqs.get(start..).unwrap_or_default().chunks(chunk).take(3) {
         // A read error is the disk failing (the cut); a wrong answer is a broken promise.
-        let got = log.plan_get(q, part).run().map_err(|_| ())?;
+        let got = store.get(q, part).map_err(|_| ())?;
         for (seq, e) in part.iter().zip(got) {
             out.read += 1;
             if e.map(|e| e.body) != m.published.get(&(q, *seq)).cloned() {
@@ -314,41 +498,6 @@ fn read_back(
             }
         }
     }
-    Ok(())
-}
-
-/// Compact a closed segment with events pending, whatever it holds, or the one the store would
-/// choose (the head included), in two steps as the store does: plan it (restating the older segments) and commit; then, some operations later (more
-/// publishes, settlements, commits, rolls, checkpoints), copy it and swap it in.
-fn compact(
-    rng: &mut Rng,
-    log: &mut Log,
-    m: &mut Model,
-    now: u64,
-    job: &mut Option<Compaction>,
-) -> Result<(), ()> {
-    if let Some(j) = job.take() {
-        log.finish_compaction(j.run());
-        return commit(log, m, now);
-    }
-    if rng.chance(1, 3) {
-        // The store's choice: the segment that frees most, the head too (closed first).
-        *job = log.plan_compaction(None);
-    } else {
-        let closed = log.closed_pending_segments();
-        if !closed.is_empty() {
-            let no = closed[rng.below(closed.len() as u64) as usize];
-            *job = log.plan_compaction(Some(no));
-        }
-    }
-    commit(log, m, now)
-}
-
-/// Commit; on success every settlement staged before it is durable.
-fn commit(log: &mut Log, m: &mut Model, now: u64) -> Result<(), ()> {
-    let r = log.commit(now);
-    r.map_err(|_| ())?;
-    m.settled.extend(m.settling.drain());
     Ok(())
 }
 
@@ -377,114 +526,4 @@ fn trace_of(seq: u64) -> Option<Arc<crate::telemetry::TraceContext>> {
             state: (seq % 3 == 2).then(|| Arc::from(format!("k=v{seq}").as_str())),
         })
     })
-}
-
-/// Check the promises of the module docs (`ever`: a damage fault was made in this seed);
-/// returns how many owed events were found, and how many were lost in reported damage (the
-/// model then forgets them).
-fn check(
-    seed: u64,
-    m: &mut Model,
-    log: &Log,
-    recovered: &super::engine::Recovered,
-    ever: bool,
-) -> Result<(u64, u64), String> {
-    let mut found: HashSet<(QueueId, u64)> = HashSet::new();
-    for (q, runs) in recovered {
-        let list = runs.events();
-        let mut last = 0;
-        for (seq, st) in &list {
-            if *seq <= last {
-                return Err(format!(
-                    "seed {seed}: queue {q} lists {seq} twice or out of order"
-                ));
-            }
-            last = *seq;
-            if m.dropped.contains(q) {
-                return Err(format!(
-                    "seed {seed}: deleted queue {q} has event {seq} pending"
-                ));
-            }
-            if !m.published.contains_key(&(*q, *seq)) {
-                return Err(format!(
-                    "seed {seed}: queue {q} has event {seq} never published to it"
-                ));
-            }
-            if m.settled.contains(&(*q, *seq)) && !ever {
-                return Err(format!(
-                    "seed {seed}: event {seq} of queue {q} is pending again after its settlement was committed"
-                ));
-            }
-            let fresh = st.attempts == 0 && st.due_ms == 0;
-            let set = m.states.get(&(*q, *seq)).is_some_and(|v| v.contains(st));
-            if !fresh && !set {
-                return Err(format!(
-                    "seed {seed}: queue {q} event {seq} has state {st:?}, never set"
-                ));
-            }
-            found.insert((*q, *seq));
-        }
-    }
-    let d = log.damage();
-    if !ever && !d.losses.is_empty() {
-        return Err(format!(
-            "seed {seed}: damage reported after power cuts alone: {:?}",
-            d.losses
-        ));
-    }
-    let mut checked = 0;
-    let mut by_queue: BTreeMap<QueueId, Vec<u64>> = BTreeMap::new();
-    let mut missing: Vec<(QueueId, u64)> = Vec::new();
-    for (q, s) in &m.owed {
-        if !found.contains(&(*q, *s)) {
-            missing.push((*q, *s));
-            continue;
-        }
-        by_queue.entry(*q).or_default().push(*s);
-        checked += 1;
-    }
-    missing.sort_unstable();
-    let seqs: HashSet<u64> = missing.iter().map(|(_, s)| *s).collect();
-    if !missing.is_empty() && (!ever || d.losses.is_empty()) {
-        return Err(format!(
-            "seed {seed}: acknowledged events lost {missing:?}, reported: {:?}",
-            d.losses
-        ));
-    }
-    if ever {
-        // What damage took is gone; settled events it brought back are pending again.
-        m.owed.retain(|k| found.contains(k));
-        m.settled.retain(|k| !found.contains(k));
-    }
-    for (q, seqs) in by_queue {
-        let got = log
-            .plan_get(q, &seqs)
-            .run()
-            .map_err(|e| format!("seed {seed}: read of queue {q} failed: {e}"))?;
-        for (s, e) in seqs.iter().zip(got) {
-            let want = m.published.get(&(q, *s));
-            match e {
-                Some(e) if Some(&e.body) == want && e.trace == trace_of(*s) => {}
-                Some(_) => {
-                    return Err(format!(
-                        "seed {seed}: event {s} of queue {q} reads back a different body or trace"
-                    ))
-                }
-                None => {
-                    return Err(format!(
-                        "seed {seed}: event {s} of queue {q} is pending but unreadable (damage reported: {:?})",
-                        log.damage().losses
-                    ))
-                }
-            }
-        }
-    }
-    Ok((checked, seqs.len() as u64))
-}
-
-/// Whether the open reported at least as many events lost as went missing (`lost`), when it
-/// could count them.
-fn counted_enough(log: &Log, lost: u64) -> bool {
-    let d = log.damage();
-    !d.losses.iter().all(|l| l.counted) || lost <= d.events()
 }

@@ -227,9 +227,9 @@ fn a_torn_tail_is_cut_and_writing_goes_on() {
         let (mut log, _) = Log::open(fs.clone(), lo.clone(), &known, 1).unwrap();
         log.stage_events(&[(1, ev(1, 100)), (1, ev(2, 100))], 0)
             .unwrap();
-        log.commit(2).unwrap();
+        round::commit(&mut log, 2).unwrap();
         log.stage_events(&[(1, ev(3, 100))], 0).unwrap();
-        log.commit(3).unwrap();
+        round::commit(&mut log, 3).unwrap();
         len = log.frame_bytes();
     }
     // Tear the last frame: cut it short by 10 bytes (the file is reserved beyond it).
@@ -245,7 +245,7 @@ fn a_torn_tail_is_cut_and_writing_goes_on() {
         "the torn (never acknowledged) frame is gone"
     );
     log.stage_events(&[(1, ev(4, 100))], 0).unwrap();
-    log.commit(5).unwrap();
+    round::commit(&mut log, 5).unwrap();
     drop(log);
     let (_, rec) = Log::open(fs, lo, &known, 6).unwrap();
     let seqs: Vec<u64> = rec[&1].events().iter().map(|(s, _)| *s).collect();
@@ -343,7 +343,7 @@ fn the_simulated_disk_is_what_the_log_runs_on() {
     let known: HashSet<QueueId> = [1].into_iter().collect();
     let (mut log, _) = Log::open(Arc::new(fs.clone()), lo.clone(), &known, 1).unwrap();
     log.stage_events(&[(1, ev(1, 10))], 0).unwrap();
-    log.commit(2).unwrap();
+    round::commit(&mut log, 2).unwrap();
     drop(log);
     fs.power_cut();
     fs.reboot();
@@ -409,7 +409,7 @@ pub(super) fn fill_real_log(
     let (mut log, _) = Log::open(fs.clone(), lo.clone(), known, 1).unwrap();
     for seq in 1..=n {
         log.stage_events(&[(1, ev(seq, len))], 0).unwrap();
-        log.commit(seq).unwrap();
+        round::commit(&mut log, seq).unwrap();
     }
     log.segments()
 }
@@ -442,7 +442,7 @@ fn a_frame_read_in_chunks_is_read_once() {
     let (mut log, _) = Log::open(Arc::new(RealFs), lo.clone(), &known, 1).unwrap();
     let items: Vec<(QueueId, StoredEvent)> = (1..=500).map(|seq| (1, ev(seq, 200))).collect();
     log.stage_events(&items, 0).unwrap();
-    log.commit(1).unwrap();
+    round::commit(&mut log, 1).unwrap();
     let seqs: Vec<u64> = (1..=500).collect();
     for (i, chunk) in seqs.chunks(64).enumerate() {
         let got = log.plan_get(1, chunk).run().unwrap();

@@ -18,7 +18,7 @@ fn small_frames_rewrite_the_partial_block_and_read_back_after_a_restart() {
         for seq in 1..=400 {
             log.stage_events(&[(1, ev(seq, 1 + (seq as usize * 37) % 700))], 0)
                 .unwrap();
-            log.commit(seq).unwrap();
+            round::commit(&mut log, seq).unwrap();
         }
         assert!(log.segments() >= 2, "rolled over: {}", log.segments());
         // Closed segments keep no reserved blocks; the head keeps at most one step.
@@ -39,7 +39,7 @@ fn small_frames_rewrite_the_partial_block_and_read_back_after_a_restart() {
     }
     // Writing goes on after the restart, in the middle of a block.
     log.stage_events(&[(1, ev(401, 10))], 0).unwrap();
-    log.commit(3).unwrap();
+    round::commit(&mut log, 3).unwrap();
     drop(log);
     let (_, rec) = Log::open(fs, lo, &known, 4).unwrap();
     assert_eq!(rec[&1].len(), 401);
@@ -81,12 +81,12 @@ fn a_segment_given_back_becomes_the_next_head_and_its_old_frames_are_never_read(
     while log.segments() < 3 {
         seq += 1;
         log.stage_events(&[(1, ev(seq, 900))], 0).unwrap();
-        log.commit(seq).unwrap();
+        round::commit(&mut log, seq).unwrap();
     }
     let first_life = seq;
     // Everything delivered: the closed segments go, the largest is kept.
     log.stage_settle(1, &(1..=first_life).collect::<Vec<_>>());
-    log.commit(seq).unwrap();
+    round::commit(&mut log, seq).unwrap();
     assert!(spare.exists(), "a spare is kept");
     let spare_len = std::fs::metadata(&spare).unwrap().len();
     assert!(spare_len >= 64 << 10);
@@ -96,14 +96,14 @@ fn a_segment_given_back_becomes_the_next_head_and_its_old_frames_are_never_read(
     while log.recycled() == before {
         seq += 1;
         log.stage_events(&[(1, ev(seq, 900))], 0).unwrap();
-        log.commit(seq).unwrap();
+        round::commit(&mut log, seq).unwrap();
     }
     assert!(!spare.exists(), "the spare became the head");
     let second_life: Vec<u64> = (first_life + 1..=seq).collect();
     for _ in 0..3 {
         seq += 1;
         log.stage_events(&[(1, ev(seq, 300))], 0).unwrap();
-        log.commit(seq).unwrap();
+        round::commit(&mut log, seq).unwrap();
     }
     let head = std::fs::read_dir(&lo.dir)
         .unwrap()
@@ -126,7 +126,7 @@ fn a_segment_given_back_becomes_the_next_head_and_its_old_frames_are_never_read(
     assert!(read.iter().all(Option::is_some));
     // Writing goes on after the cut of the old frames, and survives another restart.
     log.stage_events(&[(1, ev(seq + 1, 10))], 0).unwrap();
-    log.commit(3).unwrap();
+    round::commit(&mut log, 3).unwrap();
     drop(log);
     let (_, rec) = Log::open(fs, lo, &known, 4).unwrap();
     assert_eq!(rec[&1].len(), want.len() + 1);
@@ -144,10 +144,10 @@ fn the_spare_goes_before_a_publish_is_refused_for_space() {
     while log.segments() < 3 {
         seq += 1;
         log.stage_events(&[(1, ev(seq, 900))], 0).unwrap();
-        log.commit(seq).unwrap();
+        round::commit(&mut log, seq).unwrap();
     }
     log.stage_settle(1, &(1..=seq).collect::<Vec<_>>());
-    log.commit(seq).unwrap();
+    round::commit(&mut log, seq).unwrap();
     let spare = lo.dir.join(format::SPARE);
     assert!(spare.exists());
     let free = lo.max_disk_bytes - log.bytes();
@@ -157,7 +157,7 @@ fn the_spare_goes_before_a_publish_is_refused_for_space() {
     log.stage_events(&[(1, ev(seq + 1, body))], 0)
         .expect("taken once the spare is gone");
     assert!(!spare.exists(), "the spare was deleted");
-    log.commit(seq + 1).unwrap();
+    round::commit(&mut log, seq + 1).unwrap();
     // Now the bound refuses as before.
     let err = log.stage_events(&[(1, ev(seq + 2, 300 << 10))], 0);
     assert!(matches!(err, Err(StoreError::Full { .. })), "{err:?}");

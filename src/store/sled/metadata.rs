@@ -18,8 +18,8 @@ use std::sync::Mutex;
 
 const META_CACHE_BYTES: u64 = 1 << 20;
 
-/// Topics in creation order, and subscriptions with their queue ids.
-pub type MetaSnapshot = (Vec<TopicRecord>, Vec<(QueueId, SubscriptionRecord)>);
+pub use crate::store::meta::MetaSnapshot;
+use crate::store::meta::MetaStore;
 
 /// A record's bytes (JSON, with its format version).
 fn encode(record: &impl serde::Serialize) -> Result<Vec<u8>, StoreError> {
@@ -249,6 +249,54 @@ impl SledMeta {
 
     fn flush_meta(&self) -> Result<(), StoreError> {
         self.meta.flush().map(|_| ()).map_err(io)
+    }
+}
+
+impl MetaStore for SledMeta {
+    fn known_queues(&self) -> Result<HashSet<QueueId>, StoreError> {
+        SledMeta::known_queues(self)
+    }
+    fn snapshot(&self) -> Result<MetaSnapshot, StoreError> {
+        SledMeta::snapshot(self)
+    }
+    fn write_topic(&self, key: &str, record: &TopicRecord) -> Result<(), StoreError> {
+        SledMeta::write_topic(self, key, record)
+    }
+    fn remove_topic(&self, key: &str) -> Result<(), StoreError> {
+        SledMeta::remove_topic(self, key)
+    }
+    fn write_subscription(
+        &self,
+        queue: QueueId,
+        record: &SubscriptionRecord,
+    ) -> Result<(), StoreError> {
+        SledMeta::write_subscription(self, queue, record)
+    }
+    fn remove_subscription(&self, queue: QueueId) -> Result<(), StoreError> {
+        SledMeta::remove_subscription(self, queue)
+    }
+    fn new_queue_id(&self) -> Result<QueueId, StoreError> {
+        SledMeta::new_queue_id(self)
+    }
+    fn health_records(&self) -> Result<Vec<(String, Value)>, StoreError> {
+        SledMeta::health_records(self)
+    }
+    fn write_endpoint_health(&self, url: &str, record: Option<&Value>) -> Result<(), StoreError> {
+        SledMeta::write_endpoint_health(self, url, record)
+    }
+    fn mqtt_records(&self) -> Result<Vec<MqttRecord>, StoreError> {
+        SledMeta::mqtt_records(self)
+    }
+    fn write_mqtt_record(
+        &self,
+        kind: MqttKind,
+        name: &str,
+        record: Option<&MqttRecord>,
+    ) -> Result<(), StoreError> {
+        SledMeta::write_mqtt_record(self, kind, name, record)
+    }
+    fn flush(&self) {
+        SledMeta::flush(self);
     }
 }
 

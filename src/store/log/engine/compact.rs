@@ -312,7 +312,7 @@ impl Log {
         let Some(job) = self.plan_compaction(only) else {
             return Ok(false);
         };
-        if let Err(e) = self.commit(now_ms) {
+        if let Err(e) = self.write_staged(now_ms) {
             self.compacting = None;
             return Err(e);
         }

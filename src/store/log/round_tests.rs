@@ -1,0 +1,161 @@
+//! The round's order, shown step by step on a log where every step has something to do.
+
+use super::engine::{Compaction, Log, LogOptions};
+use super::round::{self, Host, Round, Step, Waiter};
+use super::tests::ev;
+use crate::store::fs::{Fs, RealFs};
+use crate::store::QueueId;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+/// A host that records what each step did and keeps the compaction handed over.
+struct Recording {
+    log: Mutex<Log>,
+    did: Mutex<Vec<(Step, u64)>>,
+    handed: Mutex<Option<Compaction>>,
+}
+
+impl Host for Recording {
+    type Guard<'g> = std::sync::MutexGuard<'g, Log>;
+    fn log(&self) -> Self::Guard<'_> {
+        crate::sync::lock(&self.log)
+    }
+    fn now_ms(&self) -> u64 {
+        10_000
+    }
+    fn compacts(&self) -> bool {
+        true
+    }
+    fn hand_over(&self, job: Compaction) -> Option<Compaction> {
+        *crate::sync::lock(&self.handed) = Some(job);
+        None
+    }
+    fn did(&self, step: Step, n: u64) {
+        crate::sync::lock(&self.did).push((step, n));
+    }
+}
+
+fn opts(dir: &std::path::Path) -> LogOptions {
+    LogOptions {
+        // No checkpoint while the log is filled; the round's large publish makes one due.
+        checkpoint_bytes: 1 << 20,
+        ..super::tests::real_opts(dir, 64 << 10)
+    }
+}
+
+/// Segments full of events for queues 1 and 2; queue 1 settles everything and queue 2 events
+/// 101 to 200 and all but one in 50 of the others: the segments of 101 to 200 are dead (with
+/// older live ones to restate), the others pinned by a few events (worth compacting).
+fn prepared(dir: &std::path::Path) -> Log {
+    let known: HashSet<QueueId> = [1, 2].into_iter().collect();
+    let fs: Arc<dyn Fs> = Arc::new(RealFs);
+    let (mut log, _) = Log::open(fs, opts(dir), &known, 1).unwrap();
+    for seq in 1..=400u64 {
+        log.stage_events(&[(1, ev(seq, 900)), (2, ev(seq, 900))], 0)
+            .unwrap();
+        round::commit(&mut log, seq).unwrap();
+    }
+    let all: Vec<u64> = (1..=400).collect();
+    log.stage_settle(1, &all);
+    let settled: Vec<u64> = all
+        .iter()
+        .copied()
+        .filter(|s| (101..=200).contains(s) || s % 50 != 0)
+        .collect();
+    log.stage_settle(2, &settled);
+    log
+}
+
+#[tokio::test]
+async fn a_round_answers_publishes_after_their_frame_and_the_rest_after_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = prepared(dir.path());
+    assert!(!log.checkpoint_due());
+    log.stage_events(&[(2, ev(401, 700_000))], 0).unwrap();
+    let host = Recording {
+        log: Mutex::new(log),
+        did: Mutex::new(Vec::new()),
+        handed: Mutex::new(None),
+    };
+    let (publish, published) = tokio::sync::oneshot::channel();
+    let (commit, committed) = tokio::sync::oneshot::channel();
+    round::run(
+        &host,
+        Round::Frame,
+        vec![Waiter::Publish(publish), Waiter::Task(commit)],
+    )
+    .unwrap();
+    let did = crate::sync::lock(&host.did).clone();
+    let steps: Vec<Step> = did.iter().map(|(s, _)| *s).collect();
+    use Step::*;
+    assert_eq!(
+        steps,
+        [
+            // The publish's frame, and its answer before anything else.
+            WriteFrame,
+            AnswerPublishes,
+            // The restatement of the older live segments, then the dead files removed.
+            WriteFrame,
+            RemoveSegments,
+            // The plan's restatement, then the copy handed over.
+            WriteFrame,
+            HandOverCompaction,
+            Checkpoint,
+            // The commit, after the whole round.
+            AnswerRound,
+        ],
+        "{did:?}"
+    );
+    let removed = did.get(3).map_or(0, |d| d.1);
+    assert!(removed >= 1, "{did:?}");
+    let handed = crate::sync::lock(&host.handed)
+        .take()
+        .expect("a compaction handed over");
+    assert_eq!(did.get(5).map(|d| d.1), Some(handed.segment()));
+    assert!(published.await.unwrap().is_ok());
+    assert!(committed.await.unwrap().is_ok());
+}
+
+#[test]
+fn the_rounds_plans() {
+    use Step::*;
+    assert_eq!(Round::Idle.steps(), [HandOverCompaction]);
+    assert_eq!(
+        Round::Stop.steps(),
+        [WriteFrame, RemoveSegments, Checkpoint, AnswerRound],
+        "a stopping store starts no compaction"
+    );
+}
+
+#[test]
+fn a_failed_frame_answers_everyone_with_the_error_and_does_nothing_else() {
+    let fs = crate::store::fs::sim::SimFs::new(7);
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    let lo = LogOptions {
+        dir: "/d/log".into(),
+        ..opts(std::path::Path::new("/d"))
+    };
+    let (mut log, _) = Log::open(Arc::new(fs.clone()), lo, &known, 1).unwrap();
+    log.stage_events(&[(1, ev(1, 10))], 0).unwrap();
+    let host = Recording {
+        log: Mutex::new(log),
+        did: Mutex::new(Vec::new()),
+        handed: Mutex::new(None),
+    };
+    fs.crash_at_step(fs.steps() + 1);
+    let (publish, mut published) = tokio::sync::oneshot::channel();
+    let (tx, rx) = std::sync::mpsc::channel();
+    assert!(round::run(
+        &host,
+        Round::Frame,
+        vec![Waiter::Publish(publish), Waiter::Thread(tx)]
+    )
+    .is_err());
+    assert!(published.try_recv().unwrap().is_err());
+    assert!(rx.recv().unwrap().is_err());
+    let did = crate::sync::lock(&host.did).clone();
+    assert_eq!(
+        did.iter().map(|d| d.0).collect::<Vec<_>>(),
+        [Step::AnswerPublishes, Step::AnswerRound]
+    );
+}
