@@ -151,7 +151,7 @@ impl LogStore {
             refuse_damage: opts.refuse_damage,
         };
         let (log, recovered) = Log::open(fs.clone(), log_opts, &known, now_ms())?;
-        let damage = log.damage().clone();
+        let mut damage = log.damage().clone();
         let shared = Arc::new(Shared {
             log: Mutex::new(log),
             waiting: Mutex::new(Waiting::default()),
@@ -168,10 +168,12 @@ impl LogStore {
                 dir: root.join(letters::DIR),
                 segment_bytes: letters::SEGMENT_BYTES,
                 max_disk_bytes: opts.max_disk_bytes,
+                refuse_damage: opts.refuse_damage,
             },
             &known,
             Box::new(move || for_letters.log().disk_bytes()),
         )?;
+        damage.extend(letters.damage());
         let letters = Arc::new(letters);
         let (s, l) = (shared.clone(), letters.clone());
         let every = Duration::from_millis(opts.flush_every_ms);

@@ -106,7 +106,7 @@ impl Damage {
 }
 
 /// The frame at `offset` of `buf` (a whole segment file), checked: `(payload, next offset)`.
-pub(super) fn frame_at(buf: &[u8], salt: u64, offset: u64) -> Option<(&[u8], u64)> {
+pub(crate) fn frame_at(buf: &[u8], salt: u64, offset: u64) -> Option<(&[u8], u64)> {
     let at = usize::try_from(offset).ok()?;
     let head = buf.get(at..at.checked_add(FRAME_HEAD)?)?;
     let mut r = format::Reader(head);
@@ -122,7 +122,7 @@ pub(super) fn frame_at(buf: &[u8], salt: u64, offset: u64) -> Option<(&[u8], u64
 /// The first offset after `from` where a frame of `salt` checks out, if any: the end of a
 /// damaged span. Only starts whose first record kind is known and whose length fits are
 /// checksummed.
-pub(super) fn next_frame(buf: &[u8], salt: u64, from: u64) -> Option<u64> {
+pub(crate) fn next_frame(buf: &[u8], salt: u64, from: u64) -> Option<u64> {
     let start = usize::try_from(from).ok()?.checked_add(1)?;
     let end = buf.len().checked_sub(FRAME_HEAD + 1)?;
     (start..=end)
@@ -165,7 +165,7 @@ pub(super) fn events_unchecked(buf: &[u8], from: u64, to: u64) -> u64 {
 }
 
 /// Whether `buf` holds only zero bytes from `from` on.
-pub(super) fn zeros_after(buf: &[u8], from: u64) -> bool {
+pub(crate) fn zeros_after(buf: &[u8], from: u64) -> bool {
     usize::try_from(from)
         .ok()
         .and_then(|f| buf.get(f..))
@@ -173,7 +173,7 @@ pub(super) fn zeros_after(buf: &[u8], from: u64) -> bool {
 }
 
 /// The whole of `file` (`size` bytes) in memory.
-pub(super) fn read_whole(file: &dyn FsFile, size: u64) -> io::Result<Vec<u8>> {
+pub(crate) fn read_whole(file: &dyn FsFile, size: u64) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; usize::try_from(size).map_err(io::Error::other)?];
     let mut at = 0usize;
     while at < buf.len() {
