@@ -508,3 +508,14 @@ fn damage_seed_1525_frames_written_after_a_cut_below_the_checkpoint_are_recovere
         panic!("{e}");
     }
 }
+
+/// Damage seed 2,530 (a stale block from offset 48 of the newest segment, below the end the
+/// checkpoint recorded): recovery cut the segment there but kept the checkpoint's sparse-index
+/// entry at offset 141, so an event written after the restart was read from the middle of a
+/// frame. Index entries past a segment's valid length are dropped.
+#[test]
+fn damage_seed_2530_no_index_entry_points_into_what_recovery_cut() {
+    if let Err(e) = super::sim::run_seed_with(2530, 40, true) {
+        panic!("{e}");
+    }
+}
