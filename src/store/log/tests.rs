@@ -519,3 +519,14 @@ fn damage_seed_2530_no_index_entry_points_into_what_recovery_cut() {
         panic!("{e}");
     }
 }
+
+/// Damage seed 2,584 (the newest segment's first frames lost to a zeroed sector, reported;
+/// then its header damaged): recovery read only the first frame after the header to tell a
+/// header damaged since from a header write cut by a crash, found nothing, and deleted the
+/// segment with 21 acknowledged events. Frames are now looked for past what does not read.
+#[test]
+fn damage_seed_2584_a_damaged_header_over_a_damaged_first_frame_is_no_cut_roll() {
+    if let Err(e) = super::sim::run_seed_with(2584, 40, true) {
+        panic!("{e}");
+    }
+}

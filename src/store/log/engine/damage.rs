@@ -299,25 +299,63 @@ impl FsFile for Gone {
 }
 
 /// The first event of a segment file whose header does not read, its frames read by their
-/// lengths alone.
+/// lengths alone, without their checksums (the salt is in the header). Where a frame does not
+/// read (a damaged span right after the header), the next place one does is looked for, one
+/// byte at a time: a damaged first frame must not make a header damaged since look like a
+/// header write cut by a crash (damage seed 2,584: the newest segment was deleted).
 pub(super) fn first_event_unchecked(buf: &[u8]) -> Option<u64> {
     let mut at = format::HEADER;
-    while let Some(head) = buf.get(at..at + format::FRAME_HEAD) {
-        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-        let payload = buf.get(at + format::FRAME_HEAD..at + format::FRAME_HEAD + len)?;
-        if len == 0 {
-            return None;
+    while at + format::FRAME_HEAD < buf.len() {
+        match unchecked_frame(buf, at) {
+            Some((records, next)) => {
+                if let Some(seq) = records.iter().find_map(|r| match r {
+                    format::Record::Event { seq, .. } => Some(*seq),
+                    _ => None,
+                }) {
+                    return Some(seq);
+                }
+                at = next;
+            }
+            None => at += 1,
         }
-        let records = format::decode_records(&bytes::Bytes::copy_from_slice(payload))?;
-        if let Some(seq) = records.iter().find_map(|r| match r {
-            format::Record::Event { seq, .. } => Some(*seq),
-            _ => None,
-        }) {
-            return Some(seq);
-        }
-        at += format::FRAME_HEAD + len;
     }
     None
+}
+
+/// Events above `floor` in the frames of a segment file whose header does not read, found as
+/// [`first_event_unchecked`] finds them (stepping over what does not read).
+pub(super) fn events_scanned(buf: &[u8], floor: u64) -> u64 {
+    let mut at = format::HEADER;
+    let mut n = 0;
+    while at + format::FRAME_HEAD < buf.len() {
+        match unchecked_frame(buf, at) {
+            Some((records, next)) => {
+                n += records
+                    .iter()
+                    .filter(|r| matches!(r, format::Record::Event { seq, .. } if *seq > floor))
+                    .count() as u64;
+                at = next;
+            }
+            None => at += 1,
+        }
+    }
+    n
+}
+
+/// The records of a frame at `at` read by its length alone, and where the next one starts.
+fn unchecked_frame(buf: &[u8], at: usize) -> Option<(Vec<format::Record>, usize)> {
+    let head = buf.get(at..at + format::FRAME_HEAD)?;
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    if len == 0 || len > format::MAX_FRAME as usize {
+        return None;
+    }
+    let end = at + format::FRAME_HEAD + len;
+    let payload = buf.get(at + format::FRAME_HEAD..end)?;
+    if !format::is_record_kind(*payload.first()?) {
+        return None;
+    }
+    let records = format::decode_records(&bytes::Bytes::copy_from_slice(payload))?;
+    Some((records, end))
 }
 
 /// Frames of a segment file whose header does not read, read by their lengths alone.

@@ -367,7 +367,7 @@ impl Log {
                 // the segments before it and the next one's base.
                 let bound = next.and_then(|n| self.base_of(n));
                 let between = bound.map_or(0, |b| b.saturating_sub(self.max_seq));
-                let events = damage::events_unchecked(&buf, HEADER as u64, size).max(between);
+                let events = damage::events_scanned(&buf, self.max_seq).max(between);
                 let what = match other {
                     Some(_) => "segment header names another segment: its frames cannot be checked; moved to the quarantine folder",
                     None => "segment header damaged: its frames cannot be checked; moved to the quarantine folder",
