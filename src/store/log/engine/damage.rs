@@ -212,6 +212,22 @@ pub fn quarantine(
         .file_name()
         .map_or_else(|| "file".into(), |n| n.to_string_lossy().into_owned());
     let taken = fs.list(dir)?;
+    // A damaged span stepped over stays in its file: the next start finds it again. A copy
+    // already kept of the same content is not made again.
+    if let Some(same) = taken
+        .iter()
+        .filter(|t| t.ends_with(&format!("-{name}")))
+        .map(|t| dir.join(t))
+        .find(|t| same_content(fs, path, t).unwrap_or(false))
+    {
+        if how == Keep::Move {
+            fs.remove(path)?;
+            if let Some(parent) = path.parent() {
+                fs.sync_dir(parent)?;
+            }
+        }
+        return Ok(same);
+    }
     let mut n = 0u32;
     let target = loop {
         let candidate = match n {
@@ -249,6 +265,16 @@ pub fn quarantine(
         }
     }
     Ok(target)
+}
+
+/// Whether files `a` and `b` hold the same bytes.
+fn same_content(fs: &Arc<dyn Fs>, a: &Path, b: &Path) -> io::Result<bool> {
+    let (fa, fb) = (fs.open(a)?, fs.open(b)?);
+    let size = fa.size()?;
+    if fb.size()? != size {
+        return Ok(false);
+    }
+    Ok(read_whole(&*fa, size)? == read_whole(&*fb, size)?)
 }
 
 /// Bytes the quarantine folder `dir` holds (0 when it does not exist).
@@ -399,6 +425,21 @@ mod tests {
         bad[second] ^= 0x40;
         assert_eq!(next_frame(&bad, 7, second as u64), Some(third as u64));
         assert_eq!(next_frame(&bad, 7, third as u64), None, "the last frame");
+    }
+
+    #[test]
+    fn a_file_already_kept_as_it_is_is_not_copied_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs: Arc<dyn Fs> = Arc::new(crate::store::fs::RealFs);
+        let seg = dir.path().join("1.seg");
+        std::fs::write(&seg, b"damaged").unwrap();
+        let q = dir.path().join(QUARANTINE);
+        let first = quarantine(&fs, &seg, &q, 1, Keep::Copy).unwrap();
+        assert_eq!(quarantine(&fs, &seg, &q, 2, Keep::Copy).unwrap(), first);
+        std::fs::write(&seg, b"damaged twice").unwrap();
+        let second = quarantine(&fs, &seg, &q, 3, Keep::Copy).unwrap();
+        assert_ne!(second, first, "new content, a new copy");
+        assert_eq!(std::fs::read_dir(&q).unwrap().count(), 2);
     }
 
     #[test]
