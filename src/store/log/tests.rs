@@ -547,3 +547,14 @@ fn crashsim_damage_seeds_a_span_before_a_torn_tail_is_counted() {
         }
     }
 }
+
+/// Plain power-cut seed 1,490 at 60 operations a round: a segment that owed nothing was kept
+/// because the last checkpoint recorded it owing events, and a younger segment holding the
+/// settlements that emptied it was deleted without restating it: after the cut its events
+/// were pending again (a committed settlement undone).
+#[test]
+fn seed_1490_a_segment_kept_for_the_checkpoint_is_restated_before_a_younger_one_goes() {
+    if let Err(e) = super::sim::run_seed(1490, 60) {
+        panic!("{e}");
+    }
+}
