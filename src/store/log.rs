@@ -202,7 +202,7 @@ impl LogStore {
         let known = meta.known_queues()?;
         let root = opts.events_path.join(SUBDIR);
         let (mut log, recovered) = Log::open(fs.clone(), log_opts, &known, clock())?;
-        let damage = log.damage().clone();
+        let mut damage = log.damage().clone();
         if !damage.losses.is_empty() {
             log.start_clean_head(clock())?;
         }
@@ -224,10 +224,12 @@ impl LogStore {
                 dir: root.join(letters::DIR),
                 segment_bytes: letters::SEGMENT_BYTES,
                 max_disk_bytes: opts.max_disk_bytes,
+                refuse_damage: opts.refuse_damage,
             },
             &known,
             Box::new(move || for_letters.log().disk_bytes()),
         )?;
+        damage.extend(letters.damage());
         Ok(Self {
             meta,
             letters: Arc::new(letters),

@@ -7,9 +7,10 @@
 //!
 //! Before this was fixed, a flipped byte in frame 0 lost all 200 events and in frame 10 the
 //! last 100, logged as an unacknowledged torn tail; a damaged header deleted the file; a
-//! truncated or deleted segment lost its events without a word.
+//! truncated or deleted segment lost its events without a word. The same for dead letters: a
+//! flipped byte in letter 10 of 20 lost the last 10 without a word (cut as a torn tail).
 
-use crate::pull::{publish_batch, receive, Ns};
+use crate::pull::{publish_batch, receive, settle, Ns};
 use crate::util::eventually_within;
 use serde_json::json;
 use std::collections::HashSet;
@@ -107,6 +108,29 @@ fn stop(mut p: Proc) {
 /// frames, then a clean stop. Answers the segment file.
 async fn filled(dir: &Path) -> PathBuf {
     let p = spawn(dir, 0, &[]).await;
+    create_queue(&p).await;
+    for f in 0..EVENTS / PER_PUBLISH {
+        publish_batch(
+            &p.ns,
+            "q",
+            (0..PER_PUBLISH).map(|k| format!("e{:03}", f * PER_PUBLISH + k)),
+        )
+        .await;
+    }
+    stop(p);
+    let log = dir.join("eventsDb/gridlet-v2/log");
+    let mut segs: Vec<PathBuf> = std::fs::read_dir(&log)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    segs.sort();
+    assert_eq!(segs.len(), 1, "one segment: {segs:?}");
+    segs.remove(0)
+}
+
+/// Topic `q` with the persisted queue subscription `s`.
+async fn create_queue(p: &Proc) {
     for (path, body) in [
         (
             "/topics/q",
@@ -130,24 +154,6 @@ async fn filled(dir: &Path) -> PathBuf {
                 .unwrap();
         assert_eq!(r.status(), 200);
     }
-    for f in 0..EVENTS / PER_PUBLISH {
-        publish_batch(
-            &p.ns,
-            "q",
-            (0..PER_PUBLISH).map(|k| format!("e{:03}", f * PER_PUBLISH + k)),
-        )
-        .await;
-    }
-    stop(p);
-    let log = dir.join("eventsDb/gridlet-v2/log");
-    let mut segs: Vec<PathBuf> = std::fs::read_dir(&log)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "seg"))
-        .collect();
-    segs.sort();
-    assert_eq!(segs.len(), 1, "one segment: {segs:?}");
-    segs.remove(0)
 }
 
 /// Offsets of the frames of a segment file (header 48 bytes, then `len u32 | crc u32 | payload`).
@@ -343,4 +349,145 @@ async fn on_damage_refuse_stops_the_start_and_changes_nothing() {
     assert!(!dir.path().join("eventsDb/gridlet-v2/quarantine").exists());
     // `serve` then recovers around it.
     restart_and_check(dir.path(), &seg, PER_PUBLISH).await;
+}
+
+/// Dead letters written by the real binary: 20 events published to `q`, received and rejected
+/// in four calls (a frame per letter, a sync per call), then a clean stop (which records
+/// the last sync). Answers the letters' segment file.
+async fn dead_lettered(dir: &Path) -> PathBuf {
+    let p = spawn(dir, 0, &[]).await;
+    create_queue(&p).await;
+    publish_batch(&p.ns, "q", (0..LETTERS).map(|k| format!("d{k:02}"))).await;
+    let mut got = Vec::new();
+    while got.len() < LETTERS {
+        got.extend(receive(&p.ns, "q", "s", 100, 1).await);
+    }
+    for part in got.chunks(LETTERS / 4) {
+        let tokens: Vec<&str> = part.iter().map(|e| e.0.as_str()).collect();
+        settle(&p.ns, "q", "s", "reject", &tokens).await;
+    }
+    assert_eq!(letters(&p.ns).await.len(), LETTERS);
+    stop(p);
+    let file = dir.join("eventsDb/gridlet-v2/dead-letters/0000000000000001.dlq");
+    assert!(file.exists(), "one letter segment");
+    file
+}
+
+const LETTERS: usize = 20;
+
+/// The event ids of the subscription's dead letters.
+async fn letters(ns: &Ns) -> Vec<String> {
+    let v: serde_json::Value = ns
+        .client
+        .get(format!(
+            "{}/topics/q/eventSubscriptions/s/deadLetters?top=1000&api-version=2019-01-01-preview",
+            ns.base
+        ))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["value"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.to_string())
+        .collect()
+}
+
+/// A byte flipped in the letter frame at index `frame`, a restart: `LETTERS - 1` letters are
+/// there, and the loss is reported (error line naming the file, metrics, readiness).
+async fn flip_a_letter_and_check(frame: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dead_lettered(dir.path()).await;
+    let f = frames(&std::fs::read(&file).unwrap());
+    assert!(f.len() >= LETTERS, "a frame per letter: {f:?}");
+    flip(&file, f[frame] + 30);
+    let p = spawn(dir.path(), 1, &[]).await;
+    let kept = letters(&p.ns).await;
+    let log = log_of(dir.path(), 1);
+    let name = file.file_name().unwrap().to_string_lossy().into_owned();
+    assert_eq!(
+        kept.len(),
+        LETTERS - 1,
+        "only the damaged letter is lost; log: {log}"
+    );
+    assert!(
+        log.lines().any(|l| l.contains("ERROR")
+            && l.contains("dead-letter log damaged")
+            && l.contains(&name)),
+        "an error line names {name}: {log}"
+    );
+    let m =
+        p.ns.client
+            .get(format!(
+                "{}/metrics?api-version=2019-01-01-preview",
+                p.ns.base
+            ))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+    assert_eq!(metric(&m, "gridlet_store_damaged_frames_total"), 1);
+    let ready =
+        p.ns.client
+            .get(format!("{}/readyz", p.ns.base))
+            .send()
+            .await
+            .unwrap();
+    assert_eq!(ready.status(), 200);
+    let body = ready.text().await.unwrap();
+    assert!(body.contains("damaged data found at start"), "{body}");
+    assert!(
+        std::fs::read_dir(dir.path().join("eventsDb/gridlet-v2/quarantine"))
+            .unwrap()
+            .count()
+            >= 1,
+        "a copy is kept"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_in_a_dead_letter_loses_that_letter_only() {
+    flip_a_letter_and_check(LETTERS / 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_in_the_last_dead_letter_is_no_torn_tail_after_a_clean_stop() {
+    flip_a_letter_and_check(LETTERS - 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_damage_refuse_stops_the_start_on_a_damaged_dead_letter() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dead_lettered(dir.path()).await;
+    let f = frames(&std::fs::read(&file).unwrap());
+    flip(&file, f[3] + 30);
+    let before = std::fs::read(&file).unwrap();
+    let mut child = command(
+        dir.path(),
+        1,
+        free_port(),
+        &[("persistence__onDamage", "refuse")],
+    )
+    .spawn()
+    .unwrap();
+    let status = crate::util::poll_within(Duration::from_secs(20), || {
+        std::future::ready(child.try_wait().unwrap().ok_or("still running"))
+    })
+    .await;
+    let _ = child.kill();
+    let status = status.expect("gridlet refuses to start and exits");
+    assert!(!status.success(), "refuses to start: {status}");
+    let log = log_of(dir.path(), 1);
+    let name = file.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        log.contains(&name) && log.contains("persistence__onDamage=refuse"),
+        "the error names the file and the setting: {log}"
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), before, "nothing changed");
 }

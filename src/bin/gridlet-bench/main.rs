@@ -314,7 +314,7 @@ impl Bench {
         }
         if wants(&o, "crashsim") {
             let seeds = o.sim_seeds.unwrap_or(if o.quick { 2_000 } else { 50_000 });
-            crashsim::run(o.sim_first_seed, seeds)?;
+            crashsim::run(o.sim_first_seed, seeds, o.sim_damage)?;
         }
         // Opt-in: a million events to publish, so `all` leaves it out.
         if o.scenarios.iter().any(|s| s == "pull") {

@@ -40,6 +40,8 @@ pub(super) struct Opts {
     /// Scenario `crashsim`: seeds to run (default 50,000; quick 2,000) and the first one.
     pub(super) sim_seeds: Option<u64>,
     pub(super) sim_first_seed: u64,
+    /// Scenario `crashsim`: damage faults in synced data too (`--damage`).
+    pub(super) sim_damage: bool,
     /// `--otlp MODE`: run every gridlet with OpenTelemetry export to the bench's own sink.
     pub(super) otlp: Option<super::otlp::Mode>,
     /// `--json PATH`: the run's figures, machine and date as JSON (`report::json`), for
@@ -70,7 +72,7 @@ const USAGE: &str =
                      [--down stall|refuse] [--e-in-memory] [--e-kill] [--gridlet PATH] [--max-seconds SECS]
                      [--rounds N] [--slice SECS]
                      [--store-events N] [--store-watch SECS] [--segment-bytes BYTES]
-                     [--nats PATH] [--no-peer] [--seeds N] [--first-seed N]
+                     [--nats PATH] [--no-peer] [--seeds N] [--first-seed N] [--damage]
                      [--otlp ok|500|slow|dead] [--json PATH] [--mqtt-messages N] [--mqtt-receive-maximum N]
                      [--outage-events N] [--outage-down refuse|503] [--outage-seconds SECS]
                      [--probe-seconds N] [--outage-restart term|kill]
@@ -93,7 +95,11 @@ rows scale down below 20000. --store-watch SECS (default 10): how long disk is w
 the drain, and the longest wait for deferred writes to stop after a phase. --segment-bytes: the store's segment size, to judge the after-drain
 row. --nats PATH: the nats-server binary of the peer (default: PATH, /usr/sbin); --no-peer: skip it.
 --seeds N (scenario crashsim, default 50000, quick 2000) and --first-seed N (default 0): the event
-log's power-cut simulation over seeds N.. (a failing seed prints the call that reproduces it).
+log's power-cut simulation over seeds N.. (every seed runs; each failing one prints the call
+that reproduces it). --damage: the seeds also damage synced data between a cut and the next open
+(a flipped bit, a zeroed or lost sector, a stale block, a damaged header, a missing segment); it
+prints the faults made, the opens that reported damage, the events lost and reported, and the
+failing seeds (a silent loss fails its seed: must be 0).
 --otlp MODE: every gridlet exports traces and metrics (OTEL_EXPORTER_OTLP_ENDPOINT) to a sink in
 the bench that reads each export and answers without decoding it: ok = 200, 500 = refused,
 slow = answered after 30 s (past gridlet's export timeout), dead = nothing listens. The sampler
@@ -137,6 +143,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         store_watch: Duration::from_secs(10),
         sim_seeds: None,
         sim_first_seed: 0,
+        sim_damage: false,
         otlp: None,
         json: None,
         mqtt_messages: None,
@@ -225,6 +232,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
             "--first-seed" => {
                 o.sim_first_seed = val()?.parse().map_err(|_| "--first-seed: a number")?;
             }
+            "--damage" => o.sim_damage = true,
             "--otlp" => {
                 o.otlp =
                     Some(super::otlp::Mode::parse(&val()?).ok_or("--otlp: ok, 500, slow or dead")?);

@@ -27,15 +27,22 @@
 //!   it removes, so no segment still alive depends on one that was deleted. A copy that was
 //!   synced before a crash undid the removal is read twice; the later one wins (same id).
 //! * **Ids** keep increasing across restarts: a new segment's header records the next id.
+//! * **Syncs recorded**: the first frame after each sync starts with a `Synced` record (how far
+//!   the head was synced), and a clean stop adds one more frame, synced, saying it of the last
+//!   frames. Recovery (`recover.rs`) uses them to tell damage from writes a crash cut or lost.
+//! * **Damage** loses only its own span, is copied to the quarantine folder first, and is
+//!   reported ([`LogLetters::damage`]: logged at error level, merged into the store's damage
+//!   for metrics and `/readyz`); `persistence__onDamage=refuse` stops the open instead.
 //! * **Fail-stop**: after a failed write or sync, every later write is refused until restart.
 
 pub mod record;
+mod recover;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
 mod tests;
 
-use super::engine::read_frame;
+use super::engine::{read_frame, Damage};
 use super::format::{self, Header, HEADER, LETTERS_MAGIC};
 use crate::store::deadletter::{
     largest_holder, not_kept, DeadLetter, DeadLetterBound, DeadLetterStore,
@@ -61,6 +68,9 @@ pub struct LetterOptions {
     pub segment_bytes: u64,
     /// `persistence__maxDiskBytes`.
     pub max_disk_bytes: u64,
+    /// `persistence__onDamage=refuse`: damage stops the open ([`StoreError::Corrupt`]) before
+    /// anything is changed.
+    pub refuse_damage: bool,
 }
 
 /// Where a letter is.
@@ -93,6 +103,13 @@ struct Inner {
     dropped: HashSet<QueueId>,
     dirty: bool,
     failed: Option<String>,
+    /// The head was synced up to here (its header, after a roll).
+    synced: u64,
+    /// The head's frames record that it was synced up to here ([`LetterRecord::Synced`]).
+    proven: u64,
+    /// What the open found damaged ([`LogLetters::damage`]), and the files copied aside.
+    damage: Damage,
+    quarantined: HashSet<PathBuf>,
 }
 
 /// The dead-letter store of the log store. See the module docs.
@@ -188,6 +205,8 @@ impl Inner {
                     },
                 );
                 self.dirty = false;
+                self.synced = HEADER as u64;
+                self.proven = HEADER as u64;
                 Ok(())
             }
             Err(e) => Err(self.fail(io_err(&path, e))),
@@ -195,18 +214,27 @@ impl Inner {
     }
 
     /// Append one frame of `recs` to the head (rolling first when it is full): its location.
+    /// The first frame after a sync starts with a [`LetterRecord::Synced`] saying so.
     fn append(&mut self, recs: &[LetterRecord]) -> Result<(u64, u64, u64), StoreError> {
         self.check()?;
-        let mut payload = Vec::new();
+        let mut records = Vec::new();
         for r in recs {
-            r.encode(&mut payload);
+            r.encode(&mut records);
         }
         let head_len = self.segs.values().next_back().map(|s| s.len);
-        let frame_len = (format::FRAME_HEAD + payload.len()) as u64;
+        // At most: with the `Synced` record (9 bytes).
+        let frame_len = (format::FRAME_HEAD + 9 + records.len()) as u64;
         match head_len {
             Some(len) if len == HEADER as u64 || len + frame_len <= self.opts.segment_bytes => {}
             _ => self.roll()?,
         }
+        let mut payload = Vec::with_capacity(9 + records.len());
+        if self.synced > self.proven {
+            LetterRecord::Synced { upto: self.synced }.encode(&mut payload);
+            self.proven = self.synced;
+        }
+        payload.extend_from_slice(&records);
+        let frame_len = (format::FRAME_HEAD + payload.len()) as u64;
         let Some(head) = self.segs.values_mut().next_back() else {
             return Err(StoreError::Io("dead letters: no head segment".into()));
         };
@@ -232,8 +260,21 @@ impl Inner {
                 let p = self.path(head.hdr.no);
                 return Err(self.fail(io_err(&p, e)));
             }
+            self.synced = head.len;
         }
         self.dirty = false;
+        Ok(())
+    }
+
+    /// Sync, and then record in one more frame (synced too) that the head's frames were
+    /// synced: a clean stop leaves every frame below a [`LetterRecord::Synced`], so damage to
+    /// the last ones is told from a torn write at the next start.
+    fn seal(&mut self) -> Result<(), StoreError> {
+        self.sync()?;
+        if self.synced > self.proven {
+            self.append(&[])?;
+            self.sync()?;
+        }
         Ok(())
     }
 
@@ -382,9 +423,11 @@ impl LogLetters {
     /// Open the letters in `opts.dir` (created if missing), dropping those of queues not in
     /// `known`. `log_bytes` tells what the event log holds (for the shared disk bound).
     ///
+    /// Damage is recovered around and reported ([`LogLetters::damage`]; `letters/recover.rs`).
+    ///
     /// # Errors
-    /// [`StoreError::Corrupt`] when a segment other than the newest is damaged (a crash cannot
-    /// do that: a head is synced before a new one starts); I/O failures.
+    /// [`StoreError::Corrupt`] at the first damage found when [`LetterOptions::refuse_damage`]
+    /// is set (nothing changed); I/O failures.
     pub fn open(
         fs: Arc<dyn Fs>,
         opts: LetterOptions,
@@ -411,11 +454,15 @@ impl LogLetters {
             dropped: HashSet::new(),
             dirty: false,
             failed: None,
+            synced: HEADER as u64,
+            proven: HEADER as u64,
+            damage: Damage::default(),
+            quarantined: HashSet::new(),
         };
-        let count = numbers.len();
-        for (i, no) in numbers.into_iter().enumerate() {
-            inner.recover(no, i + 1 == count)?;
+        for (i, no) in numbers.iter().enumerate() {
+            inner.recover(*no, numbers.get(i + 1).copied())?;
         }
+        inner.report();
         let gone: Vec<QueueId> = inner
             .letters
             .keys()
@@ -449,6 +496,11 @@ impl LogLetters {
         self.lock().segs.len()
     }
 
+    /// What the open found damaged and lost (letters counted as events).
+    pub fn damage(&self) -> Damage {
+        self.lock().damage.clone()
+    }
+
     /// The letters a [`DeadLetterStore::put`] of `letter` would evict now (the simulation's
     /// model: a put cut by the power may still have evicted them).
     #[cfg(test)]
@@ -472,77 +524,6 @@ impl LogLetters {
     fn disk_share(&self) -> u64 {
         let log_bytes = (self.log_bytes)();
         self.lock().opts.max_disk_bytes.saturating_sub(log_bytes) / 2
-    }
-}
-
-impl Inner {
-    fn recover(&mut self, no: u64, newest: bool) -> Result<(), StoreError> {
-        let path = self.path(no);
-        let file = self.fs.open(&path).map_err(|e| io_err(&path, e))?;
-        let size = file.size().map_err(|e| io_err(&path, e))?;
-        let mut hb = [0u8; HEADER];
-        let read = file.read_at(&mut hb, 0).map_err(|e| io_err(&path, e))?;
-        let hdr = match Header::decode_with(&hb[..read], LETTERS_MAGIC) {
-            Some(h) if h.no == no => h,
-            _ if newest => {
-                // Its header never became durable: it held nothing synced.
-                self.fs.remove(&path).map_err(|e| io_err(&path, e))?;
-                self.fs
-                    .sync_dir(&self.opts.dir)
-                    .map_err(|e| io_err(&self.opts.dir, e))?;
-                return Ok(());
-            }
-            _ => {
-                return Err(StoreError::Corrupt(format!(
-                    "{}: not a dead-letter segment (bad header)",
-                    path.display()
-                )))
-            }
-        };
-        self.next_id = self.next_id.max(hdr.base_seq);
-        let mut at = HEADER as u64;
-        loop {
-            let frame = read_frame(&*file, hdr.salt, at, size).map_err(|e| io_err(&path, e))?;
-            let Some((payload, next)) = frame else { break };
-            let Some(recs) = record::decode(&payload) else {
-                break;
-            };
-            for r in recs {
-                match r {
-                    LetterRecord::Letter { queue, letter } => {
-                        let size = letter.size();
-                        let loc = Loc {
-                            seg: no,
-                            at,
-                            len: next - at,
-                            size,
-                        };
-                        self.insert(queue, letter.id, loc);
-                    }
-                    LetterRecord::Gone { queue, ids } => {
-                        for id in ids {
-                            self.forget(queue, id);
-                        }
-                    }
-                    LetterRecord::DropQueue { queue } => {
-                        self.forget_queue(queue);
-                    }
-                }
-            }
-            at = next;
-        }
-        if at < size {
-            if !newest {
-                return Err(StoreError::Corrupt(format!(
-                    "{}: damaged frame at offset {at} of an older dead-letter segment",
-                    path.display()
-                )));
-            }
-            // A torn tail: what follows the last whole frame was never acknowledged.
-            file.set_len(at).map_err(|e| io_err(&path, e))?;
-        }
-        self.segs.insert(no, Seg { hdr, file, len: at });
-        Ok(())
     }
 }
 
@@ -683,6 +664,6 @@ impl DeadLetterStore for LogLetters {
 
 impl Drop for LogLetters {
     fn drop(&mut self) {
-        let _ = self.lock().sync();
+        let _ = self.lock().seal();
     }
 }

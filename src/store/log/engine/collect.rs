@@ -49,7 +49,10 @@ impl Log {
         let Some(&newest_dead) = dead.last() else {
             return Vec::new();
         };
-        let records = self.restatements(newest_dead, false);
+        // A segment kept for the checkpoint owes nothing, and the settlements that made it so
+        // may be in a younger segment deleted now: it is restated too (plain crashsim seed
+        // 1,490 at 60 operations: its events came back after a cut).
+        let records = self.restatements(newest_dead, dead.len() < owed);
         for r in records {
             r.encode(&mut self.staged);
         }

@@ -106,7 +106,7 @@ impl Damage {
 }
 
 /// The frame at `offset` of `buf` (a whole segment file), checked: `(payload, next offset)`.
-pub(super) fn frame_at(buf: &[u8], salt: u64, offset: u64) -> Option<(&[u8], u64)> {
+pub(crate) fn frame_at(buf: &[u8], salt: u64, offset: u64) -> Option<(&[u8], u64)> {
     let at = usize::try_from(offset).ok()?;
     let head = buf.get(at..at.checked_add(FRAME_HEAD)?)?;
     let mut r = format::Reader(head);
@@ -122,7 +122,7 @@ pub(super) fn frame_at(buf: &[u8], salt: u64, offset: u64) -> Option<(&[u8], u64
 /// The first offset after `from` where a frame of `salt` checks out, if any: the end of a
 /// damaged span. Only starts whose first record kind is known and whose length fits are
 /// checksummed.
-pub(super) fn next_frame(buf: &[u8], salt: u64, from: u64) -> Option<u64> {
+pub(crate) fn next_frame(buf: &[u8], salt: u64, from: u64) -> Option<u64> {
     let start = usize::try_from(from).ok()?.checked_add(1)?;
     let end = buf.len().checked_sub(FRAME_HEAD + 1)?;
     (start..=end)
@@ -165,7 +165,7 @@ pub(super) fn events_unchecked(buf: &[u8], from: u64, to: u64) -> u64 {
 }
 
 /// Whether `buf` holds only zero bytes from `from` on.
-pub(super) fn zeros_after(buf: &[u8], from: u64) -> bool {
+pub(crate) fn zeros_after(buf: &[u8], from: u64) -> bool {
     usize::try_from(from)
         .ok()
         .and_then(|f| buf.get(f..))
@@ -173,7 +173,7 @@ pub(super) fn zeros_after(buf: &[u8], from: u64) -> bool {
 }
 
 /// The whole of `file` (`size` bytes) in memory.
-pub(super) fn read_whole(file: &dyn FsFile, size: u64) -> io::Result<Vec<u8>> {
+pub(crate) fn read_whole(file: &dyn FsFile, size: u64) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; usize::try_from(size).map_err(io::Error::other)?];
     let mut at = 0usize;
     while at < buf.len() {
@@ -212,6 +212,22 @@ pub fn quarantine(
         .file_name()
         .map_or_else(|| "file".into(), |n| n.to_string_lossy().into_owned());
     let taken = fs.list(dir)?;
+    // A damaged span stepped over stays in its file: the next start finds it again. A copy
+    // already kept of the same content is not made again.
+    if let Some(same) = taken
+        .iter()
+        .filter(|t| t.ends_with(&format!("-{name}")))
+        .map(|t| dir.join(t))
+        .find(|t| same_content(fs, path, t).unwrap_or(false))
+    {
+        if how == Keep::Move {
+            fs.remove(path)?;
+            if let Some(parent) = path.parent() {
+                fs.sync_dir(parent)?;
+            }
+        }
+        return Ok(same);
+    }
     let mut n = 0u32;
     let target = loop {
         let candidate = match n {
@@ -249,6 +265,16 @@ pub fn quarantine(
         }
     }
     Ok(target)
+}
+
+/// Whether files `a` and `b` hold the same bytes.
+fn same_content(fs: &Arc<dyn Fs>, a: &Path, b: &Path) -> io::Result<bool> {
+    let (fa, fb) = (fs.open(a)?, fs.open(b)?);
+    let size = fa.size()?;
+    if fb.size()? != size {
+        return Ok(false);
+    }
+    Ok(read_whole(&*fa, size)? == read_whole(&*fb, size)?)
 }
 
 /// Bytes the quarantine folder `dir` holds (0 when it does not exist).
@@ -299,25 +325,63 @@ impl FsFile for Gone {
 }
 
 /// The first event of a segment file whose header does not read, its frames read by their
-/// lengths alone.
+/// lengths alone, without their checksums (the salt is in the header). Where a frame does not
+/// read (a damaged span right after the header), the next place one does is looked for, one
+/// byte at a time: a damaged first frame must not make a header damaged since look like a
+/// header write cut by a crash (damage seed 2,584: the newest segment was deleted).
 pub(super) fn first_event_unchecked(buf: &[u8]) -> Option<u64> {
     let mut at = format::HEADER;
-    while let Some(head) = buf.get(at..at + format::FRAME_HEAD) {
-        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
-        let payload = buf.get(at + format::FRAME_HEAD..at + format::FRAME_HEAD + len)?;
-        if len == 0 {
-            return None;
+    while at + format::FRAME_HEAD < buf.len() {
+        match unchecked_frame(buf, at) {
+            Some((records, next)) => {
+                if let Some(seq) = records.iter().find_map(|r| match r {
+                    format::Record::Event { seq, .. } => Some(*seq),
+                    _ => None,
+                }) {
+                    return Some(seq);
+                }
+                at = next;
+            }
+            None => at += 1,
         }
-        let records = format::decode_records(&bytes::Bytes::copy_from_slice(payload))?;
-        if let Some(seq) = records.iter().find_map(|r| match r {
-            format::Record::Event { seq, .. } => Some(*seq),
-            _ => None,
-        }) {
-            return Some(seq);
-        }
-        at += format::FRAME_HEAD + len;
     }
     None
+}
+
+/// Events above `floor` in the frames of a segment file whose header does not read, found as
+/// [`first_event_unchecked`] finds them (stepping over what does not read).
+pub(super) fn events_scanned(buf: &[u8], floor: u64) -> u64 {
+    let mut at = format::HEADER;
+    let mut n = 0;
+    while at + format::FRAME_HEAD < buf.len() {
+        match unchecked_frame(buf, at) {
+            Some((records, next)) => {
+                n += records
+                    .iter()
+                    .filter(|r| matches!(r, format::Record::Event { seq, .. } if *seq > floor))
+                    .count() as u64;
+                at = next;
+            }
+            None => at += 1,
+        }
+    }
+    n
+}
+
+/// The records of a frame at `at` read by its length alone, and where the next one starts.
+fn unchecked_frame(buf: &[u8], at: usize) -> Option<(Vec<format::Record>, usize)> {
+    let head = buf.get(at..at + format::FRAME_HEAD)?;
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    if len == 0 || len > format::MAX_FRAME as usize {
+        return None;
+    }
+    let end = at + format::FRAME_HEAD + len;
+    let payload = buf.get(at + format::FRAME_HEAD..end)?;
+    if !format::is_record_kind(*payload.first()?) {
+        return None;
+    }
+    let records = format::decode_records(&bytes::Bytes::copy_from_slice(payload))?;
+    Some((records, end))
 }
 
 /// Frames of a segment file whose header does not read, read by their lengths alone.
@@ -361,6 +425,21 @@ mod tests {
         bad[second] ^= 0x40;
         assert_eq!(next_frame(&bad, 7, second as u64), Some(third as u64));
         assert_eq!(next_frame(&bad, 7, third as u64), None, "the last frame");
+    }
+
+    #[test]
+    fn a_file_already_kept_as_it_is_is_not_copied_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs: Arc<dyn Fs> = Arc::new(crate::store::fs::RealFs);
+        let seg = dir.path().join("1.seg");
+        std::fs::write(&seg, b"damaged").unwrap();
+        let q = dir.path().join(QUARANTINE);
+        let first = quarantine(&fs, &seg, &q, 1, Keep::Copy).unwrap();
+        assert_eq!(quarantine(&fs, &seg, &q, 2, Keep::Copy).unwrap(), first);
+        std::fs::write(&seg, b"damaged twice").unwrap();
+        let second = quarantine(&fs, &seg, &q, 3, Keep::Copy).unwrap();
+        assert_ne!(second, first, "new content, a new copy");
+        assert_eq!(std::fs::read_dir(&q).unwrap().count(), 2);
     }
 
     #[test]

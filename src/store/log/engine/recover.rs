@@ -99,6 +99,13 @@ impl Log {
         for s in &mut log.segs {
             s.settled_ms = now_ms;
         }
+        if !log.damage.losses.is_empty() {
+            // Recovery cut, rewrote, moved or stepped over data the checkpoint on disk
+            // describes: a frame written later at an offset it records would be taken as
+            // checkpointed and never applied (simulation damage seed 1,525). A checkpoint of
+            // the log as recovered goes first, before any frame is written.
+            log.checkpoint()?;
+        }
         let recovered = log.recovered();
         Ok((log, recovered))
     }
@@ -360,7 +367,7 @@ impl Log {
                 // the segments before it and the next one's base.
                 let bound = next.and_then(|n| self.base_of(n));
                 let between = bound.map_or(0, |b| b.saturating_sub(self.max_seq));
-                let events = damage::events_unchecked(&buf, HEADER as u64, size).max(between);
+                let events = damage::events_scanned(&buf, self.max_seq).max(between);
                 let what = match other {
                     Some(_) => "segment header names another segment: its frames cannot be checked; moved to the quarantine folder",
                     None => "segment header damaged: its frames cannot be checked; moved to the quarantine folder",

@@ -6,6 +6,7 @@
 //! | 1 | [`LetterRecord::Letter`] | queue u32, id u64, seq u64, reason u8, status flag u8, status u16, attempts u32, first ms u64, dead ms u64, event id len u32, event id, error flag u8, error len u32, error, body len u32, body |
 //! | 2 | [`LetterRecord::Gone`] | queue u32, count u32, ids u64… (taken or evicted) |
 //! | 3 | [`LetterRecord::DropQueue`] | queue u32 (a deleted subscription's letters) |
+//! | 4 | [`LetterRecord::Synced`] | upto u64 (the head was synced up to this offset before this frame was written) |
 
 use crate::store::deadletter::{DeadLetter, DropReason};
 use crate::store::log::format::Reader;
@@ -33,6 +34,13 @@ pub enum LetterRecord {
     DropQueue {
         /// Queue.
         queue: QueueId,
+    },
+    /// The segment's frames up to `upto` were synced before this frame was written: a frame
+    /// below it that fails its checksum is damage, never a write cut by a crash (see
+    /// `letters/recover.rs`). The first record of the first frame after each sync.
+    Synced {
+        /// An offset in the same segment.
+        upto: u64,
     },
 }
 
@@ -85,6 +93,10 @@ impl LetterRecord {
             LetterRecord::DropQueue { queue } => {
                 out.push(3);
                 out.extend_from_slice(&queue.to_le_bytes());
+            }
+            LetterRecord::Synced { upto } => {
+                out.push(4);
+                out.extend_from_slice(&upto.to_le_bytes());
             }
         }
     }
@@ -143,6 +155,7 @@ pub fn decode(payload: &Bytes) -> Option<Vec<LetterRecord>> {
                 LetterRecord::Gone { queue, ids }
             }
             3 => LetterRecord::DropQueue { queue: r.u32()? },
+            4 => LetterRecord::Synced { upto: r.u64()? },
             _ => return None,
         });
     }
@@ -174,6 +187,7 @@ mod tests {
             },
             LetterRecord::Letter { queue: 2, letter },
             LetterRecord::DropQueue { queue: 9 },
+            LetterRecord::Synced { upto: 4096 },
         ];
         let mut b = Vec::new();
         for r in &recs {

@@ -16,6 +16,7 @@ fn open(dir: &Path, seg: u64, max_disk: u64, log_bytes: Arc<AtomicU64>) -> LogLe
             dir: dir.join("dl"),
             segment_bytes: seg,
             max_disk_bytes: max_disk,
+            refuse_damage: false,
         },
         &known,
         Box::new(move || log_bytes.load(Ordering::Relaxed)),
@@ -207,6 +208,8 @@ fn a_torn_letter_is_cut_and_writing_goes_on() {
         d.put(1, letter(1, 100), MANY).unwrap();
         d.put(1, letter(2, 100), MANY).unwrap();
         d.sync().unwrap();
+        // A crash: no clean stop (which records that the frames were synced).
+        std::mem::forget(d);
     }
     let file = dir.path().join("dl").join(seg_name(1));
     let len = std::fs::metadata(&file).unwrap().len();
@@ -224,4 +227,98 @@ fn a_torn_letter_is_cut_and_writing_goes_on() {
     let d = open(dir.path(), SEGMENT_BYTES, 1 << 30, Arc::default());
     let seqs: Vec<u64> = d.list(1, 0, 10).unwrap().iter().map(|l| l.seq).collect();
     assert_eq!(seqs, vec![1, 3]);
+}
+
+/// 20 letters (a sync every 5), a clean stop, then one byte of the frame of letter
+/// `victim + 1` flipped: answers the file.
+fn fill_and_flip(dir: &Path, victim: usize) -> PathBuf {
+    {
+        let d = open(dir, SEGMENT_BYTES, 1 << 30, Arc::default());
+        for seq in 1..=20 {
+            d.put(1, letter(seq, 100), MANY).unwrap();
+            if seq % 5 == 0 {
+                d.sync().unwrap();
+            }
+        }
+    }
+    let file = dir.join("dl").join(seg_name(1));
+    let mut bytes = std::fs::read(&file).unwrap();
+    // Frames in order; the letter's frame is the one whose body is its own letter's.
+    let mut at = HEADER;
+    let mut frames = Vec::new();
+    while at + 8 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        frames.push(at);
+        at += 8 + len;
+    }
+    assert_eq!(frames.len(), 21, "20 letters and the clean stop's record");
+    bytes[frames[victim] + 40] ^= 0x5a;
+    std::fs::write(&file, bytes).unwrap();
+    file
+}
+
+fn damaged(dir: &Path, victim: usize) -> (LogLetters, PathBuf) {
+    let file = fill_and_flip(dir, victim);
+    (open(dir, SEGMENT_BYTES, 1 << 30, Arc::default()), file)
+}
+
+#[test]
+fn a_damaged_letter_in_the_newest_segment_loses_that_letter_only_and_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, file) = damaged(dir.path(), 7);
+    let seqs: Vec<u64> = d.list(1, 0, 100).unwrap().iter().map(|l| l.seq).collect();
+    let want: Vec<u64> = (1..=20).filter(|s| *s != 8).collect();
+    assert_eq!(seqs, want, "the letters after it are recovered");
+    let dmg = d.damage();
+    assert_eq!(dmg.losses.len(), 1, "{dmg:?}");
+    assert_eq!(dmg.losses[0].file, file);
+    assert_eq!((dmg.events(), dmg.losses[0].counted), (1, true));
+    assert_eq!(dmg.quarantined.len(), 1, "a copy is kept first");
+    // Writing goes on after the damaged span; the next open finds the same damage only.
+    d.put(1, letter(21, 100), MANY).unwrap();
+    drop(d);
+    let d = open(dir.path(), SEGMENT_BYTES, 1 << 30, Arc::default());
+    assert_eq!(d.count(1), 20);
+    assert_eq!(d.damage().losses.len(), 1);
+}
+
+#[test]
+fn after_a_clean_stop_damage_to_the_last_letter_is_no_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let (d, _) = damaged(dir.path(), 19);
+    assert_eq!(d.count(1), 19);
+    assert_eq!(
+        d.damage().losses.len(),
+        1,
+        "reported, not cut as a torn write"
+    );
+}
+
+#[test]
+fn on_damage_refuse_stops_the_open_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = fill_and_flip(dir.path(), 3);
+    let before = std::fs::read(&file).unwrap();
+    let known: HashSet<QueueId> = (1..=3).collect();
+    let r = LogLetters::open(
+        Arc::new(RealFs),
+        LetterOptions {
+            dir: dir.path().join("dl"),
+            segment_bytes: SEGMENT_BYTES,
+            max_disk_bytes: 1 << 30,
+            refuse_damage: true,
+        },
+        &known,
+        Box::new(|| 0),
+    );
+    let err = r.err().expect("refused").to_string();
+    assert!(
+        err.contains(&seg_name(1)) && err.contains("onDamage=refuse"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), before, "nothing changed");
+    assert!(!dir
+        .path()
+        .join(crate::store::log::engine::QUARANTINE)
+        .exists());
 }
