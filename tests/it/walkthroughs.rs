@@ -289,3 +289,24 @@ curl -sf -X PUT -H "$J" -H 'aeg-sas-key: {key}' "$N/topics/telemetry/eventSubscr
         .ready("broker", api)
         .run();
 }
+
+/// docs/CONSOLE.md, "From the command line": a broker with a SAS key, the console's page and
+/// its headers, the overview, a queue subscription's status, and the live tail (the watch
+/// started, two events published, the one that passes the URL-encoded filter tailed).
+#[test]
+fn console_md_data_routes_from_the_command_line() {
+    let (api, tls) = (free_port(), free_port());
+    let mut s = Walk::new("docs/CONSOLE.md", "console")
+        .env("inbound__httpPort", api)
+        .env("inbound__httpsPort", tls)
+        .env("B", format!("http://localhost:{api}"))
+        .ready("broker", api)
+        .run();
+    // The filter kept the office's event out (an ellipsis in the doc's line cannot say so).
+    let (tail, _) = s.run(
+        r#"curl -s -G -H "$A" "$B/topics/readings/tail" --data-urlencode "$V" -d after="$N" \
+  -d wait=0 --data-urlencode 'filter={"subjectBeginsWith":"plant/"}'"#,
+    );
+    assert!(tail.contains(r#""id":"1""#), "{tail}");
+    assert!(!tail.contains(r#""id":"2""#), "{tail}");
+}
