@@ -254,6 +254,29 @@ fn iot_edge_md_compose_commands_against_the_compose_environment() {
         .run();
 }
 
+/// A gridlet with SAS keys on (`key`), in its own directory under the session's, on `port`: the
+/// stand-in for an Event Grid namespace (or a second device).
+fn keyed_gridlet(dir: &str, port: u16, tls: u16, key: &str) -> String {
+    format!(
+        "(mkdir -p {dir} && cd {dir} && inbound__httpPort={port} inbound__httpsPort={tls} \\
+         inbound__serverAuth__tlsPolicy=enabled inbound__clientAuth__clientCert__enabled=false \\
+         inbound__clientAuth__sasKeys__enabled=true inbound__clientAuth__sasKeys__key1={key} \\
+         exec \"$GRIDLET_BIN\")"
+    )
+}
+
+/// What docs/CLOUD.md has the reader make in Azure, made on the gridlet at `port`: a CloudEvents
+/// topic `telemetry` with a queue subscription `app`.
+fn namespace_topic_and_queue(port: u16, key: &str) -> String {
+    format!(
+        r#"V='api-version=2019-01-01-preview'; J='Content-Type: application/json'; N=http://127.0.0.1:{port}
+curl -sf -X PUT -H "$J" -H 'aeg-sas-key: {key}' "$N/topics/telemetry?$V" \
+  -d '{{"properties":{{"inputSchema":"CloudEventSchemaV1_0"}}}}'
+curl -sf -X PUT -H "$J" -H 'aeg-sas-key: {key}' "$N/topics/telemetry/eventSubscriptions/app?$V" \
+  -d '{{"properties":{{"deliveryConfiguration":{{"deliveryMode":"Queue"}}}}}}'"#
+    )
+}
+
 /// docs/CLOUD.md, device -> namespace: the device's gridlet forwards a topic to a namespace
 /// topic (`:publish`), and the event is received and acknowledged there. The stand-in for the
 /// namespace is a second gridlet (its own directory, SAS keys on) with the topic and queue
@@ -263,19 +286,6 @@ fn iot_edge_md_compose_commands_against_the_compose_environment() {
 fn cloud_md_device_to_namespace_with_a_second_gridlet_as_the_namespace() {
     let (api, tls, ns, ns_tls) = (free_port(), free_port(), free_port(), free_port());
     let key = "the-namespace-stand-in-key";
-    let namespace = format!(
-        "(mkdir -p .namespace && cd .namespace && inbound__httpPort={ns} inbound__httpsPort={ns_tls} \
-         inbound__serverAuth__tlsPolicy=enabled inbound__clientAuth__clientCert__enabled=false \
-         inbound__clientAuth__sasKeys__enabled=true inbound__clientAuth__sasKeys__key1={key} \
-         exec \"$GRIDLET_BIN\")"
-    );
-    let azure = format!(
-        r#"V='api-version=2019-01-01-preview'; J='Content-Type: application/json'; N=http://127.0.0.1:{ns}
-curl -sf -X PUT -H "$J" -H 'aeg-sas-key: {key}' "$N/topics/telemetry?$V" \
-  -d '{{"properties":{{"inputSchema":"CloudEventSchemaV1_0"}}}}'
-curl -sf -X PUT -H "$J" -H 'aeg-sas-key: {key}' "$N/topics/telemetry/eventSubscriptions/app?$V" \
-  -d '{{"properties":{{"deliveryConfiguration":{{"deliveryMode":"Queue"}}}}}}'"#
-    );
     Walk::new("docs/CLOUD.md", "cloud")
         .env("inbound__httpPort", api)
         .env("inbound__httpsPort", tls)
@@ -284,9 +294,40 @@ curl -sf -X PUT -H "$J" -H 'aeg-sas-key: {key}' "$N/topics/telemetry/eventSubscr
         .env("B", format!("http://localhost:{api}"))
         .env("NS", format!("http://127.0.0.1:{ns}"))
         .env("NS_KEY", key)
-        .stand_in("namespace", &namespace, ns)
-        .setup(&azure)
+        .stand_in(
+            "namespace",
+            &keyed_gridlet(".namespace", ns, ns_tls, key),
+            ns,
+        )
+        .setup(&namespace_topic_and_queue(ns, key))
         .ready("broker", api)
+        .run();
+}
+
+/// docs/CLOUD.md, "the same SDK code against both": the Python block as printed, run against
+/// a device gridlet and the namespace's stand-in (a second gridlet), each with the CloudEvents
+/// topic and queue subscription the doc names; it receives its own event from each.
+#[test]
+fn cloud_md_the_same_sdk_code_against_the_device_and_the_namespace() {
+    let (dev, dev_tls, ns, ns_tls) = (free_port(), free_port(), free_port(), free_port());
+    let (dev_key, ns_key) = ("the-device-key", "the-namespace-stand-in-key");
+    Walk::new("docs/CLOUD.md", "cloud-sdk")
+        .env("G", format!("http://127.0.0.1:{dev}"))
+        .env("KEY", dev_key)
+        .env("NS", format!("http://127.0.0.1:{ns}"))
+        .env("NS_KEY", ns_key)
+        .stand_in(
+            "device",
+            &keyed_gridlet(".device", dev, dev_tls, dev_key),
+            dev,
+        )
+        .stand_in(
+            "namespace",
+            &keyed_gridlet(".namespace", ns, ns_tls, ns_key),
+            ns,
+        )
+        .setup(&namespace_topic_and_queue(dev, dev_key))
+        .setup(&namespace_topic_and_queue(ns, ns_key))
         .run();
 }
 
