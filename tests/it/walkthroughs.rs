@@ -35,7 +35,8 @@
 //! program that must listen before the next step, then `.run()`; check anything the doc promises
 //! that is not printed (files, a receiver's state) after. A step that needs a real Azure resource
 //! is not marked: the doc says so, and the test gives the local stand-in (Azurite, a second
-//! gridlet, Mosquitto) through the same variables.
+//! gridlet, Mosquitto) through the same variables; `.setup(..)` does to the stand-in what the
+//! doc has the reader do in Azure (docs/CLOUD.md's namespace topic and subscription).
 
 mod runner;
 
@@ -58,6 +59,9 @@ struct Walk {
     ready: Vec<(&'static str, u16)>,
     /// Background programs the test starts before the doc's blocks: (name, script, port).
     stand_ins: Vec<(&'static str, String, u16)>,
+    /// Steps the test runs once the stand-ins listen, before the doc's blocks: what the doc
+    /// has the reader do elsewhere (in Azure), done to the stand-in.
+    setup: Vec<String>,
 }
 
 impl Walk {
@@ -68,7 +72,14 @@ impl Walk {
             env: Vec::new(),
             ready: Vec::new(),
             stand_ins: Vec::new(),
+            setup: Vec::new(),
         }
+    }
+
+    /// Run `script` once the stand-ins listen, before the doc's blocks; it must exit 0.
+    fn setup(mut self, script: &str) -> Self {
+        self.setup.push(script.to_string());
+        self
     }
 
     /// Start `script` in the background as `name` before the doc's blocks, and wait until
@@ -97,6 +108,13 @@ impl Walk {
         for (name, script, port) in &self.stand_ins {
             s.background(name, script, &format!("stand-in {name}"));
             wait_port(&s, name, *port, &format!("stand-in {name}"));
+        }
+        for script in &self.setup {
+            let (out, status) = s.run(script);
+            assert_eq!(
+                status, 0,
+                "the test's setup: exit status {status}; output:\n{out}"
+            );
         }
         for (i, b) in blocks.iter().enumerate() {
             let checked_next = blocks.get(i + 1).is_some_and(|n| n.output == Some(None));
@@ -234,4 +252,102 @@ fn iot_edge_md_compose_commands_against_the_compose_environment() {
         .stand_in("gridlet", &format!("{settings}cargo run --release"), api)
         .stand_in("subscriber", "cargo run --example subscriber", hook)
         .run();
+}
+
+/// A gridlet with SAS keys on (`key`), in its own directory under the session's, on `port`: the
+/// stand-in for an Event Grid namespace (or a second device).
+fn keyed_gridlet(dir: &str, port: u16, tls: u16, key: &str) -> String {
+    format!(
+        "(mkdir -p {dir} && cd {dir} && inbound__httpPort={port} inbound__httpsPort={tls} \\
+         inbound__serverAuth__tlsPolicy=enabled inbound__clientAuth__clientCert__enabled=false \\
+         inbound__clientAuth__sasKeys__enabled=true inbound__clientAuth__sasKeys__key1={key} \\
+         exec \"$GRIDLET_BIN\")"
+    )
+}
+
+/// What docs/CLOUD.md has the reader make in Azure, made on the gridlet at `port`: a CloudEvents
+/// topic `telemetry` with a queue subscription `app`.
+fn namespace_topic_and_queue(port: u16, key: &str) -> String {
+    format!(
+        r#"V='api-version=2019-01-01-preview'; J='Content-Type: application/json'; N=http://127.0.0.1:{port}
+curl -sf -X PUT -H "$J" -H 'aeg-sas-key: {key}' "$N/topics/telemetry?$V" \
+  -d '{{"properties":{{"inputSchema":"CloudEventSchemaV1_0"}}}}'
+curl -sf -X PUT -H "$J" -H 'aeg-sas-key: {key}' "$N/topics/telemetry/eventSubscriptions/app?$V" \
+  -d '{{"properties":{{"deliveryConfiguration":{{"deliveryMode":"Queue"}}}}}}'"#
+    )
+}
+
+/// docs/CLOUD.md, device -> namespace: the device's gridlet forwards a topic to a namespace
+/// topic (`:publish`), and the event is received and acknowledged there. The stand-in for the
+/// namespace is a second gridlet (its own directory, SAS keys on) with the topic and queue
+/// subscription the doc has the reader make in Azure, as `cloud::a_second_gridlet_is_the_namespace`
+/// does; the device accepts its plain-HTTP, non-Azure URL through the two settings the doc names.
+#[test]
+fn cloud_md_device_to_namespace_with_a_second_gridlet_as_the_namespace() {
+    let (api, tls, ns, ns_tls) = (free_port(), free_port(), free_port(), free_port());
+    let key = "the-namespace-stand-in-key";
+    Walk::new("docs/CLOUD.md", "cloud")
+        .env("inbound__httpPort", api)
+        .env("inbound__httpsPort", tls)
+        .env("outbound__eventgrid__httpsOnly", "false")
+        .env("outbound__eventgrid__allowInvalidHostnames", "true")
+        .env("B", format!("http://localhost:{api}"))
+        .env("NS", format!("http://127.0.0.1:{ns}"))
+        .env("NS_KEY", key)
+        .stand_in(
+            "namespace",
+            &keyed_gridlet(".namespace", ns, ns_tls, key),
+            ns,
+        )
+        .setup(&namespace_topic_and_queue(ns, key))
+        .ready("broker", api)
+        .run();
+}
+
+/// docs/CLOUD.md, "the same SDK code against both": the Python block as printed, run against
+/// a device gridlet and the namespace's stand-in (a second gridlet), each with the CloudEvents
+/// topic and queue subscription the doc names; it receives its own event from each.
+#[test]
+fn cloud_md_the_same_sdk_code_against_the_device_and_the_namespace() {
+    let (dev, dev_tls, ns, ns_tls) = (free_port(), free_port(), free_port(), free_port());
+    let (dev_key, ns_key) = ("the-device-key", "the-namespace-stand-in-key");
+    Walk::new("docs/CLOUD.md", "cloud-sdk")
+        .env("G", format!("http://127.0.0.1:{dev}"))
+        .env("KEY", dev_key)
+        .env("NS", format!("http://127.0.0.1:{ns}"))
+        .env("NS_KEY", ns_key)
+        .stand_in(
+            "device",
+            &keyed_gridlet(".device", dev, dev_tls, dev_key),
+            dev,
+        )
+        .stand_in(
+            "namespace",
+            &keyed_gridlet(".namespace", ns, ns_tls, ns_key),
+            ns,
+        )
+        .setup(&namespace_topic_and_queue(dev, dev_key))
+        .setup(&namespace_topic_and_queue(ns, ns_key))
+        .run();
+}
+
+/// docs/CONSOLE.md, "From the command line": a broker with a SAS key, the console's page and
+/// its headers, the overview, a queue subscription's status, and the live tail (the watch
+/// started, two events published, the one that passes the URL-encoded filter tailed).
+#[test]
+fn console_md_data_routes_from_the_command_line() {
+    let (api, tls) = (free_port(), free_port());
+    let mut s = Walk::new("docs/CONSOLE.md", "console")
+        .env("inbound__httpPort", api)
+        .env("inbound__httpsPort", tls)
+        .env("B", format!("http://localhost:{api}"))
+        .ready("broker", api)
+        .run();
+    // The filter kept the office's event out (an ellipsis in the doc's line cannot say so).
+    let (tail, _) = s.run(
+        r#"curl -s -G -H "$A" "$B/topics/readings/tail" --data-urlencode "$V" -d after="$N" \
+  -d wait=0 --data-urlencode 'filter={"subjectBeginsWith":"plant/"}'"#,
+    );
+    assert!(tail.contains(r#""id":"1""#), "{tail}");
+    assert!(!tail.contains(r#""id":"2""#), "{tail}");
 }
