@@ -269,7 +269,7 @@ impl Gridlet {
             )));
         }
         if let Some(e) = edge.as_mut() {
-            e.start(broker.clone(), certs.clone());
+            e.start(broker.clone(), mqtt.manager(), certs.clone());
         }
         tracing::info!(http = ?http_addr, https = ?https_addr, "gridlet listening");
         Ok(Self {

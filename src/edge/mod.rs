@@ -288,12 +288,18 @@ impl EdgeRuntime {
         self.hub_handle.clone()
     }
 
-    /// Start the owned tasks: edgeHub connection and twin (applied to `broker`), and renewal of
-    /// the server certificate in `certs` and of the identity certificate.
-    pub fn start(&mut self, broker: Broker, certs: Option<Arc<CertStore>>) {
+    /// Start the owned tasks: edgeHub connection and twin (applied to `broker` and its MQTT
+    /// sources `mqtt`), and renewal of the server certificate in `certs` and of the identity
+    /// certificate.
+    pub fn start(
+        &mut self,
+        broker: Broker,
+        mqtt: Arc<crate::ingress::manage::Mqtt>,
+        certs: Option<Arc<CertStore>>,
+    ) {
         if let Some((hub, conn, rx)) = self.hub.take() {
             self.tasks.push(AbortOnDrop(tokio::spawn(conn.run())));
-            let twin = twin::TwinManager::new(broker, hub);
+            let twin = twin::TwinManager::new(broker, mqtt, hub);
             self.tasks.push(AbortOnDrop(tokio::spawn(twin.run(rx))));
         }
         if let (Some(store), Some(c)) = (certs, &self.server_cert) {

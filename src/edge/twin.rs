@@ -8,21 +8,27 @@
 //!   topic. `desired.eventSubscriptions.{name}`: subscription properties including `topic`;
 //!   arrays may be JSON strings (twins have no arrays). Deleting a subscription through the twin
 //!   is not supported (as in the original): it is reported as an error.
-//! * Everything goes through the broker's own `put_topic`/`put_subscription`, so validation and
-//!   persistence are exactly the REST API's.
+//! * `desired.mqtt.connections.{name}` / `desired.mqtt.routes.{name}`: the `properties` of the
+//!   management API's MQTT resources; `null` deletes (docs/IOT_EDGE.md).
+//! * Everything goes through the broker's own `put_topic`/`put_subscription` and the management
+//!   API's `ingress::manage` operations, so validation and persistence are exactly the REST API's.
 //! * Reported: `topics`, `eventSubscriptions` (every topic/subscription the broker holds, arrays
-//!   as JSON strings, every secret a destination declares masked) and `errors` (`bootupMessage`, `bootupException`, `topics`,
-//!   `eventSubscriptions`: `HttpStatusCode='…' ErrorCode='…' Message='…'`). Only the difference
+//!   as JSON strings, every secret a destination declares masked), `mqtt` (connections and
+//!   routes, the password masked) and `errors` (`bootupMessage`, `bootupException`, `topics`,
+//!   `eventSubscriptions`, `mqtt.connections`, `mqtt.routes`:
+//!   `HttpStatusCode='…' ErrorCode='…' Message='…'`). Only the difference
 //!   to what was last reported is sent; removed entries are sent as `null`.
 
 use super::edgehub::{EdgeHub, HubMessage};
 use crate::broker::{Broker, BrokerError};
 use crate::error::ApiError;
+use crate::ingress::manage::{ManageError, Mqtt, View};
 use crate::model::topic::Topic;
 use crate::model::Invalid;
 use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 
 const TWIN_RES: &str = "$iothub/twin/res/";
@@ -35,6 +41,10 @@ pub struct TwinErrors {
     pub topics: BTreeMap<String, String>,
     /// Subscription name → error text.
     pub subscriptions: BTreeMap<String, String>,
+    /// MQTT connection name → error text.
+    pub mqtt_connections: BTreeMap<String, String>,
+    /// MQTT route name → error text.
+    pub mqtt_routes: BTreeMap<String, String>,
     /// Set when the desired document itself is unusable.
     pub bootup_exception: String,
 }
@@ -42,7 +52,15 @@ pub struct TwinErrors {
 /// The original's error text: `HttpStatusCode='BadRequest' ErrorCode='…' Message='…'`, with the
 /// status and code the REST API would answer (the API's error table).
 pub fn error_text(e: &BrokerError) -> String {
-    let e = ApiError::from_broker(e);
+    api_error_text(&ApiError::from_broker(e))
+}
+
+/// [`error_text`] for an MQTT connection or route: what the management API would answer.
+pub fn manage_error_text(e: ManageError) -> String {
+    api_error_text(&ApiError::from(e))
+}
+
+fn api_error_text(e: &ApiError) -> String {
     let body = e.body();
     let status = body
         .pointer("/error/code")
@@ -132,6 +150,102 @@ fn apply_subscription(broker: &Broker, name: &str, props: &Value) -> Result<(), 
         .map(|_| ())
 }
 
+/// The named entries of `desired.mqtt.{section}` (`$` metadata left out).
+fn mqtt_section<'a>(desired: &'a Value, section: &str) -> Vec<(&'a String, &'a Value)> {
+    desired
+        .as_object()
+        .and_then(|d| get_ci(d, "mqtt"))
+        .and_then(Value::as_object)
+        .and_then(|m| get_ci(m, section))
+        .and_then(Value::as_object)
+        .map(|o| o.iter().filter(|(k, _)| !k.starts_with('$')).collect())
+        .unwrap_or_default()
+}
+
+/// Apply `desired.mqtt.connections` and `desired.mqtt.routes` through the management API's own
+/// operations ([`Mqtt::put_connection`], …): the same validation, store records and restarts.
+/// Puts go first (connections, then routes), then deletions (`null`: routes, then connections),
+/// so one document can move routes and remove what they left. Entries it names have their
+/// previous errors replaced. Error texts never hold a secret ([`ManageError`]).
+pub async fn apply_mqtt(mqtt: &Mqtt, desired: &Value, errors: &mut TwinErrors) {
+    let connections = mqtt_section(desired, "connections");
+    let routes = mqtt_section(desired, "routes");
+    for (name, props) in connections.iter().filter(|(_, p)| !p.is_null()) {
+        errors.mqtt_connections.remove(*name);
+        match mqtt
+            .put_connection(name, &json!({ "properties": props }))
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(connection = %name, "MQTT connection applied from the module twin")
+            }
+            Err(e) => {
+                tracing::warn!(connection = %name, error = %e, "twin MQTT connection rejected");
+                errors
+                    .mqtt_connections
+                    .insert(name.to_string(), manage_error_text(e));
+            }
+        }
+    }
+    for (name, props) in routes.iter().filter(|(_, p)| !p.is_null()) {
+        errors.mqtt_routes.remove(*name);
+        match mqtt.put_route(name, &json!({ "properties": props })).await {
+            Ok(_) => tracing::info!(route = %name, "MQTT route applied from the module twin"),
+            Err(e) => {
+                tracing::warn!(route = %name, error = %e, "twin MQTT route rejected");
+                errors
+                    .mqtt_routes
+                    .insert(name.to_string(), manage_error_text(e));
+            }
+        }
+    }
+    for (name, _) in routes.iter().filter(|(_, p)| p.is_null()) {
+        errors.mqtt_routes.remove(*name);
+        match mqtt.delete_route(name).await {
+            Ok(()) => tracing::info!(route = %name, "MQTT route deleted through the module twin"),
+            Err(ManageError::NotFound { .. }) => {}
+            Err(e) => {
+                errors
+                    .mqtt_routes
+                    .insert(name.to_string(), manage_error_text(e));
+            }
+        }
+    }
+    for (name, _) in connections.iter().filter(|(_, p)| p.is_null()) {
+        errors.mqtt_connections.remove(*name);
+        match mqtt.delete_connection(name).await {
+            Ok(()) => {
+                tracing::info!(connection = %name, "MQTT connection deleted through the module twin")
+            }
+            Err(ManageError::NotFound { .. }) => {}
+            Err(e) => {
+                errors
+                    .mqtt_connections
+                    .insert(name.to_string(), manage_error_text(e));
+            }
+        }
+    }
+}
+
+/// The reported `mqtt` section: every connection and route gridlet runs (settings and API), as
+/// the management API's GET shows them (secrets masked), with `managedBy`.
+pub fn reported_mqtt(mqtt: &Mqtt) -> Value {
+    let entries = |views: Vec<View>| -> Map<String, Value> {
+        views
+            .into_iter()
+            .map(|v| {
+                let mut p = v.properties;
+                p.insert("managedBy".into(), v.origin.as_str().into());
+                (v.name, twin_safe(Value::Object(p)))
+            })
+            .collect()
+    };
+    json!({
+        "connections": entries(mqtt.connections()),
+        "routes": entries(mqtt.routes()),
+    })
+}
+
 /// Twins have no arrays: encode them as JSON strings. Apply to properties whose secrets are
 /// already masked ([`crate::model::subscription::Subscription::public_properties`]): once an
 /// array is a string, its secrets can no longer be found.
@@ -166,6 +280,10 @@ pub fn reported(broker: &Broker, errors: &TwinErrors) -> Value {
             "bootupException": errors.bootup_exception,
             "topics": errors.topics,
             "eventSubscriptions": errors.subscriptions,
+            "mqtt": {
+                "connections": errors.mqtt_connections,
+                "routes": errors.mqtt_routes,
+            },
         }
     })
 }
@@ -217,6 +335,7 @@ fn parse_response_topic(topic: &str) -> Option<(u16, String)> {
 /// The twin task's state.
 pub struct TwinManager {
     broker: Broker,
+    mqtt: Arc<Mqtt>,
     hub: EdgeHub,
     errors: TwinErrors,
     last_reported: Value,
@@ -225,10 +344,11 @@ pub struct TwinManager {
 }
 
 impl TwinManager {
-    /// A manager applying the twin to `broker` through `hub`.
-    pub fn new(broker: Broker, hub: EdgeHub) -> Self {
+    /// A manager applying the twin to `broker` and its MQTT sources `mqtt` through `hub`.
+    pub fn new(broker: Broker, mqtt: Arc<Mqtt>, hub: EdgeHub) -> Self {
         Self {
             broker,
+            mqtt,
             hub,
             errors: TwinErrors::default(),
             last_reported: json!({}),
@@ -253,7 +373,8 @@ impl TwinManager {
     }
 
     fn report(&mut self) {
-        let now = reported(&self.broker, &self.errors);
+        let mut now = reported(&self.broker, &self.errors);
+        now["mqtt"] = reported_mqtt(&self.mqtt);
         let Some(patch) = diff(&self.last_reported, &now) else {
             return;
         };
@@ -268,44 +389,45 @@ impl TwinManager {
         }
     }
 
-    /// Handle one message from edgeHub.
-    pub fn handle(&mut self, m: HubMessage) {
+    /// Handle one message from edgeHub: the desired document or patch it brings, if any.
+    fn handle(&mut self, m: HubMessage) -> Option<Value> {
         match m {
-            HubMessage::Connected => self.request_twin(),
+            HubMessage::Connected => {
+                self.request_twin();
+                None
+            }
             HubMessage::Publish { topic, payload } => {
                 if let Some((status, rid)) = parse_response_topic(&topic) {
                     if self.pending_get.as_deref() == Some(rid.as_str()) {
                         self.pending_get = None;
-                        self.on_full_twin(status, &payload);
+                        return self.on_full_twin(status, &payload);
                     } else if !(200..300).contains(&status) {
                         tracing::warn!(status, rid = %rid, "edgeHub refused a twin request");
                     }
                 } else if topic.starts_with(DESIRED_PATCH) {
                     match serde_json::from_slice::<Value>(&payload) {
-                        Ok(patch) => {
-                            apply_desired(&self.broker, &patch, &mut self.errors);
-                            self.report();
-                        }
+                        Ok(patch) => return Some(patch),
                         Err(e) => {
                             tracing::warn!(error = %e, "desired-properties patch is not JSON")
                         }
                     }
                 }
+                None
             }
         }
     }
 
-    fn on_full_twin(&mut self, status: u16, payload: &[u8]) {
+    fn on_full_twin(&mut self, status: u16, payload: &[u8]) -> Option<Value> {
         if status != 200 {
             tracing::warn!(status, "edgeHub refused the module twin request");
-            return;
+            return None;
         }
         let twin: Value = match serde_json::from_slice(payload) {
             Ok(v) => v,
             Err(e) => {
                 self.errors.bootup_exception = format!("module twin is not JSON: {e}");
                 self.report();
-                return;
+                return None;
             }
         };
         self.errors.bootup_exception.clear();
@@ -314,28 +436,36 @@ impl TwinManager {
         if let Some(Value::Object(m)) = &mut Some(&mut self.last_reported) {
             m.retain(|k, _| !k.starts_with('$'));
         }
-        let desired = twin.get("desired").cloned().unwrap_or_else(|| json!({}));
-        apply_desired(&self.broker, &desired, &mut self.errors);
-        self.report();
+        Some(twin.get("desired").cloned().unwrap_or_else(|| json!({})))
     }
 
-    /// Serve messages until the connection side goes away. Each message is handled on tokio's
-    /// blocking pool: applying desired properties writes and flushes the metadata store (see
-    /// [`Broker::manage`]).
+    /// Apply a desired document or patch: topics and subscriptions on tokio's blocking pool
+    /// (they write and flush the metadata store, see [`Broker::manage`]), then MQTT connections
+    /// and routes through the management API's operations; then report.
+    async fn apply(&mut self, desired: Value) -> Result<(), tokio::task::JoinError> {
+        let broker = self.broker.clone();
+        let mut errors = std::mem::take(&mut self.errors);
+        let (desired, mut errors) = tokio::task::spawn_blocking(move || {
+            apply_desired(&broker, &desired, &mut errors);
+            (desired, errors)
+        })
+        .await?;
+        apply_mqtt(&self.mqtt, &desired, &mut errors).await;
+        self.errors = errors;
+        self.report();
+        Ok(())
+    }
+
+    /// Serve messages until the connection side goes away.
     pub async fn run(mut self, mut rx: mpsc::Receiver<HubMessage>) {
         while let Some(m) = rx.recv().await {
-            self = match tokio::task::spawn_blocking(move || {
-                self.handle(m);
-                self
-            })
-            .await
-            {
-                Ok(twin) => twin,
-                Err(e) => {
-                    tracing::error!(error = %e, "module twin handler failed; twin updates stop");
-                    return;
-                }
+            let Some(desired) = self.handle(m) else {
+                continue;
             };
+            if let Err(e) = self.apply(desired).await {
+                tracing::error!(error = %e, "module twin handler failed; twin updates stop");
+                return;
+            }
         }
     }
 }

@@ -1029,7 +1029,83 @@ async fn edgehub_output_and_module_twin_round_trip_through_mosquitto() {
     let (s, _) = t.get("/topics/twinTopic2").await;
     assert_eq!(s, 404);
 
-    // 5. The MQTT password was a SAS token over exactly this resource, signed by the workload API.
+    // 5. MQTT connections and routes from the twin, through the management API's code: a
+    //    message on this Mosquitto's `plant/#` becomes an event on a twin-made topic, delivered
+    //    to edgeHub output `out2`. The password is never reported; a bad route is an error.
+    let secret = "twin-mqtt-password-77";
+    obs.publish(
+        "$iothub/twin/PATCH/properties/desired/?$version=3".to_string(),
+        json!({
+            "topics": {"mqttIn": {"inputSchema": "CloudEventSchemaV1_0"}},
+            "eventSubscriptions": {"mqttSub": {
+                "topic": "mqttIn",
+                "destination": {"endpointType": "EdgeHub", "properties": {"outputName": "out2"}}
+            }},
+            "mqtt": {
+                "connections": {"site": {
+                    "url": format!("mqtt://127.0.0.1:{}", mosq.plain_port),
+                    "clientId": "gridlet-twin-source", "username": "observer", "password": secret
+                }},
+                "routes": {
+                    "temps": {"connection": "site", "topicFilter": "plant/#", "topic": "mqttIn"},
+                    "badRoute": {"connection": "site", "topicFilter": "x/#", "topic": "noSuchTopic"}
+                }
+            },
+            "$version": 3
+        }),
+    )
+    .await;
+    let rep = obs
+        .next_on("$iothub/twin/PATCH/properties/reported/", &mosq)
+        .await;
+    let rep: Value = serde_json::from_slice(&rep.payload).unwrap();
+    assert!(!rep.to_string().contains(secret), "{rep}");
+    let site = &rep["mqtt"]["connections"]["site"];
+    assert_eq!(site["managedBy"], "api", "{rep}");
+    assert_eq!(site["username"], "observer", "{rep}");
+    assert!(site["password"].is_null(), "{rep}");
+    assert_eq!(rep["mqtt"]["routes"]["temps"]["topic"], "mqttIn", "{rep}");
+    let route_err = rep["errors"]["mqtt"]["routes"]["badRoute"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        route_err.starts_with("HttpStatusCode='BadRequest' ErrorCode='InvalidMqttRoute'")
+            && route_err.contains("noSuchTopic"),
+        "{rep}"
+    );
+    let (s, c) = t.get("/mqtt/connections/site").await;
+    assert_eq!(s, 200, "{c}");
+    assert!(!c.to_string().contains(secret), "{c}");
+    t.wait_metric("gridlet_mqtt_connected", "connection=\"site\"", 1)
+        .await;
+    obs.publish("plant/line1/temp".to_string(), json!({"t": 21.5}))
+        .await;
+    let msg = obs.next_on("devices/", &mosq).await;
+    assert!(msg.topic.contains("%24.on=out2"), "{}", msg.topic);
+    let body = String::from_utf8_lossy(&msg.payload);
+    assert!(
+        body.contains("plant/line1/temp") && body.contains("MQTT.EventPublished"),
+        "{body}"
+    );
+
+    // `null` deletes: the route, then its connection; the reported patch says so.
+    obs.publish(
+        "$iothub/twin/PATCH/properties/desired/?$version=4".to_string(),
+        json!({"mqtt": {"connections": {"site": null}, "routes": {"temps": null}}, "$version": 4}),
+    )
+    .await;
+    let rep = obs
+        .next_on("$iothub/twin/PATCH/properties/reported/", &mosq)
+        .await;
+    let rep: Value = serde_json::from_slice(&rep.payload).unwrap();
+    assert_eq!(
+        rep,
+        json!({"mqtt": {"connections": {"site": null}, "routes": {"temps": null}}})
+    );
+    let (s, _) = t.get("/mqtt/connections/site").await;
+    assert_eq!(s, 404);
+
+    // 6. The MQTT password was a SAS token over exactly this resource, signed by the workload API.
     let signed = wl.log.lock().unwrap().signed.clone();
     let first = signed.first().expect("a sign call");
     let (resource, expiry) = first.split_once('\n').unwrap();
