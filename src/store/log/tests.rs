@@ -553,6 +553,20 @@ fn crashsim_damage_seeds_a_span_before_a_torn_tail_is_counted() {
     }
 }
 
+/// Crashsim damage seed 18,867 (60 operations a round): a checkpoint taken while events 95-106
+/// were staged recorded them in its `max_seq`; a roll then put their frame into a new segment,
+/// 6, the newest, which the checkpoint does not list. A flipped bit in segment 6's header made
+/// it unreadable, and recovery compared the file's first event with the checkpoint's `max_seq`:
+/// nothing newer, so the header was taken for a write cut by a crash and the file removed (18
+/// acknowledged events lost, nothing reported). The first event is now compared with what the
+/// segments before it hold; the file is quarantined and its loss reported.
+#[test]
+fn damage_seed_18867_a_damaged_header_over_events_staged_at_a_checkpoint_is_no_cut_roll() {
+    if let Err(e) = super::sim::run_seed_with(18867, 60, true) {
+        panic!("{e}");
+    }
+}
+
 /// Plain power-cut seed 1,490 at 60 operations a round: a segment that owed nothing was kept
 /// because the last checkpoint recorded it owing events, and a younger segment holding the
 /// settlements that emptied it was deleted without restating it: after the cut its events

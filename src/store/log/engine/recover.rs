@@ -333,6 +333,13 @@ impl Log {
             .map(|h| h.base_seq)
     }
 
+    /// The highest sequence number the segments recovered so far hold (an empty one: its
+    /// header's base, every event staged before it started). Not [`Log::max_seq`], which a
+    /// checkpoint sets to events staged but not yet written when it was taken.
+    fn held_before(&self) -> u64 {
+        self.segs.iter().map(|s| s.last_seq).max().unwrap_or(0)
+    }
+
     /// Read one segment's frames and apply their records (`st`: what a checkpoint that could
     /// not be used recorded of it).
     fn recover_segment(
@@ -351,8 +358,12 @@ impl Log {
             Some(h) if h.no == no => h,
             other => {
                 // Events newer than every segment before it: frames were written after the
-                // header was synced, so the header was damaged since.
-                let newer = damage::first_event_unchecked(&buf).is_some_and(|s| s > self.max_seq);
+                // header was synced, so the header was damaged since. Newer than what those
+                // segments hold, not than the checkpoint's `max_seq`: that counts events staged
+                // when it was taken, whose frame may have gone into this segment after a roll
+                // (crashsim damage seed 18,867: such a segment was removed as a cut roll).
+                let floor = self.held_before();
+                let newer = damage::first_event_unchecked(&buf).is_some_and(|s| s > floor);
                 if newest && !newer {
                     // A header write cut by a crash (on a new file, or a spare renamed to the
                     // head's name): nothing in the file was acknowledged.
@@ -366,8 +377,8 @@ impl Log {
                 // What it held: the frames that still read, or the sequence numbers between
                 // the segments before it and the next one's base.
                 let bound = next.and_then(|n| self.base_of(n));
-                let between = bound.map_or(0, |b| b.saturating_sub(self.max_seq));
-                let events = damage::events_scanned(&buf, self.max_seq).max(between);
+                let between = bound.map_or(0, |b| b.saturating_sub(floor));
+                let events = damage::events_scanned(&buf, floor).max(between);
                 let what = match other {
                     Some(_) => "segment header names another segment: its frames cannot be checked; moved to the quarantine folder",
                     None => "segment header damaged: its frames cannot be checked; moved to the quarantine folder",
