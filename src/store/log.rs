@@ -569,7 +569,7 @@ impl Store for LogStore {
 
 impl LogStore {
     /// Stop the committer after its last round, then leave a checkpoint of everything (the next
-    /// start reads nothing more) and sync the letters and the metadata. Idempotent: the server
+    /// start reads nothing more), seal the letters and sync the metadata. Idempotent: the server
     /// calls it at the end of a clean stop ([`Store::close`]), and dropping the store does it
     /// again if it was not called.
     fn stop(&self) {
@@ -599,7 +599,8 @@ impl LogStore {
         if due {
             round::checkpoint(&*self.shared);
         }
-        let _ = self.letters.sync();
+        // Sealed, not only synced: damage to the last letters is then told from a torn write.
+        let _ = self.letters.seal();
         self.meta.flush();
     }
 

@@ -501,6 +501,16 @@ impl LogLetters {
         self.lock().damage.clone()
     }
 
+    /// A clean stop: sync, and record in one more synced frame that every frame is synced
+    /// (dropping the letters does it too, but a stopping process may exit before the last
+    /// holder lets go).
+    ///
+    /// # Errors
+    /// A failed write or sync.
+    pub fn seal(&self) -> Result<(), StoreError> {
+        self.lock().seal()
+    }
+
     /// The letters a [`DeadLetterStore::put`] of `letter` would evict now (the simulation's
     /// model: a put cut by the power may still have evicted them).
     #[cfg(test)]
