@@ -198,6 +198,21 @@ fn mqtt_md_management_api_walk_through_with_mosquitto() {
         .run();
 }
 
+/// docs/MQTT.md, the destination's walk-through: Mosquitto, `mosquitto_sub`, a broker; an
+/// event published over HTTP reaches the subscriber on the topic its template makes.
+#[test]
+fn mqtt_md_destination_walk_through_with_mosquitto_sub() {
+    let (api, tls, mqtt) = (free_port(), free_port(), free_port());
+    Walk::new("docs/MQTT.md", "mqtt-out")
+        .env("inbound__httpPort", api)
+        .env("inbound__httpsPort", tls)
+        .env("MQTT_PORT", mqtt)
+        .env("B", format!("http://localhost:{api}"))
+        .ready("mosquitto", mqtt)
+        .ready("broker", api)
+        .run();
+}
+
 /// docs/OBSERVABILITY.md: the trace receiver it suggests (`tests/otel/collector.py`), a broker
 /// exporting to it, an event dead-lettered in the publisher's trace, the health gauge through
 /// `/metrics?api-version`, the dead letter listed and replayed.
