@@ -4,13 +4,16 @@
 # tests use Azurite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; then
+# The MQTT tests and walk-throughs also publish and subscribe with its clients (mosquitto_pub,
+# mosquitto_sub: Debian's mosquitto-clients).
+if { ! command -v mosquitto >/dev/null 2>&1 && [ ! -x /usr/sbin/mosquitto ]; } \
+  || ! command -v mosquitto_pub >/dev/null 2>&1 || ! command -v mosquitto_sub >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "== installing mosquitto (needed by the IoT Edge tests)"
+    echo "== installing mosquitto and its clients (needed by the IoT Edge and MQTT tests)"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mosquitto
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mosquitto mosquitto-clients
   else
-    echo "mosquitto is missing: install it (e.g. 'sudo apt-get install mosquitto') and rerun" >&2
+    echo "mosquitto or its clients are missing: install them (e.g. 'sudo apt-get install mosquitto mosquitto-clients') and rerun" >&2
     exit 1
   fi
 fi
