@@ -68,6 +68,35 @@ pub struct Damage {
 }
 
 impl Damage {
+    /// Log each loss at error level, naming the file and where, then each quarantine copy.
+    /// `log` names the log ("event log", "dead-letter log"), `unit` what it holds ("events",
+    /// "dead letters"). Both logs report through this, so their lines read alike.
+    pub fn log_errors(&self, log: &str, unit: &str) {
+        for l in &self.losses {
+            let lost = if l.counted {
+                format!("{} {unit} lost", l.events)
+            } else {
+                format!(
+                    "{} {unit} that still read lost, and more whose records do not read",
+                    l.events
+                )
+            };
+            tracing::error!(
+                file = %l.file.display(),
+                offset = l.offset,
+                bytes = l.bytes,
+                frames = l.frames,
+                lost = l.events,
+                counted = l.counted,
+                "{log} damaged: {} ({lost})",
+                l.what,
+            );
+        }
+        for q in &self.quarantined {
+            tracing::error!(copy = %q.display(), "a damaged file of the {log} was kept in the quarantine folder");
+        }
+    }
+
     /// Frames lost, all losses.
     pub fn frames(&self) -> u64 {
         self.losses.iter().map(|l| l.frames).sum()

@@ -301,29 +301,7 @@ impl Log {
 
     /// Log what the open found: each loss at error level, naming the file and where.
     pub(super) fn report(&self) {
-        for l in &self.damage.losses {
-            let lost = if l.counted {
-                format!("{} events lost", l.events)
-            } else {
-                format!(
-                    "{} events that still read lost, and more whose records do not read",
-                    l.events
-                )
-            };
-            tracing::error!(
-                file = %l.file.display(),
-                offset = l.offset,
-                bytes = l.bytes,
-                frames = l.frames,
-                events = l.events,
-                counted = l.counted,
-                "event log damaged: {} ({lost})",
-                l.what,
-            );
-        }
-        for q in &self.damage.quarantined {
-            tracing::error!(copy = %q.display(), "a damaged event-log file was kept in the quarantine folder");
-        }
+        self.damage.log_errors("event log", "events");
     }
 
     /// The quarantine folder: beside the log's folder.

@@ -264,29 +264,7 @@ impl Inner {
 
     /// Log what the open found: each loss at error level, naming the file and where.
     pub(super) fn report(&self) {
-        for l in &self.damage.losses {
-            let lost = if l.counted {
-                format!("{} dead letters lost", l.events)
-            } else {
-                format!(
-                    "{} dead letters that still read lost, and more whose records do not read",
-                    l.events
-                )
-            };
-            tracing::error!(
-                file = %l.file.display(),
-                offset = l.offset,
-                bytes = l.bytes,
-                frames = l.frames,
-                letters = l.events,
-                counted = l.counted,
-                "dead-letter log damaged: {} ({lost})",
-                l.what,
-            );
-        }
-        for q in &self.damage.quarantined {
-            tracing::error!(copy = %q.display(), "a damaged dead-letter file was kept in the quarantine folder");
-        }
+        self.damage.log_errors("dead-letter log", "dead letters");
     }
 }
 
