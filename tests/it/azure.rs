@@ -9,6 +9,7 @@
 //! independently of gridlet's code.
 
 pub use crate::bus_peer::{StrictBus, BUS_KEY};
+use crate::util::free_port;
 use crate::util::{eg_event, eventually, eventually_within, poll_within, start, TestGridlet, WAIT};
 use base64::Engine as _;
 use serde_json::{json, Value};
@@ -20,14 +21,6 @@ use std::time::Duration;
 pub const DEV_ACCOUNT: &str = "devstoreaccount1";
 pub const DEV_KEY: &str =
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Where `scripts/test.sh` installs Azurite (`GRIDLET_AZURITE` overrides).
 pub fn azurite_binary() -> Option<PathBuf> {

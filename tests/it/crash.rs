@@ -16,6 +16,7 @@
 //! real process cannot use tokio's paused clock, and the schedules themselves are proven on the
 //! paused clock elsewhere; here only "retried after a restart" matters.
 
+use crate::util::free_port;
 use crate::util::{eventually_within, poll_within};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
@@ -97,14 +98,6 @@ async fn hook() -> Hook {
         failing,
         _task: task,
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The child process; killed (SIGKILL) when dropped, so a failing test leaves nothing behind.

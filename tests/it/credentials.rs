@@ -2,18 +2,11 @@
 //! administrator, what a shared access signature is valid for, which servers get a webhook's
 //! secrets, and telemetry credentials in the log. Each test fails on the code before the fix.
 
+use crate::util::free_port;
 use crate::util::*;
 use serde_json::json;
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// The real binary, its stdout's lines on a channel.
 struct Process {

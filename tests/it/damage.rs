@@ -12,6 +12,7 @@
 
 use crate::pull::{publish_batch, receive, settle, Ns};
 use crate::util::eventually_within;
+use crate::util::free_port;
 use serde_json::json;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -20,14 +21,6 @@ use std::time::Duration;
 
 const EVENTS: usize = 200;
 const PER_PUBLISH: usize = 10;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Proc {
     child: Child,

@@ -5,6 +5,7 @@
 //! Mosquitto comes from Debian (`apt-get install -y mosquitto`); these tests fail with that hint
 //! when it is missing.
 
+use crate::util::free_port;
 use crate::util::*;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -269,14 +270,6 @@ async fn start_edge(extra: &[(&str, &str)], env: Vec<(String, String)>) -> TestG
 }
 
 // ---------------------------------------------------------------- Mosquitto
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn mosquitto_binary() -> PathBuf {
     for p in [

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+use crate::util::free_port;
 use crate::util::{poll_within, WAIT};
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
@@ -11,14 +12,6 @@ use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn binary() -> PathBuf {
     for p in [

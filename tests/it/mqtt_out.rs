@@ -3,6 +3,7 @@
 //!
 //! Mosquitto comes from Debian (`apt-get install -y mosquitto`; scripts/test.sh installs it).
 
+use crate::util::free_port;
 use crate::util::*;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish};
 use rumqttc::v5::mqttbytes::QoS;
@@ -12,14 +13,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use tokio::sync::mpsc;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 fn mosquitto_binary() -> PathBuf {
     for p in [

@@ -59,7 +59,7 @@ async fn sigkill_mid_stream_loses_no_acknowledged_message() {
     let env = source_env(&m, "line/#", "t");
     gridlet::tls::install_default_provider();
     let client = reqwest::Client::new();
-    let port = crate::mosquitto::free_port();
+    let port = crate::util::free_port();
     let base = format!("http://127.0.0.1:{port}");
     let mut child = gridlet_process(&data, port, &env);
     serving(&client, &base).await;

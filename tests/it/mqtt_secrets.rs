@@ -32,7 +32,7 @@ async fn no_mqtt_secret_shows_in_answers_or_the_logs() {
     let token = dir.path().join("token");
     std::fs::write(&token, TOKEN).unwrap();
     let mut rx = Receiver::start().await;
-    let port = crate::mosquitto::free_port();
+    let port = crate::util::free_port();
     let log = dir.path().join("gridlet.log");
     let log_file = std::fs::File::create(&log).unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gridlet"))

@@ -9,18 +9,11 @@
 
 use crate::pull::{publish_batch, receive, settle, Ns};
 use crate::util::eventually_within;
+use crate::util::free_port;
 use serde_json::json;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 struct Proc {
     child: Child,

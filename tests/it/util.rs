@@ -448,3 +448,13 @@ impl Rng {
         self.next() % n.max(1)
     }
 }
+
+/// A port free on 127.0.0.1 right now (for a peer or a gridlet that must know its port before
+/// it starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

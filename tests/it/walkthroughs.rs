@@ -40,16 +40,9 @@
 
 mod runner;
 
+use crate::util::free_port;
 use runner::Session;
 use std::time::{Duration, Instant};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// One walk-through of one doc: its environment, and the background programs to wait for.
 struct Walk {
