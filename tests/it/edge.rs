@@ -5,6 +5,7 @@
 //! Mosquitto comes from Debian (`apt-get install -y mosquitto`); these tests fail with that hint
 //! when it is missing.
 
+use crate::mosquitto::{Mosquitto, Options, TlsListener};
 use crate::util::free_port;
 use crate::util::*;
 use axum::extract::{Path, Query, State};
@@ -26,8 +27,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::{Path as FsPath, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path as FsPath;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
@@ -271,109 +271,28 @@ async fn start_edge(extra: &[(&str, &str)], env: Vec<(String, String)>) -> TestG
 
 // ---------------------------------------------------------------- Mosquitto
 
-fn mosquitto_binary() -> PathBuf {
-    for p in [
-        "/usr/sbin/mosquitto",
-        "/usr/bin/mosquitto",
-        "/usr/local/sbin/mosquitto",
-    ] {
-        if FsPath::new(p).exists() {
-            return PathBuf::from(p);
-        }
-    }
-    if let Ok(out) = Command::new("sh")
-        .args(["-c", "command -v mosquitto"])
-        .output()
-    {
-        let p = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        if !p.is_empty() {
-            return PathBuf::from(p);
-        }
-    }
-    panic!(
-        "mosquitto is not installed: these tests use a real MQTT broker in place of edgeHub. \
-         Install it with `sudo apt-get install -y mosquitto` (CI does this in .ci/run)."
-    );
-}
-
 /// A Mosquitto broker: a TLS listener (test CA) for gridlet, a plain one for the test's own
 /// client. The ACL only lets gridlet's exact IoT Hub username publish, so a wrong username shows
 /// up as a missing message.
-struct Mosquitto {
-    child: Child,
-    tls_port: u16,
-    plain_port: u16,
-    log: PathBuf,
-}
-
-impl Drop for Mosquitto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Mosquitto {
-    async fn start(dir: &FsPath, pki: &Pki) -> Self {
-        let bin = mosquitto_binary();
-        let server = pki.issue("localhost", &["localhost"], false);
-        let w = |name: &str, data: &str| {
-            let p = dir.join(name);
-            std::fs::write(&p, data).unwrap();
-            p.display().to_string()
-        };
-        let ca = w("mqtt-ca.pem", &pki.ca_pem);
-        let cert = w("mqtt-server.pem", &server.chain_pem);
-        let key = w("mqtt-server.key", &server.key_pem);
-        let username = format!("{HUB}/{DEVICE}/{MODULE}/?api-version=2018-06-30");
-        let acl = w(
-            "mqtt.acl",
-            &format!(
-                "user {username}\ntopic readwrite devices/{DEVICE}/modules/{MODULE}/#\ntopic readwrite $iothub/#\n\n\
-                 user observer\ntopic readwrite #\ntopic readwrite $iothub/#\n"
-            ),
-        );
-        let tls_port = free_port();
-        let plain_port = free_port();
-        let log = dir.join("mosquitto.log");
-        let conf = w(
-            "mosquitto.conf",
-            &format!(
-                "user root\npersistence false\nallow_anonymous true\nacl_file {acl}\n\
-                 log_dest stderr\nlog_type all\n\
-                 listener {plain_port} 127.0.0.1\n\
-                 listener {tls_port} 127.0.0.1\ncafile {ca}\ncertfile {cert}\nkeyfile {key}\n"
-            ),
-        );
-        let child = Command::new(bin)
-            .args(["-c", &conf])
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .spawn()
-            .expect("mosquitto starts");
-        let m = Self {
-            child,
-            tls_port,
-            plain_port,
-            log,
-        };
-        let listening = poll_within(Duration::from_secs(5), || async {
-            let a = tokio::net::TcpStream::connect(("127.0.0.1", plain_port)).await;
-            let b = tokio::net::TcpStream::connect(("127.0.0.1", tls_port)).await;
-            a.and(b).map(drop)
-        })
-        .await;
-        assert!(
-            listening.is_ok(),
-            "mosquitto did not listen: {}",
-            m.log_text()
-        );
-        m
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
+async fn edgehub_broker(dir: &FsPath, pki: &Pki) -> Mosquitto {
+    let server = pki.issue("localhost", &["localhost"], false);
+    let username = format!("{HUB}/{DEVICE}/{MODULE}/?api-version=2018-06-30");
+    let acl = format!(
+        "user {username}\ntopic readwrite devices/{DEVICE}/modules/{MODULE}/#\ntopic readwrite $iothub/#\n\n\
+         user observer\ntopic readwrite #\ntopic readwrite $iothub/#\n"
+    );
+    let opts = Options {
+        log_connects: true,
+        acl: Some(acl),
+        tls: Some(TlsListener {
+            ca_pem: pki.ca_pem.clone(),
+            chain_pem: server.chain_pem,
+            key_pem: server.key_pem,
+            require_client_cert: false,
+        }),
+        ..Options::default()
+    };
+    Mosquitto::start_opts(dir, opts).await
 }
 
 /// The test's own MQTT client on the plain listener: sees gridlet's messages and plays the
@@ -432,7 +351,7 @@ impl Observer {
                 Ok(Some(_)) => continue,
                 _ => panic!(
                     "no MQTT message on {prefix}* within {WAIT:?}; mosquitto log:\n{}",
-                    m.log_text()
+                    m.log()
                 ),
             }
         }
@@ -902,9 +821,9 @@ async fn eventgrid_destination_posts_batches_with_the_sas_key_and_topic_rewrite(
 async fn edgehub_output_and_module_twin_round_trip_through_mosquitto() {
     let pki = Arc::new(Pki::new());
     let dir = tempfile::tempdir().unwrap();
-    let mosq = Mosquitto::start(dir.path(), &pki).await;
+    let mosq = edgehub_broker(dir.path(), &pki).await;
     let mut obs = Observer::connect(
-        mosq.plain_port,
+        mosq.port,
         &[
             "devices/#",
             "$iothub/twin/GET/#",
@@ -913,7 +832,7 @@ async fn edgehub_output_and_module_twin_round_trip_through_mosquitto() {
     )
     .await;
     let wl = Workload::start(dir.path(), pki.clone(), 90 * 86_400).await;
-    let gateway = format!("localhost:{}", mosq.tls_port);
+    let gateway = format!("localhost:{}", mosq.tls_port());
     let t = start_edge(&[], wl.env(Some(&gateway))).await;
 
     // 1. gridlet asks for its twin; the "twin service" answers with desired properties.
@@ -1036,7 +955,7 @@ async fn edgehub_output_and_module_twin_round_trip_through_mosquitto() {
             }},
             "mqtt": {
                 "connections": {"site": {
-                    "url": format!("mqtt://127.0.0.1:{}", mosq.plain_port),
+                    "url": format!("mqtt://127.0.0.1:{}", mosq.port),
                     "clientId": "gridlet-twin-source", "username": "observer", "password": secret
                 }},
                 "routes": {
@@ -1143,7 +1062,7 @@ async fn edgehub_connection_renews_its_sas_token_before_expiry() {
     use gridlet::edge::workload::{ModuleIdentity, WorkloadClient};
     let pki = Arc::new(Pki::new());
     let dir = tempfile::tempdir().unwrap();
-    let mosq = Mosquitto::start(dir.path(), &pki).await;
+    let mosq = edgehub_broker(dir.path(), &pki).await;
     let wl = Workload::start(dir.path(), pki.clone(), 90 * 86_400).await;
     let workload = WorkloadClient::new(
         &wl.uri,
@@ -1162,7 +1081,7 @@ async fn edgehub_connection_renews_its_sas_token_before_expiry() {
     // Tokens live 10 s: renewal (a new token and a new connection) is due after about 8 s.
     let settings = HubSettings {
         host: "localhost".into(),
-        port: mosq.tls_port,
+        port: mosq.tls_port(),
         hub_hostname: HUB.into(),
         device_id: DEVICE.into(),
         module_id: MODULE.into(),
@@ -1178,7 +1097,7 @@ async fn edgehub_connection_renews_its_sas_token_before_expiry() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "no acknowledged publish after a token renewal; mosquitto log:\n{}",
-            mosq.log_text()
+            mosq.log()
         );
         let renewed = wl.log.lock().unwrap().signed.len() >= 2;
         let rx = hub
@@ -1202,8 +1121,8 @@ async fn edgehub_connection_renews_its_sas_token_before_expiry() {
         "a fresh token, not the old one"
     );
     assert!(
-        mosq.log_text().matches("New client connected").count() >= 2,
+        mosq.log().matches("New client connected").count() >= 2,
         "{}",
-        mosq.log_text()
+        mosq.log()
     );
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-fn binary() -> PathBuf {
+pub fn binary() -> PathBuf {
     for p in [
         "/usr/sbin/mosquitto",
         "/usr/bin/mosquitto",
@@ -29,13 +29,40 @@ fn binary() -> PathBuf {
     );
 }
 
-/// One Mosquitto on a loopback port, its persistence and log in `dir`.
+/// How a broker is set up beyond one anonymous plain listener on loopback.
+#[derive(Default)]
+pub struct Options {
+    /// The plain listener's port; a free one when `None` (a test that starts a broker late
+    /// on a port it gave gridlet earlier passes it).
+    pub port: Option<u16>,
+    /// Keep sessions on disk, so a broker stopped with SIGTERM and started again still has
+    /// the messages queued in them (and no bound on how many).
+    pub persistent: bool,
+    /// Log every client's connect (`log_type all`), for tests that count connects.
+    pub log_connects: bool,
+    /// The rules of an ACL file (`user ...`, `topic write allowed/#` ...).
+    pub acl: Option<String>,
+    /// A TLS listener besides the plain one.
+    pub tls: Option<TlsListener>,
+}
+
+/// A TLS listener's certificate, and whether clients must show one from `ca`.
+pub struct TlsListener {
+    pub ca_pem: String,
+    pub chain_pem: String,
+    pub key_pem: String,
+    pub require_client_cert: bool,
+}
+
+/// One Mosquitto on loopback, its configuration, log (and persistence) in `dir`. Killed on drop.
 pub struct Mosquitto {
     child: Option<Child>,
+    /// The plain listener.
     pub port: u16,
-    dir: PathBuf,
-    /// Extra configuration (another listener).
-    extra: String,
+    /// The TLS listener, when [`Options::tls`] asked for one.
+    pub tls_port: Option<u16>,
+    conf: PathBuf,
+    log: PathBuf,
 }
 
 impl Drop for Mosquitto {
@@ -48,82 +75,111 @@ impl Drop for Mosquitto {
 }
 
 impl Mosquitto {
-    /// Start a broker (anonymous, persistent sessions, no bound on queued messages).
+    /// A broker with persistent sessions, the one the MQTT source tests restart.
     pub async fn start(dir: &Path) -> Self {
-        Self::start_with(dir, String::new()).await
+        Self::start_opts(
+            dir,
+            Options {
+                persistent: true,
+                ..Options::default()
+            },
+        )
+        .await
     }
 
-    /// [`Mosquitto::start`] with `extra` appended to the configuration.
-    pub async fn start_with(dir: &Path, extra: String) -> Self {
+    /// [`Mosquitto::start`] with a TLS listener (on the returned port) that requires a client
+    /// certificate from `pki`'s CA.
+    pub async fn start_tls(dir: &Path, pki: &crate::edge::Pki) -> (Self, u16) {
+        let server = pki.issue("localhost", &["localhost"], false);
+        let tls = TlsListener {
+            ca_pem: pki.ca_pem.clone(),
+            chain_pem: server.chain_pem,
+            key_pem: server.key_pem,
+            require_client_cert: true,
+        };
+        let opts = Options {
+            persistent: true,
+            tls: Some(tls),
+            ..Options::default()
+        };
+        let m = Self::start_opts(dir, opts).await;
+        let port = m.tls_port();
+        (m, port)
+    }
+
+    /// A broker as `opts` say, up and listening on every port when this returns.
+    pub async fn start_opts(dir: &Path, opts: Options) -> Self {
+        let port = opts.port.unwrap_or_else(free_port);
+        let tls_port = opts.tls.as_ref().map(|_| free_port());
+        let write = |name: String, data: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, data).unwrap();
+            p.display().to_string()
+        };
+        let mut conf = String::from("user root\nallow_anonymous true\nlog_dest stderr\n");
+        if opts.persistent {
+            conf += &format!(
+                "persistence true\npersistence_location {}/\nmax_queued_messages 0\n",
+                dir.display()
+            );
+        } else {
+            conf += "persistence false\n";
+        }
+        conf += if opts.log_connects {
+            "log_type all\n"
+        } else {
+            "log_type error\nlog_type warning\n"
+        };
+        if let Some(rules) = &opts.acl {
+            conf += &format!(
+                "acl_file {}\n",
+                write(format!("mosquitto-{port}.acl"), rules)
+            );
+        }
+        conf += &format!("listener {port} 127.0.0.1\n");
+        if let (Some(tls), Some(tls_port)) = (&opts.tls, tls_port) {
+            let ca = write(format!("mosquitto-{port}-ca.pem"), &tls.ca_pem);
+            let cert = write(format!("mosquitto-{port}-server.pem"), &tls.chain_pem);
+            let key = write(format!("mosquitto-{port}-server.key"), &tls.key_pem);
+            conf += &format!(
+                "listener {tls_port} 127.0.0.1\ncafile {ca}\ncertfile {cert}\nkeyfile {key}\n\
+                 require_certificate {}\n",
+                tls.require_client_cert
+            );
+        }
         let mut m = Self {
             child: None,
-            port: free_port(),
-            dir: dir.to_path_buf(),
-            extra,
+            port,
+            tls_port,
+            conf: PathBuf::from(write(format!("mosquitto-{port}.conf"), &conf)),
+            log: dir.join(format!("mosquitto-{port}.log")),
         };
         m.spawn().await;
         m
     }
 
-    /// A broker with, besides the plain listener, a TLS listener on the returned port that
-    /// requires a client certificate from `pki`'s CA.
-    pub async fn start_tls(dir: &Path, pki: &crate::edge::Pki) -> (Self, u16) {
-        let server = pki.issue("localhost", &["localhost"], false);
-        let w = |name: &str, data: &str| {
-            let p = dir.join(name);
-            std::fs::write(&p, data).unwrap();
-            p.display().to_string()
-        };
-        let ca = w("broker-ca.pem", &pki.ca_pem);
-        let cert = w("broker-server.pem", &server.chain_pem);
-        let key = w("broker-server.key", &server.key_pem);
-        let port = free_port();
-        let extra = format!(
-            "listener {port} 127.0.0.1\ncafile {ca}\ncertfile {cert}\nkeyfile {key}\n\
-             require_certificate true\n"
-        );
-        let m = Self::start_with(dir, extra).await;
-        let up = poll_within(WAIT, || async move {
-            tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .map(drop)
-        })
-        .await;
-        assert!(up.is_ok(), "mosquitto's TLS listener: {}", m.log());
-        (m, port)
-    }
-
     async fn spawn(&mut self) {
-        let conf = self.dir.join("mosquitto.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "user root\nallow_anonymous true\npersistence true\npersistence_location {}/\n\
-                 max_queued_messages 0\nlog_dest stderr\nlog_type error\nlog_type warning\n\
-                 listener {} 127.0.0.1\n{}",
-                self.dir.display(),
-                self.port,
-                self.extra
-            ),
-        )
-        .unwrap();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.join("mosquitto.log"))
+            .open(&self.log)
             .unwrap();
         let child = Command::new(binary())
-            .args(["-c", conf.to_str().unwrap()])
+            .args(["-c", self.conf.to_str().unwrap()])
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .spawn()
             .expect("mosquitto starts");
         self.child = Some(child);
-        let port = self.port;
-        let up = poll_within(WAIT, || async move {
-            tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .map(drop)
+        let ports: Vec<u16> = std::iter::once(self.port).chain(self.tls_port).collect();
+        let up = poll_within(WAIT, || {
+            let ports = ports.clone();
+            async move {
+                for port in ports {
+                    tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+                }
+                Ok::<(), std::io::Error>(())
+            }
         })
         .await;
         assert!(up.is_ok(), "mosquitto did not listen: {}", self.log());
@@ -138,18 +194,33 @@ impl Mosquitto {
         }
     }
 
-    /// Start again on the same port with the saved sessions.
+    /// Start again on the same ports with the saved sessions.
     pub async fn restart(&mut self) {
         self.stop();
         self.spawn().await;
     }
 
+    /// The TLS listener's port; panics when the broker has none.
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port.expect("this broker was started without TLS")
+    }
+
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("mosquitto.log")).unwrap_or_default()
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     pub fn url(&self) -> String {
         format!("mqtt://127.0.0.1:{}", self.port)
+    }
+
+    /// How many clients whose id starts with `prefix` connected (needs
+    /// [`Options::log_connects`]).
+    pub fn connects_as(&self, prefix: &str) -> usize {
+        let as_prefix = format!(" as {prefix}");
+        self.log()
+            .lines()
+            .filter(|l| l.contains("New client connected") && l.contains(&as_prefix))
+            .count()
     }
 }
 

@@ -3,100 +3,32 @@
 //!
 //! Mosquitto comes from Debian (`apt-get install -y mosquitto`; scripts/test.sh installs it).
 
+use crate::mosquitto::{Mosquitto, Options};
 use crate::util::free_port;
 use crate::util::*;
 use rumqttc::v5::mqttbytes::v5::{Packet, Publish};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-fn mosquitto_binary() -> PathBuf {
-    for p in [
-        "/usr/sbin/mosquitto",
-        "/usr/bin/mosquitto",
-        "/usr/local/sbin/mosquitto",
-    ] {
-        if Path::new(p).exists() {
-            return PathBuf::from(p);
-        }
-    }
-    panic!(
-        "mosquitto is not installed: the MQTT destination tests use a real broker. \
-         Install it with `sudo apt-get install -y mosquitto` (scripts/test.sh does)."
-    );
+/// A Mosquitto on `port` that logs every connect, anonymous clients allowed; with `acl`,
+/// anonymous clients may only do what it says (`topic write allowed/#` ...).
+async fn broker(dir: &Path, port: u16, acl: Option<&str>) -> Mosquitto {
+    let opts = Options {
+        port: Some(port),
+        log_connects: true,
+        acl: acl.map(str::to_owned),
+        ..Options::default()
+    };
+    Mosquitto::start_opts(dir, opts).await
 }
 
-/// A Mosquitto on `port`, anonymous clients allowed; with `acl`, anonymous clients may only
-/// do what it says (`topic write allowed/#` ...).
-struct Mosquitto {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-}
-
-impl Drop for Mosquitto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Mosquitto {
-    async fn start(dir: &Path, port: u16, acl: Option<&str>) -> Self {
-        let acl = match acl {
-            Some(rules) => {
-                let p = dir.join("mqtt.acl");
-                std::fs::write(&p, rules).unwrap();
-                format!("acl_file {}\n", p.display())
-            }
-            None => String::new(),
-        };
-        let conf = dir.join(format!("mosquitto-{port}.conf"));
-        std::fs::write(
-            &conf,
-            format!(
-                "user root\npersistence false\nallow_anonymous true\n{acl}\
-                 log_dest stderr\nlog_type all\nlistener {port} 127.0.0.1\n"
-            ),
-        )
-        .unwrap();
-        let log = dir.join(format!("mosquitto-{port}-{}.log", std::process::id()));
-        let child = Command::new(mosquitto_binary())
-            .args(["-c", &conf.display().to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .spawn()
-            .expect("mosquitto starts");
-        let m = Self { child, port, log };
-        let up = poll_within(WAIT, || async {
-            tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .map(drop)
-        })
-        .await;
-        assert!(up.is_ok(), "mosquitto did not listen: {}", m.log_text());
-        m
-    }
-
-    fn url(&self) -> String {
-        format!("mqtt://127.0.0.1:{}", self.port)
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Clients gridlet's destinations connected as (Mosquitto logs each connect).
-    fn gridlet_connects(&self) -> usize {
-        self.log_text()
-            .lines()
-            .filter(|l| l.contains("New client connected") && l.contains(" as gridlet-"))
-            .count()
-    }
+/// Clients gridlet's destinations connected as (Mosquitto logs each connect).
+fn gridlet_connects(m: &Mosquitto) -> usize {
+    m.connects_as("gridlet-")
 }
 
 /// The test's own MQTT 5 subscriber.
@@ -149,7 +81,7 @@ impl Subscriber {
             Ok(Some(p)) => p,
             _ => panic!(
                 "no MQTT message within {WAIT:?}; mosquitto log:\n{}",
-                m.log_text()
+                m.log()
             ),
         }
     }
@@ -180,7 +112,7 @@ async fn mqtt_sub(
 #[tokio::test]
 async fn events_become_mqtt_5_messages_with_their_properties() {
     let t = start(&[]).await;
-    let broker = Mosquitto::start(t.dir.path(), free_port(), None).await;
+    let broker = broker(t.dir.path(), free_port(), None).await;
     let mut sub = Subscriber::connect(broker.port, "devices/#").await;
     t.topic("t").await;
     let (s, b) = mqtt_sub(
@@ -263,10 +195,10 @@ async fn events_become_mqtt_5_messages_with_their_properties() {
     let lbl = "topic=\"t\",subscription=\"to-mqtt\"";
     t.wait_metric("DeliverySuccessCounts", lbl, 1).await;
     assert_eq!(
-        broker.gridlet_connects(),
+        gridlet_connects(&broker),
         1,
         "one connection: {}",
-        broker.log_text()
+        broker.log()
     );
     // GET masks the secret attribute value.
     let (_, got) = t.get("/topics/t/eventSubscriptions/to-mqtt").await;
@@ -276,7 +208,7 @@ async fn events_become_mqtt_5_messages_with_their_properties() {
 #[tokio::test]
 async fn a_cloud_event_goes_out_in_structured_mode() {
     let t = start(&[]).await;
-    let broker = Mosquitto::start(t.dir.path(), free_port(), None).await;
+    let broker = broker(t.dir.path(), free_port(), None).await;
     let mut sub = Subscriber::connect(broker.port, "ce/#").await;
     let (s, b) = t
         .put(
@@ -328,7 +260,7 @@ async fn a_refused_publish_is_dead_lettered_at_once_and_the_rest_delivered() {
     let t = start(&[]).await;
     // Anonymous clients may publish under allowed/ only: Mosquitto answers PUBACK 0x87 (not
     // authorized) on MQTT 5 for anything else.
-    let broker = Mosquitto::start(
+    let broker = broker(
         t.dir.path(),
         free_port(),
         Some("topic readwrite allowed/#\n"),
@@ -462,7 +394,7 @@ async fn a_broker_that_is_down_is_a_transient_failure_and_delivery_resumes_when_
 
     // The broker comes up; the shared connection reconnects on its own back-off, and the
     // next probe delivers the waiting event.
-    let broker = Mosquitto::start(t.dir.path(), port, None).await;
+    let broker = broker(t.dir.path(), port, None).await;
     let mut sub = Subscriber::connect(port, "out/#").await;
     let m = sub.next(&broker).await;
     assert_eq!(topic_of(&m), "out/a");
@@ -509,7 +441,7 @@ async fn bad_mqtt_destinations_are_a_400_naming_the_field() {
 #[tokio::test]
 async fn a_broker_in_a_denied_address_range_is_never_dialled() {
     let t = start(&[("outbound__deniedAddressRanges", "127.0.0.0/8,::1/128")]).await;
-    let broker = Mosquitto::start(t.dir.path(), free_port(), None).await;
+    let broker = broker(t.dir.path(), free_port(), None).await;
     t.topic("t").await;
     // An address literal is refused at PUT ...
     let (s, b) = mqtt_sub(
@@ -545,7 +477,7 @@ async fn a_broker_in_a_denied_address_range_is_never_dialled() {
         1,
     )
     .await;
-    assert_eq!(broker.gridlet_connects(), 0, "{}", broker.log_text());
+    assert_eq!(gridlet_connects(&broker), 0, "{}", broker.log());
 }
 
 /// More events in flight than one connection's request slots (1,024): the rest wait for a slot
@@ -554,7 +486,7 @@ async fn a_broker_in_a_denied_address_range_is_never_dialled() {
 async fn a_burst_larger_than_the_connections_request_slots_is_delivered_without_failures() {
     // A probe a second, should a loaded machine make the first connect look like an outage.
     let t = start(&[("outbound__outageProbeSeconds", "1")]).await;
-    let broker = Mosquitto::start(t.dir.path(), free_port(), None).await;
+    let broker = broker(t.dir.path(), free_port(), None).await;
     let mut sub = Subscriber::connect(broker.port, "burst/#").await;
     t.topic("t").await;
     let (s, b) = mqtt_sub(
