@@ -9,6 +9,7 @@
 //! independently of gridlet's code.
 
 pub use crate::bus_peer::{StrictBus, BUS_KEY};
+use crate::child::Gridlet;
 use crate::util::free_port;
 use crate::util::{eg_event, eventually, eventually_within, poll_within, start, TestGridlet, WAIT};
 use base64::Engine as _;
@@ -782,59 +783,15 @@ async fn bus_429_is_retried_with_the_same_message_ids() {
 // ---------------------------------------------------------------------------------------------
 // Crash: persisted Azure subscriptions survive SIGKILL.
 
-struct Proc {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn spawn_gridlet(
-    dir: &std::path::Path,
-    client: &reqwest::Client,
-    cycle: usize,
-    trust: (&str, &str),
-) -> Proc {
-    let http = free_port();
-    let https = free_port();
-    let log_path = dir.join(format!("gridlet-{cycle}.log"));
-    let child = Command::new(env!("CARGO_BIN_EXE_gridlet"))
-        .env_clear()
-        .envs([
-            ("inbound__serverAuth__tlsPolicy", "enabled"),
-            ("inbound__clientAuth__clientCert__enabled", "false"),
-            ("inbound__bindAddress", "127.0.0.1"),
-            ("broker__retrySchedule", "eventGridCloud"),
-            ("RUST_LOG", "warn"),
-        ])
-        .env("inbound__httpPort", http.to_string())
-        .env("inbound__httpsPort", https.to_string())
-        .env(trust.0, trust.1)
-        .env("persistence__metadataPath", dir.join("metadataDb"))
-        .env("persistence__eventsPath", dir.join("eventsDb"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(&log_path).unwrap()))
-        .spawn()
-        .unwrap();
-    let p = Proc {
-        child,
-        base: format!("http://127.0.0.1:{http}"),
-    };
-    eventually_within(Duration::from_secs(20), "gridlet to start", || async {
-        let r = client.get(format!("{}/readyz", p.base)).send().await;
-        if matches!(&r, Ok(r) if r.status().is_success()) {
-            Ok(())
-        } else {
-            Err(std::fs::read_to_string(&log_path).unwrap_or_default())
-        }
-    })
-    .await;
-    p
+/// Start the real binary on `dir` (HTTPS on too, the Event Grid retry schedule) trusting
+/// `trust` (a setting naming the peer's CA), and wait until it is ready.
+async fn spawn_gridlet(dir: &std::path::Path, cycle: usize, trust: (&str, &str)) -> Gridlet {
+    let env = [
+        ("inbound__serverAuth__tlsPolicy", "enabled"),
+        ("broker__retrySchedule", "eventGridCloud"),
+        trust,
+    ];
+    Gridlet::start(dir, cycle, &env).await
 }
 
 /// Publish 4-event requests until the process dies; the ids of every request answered 200.
@@ -873,7 +830,7 @@ async fn persisted_azure_subscriptions_lose_no_acknowledged_event_across_sigkill
     eprintln!("azure crash test seed {seed}");
     const CYCLES: usize = 4;
     for cycle in 0..CYCLES {
-        let mut p = spawn_gridlet(dir.path(), &client, cycle, bus.trust()).await;
+        let p = spawn_gridlet(dir.path(), cycle, bus.trust()).await;
         if cycle == 0 {
             let put = |path: &str, body: Value| {
                 client
@@ -911,15 +868,14 @@ async fn persisted_azure_subscriptions_lose_no_acknowledged_event_across_sigkill
             .collect();
         let wait = 200 + (seed.rotate_left(cycle as u32 * 7) % 600);
         tokio::time::sleep(Duration::from_millis(wait)).await; // under test: kill mid-traffic
-        p.child.kill().unwrap(); // SIGKILL
-        p.child.wait().unwrap();
+        p.kill();
         for t in tasks {
             acked.extend(t.await.unwrap());
         }
     }
     assert!(acked.len() > 40, "published too little: {}", acked.len());
     // A last run without a kill delivers whatever was still pending.
-    let _p = spawn_gridlet(dir.path(), &client, CYCLES, bus.trust()).await;
+    let _p = spawn_gridlet(dir.path(), CYCLES, bus.trust()).await;
     let in_queue = std::cell::RefCell::new(std::collections::HashSet::new());
     let in_hub = std::cell::RefCell::new(std::collections::HashSet::new());
     let hub_rx = std::cell::RefCell::new(&mut bus.rx);

@@ -119,7 +119,7 @@ async fn pinned_segments_are_compacted_and_a_sigkill_meanwhile_loses_nothing() {
         ("broker__maxInFlightPerSubscription", "1"),
         ("metrics__reporterType", "prometheus"),
     ];
-    let (p, _) = spawn_with(dir.path(), &client, 0, &extra).await;
+    let (p, _) = spawn_with(dir.path(), 0, &extra).await;
     let put = |path: String, body: Value| {
         let client = client.clone();
         async move {
@@ -202,7 +202,7 @@ async fn pinned_segments_are_compacted_and_a_sigkill_meanwhile_loses_nothing() {
     })
     .await;
     drop(p); // SIGKILL
-    let (p, _) = spawn_with(dir.path(), &client, 1, &extra).await;
+    let (p, _) = spawn_with(dir.path(), 1, &extra).await;
     // The 4 MB backlog is held as the pinned events' copies plus the head (a 1 MiB segment).
     let published = (EVENTS * 1000) as u64;
     eventually_within(

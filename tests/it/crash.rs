@@ -16,12 +16,11 @@
 //! real process cannot use tokio's paused clock, and the schedules themselves are proven on the
 //! paused clock elsewhere; here only "retried after a restart" matters.
 
-use crate::util::free_port;
-use crate::util::{eventually_within, poll_within};
+use crate::child::Gridlet;
+use crate::util::poll_within;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -100,73 +99,30 @@ async fn hook() -> Hook {
     }
 }
 
-/// The child process; killed (SIGKILL) when dropped, so a failing test leaves nothing behind.
-pub(crate) struct Proc {
-    pub(crate) child: Child,
-    pub(crate) base: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn spawn_gridlet(dir: &Path, client: &reqwest::Client, cycle: usize) -> (Proc, Duration) {
+async fn spawn_gridlet(dir: &Path, cycle: usize) -> (Gridlet, Duration) {
     let inflight = MAX_IN_FLIGHT.to_string();
     let extra = [
         ("broker__maxInFlightPerSubscription", inflight.as_str()),
         ("broker__retrySchedule", "eventGridCloud"),
     ];
-    spawn_with(dir, client, cycle, &extra).await
+    spawn_with(dir, cycle, &extra).await
 }
 
-/// Start the real binary on `dir`'s `metadataDb` and `eventsDb` with `extra` settings; wait
-/// until it is ready. `cycle` names its log file (`gridlet-{cycle}.log`).
+/// Start the real binary on `dir` (HTTPS on too, plain-HTTP webhooks allowed) with `extra`
+/// settings; wait until it is ready. Answers it and how long the start took.
 pub(crate) async fn spawn_with(
     dir: &Path,
-    client: &reqwest::Client,
     cycle: usize,
     extra: &[(&str, &str)],
-) -> (Proc, Duration) {
-    let http = free_port();
-    let https = free_port();
-    let log = std::fs::File::create(dir.join(format!("gridlet-{cycle}.log"))).unwrap();
+) -> (Gridlet, Duration) {
+    let base = [
+        ("inbound__serverAuth__tlsPolicy", "enabled"),
+        ("outbound__webhook__httpsOnly", "false"),
+    ];
+    let env: Vec<(&str, &str)> = base.iter().chain(extra).copied().collect();
     let started = Instant::now();
-    let child = Command::new(env!("CARGO_BIN_EXE_gridlet"))
-        .env_clear()
-        .envs([
-            ("inbound__serverAuth__tlsPolicy", "enabled"),
-            ("inbound__clientAuth__clientCert__enabled", "false"),
-            ("outbound__webhook__httpsOnly", "false"),
-            ("inbound__bindAddress", "127.0.0.1"),
-            ("RUST_LOG", "warn"),
-        ])
-        .env("inbound__httpPort", http.to_string())
-        .env("inbound__httpsPort", https.to_string())
-        .envs(extra.iter().copied())
-        .env("persistence__metadataPath", dir.join("metadataDb"))
-        .env("persistence__eventsPath", dir.join("eventsDb"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .unwrap();
-    let p = Proc {
-        child,
-        base: format!("http://127.0.0.1:{http}"),
-    };
-    let what = format!("gridlet to start (cycle {cycle})");
-    eventually_within(Duration::from_secs(20), &what, || async {
-        let r = client.get(format!("{}/readyz", p.base)).send().await;
-        if matches!(&r, Ok(r) if r.status().is_success()) {
-            return Ok(());
-        }
-        let log = dir.join(format!("gridlet-{cycle}.log"));
-        Err(std::fs::read_to_string(log).unwrap_or_default())
-    })
-    .await;
-    (p, started.elapsed())
+    let g = Gridlet::start(dir, cycle, &env).await;
+    (g, started.elapsed())
 }
 
 /// Publish until the process dies; returns the ids of every request answered 200.
@@ -223,7 +179,7 @@ async fn run(persisted: bool, failing_first_cycle: bool, cycles: usize) -> Outco
     for cycle in 0..cycles {
         h.failing
             .store(failing_first_cycle && cycle == 0, Ordering::Relaxed);
-        let (mut p, took) = spawn_gridlet(dir.path(), &client, cycle).await;
+        let (p, took) = spawn_gridlet(dir.path(), cycle).await;
         restart_times.push(took);
         if cycle == 0 {
             let put = |path: &str, body: Value| {
@@ -257,16 +213,15 @@ async fn run(persisted: bool, failing_first_cycle: bool, cycles: usize) -> Outco
             .collect();
         // Under test: a kill at a random moment of the traffic.
         tokio::time::sleep(Duration::from_millis(rng.between(150, 1200))).await;
-        p.child.kill().unwrap(); // SIGKILL
+        p.kill();
         kill_times.push(Instant::now());
-        p.child.wait().unwrap();
         for t in tasks {
             acked.extend(t.await.unwrap());
         }
     }
     // Final run: no kill; wait until every acknowledged event arrived (or the time is up).
     h.failing.store(false, Ordering::Relaxed);
-    let (p, took) = spawn_gridlet(dir.path(), &client, cycles).await;
+    let (p, took) = spawn_gridlet(dir.path(), cycles).await;
     restart_times.push(took);
     let limit = Duration::from_secs(if persisted { 90 } else { 5 });
     let _ = poll_within(limit, || async {

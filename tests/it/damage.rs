@@ -10,75 +10,34 @@
 //! truncated or deleted segment lost its events without a word. The same for dead letters: a
 //! flipped byte in letter 10 of 20 lost the last 10 without a word (cut as a torn tail).
 
+use crate::child::{command, Gridlet};
 use crate::pull::{publish_batch, receive, settle, Ns};
-use crate::util::eventually_within;
 use crate::util::free_port;
 use serde_json::json;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 const EVENTS: usize = 200;
 const PER_PUBLISH: usize = 10;
 
+/// A running gridlet and the pull client on it.
 struct Proc {
-    child: Child,
+    g: Gridlet,
     ns: Ns,
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn command(dir: &Path, run: usize, port: u16, extra: &[(&str, &str)]) -> Command {
-    let log = std::fs::File::create(dir.join(format!("gridlet-{run}.log"))).unwrap();
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gridlet"));
-    c.env_clear()
-        .envs([
-            ("inbound__serverAuth__tlsPolicy", "disabled"),
-            ("inbound__clientAuth__clientCert__enabled", "false"),
-            ("inbound__bindAddress", "127.0.0.1"),
-            ("metrics__reporterType", "prometheus"),
-            ("RUST_LOG", "warn"),
-        ])
-        .env("inbound__httpPort", port.to_string())
-        .env("persistence__metadataPath", dir.join("metadataDb"))
-        .env("persistence__eventsPath", dir.join("eventsDb"))
-        .envs(extra.iter().copied())
-        // Log lines go to stdout, start-up errors to stderr.
-        .stdout(Stdio::from(log.try_clone().unwrap()))
-        .stderr(Stdio::from(log));
-    c
-}
+/// Settings every run here has besides [`crate::child::command`]'s.
+const SETTINGS: [(&str, &str); 1] = [("metrics__reporterType", "prometheus")];
 
 async fn spawn(dir: &Path, run: usize, extra: &[(&str, &str)]) -> Proc {
-    let port = free_port();
-    let child = command(dir, run, port, extra).spawn().unwrap();
-    gridlet::tls::install_default_provider();
-    let p = Proc {
-        child,
-        ns: Ns {
-            base: format!("http://127.0.0.1:{port}"),
-            client: reqwest::Client::new(),
-        },
+    let env: Vec<(&str, &str)> = SETTINGS.iter().chain(extra).copied().collect();
+    let g = Gridlet::start(dir, run, &env).await;
+    let ns = Ns {
+        base: g.base.clone(),
+        client: reqwest::Client::new(),
     };
-    eventually_within(Duration::from_secs(20), "gridlet to start", || async {
-        let r =
-            p.ns.client
-                .get(format!("{}/readyz", p.ns.base))
-                .send()
-                .await;
-        match r {
-            Ok(r) if r.status().is_success() => Ok(()),
-            _ => Err(log_of(dir, run)),
-        }
-    })
-    .await;
-    p
+    Proc { g, ns }
 }
 
 fn log_of(dir: &Path, run: usize) -> String {
@@ -86,15 +45,25 @@ fn log_of(dir: &Path, run: usize) -> String {
 }
 
 /// SIGTERM, and wait for a clean exit (the store writes its checkpoint).
-fn stop(mut p: Proc) {
-    let pid = p.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let status = p.child.wait().unwrap();
-    assert!(status.success(), "clean stop: {status}");
+fn stop(p: Proc) {
+    p.g.stop();
+}
+
+/// Start run 1 with `persistence__onDamage=refuse`, which must exit unsuccessfully (a gridlet
+/// that starts anyway is killed after the wait, and the test fails). Answers its log.
+async fn refused_start(dir: &Path) -> String {
+    let mut env = SETTINGS.to_vec();
+    env.push(("persistence__onDamage", "refuse"));
+    let mut child = command(dir, 1, free_port(), &env).spawn().unwrap();
+    let status = crate::util::poll_within(Duration::from_secs(20), || {
+        std::future::ready(child.try_wait().unwrap().ok_or("still running"))
+    })
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let status = status.expect("gridlet refuses to start and exits");
+    assert!(!status.success(), "refuses to start: {status}");
+    log_of(dir, 1)
 }
 
 /// A queue topic `q` (persisted subscription `s`) holding 200 acknowledged events in 20
@@ -316,23 +285,7 @@ async fn on_damage_refuse_stops_the_start_and_changes_nothing() {
     let f = frames(&std::fs::read(&seg).unwrap());
     flip(&seg, f[10] + 200);
     let before = std::fs::read(&seg).unwrap();
-    let mut child = command(
-        dir.path(),
-        1,
-        free_port(),
-        &[("persistence__onDamage", "refuse")],
-    )
-    .spawn()
-    .unwrap();
-    // A gridlet that starts anyway is killed after the wait, and the test fails.
-    let status = crate::util::poll_within(Duration::from_secs(20), || {
-        std::future::ready(child.try_wait().unwrap().ok_or("still running"))
-    })
-    .await;
-    let _ = child.kill();
-    let status = status.expect("gridlet refuses to start and exits");
-    assert!(!status.success(), "refuses to start: {status}");
-    let log = log_of(dir.path(), 1);
+    let log = refused_start(dir.path()).await;
     let name = seg.file_name().unwrap().to_string_lossy().into_owned();
     assert!(
         log.contains(&name) && log.contains("persistence__onDamage=refuse"),
@@ -461,22 +414,7 @@ async fn on_damage_refuse_stops_the_start_on_a_damaged_dead_letter() {
     let f = frames(&std::fs::read(&file).unwrap());
     flip(&file, f[3] + 30);
     let before = std::fs::read(&file).unwrap();
-    let mut child = command(
-        dir.path(),
-        1,
-        free_port(),
-        &[("persistence__onDamage", "refuse")],
-    )
-    .spawn()
-    .unwrap();
-    let status = crate::util::poll_within(Duration::from_secs(20), || {
-        std::future::ready(child.try_wait().unwrap().ok_or("still running"))
-    })
-    .await;
-    let _ = child.kill();
-    let status = status.expect("gridlet refuses to start and exits");
-    assert!(!status.success(), "refuses to start: {status}");
-    let log = log_of(dir.path(), 1);
+    let log = refused_start(dir.path()).await;
     let name = file.file_name().unwrap().to_string_lossy().into_owned();
     assert!(
         log.contains(&name) && log.contains("persistence__onDamage=refuse"),

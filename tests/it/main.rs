@@ -9,6 +9,7 @@ mod azure;
 mod azure_eventgrid;
 mod bench_smoke;
 mod bus_peer;
+mod child;
 mod cloud;
 mod compaction;
 mod console;

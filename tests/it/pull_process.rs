@@ -7,24 +7,17 @@
 //! writes the clock's heartbeat file (`src/clock.rs`) two minutes ahead, and the restarted
 //! gridlet's clock resumes from there, past the locks' expiry, without anyone waiting for it.
 
+use crate::child::Gridlet;
 use crate::pull::{publish_batch, receive, settle, Ns};
 use crate::util::eventually_within;
-use crate::util::free_port;
 use serde_json::json;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+/// A running gridlet and the pull client on it.
 struct Proc {
-    child: Child,
+    g: Gridlet,
     ns: Ns,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 async fn spawn(dir: &Path, run: usize) -> Proc {
@@ -32,47 +25,12 @@ async fn spawn(dir: &Path, run: usize) -> Proc {
 }
 
 async fn spawn_with(dir: &Path, run: usize, extra: &[(&str, &str)]) -> Proc {
-    let port = free_port();
-    let log = std::fs::File::create(dir.join(format!("gridlet-{run}.log"))).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_gridlet"))
-        .env_clear()
-        .envs([
-            ("inbound__serverAuth__tlsPolicy", "disabled"),
-            ("inbound__clientAuth__clientCert__enabled", "false"),
-            ("inbound__bindAddress", "127.0.0.1"),
-            ("RUST_LOG", "warn"),
-        ])
-        .env("inbound__httpPort", port.to_string())
-        .env("persistence__metadataPath", dir.join("metadataDb"))
-        .env("persistence__eventsPath", dir.join("eventsDb"))
-        .envs(extra.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .unwrap();
-    gridlet::tls::install_default_provider();
-    let p = Proc {
-        child,
-        ns: Ns {
-            base: format!("http://127.0.0.1:{port}"),
-            client: reqwest::Client::new(),
-        },
+    let g = Gridlet::start(dir, run, extra).await;
+    let ns = Ns {
+        base: g.base.clone(),
+        client: reqwest::Client::new(),
     };
-    eventually_within(Duration::from_secs(20), "gridlet to start", || async {
-        let r =
-            p.ns.client
-                .get(format!("{}/readyz", p.ns.base))
-                .send()
-                .await;
-        match r {
-            Ok(r) if r.status().is_success() => Ok(()),
-            _ => Err(
-                std::fs::read_to_string(dir.join(format!("gridlet-{run}.log"))).unwrap_or_default(),
-            ),
-        }
-    })
-    .await;
-    p
+    Proc { g, ns }
 }
 
 /// A CloudEvents topic `q` with a queue subscription `s`.
@@ -101,7 +59,7 @@ async fn create(ns: &Ns) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_between_receive_and_acknowledge_redelivers_and_never_an_acknowledged_event() {
     let dir = tempfile::tempdir().unwrap();
-    let mut p = spawn(dir.path(), 0).await;
+    let p = spawn(dir.path(), 0).await;
     create(&p.ns).await;
     publish_batch(&p.ns, "q", ["a", "b", "c"].map(String::from)).await;
     let got = receive(&p.ns, "q", "s", 3, 0).await;
@@ -112,8 +70,7 @@ async fn sigkill_between_receive_and_acknowledge_redelivers_and_never_an_acknowl
     let r = settle(&p.ns, "q", "s", "acknowledge", &[&got[0].0]).await;
     assert_eq!(r["succeededLockTokens"].as_array().unwrap().len(), 1);
     // SIGKILL: no shutdown, no final heartbeat.
-    p.child.kill().unwrap();
-    p.child.wait().unwrap();
+    p.g.kill();
     // The restarted gridlet's clock resumes two minutes on: the 60 s locks have expired.
     let ahead = gridlet::clock::system_wall_ms() + 120_000;
     gridlet::clock::write_heartbeat(&dir.path().join("metadataDb"), ahead).unwrap();
@@ -146,7 +103,7 @@ async fn sigkill_between_receive_and_acknowledge_redelivers_and_never_an_acknowl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_right_after_a_receive_brings_its_event_back_counted_at_most_once() {
     let dir = tempfile::tempdir().unwrap();
-    let mut p = spawn(dir.path(), 0).await;
+    let p = spawn(dir.path(), 0).await;
     create(&p.ns).await;
     publish_batch(&p.ns, "q", ["a", "b"].map(String::from)).await;
     let a = receive(&p.ns, "q", "s", 1, 0).await;
@@ -154,8 +111,7 @@ async fn sigkill_right_after_a_receive_brings_its_event_back_counted_at_most_onc
     assert_eq!(r["succeededLockTokens"].as_array().unwrap().len(), 1);
     let b = receive(&p.ns, "q", "s", 1, 0).await;
     assert_eq!((b[0].2.as_str(), b[0].1), ("b", 1));
-    p.child.kill().unwrap();
-    p.child.wait().unwrap();
+    p.g.kill();
     let ahead = gridlet::clock::system_wall_ms() + 120_000;
     gridlet::clock::write_heartbeat(&dir.path().join("metadataDb"), ahead).unwrap();
     let p = spawn(dir.path(), 1).await;

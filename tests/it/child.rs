@@ -1,0 +1,99 @@
+//! The real gridlet binary as a child process, for the tests that kill it (SIGKILL), stop it
+//! (SIGTERM) and start it again on the same data folder.
+//!
+//! Each run `run` of a test logs to `gridlet-{run}.log` in the data folder (stdout and stderr:
+//! log lines go to stdout, start-up errors to stderr), so a failure can show what the process
+//! said.
+
+use crate::util::{eventually_within, free_port};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// How long a start may take before the test fails with the process's log.
+const START: Duration = Duration::from_secs(20);
+
+/// The binary on `dir`'s `metadataDb` and `eventsDb`, plain HTTP on `http_port` of loopback,
+/// no client certificates, `extra` settings last (they win over the defaults here).
+pub fn command(dir: &Path, run: usize, http_port: u16, extra: &[(&str, &str)]) -> Command {
+    let log = std::fs::File::create(log_path(dir, run)).unwrap();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gridlet"));
+    c.env_clear()
+        .envs([
+            ("inbound__serverAuth__tlsPolicy", "disabled"),
+            ("inbound__clientAuth__clientCert__enabled", "false"),
+            ("inbound__bindAddress", "127.0.0.1"),
+            ("RUST_LOG", "warn"),
+        ])
+        .env("inbound__httpPort", http_port.to_string())
+        .env("inbound__httpsPort", free_port().to_string())
+        .env("persistence__metadataPath", dir.join("metadataDb"))
+        .env("persistence__eventsPath", dir.join("eventsDb"))
+        .envs(extra.iter().copied())
+        .stdout(Stdio::from(log.try_clone().unwrap()))
+        .stderr(Stdio::from(log));
+    c
+}
+
+fn log_path(dir: &Path, run: usize) -> PathBuf {
+    dir.join(format!("gridlet-{run}.log"))
+}
+
+/// A started gridlet; SIGKILLed when dropped, so a failing test leaves nothing behind.
+pub struct Gridlet {
+    child: Child,
+    /// `http://127.0.0.1:{port}`.
+    pub base: String,
+    log: PathBuf,
+}
+
+impl Drop for Gridlet {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Gridlet {
+    /// Start run `run` on `dir` (see [`command`]) and wait until `/readyz` answers 200.
+    pub async fn start(dir: &Path, run: usize, extra: &[(&str, &str)]) -> Self {
+        let port = free_port();
+        let child = command(dir, run, port, extra).spawn().unwrap();
+        gridlet::tls::install_default_provider();
+        let g = Self {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            log: log_path(dir, run),
+        };
+        let client = reqwest::Client::new();
+        let what = format!("gridlet to start (run {run})");
+        eventually_within(START, &what, || async {
+            match client.get(format!("{}/readyz", g.base)).send().await {
+                Ok(r) if r.status().is_success() => Ok(()),
+                _ => Err(g.log()),
+            }
+        })
+        .await;
+        g
+    }
+
+    /// What the process logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, as a power cut looks to the process, and reap it.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM, and wait for a clean exit (the store writes its checkpoint).
+    pub fn stop(mut self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(sent.success());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "clean stop: {status}\n{}", self.log());
+    }
+}
