@@ -283,8 +283,7 @@ impl Task {
             attempt,
             attempts_each: batch.items.iter().map(|p| p.attempts).collect(),
             batch_id: batch.items.first().map(|p| p.seq).unwrap_or(0),
-            trace: onward.request,
-            event_traces: onward.events,
+            trace: onward,
             time_left: {
                 let now_ms = self.ctx.clock.now_ms();
                 let ttl = cfg.policy.ttl.as_millis() as u64;

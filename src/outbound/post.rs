@@ -228,7 +228,7 @@ impl Sink for WebhookSink {
             if let Some(k) = &self.sas_key {
                 h.append(AEG_SAS_KEY.clone(), k.clone());
             }
-            if let Some(t) = &req.trace {
+            if let Some(t) = req.trace.request() {
                 append_trace_headers(&mut h, t);
             }
             match endpoint.post(h, body).await {

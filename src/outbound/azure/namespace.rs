@@ -33,7 +33,6 @@
 use super::super::http::{Endpoint, HttpClient};
 use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
 use crate::model::topic::EventSchema;
-use crate::telemetry::TraceContext;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
@@ -108,18 +107,13 @@ impl NamespaceSink {
         }
     }
 
-    async fn post(
-        &self,
-        endpoint: &Endpoint,
-        body: Bytes,
-        trace: Option<&TraceContext>,
-    ) -> Outcome {
+    async fn post(&self, endpoint: &Endpoint, body: Bytes, req: &DeliveryRequest) -> Outcome {
         let mut h = HeaderMap::with_capacity(4);
         h.insert(CONTENT_TYPE, BATCH_CONTENT_TYPE.clone());
         if let Some(a) = &self.auth {
             h.insert(AUTHORIZATION, a.clone());
         }
-        if let Some(t) = trace {
+        if let Some(t) = req.trace.request() {
             if let Ok(v) = HeaderValue::from_str(&t.traceparent()) {
                 h.insert(TRACEPARENT.clone(), v);
             }
@@ -134,7 +128,7 @@ impl NamespaceSink {
         namespace_outcome(super::outcome(
             endpoint.post(h, body).await,
             "EventGrid namespace topic",
-            trace,
+            req,
         ))
     }
 }
@@ -301,7 +295,7 @@ impl Sink for NamespaceSink {
                 groups,
                 &bodies,
                 &mut each,
-                |body| self.post(endpoint, body, req.trace.as_ref()),
+                |body| self.post(endpoint, body, req),
                 too_large,
                 |i, text| {
                     Outcome::failed(FailureKind::TooLarge(format!(
