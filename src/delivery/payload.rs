@@ -131,6 +131,12 @@ pub struct Pending {
     pub enqueued_at: Instant,
 }
 
+/// The trace context the first of `items` that has one travels in (what a log line about them
+/// names).
+pub fn first_trace(items: &[Pending]) -> Option<&TraceContext> {
+    items.iter().find_map(|p| p.event.trace.as_deref())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

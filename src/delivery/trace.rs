@@ -3,7 +3,7 @@
 //! outcome did to the batch (a child of `deliver`). Built only when the tracer is on; with it
 //! off, each event's context is passed to the destination unchanged.
 
-use super::payload::Pending;
+use super::payload::{first_trace, Pending};
 use super::queue::Batch;
 use super::retry::DropReason;
 use super::sink::{FailureKind, OnwardTrace, Outcome};
@@ -338,9 +338,4 @@ pub(super) fn dropped_span(tracer: &Tracer, items: &[Pending], reason: DropReaso
         d.attr("gridlet.event_ids", Value::StrList(ids));
     }
     tracer.record(d, ctx.sampled());
-}
-
-/// The trace context the first of `items` that has one travels in.
-pub(super) fn first_trace(items: &[Pending]) -> Option<&TraceContext> {
-    items.iter().find_map(|p| p.event.trace.as_deref())
 }
