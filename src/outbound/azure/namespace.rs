@@ -35,7 +35,7 @@ use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
 use crate::model::topic::EventSchema;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use serde_json::{Map, Value};
 
 /// The namespace's limits.
@@ -70,8 +70,6 @@ pub enum NamespaceAuth {
 /// The CloudEvents batch content type.
 static BATCH_CONTENT_TYPE: HeaderValue =
     HeaderValue::from_static("application/cloudevents-batch+json; charset=utf-8");
-static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// Sends to one namespace topic.
 pub struct NamespaceSink {
@@ -113,18 +111,7 @@ impl NamespaceSink {
         if let Some(a) = &self.auth {
             h.insert(AUTHORIZATION, a.clone());
         }
-        if let Some(t) = req.trace.request() {
-            if let Ok(v) = HeaderValue::from_str(&t.traceparent()) {
-                h.insert(TRACEPARENT.clone(), v);
-            }
-            if let Some(v) = t
-                .state
-                .as_ref()
-                .and_then(|s| HeaderValue::from_str(s.as_ref()).ok())
-            {
-                h.insert(TRACESTATE.clone(), v);
-            }
-        }
+        crate::outbound::post::trace_headers(&mut h, &req.trace);
         namespace_outcome(super::outcome(
             endpoint.post(h, body).await,
             "EventGrid namespace topic",
