@@ -32,9 +32,9 @@ fn mosquitto_binary() -> PathBuf {
 
 /// A Mosquitto on `port`, anonymous clients allowed; with `acl`, anonymous clients may only
 /// do what it says (`topic write allowed/#` ...).
-struct Mosquitto {
+pub(crate) struct Mosquitto {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
     log: PathBuf,
 }
 
@@ -46,7 +46,7 @@ impl Drop for Mosquitto {
 }
 
 impl Mosquitto {
-    async fn start(dir: &Path, port: u16, acl: Option<&str>) -> Self {
+    pub(crate) async fn start(dir: &Path, port: u16, acl: Option<&str>) -> Self {
         let acl = match acl {
             Some(rules) => {
                 let p = dir.join("mqtt.acl");
@@ -82,7 +82,7 @@ impl Mosquitto {
         m
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("mqtt://127.0.0.1:{}", self.port)
     }
 
@@ -100,14 +100,14 @@ impl Mosquitto {
 }
 
 /// The test's own MQTT 5 subscriber.
-struct Subscriber {
+pub(crate) struct Subscriber {
     _client: AsyncClient,
     rx: mpsc::UnboundedReceiver<Publish>,
     _task: tokio::task::JoinHandle<()>,
 }
 
 impl Subscriber {
-    async fn connect(port: u16, filter: &str) -> Self {
+    pub(crate) async fn connect(port: u16, filter: &str) -> Self {
         Self::connect_as("test-sub", port, filter).await
     }
 
@@ -144,7 +144,7 @@ impl Subscriber {
         }
     }
 
-    async fn next(&mut self, m: &Mosquitto) -> Publish {
+    pub(crate) async fn next(&mut self, m: &Mosquitto) -> Publish {
         match tokio::time::timeout(WAIT, self.rx.recv()).await {
             Ok(Some(p)) => p,
             _ => panic!(
