@@ -355,8 +355,7 @@ impl Broker {
                     std::mem::take(&mut ev.body)
                 };
                 let id = std::mem::take(&mut ev.id).into_boxed_str();
-                let data =
-                    EventData::new(body, id, Some(pending_bytes)).with_trace(ev.trace.take());
+                let data = EventData::new(body, id, ev.trace.take(), Some(pending_bytes));
                 *slot = Some((seq, Arc::new(data)));
             }
         }

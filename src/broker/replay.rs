@@ -148,9 +148,11 @@ impl Broker {
             .map(|l| {
                 let seq = *next;
                 *next += 1;
+                // A dead letter keeps no trace context: a replayed one starts a new trace.
                 let data = EventData::new(
                     l.body.clone(),
                     l.event_id.clone().into_boxed_str(),
+                    None,
                     Some(&ctx.pending_bytes),
                 );
                 (seq, Arc::new(data))

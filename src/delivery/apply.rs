@@ -6,33 +6,23 @@
 
 use super::context::DeliveryContext;
 use super::forward::Forward;
+use super::payload::first_trace;
 use super::retry::DropReason;
 use super::settle::{Dropped, Effects};
 use super::state::SubscriptionState;
-use super::trace::{self, first_trace};
+use super::trace;
 use crate::telemetry::TraceContext;
 use std::sync::Arc;
 use tokio::time::Instant;
 
 /// Do `fx` for `shared`'s subscription; answers what became of the events (the `settle` span's
-/// attributes).
+/// attributes). The store writes' and forwards' log lines name `fx`'s trace.
 pub(super) fn apply(
     shared: &Arc<SubscriptionState>,
     ctx: &DeliveryContext,
-    fx: Effects,
+    mut fx: Effects,
 ) -> trace::Settled {
-    apply_in(shared, ctx, fx, None)
-}
-
-/// [`apply`] for an attempt whose `deliver` span is `span`: the store writes' and forwards' log
-/// lines name it (else the trace the first of their events travels in).
-pub(super) fn apply_in(
-    shared: &Arc<SubscriptionState>,
-    ctx: &DeliveryContext,
-    fx: Effects,
-    span: Option<&TraceContext>,
-) -> trace::Settled {
-    let trace = span.or_else(|| effects_trace(&fx)).cloned();
+    let trace = fx.trace.take();
     let settled = tally(&fx);
     let leaving = fx.leaving();
     if let Some(retry_lane) = fx.freed {
@@ -61,13 +51,6 @@ pub(super) fn apply_in(
     }
     q.settle(leaving);
     settled
-}
-
-/// The trace context the first of the effects' events travels in.
-fn effects_trace(fx: &Effects) -> Option<&TraceContext> {
-    first_trace(&fx.delivered)
-        .or_else(|| fx.requeue.as_ref().and_then(|r| first_trace(&r.items)))
-        .or_else(|| fx.dropped.iter().find_map(|d| first_trace(&d.items)))
 }
 
 /// What became of the events, for the `settle` span.

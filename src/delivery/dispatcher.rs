@@ -22,7 +22,7 @@
 //! their share. Events that leave
 //! undelivered become dead letters ([`super::deadletter`], [`settle::dead_letter`]).
 
-use super::apply::{apply, apply_in};
+use super::apply::apply;
 use super::classify;
 use super::context::{DeliveryContext, Running};
 use super::health::Admission;
@@ -33,7 +33,7 @@ use super::retry::{self, DropReason};
 use super::settle::{self, Effects};
 use super::sink::{DeliveryRequest, Outcome, Sink};
 use super::state::{SubConfig, SubscriptionState};
-use super::trace::{self, first_trace};
+use super::trace;
 use crate::sync::AbortOnDrop;
 use crate::telemetry::{now_ns, TraceContext, Tracer};
 use std::sync::Arc;
@@ -52,9 +52,15 @@ pub(super) fn spawn(shared: Arc<SubscriptionState>, ctx: Arc<DeliveryContext>) -
     }))
 }
 
-/// A finished attempt: its batch, outcome and latency, and its `deliver` span's context (the
-/// `settle` span's parent; tracer on only).
-type SendResult = (Batch, Outcome, Duration, Option<TraceContext>);
+/// A finished attempt.
+struct Sent {
+    batch: Batch,
+    outcome: Outcome,
+    latency: Duration,
+    /// Its `deliver` span's context when the span was recorded (tracer on, sampled): the
+    /// `settle` span's parent, and what the attempt's log lines and store writes name.
+    deliver: Option<TraceContext>,
+}
 
 /// While sending is held back (endpoint disabled or frozen), queued events are checked for
 /// expiry this often.
@@ -75,7 +81,7 @@ struct Round {
 struct Task {
     shared: Arc<SubscriptionState>,
     ctx: Arc<DeliveryContext>,
-    in_flight: JoinSet<SendResult>,
+    in_flight: JoinSet<Sent>,
     /// A broker-wide permit acquired while waiting, kept for the next batch.
     spare: Option<OwnedSemaphorePermit>,
     /// While sending is held back, expiry is swept at most once per [`EXPIRY_SWEEP`]
@@ -99,9 +105,7 @@ async fn run(shared: Arc<SubscriptionState>, ctx: Arc<DeliveryContext>) {
         if t.ctx.drain.started() {
             // Shutting down: start nothing, settle what is in flight, then end.
             match t.in_flight.join_next().await {
-                Some(Ok((batch, outcome, latency, span))) => {
-                    settle(&t.shared, &t.ctx, batch, outcome, latency, span)
-                }
+                Some(Ok(sent)) => settle(&t.shared, &t.ctx, sent),
                 Some(Err(_)) => {}
                 None => return,
             }
@@ -283,8 +287,7 @@ impl Task {
             attempt,
             attempts_each: batch.items.iter().map(|p| p.attempts).collect(),
             batch_id: batch.items.first().map(|p| p.seq).unwrap_or(0),
-            trace: onward.request,
-            event_traces: onward.events,
+            trace: onward,
             time_left: {
                 let now_ms = self.ctx.clock.now_ms();
                 let ttl = cfg.policy.ttl.as_millis() as u64;
@@ -318,7 +321,7 @@ impl Task {
             _ = self.shared.notify.notified() => {}
             Some(done) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
                 match done {
-                    Ok((batch, outcome, latency, span)) => settle(&self.shared, &self.ctx, batch, outcome, latency, span),
+                    Ok(sent) => settle(&self.shared, &self.ctx, sent),
                     Err(e) if e.is_panic() => tracing::error!(subscription = %self.shared.name, "delivery task panicked"),
                     Err(_) => {}
                 }
@@ -365,7 +368,7 @@ async fn send(
     permit: OwnedSemaphorePermit,
     tracer: Tracer,
     deliver: Option<Box<trace::DeliverSpan>>,
-) -> SendResult {
+) -> Sent {
     // One span per attempt, debug level: disabled (and nearly free) at the default level.
     let span = tracing::debug_span!(
         "delivery_attempt",
@@ -380,46 +383,40 @@ async fn send(
     drop(permit);
     let latency = started.elapsed();
     let deliver = deliver.map(|d| trace::finish_deliver(&tracer, *d, &outcome));
-    (batch, outcome, latency, deliver)
+    Sent {
+        batch,
+        outcome,
+        latency,
+        deliver,
+    }
 }
 
 /// Apply an attempt's outcome to its batch: each event by its own outcome when the sink
-/// reported them apart ([`Outcome::PerEvent`]), else the whole batch alike.
-fn settle(
-    shared: &Arc<SubscriptionState>,
-    ctx: &DeliveryContext,
-    batch: Batch,
-    outcome: Outcome,
-    latency: Duration,
-    deliver: Option<TraceContext>,
-) {
-    let Some(deliver) = deliver else {
-        // Not recorded: log lines name the context the first event travels in.
-        let first = first_trace(&batch.items).cloned();
-        settle_batch(shared, ctx, batch, outcome, latency, first.as_ref());
-        return;
-    };
-    let start_ns = now_ns();
-    let settled = settle_batch(shared, ctx, batch, outcome, latency, Some(&deliver));
-    trace::settle_span(
-        &ctx.tracer,
-        &deliver,
-        start_ns,
-        ctx.clock.now_ms(),
-        &settled,
-    );
+/// reported them apart ([`Outcome::PerEvent`]), else the whole batch alike. A recorded
+/// `deliver` span gets its `settle` span.
+fn settle(shared: &Arc<SubscriptionState>, ctx: &DeliveryContext, sent: Sent) {
+    let span = sent.deliver.clone().map(|d| (d, now_ns()));
+    let settled = settle_batch(shared, ctx, sent);
+    if let Some((deliver, start_ns)) = span {
+        let now_ms = ctx.clock.now_ms();
+        trace::settle_span(&ctx.tracer, &deliver, start_ns, now_ms, &settled);
+    }
 }
 
 /// Apply an attempt's outcome to its batch (decided by [`settle::settle`], done by
-/// [`apply`]); answers what became of its events.
+/// [`apply`]); answers what became of its events. Its log lines and store writes name the
+/// `deliver` span when it was recorded, else the context the first event travels in.
 fn settle_batch(
     shared: &Arc<SubscriptionState>,
     ctx: &DeliveryContext,
-    batch: Batch,
-    outcome: Outcome,
-    latency: Duration,
-    span: Option<&TraceContext>,
+    sent: Sent,
 ) -> trace::Settled {
+    let Sent {
+        batch,
+        outcome,
+        latency,
+        deliver,
+    } = sent;
     let cfg = shared.config();
     let m = &shared.metrics;
     m.delivery_attempts_count.add(batch.items.len() as u64);
@@ -430,27 +427,24 @@ fn settle_batch(
     if let Some(fault) = classify::config_fault(&outcome) {
         m.destination_faults[fault as usize].inc();
     }
-    let fx = settle::settle(cfg.rules(), batch, outcome, now_ms);
-    count_attempt(shared, ctx, &fx, latency.as_millis() as u64, span);
-    let settled = apply_in(shared, ctx, fx, span);
+    let mut fx = settle::settle(cfg.rules(), batch, outcome, now_ms);
+    if deliver.is_some() {
+        fx.trace = deliver;
+    }
+    count_attempt(shared, ctx, &fx, latency.as_millis() as u64);
+    let settled = apply(shared, ctx, fx);
     shared.notify.notify_one();
     settled
 }
 
 /// What the attempt counts and logs: its events delivered and failed, its latency.
-fn count_attempt(
-    shared: &SubscriptionState,
-    ctx: &DeliveryContext,
-    fx: &Effects,
-    ms: u64,
-    span: Option<&TraceContext>,
-) {
+fn count_attempt(shared: &SubscriptionState, ctx: &DeliveryContext, fx: &Effects, ms: u64) {
+    let span = fx.trace.as_ref();
     let m = &shared.metrics;
     if !fx.delivered.is_empty() {
         let n = fx.delivered.len() as u64;
         m.delivery_success_counts.add(n);
         if ctx.log_success {
-            let span = span.or_else(|| first_trace(&fx.delivered));
             tracing::info!(topic = %shared.topic, subscription = %shared.name, events = n, attempt = fx.delivered.first().map(|p| p.attempts), latency_ms = ms, trace_id = span.map(TraceContext::trace_hex), span_id = span.map(TraceContext::span_hex), "delivered");
         }
         m.delivery_success_latency_ms.observe_ms(ms);

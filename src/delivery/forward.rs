@@ -129,8 +129,7 @@ impl Batch {
             attempt,
             attempts_each: Vec::new(),
             batch_id: self.first_seq,
-            trace: None,
-            event_traces: Vec::new(),
+            trace: Default::default(),
             time_left: Vec::new(),
         }
     }

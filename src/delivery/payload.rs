@@ -81,24 +81,25 @@ impl EventData {
         }
     }
 
-    /// A payload counted in `pending` (none: not counted, for tests and tools).
-    pub fn new(body: Bytes, id: Box<str>, pending: Option<&Arc<PendingBytes>>) -> Self {
+    /// A payload travelling in trace `trace`, counted in `pending` (none: not counted, for
+    /// tests and tools). Every way an event enters a queue (a publish, a read back from the
+    /// store, a replayed letter) decides its trace here, so none can drop it by omission.
+    pub fn new(
+        body: Bytes,
+        id: Box<str>,
+        trace: Option<Arc<TraceContext>>,
+        pending: Option<&Arc<PendingBytes>>,
+    ) -> Self {
         let data = Self {
             body,
             id,
-            trace: None,
+            trace,
             counted_in: pending.cloned(),
         };
         if let Some(p) = &data.counted_in {
             p.used.fetch_add(data.size(), Ordering::Relaxed);
         }
         data
-    }
-
-    /// The same payload, travelling in trace `trace`.
-    pub fn with_trace(mut self, trace: Option<Arc<TraceContext>>) -> Self {
-        self.trace = trace;
-        self
     }
 
     /// The bytes it counts for (see [`payload_size`]).
@@ -130,6 +131,12 @@ pub struct Pending {
     pub enqueued_at: Instant,
 }
 
+/// The trace context the first of `items` that has one travels in (what a log line about them
+/// names).
+pub fn first_trace(items: &[Pending]) -> Option<&TraceContext> {
+    items.iter().find_map(|p| p.event.trace.as_deref())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,6 +147,7 @@ mod tests {
         let shared = Arc::new(EventData::new(
             Bytes::from(vec![b'x'; 40]),
             "id".into(),
+            None,
             Some(&budget),
         ));
         let copies = [shared.clone(), shared.clone()];

@@ -726,6 +726,7 @@ mod tests {
                 Bytes::from(vec![b'x'; size]),
                 "e".into(),
                 None,
+                None,
             )),
             attempts: 0,
             first_enqueued_ms: 0,

@@ -116,10 +116,12 @@ pub(super) async fn refill(
             let age = Duration::from_millis(now_ms.saturating_sub(e.state.first_enqueued_ms));
             Pending {
                 seq: e.seq,
-                event: Arc::new(
-                    EventData::new(e.body, e.id.into_boxed_str(), Some(&ctx.pending_bytes))
-                        .with_trace(e.trace),
-                ),
+                event: Arc::new(EventData::new(
+                    e.body,
+                    e.id.into_boxed_str(),
+                    e.trace,
+                    Some(&ctx.pending_bytes),
+                )),
                 attempts: e.state.attempts,
                 first_enqueued_ms: e.state.first_enqueued_ms,
                 enqueued_at: now.checked_sub(age).unwrap_or(now),

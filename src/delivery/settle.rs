@@ -22,7 +22,7 @@
 use super::classify;
 use super::deadletter::{letters, DeadLetter};
 use super::health;
-use super::payload::Pending;
+use super::payload::{first_trace, Pending};
 use super::queue::Batch;
 use super::retry::{self, DropReason, Step};
 use super::sink::Outcome;
@@ -30,6 +30,7 @@ use super::writer::Write;
 use crate::clock::WallMs;
 use crate::model::subscription::EffectivePolicy;
 use crate::store::RetryState;
+use crate::telemetry::TraceContext;
 use std::time::Duration;
 
 /// What settling needs to know about the subscription.
@@ -88,6 +89,10 @@ pub(super) struct Effects {
     pub forward: Vec<DeadLetter>,
     /// The dropped events held places in the queue (given back).
     pub queued: bool,
+    /// The trace context that the log lines, store writes and forwards about these events
+    /// name: the one the first of them travels in (the dispatcher puts an attempt's recorded
+    /// `deliver` span here instead).
+    pub trace: Option<TraceContext>,
 }
 
 impl Effects {
@@ -109,6 +114,7 @@ pub(super) fn settle(rules: Rules<'_>, batch: Batch, outcome: Outcome, now_ms: W
     let mut fx = Effects {
         freed: Some(batch.retry),
         queued: true,
+        trace: first_trace(&batch.items).cloned(),
         ..Effects::default()
     };
     for (o, items) in outcome.group(batch.items) {
@@ -237,6 +243,7 @@ pub(super) fn decided(
 ) -> Effects {
     let mut fx = Effects {
         queued,
+        trace: first_trace(&items).cloned(),
         ..Effects::default()
     };
     if !items.is_empty() {

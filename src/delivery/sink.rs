@@ -27,12 +27,9 @@ pub struct DeliveryRequest {
     pub attempts_each: Vec<u32>,
     /// A stable id for this batch across its retries (first event's sequence number).
     pub batch_id: u64,
-    /// The trace context the request carries onward (`traceparent` / `tracestate` headers):
-    /// the `deliver` span's, or with tracing off the first event's as published.
-    pub trace: Option<TraceContext>,
-    /// Each event's trace context (per-message properties on Service Bus and Event Hubs) when
-    /// the batch mixes contexts; empty when every event travels in `trace`'s (or none).
-    pub event_traces: Vec<Option<TraceContext>>,
+    /// The trace context the attempt carries onward, for the request and for each event.
+    /// Set by the engine for every attempt: a sink reads it here and needs nothing else.
+    pub trace: OnwardTrace,
     /// Each event's time to live left when the attempt started (first enqueued + TTL - now),
     /// in order (an MQTT message's expiry interval); empty when not known (dead letters being
     /// forwarded).
@@ -53,6 +50,55 @@ impl DeliveryRequest {
     /// The attempt number of event `i` (1-based).
     pub fn attempt_of(&self, i: usize) -> u32 {
         self.attempts_each.get(i).copied().unwrap_or(self.attempt)
+    }
+}
+
+/// The W3C trace context an attempt carries onward: the `deliver` span's (or, with tracing off,
+/// the context the events were published in). One for the request as a whole, and one per event
+/// when the batch mixes traces; a sink asks for what it sends ([`OnwardTrace::request`] for an
+/// HTTP request's `traceparent` / `tracestate` headers, [`OnwardTrace::of`] for a message's
+/// properties). The default carries none (dead letters being forwarded).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OnwardTrace {
+    /// The request's context.
+    request: Option<TraceContext>,
+    /// Each event's, in order, when the batch mixes contexts; empty when every event travels in
+    /// `request`'s (the usual case: nothing is built per event).
+    each: Vec<Option<TraceContext>>,
+}
+
+impl OnwardTrace {
+    /// Every event of the attempt in `request`'s context (none: no context at all).
+    pub fn whole(request: Option<TraceContext>) -> Self {
+        Self {
+            request,
+            each: Vec::new(),
+        }
+    }
+
+    /// A batch whose events may travel in different contexts: `each` in the events' order
+    /// (empty: every event in `request`'s), `request` for the request as a whole.
+    pub fn per_event(request: Option<TraceContext>, each: Vec<Option<TraceContext>>) -> Self {
+        Self { request, each }
+    }
+
+    /// The context of the request as a whole (`traceparent` and `tracestate` headers; the
+    /// trace and span ids of a log line about the attempt).
+    pub fn request(&self) -> Option<&TraceContext> {
+        self.request.as_ref()
+    }
+
+    /// Event `i`'s context (per-message properties on Service Bus, Event Hubs and MQTT).
+    pub fn of(&self, i: usize) -> Option<&TraceContext> {
+        match self.each.is_empty() {
+            true => self.request.as_ref(),
+            false => self.each.get(i).and_then(Option::as_ref),
+        }
+    }
+
+    /// The `trace_id` and `span_id` fields of a log line about the attempt.
+    pub fn log_ids(&self) -> (Option<String>, Option<String>) {
+        TraceContext::log_ids(self.request.as_ref())
     }
 }
 
@@ -271,6 +317,26 @@ mod tests {
         ]);
         assert_eq!(&a[..], b"[{\"a\":1.50},{}]");
         assert_eq!(&json_array(&[])[..], b"[]");
+    }
+
+    #[test]
+    fn each_event_travels_in_its_own_context_or_the_requests() {
+        let ctx = |span| TraceContext {
+            trace_id: 7,
+            span_id: span,
+            flags: 1,
+            state: None,
+        };
+        let whole = OnwardTrace::whole(Some(ctx(1)));
+        assert_eq!(whole.request(), Some(&ctx(1)));
+        assert_eq!((whole.of(0), whole.of(5)), (Some(&ctx(1)), Some(&ctx(1))));
+        let mixed = OnwardTrace::per_event(Some(ctx(1)), vec![Some(ctx(2)), None]);
+        assert_eq!(mixed.request(), Some(&ctx(1)));
+        assert_eq!((mixed.of(0), mixed.of(1)), (Some(&ctx(2)), None));
+        assert_eq!(mixed.of(2), None, "past the batch: none");
+        let none = OnwardTrace::default();
+        assert_eq!((none.request(), none.of(0)), (None, None));
+        assert_eq!(none.log_ids(), (None, None));
     }
 
     #[test]

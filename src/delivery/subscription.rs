@@ -359,14 +359,12 @@ impl SubscriptionHandle {
                     .flatten()
                     .map(|e| Pending {
                         seq: e.seq,
-                        event: Arc::new(
-                            EventData::new(
-                                e.body,
-                                e.id.into_boxed_str(),
-                                Some(&self.ctx.pending_bytes),
-                            )
-                            .with_trace(e.trace),
-                        ),
+                        event: Arc::new(EventData::new(
+                            e.body,
+                            e.id.into_boxed_str(),
+                            e.trace,
+                            Some(&self.ctx.pending_bytes),
+                        )),
                         attempts: e.state.attempts,
                         first_enqueued_ms: e.state.first_enqueued_ms,
                         enqueued_at: now,

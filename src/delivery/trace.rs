@@ -3,10 +3,10 @@
 //! outcome did to the batch (a child of `deliver`). Built only when the tracer is on; with it
 //! off, each event's context is passed to the destination unchanged.
 
-use super::payload::Pending;
+use super::payload::{first_trace, Pending};
 use super::queue::Batch;
 use super::retry::DropReason;
-use super::sink::{FailureKind, Outcome};
+use super::sink::{FailureKind, OnwardTrace, Outcome};
 use super::state::SubConfig;
 use crate::telemetry::{now_ns, Link, SpanData, SpanKind, Status, TraceContext, Tracer, Value};
 use std::sync::Arc;
@@ -17,14 +17,6 @@ const MAX_LINKS: usize = 32;
 /// Event ids on one span at most.
 const MAX_IDS: usize = 100;
 
-/// What goes onward with an attempt: the context of the request as a whole (`traceparent` on a
-/// webhook request) and of each event (per-message properties); empty when no event carries
-/// one and the tracer is off.
-pub(super) struct Onward {
-    pub request: Option<TraceContext>,
-    pub events: Vec<Option<TraceContext>>,
-}
-
 /// A `deliver` span in progress.
 pub(super) struct DeliverSpan {
     pub ctx: TraceContext,
@@ -34,7 +26,8 @@ pub(super) struct DeliverSpan {
     attributes: Vec<(&'static str, Value)>,
 }
 
-/// The `deliver` span of an attempt about to start (tracer on), and what goes onward.
+/// The `deliver` span of an attempt about to start (tracer on), and what goes onward (none
+/// when no event carries a context and the tracer is off).
 pub(super) fn start(
     tracer: &Tracer,
     cfg: &SubConfig,
@@ -42,7 +35,7 @@ pub(super) fn start(
     subscription: &Arc<str>,
     batch: &Batch,
     attempt: u32,
-) -> (Onward, Option<Box<DeliverSpan>>) {
+) -> (OnwardTrace, Option<Box<DeliverSpan>>) {
     let first = batch.items.iter().find_map(|p| p.event.trace.as_deref());
     if !tracer.enabled() {
         // Per event only when the batch's events travel in different contexts.
@@ -51,25 +44,22 @@ pub(super) fn start(
                 .items
                 .iter()
                 .any(|p| p.event.trace.as_deref() != first);
-        let events = match mixed {
-            true => batch
-                .items
-                .iter()
-                .map(|p| p.event.trace.as_deref().cloned())
-                .collect(),
-            false => Vec::new(),
-        };
         let request = first.cloned();
-        return (Onward { request, events }, None);
+        let onward = match mixed {
+            true => OnwardTrace::per_event(
+                request,
+                batch
+                    .items
+                    .iter()
+                    .map(|p| p.event.trace.as_deref().cloned())
+                    .collect(),
+            ),
+            false => OnwardTrace::whole(request),
+        };
+        return (onward, None);
     }
     let Some(ctx) = tracer.start(first) else {
-        return (
-            Onward {
-                request: None,
-                events: Vec::new(),
-            },
-            None,
-        );
+        return (OnwardTrace::default(), None);
     };
     let mut links: Vec<Link> = Vec::new();
     // Every event in the request's trace (the usual case): no per-event list, nothing built.
@@ -79,7 +69,7 @@ pub(super) fn start(
             .as_deref()
             .is_some_and(|t| t.trace_id != ctx.trace_id)
     });
-    let events = match mixed {
+    let events: Vec<Option<TraceContext>> = match mixed {
         false => Vec::new(),
         true => batch
             .items
@@ -100,13 +90,7 @@ pub(super) fn start(
     };
     if !ctx.sampled() {
         // Not recorded: the context goes onward, nothing else is built.
-        return (
-            Onward {
-                request: Some(ctx),
-                events,
-            },
-            None,
-        );
+        return (OnwardTrace::per_event(Some(ctx), events), None);
     }
     let dest = &cfg.sub.destination;
     let mut attributes: Vec<(&'static str, Value)> = Vec::with_capacity(14);
@@ -156,10 +140,7 @@ pub(super) fn start(
         attributes,
     };
     (
-        Onward {
-            request: Some(ctx),
-            events,
-        },
+        OnwardTrace::per_event(Some(ctx), events),
         Some(Box::new(span)),
     )
 }
@@ -357,9 +338,4 @@ pub(super) fn dropped_span(tracer: &Tracer, items: &[Pending], reason: DropReaso
         d.attr("gridlet.event_ids", Value::StrList(ids));
     }
     tracer.record(d, ctx.sampled());
-}
-
-/// The trace context the first of `items` that has one travels in.
-pub(super) fn first_trace(items: &[Pending]) -> Option<&TraceContext> {
-    items.iter().find_map(|p| p.event.trace.as_deref())
 }

@@ -10,11 +10,10 @@
 
 use super::http::{Endpoint, HttpClient, HttpError};
 use super::signing::Signer;
-use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
+use crate::delivery::sink::{DeliveryRequest, FailureKind, OnwardTrace, Outcome, Sink};
 use crate::model::attributes::{AttributeValue, DeliveryAttribute};
 use crate::model::delivery_options::DeliveryOptions;
 use crate::model::topic::EventSchema;
-use crate::telemetry::TraceContext;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -145,8 +144,12 @@ impl WebhookSink {
     }
 }
 
-/// W3C Trace Context headers: the subscriber's span becomes a child of the `deliver` span.
-fn append_trace_headers(h: &mut HeaderMap, t: &TraceContext) {
+/// The W3C Trace Context headers of an HTTP request for an attempt carrying `trace` onward
+/// (none without a context): the receiver's span becomes a child of the `deliver` span.
+pub fn trace_headers(h: &mut HeaderMap, trace: &OnwardTrace) {
+    let Some(t) = trace.request() else {
+        return;
+    };
     if let Ok(v) = HeaderValue::from_str(&t.traceparent()) {
         h.insert(TRACEPARENT.clone(), v);
     }
@@ -228,9 +231,7 @@ impl Sink for WebhookSink {
             if let Some(k) = &self.sas_key {
                 h.append(AEG_SAS_KEY.clone(), k.clone());
             }
-            if let Some(t) = &req.trace {
-                append_trace_headers(&mut h, t);
-            }
+            trace_headers(&mut h, &req.trace);
             match endpoint.post(h, body).await {
                 Ok(resp) => {
                     let status = resp.status.as_u16();

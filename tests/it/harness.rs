@@ -45,6 +45,8 @@ pub struct Attempt {
     /// The `id` of each event in the batch.
     pub ids: Vec<String>,
     pub attempt: u32,
+    /// The `traceparent` each event carries onward (`DeliveryRequest::trace`), in order.
+    pub traceparents: Vec<Option<String>>,
     /// The outcome a script gave (`None`: the test answers).
     pub outcome: Option<Outcome>,
     reply: Option<oneshot::Sender<Outcome>>,
@@ -97,6 +99,9 @@ impl Sink for ChannelSink {
                 at: self.sinks.t0.elapsed(),
                 ids,
                 attempt: req.attempt,
+                traceparents: (0..req.events.len())
+                    .map(|i| req.trace.of(i).map(|t| t.traceparent()))
+                    .collect(),
                 outcome: None,
                 reply: None,
             };

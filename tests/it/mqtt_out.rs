@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 /// A Mosquitto on `port` that logs every connect, anonymous clients allowed; with `acl`,
 /// anonymous clients may only do what it says (`topic write allowed/#` ...).
-async fn broker(dir: &Path, port: u16, acl: Option<&str>) -> Mosquitto {
+pub(crate) async fn broker(dir: &Path, port: u16, acl: Option<&str>) -> Mosquitto {
     let opts = Options {
         port: Some(port),
         log_connects: true,
@@ -32,14 +32,14 @@ fn gridlet_connects(m: &Mosquitto) -> usize {
 }
 
 /// The test's own MQTT 5 subscriber.
-struct Subscriber {
+pub(crate) struct Subscriber {
     _client: AsyncClient,
     rx: mpsc::UnboundedReceiver<Publish>,
     _task: tokio::task::JoinHandle<()>,
 }
 
 impl Subscriber {
-    async fn connect(port: u16, filter: &str) -> Self {
+    pub(crate) async fn connect(port: u16, filter: &str) -> Self {
         Self::connect_as("test-sub", port, filter).await
     }
 
@@ -76,7 +76,7 @@ impl Subscriber {
         }
     }
 
-    async fn next(&mut self, m: &Mosquitto) -> Publish {
+    pub(crate) async fn next(&mut self, m: &Mosquitto) -> Publish {
         match tokio::time::timeout(WAIT, self.rx.recv()).await {
             Ok(Some(p)) => p,
             _ => panic!(

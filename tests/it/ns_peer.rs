@@ -30,6 +30,8 @@ pub struct Logged {
     pub topic: String,
     pub status: u16,
     pub content_type: String,
+    /// The request's `traceparent` header, if any.
+    pub traceparent: Option<String>,
     /// The batch's events (when the body parsed as an array).
     pub events: Vec<Value>,
 }
@@ -93,12 +95,17 @@ async fn publish(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let parsed = check_batch(&body, s.max_event.load(Ordering::SeqCst));
     let (status, response) = answer(&s, topic, q, &headers, &content_type, &body, &parsed);
     s.log.lock().unwrap().push(Logged {
         topic: topic.to_string(),
         status,
         content_type,
+        traceparent,
         events: serde_json::from_slice::<Value>(&body)
             .ok()
             .and_then(|v| v.as_array().cloned())

@@ -442,8 +442,7 @@ fn req() -> DeliveryRequest {
         attempt: 1,
         attempts_each: Vec::new(),
         batch_id: 1,
-        trace: None,
-        event_traces: Vec::new(),
+        trace: Default::default(),
         time_left: Vec::new(),
     }
 }

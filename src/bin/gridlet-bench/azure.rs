@@ -275,8 +275,7 @@ impl Bench {
                         attempt: 1,
                         attempts_each: Vec::new(),
                         batch_id: i,
-                        trace: None,
-                        event_traces: Vec::new(),
+                        trace: Default::default(),
                         time_left: Vec::new(),
                     };
                     if sink.send(&req).await == Outcome::Delivered {

@@ -65,10 +65,12 @@ pub(super) async fn with_bodies(
         match e {
             Some(e) => out.push(Pending {
                 seq: l.seq,
-                event: Arc::new(
-                    EventData::new(e.body, e.id.into_boxed_str(), Some(&ctx.pending_bytes))
-                        .with_trace(e.trace),
-                ),
+                event: Arc::new(EventData::new(
+                    e.body,
+                    e.id.into_boxed_str(),
+                    e.trace,
+                    Some(&ctx.pending_bytes),
+                )),
                 attempts: l.attempts,
                 first_enqueued_ms: l.first_enqueued_ms,
                 enqueued_at: l.enqueued_at,

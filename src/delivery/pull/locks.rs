@@ -258,7 +258,12 @@ mod tests {
     fn p(seq: u64, attempts: u32) -> Pending {
         Pending {
             seq,
-            event: Arc::new(EventData::new(Bytes::from_static(b"{}"), "e".into(), None)),
+            event: Arc::new(EventData::new(
+                Bytes::from_static(b"{}"),
+                "e".into(),
+                None,
+                None,
+            )),
             attempts,
             first_enqueued_ms: 5,
             enqueued_at: Instant::now(),

@@ -34,6 +34,7 @@ fn ev(seq: u64, attempts: u32, first: u64) -> Pending {
             Bytes::from_static(b"{}"),
             format!("e{seq}").into(),
             None,
+            None,
         )),
         attempts,
         first_enqueued_ms: first * MIN,

@@ -41,7 +41,6 @@ use crate::model::azure::{MessagingAuth, MessagingConn};
 use crate::model::sas::expiry as sas_expiry;
 use crate::model::topic::EventSchema;
 use crate::outbound::http::{Endpoint, HttpClient, HttpError};
-use crate::telemetry::TraceContext;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
@@ -128,18 +127,13 @@ impl MessagingSink {
         }
     }
 
-    async fn post(
-        &self,
-        endpoint: &Endpoint,
-        body: Bytes,
-        trace: Option<&TraceContext>,
-    ) -> Outcome {
+    async fn post(&self, endpoint: &Endpoint, body: Bytes, req: &DeliveryRequest) -> Outcome {
         let mut h = HeaderMap::with_capacity(2);
         h.insert(CONTENT_TYPE, BATCH_CONTENT_TYPE.clone());
         if let Some(t) = self.tokens.header(super::unix_now()) {
             h.insert(AUTHORIZATION, t);
         }
-        super::outcome(endpoint.post(h, body).await, &self.what, trace)
+        super::outcome(endpoint.post(h, body).await, &self.what, req)
     }
 }
 
@@ -251,11 +245,7 @@ pub fn messages(
             }
             // The trace context, as the Azure SDKs write and read it (`Diagnostic-Id` and
             // `traceparent`, both the W3C traceparent, and `tracestate`).
-            let trace = match req.event_traces.is_empty() {
-                true => req.trace.as_ref(),
-                false => req.event_traces.get(i).and_then(Option::as_ref),
-            };
-            if let Some(t) = trace {
+            if let Some(t) = req.trace.of(i) {
                 let tp = t.traceparent();
                 user.insert("Diagnostic-Id".into(), tp.clone().into());
                 user.insert("traceparent".into(), tp.into());
@@ -330,8 +320,7 @@ impl Sink for MessagingSink {
                 Ok(e) => e,
                 Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
             };
-            if let Some(expired) = super::expired(self.token_expiry, &self.what, req.trace.as_ref())
-            {
+            if let Some(expired) = super::expired(self.token_expiry, &self.what, req) {
                 return expired;
             }
             let max = self.limits.max_request_bytes;
@@ -358,7 +347,7 @@ impl Sink for MessagingSink {
                 groups,
                 &msgs,
                 &mut each,
-                |body| self.post(endpoint, body, req.trace.as_ref()),
+                |body| self.post(endpoint, body, req),
                 too_large,
                 |i, text| {
                     Outcome::failed(FailureKind::TooLarge(format!(
@@ -381,6 +370,7 @@ impl Sink for MessagingSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::delivery::sink::OnwardTrace;
     use std::sync::Arc;
 
     fn req(events: &[&str], attempts: Vec<u32>) -> DeliveryRequest {
@@ -392,8 +382,7 @@ mod tests {
             attempt: 1,
             attempts_each: attempts,
             batch_id: 1,
-            trace: None,
-            event_traces: Vec::new(),
+            trace: Default::default(),
             time_left: Vec::new(),
         }
     }
@@ -508,10 +497,10 @@ mod tests {
             Some("v=1"),
         );
         let mut each = req(&[r#"{"id":"1"}"#, r#"{"id":"2"}"#], vec![]);
-        each.event_traces = vec![t.clone(), None];
+        each.trace = OnwardTrace::per_event(None, vec![t.clone(), None]);
         let m = messages(&each, Service::ServiceBus, &[]);
         let mut whole = req(&[r#"{"id":"1"}"#], vec![]);
-        whole.trace = t.clone();
+        whole.trace = OnwardTrace::whole(t.clone());
         let all = messages(&whole, Service::ServiceBus, &[]);
         assert_eq!(all[0], m[0], "one context for the whole batch");
         let v: serde_json::Value = serde_json::from_slice(&m[0]).unwrap();

@@ -28,8 +28,7 @@ pub mod storage;
 
 use super::http::{HttpError, HttpResponse};
 use super::post::parse_retry_after;
-use crate::delivery::sink::{FailureKind, Outcome};
-use crate::telemetry::TraceContext;
+use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome};
 use bytes::Bytes;
 use std::time::SystemTime;
 
@@ -50,14 +49,10 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The outcome of one request to an Azure service. `what` names the destination in the log,
-/// `trace` the attempt's trace context (its ids go on the warning lines).
-pub fn outcome(
-    r: Result<HttpResponse, HttpError>,
-    what: &str,
-    trace: Option<&TraceContext>,
-) -> Outcome {
-    let (trace_id, span_id) = TraceContext::log_ids(trace);
+/// The outcome of one request to an Azure service for attempt `req`. `what` names the
+/// destination in the log; the warning lines name the attempt's trace.
+pub fn outcome(r: Result<HttpResponse, HttpError>, what: &str, req: &DeliveryRequest) -> Outcome {
+    let (trace_id, span_id) = req.trace.log_ids();
     match r {
         Ok(resp) => {
             let status = resp.status.as_u16();
@@ -86,11 +81,12 @@ pub fn outcome(
 }
 
 /// A credential past its expiry (`expiry`, Unix seconds, of a connection string's ready-made
-/// shared access signature): the outcome that reports it without sending, logged at warn.
-pub fn expired(expiry: Option<u64>, what: &str, trace: Option<&TraceContext>) -> Option<Outcome> {
+/// shared access signature): the outcome that reports it without sending attempt `req`, logged
+/// at warn (the line names the attempt's trace).
+pub fn expired(expiry: Option<u64>, what: &str, req: &DeliveryRequest) -> Option<Outcome> {
     let se = expiry.filter(|se| *se <= unix_now())?;
     let at = crate::delivery::deadletter::rfc3339(se.saturating_mul(1000));
-    let (trace_id, span_id) = TraceContext::log_ids(trace);
+    let (trace_id, span_id) = req.trace.log_ids();
     tracing::warn!(destination = what, expired = %at, trace_id, span_id, "the connection string's SharedAccessSignature has expired; not sent (replace the connection string)");
     Some(Outcome::failed(FailureKind::CredentialExpired(format!(
         "the connection string's SharedAccessSignature for {what} expired at {at}; replace the connection string"

@@ -33,10 +33,9 @@
 use super::super::http::{Endpoint, HttpClient};
 use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
 use crate::model::topic::EventSchema;
-use crate::telemetry::TraceContext;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use hyper::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use serde_json::{Map, Value};
 
 /// The namespace's limits.
@@ -71,8 +70,6 @@ pub enum NamespaceAuth {
 /// The CloudEvents batch content type.
 static BATCH_CONTENT_TYPE: HeaderValue =
     HeaderValue::from_static("application/cloudevents-batch+json; charset=utf-8");
-static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// Sends to one namespace topic.
 pub struct NamespaceSink {
@@ -108,33 +105,17 @@ impl NamespaceSink {
         }
     }
 
-    async fn post(
-        &self,
-        endpoint: &Endpoint,
-        body: Bytes,
-        trace: Option<&TraceContext>,
-    ) -> Outcome {
+    async fn post(&self, endpoint: &Endpoint, body: Bytes, req: &DeliveryRequest) -> Outcome {
         let mut h = HeaderMap::with_capacity(4);
         h.insert(CONTENT_TYPE, BATCH_CONTENT_TYPE.clone());
         if let Some(a) = &self.auth {
             h.insert(AUTHORIZATION, a.clone());
         }
-        if let Some(t) = trace {
-            if let Ok(v) = HeaderValue::from_str(&t.traceparent()) {
-                h.insert(TRACEPARENT.clone(), v);
-            }
-            if let Some(v) = t
-                .state
-                .as_ref()
-                .and_then(|s| HeaderValue::from_str(s.as_ref()).ok())
-            {
-                h.insert(TRACESTATE.clone(), v);
-            }
-        }
+        crate::outbound::post::trace_headers(&mut h, &req.trace);
         namespace_outcome(super::outcome(
             endpoint.post(h, body).await,
             "EventGrid namespace topic",
-            trace,
+            req,
         ))
     }
 }
@@ -301,7 +282,7 @@ impl Sink for NamespaceSink {
                 groups,
                 &bodies,
                 &mut each,
-                |body| self.post(endpoint, body, req.trace.as_ref()),
+                |body| self.post(endpoint, body, req),
                 too_large,
                 |i, text| {
                     Outcome::failed(FailureKind::TooLarge(format!(

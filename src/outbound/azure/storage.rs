@@ -25,7 +25,6 @@ use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
 use crate::model::azure::{MessageEncoding, StorageConn};
 use crate::model::sas::expiry as sas_expiry;
 use crate::outbound::http::{Endpoint, HttpClient, HttpError};
-use crate::telemetry::TraceContext;
 use base64::Engine as _;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -179,7 +178,7 @@ impl StorageQueueSink {
         }
     }
 
-    async fn put(&self, endpoint: &Endpoint, text: &str, trace: Option<&TraceContext>) -> Outcome {
+    async fn put(&self, endpoint: &Endpoint, text: &str, req: &DeliveryRequest) -> Outcome {
         let body = Bytes::from(format!(
             "<QueueMessage><MessageText>{text}</MessageText></QueueMessage>"
         ));
@@ -192,11 +191,7 @@ impl StorageQueueSink {
         let h = self
             .signer
             .headers("POST", &self.path, &query, body.len(), XML, false);
-        super::outcome(
-            endpoint.send(Method::POST, h, body).await,
-            &self.what,
-            trace,
-        )
+        super::outcome(endpoint.send(Method::POST, h, body).await, &self.what, req)
     }
 }
 
@@ -207,7 +202,7 @@ impl Sink for StorageQueueSink {
                 Ok(e) => e,
                 Err(e) => return Outcome::failed(FailureKind::Other(e.to_string())),
             };
-            if let Some(expired) = super::expired(self.sas_expiry, &self.what, req.trace.as_ref()) {
+            if let Some(expired) = super::expired(self.sas_expiry, &self.what, req) {
                 return expired;
             }
             let texts: Vec<String> = req
@@ -232,7 +227,7 @@ impl Sink for StorageQueueSink {
                             self.encoding.as_str()
                         )));
                     }
-                    self.put(endpoint, t, req.trace.as_ref()).await
+                    self.put(endpoint, t, req).await
                 });
                 let results = futures_util::future::join_all(puts).await;
                 failed = results
@@ -294,7 +289,7 @@ impl BlobDeadLetterSink {
 
 impl BlobDeadLetterSink {
     /// Put Blob `name` (relative to the container) with `body`.
-    async fn put_blob(&self, name: &str, body: Bytes, trace: Option<&TraceContext>) -> Outcome {
+    async fn put_blob(&self, name: &str, body: Bytes, req: &DeliveryRequest) -> Outcome {
         let url = match &self.sas {
             Some((sas, _)) => format!("{}/{name}?{sas}", self.base),
             None => format!("{}/{name}", self.base),
@@ -306,7 +301,7 @@ impl BlobDeadLetterSink {
         let h = self
             .signer
             .headers("PUT", &url_path(&url), &[], body.len(), JSON, true);
-        super::outcome(endpoint.send(Method::PUT, h, body).await, &self.what, trace)
+        super::outcome(endpoint.send(Method::PUT, h, body).await, &self.what, req)
     }
 }
 
@@ -366,11 +361,9 @@ pub fn blob_name(topic: &str, subscription: &str, batch: u64, n: usize, letter: 
 impl Sink for BlobDeadLetterSink {
     fn send<'a>(&'a self, req: &'a DeliveryRequest) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
-            if let Some(expired) = super::expired(
-                self.sas.as_ref().and_then(|s| s.1),
-                &self.what,
-                req.trace.as_ref(),
-            ) {
+            if let Some(expired) =
+                super::expired(self.sas.as_ref().and_then(|s| s.1), &self.what, req)
+            {
                 return expired;
             }
             let blobs: Vec<(String, Bytes)> = match self.format {
@@ -387,7 +380,7 @@ impl Sink for BlobDeadLetterSink {
                 BlobFormat::EventGrid => event_grid_blobs(&req.subscription, &req.events),
             };
             for (name, body) in blobs {
-                let o = self.put_blob(&name, body, req.trace.as_ref()).await;
+                let o = self.put_blob(&name, body, req).await;
                 if o != Outcome::Delivered {
                     return o;
                 }

@@ -145,11 +145,7 @@ impl MqttSink {
                 user.push((a.name.clone(), v));
             }
         }
-        let trace = match req.event_traces.is_empty() {
-            true => req.trace.as_ref(),
-            false => req.event_traces.get(i).and_then(Option::as_ref),
-        };
-        if let Some(t) = trace {
+        if let Some(t) = req.trace.of(i) {
             user.push(("traceparent".into(), t.traceparent()));
             if let Some(s) = &t.state {
                 user.push(("tracestate".into(), s.to_string()));

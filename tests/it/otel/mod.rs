@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 mod export;
 mod mqtt;
 mod restart;
+mod sinks;
 mod spans;
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
