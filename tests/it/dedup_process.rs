@@ -225,8 +225,9 @@ async fn a_delivered_event_resent_after_sigkill_is_suppressed() {
 }
 
 /// What rebuilding the window costs at start (docs/CLOUD.md): `Broker::open` on an event log
-/// holding 100,000 pending events inside the window, with deduplication on and off,
-/// interleaved. Run with `--ignored --nocapture`; noisy on a shared machine, and a debug build
+/// holding 100,000 events inside the window, with deduplication on and off, interleaved. The
+/// events are pending (a window of 0 would let settled ones go); the read of the kept events
+/// does not look at whether they are settled, so a delivered one costs the same. Run with `--ignored --nocapture`; noisy on a shared machine, and a debug build
 /// unless run with `--release`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
