@@ -204,3 +204,36 @@ async fn the_segments_kept_for_the_window_are_given_back_once_it_has_passed() {
         "given back: {left} bytes, {kept} kept, {empty} empty"
     );
 }
+
+/// At the disk bound the oldest segments kept for the window go before a publish is refused,
+/// and each is counted: every publish is taken, and the window a restart would rebuild is
+/// shorter (the one in memory is not).
+#[tokio::test(start_paused = true)]
+async fn at_the_disk_bound_kept_segments_go_first_and_are_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut g = InProcess::open_on_log_within(
+        dir.path(),
+        512 << 10,
+        &[("broker__deduplicationWindowSeconds", "3600")],
+    );
+    g.sub("p", json!({"persistencePolicy": {"isPersisted": true}}));
+    g.script("p", |_| Outcome::Delivered);
+    let evicted = |g: &InProcess| {
+        let text = g.broker.render_metrics();
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("gridlet_dedup_window_evicted_segments_total "));
+        line.unwrap().trim().parse::<u64>().unwrap()
+    };
+    assert_eq!(evicted(&g), 0);
+    // About 770 KB of events, each delivered before the next: half again the bound.
+    for i in 0..700 {
+        g.publish(i, 1, &"x".repeat(1000)).await; // panics on a refusal (507)
+        assert_eq!(g.next().await.events(), 1);
+    }
+    assert!(evicted(&g) >= 2, "{}", evicted(&g));
+    // The window in memory is whole: the first event is still suppressed.
+    g.publish(0, 1, "x").await;
+    g.none_within(Duration::from_secs(1)).await;
+    assert_eq!(suppressed(&g, "t"), Some(1));
+}

@@ -150,6 +150,15 @@ impl InProcess {
     /// committer's rounds run in a task every 10 ms of the paused clock (a publish is
     /// acknowledged within 10 ms of virtual time), so nothing waits on real time.
     pub fn open_on_log(dir: &std::path::Path, extra: &[(&str, &str)]) -> Self {
+        Self::open_on_log_within(dir, 1 << 30, extra)
+    }
+
+    /// [`InProcess::open_on_log`] with the store's disk bound at `max_disk_bytes`.
+    pub fn open_on_log_within(
+        dir: &std::path::Path,
+        max_disk_bytes: u64,
+        extra: &[(&str, &str)],
+    ) -> Self {
         use gridlet::store::fs::{Fs, RealFs};
         use gridlet::store::log::engine::{self, LogOptions};
         use gridlet::store::log::{LogStore, LogStoreOptions};
@@ -159,7 +168,7 @@ impl InProcess {
         let opts = LogStoreOptions {
             metadata_path: dir.join("meta"),
             events_path: dir.join("events"),
-            max_disk_bytes: 1 << 30,
+            max_disk_bytes,
             cache_bytes: 0,
             flush_every_ms: 0,
             segment_bytes: 64 << 10,
@@ -169,7 +178,7 @@ impl InProcess {
         let log = LogOptions {
             dir: dir.join("events").join("log"),
             segment_bytes: 64 << 10,
-            max_disk_bytes: 1 << 30,
+            max_disk_bytes,
             tail_bytes: engine::TAIL_BYTES,
             checkpoint_bytes: engine::CHECKPOINT_BYTES,
             align: 1,
