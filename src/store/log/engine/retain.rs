@@ -17,9 +17,11 @@
 //! holding events accepted since the horizon is read whole, once, outside the log's lock.
 //!
 //! The horizon is not persisted: after a restart it is unset (nothing kept) until the reader
-//! sets it again. Nothing deletes a settled segment before that: collection runs after a frame,
-//! and compaction waits for segments nobody settled in for a while, a restart counting as a
-//! settlement (`recover.rs`).
+//! sets it again, which the broker does first thing in its open, before anything can settle.
+//! Nothing deletes or copies a settled segment before that: collection runs in a round after a
+//! frame, and nothing is written before the broker opens; compaction waits for segments nobody
+//! settled in for `persistence__compactAfterIdleSeconds`, a restart counting as a settlement
+//! (`recover.rs`), and the committer first weighs segments one idle tick (1 s) after it starts.
 
 use super::format::{self, Record};
 use super::segment::{past_hole, Seg};
