@@ -16,6 +16,7 @@ mod recovery;
 mod registry;
 mod replay;
 mod resilience;
+mod retention;
 mod route_trace;
 pub(crate) mod tail;
 
@@ -104,6 +105,8 @@ struct BrokerState {
     samples: Mutex<crate::metrics::ring::SampleRing>,
     /// When the broker started, ms since the epoch.
     started_ms: u64,
+    /// The task moving the store's retention horizon (`retention.rs`).
+    retention: std::sync::OnceLock<crate::sync::AbortOnDrop>,
 }
 
 /// Cheap to clone handle to the broker.

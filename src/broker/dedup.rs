@@ -14,10 +14,11 @@
 //! * **Bounded**: at most `broker__deduplicationMaxIdentities` per topic; past it the oldest are
 //!   forgotten before their window ends (counted). The cost per identity is measured in
 //!   `bytes_per_identity_at_a_million` (docs/CLOUD.md gives the figure).
-//! * **Restarts**: the window is in memory. At start-up it is rebuilt from the events the store
-//!   restored (`broker/recovery.rs`): each pending event of a persisted subscription first
-//!   enqueued within the window is remembered as accepted then. Nothing is written for it;
-//!   what is not rebuilt is in docs/CLOUD.md.
+//! * **Restarts**: the window is in memory. The store keeps settled events' records for the
+//!   longest window (`broker/retention.rs`), and at start-up the window is rebuilt from every
+//!   stored event accepted within it, delivered or not (`broker/recovery.rs`): each is
+//!   remembered as accepted then. Nothing is written for it; what is not rebuilt is in
+//!   docs/CLOUD.md.
 
 use crate::clock::WallMs;
 use crate::model::topic::{EventSchema, Topic};

@@ -101,6 +101,7 @@ impl Broker {
                     compactions: c.compactions,
                     damaged_frames: c.damaged_frames,
                     damaged_events: c.damaged_events,
+                    window_evicted_segments: c.window_evicted_segments,
                 }),
                 spans: ctx.tracer.stats(),
                 entra: self.inner.entra.get().map(|e| e.view(now_ms)),

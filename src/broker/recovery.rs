@@ -1,19 +1,15 @@
 //! Start-up recovery: topics, subscriptions and persisted events restored from the store, and
-//! each topic's deduplication window rebuilt from the restored events.
+//! each topic's deduplication window rebuilt from the events the store kept (settled or not:
+//! `retention.rs` keeps them for the longest window).
 
 use super::*;
 use crate::clock::WallMs;
 use crate::model::record::{SubscriptionRecord, TopicRecord};
 use crate::store::QueueId;
-use std::collections::HashSet;
 
-/// The identities of restored events first enqueued within their topic's deduplication
-/// window, by topic key: `(first enqueued, seq, identity)`, and the sequence numbers read (an
-/// event in several queues is read once).
-type Recent = HashMap<String, (Vec<(WallMs, u64, dedup::Identity)>, HashSet<u64>)>;
-
-/// Events read at once while rebuilding a window.
-const REBUILD_CHUNK: usize = 1024;
+/// The identities of stored events accepted within their topic's deduplication window, by
+/// topic key: `(accepted, seq, identity)`.
+type Recent = HashMap<String, Vec<(WallMs, u64, dedup::Identity)>>;
 
 impl Broker {
     /// Open the broker on `store`, restoring topics, subscriptions and persisted events.
@@ -83,26 +79,37 @@ impl Broker {
                 entra: std::sync::OnceLock::new(),
                 samples: super::overview::ring(),
                 started_ms,
+                retention: std::sync::OnceLock::new(),
             }),
         };
         let topics = restore_topics(snapshot.topics, cfg.broker.deduplication_max_identities);
-        let recent = broker.restore_subscriptions(&topics, snapshot.subscriptions)?;
+        // Before anything can settle or be collected: the store keeps what the windows need
+        // (`retention.rs`), then the windows are read from it, then delivery starts.
+        let now_ms = broker.inner.ctx.clock.now_ms();
+        let longest = super::retention::longest_window_ms(&topics, cfg.broker.deduplication_window);
+        let since = super::retention::horizon(now_ms, longest);
+        store.retain_since(since);
+        let recent = match since {
+            Some(since) => {
+                broker.read_identities(&topics, &snapshot.subscriptions, since, now_ms)?
+            }
+            None => Recent::new(),
+        };
+        broker.restore_subscriptions(&topics, snapshot.subscriptions)?;
         broker.rebuild_windows(&topics, recent);
         write(&broker.inner.topics, Arc::new(topics));
+        broker.start_retention();
         broker.inner.ctx.health.prune_unclaimed();
         Ok(broker)
     }
 
     /// Subscriptions from their stored records (read back as they were created: no setting
-    /// applies), each started (and its persisted events restored) under its topic. Returns the
-    /// restored events within their topic's deduplication window.
+    /// applies), each started (and its persisted events restored) under its topic.
     fn restore_subscriptions(
         &self,
         topics: &HashMap<String, Arc<TopicEntry>>,
         records: Vec<(QueueId, SubscriptionRecord)>,
-    ) -> Result<Recent, OpenError> {
-        let mut recent = Recent::new();
-        let now_ms = self.inner.ctx.clock.now_ms();
+    ) -> Result<(), OpenError> {
         for (queue_id, rec) in records {
             let name = rec.name.clone();
             let topic_key = names::key(&rec.topic);
@@ -122,61 +129,86 @@ impl Broker {
             })?;
             let sub_entry = self.start_subscription(queue_id, sub);
             if sub_entry.config().sub.persisted {
-                let topic = entry.topic();
-                let window = dedup::window_ms(&topic, self.inner.cfg.broker.deduplication_window);
-                let since = window.map(|w| now_ms.saturating_sub(w));
-                let cloud = topic.input_schema == EventSchema::CloudEventV1_0;
-                sub_entry.restore(since, |events| {
-                    let (ids, read) = recent.entry(topic_key).or_default();
-                    self.identities(entry, queue_id, events, cloud, ids, read)
-                })?;
+                // The windows were read from the store already (`read_identities`).
+                sub_entry.restore(None, |_| Ok(()))?;
             }
             let mut list = (*entry.subscriptions()).clone();
             list.push(sub_entry);
             write(&entry.subs, Arc::new(list));
         }
-        Ok(recent)
-    }
-
-    /// The identities of `events` of `queue` (`(first enqueued, seq)`) not yet in `read`, read
-    /// from their stored bodies in chunks, added to `ids`.
-    fn identities(
-        &self,
-        entry: &TopicEntry,
-        queue: QueueId,
-        events: &[(WallMs, u64)],
-        cloud: bool,
-        ids: &mut Vec<(WallMs, u64, dedup::Identity)>,
-        read: &mut HashSet<u64>,
-    ) -> Result<(), StoreError> {
-        let seqs: Vec<u64> = events
-            .iter()
-            .filter(|(_, seq)| read.insert(*seq))
-            .map(|(_, seq)| *seq)
-            .collect();
-        for chunk in seqs.chunks(REBUILD_CHUNK) {
-            let stored = self.inner.ctx.store.get(queue, chunk)?;
-            let w = crate::sync::lock(&entry.dedup);
-            for e in stored.into_iter().flatten() {
-                let source = if cloud {
-                    dedup::cloud_event_source(&e.body)
-                } else {
-                    None
-                };
-                let id = w.identity(source.as_deref(), &e.id);
-                ids.push((e.state.first_enqueued_ms, e.seq, id));
-            }
-        }
         Ok(())
     }
 
-    /// Each topic's deduplication window rebuilt from its restored events: every pending event
-    /// of a persisted subscription first enqueued within the window is remembered as accepted
-    /// then. Nothing was written for this; events already settled are not in the store any
-    /// more and are not remembered (docs/CLOUD.md).
+    /// The identities of the stored events accepted at or after `since` (the horizon of the
+    /// longest window) and within their own topic's window: every event the store holds, the
+    /// settled ones it kept included, read once, in one pass over the log. An event's topic is
+    /// that of the subscriptions it was published to; one whose subscriptions were all deleted
+    /// is not remembered.
+    fn read_identities(
+        &self,
+        topics: &HashMap<String, Arc<TopicEntry>>,
+        subs: &[(QueueId, SubscriptionRecord)],
+        since: WallMs,
+        now_ms: WallMs,
+    ) -> Result<Recent, StoreError> {
+        let default = self.inner.cfg.broker.deduplication_window;
+        // Per queue: its topic's key and entry, the start of its window, and whether the
+        // identity includes the CloudEvents `source`.
+        let mut by_queue: HashMap<QueueId, (String, Arc<TopicEntry>, WallMs, bool)> =
+            HashMap::new();
+        for (queue, rec) in subs {
+            let key = names::key(&rec.topic);
+            let Some(entry) = topics.get(&key) else {
+                continue;
+            };
+            let topic = entry.topic();
+            let Some(window) = dedup::window_ms(&topic, default) else {
+                continue;
+            };
+            let cloud = topic.input_schema == EventSchema::CloudEventV1_0;
+            let from = now_ms.saturating_sub(window);
+            by_queue.insert(*queue, (key, entry.clone(), from, cloud));
+        }
+        let mut recent = Recent::new();
+        if by_queue.is_empty() {
+            return Ok(recent);
+        }
+        let started = std::time::Instant::now();
+        let mut read = 0u64;
+        self.inner.ctx.store.retained_events(since, &mut |e| {
+            read += 1;
+            let Some((key, entry, from, cloud)) = e.queues.iter().find_map(|q| by_queue.get(q))
+            else {
+                return;
+            };
+            if e.accepted_ms < *from {
+                return;
+            }
+            let source = if *cloud {
+                dedup::cloud_event_source(&e.body)
+            } else {
+                None
+            };
+            let id = crate::sync::lock(&entry.dedup).identity(source.as_deref(), &e.id);
+            recent
+                .entry(key.clone())
+                .or_default()
+                .push((e.accepted_ms, e.seq, id));
+        })?;
+        tracing::info!(
+            events = read,
+            ms = started.elapsed().as_millis() as u64,
+            "deduplication windows read from the stored events"
+        );
+        Ok(recent)
+    }
+
+    /// Each topic's deduplication window rebuilt from the identities read: each remembered as
+    /// accepted when it was, so the window's edge does not move with the restart. Nothing was
+    /// written for this beyond the events' own records (docs/CLOUD.md).
     fn rebuild_windows(&self, topics: &HashMap<String, Arc<TopicEntry>>, recent: Recent) {
         let default = self.inner.cfg.broker.deduplication_window;
-        for (key, (mut ids, _)) in recent {
+        for (key, mut ids) in recent {
             let Some(entry) = topics.get(&key) else {
                 continue;
             };

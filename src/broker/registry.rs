@@ -83,6 +83,7 @@ impl Broker {
                 .put_topic(&key, &current.to_record())
                 .map_err(BrokerError::Store)?;
             write(&existing.topic, current.clone());
+            self.update_retention();
             return Ok(current);
         }
         if map.len() >= self.inner.cfg.broker.max_topics {
@@ -106,6 +107,7 @@ impl Broker {
             )),
         );
         write(&self.inner.topics, Arc::new(next));
+        self.update_retention();
         Ok(topic)
     }
 
@@ -138,6 +140,7 @@ impl Broker {
         let mut next = (*map).clone();
         next.remove(&key);
         write(&self.inner.topics, Arc::new(next));
+        self.update_retention();
         Ok(())
     }
 

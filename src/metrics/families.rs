@@ -106,6 +106,8 @@ pub struct CommitView {
     pub damaged_frames: u64,
     /// Events lost in them.
     pub damaged_events: u64,
+    /// Settled segments kept for the deduplication window deleted early for the disk bound.
+    pub window_evicted_segments: u64,
 }
 
 /// Broker-wide values.
@@ -343,7 +345,7 @@ pub fn mqtt_destination_families<'a>() -> [Family<MqttDestinationView<'a>>; 3] {
 }
 
 /// Broker-wide families: one series each (omitted when not applicable).
-pub fn broker_families() -> [Family<BrokerView>; 15] {
+pub fn broker_families() -> [Family<BrokerView>; 16] {
     use Kind::*;
     [
         family("gridlet_pending_event_bytes", Gauge, "Bytes of undelivered events held in memory, all subscriptions (limit: broker__maxPendingBytes)", |b| n(b.pending_event_bytes)),
@@ -361,6 +363,7 @@ pub fn broker_families() -> [Family<BrokerView>; 15] {
         family("gridlet_store_journal_syncs_total", Counter, "Event-log frames that acknowledged publishes, one fdatasync each (commits / syncs = publishes per group commit)", |b| b.commits.and_then(|c| n(c.syncs))),
         family("gridlet_store_checkpoints_total", Counter, "Event-log collections: segments with nothing pending deleted (after restating what older live segments owe)", |b| b.commits.and_then(|c| n(c.checkpoints))),
         family("gridlet_store_compactions_total", Counter, "Event-log segments pinned by a few pending events replaced by a copy of those events", |b| b.commits.and_then(|c| n(c.compactions))),
+        family("gridlet_dedup_window_evicted_segments_total", Counter, "Event-log segments kept for the deduplication window (their events settled) deleted before the window let them go, because persistence__maxDiskBytes needed the space: after a restart the window remembers less", |b| b.commits.and_then(|c| n(c.window_evicted_segments))),
         family("gridlet_store_damaged_frames_total", Counter, "Frames (or spans of them, headers, files) of the event log and the dead-letter log found damaged when gridlet started: checksum failures that are no torn tail, files cut short or missing (persistence__onDamage; copies in the quarantine folder)", |b| b.commits.and_then(|c| n(c.damaged_frames))),
         family("gridlet_store_damaged_events_total", Counter, "Events (or dead letters) lost in damaged data found when gridlet started (each also named in an error log line and the /readyz body)", |b| b.commits.and_then(|c| n(c.damaged_events))),
         Family {

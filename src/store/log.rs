@@ -42,6 +42,8 @@ mod compact_tests;
 pub mod engine;
 pub(crate) mod format;
 pub(crate) mod letters;
+#[cfg(test)]
+mod retain_tests;
 pub mod round;
 #[cfg(test)]
 mod round_tests;
@@ -516,14 +518,36 @@ impl Store for LogStore {
         self.shared.log().disk_bytes() + self.letters.disk_bytes()
     }
 
+    fn retain_since(&self, since_ms: Option<crate::clock::WallMs>) {
+        let released = self.shared.log().retain_since(since_ms);
+        if released {
+            // A round gives the segments back (collection runs after a frame).
+            self.nudge();
+        }
+    }
+
+    fn retained_events(
+        &self,
+        since_ms: crate::clock::WallMs,
+        f: &mut dyn FnMut(crate::store::RetainedEvent),
+    ) -> Result<(), StoreError> {
+        let scan = self.shared.log().plan_retained(since_ms);
+        scan.run(f)
+    }
+
     fn commit_counters(&self) -> Option<CommitCounters> {
+        let (compactions, window_evicted_segments) = {
+            let log = self.shared.log();
+            (log.compactions(), log.kept_evicted())
+        };
         Some(CommitCounters {
             commits: self.shared.commits.load(Ordering::Relaxed),
             syncs: self.shared.publish_syncs.load(Ordering::Relaxed),
             checkpoints: self.shared.collections.load(Ordering::Relaxed),
-            compactions: self.shared.log().compactions(),
+            compactions,
             damaged_frames: self.damage.frames(),
             damaged_events: self.damage.events(),
+            window_evicted_segments,
         })
     }
 

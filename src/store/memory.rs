@@ -163,6 +163,38 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    /// Pending events only: settled ones are not kept (this store keeps nothing across a
+    /// restart, so nothing would read them).
+    fn retained_events(
+        &self,
+        since_ms: crate::clock::WallMs,
+        f: &mut dyn FnMut(super::RetainedEvent),
+    ) -> Result<(), StoreError> {
+        let g = self.lock();
+        let mut by_seq: BTreeMap<u64, super::RetainedEvent> = BTreeMap::new();
+        for ((q, seq), e) in &g.events {
+            if e.state.first_enqueued_ms < since_ms {
+                continue;
+            }
+            by_seq
+                .entry(*seq)
+                .or_insert_with(|| super::RetainedEvent {
+                    seq: *seq,
+                    accepted_ms: e.state.first_enqueued_ms,
+                    queues: Vec::new(),
+                    id: e.id.clone(),
+                    body: e.body.clone(),
+                })
+                .queues
+                .push(*q);
+        }
+        drop(g);
+        for e in by_seq.into_values() {
+            f(e);
+        }
+        Ok(())
+    }
+
     fn try_settle(&self, queue: QueueId, settlements: &[Settlement<'_>]) -> bool {
         for s in settlements {
             // Map operations only: never a wait worth a thread hop.

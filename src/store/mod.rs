@@ -98,6 +98,22 @@ pub struct StoredEvent {
     pub trace: Option<std::sync::Arc<crate::telemetry::TraceContext>>,
 }
 
+/// A stored event read back at start for what it was, settled or not
+/// ([`Store::retained_events`]): enough to know its identity and when it was accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetainedEvent {
+    /// Sequence number.
+    pub seq: u64,
+    /// When it was accepted (its first enqueue, wall ms on the broker's clock).
+    pub accepted_ms: WallMs,
+    /// The queues it was published to (pending or not now).
+    pub queues: Vec<QueueId>,
+    /// Event id.
+    pub id: String,
+    /// Its body.
+    pub body: Bytes,
+}
+
 /// A run of events never attempted: sequence numbers `first .. first + count`, all first
 /// enqueued at `first_enqueued_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,6 +230,9 @@ pub struct CommitCounters {
     pub damaged_frames: u64,
     /// Events lost in them.
     pub damaged_events: u64,
+    /// Settled segments kept for the deduplication window ([`Store::retain_since`]) deleted
+    /// early because the disk bound needed their space.
+    pub window_evicted_segments: u64,
 }
 
 /// A store failure.
@@ -391,6 +410,28 @@ pub trait Store: Send + Sync + 'static {
     /// Write failure.
     fn remove_dropped(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
         self.remove(queue, seqs)
+    }
+
+    /// Keep the events accepted at or after `since_ms` (wall ms on the broker's clock, as their
+    /// `first_enqueued_ms`) readable by [`Store::retained_events`] after they are settled,
+    /// across restarts; `None` keeps only what is pending. The broker moves it forward as time
+    /// passes (its deduplication windows). A store may keep less when its disk bound needs the
+    /// space (counted in [`CommitCounters::window_evicted_segments`]). The default keeps
+    /// nothing more: the memory store loses everything at a restart anyway.
+    fn retain_since(&self, _since_ms: Option<WallMs>) {}
+
+    /// Every stored event accepted at or after `since_ms`, settled (and kept by
+    /// [`Store::retain_since`]) or still pending, each once, handed to `f` in sequence order.
+    /// Start-up reads it to rebuild the deduplication windows. The default has none.
+    ///
+    /// # Errors
+    /// Unreadable data.
+    fn retained_events(
+        &self,
+        _since_ms: WallMs,
+        _f: &mut dyn FnMut(RetainedEvent),
+    ) -> Result<(), StoreError> {
+        Ok(())
     }
 
     /// A clean stop's last call, after the last write: stores with background work finish it

@@ -19,6 +19,7 @@ use gridlet::model::event::{parse, PublishInput};
 use gridlet::model::subscription::Subscription;
 use gridlet::model::topic::{EventSchema, Topic};
 use gridlet::store::memory::MemoryStore;
+use gridlet::store::Store;
 use gridlet::Config;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -137,13 +138,77 @@ pub struct InProcess {
     sinks: Sinks,
     rx: mpsc::UnboundedReceiver<Attempt>,
     cfg: Arc<Config>,
-    store: Arc<MemoryStore>,
+    store: Arc<dyn Store>,
     clock: Clock,
+    /// The task running a log store's committer rounds on the paused clock
+    /// ([`InProcess::open_on_log`]).
+    driver: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl InProcess {
     /// Open a broker with `extra` settings and one topic, `t`.
     pub fn open(extra: &[(&str, &str)]) -> Self {
+        Self::open_on(Arc::new(MemoryStore::new()), extra)
+    }
+
+    /// [`InProcess::open`] on the event log store in `dir`, run without threads: its
+    /// committer's rounds run in a task every 10 ms of the paused clock (a publish is
+    /// acknowledged within 10 ms of virtual time), so nothing waits on real time.
+    pub fn open_on_log(dir: &std::path::Path, extra: &[(&str, &str)]) -> Self {
+        Self::open_on_log_within(dir, 1 << 30, extra)
+    }
+
+    /// [`InProcess::open_on_log`] with the store's disk bound at `max_disk_bytes`.
+    pub fn open_on_log_within(
+        dir: &std::path::Path,
+        max_disk_bytes: u64,
+        extra: &[(&str, &str)],
+    ) -> Self {
+        use gridlet::store::fs::{Fs, RealFs};
+        use gridlet::store::log::engine::{self, LogOptions};
+        use gridlet::store::log::{LogStore, LogStoreOptions};
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let fs: Arc<dyn Fs> = Arc::new(RealFs);
+        let meta = gridlet::store::meta::FsMeta::open(fs.clone(), dir.join("meta")).unwrap();
+        let opts = LogStoreOptions {
+            metadata_path: dir.join("meta"),
+            events_path: dir.join("events"),
+            max_disk_bytes,
+            cache_bytes: 0,
+            flush_every_ms: 0,
+            segment_bytes: 64 << 10,
+            compact_idle_ms: engine::COMPACT_IDLE_MS,
+            refuse_damage: false,
+        };
+        let log = LogOptions {
+            dir: dir.join("events").join("log"),
+            segment_bytes: 64 << 10,
+            max_disk_bytes,
+            tail_bytes: engine::TAIL_BYTES,
+            checkpoint_bytes: engine::CHECKPOINT_BYTES,
+            align: 1,
+            sector: 1,
+            allocate_step: 64 << 10,
+            compact_idle_ms: engine::COMPACT_IDLE_MS,
+            refuse_damage: false,
+        };
+        let clock = Clock::anchored_at(1_700_000_000_000);
+        let now = Arc::new(AtomicU64::new(clock.now_ms()));
+        let (store, driver) =
+            LogStore::simulated(fs, Box::new(meta), &opts, log, now.clone()).unwrap();
+        let task = tokio::spawn(async move {
+            loop {
+                now.store(clock.now_ms(), Ordering::Relaxed);
+                driver.round().unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        let mut g = Self::open_on(Arc::new(store), extra);
+        g.driver = Some(task);
+        g
+    }
+
+    fn open_on(store: Arc<dyn Store>, extra: &[(&str, &str)]) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let sinks = Sinks {
             t0: Instant::now(),
@@ -155,7 +220,6 @@ impl InProcess {
             .chain(extra)
             .map(|(k, v)| (k.to_string(), v.to_string()));
         let cfg = Arc::new(Config::from_vars(vars).unwrap());
-        let store = Arc::new(MemoryStore::new());
         let clock = Clock::anchored_at(1_700_000_000_000);
         let broker =
             Broker::open(cfg.clone(), store.clone(), Arc::new(sinks.clone()), clock).unwrap();
@@ -169,6 +233,7 @@ impl InProcess {
             cfg,
             store,
             clock,
+            driver: None,
         }
     }
 
@@ -311,4 +376,12 @@ pub fn fail(code: u16) -> Outcome {
 pub fn offsets<'a>(v: impl IntoIterator<Item = &'a Attempt>) -> Vec<u64> {
     let at: Vec<Duration> = v.into_iter().map(|a| a.at).collect();
     at.iter().map(|t| (*t - at[0]).as_secs()).collect()
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        if let Some(t) = self.driver.take() {
+            t.abort();
+        }
+    }
 }

@@ -44,6 +44,7 @@ mod frame;
 mod read;
 mod recover;
 mod replay;
+mod retain;
 mod segment;
 
 use super::format::{self, Header, Record, HEADER};
@@ -57,6 +58,7 @@ pub use damage::{Damage, Keep, Loss, Torn, QUARANTINE};
 pub use frame::FrameWrite;
 pub(crate) use read::read_frame;
 pub use read::Reads;
+pub use retain::RetainedScan;
 pub use segment::Bits;
 use segment::Seg;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -204,6 +206,8 @@ pub struct Log {
     /// before a later checkpoint records them owing none, so that a listed segment found
     /// missing while owing events is damage, never a deletion (see `collect.rs`).
     ck_owed: HashSet<u64>,
+    /// Settled segments kept for a reader's horizon (`engine/retain.rs`).
+    retain: retain::Retention,
 }
 
 fn io_err(path: &Path, e: impl std::fmt::Display) -> StoreError {
@@ -312,6 +316,7 @@ impl Log {
             .enumerate()
             .filter(|(i, s)| {
                 s.pending() == 0
+                    && !self.kept(s)
                     && (i + 1 < n || s.len >= (self.opts.segment_bytes / 4).max(HEADER as u64 + 1))
             })
             .map(|(_, s)| s.len)
@@ -395,6 +400,13 @@ impl Log {
             // The spare is a convenience: it goes before a publish is refused.
             self.drop_spare()?;
             used = (self.bytes() + reserved).saturating_sub(self.reclaimable());
+        }
+        if used + bytes > self.opts.max_disk_bytes {
+            // Then segments kept only for the retention horizon, oldest first (counted).
+            let need = used + bytes - self.opts.max_disk_bytes;
+            if self.release_kept(need) > 0 {
+                used = (self.bytes() + reserved).saturating_sub(self.reclaimable());
+            }
         }
         if used + bytes > self.opts.max_disk_bytes {
             return Err(StoreError::Full {

@@ -16,7 +16,8 @@ use crate::store::StoreError;
 
 impl Log {
     /// Stage what deleting the segments with nothing pending needs, and name them: the
-    /// restatement of every older live segment (invariant 5). The caller commits the frame, then
+    /// restatement of every older live segment (invariant 5). A segment kept for the retention
+    /// horizon (`retain.rs`) is not one of them. The caller commits the frame, then
     /// calls [`Log::remove_segments`].
     pub fn stage_collection(&mut self, now_ms: u64) -> Vec<u64> {
         self.now_ms = self.now_ms.max(now_ms);
@@ -29,7 +30,11 @@ impl Log {
             return Vec::new();
         }
         let dead: Vec<usize> = (0..self.collectable())
-            .filter(|i| self.segs.get(*i).is_some_and(|s| s.pending() == 0))
+            .filter(|i| {
+                self.segs
+                    .get(*i)
+                    .is_some_and(|s| s.pending() == 0 && !self.kept(s))
+            })
             .collect();
         // A segment the last checkpoint records as owing events waits for a checkpoint that
         // records it owing none: a listed segment found missing while owing events is then
@@ -67,7 +72,7 @@ impl Log {
         self.segs
             .iter()
             .take(self.collectable())
-            .any(|s| s.pending() == 0 && self.ck_owed.contains(&s.hdr.no))
+            .any(|s| s.pending() == 0 && !self.kept(s) && self.ck_owed.contains(&s.hdr.no))
     }
 
     /// Segments before this position may be deleted: not the head and, while a segment is

@@ -201,6 +201,7 @@ impl Log {
             .enumerate()
             .filter(|(_, s)| {
                 s.pending() > 0
+                    && !self.kept(s)
                     && s.len >= min_len
                     && self.now_ms.saturating_sub(s.settled_ms) >= self.opts.compact_idle_ms
             })

@@ -146,6 +146,7 @@ impl Log {
             lost: Vec::new(),
             quarantine_bytes: 0,
             ck_owed: HashSet::new(),
+            retain: Default::default(),
         }
     }
 
