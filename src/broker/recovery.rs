@@ -130,7 +130,7 @@ impl Broker {
             let sub_entry = self.start_subscription(queue_id, sub);
             if sub_entry.config().sub.persisted {
                 // The windows were read from the store already (`read_identities`).
-                sub_entry.restore(None, |_| Ok(()))?;
+                sub_entry.restore()?;
             }
             let mut list = (*entry.subscriptions()).clone();
             list.push(sub_entry);

@@ -290,18 +290,9 @@ impl SubscriptionHandle {
     /// read when they enter the delivery window or fall due. What expired while gridlet was
     /// stopped is dead-lettered (and counted) now rather than delivered late.
     ///
-    /// Before anything is queued (so before any of them can be delivered and leave the store),
-    /// `recent` is handed `(first enqueued, seq)` of the events to restore first enqueued at or
-    /// after `since_ms` (not called when `None` or when there are none): the broker rebuilds its
-    /// deduplication windows from them.
-    ///
     /// # Errors
-    /// Unreadable store data, or what `recent` answers.
-    pub fn restore(
-        &self,
-        since_ms: Option<WallMs>,
-        recent: impl FnOnce(&[(WallMs, u64)]) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
+    /// Unreadable store data.
+    pub fn restore(&self) -> Result<(), StoreError> {
         let store = &self.ctx.store;
         let index = store.pending_runs(self.shared.queue_id)?;
         let now_ms = self.ctx.clock.now_ms();
@@ -309,24 +300,6 @@ impl SubscriptionHandle {
         let cfg = self.config();
         let policy = cfg.policy;
         let live = |ms: WallMs| !retry::is_expired(&policy, ms, now_ms);
-        if let Some(since) = since_ms {
-            let runs = index.fresh.iter().filter(|r| r.first_enqueued_ms >= since);
-            let mut list: Vec<(WallMs, u64)> = runs
-                .filter(|r| live(r.first_enqueued_ms))
-                .flat_map(|r| {
-                    let seqs = r.first..r.first + u64::from(r.count);
-                    seqs.map(|s| (r.first_enqueued_ms, s))
-                })
-                .collect();
-            let retrying = index
-                .retrying
-                .iter()
-                .map(|(seq, st)| (st.first_enqueued_ms, *seq));
-            list.extend(retrying.filter(|&(ms, _)| ms >= since && live(ms)));
-            if !list.is_empty() {
-                recent(&list)?;
-            }
-        }
         let mut expired = Vec::new();
         {
             let mut q = self.shared.queue();
