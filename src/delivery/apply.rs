@@ -59,7 +59,7 @@ pub(super) fn apply_in(
     if let Some(r) = fx.requeue {
         q.schedule_retry(Instant::now() + r.delay, r.items);
     }
-    q.settle(leaving);
+    q.settle(leaving.0, leaving.1);
     settled
 }
 

@@ -11,7 +11,12 @@
 //!         (count u32, (seq u64, ms u64)…), queues (count u32, then each: queue u32,
 //!         word count u32, run count u32, runs: (0 | 1 u8, words u32) for all-zero / all-one
 //!         words, (2 u8, word u64) for one mixed word))
+//!       | pending bytes (since bytes are counted; absent before): version u8 = 1, count u32,
+//!         (segment no u64, queue u32, body bytes u64)… for every queue each segment owes
 //! ```
+//!
+//! The pending-bytes trailer is additive: a checkpoint without it reads as before, and the
+//! segments it lists have their pending bytes counted from their frames once (`sizes.rs`).
 //!
 //! A checkpoint is taken by the committer between frames (no frame in flight), so it describes
 //! the log exactly up to every segment's recorded length; settlements staged but not yet written
@@ -55,7 +60,13 @@ pub(super) struct SegState {
     pub(super) index: Vec<(u64, u64)>,
     pub(super) ms_runs: Vec<(u64, u64)>,
     pub(super) live: Vec<(QueueId, Vec<u64>)>,
+    /// Body bytes owed per queue (the trailer); `None`: a checkpoint written before bytes
+    /// were counted.
+    pub(super) bytes: Option<Vec<(QueueId, u64)>>,
 }
+
+/// Version of the pending-bytes trailer.
+const BYTES_V1: u8 = 1;
 
 /// A checkpoint's content.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -146,6 +157,26 @@ fn get_words(r: &mut Reader<'_>) -> Option<Vec<u64>> {
     (words.len() == n).then_some(words)
 }
 
+/// Read the pending-bytes trailer into `segs` (each listed segment gets its queues' bytes).
+fn get_bytes(r: &mut Reader<'_>, segs: &mut [SegState]) -> Option<()> {
+    if r.u8()? != BYTES_V1 {
+        return None;
+    }
+    let n = r.u32()? as usize;
+    if n > r.0.len() / 20 {
+        return None;
+    }
+    for s in segs.iter_mut() {
+        s.bytes = Some(Vec::new());
+    }
+    for _ in 0..n {
+        let (no, q, bytes) = (r.u64()?, r.u32()?, r.u64()?);
+        let seg = segs.iter_mut().find(|s| s.no == no)?;
+        seg.bytes.get_or_insert_with(Vec::new).push((q, bytes));
+    }
+    Some(())
+}
+
 fn put_pairs(out: &mut Vec<u8>, v: &[(u64, u64)]) {
     out.extend_from_slice(&(v.len() as u32).to_le_bytes());
     for (a, b) in v {
@@ -192,6 +223,27 @@ impl Checkpoint {
             for (q, words) in &s.live {
                 b.extend_from_slice(&q.to_le_bytes());
                 put_words(&mut b, words);
+            }
+        }
+        // The trailer when every segment's bytes are known (always, but in a test that writes
+        // the earlier format).
+        if self.segs.iter().all(|s| s.bytes.is_some()) {
+            let owed: Vec<(u64, QueueId, u64)> = self
+                .segs
+                .iter()
+                .flat_map(|s| {
+                    s.bytes
+                        .iter()
+                        .flatten()
+                        .map(move |(q, bytes)| (s.no, *q, *bytes))
+                })
+                .collect();
+            b.push(BYTES_V1);
+            b.extend_from_slice(&(owed.len() as u32).to_le_bytes());
+            for (no, q, bytes) in owed {
+                b.extend_from_slice(&no.to_le_bytes());
+                b.extend_from_slice(&q.to_le_bytes());
+                b.extend_from_slice(&bytes.to_le_bytes());
             }
         }
         let mut out = Vec::with_capacity(HEAD + b.len());
@@ -275,7 +327,11 @@ impl Checkpoint {
                 index,
                 ms_runs,
                 live,
+                bytes: None,
             });
+        }
+        if !r.is_empty() {
+            get_bytes(&mut r, &mut segs)?;
         }
         r.is_empty().then_some(Self {
             generation,
@@ -363,6 +419,9 @@ impl Log {
                     let mut live: Vec<(QueueId, Vec<u64>)> =
                         s.live.iter().map(|(q, b)| (*q, b.words.clone())).collect();
                     live.sort_unstable_by_key(|(q, _)| *q);
+                    let mut bytes: Vec<(QueueId, u64)> =
+                        s.live.iter().map(|(q, b)| (*q, b.bytes)).collect();
+                    bytes.sort_unstable_by_key(|(q, _)| *q);
                     SegState {
                         no: s.hdr.no,
                         salt: s.hdr.salt,
@@ -373,6 +432,7 @@ impl Log {
                         index: s.index.clone(),
                         ms_runs: s.ms_runs.clone(),
                         live,
+                        bytes: Some(bytes),
                     }
                 })
                 .collect(),
@@ -462,12 +522,26 @@ impl Log {
         file: Arc<dyn FsFile>,
         known: &HashSet<QueueId>,
     ) {
+        let bytes_of = |q: &QueueId| {
+            st.bytes
+                .as_ref()
+                .and_then(|b| b.iter().find(|(bq, _)| bq == q))
+                .map_or(0, |(_, n)| *n)
+        };
         let live: HashMap<QueueId, Bits> = st
             .live
             .iter()
             .filter(|(q, _)| known.contains(q))
-            .map(|(q, w)| (*q, Bits::from_words(w.clone())))
+            .map(|(q, w)| {
+                let mut bits = Bits::from_words(w.clone());
+                bits.bytes = bytes_of(q);
+                (*q, bits)
+            })
             .collect();
+        if st.bytes.is_none() && !live.is_empty() {
+            // Written before bytes were counted: count them from the frames, once.
+            self.recount.insert(st.no);
+        }
         self.max_seq = self.max_seq.max(hdr.base_seq).max(st.last_seq);
         let mut seg = Seg::new(hdr, file, st.len);
         seg.first_seq = st.first_seq;
@@ -523,6 +597,7 @@ mod tests {
                 index: vec![(1, 48), (900, 33_000)],
                 ms_runs: vec![(1, 1000), (500, 2000)],
                 live: vec![(1, words), (2, vec![])],
+                bytes: Some(vec![(1, 64_123), (2, 0)]),
             }],
         };
         let b = c.encode();
@@ -538,5 +613,11 @@ mod tests {
         let mut flipped = b.clone();
         flipped[HEAD + 3] ^= 1;
         assert_eq!(Checkpoint::decode(&flipped), None);
+        // The earlier format (no pending-bytes trailer) still reads, its bytes unknown.
+        let mut old = c.clone();
+        old.segs[0].bytes = None;
+        let short = old.encode();
+        assert_eq!(short.len(), b.len() - (1 + 4 + 2 * 20));
+        assert_eq!(Checkpoint::decode(&short), Some(old));
     }
 }
