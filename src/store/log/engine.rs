@@ -272,33 +272,18 @@ impl Log {
         let seg = self.segs.get_mut(i)?;
         let bit = seg.bit(seq)?;
         let bits = seg.live.get_mut(&queue)?;
-        if !bits.clear(bit) {
-            return None;
+        let cleared = bits.clear(bit);
+        if cleared {
+            bits.bytes = bits.bytes.saturating_sub(bytes);
         }
-        bits.bytes = bits.bytes.saturating_sub(bytes);
         if bits.ones == 0 {
             seg.live.remove(&queue);
         }
+        if !cleared {
+            return None;
+        }
         seg.settled_ms = self.now_ms;
         Some(i)
-    }
-
-    /// Body bytes of the events pending in `queue`: written ones and those staged for the next
-    /// frame. One pass over the segments (and the staged events), not over events.
-    pub fn pending_bytes(&self, queue: QueueId) -> u64 {
-        let written: u64 = self
-            .segs
-            .iter()
-            .filter_map(|s| s.live.get(&queue))
-            .map(|b| b.bytes)
-            .sum();
-        let staged: u64 = self
-            .pending_events
-            .iter()
-            .filter(|(_, qs)| qs.contains(&queue))
-            .map(|(c, _)| c.body.len() as u64)
-            .sum();
-        written + staged
     }
 
     fn drop_queue_state(&mut self, queue: QueueId) {

@@ -65,9 +65,6 @@ pub(super) struct SegState {
     pub(super) bytes: Option<Vec<(QueueId, u64)>>,
 }
 
-/// Version of the pending-bytes trailer.
-const BYTES_V1: u8 = 1;
-
 /// A checkpoint's content.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(super) struct Checkpoint {
@@ -157,26 +154,6 @@ fn get_words(r: &mut Reader<'_>) -> Option<Vec<u64>> {
     (words.len() == n).then_some(words)
 }
 
-/// Read the pending-bytes trailer into `segs` (each listed segment gets its queues' bytes).
-fn get_bytes(r: &mut Reader<'_>, segs: &mut [SegState]) -> Option<()> {
-    if r.u8()? != BYTES_V1 {
-        return None;
-    }
-    let n = r.u32()? as usize;
-    if n > r.0.len() / 20 {
-        return None;
-    }
-    for s in segs.iter_mut() {
-        s.bytes = Some(Vec::new());
-    }
-    for _ in 0..n {
-        let (no, q, bytes) = (r.u64()?, r.u32()?, r.u64()?);
-        let seg = segs.iter_mut().find(|s| s.no == no)?;
-        seg.bytes.get_or_insert_with(Vec::new).push((q, bytes));
-    }
-    Some(())
-}
-
 fn put_pairs(out: &mut Vec<u8>, v: &[(u64, u64)]) {
     out.extend_from_slice(&(v.len() as u32).to_le_bytes());
     for (a, b) in v {
@@ -225,27 +202,7 @@ impl Checkpoint {
                 put_words(&mut b, words);
             }
         }
-        // The trailer when every segment's bytes are known (always, but in a test that writes
-        // the earlier format).
-        if self.segs.iter().all(|s| s.bytes.is_some()) {
-            let owed: Vec<(u64, QueueId, u64)> = self
-                .segs
-                .iter()
-                .flat_map(|s| {
-                    s.bytes
-                        .iter()
-                        .flatten()
-                        .map(move |(q, bytes)| (s.no, *q, *bytes))
-                })
-                .collect();
-            b.push(BYTES_V1);
-            b.extend_from_slice(&(owed.len() as u32).to_le_bytes());
-            for (no, q, bytes) in owed {
-                b.extend_from_slice(&no.to_le_bytes());
-                b.extend_from_slice(&q.to_le_bytes());
-                b.extend_from_slice(&bytes.to_le_bytes());
-            }
-        }
+        super::sizes::put_trailer(&mut b, &self.segs);
         let mut out = Vec::with_capacity(HEAD + b.len());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&self.generation.to_le_bytes());
@@ -331,7 +288,7 @@ impl Checkpoint {
             });
         }
         if !r.is_empty() {
-            get_bytes(&mut r, &mut segs)?;
+            super::sizes::get_trailer(&mut r, &mut segs)?;
         }
         r.is_empty().then_some(Self {
             generation,
@@ -522,26 +479,13 @@ impl Log {
         file: Arc<dyn FsFile>,
         known: &HashSet<QueueId>,
     ) {
-        let bytes_of = |q: &QueueId| {
-            st.bytes
-                .as_ref()
-                .and_then(|b| b.iter().find(|(bq, _)| bq == q))
-                .map_or(0, |(_, n)| *n)
-        };
-        let live: HashMap<QueueId, Bits> = st
+        let mut live: HashMap<QueueId, Bits> = st
             .live
             .iter()
             .filter(|(q, _)| known.contains(q))
-            .map(|(q, w)| {
-                let mut bits = Bits::from_words(w.clone());
-                bits.bytes = bytes_of(q);
-                (*q, bits)
-            })
+            .map(|(q, w)| (*q, Bits::from_words(w.clone())))
             .collect();
-        if st.bytes.is_none() && !live.is_empty() {
-            // Written before bytes were counted: count them from the frames, once.
-            self.recount.insert(st.no);
-        }
+        self.restore_bytes(st, &mut live);
         self.max_seq = self.max_seq.max(hdr.base_seq).max(st.last_seq);
         let mut seg = Seg::new(hdr, file, st.len);
         seg.first_seq = st.first_seq;

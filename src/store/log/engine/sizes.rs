@@ -13,13 +13,99 @@
 //!
 //! [`Record::State`]: super::format::Record::State
 
-use super::format::{self, Record, HEADER};
+use super::checkpoint::SegState;
+use super::format::{self, Reader, Record, HEADER};
 use super::segment::{past_hole, Bits};
 use super::{damage, io_err, Log};
 use crate::store::{QueueId, StoreError};
 use std::collections::HashMap;
 
+/// Version of the checkpoint's pending-bytes trailer.
+const TRAILER_V1: u8 = 1;
+
+/// Append the pending-bytes trailer of `segs` to a checkpoint's body: version u8, count u32,
+/// (segment no u64, queue u32, bytes u64)… Not when a segment's bytes are unknown (only a test
+/// writes the earlier format so).
+pub(super) fn put_trailer(b: &mut Vec<u8>, segs: &[SegState]) {
+    if !segs.iter().all(|s| s.bytes.is_some()) {
+        return;
+    }
+    let owed: Vec<(u64, QueueId, u64)> = segs
+        .iter()
+        .flat_map(|s| {
+            s.bytes
+                .iter()
+                .flatten()
+                .map(move |(q, bytes)| (s.no, *q, *bytes))
+        })
+        .collect();
+    b.push(TRAILER_V1);
+    b.extend_from_slice(&(owed.len() as u32).to_le_bytes());
+    for (no, q, bytes) in owed {
+        b.extend_from_slice(&no.to_le_bytes());
+        b.extend_from_slice(&q.to_le_bytes());
+        b.extend_from_slice(&bytes.to_le_bytes());
+    }
+}
+
+/// Read the pending-bytes trailer into `segs` (each segment gets its queues' bytes); `None`
+/// when it is not one.
+pub(super) fn get_trailer(r: &mut Reader<'_>, segs: &mut [SegState]) -> Option<()> {
+    if r.u8()? != TRAILER_V1 {
+        return None;
+    }
+    let n = r.u32()? as usize;
+    if n > r.0.len() / 20 {
+        return None;
+    }
+    for s in segs.iter_mut() {
+        s.bytes = Some(Vec::new());
+    }
+    for _ in 0..n {
+        let (no, q, bytes) = (r.u64()?, r.u32()?, r.u64()?);
+        let seg = segs.iter_mut().find(|s| s.no == no)?;
+        seg.bytes.get_or_insert_with(Vec::new).push((q, bytes));
+    }
+    Some(())
+}
+
 impl Log {
+    /// Body bytes of the events pending in `queue`: written ones and those staged for the next
+    /// frame. One pass over the segments (and the staged events), not over events.
+    pub fn pending_bytes(&self, queue: QueueId) -> u64 {
+        let written: u64 = self
+            .segs
+            .iter()
+            .filter_map(|s| s.live.get(&queue))
+            .map(|b| b.bytes)
+            .sum();
+        let staged: u64 = self
+            .pending_events
+            .iter()
+            .filter(|(_, qs)| qs.contains(&queue))
+            .map(|(c, _)| c.body.len() as u64)
+            .sum();
+        written + staged
+    }
+
+    /// Give the bits restored from checkpoint segment `st` their bytes; a checkpoint without
+    /// them (written before bytes were counted) has the segment counted from its frames, once.
+    pub(super) fn restore_bytes(&mut self, st: &SegState, live: &mut HashMap<QueueId, Bits>) {
+        match &st.bytes {
+            Some(owed) => {
+                for (q, bytes) in owed {
+                    if let Some(bits) = live.get_mut(q) {
+                        bits.bytes = *bytes;
+                    }
+                }
+            }
+            None if !live.is_empty() => {
+                self.recount.insert(st.no);
+            }
+            None => {}
+        }
+    }
+
     /// Replay a settle record: its events cleared, its bytes subtracted from their segment (or
     /// the segments counted again when the record has none, or did not clear all its events).
     pub(super) fn replay_settle(&mut self, queue: QueueId, seqs: &[u64], bytes: Option<u64>) {
