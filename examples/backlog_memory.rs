@@ -57,6 +57,19 @@ fn opts(dir: &std::path::Path) -> LogStoreOptions {
     }
 }
 
+/// CPU seconds of this process so far (user + system, every thread), from `/proc/self/stat`.
+fn cpu_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    f.iter().sum::<u64>() as f64 / 100.0
+}
+
 fn live() -> usize {
     LIVE.load(Ordering::Relaxed)
 }
@@ -81,6 +94,7 @@ async fn main() {
             .unwrap();
         let before = live();
         let t = std::time::Instant::now();
+        let cpu = cpu_s();
         let mut commits = std::collections::VecDeque::new();
         let mut seq = 1;
         while seq <= n {
@@ -113,13 +127,18 @@ async fn main() {
         }
         store.commit().await.unwrap();
         let publish_s = t.elapsed().as_secs_f64();
+        let publish_cpu = cpu_s() - cpu;
         let held = live().saturating_sub(before);
         println!(
             "{n} pending events of {} B: store heap +{held} B after publishing ({:.2} B/event, the tail of recent bodies included)",
             body.len(),
             held as f64 / n as f64
         );
-        println!("  published at {:.0} events/s", n as f64 / publish_s);
+        println!(
+            "  published at {:.0} events/s, {:.2} µs CPU per event",
+            n as f64 / publish_s,
+            publish_cpu * 1e6 / n as f64
+        );
         store.close();
     }
     let before = live();
@@ -139,6 +158,7 @@ async fn main() {
         kept as f64 / n as f64
     );
     let t = std::time::Instant::now();
+    let cpu = cpu_s();
     for first in (1..=n).step_by(64) {
         let seqs = first..(first + 64).min(n + 1);
         store
@@ -147,8 +167,9 @@ async fn main() {
     }
     store.commit().await.unwrap();
     println!(
-        "  drained at {:.0} events/s (settlements of 64)",
-        n as f64 / t.elapsed().as_secs_f64()
+        "  drained at {:.0} events/s (settlements of 64), {:.3} µs CPU per event",
+        n as f64 / t.elapsed().as_secs_f64(),
+        (cpu_s() - cpu) * 1e6 / n as f64
     );
     store.close();
 }

@@ -456,22 +456,33 @@ impl Log {
     /// its body's size. Those still pending are written as one settle record per segment,
     /// carrying their bytes; the others are left out.
     pub fn stage_settle(&mut self, queue: QueueId, events: &[Settled]) {
-        // (segment index, seqs, bytes), in the order met.
-        let mut groups: Vec<(usize, Vec<u64>, u64)> = Vec::new();
+        // The run of settled events in one segment: (segment index, seqs, bytes). Settlements
+        // come in sequence order, so mostly one.
+        let mut run: Option<(usize, Vec<u64>, u64)> = None;
         for e in events {
             let bytes = u64::from(e.bytes);
             let Some(i) = self.settle_one(queue, e.seq, bytes) else {
                 continue;
             };
-            match groups.iter_mut().find(|(g, _, _)| *g == i) {
-                Some((_, seqs, total)) => {
+            match &mut run {
+                Some((seg, seqs, total)) if *seg == i => {
                     seqs.push(e.seq);
                     *total += bytes;
                 }
-                None => groups.push((i, vec![e.seq], bytes)),
+                _ => {
+                    self.stage_settled(queue, run.take());
+                    let mut seqs = Vec::with_capacity(events.len());
+                    seqs.push(e.seq);
+                    run = Some((i, seqs, bytes));
+                }
             }
         }
-        for (_, seqs, bytes) in groups {
+        self.stage_settled(queue, run);
+    }
+
+    /// The settle record of one segment's run of settled events.
+    fn stage_settled(&mut self, queue: QueueId, run: Option<(usize, Vec<u64>, u64)>) {
+        if let Some((_, seqs, bytes)) = run {
             Record::Settle {
                 queue,
                 seqs,
