@@ -25,7 +25,7 @@
 
 use gridlet::clock::Clock;
 use gridlet::store::log::{LogStore as SledStore, LogStoreOptions as SledOptions};
-use gridlet::store::{RetryState, Store, StoredEvent};
+use gridlet::store::{RetryState, Settled, Store, StoredEvent};
 use gridlet::{Config, Gridlet, Parts};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -312,7 +312,9 @@ async fn disk_per_event(n: u64) {
     );
     for s in (1..=n).step_by(10) {
         let seqs: Vec<u64> = (s..(s + 10).min(n + 1)).collect();
-        store.remove(q, &seqs).unwrap();
+        store
+            .remove(q, &Settled::all(seqs, body.len() as u32))
+            .unwrap();
     }
     store.commit().await.unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -331,7 +333,9 @@ async fn disk_per_event(n: u64) {
         sizes.push(store.size_on_disk());
         for s in (next..next + n).step_by(10) {
             let seqs: Vec<u64> = (s..(s + 10).min(next + n)).collect();
-            store.remove(q, &seqs).unwrap();
+            store
+                .remove(q, &Settled::all(seqs, body.len() as u32))
+                .unwrap();
         }
         next += n;
     }

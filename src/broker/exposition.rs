@@ -77,6 +77,7 @@ impl Broker {
                     name: s.name(),
                     metrics: s.metrics(),
                     pending: s.pending() as u64,
+                    pending_bytes: s.pending_bytes(),
                     in_flight: s.in_flight() as u64,
                     locked: s.pull().map(|p| p.locked() as u64),
                     dead_letters: ctx.dead_letters.count(s.queue_id()) as u64,

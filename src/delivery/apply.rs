@@ -49,7 +49,7 @@ pub(super) fn apply(
     if let Some(r) = fx.requeue {
         q.schedule_retry(Instant::now() + r.delay, r.items);
     }
-    q.settle(leaving);
+    q.settle(leaving.0, leaving.1);
     settled
 }
 

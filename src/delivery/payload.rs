@@ -2,7 +2,7 @@
 //! counted once in the broker's memory bound ([`PendingBytes`], `broker__maxPendingBytes`), and
 //! one subscription's copy of it ([`Pending`]: sequence number, attempts, age).
 
-use crate::store::{RetryState, StoredEvent};
+use crate::store::{RetryState, Settled, StoredEvent};
 use crate::telemetry::TraceContext;
 use bytes::Bytes;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -135,6 +135,13 @@ pub struct Pending {
 /// names).
 pub fn first_trace(items: &[Pending]) -> Option<&TraceContext> {
     items.iter().find_map(|p| p.event.trace.as_deref())
+}
+
+impl Pending {
+    /// This event leaving its queue: its sequence number and body size, for the store.
+    pub fn settled(&self) -> Settled {
+        Settled::new(self.seq, self.event.body.len())
+    }
 }
 
 #[cfg(test)]

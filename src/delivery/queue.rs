@@ -132,6 +132,10 @@ pub struct SubQueue {
     in_flight: usize,
     in_flight_retries: usize,
     pending: usize,
+    /// Body bytes of the events pushed and not yet settled: exact for a queue that is not
+    /// windowed (an in-memory subscription holds every body); a windowed one's are the store's
+    /// ([`crate::store::Store::pending_bytes`]), which also knows the events restored at start.
+    pending_bytes: u64,
     spill: Option<Spill>,
     /// Events published since an outage ended, sent before its backlog (`drainOrder:
     /// LiveFirst`); `None` when no such drain is under way.
@@ -196,6 +200,12 @@ impl SubQueue {
     /// Events accepted and not yet settled (ready + spilled + waiting to retry + in flight).
     pub fn pending(&self) -> usize {
         self.pending
+    }
+
+    /// Body bytes of the events pushed and not yet settled (see the field: a windowed queue's
+    /// are the store's).
+    pub fn pending_bytes(&self) -> u64 {
+        self.pending_bytes
     }
 
     /// Events whose bodies are only in the store (not yet in the window, or retries not yet
@@ -288,6 +298,7 @@ impl SubQueue {
 
     /// [`SubQueue::push`] for an event whose place was [`SubQueue::reserve`]d.
     pub fn push_reserved(&mut self, p: Pending) {
+        self.pending_bytes += p.event.body.len() as u64;
         let p = match self.push_live(p) {
             Some(p) => p,
             None => return,
@@ -595,9 +606,11 @@ impl SubQueue {
         }
     }
 
-    /// `n` events left the queue for good (delivered or dropped).
-    pub fn settle(&mut self, n: usize) {
+    /// `n` events of `bytes` body bytes together left the queue for good (delivered or
+    /// dropped).
+    pub fn settle(&mut self, n: usize, bytes: u64) {
         self.pending = self.pending.saturating_sub(n);
+        self.pending_bytes = self.pending_bytes.saturating_sub(bytes);
     }
 
     /// Remove queued (not in-flight) events for which `expired` holds: the expired head of the
@@ -982,12 +995,12 @@ mod tests {
         q.refilled(vec![p(5, 10), p(6, 10)], vec![7]);
         assert_eq!(q.spilled(), 5);
         q.finish(false);
-        q.settle(3);
+        q.settle(3, 30);
         let mut seqs = Vec::new();
         while let Some(b) = q.pick(Instant::now(), &lim(10, usize::MAX), |_| false, &mut out) {
             seqs.extend(b.items.iter().map(|e| e.seq));
             q.finish(false);
-            q.settle(b.items.len());
+            q.settle(b.items.len(), 0);
             let want = q.refill_wanted();
             if !want.is_empty() {
                 let loaded = want.iter().map(|s| p(*s, 10)).collect();
@@ -1064,7 +1077,7 @@ mod tests {
             assert!(b.retry);
             assert_eq!(b.items.iter().map(|e| e.seq).collect::<Vec<_>>(), expected);
             q.finish(b.retry);
-            q.settle(b.items.len());
+            q.settle(b.items.len(), 0);
         }
         assert_eq!(q.retry_len(), 0);
         let want = q.retry_refill_wanted(now);
@@ -1084,7 +1097,7 @@ mod tests {
             assert_eq!(b.items.len(), 1, "loaded retries are cut to the caps");
             seqs.extend(b.items.iter().map(|e| e.seq));
             q.finish(b.retry);
-            q.settle(b.items.len());
+            q.settle(b.items.len(), 0);
             let want = q.retry_refill_wanted(now);
             if !want.is_empty() {
                 let loaded = want.iter().map(|s| p(*s, 10)).collect();

@@ -129,7 +129,8 @@ pub(super) async fn refill(
         })
         .partition(|p| retry::is_expired(&cfg.policy, p.first_enqueued_ms, now_ms));
     hand_back(shared, ctx, lane, ready, unread);
-    shared.queue().settle(missing);
+    // Not in the store: nothing of them is counted there (a windowed queue's bytes are).
+    shared.queue().settle(missing, 0);
     if missing > 0 {
         tracing::warn!(subscription = %shared.name, events = missing, "queued events were no longer in the store; skipped");
     }

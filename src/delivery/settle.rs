@@ -96,14 +96,14 @@ pub(super) struct Effects {
 }
 
 impl Effects {
-    /// Events that leave the queue for good.
-    pub fn leaving(&self) -> usize {
-        self.delivered.len()
-            + if self.queued {
-                self.dropped.iter().map(|d| d.items.len()).sum()
-            } else {
-                0
-            }
+    /// Events that leave the queue for good, and their body bytes.
+    pub fn leaving(&self) -> (usize, u64) {
+        let dropped = self.dropped.iter().filter(|_| self.queued);
+        let items = self
+            .delivered
+            .iter()
+            .chain(dropped.flat_map(|d| d.items.iter()));
+        items.fold((0, 0), |(n, b), p| (n + 1, b + p.event.body.len() as u64))
     }
 }
 
@@ -121,7 +121,7 @@ pub(super) fn settle(rules: Rules<'_>, batch: Batch, outcome: Outcome, now_ms: W
         if o == Outcome::Delivered {
             if rules.persisted {
                 fx.writes.push(Write::Remove {
-                    seqs: items.iter().map(|p| p.seq).collect(),
+                    events: items.iter().map(Pending::settled).collect(),
                 });
             }
             if fx.delivered.is_empty() {
@@ -267,8 +267,8 @@ fn keep(
     }
     fx.writes.push(Write::KeepLetters {
         letters: kept,
-        seqs: if rules.persisted {
-            items.iter().map(|p| p.seq).collect()
+        events: if rules.persisted {
+            items.iter().map(Pending::settled).collect()
         } else {
             Vec::new()
         },

@@ -155,6 +155,19 @@ impl SubscriptionHandle {
         self.shared.queue().pending()
     }
 
+    /// Body bytes of the events accepted and not yet settled (`gridlet_pending_bytes`): a
+    /// persisted subscription's from the store (its backlog's bodies are there, and the store
+    /// keeps the count across restarts), an in-memory one's from its queue. `None`: the store
+    /// does not count them.
+    pub fn pending_bytes(&self) -> Option<u64> {
+        let q = self.shared.queue();
+        if !q.is_windowed() {
+            return Some(q.pending_bytes());
+        }
+        drop(q);
+        self.ctx.store.pending_bytes(self.queue_id())
+    }
+
     /// What waits: the oldest event waiting for an attempt, the retries and the next one's time.
     pub fn waiting(&self) -> crate::delivery::queue::Waiting {
         self.shared.queue().waiting()

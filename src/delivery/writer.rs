@@ -33,7 +33,7 @@
 
 use crate::metrics::SubscriptionMetrics;
 use crate::store::deadletter::{DeadLetter, DeadLetterBound, DeadLetterStore};
-use crate::store::{QueueId, RetryState, Settlement, Store};
+use crate::store::{QueueId, RetryState, Settled, Settlement, Store};
 use crate::telemetry::TraceContext;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -72,8 +72,8 @@ impl Owner {
 pub enum Write {
     /// Delivered events leave the store.
     Remove {
-        /// Their sequence numbers.
-        seqs: Vec<u64>,
+        /// Their sequence numbers and body sizes.
+        events: Vec<Settled>,
     },
     /// A retrying batch's state (attempts, first enqueue, due time).
     RetryState {
@@ -82,13 +82,13 @@ pub enum Write {
         /// The state.
         state: RetryState,
     },
-    /// Keep the letters within the bound, then remove their events (`seqs`: persisted
+    /// Keep the letters within the bound, then remove their events (`events`: persisted
     /// subscriptions only) from the store, in that order.
     KeepLetters {
         /// The letters.
         letters: Vec<DeadLetter>,
-        /// Their events' sequence numbers in the store (empty: not persisted).
-        seqs: Vec<u64>,
+        /// Their events in the store, with their body sizes (empty: not persisted).
+        events: Vec<Settled>,
     },
 }
 
@@ -129,8 +129,8 @@ fn execute(job: Job, t: &Targets) {
 /// removal), retried with an older attempt count (a state), or not kept as a letter.
 pub fn write(owner: &Owner, w: Write, t: &Targets) {
     match w {
-        Write::Remove { seqs } => {
-            if let Err(e) = t.store.remove(owner.queue, &seqs) {
+        Write::Remove { events } => {
+            if let Err(e) = t.store.remove(owner.queue, &events) {
                 tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not remove delivered events from the store; they may be delivered again after a restart");
             }
         }
@@ -139,12 +139,12 @@ pub fn write(owner: &Owner, w: Write, t: &Targets) {
                 tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not persist retry state");
             }
         }
-        Write::KeepLetters { letters, seqs } => keep_letters(owner, letters, &seqs, t),
+        Write::KeepLetters { letters, events } => keep_letters(owner, letters, &events, t),
     }
 }
 
 /// Keep `letters`, then remove their events: the one place dead letters are written.
-fn keep_letters(owner: &Owner, letters: Vec<DeadLetter>, seqs: &[u64], t: &Targets) {
+fn keep_letters(owner: &Owner, letters: Vec<DeadLetter>, events: &[Settled], t: &Targets) {
     if owner.retired.load(Ordering::SeqCst) {
         return; // the subscription is gone: its letters would outlive it
     }
@@ -161,8 +161,8 @@ fn keep_letters(owner: &Owner, letters: Vec<DeadLetter>, seqs: &[u64], t: &Targe
             }
         }
     }
-    if !seqs.is_empty() {
-        if let Err(e) = t.store.remove_dropped(owner.queue, seqs) {
+    if !events.is_empty() {
+        if let Err(e) = t.store.remove_dropped(owner.queue, events) {
             tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not remove dropped events from the store");
         }
     }
@@ -221,7 +221,7 @@ impl StoreWriter {
         let settlements: Option<Vec<Settlement<'_>>> = writes
             .iter()
             .map(|w| match w {
-                Write::Remove { seqs } => Some(Settlement::Remove(seqs)),
+                Write::Remove { events } => Some(Settlement::Remove(events)),
                 Write::RetryState { seqs, state } => Some(Settlement::Retry(seqs, *state)),
                 Write::KeepLetters { .. } => None,
             })
@@ -385,7 +385,12 @@ mod tests {
         );
         let w = StoreWriter::start(t.clone()).unwrap();
         // Idle writer: the removal is done before `submit` returns.
-        w.submit(owner(1), vec![Write::Remove { seqs: vec![1] }]);
+        w.submit(
+            owner(1),
+            vec![Write::Remove {
+                events: Settled::all([1], 0),
+            }],
+        );
         assert_eq!(pending(&t), [2, 3]);
         // A job waits on the thread: the next removal queues behind it, in order.
         let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
@@ -393,7 +398,12 @@ mod tests {
         w.probe(move || {
             let _ = gate_rx.recv();
         });
-        w.submit(owner(1), vec![Write::Remove { seqs: vec![2] }]);
+        w.submit(
+            owner(1),
+            vec![Write::Remove {
+                events: Settled::all([2], 0),
+            }],
+        );
         let (t2, s2) = (t.clone(), seen.clone());
         w.probe(move || crate::sync::lock(&s2).push(pending(&t2)));
         assert_eq!(
@@ -408,10 +418,10 @@ mod tests {
         w.submit(
             owner(1),
             vec![
-                Write::Remove { seqs: vec![] },
+                Write::Remove { events: vec![] },
                 Write::KeepLetters {
                     letters: vec![],
-                    seqs: vec![3],
+                    events: Settled::all([3], 0),
                 },
             ],
         );
@@ -427,7 +437,12 @@ mod tests {
         let t = targets();
         drop(t.store.submit(vec![(1, stored(1))]).unwrap());
         let w = Arc::new(StoreWriter::start(t.clone()).unwrap());
-        w.submit(owner(1), vec![Write::Remove { seqs: vec![1] }]);
+        w.submit(
+            owner(1),
+            vec![Write::Remove {
+                events: Settled::all([1], 0),
+            }],
+        );
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         assert!(Box::pin(w.flush()).as_mut().poll(&mut cx).is_ready());
         let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
@@ -472,7 +487,7 @@ mod tests {
             &o,
             Write::KeepLetters {
                 letters: vec![letter],
-                seqs: vec![7],
+                events: Settled::all([7], 0),
             },
             &t,
         );
@@ -485,7 +500,7 @@ mod tests {
             &o,
             Write::KeepLetters {
                 letters: vec![],
-                seqs: vec![],
+                events: vec![],
             },
             &t,
         );
@@ -539,7 +554,7 @@ mod tests {
         fn update(&self, _: QueueId, _: &[u64], _: RetryState) -> Result<(), StoreError> {
             Err(StoreError::Io("disk gone".into()))
         }
-        fn remove(&self, _: QueueId, _: &[u64]) -> Result<(), StoreError> {
+        fn remove(&self, _: QueueId, _: &[Settled]) -> Result<(), StoreError> {
             Err(StoreError::Io("disk gone".into()))
         }
     }
@@ -587,14 +602,16 @@ mod tests {
                 Job::Writes(
                     o.clone(),
                     vec![
-                        Write::Remove { seqs: vec![7] },
+                        Write::Remove {
+                            events: Settled::all([7], 0),
+                        },
                         Write::RetryState {
                             seqs: vec![7],
                             state,
                         },
                         Write::KeepLetters {
                             letters: vec![],
-                            seqs: vec![7],
+                            events: Settled::all([7], 0),
                         },
                     ],
                 ),
@@ -602,7 +619,12 @@ mod tests {
             );
             // Events that travel in no context: no ids.
             execute(
-                Job::Writes(owner(1), vec![Write::Remove { seqs: vec![8] }]),
+                Job::Writes(
+                    owner(1),
+                    vec![Write::Remove {
+                        events: Settled::all([8], 0),
+                    }],
+                ),
                 &t,
             );
         });

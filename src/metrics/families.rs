@@ -68,6 +68,8 @@ pub struct SubscriptionView<'a> {
     pub metrics: &'a SubscriptionMetrics,
     /// Events accepted and not yet settled.
     pub pending: u64,
+    /// Their body bytes (`None`: the store does not count them).
+    pub pending_bytes: Option<u64>,
     /// Delivery requests in flight.
     pub in_flight: u64,
     /// Received, unsettled events (queue subscriptions only).
@@ -243,7 +245,7 @@ pub fn topic_families<'a>() -> [Family<TopicView<'a>>; 7] {
 }
 
 /// Subscription families: one series per subscription (per reason for drops).
-pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 22] {
+pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 23] {
     use Kind::*;
     [
         family("DeliverySuccessCounts", Counter, "Events delivered", |s| n(s.metrics.delivery_success_counts.get())),
@@ -252,6 +254,7 @@ pub fn subscription_families<'a>() -> [Family<SubscriptionView<'a>>; 22] {
         family("ExpiredCounts", Counter, "Events dropped for time to live or max delivery attempts", |s| n(s.metrics.expired_counts.get())),
         family("gridlet_enqueued_events_total", Counter, "Events accepted into the subscription's queue", |s| n(s.metrics.enqueued.get())),
         family("gridlet_pending_events", Gauge, "Events accepted and not yet settled", |s| n(s.pending)),
+        family("gridlet_pending_bytes", Gauge, "Bytes of the bodies of the events in gridlet_pending_events: each event as stored and delivered (its JSON), without batching, ids or the store's framing; a persisted subscription's are counted by the store and survive restarts", |s| s.pending_bytes.and_then(n)),
         family("gridlet_in_flight_requests", Gauge, "Delivery requests in flight", |s| n(s.in_flight)),
         Family {
             name: "gridlet_dropped_events_total",
@@ -554,6 +557,7 @@ mod tests {
                 name: "s",
                 metrics: &s,
                 pending: 7,
+                pending_bytes: Some(700),
                 in_flight: 1,
                 locked: None,
                 dead_letters: 2,
@@ -589,6 +593,10 @@ mod tests {
         );
         assert!(
             out.contains("gridlet_pending_events{topic=\"t\",subscription=\"s\"} 7"),
+            "{out}"
+        );
+        assert!(
+            out.contains("gridlet_pending_bytes{topic=\"t\",subscription=\"s\"} 700"),
             "{out}"
         );
         assert!(out.contains("gridlet_dropped_events_total{topic=\"t\",subscription=\"s\",reason=\"DeliveryRefused\"} 3"), "{out}");

@@ -61,7 +61,7 @@ use crate::store::fs::{Fs, RealFs};
 use crate::store::meta::MetaStore;
 use crate::store::sled::SledMeta;
 use crate::store::{
-    Commit, CommitCounters, QueueId, RetryState, Settlement, Snapshot, Store, StoreError,
+    Commit, CommitCounters, QueueId, RetryState, Settled, Settlement, Snapshot, Store, StoreError,
     StoredEvent,
 };
 pub use committer::Driver;
@@ -485,8 +485,8 @@ impl Store for LogStore {
         Ok(())
     }
 
-    fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
-        self.shared.log().stage_settle(queue, seqs);
+    fn remove(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError> {
+        self.shared.log().stage_settle(queue, events);
         self.nudge();
         Ok(())
     }
@@ -508,10 +508,14 @@ impl Store for LogStore {
         true
     }
 
-    fn remove_dropped(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
+    fn remove_dropped(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError> {
         // The letters first, durably: see the module docs.
         self.letters.sync()?;
-        self.remove(queue, seqs)
+        self.remove(queue, events)
+    }
+
+    fn pending_bytes(&self, queue: QueueId) -> Option<u64> {
+        Some(self.shared.log().pending_bytes(queue))
     }
 
     fn size_on_disk(&self) -> u64 {

@@ -1,7 +1,8 @@
 //! The in-memory store: metadata and events in maps, lost on restart (the original's behaviour).
 
 use super::{
-    Commit, PendingRuns, QueueId, RetryState, Settlement, Snapshot, Store, StoreError, StoredEvent,
+    Commit, PendingRuns, QueueId, RetryState, Settled, Settlement, Snapshot, Store, StoreError,
+    StoredEvent,
 };
 use crate::model::record::{MqttKind, MqttRecord, SubscriptionRecord, TopicRecord};
 use futures_util::future::BoxFuture;
@@ -13,6 +14,8 @@ struct Inner {
     topics: BTreeMap<String, (u64, TopicRecord)>,
     subs: BTreeMap<QueueId, SubscriptionRecord>,
     events: BTreeMap<(QueueId, u64), StoredEvent>,
+    /// Body bytes of each queue's events.
+    bytes: BTreeMap<QueueId, u64>,
     mqtt: BTreeMap<(&'static str, String), MqttRecord>,
     next_queue: QueueId,
     order: u64,
@@ -123,6 +126,7 @@ impl Store for MemoryStore {
         for k in keys {
             g.events.remove(&k);
         }
+        g.bytes.remove(&queue);
         Ok(())
     }
 
@@ -140,7 +144,10 @@ impl Store for MemoryStore {
         let mut g = self.lock();
         for (q, e) in items {
             g.max_seq = g.max_seq.max(e.seq);
-            g.events.insert((q, e.seq), e);
+            let len = e.body.len() as u64;
+            if g.events.insert((q, e.seq), e).is_none() {
+                *g.bytes.entry(q).or_default() += len;
+            }
         }
         Ok(Commit::done())
     }
@@ -155,10 +162,15 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
+    fn remove(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError> {
         let mut g = self.lock();
-        for s in seqs {
-            g.events.remove(&(queue, *s));
+        for s in events {
+            // The stored body's size: this store has it.
+            if let Some(e) = g.events.remove(&(queue, s.seq)) {
+                if let Some(b) = g.bytes.get_mut(&queue) {
+                    *b = b.saturating_sub(e.body.len() as u64);
+                }
+            }
         }
         Ok(())
     }
@@ -193,6 +205,10 @@ impl Store for MemoryStore {
             f(e);
         }
         Ok(())
+    }
+
+    fn pending_bytes(&self, queue: QueueId) -> Option<u64> {
+        Some(self.lock().bytes.get(&queue).copied().unwrap_or(0))
     }
 
     fn try_settle(&self, queue: QueueId, settlements: &[Settlement<'_>]) -> bool {

@@ -114,6 +114,38 @@ pub struct RetainedEvent {
     pub body: Bytes,
 }
 
+/// An event leaving a queue (delivered, dropped, dead-lettered): its sequence number and the
+/// size of its body, which [`Store::pending_bytes`] counts it for. The caller has the body (it
+/// delivered or dead-lettered it), so the store learns the size without reading it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Settled {
+    /// Sequence number.
+    pub seq: u64,
+    /// Bytes of its body ([`StoredEvent::body`]).
+    pub bytes: u32,
+}
+
+impl Settled {
+    /// Event `seq` with a body of `len` bytes (more than `u32::MAX` counts as that: bodies
+    /// are far below it).
+    pub fn new(seq: u64, len: usize) -> Self {
+        Self {
+            seq,
+            bytes: u32::try_from(len).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Events `seqs`, of `bytes` each (tests, benchmarks).
+    pub fn all(seqs: impl IntoIterator<Item = u64>, bytes: u32) -> Vec<Self> {
+        seqs.into_iter().map(|seq| Self { seq, bytes }).collect()
+    }
+
+    /// The sequence numbers of `events`.
+    pub fn seqs(events: &[Settled]) -> Vec<u64> {
+        events.iter().map(|e| e.seq).collect()
+    }
+}
+
 /// A run of events never attempted: sequence numbers `first .. first + count`, all first
 /// enqueued at `first_enqueued_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +162,7 @@ pub struct FreshRun {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settlement<'a> {
     /// [`Store::remove`] these events.
-    Remove(&'a [u64]),
+    Remove(&'a [Settled]),
     /// [`Store::update`] these events to this state.
     Retry(&'a [u64], RetryState),
 }
@@ -387,11 +419,11 @@ pub trait Store: Send + Sync + 'static {
     /// Write failure.
     fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError>;
 
-    /// Remove settled events.
+    /// Remove settled events (each with its body's size, for [`Store::pending_bytes`]).
     ///
     /// # Errors
     /// Write failure.
-    fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError>;
+    fn remove(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError>;
 
     /// Do `settlements` of `queue` ([`Store::update`], [`Store::remove`]) in order, at once,
     /// if that waits neither on the disk nor on a lock held elsewhere; `false`: nothing was
@@ -408,8 +440,8 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     /// Write failure.
-    fn remove_dropped(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
-        self.remove(queue, seqs)
+    fn remove_dropped(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError> {
+        self.remove(queue, events)
     }
 
     /// Keep the events accepted at or after `since_ms` (wall ms on the broker's clock, as their
@@ -438,6 +470,13 @@ pub trait Store: Send + Sync + 'static {
     /// here (the log store writes its last frame and a checkpoint), on the calling thread, so it
     /// is done before the process exits. Writes after it are not made durable.
     fn close(&self) {}
+
+    /// Body bytes of `queue`'s pending events ([`StoredEvent::body`]: the event as stored and
+    /// delivered, without its id, trace context or the store's framing), exact across restarts
+    /// (`gridlet_pending_bytes`); `None` from a store that does not count them.
+    fn pending_bytes(&self, _queue: QueueId) -> Option<u64> {
+        None
+    }
 
     /// Bytes the store occupies (for metrics and the disk bound).
     fn size_on_disk(&self) -> u64 {
@@ -634,9 +673,16 @@ pub mod contract {
             vec![Some(two), None, Some(ev(1))]
         );
 
-        store.remove(q, &[1]).unwrap();
+        assert_eq!(
+            store.pending_bytes(q),
+            Some((ev(1).body.len() + ev(2).body.len()) as u64)
+        );
+        store
+            .remove(q, &[Settled::new(1, ev(1).body.len())])
+            .unwrap();
         store.commit().await.unwrap();
         assert_eq!(pending(store, q).len(), 1);
+        assert_eq!(store.pending_bytes(q), Some(ev(2).body.len() as u64));
         assert_eq!(store.get(q, &[1]).unwrap(), vec![None]);
 
         let snap = store.load().unwrap();

@@ -333,9 +333,9 @@ impl gridlet::store::Store for GatedCommits {
     fn remove(
         &self,
         queue: gridlet::store::QueueId,
-        seqs: &[u64],
+        events: &[gridlet::store::Settled],
     ) -> Result<(), gridlet::store::StoreError> {
-        self.inner.remove(queue, seqs)
+        self.inner.remove(queue, events)
     }
     fn put_endpoint_health(
         &self,

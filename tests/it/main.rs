@@ -44,6 +44,7 @@ mod otel;
 mod outage;
 mod outbound;
 mod packaging;
+mod pending_bytes;
 mod persistence;
 mod process;
 mod pull;

@@ -10,7 +10,7 @@ use gridlet::model::record::{SubscriptionRecord, TopicRecord};
 use gridlet::store::deadletter::{DeadLetter, DeadLetterBound, DeadLetterStore, MemoryDeadLetters};
 use gridlet::store::memory::MemoryStore;
 use gridlet::store::{
-    Commit, PendingRuns, QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent,
+    Commit, PendingRuns, QueueId, RetryState, Settled, Snapshot, Store, StoreError, StoredEvent,
 };
 use gridlet::Parts;
 use serde_json::{json, Value};
@@ -152,9 +152,9 @@ impl Store for SlowStore {
         self.hold.at(Write::RetryState, "");
         self.inner.update(queue, seqs, state)
     }
-    fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
+    fn remove(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError> {
         self.hold.at(Write::Remove, "");
-        self.inner.remove(queue, seqs)
+        self.inner.remove(queue, events)
     }
     fn dead_letters(&self) -> Option<Arc<dyn DeadLetterStore>> {
         Some(self.letters.clone())

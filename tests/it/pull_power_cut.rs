@@ -15,7 +15,7 @@ use gridlet::clock::Clock;
 use gridlet::model::record::{SubscriptionRecord, TopicRecord};
 use gridlet::store::memory::MemoryStore;
 use gridlet::store::{
-    Commit, PendingRuns, QueueId, RetryState, Snapshot, Store, StoreError, StoredEvent,
+    Commit, PendingRuns, QueueId, RetryState, Settled, Snapshot, Store, StoreError, StoredEvent,
 };
 use gridlet::Config;
 use serde_json::json;
@@ -26,7 +26,7 @@ use std::time::Duration;
 /// A settlement staged and not yet in a frame.
 enum Staged {
     Retry(QueueId, Vec<u64>, RetryState),
-    Remove(QueueId, Vec<u64>),
+    Remove(QueueId, Vec<Settled>),
 }
 
 /// The memory store as the disk, behind the log store's staging: retry states and removals
@@ -128,8 +128,8 @@ impl Store for PowerCut {
     fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
         self.stage(Staged::Retry(queue, seqs.to_vec(), state))
     }
-    fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
-        self.stage(Staged::Remove(queue, seqs.to_vec()))
+    fn remove(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError> {
+        self.stage(Staged::Remove(queue, events.to_vec()))
     }
 }
 

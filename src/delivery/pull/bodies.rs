@@ -79,7 +79,8 @@ pub(super) async fn with_bodies(
         }
     }
     if gone > 0 {
-        shared.queue().settle(gone);
+        // Not in the store: nothing of them is counted there (a windowed queue's bytes are).
+        shared.queue().settle(gone, 0);
         tracing::warn!(subscription = %shared.name, events = gone, "locked events were no longer in the store; skipped");
     }
     out

@@ -51,7 +51,7 @@ use super::sink::{FailureKind, Outcome};
 use super::state::SubscriptionState;
 use super::writer::Write;
 use crate::model::queue::QueueSettings;
-use crate::store::{RetryState, StoreError};
+use crate::store::{RetryState, Settled, StoreError};
 use bodies::with_bodies;
 use bytes::Bytes;
 use locks::{Lock, Locks, Lost};
@@ -433,11 +433,15 @@ impl Puller<'_> {
             self.ctx.writer.submit(
                 self.shared.owner(None),
                 vec![Write::Remove {
-                    seqs: items.iter().map(|p| p.seq).collect(),
+                    events: items
+                        .iter()
+                        .map(|l| Settled::new(l.seq, l.size as usize))
+                        .collect(),
                 }],
             );
         }
-        self.shared.queue().settle(n);
+        let bytes = items.iter().map(|l| l.size).sum();
+        self.shared.queue().settle(n, bytes);
         self.shared.metrics.delivery_success_counts.add(n as u64);
         self.shared.metrics.acknowledged.add(n as u64);
         drop(items);

@@ -5,6 +5,7 @@ use super::*;
 use crate::delivery::payload::EventData;
 use crate::delivery::sink::FailureKind;
 use crate::policy::StatusCodePolicy;
+use crate::store::Settled;
 use bytes::Bytes;
 use std::sync::Arc;
 
@@ -91,7 +92,7 @@ fn show(fx: &Effects) -> String {
     }
     for w in &fx.writes {
         out.push(match w {
-            Write::Remove { seqs: s } => format!("remove {}", seqs(s)),
+            Write::Remove { events } => format!("remove {}", seqs(&Settled::seqs(events))),
             Write::RetryState { seqs: s, state } => format!(
                 "store {} attempts {} first {}m due {}m",
                 seqs(s),
@@ -99,7 +100,8 @@ fn show(fx: &Effects) -> String {
                 state.first_enqueued_ms / MIN,
                 state.due_ms / MIN
             ),
-            Write::KeepLetters { letters, seqs: s } => {
+            Write::KeepLetters { letters, events } => {
+                let s = &Settled::seqs(events);
                 let l = &letters[0];
                 let why = l.last_error.as_deref().unwrap_or("-");
                 let kept = format!(
@@ -126,7 +128,7 @@ fn show(fx: &Effects) -> String {
             r.delay.as_secs()
         ));
     }
-    out.push(format!("leave {}", fx.leaving()));
+    out.push(format!("leave {}", fx.leaving().0));
     out.join("; ")
 }
 

@@ -105,7 +105,9 @@ async fn a_publish_does_not_wait_for_segments_to_be_given_back() {
     // Settled without waking the committer: the next publish's frame carries it, and the
     // round of that frame gives the older segments back.
     let all: Vec<u64> = (1..=100).collect();
-    s.shared.log().stage_settle(1, &all);
+    s.shared
+        .log()
+        .stage_settle(1, &Settled::all(all.iter().copied(), 0));
     let publish = s.submit(vec![(1, ev(101, 2000))]).unwrap();
     let mut round = Box::pin(s.commit());
     tokio::time::timeout(Duration::from_secs(30), publish.wait())
@@ -148,7 +150,7 @@ async fn a_sync_of_staged_settlements_does_not_wait_for_segments_to_be_given_bac
     fs.hold(true);
     let _release = Release(&fs);
     let all: Vec<u64> = (1..=100).collect();
-    s.remove(1, &all).unwrap();
+    s.remove(1, &Settled::all(all.iter().copied(), 0)).unwrap();
     tokio::time::timeout(Duration::from_secs(30), s.sync_staged())
         .await
         .expect("answered while its round gives segments back")

@@ -24,6 +24,14 @@ fn ev(seq: u64) -> StoredEvent {
     }
 }
 
+/// Bytes of every [`ev`]'s body.
+const SIZE: u32 = 960;
+
+/// What `log` counts pending for queues 1, 2 and 3, in events of [`SIZE`].
+fn owed(log: &Log) -> [u64; 3] {
+    [1, 2, 3].map(|q| log.pending_bytes(q) / u64::from(SIZE))
+}
+
 fn real_opts(dir: &Path) -> LogOptions {
     super::tests::real_opts(dir, 64 << 10)
 }
@@ -82,10 +90,11 @@ fn a_segment_pinned_by_a_few_events_is_replaced_by_their_copy_which_restarts_rea
         let retried: Vec<u64> = pinned.iter().copied().filter(|s| s % 100 == 0).collect();
         log.stage_retry(2, &retried, RETRY);
         let all: Vec<u64> = (1..=600).collect();
-        log.stage_settle(1, &all);
+        log.stage_settle(1, &Settled::all(all.iter().copied(), SIZE));
         let rest: Vec<u64> = all.iter().copied().filter(|s| s % 50 != 0).collect();
-        log.stage_settle(2, &rest);
+        log.stage_settle(2, &Settled::all(rest.iter().copied(), SIZE));
         round::commit(&mut log, 700).unwrap();
+        assert_eq!(owed(&log), [0, 12, 40], "pending bytes, in events");
         // A checkpoint of the segments as they are now: after the compaction it describes
         // files that were replaced.
         log.checkpoint().unwrap();
@@ -106,6 +115,7 @@ fn a_segment_pinned_by_a_few_events_is_replaced_by_their_copy_which_restarts_rea
             "frames: {before} bytes before, {after} after"
         );
         check_pinned(&log, &pinned);
+        assert_eq!(owed(&log), [0, 12, 40], "compaction keeps the bytes owed");
         // Writing goes on; the copies are settled and given back like any segment.
         log.stage_events(&[(2, ev(601))], 0).unwrap();
         round::commit(&mut log, 900).unwrap();
@@ -116,21 +126,24 @@ fn a_segment_pinned_by_a_few_events_is_replaced_by_their_copy_which_restarts_rea
     let (mut log, rec) = Log::open(fs.clone(), lo.clone(), &known, 1000).unwrap();
     check_recovered(&rec, &with_601);
     check_pinned(&log, &pinned);
+    assert_eq!(owed(&log), [0, 13, 40], "every segment read");
     // From a checkpoint taken after the copies.
     log.checkpoint().unwrap();
     drop(log);
     let (mut log, rec) = Log::open(fs.clone(), lo.clone(), &known, 1100).unwrap();
     check_recovered(&rec, &with_601);
     check_pinned(&log, &pinned);
-    log.stage_settle(2, &with_601);
+    assert_eq!(owed(&log), [0, 13, 40], "from the checkpoint");
+    log.stage_settle(2, &Settled::all(with_601.iter().copied(), SIZE));
     let q3: Vec<u64> = (561..=600).collect();
-    log.stage_settle(3, &q3);
+    log.stage_settle(3, &Settled::all(q3.iter().copied(), SIZE));
     round::commit(&mut log, 1200).unwrap();
     assert_eq!(
         log.segments(),
         1,
         "everything settled: only the head is left"
     );
+    assert_eq!(owed(&log), [0, 0, 0]);
 }
 
 #[test]
@@ -171,9 +184,11 @@ async fn the_store_compacts_pinned_segments_on_its_own_thread() {
         }
         let before = s.log_bytes();
         let all: Vec<u64> = (1..=600).collect();
-        s.remove(q1, &all).unwrap();
+        s.remove(q1, &Settled::all(all.iter().copied(), SIZE))
+            .unwrap();
         let rest: Vec<u64> = all.iter().copied().filter(|x| x % 50 != 0).collect();
-        s.remove(q2, &rest).unwrap();
+        s.remove(q2, &Settled::all(rest.iter().copied(), SIZE))
+            .unwrap();
         // Each round plans at most one compaction; the compactor's swap asks for another.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
         while s.log_bytes() * 4 > before {
@@ -196,6 +211,11 @@ async fn the_store_compacts_pinned_segments_on_its_own_thread() {
         .map(|(x, _)| x)
         .collect();
     assert_eq!(owed, pinned);
+    assert_eq!(
+        s.pending_bytes(q2),
+        Some(pinned.len() as u64 * u64::from(SIZE)),
+        "the copies owe the bytes of the events they hold"
+    );
     for (seq, e) in pinned.iter().zip(s.get(q2, &pinned).unwrap()) {
         assert_eq!(e.map(|e| e.body), Some(ev(*seq).body));
     }
@@ -233,7 +253,7 @@ fn a_segment_whose_few_pending_events_hold_most_of_its_bytes_is_left_as_it_is() 
         publish(&mut log, small(seq), &[1]);
     }
     let all: Vec<u64> = (1..=seq).collect();
-    log.stage_settle(1, &all);
+    log.stage_settle(1, &Settled::all(all.iter().copied(), 0));
     round::commit(&mut log, seq + 1).unwrap();
     let before = log.frame_bytes();
     assert!(!log.compact(None, seq + 2).unwrap(), "not worth copying");

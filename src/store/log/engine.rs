@@ -24,6 +24,12 @@
 //! 4. **What is owed.** In memory, each segment keeps one bit per sequence number per queue
 //!    (set: pending there) and the retry states of pending events that failed. Recovery rebuilds
 //!    exactly this from the records, a [`Record::State`] replacing what came before it.
+//!    Beside each queue's bits, the bytes of the bodies they stand for ([`Bits`]): added as an
+//!    event is written, less each settled event's size (the settling caller has its body),
+//!    which the settle record carries, so recovery rebuilds them from the checkpoint and the
+//!    records after it without reading a body. Where records cannot tell (a restatement that
+//!    changed the bits, damage, a log written before bytes were counted), recovery counts that
+//!    segment again from its frames (`engine/sizes.rs`).
 //! 5. **Space back.** A segment with nothing pending is deleted. The oldest one simply goes. A
 //!    younger one may hold settle and retry records about older segments still alive, so those
 //!    are first restated ([`Record::State`], synced) in the head; then the file is removed and
@@ -46,10 +52,11 @@ mod recover;
 mod replay;
 mod retain;
 mod segment;
+mod sizes;
 
 use super::format::{self, Header, Record, HEADER};
 use crate::store::fs::{Fs, FsFile};
-use crate::store::{QueueId, RetryState, StoreError, StoredEvent};
+use crate::store::{QueueId, RetryState, Settled, StoreError, StoredEvent};
 use bytes::Bytes;
 pub use checkpoint::CheckpointWrite;
 pub use compact::{Compacted, Compaction, IDLE_MS as COMPACT_IDLE_MS};
@@ -202,6 +209,8 @@ pub struct Log {
     lost: Vec<(u64, u64, u64)>,
     /// Bytes of the quarantine folder (counted in the disk bound).
     quarantine_bytes: u64,
+    /// Segments whose pending bytes recovery counts again from their frames (`engine/sizes.rs`).
+    recount: HashSet<u64>,
     /// Segments the last checkpoint written (or read) records as owing events: not deleted
     /// before a later checkpoint records them owing none, so that a listed segment found
     /// missing while owing events is damage, never a deletion (see `collect.rs`).
@@ -223,7 +232,8 @@ impl Log {
         self.opts.dir.join(format::segment_name(no))
     }
 
-    fn add_event(&mut self, seq: u64, queues: impl Iterator<Item = QueueId>) {
+    /// Note event `seq`, of `size` body bytes, pending in `queues`, in the head.
+    fn add_event(&mut self, seq: u64, size: u64, queues: impl Iterator<Item = QueueId>) {
         self.max_seq = self.max_seq.max(seq);
         let Some(seg) = self.segs.last_mut() else {
             return;
@@ -235,7 +245,10 @@ impl Log {
         }
         seg.events += 1;
         for q in queues {
-            seg.live.entry(q).or_default().set(seq - first);
+            let bits = seg.live.entry(q).or_default();
+            if bits.set(seq - first) {
+                bits.bytes += size;
+            }
         }
     }
 
@@ -255,26 +268,26 @@ impl Log {
             .unwrap_or(false)
     }
 
-    /// Clear `(queue, seq)`; true when it was pending.
-    fn settle_one(&mut self, queue: QueueId, seq: u64) -> bool {
+    /// Clear `(queue, seq)`, `bytes` less owed in its segment; the segment's index when it was
+    /// pending. A queue's bits and bytes go together once its last event there is settled.
+    fn settle_one(&mut self, queue: QueueId, seq: u64, bytes: u64) -> Option<usize> {
         self.retries.remove(&(queue, seq));
-        let Some(i) = self.seg_of(seq) else {
-            return false;
-        };
-        let Some(seg) = self.segs.get_mut(i) else {
-            return false;
-        };
-        let Some(bit) = seg.bit(seq) else {
-            return false;
-        };
-        let cleared = seg.live.get_mut(&queue).is_some_and(|b| b.clear(bit));
+        let i = self.seg_of(seq)?;
+        let seg = self.segs.get_mut(i)?;
+        let bit = seg.bit(seq)?;
+        let bits = seg.live.get_mut(&queue)?;
+        let cleared = bits.clear(bit);
         if cleared {
-            seg.settled_ms = self.now_ms;
+            bits.bytes = bits.bytes.saturating_sub(bytes);
         }
-        if seg.live.get(&queue).is_some_and(|b| b.ones == 0) {
+        if bits.ones == 0 {
             seg.live.remove(&queue);
         }
-        cleared
+        if !cleared {
+            return None;
+        }
+        seg.settled_ms = self.now_ms;
+        Some(i)
     }
 
     fn drop_queue_state(&mut self, queue: QueueId) {
@@ -451,15 +464,43 @@ impl Log {
         }
     }
 
-    /// Stage the settlement of events of `queue` (delivered, dropped, dead-lettered).
-    pub fn stage_settle(&mut self, queue: QueueId, seqs: &[u64]) {
-        let done: Vec<u64> = seqs
-            .iter()
-            .copied()
-            .filter(|s| self.settle_one(queue, *s))
-            .collect();
-        if !done.is_empty() {
-            Record::Settle { queue, seqs: done }.encode(&mut self.staged);
+    /// Stage the settlement of events of `queue` (delivered, dropped, dead-lettered), each with
+    /// its body's size. Those still pending are written as one settle record per segment,
+    /// carrying their bytes; the others are left out.
+    pub fn stage_settle(&mut self, queue: QueueId, events: &[Settled]) {
+        // The run of settled events in one segment: (segment index, seqs, bytes). Settlements
+        // come in sequence order, so mostly one.
+        let mut run: Option<(usize, Vec<u64>, u64)> = None;
+        for e in events {
+            let bytes = u64::from(e.bytes);
+            let Some(i) = self.settle_one(queue, e.seq, bytes) else {
+                continue;
+            };
+            match &mut run {
+                Some((seg, seqs, total)) if *seg == i => {
+                    seqs.push(e.seq);
+                    *total += bytes;
+                }
+                _ => {
+                    self.stage_settled(queue, run.take());
+                    let mut seqs = Vec::with_capacity(events.len());
+                    seqs.push(e.seq);
+                    run = Some((i, seqs, bytes));
+                }
+            }
+        }
+        self.stage_settled(queue, run);
+    }
+
+    /// The settle record of one segment's run of settled events.
+    fn stage_settled(&mut self, queue: QueueId, run: Option<(usize, Vec<u64>, u64)>) {
+        if let Some((_, seqs, bytes)) = run {
+            Record::Settle {
+                queue,
+                seqs,
+                bytes: Some(bytes),
+            }
+            .encode(&mut self.staged);
         }
     }
 

@@ -18,9 +18,15 @@
 //! | 1 | [`Record::Event`] | seq u64, first-enqueued ms u64, queue count u16, queues u32…, id len u16, id, body len u32, body |
 //! | 6 | [`Record::Event`] with a trace context | the fields of kind 1, then trace id 16 B, span id u64, flags u8, tracestate len u16, tracestate |
 //! | 2 | [`Record::Settle`] | queue u32, count u32, seqs u64… (delivered, dropped or dead-lettered) |
+//! | 7 | [`Record::Settle`] with bytes | queue u32, bytes u64, count u32, seqs u64… (the seqs all in one segment; bytes: their bodies' total) |
 //! | 3 | [`Record::Retry`] | queue u32, attempts u32, first ms u64, due ms u64, count u32, seqs u64… |
 //! | 4 | [`Record::DropQueue`] | queue u32 (a deleted subscription) |
 //! | 5 | [`Record::State`] | segment u64, first seq u64, queue count u32, then per queue: queue u32, word count u32, live bits u64…, retry count u32, (seq u64, attempts u32, first ms u64, due ms u64)… |
+//!
+//! Kind 7 replaces kind 2 for new settlements: recovery subtracts its bytes from what the
+//! segment still owes the queue ([`crate::store::Store::pending_bytes`]) without reading the
+//! settled events' bodies. A kind-2 record (written before bytes were counted) makes recovery
+//! count its segment's pending bytes again by reading the segment.
 //!
 //! An event that travels in a W3C trace context (its `traceparent` / `tracestate`) is written as
 //! kind 6, one without as kind 1: a log of kind-1 events reads as before, and the context costs
@@ -149,6 +155,9 @@ pub enum Record {
         queue: QueueId,
         /// Their sequence numbers.
         seqs: Vec<u64>,
+        /// Their bodies' bytes together, all of them in one segment (kind 7); `None`: not
+        /// known (kind 2, written before bytes were counted).
+        bytes: Option<u64>,
     },
     /// A new retry state for events of a queue.
     Retry {
@@ -233,9 +242,12 @@ impl Record {
                     put_trace(out, t);
                 }
             }
-            Record::Settle { queue, seqs } => {
-                out.push(2);
+            Record::Settle { queue, seqs, bytes } => {
+                out.push(if bytes.is_some() { 7 } else { 2 });
                 out.extend_from_slice(&queue.to_le_bytes());
+                if let Some(b) = bytes {
+                    out.extend_from_slice(&b.to_le_bytes());
+                }
                 put_seqs(out, seqs);
             }
             Record::Retry { queue, state, seqs } => {
@@ -385,7 +397,7 @@ pub fn decode_records(payload: &Bytes) -> Option<Vec<Record>> {
 
 /// Whether `kind` is a record's first byte (a frame's payload starts with one).
 pub fn is_record_kind(kind: u8) -> bool {
-    (1..=6).contains(&kind)
+    (1..=7).contains(&kind)
 }
 
 fn decode_one(r: &mut Reader<'_>, payload: &Bytes) -> Option<Record> {
@@ -415,6 +427,12 @@ fn decode_one(r: &mut Reader<'_>, payload: &Bytes) -> Option<Record> {
         }
         2 => Record::Settle {
             queue: r.u32()?,
+            seqs: r.seqs()?,
+            bytes: None,
+        },
+        7 => Record::Settle {
+            queue: r.u32()?,
+            bytes: Some(r.u64()?),
             seqs: r.seqs()?,
         },
         3 => Record::Retry {

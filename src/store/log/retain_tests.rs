@@ -6,7 +6,7 @@
 use super::engine::Log;
 use super::tests::{ev, real_log};
 use super::*;
-use crate::store::RetainedEvent;
+use crate::store::{RetainedEvent, Settled};
 
 /// Events `from..` of `len` bytes for queue 1, one frame each, until the log has `segments`
 /// segments; returns the last sequence number.
@@ -41,7 +41,7 @@ fn settled_segments_are_kept_for_the_horizon_read_back_after_a_restart_then_give
     log.retain_since(Some(accepted(1)));
     let last = fill(&mut log, 1, 900, 4);
     // Everything is delivered: without the horizon three segments would go.
-    log.stage_settle(1, &(1..=last).collect::<Vec<_>>());
+    log.stage_settle(1, &Settled::all(1..=last, 900));
     round::commit(&mut log, last).unwrap();
     assert_eq!(log.segments(), 4, "kept for the horizon");
     assert!(log.kept_bytes() > 3 * (48 << 10), "{}", log.kept_bytes());
@@ -92,7 +92,7 @@ fn a_kept_segment_is_not_compacted_until_the_horizon_passes_it() {
     let last = fill(&mut log, 1, 900, 3);
     // One event in the first segment stays pending: compaction would copy only it and drop
     // the records of the settled ones, which the horizon still needs.
-    log.stage_settle(1, &(2..=last).collect::<Vec<_>>());
+    log.stage_settle(1, &Settled::all(2..=last, 900));
     round::commit(&mut log, last).unwrap();
     assert!(log.plan_compaction(None).is_none(), "kept: not compacted");
     log.retain_since(Some(accepted(last)));
@@ -120,7 +120,7 @@ fn the_disk_bound_gives_back_the_oldest_kept_segments_first_and_counts_them() {
             Err(e) => panic!("refused with segments kept only for the horizon: {e}"),
         }
         round::commit(&mut log, seq).unwrap();
-        log.stage_settle(1, &[seq]);
+        log.stage_settle(1, &Settled::all([seq], 900));
         round::commit(&mut log, seq).unwrap();
         if log.kept_evicted() > 0 {
             first_kept.get_or_insert(seq);

@@ -4,7 +4,7 @@ use super::engine::{Compaction, Log, LogOptions};
 use super::round::{self, Host, Round, Step, Waiter};
 use super::tests::ev;
 use crate::store::fs::{Fs, RealFs};
-use crate::store::QueueId;
+use crate::store::{QueueId, Settled};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
@@ -56,13 +56,13 @@ fn prepared(dir: &std::path::Path) -> Log {
         round::commit(&mut log, seq).unwrap();
     }
     let all: Vec<u64> = (1..=400).collect();
-    log.stage_settle(1, &all);
+    log.stage_settle(1, &Settled::all(all.iter().copied(), 0));
     let settled: Vec<u64> = all
         .iter()
         .copied()
         .filter(|s| (101..=200).contains(s) || s % 50 != 0)
         .collect();
-    log.stage_settle(2, &settled);
+    log.stage_settle(2, &Settled::all(settled.iter().copied(), 0));
     log
 }
 

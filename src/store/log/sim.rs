@@ -43,7 +43,7 @@ use super::{Driver, LogStore, LogStoreOptions, SUBDIR};
 use crate::store::fs::sim::{Rng, SimFs};
 use crate::store::fs::Fs;
 use crate::store::meta::FsMeta;
-use crate::store::{Commit, QueueId, RetryState, Settlement, Store, StoredEvent};
+use crate::store::{Commit, QueueId, RetryState, Settled, Settlement, Store, StoredEvent};
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -343,10 +343,12 @@ fn step(
                 return dead_letter(store, m, &picked, now);
             }
             for (q, s) in &picked {
+                let len = m.published.get(&(*q, *s)).map_or(0, |b| b.len());
+                let gone = [Settled::new(*s, len)];
                 // Through the store writer's path or in place, as delivery settles.
                 if rng.chance(1, 2) {
-                    store.remove(*q, &[*s]).map_err(|_| ())?;
-                } else if !store.try_settle(*q, &[Settlement::Remove(&[*s])]) {
+                    store.remove(*q, &gone).map_err(|_| ())?;
+                } else if !store.try_settle(*q, &[Settlement::Remove(&gone)]) {
                     return Err(());
                 }
                 m.owed.remove(&(*q, *s));
@@ -418,7 +420,7 @@ fn dead_letter(
         per_subscription: usize::MAX,
         max_bytes: u64::MAX,
     };
-    let mut by_queue: BTreeMap<QueueId, Vec<u64>> = BTreeMap::new();
+    let mut by_queue: BTreeMap<QueueId, Vec<Settled>> = BTreeMap::new();
     for (q, s) in picked {
         let body = m.published.get(&(*q, *s)).cloned().unwrap_or_default();
         let letter = crate::store::deadletter::DeadLetter {
@@ -433,12 +435,13 @@ fn dead_letter(
             first_enqueued_ms: now,
             dead_lettered_ms: now,
         };
+        let len = letter.body.len();
         letters.put(*q, letter, bound).map_err(|_| ())?;
-        by_queue.entry(*q).or_default().push(*s);
+        by_queue.entry(*q).or_default().push(Settled::new(*s, len));
     }
-    for (q, seqs) in by_queue {
-        store.remove_dropped(q, &seqs).map_err(|_| ())?;
-        for s in seqs {
+    for (q, events) in by_queue {
+        store.remove_dropped(q, &events).map_err(|_| ())?;
+        for s in Settled::seqs(&events) {
             m.owed.remove(&(q, s));
             m.settling.insert((q, s));
             m.lettered.insert((q, s));

@@ -79,15 +79,17 @@ async fn segments_are_given_back_once_everything_is_settled() {
     }
     assert!(s.segments() >= 6, "{} segments", s.segments());
     let all: Vec<u64> = (1..=200).collect();
-    s.remove(1, &all).unwrap();
+    s.remove(1, &Settled::all(all.iter().copied(), 0)).unwrap();
     // Queue 2 still owes everything: nothing can go.
     s.commit().await.unwrap();
     assert!(s.segments() >= 6);
-    s.remove(2, &all[..150]).unwrap();
+    s.remove(2, &Settled::all(all[..150].iter().copied(), 0))
+        .unwrap();
     s.commit().await.unwrap();
     let n = s.segments();
     assert!(n <= 3, "after settling 150 of 200, {n} segments remain");
-    s.remove(2, &all[150..]).unwrap();
+    s.remove(2, &Settled::all(all[150..].iter().copied(), 0))
+        .unwrap();
     s.commit().await.unwrap();
     assert_eq!(s.segments(), 1, "only the head is left");
     // And one segment kept as the spare for the next head (format::SPARE).
@@ -120,7 +122,7 @@ async fn pending_events_retry_states_and_deletions_survive_a_restart() {
             due_ms: 99_000,
         };
         s.update(q1, &[2], st).unwrap();
-        s.remove(q1, &(3..=90).collect::<Vec<_>>()).unwrap();
+        s.remove(q1, &Settled::all(3..=90, 0)).unwrap();
         s.delete_subscription(q2).unwrap();
         s.commit().await.unwrap();
     }
@@ -165,11 +167,14 @@ async fn settlements_are_staged_in_place_only_when_the_lock_is_free() {
         s.submit(items).unwrap().wait().await.unwrap();
         {
             let _held = s.shared.log();
-            assert!(!s.try_settle(q, &[Settlement::Remove(&[1])]));
+            assert!(!s.try_settle(q, &[Settlement::Remove(&Settled::all([1], 0))]));
         }
         assert!(s.try_settle(
             q,
-            &[Settlement::Remove(&[2, 3]), Settlement::Retry(&[4], st)]
+            &[
+                Settlement::Remove(&Settled::all([2, 3], 0)),
+                Settlement::Retry(&[4], st)
+            ]
         ));
         s.commit().await.unwrap();
     }
@@ -197,7 +202,7 @@ async fn the_disk_bound_refuses_a_publish_whole() {
     assert!(matches!(full, StoreError::Full { .. }), "{full}");
     assert!(s.log_bytes() <= 200 << 10);
     // Settling everything gives the space back: publishing works again.
-    s.remove(1, &(1..seq).collect::<Vec<_>>()).unwrap();
+    s.remove(1, &Settled::all(1..seq, 0)).unwrap();
     s.commit().await.unwrap();
     s.submit(vec![(1, ev(seq + 1, 10_000))])
         .unwrap()
@@ -368,7 +373,7 @@ async fn a_clean_stop_leaves_a_checkpoint_the_next_open_reads() {
                 .await
                 .unwrap();
         }
-        s.remove(q, &(1..=20).collect::<Vec<_>>()).unwrap();
+        s.remove(q, &Settled::all(1..=20, 0)).unwrap();
     }
     let log = opts(dir.path()).events_path.join("gridlet-v2/log");
     let slots: Vec<u64> = ["checkpoint.0", "checkpoint.1"]

@@ -85,7 +85,7 @@ fn a_segment_given_back_becomes_the_next_head_and_its_old_frames_are_never_read(
     }
     let first_life = seq;
     // Everything delivered: the closed segments go, the largest is kept.
-    log.stage_settle(1, &(1..=first_life).collect::<Vec<_>>());
+    log.stage_settle(1, &Settled::all(1..=first_life, 0));
     round::commit(&mut log, seq).unwrap();
     assert!(spare.exists(), "a spare is kept");
     let spare_len = std::fs::metadata(&spare).unwrap().len();
@@ -146,7 +146,7 @@ fn the_spare_goes_before_a_publish_is_refused_for_space() {
         log.stage_events(&[(1, ev(seq, 900))], 0).unwrap();
         round::commit(&mut log, seq).unwrap();
     }
-    log.stage_settle(1, &(1..=seq).collect::<Vec<_>>());
+    log.stage_settle(1, &Settled::all(1..=seq, 0));
     round::commit(&mut log, seq).unwrap();
     let spare = lo.dir.join(format::SPARE);
     assert!(spare.exists());

@@ -11,7 +11,12 @@
 //!         (count u32, (seq u64, ms u64)…), queues (count u32, then each: queue u32,
 //!         word count u32, run count u32, runs: (0 | 1 u8, words u32) for all-zero / all-one
 //!         words, (2 u8, word u64) for one mixed word))
+//!       | pending bytes (since bytes are counted; absent before): version u8 = 1, count u32,
+//!         (segment no u64, queue u32, body bytes u64)… for every queue each segment owes
 //! ```
+//!
+//! The pending-bytes trailer is additive: a checkpoint without it reads as before, and the
+//! segments it lists have their pending bytes counted from their frames once (`sizes.rs`).
 //!
 //! A checkpoint is taken by the committer between frames (no frame in flight), so it describes
 //! the log exactly up to every segment's recorded length; settlements staged but not yet written
@@ -55,6 +60,9 @@ pub(super) struct SegState {
     pub(super) index: Vec<(u64, u64)>,
     pub(super) ms_runs: Vec<(u64, u64)>,
     pub(super) live: Vec<(QueueId, Vec<u64>)>,
+    /// Body bytes owed per queue (the trailer); `None`: a checkpoint written before bytes
+    /// were counted.
+    pub(super) bytes: Option<Vec<(QueueId, u64)>>,
 }
 
 /// A checkpoint's content.
@@ -194,6 +202,7 @@ impl Checkpoint {
                 put_words(&mut b, words);
             }
         }
+        super::sizes::put_trailer(&mut b, &self.segs);
         let mut out = Vec::with_capacity(HEAD + b.len());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&self.generation.to_le_bytes());
@@ -275,7 +284,11 @@ impl Checkpoint {
                 index,
                 ms_runs,
                 live,
+                bytes: None,
             });
+        }
+        if !r.is_empty() {
+            super::sizes::get_trailer(&mut r, &mut segs)?;
         }
         r.is_empty().then_some(Self {
             generation,
@@ -363,6 +376,9 @@ impl Log {
                     let mut live: Vec<(QueueId, Vec<u64>)> =
                         s.live.iter().map(|(q, b)| (*q, b.words.clone())).collect();
                     live.sort_unstable_by_key(|(q, _)| *q);
+                    let mut bytes: Vec<(QueueId, u64)> =
+                        s.live.iter().map(|(q, b)| (*q, b.bytes)).collect();
+                    bytes.sort_unstable_by_key(|(q, _)| *q);
                     SegState {
                         no: s.hdr.no,
                         salt: s.hdr.salt,
@@ -373,6 +389,7 @@ impl Log {
                         index: s.index.clone(),
                         ms_runs: s.ms_runs.clone(),
                         live,
+                        bytes: Some(bytes),
                     }
                 })
                 .collect(),
@@ -462,12 +479,13 @@ impl Log {
         file: Arc<dyn FsFile>,
         known: &HashSet<QueueId>,
     ) {
-        let live: HashMap<QueueId, Bits> = st
+        let mut live: HashMap<QueueId, Bits> = st
             .live
             .iter()
             .filter(|(q, _)| known.contains(q))
             .map(|(q, w)| (*q, Bits::from_words(w.clone())))
             .collect();
+        self.restore_bytes(st, &mut live);
         self.max_seq = self.max_seq.max(hdr.base_seq).max(st.last_seq);
         let mut seg = Seg::new(hdr, file, st.len);
         seg.first_seq = st.first_seq;
@@ -523,6 +541,7 @@ mod tests {
                 index: vec![(1, 48), (900, 33_000)],
                 ms_runs: vec![(1, 1000), (500, 2000)],
                 live: vec![(1, words), (2, vec![])],
+                bytes: Some(vec![(1, 64_123), (2, 0)]),
             }],
         };
         let b = c.encode();
@@ -538,5 +557,11 @@ mod tests {
         let mut flipped = b.clone();
         flipped[HEAD + 3] ^= 1;
         assert_eq!(Checkpoint::decode(&flipped), None);
+        // The earlier format (no pending-bytes trailer) still reads, its bytes unknown.
+        let mut old = c.clone();
+        old.segs[0].bytes = None;
+        let short = old.encode();
+        assert_eq!(short.len(), b.len() - (1 + 4 + 2 * 20));
+        assert_eq!(Checkpoint::decode(&short), Some(old));
     }
 }

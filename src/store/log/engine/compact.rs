@@ -352,7 +352,11 @@ impl Log {
 fn rebase(seg: &Seg, copy: &Seg) -> Result<HashMap<QueueId, Bits>, u64> {
     let mut live = HashMap::new();
     for (q, bits) in &seg.live {
-        let mut moved = Bits::default();
+        // The same events: the same bytes.
+        let mut moved = Bits {
+            bytes: bits.bytes,
+            ..Bits::default()
+        };
         for i in bits.iter() {
             let seq = seg.first_seq.unwrap_or(0) + i;
             moved.set(copy.bit(seq).ok_or(seq)?);

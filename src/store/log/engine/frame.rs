@@ -93,7 +93,7 @@ impl Log {
         let mut pending = std::mem::take(&mut self.pending_events);
         let first_event = pending.first().map(|(c, _)| c.seq);
         for (cached, queues) in pending.drain(..) {
-            self.add_event(cached.seq, queues.into_iter());
+            self.add_event(cached.seq, cached.body.len() as u64, queues.into_iter());
             if let Some(seg) = self.segs.last_mut() {
                 seg.note_ms(cached.seq, cached.first_ms);
             }

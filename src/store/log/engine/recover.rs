@@ -79,6 +79,7 @@ impl Log {
             }
         }
         log.clear_lost();
+        log.recount_bytes()?;
         log.report();
         // The next checkpoint goes above every one on disk, whichever was used.
         log.ck_generation = generation;
@@ -147,6 +148,7 @@ impl Log {
             quarantine_bytes: 0,
             ck_owed: HashSet::new(),
             retain: Default::default(),
+            recount: HashSet::new(),
         }
     }
 
@@ -440,18 +442,20 @@ impl Log {
                 seq,
                 first_ms,
                 queues,
+                body,
                 ..
             } => {
                 if let Some(seg) = self.segs.last_mut() {
                     seg.note_ms(seq, first_ms);
                 }
-                self.add_event(seq, queues.iter().filter(|q| known.contains(q)).copied())
+                let size = body.len() as u64;
+                self.add_event(
+                    seq,
+                    size,
+                    queues.iter().filter(|q| known.contains(q)).copied(),
+                )
             }
-            Record::Settle { queue, seqs } => {
-                for s in seqs {
-                    self.settle_one(queue, s);
-                }
-            }
+            Record::Settle { queue, seqs, bytes } => self.replay_settle(queue, &seqs, bytes),
             Record::Retry { queue, state, seqs } => {
                 for s in seqs {
                     if self.is_pending(queue, s) {
@@ -473,6 +477,7 @@ impl Log {
                 }
                 // Everything said of this segment before is replaced, every queue.
                 let old = std::mem::take(&mut seg.live);
+                let no = seg.hdr.no;
                 // A compacted copy may end before events the restatement lists: those were
                 // settled before the copy was made, and the segment no longer holds them.
                 let holds = seg.last_seq.saturating_sub(first_seq) + 1;
@@ -483,6 +488,15 @@ impl Log {
                         if s.checked_sub(first_seq).is_some_and(|i| bits.get(i)) {
                             self.retries.insert((qs.queue, s), st);
                         }
+                    }
+                    // The same events owed: the same bytes. Otherwise (settle records lost
+                    // with a deleted segment, a compacted copy) the segment is counted again.
+                    match old.get(&qs.queue).filter(|o| o.same_bits(&bits)) {
+                        Some(o) => bits.bytes = o.bytes,
+                        None if bits.ones > 0 => {
+                            self.recount.insert(no);
+                        }
+                        None => {}
                     }
                     seg.live.insert(qs.queue, bits);
                 }

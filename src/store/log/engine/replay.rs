@@ -261,6 +261,8 @@ impl Log {
                 for i in from..to.max(from) {
                     if bits.clear(i) {
                         self.retries.remove(&(*q, first + i));
+                        // The lost events' sizes are not readable: count what is left.
+                        self.recount.insert(no);
                     }
                 }
             }

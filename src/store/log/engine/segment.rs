@@ -7,25 +7,37 @@ use crate::store::QueueId;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// One bit per sequence number from `first`.
+/// One bit per sequence number from `first`: what a segment owes one queue.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Bits {
     pub(super) words: Vec<u64>,
     pub(super) ones: u64,
+    /// Body bytes of the events whose bits are set (kept by the log as it sets and clears
+    /// them: 8 bytes per segment and queue, nothing per event).
+    pub(super) bytes: u64,
 }
 
 impl Bits {
-    pub(super) fn set(&mut self, i: u64) {
+    /// Set bit `i`; true when it was clear.
+    pub(super) fn set(&mut self, i: u64) -> bool {
         let (w, b) = ((i / 64) as usize, i % 64);
         if self.words.len() <= w {
             self.words.resize(w + 1, 0);
         }
-        if let Some(word) = self.words.get_mut(w) {
-            if *word & (1 << b) == 0 {
+        match self.words.get_mut(w) {
+            Some(word) if *word & (1 << b) == 0 => {
                 *word |= 1 << b;
                 self.ones += 1;
+                true
             }
+            _ => false,
         }
+    }
+    /// Whether both hold the same bits (trailing zero words aside).
+    pub(super) fn same_bits(&self, other: &Bits) -> bool {
+        let trim = |w: &[u64]| w.len() - w.iter().rev().take_while(|x| **x == 0).count();
+        let (a, b) = (&self.words, &other.words);
+        a.get(..trim(a)) == b.get(..trim(b))
     }
     pub(super) fn clear(&mut self, i: u64) -> bool {
         let (w, b) = ((i / 64) as usize, i % 64);
@@ -56,7 +68,11 @@ impl Bits {
     }
     pub(super) fn from_words(words: Vec<u64>) -> Self {
         let ones = words.iter().map(|w| u64::from(w.count_ones())).sum();
-        Self { words, ones }
+        Self {
+            words,
+            ones,
+            bytes: 0,
+        }
     }
     pub(super) fn iter(&self) -> impl Iterator<Item = u64> + '_ {
         self.words.iter().enumerate().flat_map(|(w, word)| {

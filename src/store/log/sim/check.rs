@@ -41,6 +41,22 @@ pub(super) fn check(
             .map_err(|e| format!("seed {seed}: pending of queue {q}: {e}"))?;
         recovered.insert(*q, runs);
     }
+    // The bytes counted are those of the events listed, exactly (checkpoint, replay, restatements,
+    // damage and compaction alike).
+    for (q, runs) in &recovered {
+        let listed: u64 = runs
+            .events()
+            .iter()
+            .filter_map(|(seq, _)| m.published.get(&(*q, *seq)))
+            .map(|b| b.len() as u64)
+            .sum();
+        let counted = store.pending_bytes(*q);
+        if counted != Some(listed) {
+            return Err(format!(
+                "seed {seed}: queue {q} counts {counted:?} bytes pending, its events hold {listed}"
+            ));
+        }
+    }
     let mut found: HashSet<(QueueId, u64)> = HashSet::new();
     for (q, runs) in &recovered {
         let list = runs.events();
