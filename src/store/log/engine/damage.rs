@@ -203,10 +203,16 @@ pub(crate) fn zeros_after(buf: &[u8], from: u64) -> bool {
 
 /// The whole of `file` (`size` bytes) in memory.
 pub(crate) fn read_whole(file: &dyn FsFile, size: u64) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; usize::try_from(size).map_err(io::Error::other)?];
+    read_range(file, 0, size)
+}
+
+/// The bytes of `file` from `from` to `to` in memory (fewer where the file ends before).
+pub(crate) fn read_range(file: &dyn FsFile, from: u64, to: u64) -> io::Result<Vec<u8>> {
+    let n = to.saturating_sub(from);
+    let mut buf = vec![0u8; usize::try_from(n).map_err(io::Error::other)?];
     let mut at = 0usize;
     while at < buf.len() {
-        let n = file.read_at(buf.get_mut(at..).unwrap_or_default(), at as u64)?;
+        let n = file.read_at(buf.get_mut(at..).unwrap_or_default(), from + at as u64)?;
         if n == 0 {
             buf.truncate(at);
             break;
