@@ -361,8 +361,8 @@ pub fn broker_families() -> [Family<BrokerView>; 15] {
         family("gridlet_store_journal_syncs_total", Counter, "Event-log frames that acknowledged publishes, one fdatasync each (commits / syncs = publishes per group commit)", |b| b.commits.and_then(|c| n(c.syncs))),
         family("gridlet_store_checkpoints_total", Counter, "Event-log collections: segments with nothing pending deleted (after restating what older live segments owe)", |b| b.commits.and_then(|c| n(c.checkpoints))),
         family("gridlet_store_compactions_total", Counter, "Event-log segments pinned by a few pending events replaced by a copy of those events", |b| b.commits.and_then(|c| n(c.compactions))),
-        family("gridlet_store_damaged_frames_total", Counter, "Frames (or spans of them, headers, files) of the event log and the dead-letter log found damaged when gridlet started: checksum failures that are no torn tail, files cut short or missing (persistence__onDamage; copies in the quarantine folder)", |b| b.commits.and_then(|c| n(c.damaged_frames))),
-        family("gridlet_store_damaged_events_total", Counter, "Events (or dead letters) lost in damaged data found when gridlet started (each also named in an error log line and the /readyz body)", |b| b.commits.and_then(|c| n(c.damaged_events))),
+        family("gridlet_store_damaged_frames_total", Counter, "Frames (or spans of them, headers, files) of the event log and the dead-letter log found damaged at start or since (the background scrub of checkpointed frames, a read): checksum failures that are no torn tail, files cut short or missing (persistence__onDamage; copies in the quarantine folder)", |b| b.commits.and_then(|c| n(c.damaged_frames))),
+        family("gridlet_store_damaged_events_total", Counter, "Events (or dead letters) lost in damaged data found at start or since by the scrub or a read (each also named in an error log line and the /readyz body)", |b| b.commits.and_then(|c| n(c.damaged_events))),
         Family {
             name: "gridlet_telemetry_spans_total",
             kind: Counter,

@@ -338,8 +338,10 @@ impl LogStore {
         let mut tries = 0;
         loop {
             let plans = self.shared.log().plan_get(queue, seqs);
-            match plans.run() {
-                Err(StoreError::Corrupt(e)) if tries < 3 && self.shared.log().has_findings() => {
+            let read = plans.run();
+            let found = self.shared.log().has_findings();
+            match read {
+                Err(StoreError::Corrupt(e)) if tries < 3 && found => {
                     tracing::debug!(error = %e, "a read met a damaged frame: recording it");
                     tries += 1;
                     self.flush_blocking()?;
@@ -572,13 +574,17 @@ impl Store for LogStore {
     }
 
     fn commit_counters(&self) -> Option<CommitCounters> {
+        // One lock of the log at a time: a guard in a field expression lives to the end of
+        // the statement.
+        let damage = self.damage();
+        let compactions = self.shared.log().compactions();
         Some(CommitCounters {
             commits: self.shared.commits.load(Ordering::Relaxed),
             syncs: self.shared.publish_syncs.load(Ordering::Relaxed),
             checkpoints: self.shared.collections.load(Ordering::Relaxed),
-            compactions: self.shared.log().compactions(),
-            damaged_frames: self.damage().frames(),
-            damaged_events: self.damage().events(),
+            compactions,
+            damaged_frames: damage.frames(),
+            damaged_events: damage.events(),
         })
     }
 

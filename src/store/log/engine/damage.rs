@@ -119,7 +119,7 @@ impl Damage {
             " (at least: some damaged records do not read)"
         };
         Some(format!(
-            "damaged data found at start: {} events lost{more} in {} frames of {} files (copies in the quarantine folder; see the error log)",
+            "damaged data found at start or since: {} events lost{more} in {} frames of {} files (copies in the quarantine folder; see the error log)",
             self.events(),
             self.frames(),
             files.len()
