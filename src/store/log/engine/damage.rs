@@ -24,7 +24,7 @@ use std::sync::Arc;
 /// files, counted in the disk bound, never read or removed by gridlet.
 pub const QUARANTINE: &str = "quarantine";
 
-/// One loss found when the log opened.
+/// One loss found when the log opened, or since by the scrub or a read (`scrub.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Loss {
     /// The damaged file.
