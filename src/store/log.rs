@@ -47,6 +47,8 @@ mod retain_tests;
 pub mod round;
 #[cfg(test)]
 mod round_tests;
+#[cfg(test)]
+mod scrub_tests;
 pub mod sim;
 #[cfg(test)]
 mod tests;
@@ -65,7 +67,7 @@ use crate::store::{
     StoredEvent,
 };
 pub use committer::Driver;
-use committer::{committer, compactor, Compactor, Shared, Waiting};
+use committer::{committer, compactor, scrubber, Compactor, Shared, Waiting};
 use engine::{Log, LogOptions, Recovered};
 use futures_util::future::BoxFuture;
 use round::Waiter;
@@ -115,14 +117,19 @@ pub struct LogStore {
     /// Who runs the rounds, until stopped.
     running: Mutex<Running>,
     recovered: Mutex<Recovered>,
-    /// What the open found damaged, both logs ([`engine::Damage`]).
-    damage: engine::Damage,
+    /// What the open of the dead-letter log found damaged ([`engine::Damage`]); the event
+    /// log's, the open's and the scrub's since, are the log's own.
+    letters_damage: engine::Damage,
 }
 
 /// Who runs the committer's rounds.
 enum Running {
-    /// The committer and compactor threads.
-    Threads(std::thread::JoinHandle<()>, std::thread::JoinHandle<()>),
+    /// The committer and compactor threads, and the scrub's.
+    Threads(
+        std::thread::JoinHandle<()>,
+        std::thread::JoinHandle<()>,
+        std::thread::JoinHandle<()>,
+    ),
     /// The caller, through a [`Driver`] (the simulation).
     Inline,
     /// Stopped (or crashed, in the simulation): nothing more is written.
@@ -158,7 +165,10 @@ impl LogStore {
             Box::new(now_ms),
             Compactor::Thread(Mutex::new(None)),
         )?;
-        store.start(Duration::from_millis(opts.flush_every_ms))?;
+        store.start(
+            Duration::from_millis(opts.flush_every_ms),
+            engine::SCRUB_BYTES_PER_SEC,
+        )?;
         Ok(store)
     }
 
@@ -204,8 +214,7 @@ impl LogStore {
         let known = meta.known_queues()?;
         let root = opts.events_path.join(SUBDIR);
         let (mut log, recovered) = Log::open(fs.clone(), log_opts, &known, clock())?;
-        let mut damage = log.damage().clone();
-        if !damage.losses.is_empty() {
+        if !log.damage().losses.is_empty() {
             log.start_clean_head(clock())?;
         }
         let shared = Arc::new(Shared {
@@ -218,6 +227,8 @@ impl LogStore {
             tracer: std::sync::OnceLock::new(),
             clock,
             compactor,
+            scrub_stop: Mutex::new(false),
+            scrub_wake: Condvar::new(),
         });
         let for_letters = shared.clone();
         let letters = letters::LogLetters::open(
@@ -231,19 +242,18 @@ impl LogStore {
             &known,
             Box::new(move || for_letters.log().disk_bytes()),
         )?;
-        damage.extend(letters.damage());
         Ok(Self {
             meta,
+            letters_damage: letters.damage(),
             letters: Arc::new(letters),
             shared,
             running: Mutex::new(Running::Stopped),
             recovered: Mutex::new(recovered),
-            damage,
         })
     }
 
-    /// Start the committer and compactor threads.
-    fn start(&self, letters_every: Duration) -> Result<(), StoreError> {
+    /// Start the committer, compactor and scrub threads.
+    fn start(&self, letters_every: Duration, scrub_rate: u64) -> Result<(), StoreError> {
         let (jobs, queue) = std::sync::mpsc::channel();
         if let Compactor::Thread(tx) = &self.shared.compactor {
             *crate::sync::lock(tx) = Some(jobs);
@@ -258,7 +268,12 @@ impl LogStore {
             .name("gridlet-commit".into())
             .spawn(move || committer(&s, &l, letters_every))
             .map_err(|e| StoreError::Io(format!("cannot start the committer: {e}")))?;
-        *crate::sync::lock(&self.running) = Running::Threads(thread, compactor);
+        let s = self.shared.clone();
+        let scrub = std::thread::Builder::new()
+            .name("gridlet-scrub".into())
+            .spawn(move || scrubber(&s, scrub_rate))
+            .map_err(|e| StoreError::Io(format!("cannot start the scrub: {e}")))?;
+        *crate::sync::lock(&self.running) = Running::Threads(thread, compactor, scrub);
         Ok(())
     }
 
@@ -301,9 +316,41 @@ impl LogStore {
         self.shared.log().compactions()
     }
 
-    /// What the open found damaged and lost, both logs (tests).
-    pub fn damage(&self) -> &engine::Damage {
-        &self.damage
+    /// What was found damaged and lost, both logs: at open, and since by the scrub and reads.
+    pub fn damage(&self) -> engine::Damage {
+        let mut d = self.shared.log().damage().clone();
+        d.extend(self.letters_damage.clone());
+        d
+    }
+
+    /// Bytes of frames the scrub has still to check (tests).
+    pub fn scrub_left(&self) -> u64 {
+        self.shared.log().scrub_left()
+    }
+
+    /// Read events, recording a damaged frame met on the way first (through the committer's
+    /// round, [`engine::Log::record_findings`]) and reading again: what the damage took is no
+    /// longer pending, and the read steps over it. Bounded: a frame that fails again (it was
+    /// not recorded: the log failed) is an error.
+    fn get_recording(
+        &self,
+        queue: QueueId,
+        seqs: &[u64],
+    ) -> Result<Vec<Option<StoredEvent>>, StoreError> {
+        let mut tries = 0;
+        loop {
+            let plans = self.shared.log().plan_get(queue, seqs);
+            let read = plans.run();
+            let found = self.shared.log().has_findings();
+            match read {
+                Err(StoreError::Corrupt(e)) if tries < 3 && found => {
+                    tracing::debug!(error = %e, "a read met a damaged frame: recording it");
+                    tries += 1;
+                    self.flush_blocking()?;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Bytes the log's segments occupy (tests, metrics).
@@ -394,7 +441,18 @@ impl Store for LogStore {
 
     fn pending_runs(&self, queue: QueueId) -> Result<crate::store::PendingRuns, StoreError> {
         if let Some(v) = crate::sync::lock(&self.recovered).remove(&queue) {
-            return Ok(v);
+            let log = self.shared.log();
+            if log.losses_since_open() == 0 {
+                return Ok(v);
+            }
+            // Damage found since the open (the scrub, a read) took some of these.
+            let mut out = crate::store::PendingRuns::default();
+            for (seq, st) in v.events() {
+                if log.is_pending(queue, seq) {
+                    out.push(seq, st);
+                }
+            }
+            return Ok(out);
         }
         let mut out = crate::store::PendingRuns::default();
         for (seq, st) in self.shared.log().index_of(queue)? {
@@ -404,8 +462,7 @@ impl Store for LogStore {
     }
 
     fn get(&self, queue: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
-        let plans = self.shared.log().plan_get(queue, seqs);
-        plans.run()
+        self.get_recording(queue, seqs)
     }
 
     fn put_topic(&self, key: &str, record: &TopicRecord) -> Result<(), StoreError> {
@@ -540,6 +597,9 @@ impl Store for LogStore {
     }
 
     fn commit_counters(&self) -> Option<CommitCounters> {
+        // One lock of the log at a time: a guard in a field expression lives to the end of
+        // the statement.
+        let damage = self.damage();
         let (compactions, window_evicted_segments) = {
             let log = self.shared.log();
             (log.compactions(), log.kept_evicted())
@@ -549,14 +609,14 @@ impl Store for LogStore {
             syncs: self.shared.publish_syncs.load(Ordering::Relaxed),
             checkpoints: self.shared.collections.load(Ordering::Relaxed),
             compactions,
-            damaged_frames: self.damage.frames(),
-            damaged_events: self.damage.events(),
+            damaged_frames: damage.frames(),
+            damaged_events: damage.events(),
             window_evicted_segments,
         })
     }
 
     fn damage_summary(&self) -> Option<String> {
-        self.damage.summary()
+        self.damage().summary()
     }
 
     fn close(&self) {
@@ -604,7 +664,10 @@ impl LogStore {
         let running = std::mem::replace(&mut *crate::sync::lock(&self.running), Running::Stopped);
         match running {
             Running::Stopped => return,
-            Running::Threads(t, compactor) => {
+            Running::Threads(t, compactor, scrub) => {
+                *crate::sync::lock(&self.shared.scrub_stop) = true;
+                self.shared.scrub_wake.notify_all();
+                let _ = scrub.join();
                 self.shared.waiting().shutdown = true;
                 self.shared.wake.notify_one();
                 let _ = t.join();

@@ -349,7 +349,10 @@ impl Bench {
                 "broker__maxPendingEventsPerSubscription".into(),
                 "100000000".into(),
             ),
-            ("persistence__maxDiskBytes".into(), "17179869184".into()),
+            (
+                "persistence__maxDiskBytes".into(),
+                self.opts.max_disk_bytes.to_string(),
+            ),
         ];
         env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         Spec {

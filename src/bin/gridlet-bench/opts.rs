@@ -15,6 +15,9 @@ pub(super) struct Opts {
     pub(super) backlog: u64,
     pub(super) gridlet: Option<PathBuf>,
     pub(super) max_seconds: u64,
+    /// `persistence__maxDiskBytes` of every gridlet the bench starts (default 16 GiB), unless
+    /// a scenario sets its own.
+    pub(super) max_disk_bytes: u64,
     /// How the subscriber is down in (e).
     pub(super) down: Mode,
     /// (e) with persisted subscriptions (default) or in-memory ones.
@@ -69,7 +72,8 @@ pub(super) struct Opts {
 const USAGE: &str =
     "usage: gridlet-bench [--scenario a|b|c|d|e|store|footprint|crashsim|azure|mqtt|outage|pull|all (comma list ok)] [--quick]
                      [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
-                     [--down stall|refuse] [--e-in-memory] [--e-kill] [--gridlet PATH] [--max-seconds SECS]
+                     [--down stall|refuse] [--e-in-memory] [--e-kill] [--max-disk-bytes BYTES]
+                     [--gridlet PATH] [--max-seconds SECS]
                      [--rounds N] [--slice SECS]
                      [--store-events N] [--store-watch SECS] [--segment-bytes BYTES]
                      [--nats PATH] [--no-peer] [--seeds N] [--first-seed N] [--damage]
@@ -89,6 +93,10 @@ back (the backlog waits in the ready lane); refuse = it answers 503 (every event
 survive the restart).
 --e-kill: scenario e restarts gridlet with SIGKILL (a crash: it reads the frames since its last
 checkpoint) instead of SIGTERM (a clean stop leaves a checkpoint of everything).
+--max-disk-bytes BYTES (default 17179869184, 16 GiB): persistence__maxDiskBytes of every gridlet
+started. --backlog is capped by it: 256-byte events take about 317 bytes each on disk, so 16 GiB
+stops (e) near 51.6 M; a 100 M backlog needs about 32 GB (e.g. --backlog 100000000
+--max-disk-bytes 40000000000 --max-seconds 3600, on a disk with that much free).
 --store-events N (scenario store, default 100000, quick 20000): persisted 1 KB events published
 behind a stalled subscriber, then drained; the fan-out (2,000 x 4 KB) and dead-letter (80 x 900 KB)
 rows scale down below 20000. --store-watch SECS (default 10): how long disk is watched after
@@ -130,6 +138,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         backlog: if quick { 20_000 } else { 1_000_000 },
         gridlet: None,
         max_seconds: 900,
+        max_disk_bytes: 16 << 30,
         down: Mode::Stall,
         e_persisted: true,
         e_kill: false,
@@ -198,6 +207,13 @@ pub(super) fn parse_args() -> Result<Opts, String> {
             }
             "--e-in-memory" => o.e_persisted = false,
             "--e-kill" => o.e_kill = true,
+            "--max-disk-bytes" => {
+                o.max_disk_bytes = val()?
+                    .parse()
+                    .ok()
+                    .filter(|n| *n >= 1 << 20)
+                    .ok_or("--max-disk-bytes: at least 1048576")?
+            }
             "--rounds" => {
                 o.rounds = val()?
                     .parse()

@@ -89,6 +89,8 @@ struct State {
     steps: u64,
     crash_at: Option<u64>,
     crashed: bool,
+    /// Bytes returned by reads so far.
+    read: u64,
 }
 
 fn eio(what: &str) -> io::Error {
@@ -178,6 +180,11 @@ impl SimFs {
     /// Whether the power is off (a crash step was reached or [`SimFs::power_cut`] called).
     pub fn crashed(&self) -> bool {
         self.lock().crashed
+    }
+
+    /// Bytes read from files so far (what a start reads, measured without a clock).
+    pub fn bytes_read(&self) -> u64 {
+        self.lock().read
     }
 
     /// Cut the power now.
@@ -314,7 +321,7 @@ impl FsFile for SimFile {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
-        self.with(false, |f| {
+        let n = self.with(false, |f| {
             let start = (offset as usize).min(f.current.len());
             let src = f.current.get(start..).unwrap_or_default();
             let n = src.len().min(buf.len());
@@ -322,7 +329,9 @@ impl FsFile for SimFile {
                 dst.copy_from_slice(src);
             }
             n
-        })
+        })?;
+        self.fs.lock().read += n as u64;
+        Ok(n)
     }
 
     fn size(&self) -> io::Result<u64> {

@@ -1,6 +1,8 @@
 //! The log store's threads: `gridlet-commit` waits for work and runs the round
 //! ([`super::round`]) on the store's shared state; `gridlet-compact` copies the segments the
-//! round hands over. The simulation runs the same rounds in place, through [`Driver`].
+//! round hands over; `gridlet-scrub` checks, rate-limited, the frames the checkpoint vouched
+//! for at open (`engine/scrub.rs`) and ends when they are all checked. The simulation runs the
+//! same rounds and the same scrub in place, through [`Driver`].
 
 use super::commit_trace::Group;
 use super::engine::{Compaction, Log};
@@ -44,6 +46,9 @@ pub(super) struct Shared {
     /// Wall time, milliseconds (the system's; the simulation's own clock).
     pub(super) clock: Box<dyn Fn() -> u64 + Send + Sync>,
     pub(super) compactor: Compactor,
+    /// Set when the store stops: the scrub ends at once.
+    pub(super) scrub_stop: Mutex<bool>,
+    pub(super) scrub_wake: Condvar,
 }
 
 impl Shared {
@@ -202,6 +207,50 @@ pub(super) fn compactor(s: &Shared, jobs: &std::sync::mpsc::Receiver<Compaction>
     }
 }
 
+/// The scrub thread: checks the frames the checkpoint vouched for, a chunk at a time, at most
+/// `bytes_per_sec`; a failing frame wakes the committer, whose next round records it. Ends
+/// when every segment is checked, or when the store stops.
+pub(super) fn scrubber(s: &Shared, bytes_per_sec: u64) {
+    let started = std::time::Instant::now();
+    let mut read = 0u64;
+    loop {
+        let Some(job) = s.log().scrub_job(super::engine::SCRUB_CHUNK) else {
+            tracing::debug!(
+                bytes = read,
+                ms = started.elapsed().as_millis() as u64,
+                "event log scrub done"
+            );
+            return;
+        };
+        let found = match job.run() {
+            Ok(done) => {
+                read += done.bytes;
+                s.log().scrub_done(done)
+            }
+            Err(e) => {
+                // Left unchecked: a read error is the disk's, and reads report theirs.
+                tracing::warn!(error = %e, "the event log's scrub could not read a segment; stopping the scrub");
+                return;
+            }
+        };
+        if found {
+            s.waiting().dirty = true;
+            s.wake.notify_one();
+        }
+        // The pace: `read` bytes take at least `read / bytes_per_sec` seconds.
+        let due = Duration::from_secs_f64(read as f64 / bytes_per_sec.max(1) as f64);
+        let pause = due.saturating_sub(started.elapsed());
+        let stop = crate::sync::lock(&s.scrub_stop);
+        let (stop, _) = s
+            .scrub_wake
+            .wait_timeout_while(stop, pause, |stop| !*stop)
+            .unwrap_or_else(|p| p.into_inner());
+        if *stop {
+            return;
+        }
+    }
+}
+
 /// Runs a [`super::LogStore::simulated`] store's rounds: the same executor as the committer thread
 /// ([`round`]), on the caller's thread, when told to.
 pub struct Driver {
@@ -262,5 +311,15 @@ impl Driver {
     /// A checkpoint now, as the round takes one when due.
     pub fn checkpoint(&self) {
         round::checkpoint(&*self.shared);
+    }
+
+    /// The scrub's work to the end, as `gridlet-scrub` does it, then the round that records
+    /// what it found ([`Round::Damage`]).
+    ///
+    /// # Errors
+    /// A read failed, or recording the damage did (the log has failed then).
+    pub fn scrub(&self) -> Result<(), crate::store::StoreError> {
+        round::scrub_all(&*self.shared)?;
+        round::run(&*self.shared, Round::Damage, Vec::new())
     }
 }

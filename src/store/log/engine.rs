@@ -8,7 +8,9 @@
 //! what is staged as a frame and writes it; `engine/segment.rs` is a segment in memory (its bits); `engine/collect.rs` gives dead
 //! segments back; `engine/compact.rs` copies the pending events of a pinned segment into a
 //! smaller file; `engine/checkpoint.rs` writes and reads checkpoints; `engine/recover.rs`
-//! opens the log; `engine/read.rs` reads events back (tail first, then frames).
+//! opens the log (`engine/replay.rs` walks a segment's frames, `engine/damage.rs` tells damage
+//! from a torn tail); `engine/scrub.rs` checks in the background the frames a checkpoint vouched
+//! for; `engine/read.rs` reads events back (tail first, then frames).
 //!
 //! # Invariants
 //!
@@ -51,6 +53,7 @@ mod read;
 mod recover;
 mod replay;
 mod retain;
+mod scrub;
 mod segment;
 mod sizes;
 
@@ -66,6 +69,7 @@ pub use frame::FrameWrite;
 pub(crate) use read::read_frame;
 pub use read::Reads;
 pub use retain::RetainedScan;
+pub use scrub::{Finding, ScrubJob, Scrubbed, SCRUB_BYTES_PER_SEC, SCRUB_CHUNK};
 pub use segment::Bits;
 use segment::Seg;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -217,6 +221,12 @@ pub struct Log {
     ck_owed: HashSet<u64>,
     /// Settled segments kept for a reader's horizon (`engine/retain.rs`).
     retain: retain::Retention,
+    /// Segments whose checkpointed frames the scrub has not checked yet (`scrub.rs`).
+    unverified: Vec<scrub::Unverified>,
+    /// Failing frames met by reads and the scrub, for the next round ([`Log::record_findings`]).
+    found: scrub::Findings,
+    /// Losses the open found (those after are the scrub's and reads').
+    losses_at_open: usize,
 }
 
 fn io_err(path: &Path, e: impl std::fmt::Display) -> StoreError {
@@ -261,7 +271,8 @@ impl Log {
         self.segs.get(i).and_then(|s| s.bit(seq)).map(|_| i)
     }
 
-    fn is_pending(&self, queue: QueueId, seq: u64) -> bool {
+    /// Whether event `seq` is pending in `queue`.
+    pub fn is_pending(&self, queue: QueueId, seq: u64) -> bool {
         self.seg_of(seq)
             .and_then(|i| self.segs.get(i))
             .and_then(|s| Some(s.live.get(&queue)?.get(s.bit(seq)?)))

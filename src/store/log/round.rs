@@ -10,6 +10,9 @@
 //!
 //! # Order, and why
 //!
+//! 0. [`Step::RecordDamage`]: failing frames met since the last round by reads or the scrub
+//!    (`engine/scrub.rs`) are recorded first: the events they held stop being pending before
+//!    anything else is planned, and a damaged head is closed before a frame goes after it.
 //! 1. [`Step::WriteFrame`]: one frame, `fdatasync`ed. A publish is acknowledged only after it.
 //! 2. [`Step::AnswerPublishes`]: as soon as their frame is durable; nothing after this step
 //!    (another file's write or sync) delays an acknowledgement.
@@ -34,6 +37,8 @@ use std::ops::DerefMut;
 /// One step of a round. See the module docs for the order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
+    /// Record the damage reads and the scrub found (`engine/scrub.rs`).
+    RecordDamage,
     /// Write what is staged as one frame and sync it.
     WriteFrame,
     /// Answer the publishes whose events that frame holds.
@@ -59,6 +64,8 @@ pub enum Round {
     Idle,
     /// The store stops: the last frame and what follows it; no new compaction starts.
     Stop,
+    /// Only the damage found by reads or the scrub (the simulation's scrub, run in place).
+    Damage,
 }
 
 impl Round {
@@ -67,6 +74,7 @@ impl Round {
         use Step::*;
         match self {
             Round::Frame => &[
+                RecordDamage,
                 WriteFrame,
                 AnswerPublishes,
                 RemoveSegments,
@@ -74,8 +82,15 @@ impl Round {
                 Checkpoint,
                 AnswerRound,
             ],
-            Round::Idle => &[HandOverCompaction],
-            Round::Stop => &[WriteFrame, RemoveSegments, Checkpoint, AnswerRound],
+            Round::Idle => &[RecordDamage, HandOverCompaction],
+            Round::Stop => &[
+                RecordDamage,
+                WriteFrame,
+                RemoveSegments,
+                Checkpoint,
+                AnswerRound,
+            ],
+            Round::Damage => &[RecordDamage],
         }
     }
 }
@@ -168,7 +183,16 @@ pub(super) fn run<H: Host>(host: &H, round: Round, waiters: Vec<Waiter>) -> Resu
     let publishes = waiters.iter().any(|w| matches!(w, Waiter::Publish(_)));
     for &step in round.steps() {
         match step {
-            Step::WriteFrame => {
+            Step::RecordDamage => {
+                let recorded = host.log().record_findings(host.now_ms());
+                match recorded {
+                    Ok(0) => {}
+                    Ok(n) => host.did(step, n as u64),
+                    // The log has failed (fail-stop): the frame step refuses, everyone hears.
+                    Err(e) => result = Err(e),
+                }
+            }
+            Step::WriteFrame if result.is_ok() => {
                 result = write_frame(host, step);
                 if publishes && result.is_ok() {
                     host.publish_synced();
@@ -330,6 +354,33 @@ impl Host for Bare<'_> {
 
     fn now_ms(&self) -> u64 {
         self.1
+    }
+}
+
+/// Check every frame the checkpoint vouched for now ([`Log::scrub_job`] to the end), then record
+/// what was found in a [`Round::Damage`] (tests of the engine; the store's scrub runs on
+/// `gridlet-scrub`, the simulation's through its driver).
+///
+/// # Errors
+/// Recording the damage failed (the log has failed then).
+pub fn scrub(log: &mut Log, now_ms: u64) -> Result<(), StoreError> {
+    let host = Bare(std::cell::RefCell::new(log), now_ms);
+    scrub_all(&host)?;
+    run(&host, Round::Damage, Vec::new())
+}
+
+/// Run the scrub's jobs to the end, in place (reads that fail leave their segment unchecked).
+pub(super) fn scrub_all<H: Host>(host: &H) -> Result<(), StoreError> {
+    loop {
+        let Some(job) = host.log().scrub_job(super::engine::SCRUB_CHUNK) else {
+            return Ok(());
+        };
+        match job.run() {
+            Ok(done) => {
+                host.log().scrub_done(done);
+            }
+            Err(e) => return Err(StoreError::Io(format!("the scrub could not read: {e}"))),
+        }
     }
 }
 

@@ -119,11 +119,23 @@ async fn a_round_answers_publishes_after_their_frame_and_the_rest_after_everythi
 #[test]
 fn the_rounds_plans() {
     use Step::*;
-    assert_eq!(Round::Idle.steps(), [HandOverCompaction]);
+    assert_eq!(Round::Idle.steps(), [RecordDamage, HandOverCompaction]);
     assert_eq!(
         Round::Stop.steps(),
-        [WriteFrame, RemoveSegments, Checkpoint, AnswerRound],
+        [
+            RecordDamage,
+            WriteFrame,
+            RemoveSegments,
+            Checkpoint,
+            AnswerRound
+        ],
         "a stopping store starts no compaction"
+    );
+    assert_eq!(Round::Damage.steps(), [RecordDamage]);
+    assert_eq!(
+        Round::Frame.steps().first(),
+        Some(&RecordDamage),
+        "damage found by reads or the scrub is recorded before anything is planned"
     );
 }
 

@@ -24,8 +24,10 @@
 //! seed also damage **synced** data
 //! ([`damage`]: a flipped bit, a zeroed or lost sector, a stale block, a damaged header, a
 //! missing segment file), where the log promises to see it. Then promise 2 becomes: every
-//! acknowledged event is pending unless it was in damaged data, and then the open reported the
-//! loss ([`LogStore::damage`]); never silent. Whether the count reported covers what went missing is
+//! acknowledged event is pending unless it was in damaged data, and then the open or the scrub
+//! that follows it (run to the end after each open, [`Driver::scrub`]; the frames a checkpoint
+//! vouches for are checked there, not at open) reported the loss ([`LogStore::damage`]); never
+//! silent. Whether the count reported covers what went missing is
 //! counted ([`Outcome::undercounted`]), not yet a failure. A settled
 //! event may come back (a damaged frame may have held its settlement: at least once). An open
 //! with no fault made in the seed so far must report no damage at all.
@@ -232,6 +234,11 @@ pub fn run_seed_with(seed: u64, ops: usize, damage: bool) -> Result<Outcome, Str
     for round in 0..3 {
         let (store, driver) = open(&fs, seed, &clock)
             .map_err(|e| format!("seed {seed} round {round}: open failed: {e}"))?;
+        // The open left the frames its checkpoint vouches for to the scrub: run it to the end
+        // (as `gridlet-scrub` would) before the promises are checked.
+        driver
+            .scrub()
+            .map_err(|e| format!("seed {seed} round {round}: scrub failed: {e}"))?;
         if round == 0 {
             for q in QUEUES {
                 store

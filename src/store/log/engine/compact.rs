@@ -188,7 +188,7 @@ impl Log {
                 .segs
                 .iter()
                 .take(head)
-                .position(|s| s.hdr.no == no && s.pending() > 0);
+                .position(|s| s.hdr.no == no && s.pending() > 0 && !self.unverified(no));
         }
         let min_len = (self.opts.segment_bytes / 4).max(HEADER as u64 + 1);
         // A head pinned by a few events after a drain would otherwise hold its bytes until
@@ -202,6 +202,7 @@ impl Log {
             .filter(|(_, s)| {
                 s.pending() > 0
                     && !self.kept(s)
+                    && !self.unverified(s.hdr.no)
                     && s.len >= min_len
                     && self.now_ms.saturating_sub(s.settled_ms) >= self.opts.compact_idle_ms
             })

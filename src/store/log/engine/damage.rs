@@ -24,7 +24,7 @@ use std::sync::Arc;
 /// files, counted in the disk bound, never read or removed by gridlet.
 pub const QUARANTINE: &str = "quarantine";
 
-/// One loss found when the log opened.
+/// One loss found when the log opened, or since by the scrub or a read (`scrub.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Loss {
     /// The damaged file.
@@ -119,7 +119,7 @@ impl Damage {
             " (at least: some damaged records do not read)"
         };
         Some(format!(
-            "damaged data found at start: {} events lost{more} in {} frames of {} files (copies in the quarantine folder; see the error log)",
+            "damaged data found at start or since: {} events lost{more} in {} frames of {} files (copies in the quarantine folder; see the error log)",
             self.events(),
             self.frames(),
             files.len()
@@ -203,10 +203,16 @@ pub(crate) fn zeros_after(buf: &[u8], from: u64) -> bool {
 
 /// The whole of `file` (`size` bytes) in memory.
 pub(crate) fn read_whole(file: &dyn FsFile, size: u64) -> io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; usize::try_from(size).map_err(io::Error::other)?];
+    read_range(file, 0, size)
+}
+
+/// The bytes of `file` from `from` to `to` in memory (fewer where the file ends before).
+pub(crate) fn read_range(file: &dyn FsFile, from: u64, to: u64) -> io::Result<Vec<u8>> {
+    let n = to.saturating_sub(from);
+    let mut buf = vec![0u8; usize::try_from(n).map_err(io::Error::other)?];
     let mut at = 0usize;
     while at < buf.len() {
-        let n = file.read_at(buf.get_mut(at..).unwrap_or_default(), at as u64)?;
+        let n = file.read_at(buf.get_mut(at..).unwrap_or_default(), from + at as u64)?;
         if n == 0 {
             buf.truncate(at);
             break;

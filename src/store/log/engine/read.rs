@@ -158,6 +158,7 @@ impl Log {
             states,
             n: seqs.len(),
             frames: self.frames.clone(),
+            found: self.found.clone(),
         }
     }
 
@@ -217,13 +218,16 @@ pub struct Reads {
     states: HashMap<u64, RetryState>,
     n: usize,
     frames: Arc<Mutex<FrameCache>>,
+    /// Where a failing frame met is noted for the committer ([`Log::record_findings`]).
+    found: super::scrub::Findings,
 }
 
 impl Reads {
     /// Read the events, in the order asked.
     ///
     /// # Errors
-    /// Unreadable data.
+    /// Unreadable data; [`StoreError::Corrupt`] when a frame fails its check (noted for the
+    /// committer's next round, which records the damage: read again after it).
     pub fn run(self) -> Result<Vec<Option<StoredEvent>>, StoreError> {
         let mut out: Vec<Option<StoredEvent>> = vec![None; self.n];
         for (pos, c) in &self.cached {
@@ -291,7 +295,21 @@ impl Reads {
         let frame = read_frame(&*p.file, p.salt, offset, p.end)
             .map_err(|e| StoreError::Io(e.to_string()))?;
         let Some((payload, next)) = frame else {
-            return Ok(None);
+            if offset >= p.end {
+                return Ok(None);
+            }
+            // Below the segment's end a frame must check out: damage that the scrub has not
+            // reached yet (or that came after it). The next round records it; the read fails
+            // meanwhile, and read again steps over what was lost (`LogStore::get`).
+            crate::sync::lock(&self.found).push(super::scrub::Finding {
+                no: p.no,
+                salt: p.salt,
+                offset,
+            });
+            return Err(StoreError::Corrupt(format!(
+                "damaged frame at offset {offset} of event log segment {}",
+                p.no
+            )));
         };
         let events: Vec<Cached> = format::decode_records(&payload)
             .ok_or_else(|| StoreError::Corrupt(format!("unreadable records at {offset}")))?

@@ -1,12 +1,15 @@
 //! Recovery: opening the log rebuilds what each segment owes each queue (see the invariants in
 //! [`super`]): from the newest checkpoint and the frames written after it (`checkpoint.rs`),
-//! or, without one, by reading every segment once, in order. Every frame is checked, those the
-//! checkpoint covers too; a frame that fails is a torn tail or damage (`damage.rs`).
+//! or, without one, by reading every segment once, in order. A frame that fails is a torn
+//! tail or damage (`damage.rs`). From a checkpoint, the frames it vouches for are not read
+//! here: each segment's header and length are, and the scrub checks the rest in the
+//! background (`scrub.rs`); with `persistence__onDamage=refuse`, every frame is checked here.
 
 use super::checkpoint::{Checkpoint, SegState};
 use super::damage::{self, Damage, Keep, Loss};
 use super::format::{self, Header, Record, HEADER};
-use super::replay::Expect;
+use super::replay::{Expect, Span};
+use super::scrub::Unverified;
 use super::{corrupt, io_err, Bits, Log, LogOptions, Recovered, Seg, INDEX_STRIDE};
 use crate::store::fs::{Fs, FsFile};
 use crate::store::{QueueId, RetryState, StoreError};
@@ -81,6 +84,7 @@ impl Log {
         log.clear_lost();
         log.recount_bytes()?;
         log.report();
+        log.losses_at_open = log.damage.losses.len();
         // The next checkpoint goes above every one on disk, whichever was used.
         log.ck_generation = generation;
         if log.segs.is_empty() {
@@ -149,6 +153,9 @@ impl Log {
             ck_owed: HashSet::new(),
             retain: Default::default(),
             recount: HashSet::new(),
+            unverified: Vec::new(),
+            found: Arc::default(),
+            losses_at_open: 0,
         }
     }
 
@@ -230,8 +237,16 @@ impl Log {
                 let path = self.path(no);
                 let file = self.fs.open(&path).map_err(|e| io_err(&path, e))?;
                 let size = file.size().map_err(|e| io_err(&path, e))?;
-                let buf = damage::read_whole(&*file, size).map_err(|e| io_err(&path, e))?;
-                let hdr = match Header::decode(&buf) {
+                let head =
+                    damage::read_range(&*file, 0, HEADER as u64).map_err(|e| io_err(&path, e))?;
+                let decoded = Header::decode(&head);
+                // What the checkpoint vouches for is left to the scrub (`scrub.rs`), unless
+                // damage must stop the start (`refuse`): then every frame is checked now. A
+                // file shorter than recorded, or whose header does not read, is read whole.
+                let whole = self.opts.refuse_damage || size < st.len || decoded.is_none();
+                let from = if whole { 0 } else { st.len };
+                let buf = damage::read_range(&*file, from, size).map_err(|e| io_err(&path, e))?;
+                let hdr = match decoded {
                     Some(h) => h,
                     None => self.rewrite_header(&path, &*file, st)?,
                 };
@@ -242,7 +257,21 @@ impl Log {
                     last_seq: Some(st.last_seq),
                     newest,
                 };
-                self.replay(&path, &*file, &buf.into(), hdr.salt, expect, known)?;
+                let span = Span {
+                    origin: from,
+                    bytes: buf.into(),
+                };
+                let at = self.segs.len() - 1;
+                self.replay(at, &path, &*file, &span, hdr.salt, expect, known)?;
+                if !whole && st.len > HEADER as u64 {
+                    self.unverified.push(Unverified {
+                        no,
+                        salt: hdr.salt,
+                        end: st.len,
+                        last_seq: st.last_seq,
+                        checked: HEADER as u64,
+                    });
+                }
             } else if no <= ck_newest {
                 // Deleted before the checkpoint; a crash undid the removal's directory entry.
                 let path = self.path(no);
@@ -418,7 +447,16 @@ impl Log {
                 ..Expect::default()
             },
         };
-        self.replay(&path, &*file, &buf.into(), hdr.salt, expect, known)
+        let at = self.segs.len() - 1;
+        self.replay(
+            at,
+            &path,
+            &*file,
+            &Span::whole(buf),
+            hdr.salt,
+            expect,
+            known,
+        )
     }
 
     /// Index a frame that is about to be applied.

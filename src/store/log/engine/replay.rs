@@ -25,6 +25,56 @@ pub(super) struct Expect {
     pub(super) newest: bool,
 }
 
+/// Bytes of a segment file from `origin` on (the whole file from 0; after a checkpoint, only
+/// what was written after the end it recorded: the frames before were checked when written and
+/// are scrubbed in the background, `scrub.rs`).
+pub(super) struct Span {
+    pub(super) origin: u64,
+    pub(super) bytes: bytes::Bytes,
+}
+
+impl Span {
+    /// The whole file.
+    pub(super) fn whole(bytes: Vec<u8>) -> Self {
+        Span {
+            origin: 0,
+            bytes: bytes.into(),
+        }
+    }
+
+    /// Where the file's bytes end.
+    fn end(&self) -> u64 {
+        self.origin + self.bytes.len() as u64
+    }
+
+    /// The checked frame at file offset `offset`: its records' bytes and the next offset.
+    fn frame_at(&self, salt: u64, offset: u64) -> Option<(bytes::Bytes, u64)> {
+        let rel = offset.checked_sub(self.origin)?;
+        let (_, next) = damage::frame_at(&self.bytes, salt, rel)?;
+        let payload = self
+            .bytes
+            .slice(rel as usize + format::FRAME_HEAD..next as usize);
+        Some((payload, next + self.origin))
+    }
+
+    fn zeros_after(&self, offset: u64) -> bool {
+        damage::zeros_after(&self.bytes, offset.saturating_sub(self.origin))
+    }
+
+    fn next_frame(&self, salt: u64, offset: u64) -> Option<u64> {
+        damage::next_frame(&self.bytes, salt, offset.checked_sub(self.origin)?)
+            .map(|r| r + self.origin)
+    }
+
+    fn events_unchecked(&self, from: u64, to: u64) -> u64 {
+        damage::events_unchecked(
+            &self.bytes,
+            from.saturating_sub(self.origin),
+            to.saturating_sub(self.origin),
+        )
+    }
+}
+
 /// A damaged span whose lost events are counted once the next event after it is known.
 struct Gap {
     /// Index of its [`Loss`].
@@ -34,46 +84,69 @@ struct Gap {
 }
 
 impl Log {
-    /// Walk the frames of the newest segment in memory (`buf`, its whole file): check each,
-    /// apply those from `expect.apply_from` on, step over damaged spans (reported), and cut a
-    /// torn tail of the newest segment.
+    /// Walk the frames of segment `at` (of `self.segs`) in memory (`buf`: its file from
+    /// `buf.origin` on): check each, apply those from `expect.apply_from` on (only the newest
+    /// segment recovered so far applies records), step over damaged spans (reported), and cut a
+    /// torn tail of the newest segment. Damaged spans already known ([`Seg::holes`], found
+    /// earlier in this run) are stepped over without a second report.
+    ///
+    /// [`Seg::holes`]: super::segment::Seg::holes
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn replay(
         &mut self,
+        at: usize,
         path: &Path,
         file: &dyn FsFile,
-        buf: &bytes::Bytes,
+        buf: &Span,
         salt: u64,
         expect: Expect,
         known: &HashSet<QueueId>,
     ) -> Result<(), StoreError> {
-        let size = buf.len() as u64;
+        let size = buf.end();
         // Below every event of the segment: the last of the segment before (events staged before
         // a roll go to the new head, so its header's base is no bound), or the first event the
         // checkpoint recorded.
         let prev = self
             .segs
+            .get(..at)
+            .unwrap_or_default()
             .iter()
             .rev()
-            .skip(1)
             .find(|s| s.first_seq.is_some())
             .map_or(0, |s| s.last_seq);
-        let base = match self.segs.last().and_then(|s| s.first_seq) {
+        let first_seq = self.segs.get(at).and_then(|s| s.first_seq);
+        let base = match first_seq {
             Some(first) if expect.apply_from > HEADER as u64 => prev.max(first.saturating_sub(1)),
             _ => prev,
         };
-        let mut offset = HEADER as u64;
+        let no = self.segs.get(at).map_or(0, |s| s.hdr.no);
+        let known_holes = self
+            .segs
+            .get(at)
+            .map(|s| s.holes.clone())
+            .unwrap_or_default();
+        let mut offset = buf.origin.max(HEADER as u64);
         // The last event seen in a decoded frame, and the good frames only checked since.
-        let mut last_event: Option<u64> = None;
+        // Starting after the checkpoint's end: its last event is the checkpoint's.
+        let mut last_event: Option<u64> = match first_seq {
+            Some(_) if offset > HEADER as u64 => expect.last_seq,
+            _ => None,
+        };
         let mut checked: Vec<u64> = Vec::new();
         let mut gap: Option<Gap> = None;
-        if let Some(s) = self.segs.last_mut() {
+        if let Some(s) = self.segs.get_mut(at) {
             s.len = offset;
         }
         loop {
-            if let Some((_, next)) = damage::frame_at(buf, salt, offset) {
+            if let Some(&(_, end)) = known_holes.iter().find(|(s, _)| *s == offset) {
+                // Found and reported earlier in this run (a read or the scrub).
+                offset = end;
+                checked.clear();
+                continue;
+            }
+            if let Some((payload, next)) = buf.frame_at(salt, offset) {
                 let applied = offset >= expect.apply_from;
                 if applied || gap.is_some() {
-                    let payload = buf.slice(offset as usize + format::FRAME_HEAD..next as usize);
                     let records = format::decode_records(&payload).ok_or_else(|| {
                         corrupt(path, format!("unreadable records at offset {offset}"))
                     })?;
@@ -83,7 +156,7 @@ impl Log {
                     });
                     let (first, last) = (seqs.clone().next(), seqs.last());
                     if let (Some(g), Some(first)) = (&gap, first) {
-                        self.close_gap(g, first, first.saturating_sub(g.before + 1));
+                        self.close_gap(no, g, first, first.saturating_sub(g.before + 1));
                         gap = None;
                     }
                     if applied {
@@ -102,13 +175,13 @@ impl Log {
                     checked.push(offset);
                 }
                 offset = next;
-                if let Some(s) = self.segs.last_mut() {
+                if let Some(s) = self.segs.get_mut(at) {
                     s.len = offset;
                 }
                 continue;
             }
             // No frame checks out at `offset`.
-            let zeros = damage::zeros_after(buf, offset);
+            let zeros = buf.zeros_after(offset);
             if offset >= expect.recorded && (offset >= size || zeros) {
                 // Zeros after the last frame are the padding of its block and blocks reserved
                 // ahead ([`LogOptions::allocate_step`]), whose cut at the roll a crash may have
@@ -125,26 +198,27 @@ impl Log {
                 .unwrap_or(base);
             checked.clear();
             if offset < size {
-                if let Some(at) = damage::next_frame(buf, salt, offset) {
+                if let Some(resume) = buf.next_frame(salt, offset) {
                     let loss = self.lose(
                         path,
                         Some(Keep::Copy),
                         Loss {
                             file: path.to_path_buf(),
                             offset,
-                            bytes: at - offset,
+                            bytes: resume - offset,
                             frames: 1,
                             events: 0,
                             counted: true,
                             what: "damaged frame: the frames after it are recovered".into(),
                         },
                     )?;
-                    if let Some(s) = self.segs.last_mut() {
-                        s.holes.push((offset, at));
-                        s.index.retain(|(_, o)| *o < offset || *o >= at);
+                    if let Some(s) = self.segs.get_mut(at) {
+                        s.holes.push((offset, resume));
+                        s.holes.sort_unstable();
+                        s.index.retain(|(_, o)| *o < offset || *o >= resume);
                     }
                     gap = Some(Gap { loss, before });
-                    offset = at;
+                    offset = resume;
                     continue;
                 }
             }
@@ -155,8 +229,8 @@ impl Log {
             let pending = gap.take();
             if let Some(g) = &pending {
                 match expect.last_seq.filter(|l| *l > g.before) {
-                    Some(l) => self.close_gap(g, l + 1, l - g.before),
-                    None => self.close_gap(g, u64::MAX, 0),
+                    Some(l) => self.close_gap(no, g, l + 1, l - g.before),
+                    None => self.close_gap(no, g, u64::MAX, 0),
                 }
             }
             let end = size.max(expect.recorded);
@@ -184,14 +258,21 @@ impl Log {
                 let g = Gap { loss, before };
                 match expect.last_seq.filter(|l| *l > before) {
                     // The events from `before` on are counted once: by the span before, if any.
-                    Some(l) if pending.is_some() => self.close_gap(&g, l + 1, 0),
-                    Some(l) => self.close_gap(&g, l + 1, l - before),
+                    Some(l) if pending.is_some() => self.close_gap(no, &g, l + 1, 0),
+                    Some(l) => self.close_gap(no, &g, l + 1, l - before),
                     None => {
-                        self.close_gap(&g, u64::MAX, damage::events_unchecked(buf, offset, size))
+                        let n = buf.events_unchecked(offset, size);
+                        self.close_gap(no, &g, u64::MAX, n)
                     }
                 }
+                if let Some(s) = self.segs.get_mut(at).filter(|_| !expect.newest) {
+                    // Reads and a later check in this run step over it (the scrub keeps the
+                    // segment's length; the newest segment's frames go on from here).
+                    s.holes.push((offset, end));
+                    s.holes.sort_unstable();
+                }
             } else {
-                let recycled = self.segs.last().is_some_and(|s| s.hdr.recycled);
+                let recycled = self.segs.get(at).is_some_and(|s| s.hdr.recycled);
                 if recycled {
                     // A recycled segment holds an earlier segment's frames after its own (and
                     // maybe a torn write too): cut them all, as below.
@@ -219,11 +300,11 @@ impl Log {
             // No event after the damaged span in this segment: it held the events up to the
             // segment's last, if the checkpoint knows it.
             match expect.last_seq.filter(|l| *l > g.before) {
-                Some(l) => self.close_gap(&g, l + 1, l - g.before),
-                None => self.close_gap(&g, u64::MAX, 0),
+                Some(l) => self.close_gap(no, &g, l + 1, l - g.before),
+                None => self.close_gap(no, &g, u64::MAX, 0),
             }
         }
-        if let Some(s) = self.segs.last_mut() {
+        if let Some(s) = self.segs.get_mut(at) {
             // A checkpoint's sparse index may point into what was cut: new frames go there
             // (damage seed 2,530 read an event written after the restart from the middle of
             // a frame).
@@ -234,15 +315,13 @@ impl Log {
     }
 
     /// Count the events of loss `g` (sequence numbers after `g.before` and before `after`) and
-    /// note them lost in the current segment.
-    fn close_gap(&mut self, g: &Gap, after: u64, events: u64) {
+    /// note them lost in segment `no`.
+    fn close_gap(&mut self, no: u64, g: &Gap, after: u64, events: u64) {
         if let Some(l) = self.damage.losses.get_mut(g.loss) {
             l.events += events;
             l.counted &= after != u64::MAX;
         }
-        if let Some(no) = self.segs.last().map(|s| s.hdr.no) {
-            self.lost.push((no, g.before, after));
-        }
+        self.lost.push((no, g.before, after));
     }
 
     /// Forget what the damaged spans held: a checkpoint's bits, or a later restatement, may
@@ -322,10 +401,9 @@ impl Log {
 }
 
 /// The last event sequence number in the frames at `offsets` (checked before), latest first.
-fn last_event_in(buf: &bytes::Bytes, salt: u64, offsets: &[u64]) -> Option<u64> {
+fn last_event_in(buf: &Span, salt: u64, offsets: &[u64]) -> Option<u64> {
     offsets.iter().rev().find_map(|&o| {
-        let (_, next) = damage::frame_at(buf, salt, o)?;
-        let payload = buf.slice(o as usize + format::FRAME_HEAD..next as usize);
+        let (payload, _) = buf.frame_at(salt, o)?;
         format::decode_records(&payload)?
             .iter()
             .filter_map(|r| match r {

@@ -176,7 +176,15 @@ impl Log {
         while offset < seg.len {
             offset = past_hole(&seg.holes, offset);
             let Some((_, next)) = damage::frame_at(&buf, seg.hdr.salt, offset) else {
-                break;
+                // A failing frame no hole names yet (checkpointed frames are checked by the
+                // scrub after the open): the events after it still count.
+                match damage::next_frame(&buf, seg.hdr.salt, offset) {
+                    Some(good) => {
+                        offset = good;
+                        continue;
+                    }
+                    None => break,
+                }
             };
             let payload = buf.slice(offset as usize + format::FRAME_HEAD..next as usize);
             for r in format::decode_records(&payload).unwrap_or_default() {
