@@ -21,8 +21,10 @@
 //! same way without waiting: they ride on the next publish's frame, or on a frame of their own
 //! within [`SETTLE_EVERY`]. A crash can therefore repeat a delivery that had just succeeded (at
 //! least once) or resume an event with an attempt count one step old; it never loses an
-//! acknowledged event. Dead letters are synced to their log **before** the removal of their
-//! events is staged, so after a crash an event is pending, a dead letter, or both; never neither.
+//! acknowledged event. The removal of dead-lettered events ([`Store::remove_dropped`]) is handed
+//! to the committer's next round, which syncs the dead letters **before** it writes the frame
+//! removing their events ([`round::Step::SyncLetters`]), so after a crash an event is pending, a
+//! dead letter, or both; never neither.
 //!
 //! # Disk bound
 //!
@@ -216,6 +218,7 @@ impl LogStore {
             tracer: std::sync::OnceLock::new(),
             clock,
             compactor,
+            letters: std::sync::OnceLock::new(),
         });
         let for_letters = shared.clone();
         let letters = letters::LogLetters::open(
@@ -230,9 +233,11 @@ impl LogStore {
             Box::new(move || for_letters.log().disk_bytes()),
         )?;
         damage.extend(letters.damage());
+        let letters = Arc::new(letters);
+        let _ = shared.letters.set(letters.clone());
         Ok(Self {
             meta,
-            letters: Arc::new(letters),
+            letters,
             shared,
             running: Mutex::new(Running::Stopped),
             recovered: Mutex::new(recovered),
@@ -251,10 +256,10 @@ impl LogStore {
             .name("gridlet-compact".into())
             .spawn(move || compactor(&c, &queue))
             .map_err(|e| StoreError::Io(format!("cannot start the compactor: {e}")))?;
-        let (s, l) = (self.shared.clone(), self.letters.clone());
+        let s = self.shared.clone();
         let thread = std::thread::Builder::new()
             .name("gridlet-commit".into())
-            .spawn(move || committer(&s, &l, letters_every))
+            .spawn(move || committer(&s, letters_every))
             .map_err(|e| StoreError::Io(format!("cannot start the committer: {e}")))?;
         *crate::sync::lock(&self.running) = Running::Threads(thread, compactor);
         Ok(())
@@ -507,9 +512,16 @@ impl Store for LogStore {
     }
 
     fn remove_dropped(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
-        // The letters first, durably: see the module docs.
-        self.letters.sync()?;
-        self.remove(queue, seqs)
+        // Handed to the next round, which stages it once it has synced the letters put before
+        // (`round::Step::SyncLetters`): see the module docs.
+        if !seqs.is_empty() {
+            let mut w = self.shared.waiting();
+            w.dropped.push((queue, seqs.to_vec()));
+            w.dirty = true;
+            drop(w);
+            self.shared.wake.notify_one();
+        }
+        Ok(())
     }
 
     fn size_on_disk(&self) -> u64 {
