@@ -1,10 +1,10 @@
 //! The in-memory store: metadata and events in maps, lost on restart (the original's behaviour).
 
 use super::{
-    Commit, PendingRuns, QueueId, RetryState, Settlement, Snapshot, Store, StoreError, StoredEvent,
+    Answer, Commit, PendingRuns, QueueId, Settlement, Snapshot, Store, StoreError, StoredEvent,
+    Writes,
 };
 use crate::model::record::{MqttKind, MqttRecord, SubscriptionRecord, TopicRecord};
-use futures_util::future::BoxFuture;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -132,45 +132,40 @@ impl Store for MemoryStore {
         Ok(g.next_queue)
     }
 
-    fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async { Ok(()) })
-    }
-
-    fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {
+    fn stage(&self, writes: Writes<'_>, _answer: Answer) -> Result<Commit, StoreError> {
+        // Map operations only: done when this returns, nothing to wait for.
         let mut g = self.lock();
-        for (q, e) in items {
-            g.max_seq = g.max_seq.max(e.seq);
-            g.events.insert((q, e.seq), e);
+        match writes {
+            Writes::Events(items) => {
+                for (q, e) in items {
+                    g.max_seq = g.max_seq.max(e.seq);
+                    g.events.insert((q, e.seq), e);
+                }
+            }
+            Writes::Settle(queue, settlements) => {
+                for s in settlements {
+                    match *s {
+                        Settlement::Remove(seqs) | Settlement::Dropped(seqs) => {
+                            for s in seqs {
+                                g.events.remove(&(queue, *s));
+                            }
+                        }
+                        Settlement::Retry(seqs, state) => {
+                            for s in seqs {
+                                if let Some(e) = g.events.get_mut(&(queue, *s)) {
+                                    e.state = state;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            Writes::Staged => {}
         }
         Ok(Commit::done())
     }
 
-    fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
-        let mut g = self.lock();
-        for s in seqs {
-            if let Some(e) = g.events.get_mut(&(queue, *s)) {
-                e.state = state;
-            }
-        }
-        Ok(())
-    }
-
-    fn remove(&self, queue: QueueId, seqs: &[u64]) -> Result<(), StoreError> {
-        let mut g = self.lock();
-        for s in seqs {
-            g.events.remove(&(queue, *s));
-        }
-        Ok(())
-    }
-
-    fn try_settle(&self, queue: QueueId, settlements: &[Settlement<'_>]) -> bool {
-        for s in settlements {
-            // Map operations only: never a wait worth a thread hop.
-            let _ = match *s {
-                Settlement::Remove(seqs) => self.remove(queue, seqs),
-                Settlement::Retry(seqs, state) => self.update(queue, seqs, state),
-            };
-        }
+    fn stages_in_memory(&self) -> bool {
         true
     }
 }

@@ -9,7 +9,7 @@
 //! * **Memory**: where each letter is (segment, frame offset, frame length) and its size, per
 //!   queue; bodies stay on disk and are read when listed, peeked or taken.
 //! * **Put** writes one frame: the `Gone` records of the letters the bounds evict, then the new
-//!   letter. It is not synced on its own: `LogStore::remove_dropped` hands the removal of the
+//!   letter. It is not synced on its own: the store hands the removal of the
 //!   events the letters replace to the committer's next round, which syncs the letters before
 //!   it writes the frame removing the events (`round::Step::SyncLetters`: one sync per round
 //!   that removes dead-lettered events, however many batches), so after a crash an event is

@@ -12,7 +12,7 @@
 //! # Order, and why
 //!
 //! 0. [`Step::SyncLetters`]: the round's input ([`Work`]) may hold removals of events that were
-//!    just dead-lettered (`Store::remove_dropped`); they are staged when the round starts, and
+//!    just dead-lettered (`Settlement::Dropped`); they are staged when the round starts, and
 //!    their letters, put before, are synced here, **before** the frame that removes the events
 //!    is written: after a crash an event is pending, a dead letter, or both, never neither.
 //!    Only the round stages such removals, so no frame of this round holds one whose letter
@@ -37,7 +37,7 @@
 
 use super::commit_trace::{CommitSpan, Group};
 use super::engine::{Compaction, Log};
-use crate::store::{QueueId, StoreError};
+use crate::store::{Answer, QueueId, StoreError};
 use std::ops::DerefMut;
 
 /// One step of a round. See the module docs for the order.
@@ -100,24 +100,38 @@ impl Round {
 
 /// Who waits for a round.
 pub(super) enum Waiter {
-    /// A publish: answered as soon as the frame holding its events is durable.
-    Publish(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
-    /// A `commit`, awaiting in a task: answered after the whole round (segments with nothing
-    /// pending given back, checkpoint).
-    Task(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
-    /// A management call on a blocking thread: as `Task` (a deleted subscription's space is
+    /// [`Answer::Frame`]: answered as soon as the frame holding its writes (and everything
+    /// staged before them) is durable, at [`Step::AnswerPublishes`]: a publish, a pull
+    /// acknowledgement.
+    Frame(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
+    /// [`Answer::Round`], awaiting in a task: answered after the whole round (segments with
+    /// nothing pending given back, checkpoint), at [`Step::AnswerRound`].
+    Round(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
+    /// A management call on a blocking thread: as `Round` (a deleted subscription's space is
     /// free when it returns).
-    Thread(std::sync::mpsc::Sender<Result<(), StoreError>>),
+    RoundThread(std::sync::mpsc::Sender<Result<(), StoreError>>),
 }
 
 impl Waiter {
+    /// A waiter answered at `answer`'s step, and what it answers (`None` for
+    /// [`Answer::Nobody`]).
+    pub(super) fn new(answer: Answer) -> Option<(Self, crate::store::Commit)> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let w = match answer {
+            Answer::Nobody => return None,
+            Answer::Frame => Waiter::Frame(tx),
+            Answer::Round => Waiter::Round(tx),
+        };
+        Some((w, crate::store::Commit::pending(rx)))
+    }
+
     fn answer(self, r: &Result<(), StoreError>) {
         let r = r.as_ref().map(|_| ()).map_err(clone_err);
         match self {
-            Waiter::Publish(tx) | Waiter::Task(tx) => {
+            Waiter::Frame(tx) | Waiter::Round(tx) => {
                 let _ = tx.send(r);
             }
-            Waiter::Thread(tx) => {
+            Waiter::RoundThread(tx) => {
                 let _ = tx.send(r);
             }
         }
@@ -214,7 +228,7 @@ pub(super) fn run<H: Host>(host: &H, round: Round, work: Work) -> Result<(), Sto
         mut waiters,
         dropped,
     } = work;
-    let publishes = waiters.iter().any(|w| matches!(w, Waiter::Publish(_)));
+    let publishes = waiters.iter().any(|w| matches!(w, Waiter::Frame(_)));
     let letters = !dropped.is_empty();
     if letters {
         let mut log = host.log();
@@ -243,7 +257,7 @@ pub(super) fn run<H: Host>(host: &H, round: Round, work: Work) -> Result<(), Sto
                 let mut n = 0;
                 for w in waiters {
                     match w {
-                        Waiter::Publish(_) => {
+                        Waiter::Frame(_) => {
                             w.answer(&result);
                             n += 1;
                         }

@@ -101,7 +101,7 @@ async fn a_round_answers_publishes_after_their_frame_and_the_rest_after_everythi
     round::run(
         &host,
         Round::Frame,
-        vec![Waiter::Publish(publish), Waiter::Task(commit)].into(),
+        vec![Waiter::Frame(publish), Waiter::Round(commit)].into(),
     )
     .unwrap();
     let did = crate::sync::lock(&host.did).clone();
@@ -214,7 +214,7 @@ fn a_failed_sync_of_the_letters_writes_no_frame_and_fails_the_log() {
     host.letters_fail = true;
     let (publish, mut published) = tokio::sync::oneshot::channel();
     let work = round::Work {
-        waiters: vec![Waiter::Publish(publish)],
+        waiters: vec![Waiter::Frame(publish)],
         dropped: vec![(1, vec![2])],
     };
     assert!(round::run(&host, Round::Frame, work).is_err());
@@ -245,7 +245,7 @@ fn a_failed_frame_answers_everyone_with_the_error_and_does_nothing_else() {
     assert!(round::run(
         &host,
         Round::Frame,
-        vec![Waiter::Publish(publish), Waiter::Thread(tx)].into()
+        vec![Waiter::Frame(publish), Waiter::RoundThread(tx)].into()
     )
     .is_err());
     assert!(published.try_recv().unwrap().is_err());

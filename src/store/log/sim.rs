@@ -43,7 +43,7 @@ use super::{Driver, LogStore, LogStoreOptions, SUBDIR};
 use crate::store::fs::sim::{Rng, SimFs};
 use crate::store::fs::Fs;
 use crate::store::meta::FsMeta;
-use crate::store::{Commit, QueueId, RetryState, Settlement, Store, StoredEvent};
+use crate::store::{Answer, Commit, QueueId, RetryState, Settlement, Store, StoredEvent, Writes};
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -346,8 +346,12 @@ fn step(
                 // Through the store writer's path or in place, as delivery settles.
                 if rng.chance(1, 2) {
                     store.remove(*q, &[*s]).map_err(|_| ())?;
-                } else if !store.try_settle(*q, &[Settlement::Remove(&[*s])]) {
-                    return Err(());
+                } else {
+                    let settle = [Settlement::Remove(&[*s])];
+                    store
+                        .stage(Writes::Settle(*q, &settle), Answer::Nobody)
+                        .map(drop)
+                        .map_err(|_| ())?;
                 }
                 m.owed.remove(&(*q, *s));
                 m.settling.insert((*q, *s));
@@ -406,7 +410,7 @@ fn step(
 }
 
 /// Dead-letter `picked` as delivery does: each event's letter put, then the removal of the
-/// events staged (`remove_dropped`, which makes the letters durable first).
+/// events staged ([`Settlement::Dropped`]: the round makes the letters durable first).
 fn dead_letter(
     store: &LogStore,
     m: &mut Model,
@@ -437,7 +441,11 @@ fn dead_letter(
         by_queue.entry(*q).or_default().push(*s);
     }
     for (q, seqs) in by_queue {
-        store.remove_dropped(q, &seqs).map_err(|_| ())?;
+        let dropped = [Settlement::Dropped(&seqs)];
+        store
+            .stage(Writes::Settle(q, &dropped), Answer::Nobody)
+            .map(drop)
+            .map_err(|_| ())?;
         for s in seqs {
             m.owed.remove(&(q, s));
             m.settling.insert((q, s));
