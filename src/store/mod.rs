@@ -634,6 +634,18 @@ pub mod contract {
         assert_eq!(pending(store, q).len(), 1);
         assert_eq!(store.get(q, &[1]).unwrap(), vec![None]);
 
+        // A dead-lettered event's removal, waited for as a pull rejection waits: gone once the
+        // commit answers.
+        let dropped = [Settlement::Dropped(&[2])];
+        store
+            .stage(Writes::Settle(q, &dropped), Answer::Frame)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        assert!(pending(store, q).is_empty());
+        assert_eq!(store.get(q, &[2]).unwrap(), vec![None]);
+
         let snap = store.load().unwrap();
         assert_eq!(snap.topics, vec![topic("t1")]);
         let mut subs = snap.subscriptions.clone();

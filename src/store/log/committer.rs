@@ -14,7 +14,8 @@ use std::time::Duration;
 
 #[derive(Default)]
 pub(super) struct Waiting {
-    /// Publishes staged and not yet answered.
+    /// Who waits for the next round (publishes, pull settlements, commits, management calls),
+    /// each answered at its step.
     pub(super) waiters: Vec<Waiter>,
     /// Removals of events just dead-lettered, for the next round to stage after it synced
     /// their letters ([`round::Step::SyncLetters`]).
