@@ -3,9 +3,9 @@
 //! on the disk.
 //!
 //! The shortcut: a job of removals and retry states only, submitted while no job waits or
-//! runs, is done in place, on the caller's thread, when the store can stage it in memory
-//! without waiting ([`Store::try_settle`]: the event log when its lock is free, the memory
-//! store). Nothing is reordered by it: a job runs in place only when every job submitted before
+//! runs, is done in place, on the caller's thread, when the store stages settlements in memory
+//! ([`Store::stages_in_memory`]: the event log, under its lock, and the memory store), as one
+//! [`Store::stage`] nobody waits for. Nothing is reordered by it: a job runs in place only when every job submitted before
 //! it has run, and what it writes is done before `submit` returns. (A job submitted by another
 //! task at the same moment is about other events: one event has one attempt in flight per
 //! subscription.) It saves a thread wake per delivery: in `gridlet-bench` (d) about one
@@ -33,7 +33,7 @@
 
 use crate::metrics::SubscriptionMetrics;
 use crate::store::deadletter::{DeadLetter, DeadLetterBound, DeadLetterStore};
-use crate::store::{QueueId, RetryState, Settled, Settlement, Store};
+use crate::store::{Answer, QueueId, RetryState, Settled, Settlement, Store, Writes};
 use crate::telemetry::TraceContext;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
@@ -162,7 +162,11 @@ fn keep_letters(owner: &Owner, letters: Vec<DeadLetter>, events: &[Settled], t: 
         }
     }
     if !events.is_empty() {
-        if let Err(e) = t.store.remove_dropped(owner.queue, events) {
+        let dropped = [Settlement::Dropped(events)];
+        if let Err(e) = t
+            .store
+            .stage(Writes::Settle(owner.queue, &dropped), Answer::Nobody)
+        {
             tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not remove dropped events from the store");
         }
     }
@@ -216,8 +220,11 @@ impl StoreWriter {
     }
 
     /// Do `writes` here if they are removals and retry states only, nothing submitted before
-    /// is still to run, and the store can stage them without waiting (see the module docs).
+    /// is still to run, and the store stages them in memory (see the module docs).
     fn settled_in_place(&self, owner: &Owner, writes: &[Write]) -> bool {
+        if !self.targets.store.stages_in_memory() || !self.idle() {
+            return false;
+        }
         let settlements: Option<Vec<Settlement<'_>>> = writes
             .iter()
             .map(|w| match w {
@@ -226,10 +233,17 @@ impl StoreWriter {
                 Write::KeepLetters { .. } => None,
             })
             .collect();
-        match settlements {
-            Some(s) if self.idle() => self.targets.store.try_settle(owner.queue, &s),
-            _ => false,
+        let Some(s) = settlements else {
+            return false;
+        };
+        let staged = self
+            .targets
+            .store
+            .stage(Writes::Settle(owner.queue, &s), Answer::Nobody);
+        if let Err(e) = staged {
+            tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not settle events in the store; they may be delivered again after a restart");
         }
+        true
     }
 
     /// Every job submitted so far has run.
@@ -542,19 +556,7 @@ mod tests {
         fn next_queue_id(&self) -> Result<QueueId, StoreError> {
             Err(StoreError::Io("disk gone".into()))
         }
-        fn submit(
-            &self,
-            _: Vec<(QueueId, StoredEvent)>,
-        ) -> Result<crate::store::Commit, StoreError> {
-            Err(StoreError::Io("disk gone".into()))
-        }
-        fn commit(&self) -> futures_util::future::BoxFuture<'_, Result<(), StoreError>> {
-            Box::pin(async { Err(StoreError::Io("disk gone".into())) })
-        }
-        fn update(&self, _: QueueId, _: &[u64], _: RetryState) -> Result<(), StoreError> {
-            Err(StoreError::Io("disk gone".into()))
-        }
-        fn remove(&self, _: QueueId, _: &[Settled]) -> Result<(), StoreError> {
+        fn stage(&self, _: Writes<'_>, _: Answer) -> Result<crate::store::Commit, StoreError> {
             Err(StoreError::Io("disk gone".into()))
         }
     }

@@ -10,19 +10,24 @@
 //!
 //! # Group commit
 //!
-//! [`Store::submit`] stages a publish's events in the log (each body once, with the queues it
+//! [`Store::submit`] ([`Store::stage`] of [`Writes::Events`]) stages a publish's events in the log (each body once, with the queues it
 //! is pending in) under the log's lock, in the order the broker numbered them, and returns a
 //! [`Commit`] that resolves once they are durable. One committer thread (`gridlet-commit`) takes
 //! everything staged as one frame, writes it and `fdatasync`s it outside the lock, then answers
 //! every publish in that frame: concurrent publishes share one sync. With the tracer on, each
 //! frame is a `commit` span ([`commit_trace`]).
 //!
-//! Settlements ([`Store::remove`], [`Store::update`], [`Store::remove_dropped`]) are staged the
-//! same way without waiting: they ride on the next publish's frame, or on a frame of their own
-//! within [`SETTLE_EVERY`]. A crash can therefore repeat a delivery that had just succeeded (at
+//! Everything goes through [`Store::stage`], with one [`Commit`] type: a publish's events and a
+//! queue's settlements (retry states, removals, removals of dead-lettered events) are staged
+//! under the log's lock, and the commit is answered at the step of the round the caller named
+//! ([`Answer`]: once its frame is synced, after the whole round, or nobody waits). Settlements
+//! nobody waits for ride on the next publish's frame, or on a frame of their own within
+//! [`SETTLE_EVERY`]. A crash can therefore repeat a delivery that had just succeeded (at
 //! least once) or resume an event with an attempt count one step old; it never loses an
-//! acknowledged event. Dead letters are synced to their log **before** the removal of their
-//! events is staged, so after a crash an event is pending, a dead letter, or both; never neither.
+//! acknowledged event. The removal of dead-lettered events ([`Settlement::Dropped`]) is handed
+//! to the committer's next round, which syncs the dead letters **before** it writes the frame
+//! removing their events ([`round::Step::SyncLetters`]), so after a crash an event is pending, a
+//! dead letter, or both; never neither.
 //!
 //! # Disk bound
 //!
@@ -62,14 +67,15 @@ use crate::store::deadletter::DeadLetterStore;
 use crate::store::fs::{Fs, RealFs};
 use crate::store::meta::MetaStore;
 use crate::store::sled::SledMeta;
+#[cfg(test)]
+use crate::store::RetryState;
 use crate::store::{
-    Commit, CommitCounters, QueueId, RetryState, Settled, Settlement, Snapshot, Store, StoreError,
-    StoredEvent,
+    Answer, Commit, CommitCounters, QueueId, Settlement, Snapshot, Store, StoreError, StoredEvent,
+    Writes,
 };
 pub use committer::Driver;
 use committer::{committer, compactor, scrubber, Compactor, Shared, Waiting};
 use engine::{Log, LogOptions, Recovered};
-use futures_util::future::BoxFuture;
 use round::Waiter;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -229,6 +235,7 @@ impl LogStore {
             compactor,
             scrub_stop: Mutex::new(false),
             scrub_wake: Condvar::new(),
+            letters: std::sync::OnceLock::new(),
         });
         let for_letters = shared.clone();
         let letters = letters::LogLetters::open(
@@ -242,10 +249,12 @@ impl LogStore {
             &known,
             Box::new(move || for_letters.log().disk_bytes()),
         )?;
+        let letters = Arc::new(letters);
+        let _ = shared.letters.set(letters.clone());
         Ok(Self {
             meta,
             letters_damage: letters.damage(),
-            letters: Arc::new(letters),
+            letters,
             shared,
             running: Mutex::new(Running::Stopped),
             recovered: Mutex::new(recovered),
@@ -263,10 +272,10 @@ impl LogStore {
             .name("gridlet-compact".into())
             .spawn(move || compactor(&c, &queue))
             .map_err(|e| StoreError::Io(format!("cannot start the compactor: {e}")))?;
-        let (s, l) = (self.shared.clone(), self.letters.clone());
+        let s = self.shared.clone();
         let thread = std::thread::Builder::new()
             .name("gridlet-commit".into())
-            .spawn(move || committer(&s, &l, letters_every))
+            .spawn(move || committer(&s, letters_every))
             .map_err(|e| StoreError::Io(format!("cannot start the committer: {e}")))?;
         let s = self.shared.clone();
         let scrub = std::thread::Builder::new()
@@ -277,17 +286,6 @@ impl LogStore {
         Ok(())
     }
 
-    /// Settlements were staged: the committer writes them within [`SETTLE_EVERY`]. Only the
-    /// first since the last frame wakes it (one wake per frame, not per delivered batch).
-    fn nudge(&self) {
-        let mut w = self.shared.waiting();
-        if !w.dirty {
-            w.dirty = true;
-            drop(w);
-            self.shared.wake.notify_one();
-        }
-    }
-
     /// Write what is staged and give back dead segments, waiting for it (management calls on
     /// the blocking pool: a deleted subscription's space is free when the call returns).
     fn flush_blocking(&self) -> Result<(), StoreError> {
@@ -295,7 +293,7 @@ impl LogStore {
             return self.shared.round_now(round::Round::Frame);
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        self.shared.waiting().waiters.push(Waiter::Thread(tx));
+        self.shared.waiting().waiters.push(Waiter::RoundThread(tx));
         self.shared.wake.notify_one();
         rx.recv()
             .map_err(|_| StoreError::Io("the committer stopped".into()))?
@@ -495,80 +493,66 @@ impl Store for LogStore {
         self.meta.new_queue_id()
     }
 
-    fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.shared.waiting().waiters.push(Waiter::Task(tx));
-        self.shared.wake.notify_one();
-        Box::pin(async move {
-            rx.await
-                .map_err(|_| StoreError::Io("the committer stopped".into()))?
-        })
-    }
-
-    fn sync_staged(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        // Answered with the next frame's publishes: everything staged before this call is in
-        // that frame (or an earlier one), since a frame takes all that is staged.
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.shared.waiting().waiters.push(Waiter::Publish(tx));
-        self.shared.wake.notify_one();
-        Box::pin(async move {
-            rx.await
-                .map_err(|_| StoreError::Io("the committer stopped".into()))?
-        })
-    }
-
-    fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {
-        let reserved = self.letters.disk_bytes();
-        let (tx, rx) = tokio::sync::oneshot::channel();
+    fn stage(&self, writes: Writes<'_>, answer: Answer) -> Result<Commit, StoreError> {
+        let waiter = Waiter::new(answer);
+        let (waiter, commit) = match waiter {
+            Some((w, c)) => (Some(w), c),
+            None => (None, Commit::done()),
+        };
+        let events = matches!(writes, Writes::Events(_));
+        let mut wake = true;
+        let reserved = if events { self.letters.disk_bytes() } else { 0 };
         {
-            // Staged and queued for an answer under the log's lock: frames keep the submission
+            // Staged and queued for an answer under the log's lock: frames keep the staging
             // order, and no frame can be taken between the two.
             let mut log = self.shared.log();
-            log.stage_events(&items, reserved)?;
+            let mut dropped = Vec::new();
+            let mut group = None;
+            match writes {
+                Writes::Events(items) => {
+                    log.stage_events(&items, reserved)?;
+                    group = Some(items);
+                }
+                Writes::Settle(queue, settlements) => {
+                    for s in settlements {
+                        match *s {
+                            Settlement::Remove(seqs) => log.stage_settle(queue, seqs),
+                            Settlement::Retry(seqs, state) => log.stage_retry(queue, seqs, state),
+                            // Handed to the next round, which stages it once it has synced the
+                            // letters put before (`round::Step::SyncLetters`): see the module
+                            // docs.
+                            Settlement::Dropped(seqs) if !seqs.is_empty() => {
+                                dropped.push((queue, seqs.to_vec()));
+                            }
+                            Settlement::Dropped(_) => {}
+                        }
+                    }
+                }
+                Writes::Staged => {}
+            }
             let mut w = self.shared.waiting();
-            w.waiters.push(Waiter::Publish(tx));
-            if self.shared.tracer().is_some() {
-                w.group.add(&items);
+            w.dropped.extend(dropped);
+            if let (Some(items), true) = (&group, self.shared.tracer().is_some()) {
+                w.group.add(items);
+            }
+            match waiter {
+                Some(waiter) => w.waiters.push(waiter),
+                // Nobody waits: the committer writes them within `SETTLE_EVERY`. Only the
+                // first since the last frame wakes it (one wake per frame, not per batch).
+                None => wake = !std::mem::replace(&mut w.dirty, true),
             }
         }
-        self.shared.commits.fetch_add(1, Ordering::Relaxed);
-        self.shared.wake.notify_one();
-        Ok(Commit::pending(rx))
-    }
-
-    fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
-        self.shared.log().stage_retry(queue, seqs, state);
-        self.nudge();
-        Ok(())
-    }
-
-    fn remove(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError> {
-        self.shared.log().stage_settle(queue, events);
-        self.nudge();
-        Ok(())
-    }
-
-    fn try_settle(&self, queue: QueueId, settlements: &[Settlement<'_>]) -> bool {
-        // Staging is memory only; the lock is the one wait there could be (a frame being taken,
-        // a checkpoint's snapshot, a read being planned): then the store writer does it.
-        let Ok(mut log) = self.shared.log.try_lock() else {
-            return false;
-        };
-        for s in settlements {
-            match *s {
-                Settlement::Remove(seqs) => log.stage_settle(queue, seqs),
-                Settlement::Retry(seqs, state) => log.stage_retry(queue, seqs, state),
-            }
+        if events {
+            self.shared.commits.fetch_add(1, Ordering::Relaxed);
         }
-        drop(log);
-        self.nudge();
+        if wake {
+            self.shared.wake.notify_one();
+        }
+        Ok(commit)
+    }
+
+    fn stages_in_memory(&self) -> bool {
         true
-    }
-
-    fn remove_dropped(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError> {
-        // The letters first, durably: see the module docs.
-        self.letters.sync()?;
-        self.remove(queue, events)
     }
 
     fn pending_bytes(&self, queue: QueueId) -> Option<u64> {
@@ -582,8 +566,9 @@ impl Store for LogStore {
     fn retain_since(&self, since_ms: Option<crate::clock::WallMs>) {
         let released = self.shared.log().retain_since(since_ms);
         if released {
-            // A round gives the segments back (collection runs after a frame).
-            self.nudge();
+            // A round gives the segments back (collection runs after a frame): nothing new is
+            // staged, nobody waits; the committer's next round comes within its interval.
+            let _ = self.stage(Writes::Staged, Answer::Nobody);
         }
     }
 

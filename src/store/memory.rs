@@ -1,11 +1,10 @@
 //! The in-memory store: metadata and events in maps, lost on restart (the original's behaviour).
 
 use super::{
-    Commit, PendingRuns, QueueId, RetryState, Settled, Settlement, Snapshot, Store, StoreError,
-    StoredEvent,
+    Answer, Commit, PendingRuns, QueueId, Settlement, Snapshot, Store, StoreError, StoredEvent,
+    Writes,
 };
 use crate::model::record::{MqttKind, MqttRecord, SubscriptionRecord, TopicRecord};
-use futures_util::future::BoxFuture;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -136,43 +135,45 @@ impl Store for MemoryStore {
         Ok(g.next_queue)
     }
 
-    fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async { Ok(()) })
-    }
-
-    fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {
+    fn stage(&self, writes: Writes<'_>, _answer: Answer) -> Result<Commit, StoreError> {
+        // Map operations only: done when this returns, nothing to wait for.
         let mut g = self.lock();
-        for (q, e) in items {
-            g.max_seq = g.max_seq.max(e.seq);
-            let len = e.body.len() as u64;
-            if g.events.insert((q, e.seq), e).is_none() {
-                *g.bytes.entry(q).or_default() += len;
-            }
-        }
-        Ok(Commit::done())
-    }
-
-    fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
-        let mut g = self.lock();
-        for s in seqs {
-            if let Some(e) = g.events.get_mut(&(queue, *s)) {
-                e.state = state;
-            }
-        }
-        Ok(())
-    }
-
-    fn remove(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError> {
-        let mut g = self.lock();
-        for s in events {
-            // The stored body's size: this store has it.
-            if let Some(e) = g.events.remove(&(queue, s.seq)) {
-                if let Some(b) = g.bytes.get_mut(&queue) {
-                    *b = b.saturating_sub(e.body.len() as u64);
+        match writes {
+            Writes::Events(items) => {
+                for (q, e) in items {
+                    g.max_seq = g.max_seq.max(e.seq);
+                    let len = e.body.len() as u64;
+                    if g.events.insert((q, e.seq), e).is_none() {
+                        *g.bytes.entry(q).or_default() += len;
+                    }
                 }
             }
+            Writes::Settle(queue, settlements) => {
+                for s in settlements {
+                    match *s {
+                        Settlement::Remove(events) | Settlement::Dropped(events) => {
+                            for s in events {
+                                // The stored body's size: this store has it.
+                                if let Some(e) = g.events.remove(&(queue, s.seq)) {
+                                    if let Some(b) = g.bytes.get_mut(&queue) {
+                                        *b = b.saturating_sub(e.body.len() as u64);
+                                    }
+                                }
+                            }
+                        }
+                        Settlement::Retry(seqs, state) => {
+                            for s in seqs {
+                                if let Some(e) = g.events.get_mut(&(queue, *s)) {
+                                    e.state = state;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            Writes::Staged => {}
         }
-        Ok(())
+        Ok(Commit::done())
     }
 
     /// Pending events only: settled ones are not kept (this store keeps nothing across a
@@ -211,14 +212,7 @@ impl Store for MemoryStore {
         Some(self.lock().bytes.get(&queue).copied().unwrap_or(0))
     }
 
-    fn try_settle(&self, queue: QueueId, settlements: &[Settlement<'_>]) -> bool {
-        for s in settlements {
-            // Map operations only: never a wait worth a thread hop.
-            let _ = match *s {
-                Settlement::Remove(seqs) => self.remove(queue, seqs),
-                Settlement::Retry(seqs, state) => self.update(queue, seqs, state),
-            };
-        }
+    fn stages_in_memory(&self) -> bool {
         true
     }
 }

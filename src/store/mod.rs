@@ -6,13 +6,17 @@
 //! persisted backlog beyond the in-memory window (the engine keeps only their sequence numbers
 //! and reads them back with [`Store::get`]). The engine's contract with a store:
 //!
-//! 1. `submit` before a publish is acknowledged: the store stages the events and answers a
-//!    [`Commit`] that resolves once they are durable (the group-commit point: concurrent
-//!    publishes share one frame and one sync);
-//! 2. `update` when an event's retry state changes (attempts, due time), so a restart neither
-//!    retries early nor resets attempts;
-//! 3. `remove` when an event is settled (delivered, dropped, dead-lettered); `try_settle` does
-//!    either in place when the store can without waiting.
+//! 1. one way to write: [`Store::stage`] takes [`Writes`] (a publish's events, or one queue's
+//!    settlements) and answers a [`Commit`] that resolves at the step the caller asked for
+//!    ([`Answer`]): once the frame holding the writes is synced (a publish, a pull
+//!    acknowledgement: the group-commit point, concurrent callers share one frame and one
+//!    sync), after the whole round (management calls), or not at all (a settlement nobody
+//!    waits for rides the next frame);
+//! 2. the settlements: a retry state when an event's attempts or due time change (a restart
+//!    neither retries early nor resets attempts), a removal when it is settled, and the removal
+//!    of dead-lettered events, which becomes durable only after the letters put before it;
+//! 3. [`Store::submit`], [`Store::commit`], [`Store::update`] and [`Store::remove`] are
+//!    [`Store::stage`] with the usual answer.
 //!
 //! [`log::LogStore`] (the default, `persistence__store=log`) keeps the events of persisted
 //! subscriptions in gridlet's own append-only event log, dead letters in a log of their own, and
@@ -158,13 +162,47 @@ pub struct FreshRun {
     pub first_enqueued_ms: WallMs,
 }
 
-/// A settlement [`Store::try_settle`] may do at once.
+/// One settlement of a queue's events ([`Writes::Settle`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settlement<'a> {
-    /// [`Store::remove`] these events.
+    /// These events leave the store (delivered, acknowledged, dropped), each with its body's
+    /// size, for [`Store::pending_bytes`].
     Remove(&'a [Settled]),
-    /// [`Store::update`] these events to this state.
+    /// These events' retry state becomes this one.
     Retry(&'a [u64], RetryState),
+    /// These events were just dead-lettered and leave the store; the removal must not become
+    /// durable before the letters put before it: after a crash each event is pending, a dead
+    /// letter, or both, never neither. Stores whose writes become durable in order treat it as
+    /// `Remove`.
+    Dropped(&'a [Settled]),
+}
+
+/// What [`Store::stage`] writes.
+#[derive(Debug)]
+pub enum Writes<'a> {
+    /// One publish's events (one request's copies, the same event once per queue it goes to),
+    /// all or none. Stores see them in the order they are staged: the broker stages in the
+    /// order it numbers events, so the log's sequence numbers increase.
+    Events(Vec<(QueueId, StoredEvent)>),
+    /// Settlements of one queue, in order.
+    Settle(QueueId, &'a [Settlement<'a>]),
+    /// Nothing new: the commit answers for what was staged before it.
+    Staged,
+}
+
+/// Which step answers a [`Commit`] of [`Store::stage`] (stores without a committer answer at
+/// once: their writes are done when `stage` returns).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Nobody waits: the writes ride the next frame (a publish's, or the committer's own within
+    /// its settle interval). The commit answers at once.
+    Nobody,
+    /// Once the frame holding the writes (and everything staged before them) is synced, as a
+    /// publish: nothing else the round does delays it. Publishes, pull acknowledgements.
+    Frame,
+    /// After the whole round: segments with nothing pending given back, checkpoint when due
+    /// (management calls and a clean stop: the space is free when they return).
+    Round,
 }
 
 /// A queue's pending events for recovery ([`Store::pending_runs`]), in sequence order within
@@ -286,9 +324,9 @@ pub enum StoreError {
     Io(String),
 }
 
-/// A submitted publish's durability: resolves once its events are durable
-/// ([`Store::submit`]). Owns no borrow of the store, so it can be awaited in another task.
-#[must_use = "a publish is acknowledged only after its commit resolves"]
+/// Staged writes' durability ([`Store::stage`]): resolves once they are durable, at the step
+/// their [`Answer`] names. Owns no borrow of the store, so it can be awaited in another task.
+#[must_use = "writes are durable only once their commit resolves (drop it when nobody waits)"]
 pub struct Commit(Option<tokio::sync::oneshot::Receiver<Result<(), StoreError>>>);
 
 impl Commit {
@@ -391,57 +429,56 @@ pub trait Store: Send + Sync + 'static {
     /// Write failure.
     fn next_queue_id(&self) -> Result<QueueId, StoreError>;
 
-    /// Make everything submitted so far durable. Concurrent callers share one flush.
-    fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>>;
-
-    /// Make everything staged so far durable (events, settlements, retry states), answered as
-    /// soon as it is: a store with a committer answers when the frame holding it is synced, as
-    /// a publish is, not after the round's other work ([`Store::commit`] waits for that too).
-    /// A pull acknowledgement waits for this. The default is [`Store::commit`].
-    fn sync_staged(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.commit()
-    }
-
-    /// The publish path: append `items` (one request's copies, the same event once per queue it
-    /// goes to), atomically (all or none), and return a [`Commit`] that resolves once they are
-    /// durable. Stores see submissions in the order they are made: the broker submits in the
-    /// order it numbers events, so the log's sequence numbers increase. The log store makes a
-    /// whole group of publishes durable with one sync (its committer); the memory store
-    /// answers at once.
+    /// The one way to write events and settlements: stage `writes` and answer a [`Commit`] at
+    /// the step `answer` names. A store with a committer (the log) stages them in memory, under
+    /// its lock, and answers from its round; the memory store writes them at once.
     ///
     /// # Errors
-    /// [`StoreError::Full`] when the disk bound would be exceeded; nothing is written then.
-    fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError>;
+    /// [`StoreError::Full`] when events would pass the disk bound (nothing is staged then); a
+    /// store that failed earlier.
+    fn stage(&self, writes: Writes<'_>, answer: Answer) -> Result<Commit, StoreError>;
 
-    /// Rewrite the retry state of events.
-    ///
-    /// # Errors
-    /// Write failure.
-    fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError>;
-
-    /// Remove settled events (each with its body's size, for [`Store::pending_bytes`]).
-    ///
-    /// # Errors
-    /// Write failure.
-    fn remove(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError>;
-
-    /// Do `settlements` of `queue` ([`Store::update`], [`Store::remove`]) in order, at once,
-    /// if that waits neither on the disk nor on a lock held elsewhere; `false`: nothing was
-    /// done, and the caller hands them to the store writer. Lets an async worker settle a
-    /// delivery without a thread hop when the store only stages settlements in memory.
-    fn try_settle(&self, _queue: QueueId, _settlements: &[Settlement<'_>]) -> bool {
+    /// Whether [`Store::stage`] of settlements waits on nothing but a short lock (no disk): the
+    /// store writer then stages them on the caller's thread when nothing is queued before them.
+    fn stages_in_memory(&self) -> bool {
         false
     }
 
-    /// Remove events that were just dead-lettered (or dropped). Unlike [`Store::remove`], the
-    /// removal must not become durable before the dead letters written just before it: after a
-    /// crash each event is pending, a dead letter, or both, never neither. The default is
-    /// `remove`, right for stores whose writes become durable in order.
+    /// The publish path: stage a publish's events, answered once their frame is durable
+    /// ([`Answer::Frame`]). The log store makes a whole group of publishes durable with one sync
+    /// (its committer); the memory store answers at once.
+    ///
+    /// # Errors
+    /// [`StoreError::Full`] when the disk bound would be exceeded; nothing is written then.
+    fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {
+        self.stage(Writes::Events(items), Answer::Frame)
+    }
+
+    /// Make everything staged so far durable, answered after the whole round
+    /// ([`Answer::Round`]). Concurrent callers share one round.
+    fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        let c = self.stage(Writes::Staged, Answer::Round);
+        Box::pin(async move { c?.wait().await })
+    }
+
+    /// Rewrite the retry state of events (nobody waits: [`Answer::Nobody`]).
     ///
     /// # Errors
     /// Write failure.
-    fn remove_dropped(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError> {
-        self.remove(queue, events)
+    fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
+        let s = [Settlement::Retry(seqs, state)];
+        self.stage(Writes::Settle(queue, &s), Answer::Nobody)
+            .map(drop)
+    }
+
+    /// Remove settled events, each with its body's size (nobody waits: [`Answer::Nobody`]).
+    ///
+    /// # Errors
+    /// Write failure.
+    fn remove(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError> {
+        let s = [Settlement::Remove(events)];
+        self.stage(Writes::Settle(queue, &s), Answer::Nobody)
+            .map(drop)
     }
 
     /// Keep the events accepted at or after `since_ms` (wall ms on the broker's clock, as their
@@ -684,6 +721,19 @@ pub mod contract {
         assert_eq!(pending(store, q).len(), 1);
         assert_eq!(store.pending_bytes(q), Some(ev(2).body.len() as u64));
         assert_eq!(store.get(q, &[1]).unwrap(), vec![None]);
+
+        // A dead-lettered event's removal, waited for as a pull rejection waits: gone once the
+        // commit answers.
+        let two = Settled::all([2], 0);
+        let dropped = [Settlement::Dropped(&two)];
+        store
+            .stage(Writes::Settle(q, &dropped), Answer::Frame)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        assert!(pending(store, q).is_empty());
+        assert_eq!(store.get(q, &[2]).unwrap(), vec![None]);
 
         let snap = store.load().unwrap();
         assert_eq!(snap.topics, vec![topic("t1")]);

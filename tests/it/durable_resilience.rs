@@ -322,20 +322,15 @@ impl gridlet::store::Store for GatedCommits {
         });
         Ok(gridlet::store::Commit::pending(rx))
     }
-    fn update(
+    fn stage(
         &self,
-        queue: gridlet::store::QueueId,
-        seqs: &[u64],
-        state: gridlet::store::RetryState,
-    ) -> Result<(), gridlet::store::StoreError> {
-        self.inner.update(queue, seqs, state)
-    }
-    fn remove(
-        &self,
-        queue: gridlet::store::QueueId,
-        events: &[gridlet::store::Settled],
-    ) -> Result<(), gridlet::store::StoreError> {
-        self.inner.remove(queue, events)
+        writes: gridlet::store::Writes<'_>,
+        answer: gridlet::store::Answer,
+    ) -> Result<gridlet::store::Commit, gridlet::store::StoreError> {
+        match writes {
+            gridlet::store::Writes::Events(items) => self.submit(items),
+            other => self.inner.stage(other, answer),
+        }
     }
     fn put_endpoint_health(
         &self,

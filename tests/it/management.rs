@@ -5,12 +5,12 @@
 //! `broker__workerThreads=1` runs gridlet), while another subscription publishes and delivers.
 
 use crate::util::*;
-use futures_util::future::BoxFuture;
 use gridlet::model::record::{SubscriptionRecord, TopicRecord};
 use gridlet::store::deadletter::{DeadLetter, DeadLetterBound, DeadLetterStore, MemoryDeadLetters};
 use gridlet::store::memory::MemoryStore;
 use gridlet::store::{
-    Commit, PendingRuns, QueueId, RetryState, Settled, Snapshot, Store, StoreError, StoredEvent,
+    Answer, Commit, PendingRuns, QueueId, Settlement, Snapshot, Store, StoreError, StoredEvent,
+    Writes,
 };
 use gridlet::Parts;
 use serde_json::{json, Value};
@@ -142,19 +142,18 @@ impl Store for SlowStore {
     fn next_queue_id(&self) -> Result<QueueId, StoreError> {
         self.inner.next_queue_id()
     }
-    fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {
-        self.inner.submit(items)
-    }
-    fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.inner.commit()
-    }
-    fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
-        self.hold.at(Write::RetryState, "");
-        self.inner.update(queue, seqs, state)
-    }
-    fn remove(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError> {
-        self.hold.at(Write::Remove, "");
-        self.inner.remove(queue, events)
+    fn stage(&self, writes: Writes<'_>, answer: Answer) -> Result<Commit, StoreError> {
+        if let Writes::Settle(_, settlements) = &writes {
+            for s in settlements.iter() {
+                match s {
+                    Settlement::Retry(..) => self.hold.at(Write::RetryState, ""),
+                    Settlement::Remove(_) | Settlement::Dropped(_) => {
+                        self.hold.at(Write::Remove, "")
+                    }
+                }
+            }
+        }
+        self.inner.stage(writes, answer)
     }
     fn dead_letters(&self) -> Option<Arc<dyn DeadLetterStore>> {
         Some(self.letters.clone())

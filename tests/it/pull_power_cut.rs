@@ -15,7 +15,8 @@ use gridlet::clock::Clock;
 use gridlet::model::record::{SubscriptionRecord, TopicRecord};
 use gridlet::store::memory::MemoryStore;
 use gridlet::store::{
-    Commit, PendingRuns, QueueId, RetryState, Settled, Snapshot, Store, StoreError, StoredEvent,
+    Answer, Commit, PendingRuns, QueueId, RetryState, Settled, Settlement, Snapshot, Store,
+    StoreError, StoredEvent, Writes,
 };
 use gridlet::Config;
 use serde_json::json;
@@ -55,7 +56,7 @@ impl PowerCut {
         }
     }
 
-    fn stage(&self, s: Staged) -> Result<(), StoreError> {
+    fn keep(&self, s: Staged) -> Result<(), StoreError> {
         self.on()?;
         self.staged.lock().unwrap().push(s);
         Ok(())
@@ -114,22 +115,30 @@ impl Store for PowerCut {
         self.on()?;
         self.disk.next_queue_id()
     }
-    fn submit(&self, items: Vec<(QueueId, StoredEvent)>) -> Result<Commit, StoreError> {
-        // A publish is a frame: it carries everything staged before it.
-        self.frame()?;
-        self.disk.submit(items)
-    }
-    fn commit(&self) -> futures_util::future::BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move { self.frame() })
-    }
-    fn sync_staged(&self) -> futures_util::future::BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move { self.frame() })
-    }
-    fn update(&self, queue: QueueId, seqs: &[u64], state: RetryState) -> Result<(), StoreError> {
-        self.stage(Staged::Retry(queue, seqs.to_vec(), state))
-    }
-    fn remove(&self, queue: QueueId, events: &[Settled]) -> Result<(), StoreError> {
-        self.stage(Staged::Remove(queue, events.to_vec()))
+    fn stage(&self, writes: Writes<'_>, answer: Answer) -> Result<Commit, StoreError> {
+        match writes {
+            // A publish is a frame: it carries everything staged before it.
+            Writes::Events(items) => {
+                self.frame()?;
+                return self.disk.stage(Writes::Events(items), answer);
+            }
+            Writes::Settle(q, settlements) => {
+                for s in settlements {
+                    self.keep(match *s {
+                        Settlement::Retry(seqs, state) => Staged::Retry(q, seqs.to_vec(), state),
+                        Settlement::Remove(seqs) | Settlement::Dropped(seqs) => {
+                            Staged::Remove(q, seqs.to_vec())
+                        }
+                    })?;
+                }
+            }
+            Writes::Staged => {}
+        }
+        // A commit somebody waits for is a frame.
+        if answer != Answer::Nobody {
+            self.frame()?;
+        }
+        Ok(Commit::done())
     }
 }
 

@@ -22,8 +22,9 @@
 //!   answers is one more than the earlier receives that reached the disk: after a crash it may
 //!   be lower than the receives made (by those answered after the last frame), never higher
 //!   ([`super::subscription::SubscriptionHandle::restore`] reads exactly that);
-//! * acknowledge removes the event and answers once the removal is durable: it waits for the
-//!   frame holding it ([`crate::store::Store::sync_staged`]), shared with every other
+//! * acknowledge removes the event and answers once the removal is durable: it stages the
+//!   removal with a commit answered by the frame holding it ([`crate::store::Store::stage`],
+//!   [`Answer::Frame`]), shared with every other
 //!   settlement and publish staged meanwhile, not for the committer's whole round. Frames are
 //!   written in order, so the receives before it are durable then too. An acknowledged event
 //!   never comes back;
@@ -51,7 +52,7 @@ use super::sink::{FailureKind, Outcome};
 use super::state::SubscriptionState;
 use super::writer::Write;
 use crate::model::queue::QueueSettings;
-use crate::store::{RetryState, Settled, StoreError};
+use crate::store::{Answer, RetryState, Settled, Settlement, StoreError, Writes};
 use bodies::with_bodies;
 use bytes::Bytes;
 use locks::{Lock, Locks, Lost};
@@ -379,11 +380,17 @@ impl Puller<'_> {
         }
     }
 
-    /// Wait until every store write submitted so far is durable: staged (by the store
-    /// writer, at once when it was done in place), then in a synced frame.
-    async fn durable(&self) -> Result<(), StoreError> {
+    /// Stage `settlements` (none: nothing new) behind every store write submitted so far, and
+    /// wait until they are durable: the writes submitted are staged (by the store writer, at
+    /// once when it did them in place), then `settlements` are, with one commit answered once
+    /// their frame is synced ([`Answer::Frame`]).
+    async fn durable(&self, settlements: &[Settlement<'_>]) -> Result<(), StoreError> {
         self.ctx.writer.flush().await;
-        self.ctx.store.sync_staged().await
+        let writes = match settlements {
+            [] => Writes::Staged,
+            s => Writes::Settle(self.shared.queue_id, s),
+        };
+        self.ctx.store.stage(writes, Answer::Frame)?.wait().await
     }
 
     /// Check each token; for those that name a lock of this subscription that holds, `op`
@@ -429,17 +436,10 @@ impl Puller<'_> {
             return Ok(out);
         }
         let n = items.len();
-        if persisted {
-            self.ctx.writer.submit(
-                self.shared.owner(None),
-                vec![Write::Remove {
-                    events: items
-                        .iter()
-                        .map(|l| Settled::new(l.seq, l.size as usize))
-                        .collect(),
-                }],
-            );
-        }
+        let events: Vec<Settled> = items
+            .iter()
+            .map(|l| Settled::new(l.seq, l.size as usize))
+            .collect();
         let bytes = items.iter().map(|l| l.size).sum();
         self.shared.queue().settle(n, bytes);
         self.shared.metrics.delivery_success_counts.add(n as u64);
@@ -448,7 +448,7 @@ impl Puller<'_> {
         // Places in the lock table came free: a receive waiting at the bound may go on.
         self.pull.arrived.notify_waiters();
         if persisted {
-            self.durable().await?;
+            self.durable(&[Settlement::Remove(&events)]).await?;
         }
         Ok(out)
     }
@@ -524,7 +524,7 @@ impl Puller<'_> {
         );
         self.pull.arrived.notify_waiters();
         if persisted {
-            self.durable().await?;
+            self.durable(&[]).await?;
         }
         Ok(out)
     }

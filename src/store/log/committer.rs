@@ -6,22 +6,38 @@
 
 use super::commit_trace::Group;
 use super::engine::{Compaction, Log};
-use super::round::{self, Host, Round, Waiter};
+use super::round::{self, Host, Round, Waiter, Work};
 use super::{letters, IDLE_TICK, SETTLE_EVERY};
 use crate::store::deadletter::DeadLetterStore;
+use crate::store::QueueId;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 #[derive(Default)]
 pub(super) struct Waiting {
-    /// Publishes staged and not yet answered.
+    /// Who waits for the next round (publishes, pull settlements, commits, management calls),
+    /// each answered at its step.
     pub(super) waiters: Vec<Waiter>,
-    /// Settlements staged since the last frame.
+    /// Removals of events just dead-lettered, for the next round to stage after it synced
+    /// their letters ([`round::Step::SyncLetters`]).
+    pub(super) dropped: Vec<(QueueId, Vec<crate::store::Settled>)>,
+    /// Settlements staged (or dead-lettered events' removals handed over) since the last frame.
     pub(super) dirty: bool,
     pub(super) shutdown: bool,
     /// The publishes staged for the next frame (only while commits are traced).
     pub(super) group: Group,
+}
+
+impl Waiting {
+    /// What the next round is given: everyone waiting, the removals of dead-lettered events.
+    pub(super) fn take_work(&mut self) -> Work {
+        self.dirty = false;
+        Work {
+            waiters: std::mem::take(&mut self.waiters),
+            dropped: std::mem::take(&mut self.dropped),
+        }
+    }
 }
 
 /// Where the round hands a planned compaction.
@@ -49,6 +65,9 @@ pub(super) struct Shared {
     /// Set when the store stops: the scrub ends at once.
     pub(super) scrub_stop: Mutex<bool>,
     pub(super) scrub_wake: Condvar,
+    /// The dead letters, synced by the round before it writes the removal of their events (set
+    /// once the store has opened them).
+    pub(super) letters: std::sync::OnceLock<std::sync::Arc<letters::LogLetters>>,
 }
 
 impl Shared {
@@ -70,12 +89,8 @@ impl Shared {
 
     /// Run one round now with everyone waiting (the simulation's committer).
     pub(super) fn round_now(&self, round: Round) -> Result<(), crate::store::StoreError> {
-        let waiters = {
-            let mut w = self.waiting();
-            w.dirty = false;
-            std::mem::take(&mut w.waiters)
-        };
-        round::run(self, round, waiters)
+        let work = self.waiting().take_work();
+        round::run(self, round, work)
     }
 
     /// A copy made: swap it in, and have the next round take the checkpoint it makes due.
@@ -131,6 +146,13 @@ impl Host for Shared {
         Some((t, std::mem::take(&mut self.waiting().group)))
     }
 
+    fn sync_letters(&self) -> Result<(), crate::store::StoreError> {
+        match self.letters.get() {
+            Some(l) => l.sync(),
+            None => Ok(()),
+        }
+    }
+
     fn publish_synced(&self) {
         self.publish_syncs.fetch_add(1, Ordering::Relaxed);
     }
@@ -142,10 +164,10 @@ impl Host for Shared {
 
 /// The committer thread: waits for publishes, settlements or the idle tick, then runs the
 /// round ([`Round::Frame`], [`Round::Idle`], [`Round::Stop`] at the end).
-pub(super) fn committer(s: &Shared, letters: &letters::LogLetters, letters_every: Duration) {
+pub(super) fn committer(s: &Shared, letters_every: Duration) {
     let mut letters_synced = std::time::Instant::now();
     loop {
-        let waiters = {
+        let work = {
             let mut w = s.waiting();
             while w.waiters.is_empty() && !w.dirty && !w.shutdown {
                 let tick = if letters_every.is_zero() {
@@ -164,11 +186,11 @@ pub(super) fn committer(s: &Shared, letters: &letters::LogLetters, letters_every
                     // them durable): synced every `persistence__flushEveryMs` when idle.
                     if !letters_every.is_zero() && letters_synced.elapsed() >= letters_every {
                         letters_synced = std::time::Instant::now();
-                        if let Err(e) = letters.sync() {
+                        if let Err(e) = s.sync_letters() {
                             tracing::error!(error = %e, "could not make dead letters durable");
                         }
                     }
-                    if let Err(e) = round::run(s, Round::Idle, Vec::new()) {
+                    if let Err(e) = round::run(s, Round::Idle, Work::default()) {
                         tracing::error!(error = %e, "event log: could not start a compaction");
                     }
                     w = s.waiting();
@@ -183,19 +205,19 @@ pub(super) fn committer(s: &Shared, letters: &letters::LogLetters, letters_every
                 w = g;
             }
             if w.shutdown && w.waiters.is_empty() {
+                let work = w.take_work();
                 drop(w);
-                let _ = round::run(s, Round::Stop, Vec::new());
+                let _ = round::run(s, Round::Stop, work);
                 if let Compactor::Thread(tx) = &s.compactor {
                     crate::sync::lock(tx).take();
                 }
                 return;
             }
-            w.dirty = false;
-            std::mem::take(&mut w.waiters)
+            w.take_work()
         };
         // A failure fails the log (`Log::fail`), which refuses the next publishes; the waiters
         // got the error.
-        let _ = round::run(s, Round::Frame, waiters);
+        let _ = round::run(s, Round::Frame, work);
     }
 }
 
@@ -272,7 +294,7 @@ impl Driver {
     /// # Errors
     /// As [`Driver::round`].
     pub fn idle(&self) -> Result<(), crate::store::StoreError> {
-        round::run(&*self.shared, Round::Idle, Vec::new())
+        round::run(&*self.shared, Round::Idle, Work::default())
     }
 
     /// The compactor's work: copy the segment a round handed over and swap it in, as
@@ -320,6 +342,6 @@ impl Driver {
     /// A read failed, or recording the damage did (the log has failed then).
     pub fn scrub(&self) -> Result<(), crate::store::StoreError> {
         round::scrub_all(&*self.shared)?;
-        round::run(&*self.shared, Round::Damage, Vec::new())
+        round::run(&*self.shared, Round::Damage, Work::from(Vec::new()))
     }
 }

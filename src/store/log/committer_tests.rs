@@ -3,6 +3,7 @@
 use super::tests::{ev, opts};
 use super::*;
 use crate::store::fs::{FsFile, RealFs};
+use crate::store::Settled;
 use std::future::Future;
 use std::path::Path;
 use std::sync::{Condvar, Mutex};
@@ -130,8 +131,9 @@ async fn a_publish_does_not_wait_for_segments_to_be_given_back() {
     );
 }
 
-/// What a pull acknowledgement waits for ([`Store::sync_staged`]) is what a publish waits for:
-/// the frame holding the settlements staged before it, durable. Not the round after it.
+/// What a pull acknowledgement waits for (a commit answered at [`Answer::Frame`]) is what a
+/// publish waits for: the frame holding the settlements staged before it, durable. Not the
+/// round after it.
 #[tokio::test]
 async fn a_sync_of_staged_settlements_does_not_wait_for_segments_to_be_given_back() {
     let dir = tempfile::tempdir().unwrap();
@@ -150,8 +152,10 @@ async fn a_sync_of_staged_settlements_does_not_wait_for_segments_to_be_given_bac
     fs.hold(true);
     let _release = Release(&fs);
     let all: Vec<u64> = (1..=100).collect();
-    s.remove(1, &Settled::all(all.iter().copied(), 0)).unwrap();
-    tokio::time::timeout(Duration::from_secs(30), s.sync_staged())
+    let all = Settled::all(all.iter().copied(), 0);
+    let settle = [Settlement::Remove(&all)];
+    let commit = s.stage(Writes::Settle(1, &settle), Answer::Frame).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), commit.wait())
         .await
         .expect("answered while its round gives segments back")
         .unwrap();

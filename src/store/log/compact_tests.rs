@@ -6,6 +6,7 @@ use super::engine::{Log, LogOptions};
 use super::*;
 use crate::store::contract::{sub, topic};
 use crate::store::fs::{Fs, RealFs};
+use crate::store::Settled;
 use bytes::Bytes;
 use std::collections::HashSet;
 use std::path::Path;

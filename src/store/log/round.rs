@@ -1,7 +1,8 @@
 //! The committer's round as typed steps, and the one executor that runs them.
 //!
-//! A round is a plan ([`Round::steps`]): write what is staged as one frame and sync it, answer
-//! the publishes in it, give back segments with nothing pending, hand a compaction over, take a
+//! A round is a plan ([`Round::steps`]): make the dead letters durable when the round removes
+//! dead-lettered events, write what is staged as one frame and sync it, answer the publishes in
+//! it, give back segments with nothing pending, hand a compaction over, take a
 //! checkpoint when one is due, answer whoever waits for the whole round. [`run`] executes a
 //! plan over a [`Host`]: the store's `gridlet-commit` thread runs it on the store's shared
 //! state, the power-cut simulation runs the same store with the round executed in place
@@ -13,25 +14,33 @@
 //! 0. [`Step::RecordDamage`]: failing frames met since the last round by reads or the scrub
 //!    (`engine/scrub.rs`) are recorded first: the events they held stop being pending before
 //!    anything else is planned, and a damaged head is closed before a frame goes after it.
-//! 1. [`Step::WriteFrame`]: one frame, `fdatasync`ed. A publish is acknowledged only after it.
-//! 2. [`Step::AnswerPublishes`]: as soon as their frame is durable; nothing after this step
+//! 1. [`Step::SyncLetters`]: the round's input ([`Work`]) may hold removals of events that were
+//!    just dead-lettered (`Settlement::Dropped`); they are staged when the round starts, and
+//!    their letters, put before, are synced here, **before** the frame that removes the events
+//!    is written: after a crash an event is pending, a dead letter, or both, never neither.
+//!    Only the round stages such removals, so no frame of this round holds one whose letter
+//!    was put after this sync (the power-cut simulation fails at seed 47 with this step after
+//!    [`Step::WriteFrame`]).
+//! 2. [`Step::WriteFrame`]: one frame, `fdatasync`ed. A publish is acknowledged only after it.
+//! 3. [`Step::AnswerPublishes`]: as soon as their frame is durable; nothing after this step
 //!    (another file's write or sync) delays an acknowledgement.
-//! 3. [`Step::RemoveSegments`]: the older live segments are restated in a frame of their own,
+//! 4. [`Step::RemoveSegments`]: the older live segments are restated in a frame of their own,
 //!    synced, before a dead segment's file is removed (a younger segment's settle records may be
 //!    all that keeps an older one's events settled).
-//! 4. [`Step::HandOverCompaction`]: the plan restates the older segments; that frame is synced
+//! 5. [`Step::HandOverCompaction`]: the plan restates the older segments; that frame is synced
 //!    before the copy starts (`engine/compact.rs`).
-//! 5. [`Step::Checkpoint`]: when due; then the segments that waited for a checkpoint recording
+//! 6. [`Step::Checkpoint`]: when due; then the segments that waited for a checkpoint recording
 //!    them owing nothing go (`engine/collect.rs`).
-//! 6. [`Step::AnswerRound`]: a `commit` and the management calls return once the space of what
+//! 7. [`Step::AnswerRound`]: a `commit` and the management calls return once the space of what
 //!    they settled or deleted is given back.
 //!
 //! A failed write or sync fails the log (fail-stop): the steps after it do nothing, and every
-//! waiter gets the error.
+//! waiter gets the error. A failed sync of the letters does the same: the removals are staged,
+//! and nothing may write them.
 
 use super::commit_trace::{CommitSpan, Group};
 use super::engine::{Compaction, Log};
-use crate::store::StoreError;
+use crate::store::{Answer, QueueId, StoreError};
 use std::ops::DerefMut;
 
 /// One step of a round. See the module docs for the order.
@@ -39,6 +48,8 @@ use std::ops::DerefMut;
 pub enum Step {
     /// Record the damage reads and the scrub found (`engine/scrub.rs`).
     RecordDamage,
+    /// Sync the dead letters, when the round stages removals of dead-lettered events.
+    SyncLetters,
     /// Write what is staged as one frame and sync it.
     WriteFrame,
     /// Answer the publishes whose events that frame holds.
@@ -75,6 +86,7 @@ impl Round {
         match self {
             Round::Frame => &[
                 RecordDamage,
+                SyncLetters,
                 WriteFrame,
                 AnswerPublishes,
                 RemoveSegments,
@@ -85,6 +97,7 @@ impl Round {
             Round::Idle => &[RecordDamage, HandOverCompaction],
             Round::Stop => &[
                 RecordDamage,
+                SyncLetters,
                 WriteFrame,
                 RemoveSegments,
                 Checkpoint,
@@ -97,26 +110,59 @@ impl Round {
 
 /// Who waits for a round.
 pub(super) enum Waiter {
-    /// A publish: answered as soon as the frame holding its events is durable.
-    Publish(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
-    /// A `commit`, awaiting in a task: answered after the whole round (segments with nothing
-    /// pending given back, checkpoint).
-    Task(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
-    /// A management call on a blocking thread: as `Task` (a deleted subscription's space is
+    /// [`Answer::Frame`]: answered as soon as the frame holding its writes (and everything
+    /// staged before them) is durable, at [`Step::AnswerPublishes`]: a publish, a pull
+    /// acknowledgement.
+    Frame(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
+    /// [`Answer::Round`], awaiting in a task: answered after the whole round (segments with
+    /// nothing pending given back, checkpoint), at [`Step::AnswerRound`].
+    Round(tokio::sync::oneshot::Sender<Result<(), StoreError>>),
+    /// A management call on a blocking thread: as `Round` (a deleted subscription's space is
     /// free when it returns).
-    Thread(std::sync::mpsc::Sender<Result<(), StoreError>>),
+    RoundThread(std::sync::mpsc::Sender<Result<(), StoreError>>),
 }
 
 impl Waiter {
+    /// A waiter answered at `answer`'s step, and what it answers (`None` for
+    /// [`Answer::Nobody`]).
+    pub(super) fn new(answer: Answer) -> Option<(Self, crate::store::Commit)> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let w = match answer {
+            Answer::Nobody => return None,
+            Answer::Frame => Waiter::Frame(tx),
+            Answer::Round => Waiter::Round(tx),
+        };
+        Some((w, crate::store::Commit::pending(rx)))
+    }
+
     fn answer(self, r: &Result<(), StoreError>) {
         let r = r.as_ref().map(|_| ()).map_err(clone_err);
         match self {
-            Waiter::Publish(tx) | Waiter::Task(tx) => {
+            Waiter::Frame(tx) | Waiter::Round(tx) => {
                 let _ = tx.send(r);
             }
-            Waiter::Thread(tx) => {
+            Waiter::RoundThread(tx) => {
                 let _ = tx.send(r);
             }
+        }
+    }
+}
+
+/// What a round is given to do besides what is staged in the log.
+#[derive(Default)]
+pub(super) struct Work {
+    /// Who waits, answered at their steps.
+    pub(super) waiters: Vec<Waiter>,
+    /// Removals of events just dead-lettered, per queue: staged when the round starts, written
+    /// after [`Step::SyncLetters`] (only rounds whose plan has it are given any).
+    pub(super) dropped: Vec<(QueueId, Vec<crate::store::Settled>)>,
+}
+
+impl From<Vec<Waiter>> for Work {
+    fn from(waiters: Vec<Waiter>) -> Self {
+        Self {
+            waiters,
+            dropped: Vec::new(),
         }
     }
 }
@@ -163,6 +209,14 @@ pub(super) trait Host {
         None
     }
 
+    /// Make the dead letters put so far durable ([`Step::SyncLetters`]).
+    ///
+    /// # Errors
+    /// The letters' sync failed.
+    fn sync_letters(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// A frame answered at least one publish.
     fn publish_synced(&self) {}
 
@@ -175,12 +229,23 @@ pub(super) trait Host {
     fn did(&self, _step: Step, _n: u64) {}
 }
 
-/// Run `round` on `host`, answering `waiters` at their steps. Returns the round's result (what
-/// the waiters for the whole round got).
-pub(super) fn run<H: Host>(host: &H, round: Round, waiters: Vec<Waiter>) -> Result<(), StoreError> {
+/// Run `round` on `host` with `work`: its removals of dead-lettered events staged first, its
+/// waiters answered at their steps. Returns the round's result (what the waiters for the whole
+/// round got).
+pub(super) fn run<H: Host>(host: &H, round: Round, work: Work) -> Result<(), StoreError> {
     let mut result = Ok(());
-    let mut waiters = waiters;
-    let publishes = waiters.iter().any(|w| matches!(w, Waiter::Publish(_)));
+    let Work {
+        mut waiters,
+        dropped,
+    } = work;
+    let publishes = waiters.iter().any(|w| matches!(w, Waiter::Frame(_)));
+    let letters = !dropped.is_empty();
+    if letters {
+        let mut log = host.log();
+        for (queue, seqs) in &dropped {
+            log.stage_settle(*queue, seqs);
+        }
+    }
     for &step in round.steps() {
         match step {
             Step::RecordDamage => {
@@ -190,6 +255,14 @@ pub(super) fn run<H: Host>(host: &H, round: Round, waiters: Vec<Waiter>) -> Resu
                     Ok(n) => host.did(step, n as u64),
                     // The log has failed (fail-stop): the frame step refuses, everyone hears.
                     Err(e) => result = Err(e),
+                }
+            }
+            Step::SyncLetters if letters && result.is_ok() => {
+                result = host.sync_letters();
+                match &result {
+                    Ok(()) => host.did(step, 1),
+                    // The removals are staged: no frame may write them now.
+                    Err(e) => host.log().fail(format!("dead letters: {e}")),
                 }
             }
             Step::WriteFrame if result.is_ok() => {
@@ -203,7 +276,7 @@ pub(super) fn run<H: Host>(host: &H, round: Round, waiters: Vec<Waiter>) -> Resu
                 let mut n = 0;
                 for w in waiters {
                     match w {
-                        Waiter::Publish(_) => {
+                        Waiter::Frame(_) => {
                             w.answer(&result);
                             n += 1;
                         }
@@ -366,7 +439,7 @@ impl Host for Bare<'_> {
 pub fn scrub(log: &mut Log, now_ms: u64) -> Result<(), StoreError> {
     let host = Bare(std::cell::RefCell::new(log), now_ms);
     scrub_all(&host)?;
-    run(&host, Round::Damage, Vec::new())
+    run(&host, Round::Damage, Work::from(Vec::new()))
 }
 
 /// Run the scrub's jobs to the end, in place (reads that fail leave their segment unchecked).
@@ -393,6 +466,6 @@ pub fn commit(log: &mut Log, now_ms: u64) -> Result<(), StoreError> {
     run(
         &Bare(std::cell::RefCell::new(log), now_ms),
         Round::Frame,
-        Vec::new(),
+        Work::default(),
     )
 }

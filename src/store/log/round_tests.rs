@@ -13,6 +13,23 @@ struct Recording {
     log: Mutex<Log>,
     did: Mutex<Vec<(Step, u64)>>,
     handed: Mutex<Option<Compaction>>,
+    /// Whether syncing the letters fails.
+    letters_fail: bool,
+}
+
+impl Recording {
+    fn new(log: Log) -> Self {
+        Self {
+            log: Mutex::new(log),
+            did: Mutex::new(Vec::new()),
+            handed: Mutex::new(None),
+            letters_fail: false,
+        }
+    }
+
+    fn steps(&self) -> Vec<Step> {
+        crate::sync::lock(&self.did).iter().map(|d| d.0).collect()
+    }
 }
 
 impl Host for Recording {
@@ -29,6 +46,12 @@ impl Host for Recording {
     fn hand_over(&self, job: Compaction) -> Option<Compaction> {
         *crate::sync::lock(&self.handed) = Some(job);
         None
+    }
+    fn sync_letters(&self) -> Result<(), crate::store::StoreError> {
+        if self.letters_fail {
+            return Err(crate::store::StoreError::Io("letters: disk gone".into()));
+        }
+        Ok(())
     }
     fn did(&self, step: Step, n: u64) {
         crate::sync::lock(&self.did).push((step, n));
@@ -72,17 +95,13 @@ async fn a_round_answers_publishes_after_their_frame_and_the_rest_after_everythi
     let mut log = prepared(dir.path());
     assert!(!log.checkpoint_due());
     log.stage_events(&[(2, ev(401, 700_000))], 0).unwrap();
-    let host = Recording {
-        log: Mutex::new(log),
-        did: Mutex::new(Vec::new()),
-        handed: Mutex::new(None),
-    };
+    let host = Recording::new(log);
     let (publish, published) = tokio::sync::oneshot::channel();
     let (commit, committed) = tokio::sync::oneshot::channel();
     round::run(
         &host,
         Round::Frame,
-        vec![Waiter::Publish(publish), Waiter::Task(commit)],
+        vec![Waiter::Frame(publish), Waiter::Round(commit)].into(),
     )
     .unwrap();
     let did = crate::sync::lock(&host.did).clone();
@@ -119,11 +138,25 @@ async fn a_round_answers_publishes_after_their_frame_and_the_rest_after_everythi
 #[test]
 fn the_rounds_plans() {
     use Step::*;
+    assert_eq!(
+        Round::Frame.steps(),
+        [
+            RecordDamage,
+            SyncLetters,
+            WriteFrame,
+            AnswerPublishes,
+            RemoveSegments,
+            HandOverCompaction,
+            Checkpoint,
+            AnswerRound
+        ]
+    );
     assert_eq!(Round::Idle.steps(), [RecordDamage, HandOverCompaction]);
     assert_eq!(
         Round::Stop.steps(),
         [
             RecordDamage,
+            SyncLetters,
             WriteFrame,
             RemoveSegments,
             Checkpoint,
@@ -139,6 +172,70 @@ fn the_rounds_plans() {
     );
 }
 
+/// A log of one queue holding events 1 to 3, committed.
+fn three_events(dir: &std::path::Path) -> Log {
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    let (mut log, _) = Log::open(Arc::new(RealFs), opts(dir), &known, 1).unwrap();
+    for seq in 1..=3 {
+        log.stage_events(&[(1, ev(seq, 100))], 0).unwrap();
+    }
+    round::commit(&mut log, 1).unwrap();
+    log
+}
+
+fn pending(log: &Log) -> Vec<u64> {
+    log.index_of(1)
+        .unwrap()
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect()
+}
+
+#[test]
+fn letters_are_synced_before_the_frame_that_removes_their_events_and_only_then() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = Recording::new(three_events(dir.path()));
+    // A round with no dead-lettered events: no sync of the letters.
+    host.log().stage_settle(1, &Settled::all([1], 0));
+    round::run(&host, Round::Frame, Vec::new().into()).unwrap();
+    assert!(
+        !host.steps().contains(&Step::SyncLetters),
+        "{:?}",
+        host.steps()
+    );
+    // Removals of dead-lettered events handed to the round: staged by it, written after the
+    // letters' sync.
+    crate::sync::lock(&host.did).clear();
+    let work = round::Work {
+        dropped: vec![(1, Settled::all([2], 0))],
+        ..Default::default()
+    };
+    round::run(&host, Round::Frame, work).unwrap();
+    assert_eq!(host.steps()[..2], [Step::SyncLetters, Step::WriteFrame]);
+    assert_eq!(pending(&host.log()), [3]);
+}
+
+#[test]
+fn a_failed_sync_of_the_letters_writes_no_frame_and_fails_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut host = Recording::new(three_events(dir.path()));
+    host.letters_fail = true;
+    let (publish, mut published) = tokio::sync::oneshot::channel();
+    let work = round::Work {
+        waiters: vec![Waiter::Frame(publish)],
+        dropped: vec![(1, Settled::all([2], 0))],
+    };
+    assert!(round::run(&host, Round::Frame, work).is_err());
+    assert!(published.try_recv().unwrap().is_err());
+    assert_eq!(host.steps(), [Step::AnswerPublishes]);
+    assert!(host.log().stage_events(&[(1, ev(4, 10))], 0).is_err());
+    // The removal never reached the disk: the event is pending after a restart.
+    drop(host);
+    let known: HashSet<QueueId> = [1].into_iter().collect();
+    let (log, _) = Log::open(Arc::new(RealFs), opts(dir.path()), &known, 2).unwrap();
+    assert_eq!(pending(&log), [1, 2, 3]);
+}
+
 #[test]
 fn a_failed_frame_answers_everyone_with_the_error_and_does_nothing_else() {
     let fs = crate::store::fs::sim::SimFs::new(7);
@@ -149,18 +246,14 @@ fn a_failed_frame_answers_everyone_with_the_error_and_does_nothing_else() {
     };
     let (mut log, _) = Log::open(Arc::new(fs.clone()), lo, &known, 1).unwrap();
     log.stage_events(&[(1, ev(1, 10))], 0).unwrap();
-    let host = Recording {
-        log: Mutex::new(log),
-        did: Mutex::new(Vec::new()),
-        handed: Mutex::new(None),
-    };
+    let host = Recording::new(log);
     fs.crash_at_step(fs.steps() + 1);
     let (publish, mut published) = tokio::sync::oneshot::channel();
     let (tx, rx) = std::sync::mpsc::channel();
     assert!(round::run(
         &host,
         Round::Frame,
-        vec![Waiter::Publish(publish), Waiter::Thread(tx)]
+        vec![Waiter::Frame(publish), Waiter::RoundThread(tx)].into()
     )
     .is_err());
     assert!(published.try_recv().unwrap().is_err());

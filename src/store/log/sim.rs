@@ -45,7 +45,9 @@ use super::{Driver, LogStore, LogStoreOptions, SUBDIR};
 use crate::store::fs::sim::{Rng, SimFs};
 use crate::store::fs::Fs;
 use crate::store::meta::FsMeta;
-use crate::store::{Commit, QueueId, RetryState, Settled, Settlement, Store, StoredEvent};
+use crate::store::{
+    Answer, Commit, QueueId, RetryState, Settled, Settlement, Store, StoredEvent, Writes,
+};
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -355,8 +357,12 @@ fn step(
                 // Through the store writer's path or in place, as delivery settles.
                 if rng.chance(1, 2) {
                     store.remove(*q, &gone).map_err(|_| ())?;
-                } else if !store.try_settle(*q, &[Settlement::Remove(&gone)]) {
-                    return Err(());
+                } else {
+                    let settle = [Settlement::Remove(&gone)];
+                    store
+                        .stage(Writes::Settle(*q, &settle), Answer::Nobody)
+                        .map(drop)
+                        .map_err(|_| ())?;
                 }
                 m.owed.remove(&(*q, *s));
                 m.settling.insert((*q, *s));
@@ -415,7 +421,7 @@ fn step(
 }
 
 /// Dead-letter `picked` as delivery does: each event's letter put, then the removal of the
-/// events staged (`remove_dropped`, which makes the letters durable first).
+/// events staged ([`Settlement::Dropped`]: the round makes the letters durable first).
 fn dead_letter(
     store: &LogStore,
     m: &mut Model,
@@ -447,7 +453,11 @@ fn dead_letter(
         by_queue.entry(*q).or_default().push(Settled::new(*s, len));
     }
     for (q, events) in by_queue {
-        store.remove_dropped(q, &events).map_err(|_| ())?;
+        let dropped = [Settlement::Dropped(&events)];
+        store
+            .stage(Writes::Settle(q, &dropped), Answer::Nobody)
+            .map(drop)
+            .map_err(|_| ())?;
         for s in Settled::seqs(&events) {
             m.owed.remove(&(q, s));
             m.settling.insert((q, s));

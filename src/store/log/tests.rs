@@ -5,6 +5,7 @@ use super::engine::{Log, LogOptions};
 use super::*;
 use crate::store::contract::{sub, topic};
 use crate::store::fs::sim::SimFs;
+use crate::store::Settled;
 use bytes::Bytes;
 use std::collections::HashSet;
 use std::path::Path;
@@ -148,10 +149,10 @@ async fn pending_events_retry_states_and_deletions_survive_a_restart() {
     assert_eq!(got[1].as_ref().map(|e| e.state.attempts), Some(3));
 }
 
-/// `try_settle` stages at once while the log's lock is free, does nothing while it is held
-/// (the store writer then does it), and what it staged survives a restart like `remove`.
+/// Settlements staged together ([`Store::stage`], nobody waiting) ride the next frame and
+/// survive a restart like `remove`.
 #[tokio::test]
-async fn settlements_are_staged_in_place_only_when_the_lock_is_free() {
+async fn settlements_staged_together_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let st = RetryState {
         attempts: 2,
@@ -165,17 +166,12 @@ async fn settlements_are_staged_in_place_only_when_the_lock_is_free() {
         s.put_subscription(q, &sub("a")).unwrap();
         let items = (1..=4u64).map(|seq| (q, ev(seq, 100))).collect();
         s.submit(items).unwrap().wait().await.unwrap();
-        {
-            let _held = s.shared.log();
-            assert!(!s.try_settle(q, &[Settlement::Remove(&Settled::all([1], 0))]));
-        }
-        assert!(s.try_settle(
-            q,
-            &[
-                Settlement::Remove(&Settled::all([2, 3], 0)),
-                Settlement::Retry(&[4], st)
-            ]
-        ));
+        let settle = [
+            Settlement::Remove(&Settled::all([2, 3], 0)),
+            Settlement::Retry(&[4], st),
+        ];
+        let c = s.stage(Writes::Settle(q, &settle), Answer::Nobody).unwrap();
+        c.wait().await.unwrap();
         s.commit().await.unwrap();
     }
     let s = LogStore::open(&opts(dir.path())).unwrap();

@@ -6,6 +6,7 @@ use super::engine::{Log, LogOptions};
 use super::tests::{ev, fill_real_log, real_log};
 use super::*;
 use crate::store::fs::sim::SimFs;
+use crate::store::Settled;
 use std::collections::HashSet;
 
 #[test]
