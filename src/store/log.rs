@@ -266,8 +266,7 @@ impl LogStore {
         let mut w = self.shared.waiting();
         if !w.dirty {
             w.dirty = true;
-            drop(w);
-            self.shared.wake.notify_one();
+            self.shared.wake_for(w);
         }
     }
 
@@ -278,8 +277,9 @@ impl LogStore {
             return self.shared.round_now(round::Round::Frame);
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        self.shared.waiting().waiters.push(Waiter::Thread(tx));
-        self.shared.wake.notify_one();
+        let mut w = self.shared.waiting();
+        w.waiters.push(Waiter::Thread(tx));
+        self.shared.wake_for(w);
         rx.recv()
             .map_err(|_| StoreError::Io("the committer stopped".into()))?
     }
@@ -438,8 +438,9 @@ impl Store for LogStore {
 
     fn commit(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.shared.waiting().waiters.push(Waiter::Task(tx));
-        self.shared.wake.notify_one();
+        let mut w = self.shared.waiting();
+        w.waiters.push(Waiter::Task(tx));
+        self.shared.wake_for(w);
         Box::pin(async move {
             rx.await
                 .map_err(|_| StoreError::Io("the committer stopped".into()))?
@@ -450,8 +451,9 @@ impl Store for LogStore {
         // Answered with the next frame's publishes: everything staged before this call is in
         // that frame (or an earlier one), since a frame takes all that is staged.
         let (tx, rx) = tokio::sync::oneshot::channel();
-        self.shared.waiting().waiters.push(Waiter::Publish(tx));
-        self.shared.wake.notify_one();
+        let mut w = self.shared.waiting();
+        w.waiters.push(Waiter::Publish(tx));
+        self.shared.wake_for(w);
         Box::pin(async move {
             rx.await
                 .map_err(|_| StoreError::Io("the committer stopped".into()))?
@@ -471,9 +473,9 @@ impl Store for LogStore {
             if self.shared.tracer().is_some() {
                 w.group.add(&items);
             }
+            self.shared.wake_for(w);
         }
         self.shared.commits.fetch_add(1, Ordering::Relaxed);
-        self.shared.wake.notify_one();
         Ok(Commit::pending(rx))
     }
 
