@@ -293,8 +293,9 @@ impl LogStore {
             return self.shared.round_now(round::Round::Frame);
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        self.shared.waiting().waiters.push(Waiter::RoundThread(tx));
-        self.shared.wake.notify_one();
+        let mut w = self.shared.waiting();
+        w.waiters.push(Waiter::RoundThread(tx));
+        self.shared.wake_for(w);
         rx.recv()
             .map_err(|_| StoreError::Io("the committer stopped".into()))?
     }
@@ -500,7 +501,6 @@ impl Store for LogStore {
             None => (None, Commit::done()),
         };
         let events = matches!(writes, Writes::Events(_));
-        let mut wake = true;
         let reserved = if events { self.letters.disk_bytes() } else { 0 };
         {
             // Staged and queued for an answer under the log's lock: frames keep the staging
@@ -535,18 +535,22 @@ impl Store for LogStore {
             if let (Some(items), true) = (&group, self.shared.tracer().is_some()) {
                 w.group.add(items);
             }
-            match waiter {
-                Some(waiter) => w.waiters.push(waiter),
+            let wake = match waiter {
+                Some(waiter) => {
+                    w.waiters.push(waiter);
+                    true
+                }
                 // Nobody waits: the committer writes them within `SETTLE_EVERY`. Only the
                 // first since the last frame wakes it (one wake per frame, not per batch).
-                None => wake = !std::mem::replace(&mut w.dirty, true),
+                None => !std::mem::replace(&mut w.dirty, true),
+            };
+            if wake {
+                // Only if it sleeps: a committer at work looks at the waiters again first.
+                self.shared.wake_for(w);
             }
         }
         if events {
             self.shared.commits.fetch_add(1, Ordering::Relaxed);
-        }
-        if wake {
-            self.shared.wake.notify_one();
         }
         Ok(commit)
     }

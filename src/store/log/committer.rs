@@ -11,7 +11,7 @@ use super::{letters, IDLE_TICK, SETTLE_EVERY};
 use crate::store::deadletter::DeadLetterStore;
 use crate::store::QueueId;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 #[derive(Default)]
@@ -25,6 +25,10 @@ pub(super) struct Waiting {
     /// Settlements staged (or dead-lettered events' removals handed over) since the last frame.
     pub(super) dirty: bool,
     pub(super) shutdown: bool,
+    /// The committer waits on [`Shared::wake`] (set and cleared by it, under this lock): only
+    /// then does new work need a wake-up. While it writes or syncs a frame it takes what was
+    /// staged meanwhile when it comes back, and a `futex` wake per publish would be wasted.
+    pub(super) asleep: bool,
     /// The publishes staged for the next frame (only while commits are traced).
     pub(super) group: Group,
 }
@@ -79,6 +83,16 @@ impl Shared {
     }
     pub(super) fn tracer(&self) -> Option<&crate::telemetry::Tracer> {
         self.tracer.get()
+    }
+
+    /// Wake the committer for work just added under `w`, if it is waiting for some (it looks
+    /// at `w` again before it waits, under the same lock, so no wake-up is lost).
+    pub(super) fn wake_for(&self, w: MutexGuard<'_, Waiting>) {
+        let asleep = w.asleep;
+        drop(w);
+        if asleep {
+            self.wake.notify_one();
+        }
     }
 
     /// Whether rounds run in place, on the caller's thread (the simulation), rather than on
@@ -175,11 +189,13 @@ pub(super) fn committer(s: &Shared, letters_every: Duration) {
                 } else {
                     letters_every.min(IDLE_TICK)
                 };
+                w.asleep = true;
                 let (g, t) = s
                     .wake
                     .wait_timeout(w, tick)
                     .unwrap_or_else(|p| p.into_inner());
                 w = g;
+                w.asleep = false;
                 if t.timed_out() {
                     drop(w);
                     // Letters of subscriptions that are not persisted (no event removal makes
@@ -198,11 +214,13 @@ pub(super) fn committer(s: &Shared, letters_every: Duration) {
             }
             if w.waiters.is_empty() && w.dirty && !w.shutdown {
                 // Settlements only: let more gather (and publishes join them).
+                w.asleep = true;
                 let (g, _) = s
                     .wake
                     .wait_timeout_while(w, SETTLE_EVERY, |w| w.waiters.is_empty() && !w.shutdown)
                     .unwrap_or_else(|p| p.into_inner());
                 w = g;
+                w.asleep = false;
             }
             if w.shutdown && w.waiters.is_empty() {
                 let work = w.take_work();
