@@ -260,23 +260,24 @@ pub async fn healthcheck(cfg: &Config) -> Result<(), String> {
 /// on a terminal, never with `NO_COLOR`), or JSON lines. Level from `RUST_LOG` (default `info`).
 pub fn init_logging(format: LogFormat) {
     use std::io::IsTerminal;
+    use tracing_subscriber::fmt;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
-    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref());
-    let builder = tracing_subscriber::fmt().with_target(false);
+    // The filter sits right on the registry, so it alone decides the level (`fmt()`'s builder
+    // would add its own, `info`, that no `RUST_LOG` could raise).
+    let logs =
+        tracing_subscriber::registry().with(log_filter(std::env::var("RUST_LOG").ok().as_deref()));
     match format {
-        LogFormat::Json => builder.json().finish().with(filter).init(),
+        LogFormat::Json => logs.with(fmt::layer().with_target(false).json()).init(),
         LogFormat::Text => {
             let ansi = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-            let text = tracing_subscriber::fmt::format()
-                .with_target(false)
-                .with_ansi(ansi);
-            builder
-                .with_ansi(ansi)
-                .event_format(SyslogPrefix(text))
-                .finish()
-                .with(filter)
-                .init();
+            let text = fmt::format().with_target(false).with_ansi(ansi);
+            logs.with(
+                fmt::layer()
+                    .with_ansi(ansi)
+                    .event_format(SyslogPrefix(text)),
+            )
+            .init();
         }
     }
 }
