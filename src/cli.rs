@@ -260,24 +260,38 @@ pub async fn healthcheck(cfg: &Config) -> Result<(), String> {
 /// on a terminal, never with `NO_COLOR`), or JSON lines. Level from `RUST_LOG` (default `info`).
 pub fn init_logging(format: LogFormat) {
     use std::io::IsTerminal;
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
+    use tracing_subscriber::fmt;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    // The filter sits right on the registry, so it alone decides the level (`fmt()`'s builder
+    // would add its own, `info`, that no `RUST_LOG` could raise).
+    let logs =
+        tracing_subscriber::registry().with(log_filter(std::env::var("RUST_LOG").ok().as_deref()));
     match format {
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Json => logs.with(fmt::layer().with_target(false).json()).init(),
         LogFormat::Text => {
             let ansi = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-            let text = tracing_subscriber::fmt::format()
-                .with_target(false)
-                .with_ansi(ansi);
-            builder
-                .with_ansi(ansi)
-                .event_format(SyslogPrefix(text))
-                .init();
+            let text = fmt::format().with_target(false).with_ansi(ansi);
+            logs.with(
+                fmt::layer()
+                    .with_ansi(ansi)
+                    .event_format(SyslogPrefix(text)),
+            )
+            .init();
         }
     }
+}
+
+/// `RUST_LOG` as a list of `target=level` directives and an optional bare default level
+/// (`info`, `debug,sled=info`); unset or not understood: `info`. This is tracing-subscriber's
+/// `Targets`, not `EnvFilter`: the span and field directives of `EnvFilter` (`[span{f=v}]=debug`)
+/// are not understood, and leaving them out drops the regex engine from the binary
+/// (docs/BENCHMARKS.md, "Footprint").
+fn log_filter(var: Option<&str>) -> tracing_subscriber::filter::Targets {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    var.filter(|v| !v.trim().is_empty())
+        .and_then(|v| v.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(LevelFilter::INFO))
 }
 
 /// Log, once at start, what is running and every setting that differs from its default.
@@ -341,6 +355,29 @@ mod tests {
         assert!(args(&["serve"]).unwrap_err().contains("usage: gridlet"));
         assert!(args(&["check-config", "--bogus"]).is_err());
         assert!(args(&["check-config", "--module", "x"]).is_err());
+    }
+
+    #[test]
+    fn rust_log_sets_levels_by_target_and_falls_back_to_info() {
+        use tracing::Level;
+        let on = |var: Option<&str>, target: &str, level: Level| {
+            log_filter(var).would_enable(target, &level)
+        };
+        assert!(on(None, "gridlet::broker", Level::INFO));
+        assert!(!on(None, "gridlet::broker", Level::DEBUG));
+        assert!(on(Some("debug"), "sled::tree", Level::DEBUG));
+        assert!(on(
+            Some("warn,gridlet=debug"),
+            "gridlet::store",
+            Level::DEBUG
+        ));
+        assert!(!on(Some("warn,gridlet=debug"), "sled::tree", Level::INFO));
+        assert!(on(Some("warn,gridlet=debug"), "sled::tree", Level::WARN));
+        // Unset, empty or not understood (EnvFilter's span directives): `info`.
+        for var in ["", "  ", "[request{topic=t}]=debug", "gridlet=loud"] {
+            assert!(on(Some(var), "gridlet", Level::INFO), "{var:?}");
+            assert!(!on(Some(var), "gridlet", Level::DEBUG), "{var:?}");
+        }
     }
 
     #[test]
