@@ -237,7 +237,9 @@ impl LogStore {
             scrub_wake: Condvar::new(),
             letters: std::sync::OnceLock::new(),
         });
-        let for_letters = shared.clone();
+        // Weak: the shared state holds the letters (for the round's sync), and the letters hold
+        // this; a strong reference would be a cycle that no store's drop frees.
+        let for_letters = Arc::downgrade(&shared);
         let letters = letters::LogLetters::open(
             fs,
             letters::LetterOptions {
@@ -247,7 +249,7 @@ impl LogStore {
                 refuse_damage: opts.refuse_damage,
             },
             &known,
-            Box::new(move || for_letters.log().disk_bytes()),
+            Box::new(move || for_letters.upgrade().map_or(0, |s| s.log().disk_bytes())),
         )?;
         let letters = Arc::new(letters);
         let _ = shared.letters.set(letters.clone());

@@ -140,6 +140,14 @@ pub fn inject(rng: &mut Rng, fs: &SimFs, opts: &LogOptions) -> Option<Injected> 
                     (a, vec![0u8; (b - a) as usize])
                 }
             };
+            // What the fault really changes (a zeroed byte may have been zero): the log can only
+            // see that, so the rules below are asked of it (crashsim damage seed 20,260: a
+            // sector zeroed from the last byte of a checkpointed frame, which was zero, into the
+            // frames after the checkpoint, claimed as damage below the recorded end).
+            let differs = |i: usize| bytes.get(i) != c.get(a as usize + i);
+            let lo = (0..bytes.len()).find(|&i| differs(i))?;
+            let hi = (0..bytes.len()).rev().find(|&i| differs(i)).unwrap_or(lo);
+            let (a, bytes) = (a + lo as u64, bytes[lo..=hi].to_vec());
             let b = a + bytes.len() as u64;
             if a < HEADER as u64 && no == newest {
                 // The newest segment's header and first frame both gone look like a header
