@@ -16,6 +16,30 @@ fn cloud_event(source: &str, id: &str) -> Value {
         "data": {"id": id}})
 }
 
+/// CloudEvents topic `t1` with the persisted webhook subscription `s1` to `hook`.
+async fn persisted_topic(c: &reqwest::Client, base: &str, hook: &str) {
+    let put = |path: &str, body: Value| c.put(format!("{base}{path}?{V}")).json(&body).send();
+    let topic = json!({"properties": {"inputSchema": "CloudEventSchemaV1_0"}});
+    assert_eq!(put("/topics/t1", topic).await.unwrap().status(), 200);
+    let sub = json!({"properties": {"destination": {"endpointType": "WebHook",
+        "properties": {"endpointUrl": hook, "maxEventsPerBatch": 10}},
+        "persistencePolicy": {"isPersisted": true}}});
+    let r = put("/topics/t1/eventSubscriptions/s1", sub).await.unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+/// Publish `events` to `t1` as a CloudEvents batch; it must be answered 200.
+async fn publish_to(c: reqwest::Client, base: String, events: Vec<Value>) {
+    let r = c
+        .post(format!("{base}/topics/t1/events?{V}"))
+        .header("content-type", "application/cloudevents-batch+json")
+        .body(serde_json::to_vec(&events).unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resent_event_after_sigkill_is_not_delivered_twice() {
     let dir = tempfile::tempdir().unwrap();
@@ -30,27 +54,8 @@ async fn a_resent_event_after_sigkill_is_not_delivered_twice() {
     ];
     let (mut child, base) = start_serving(dir.path(), &env).await;
     let c = reqwest::Client::new();
-    let put = |path: &str, body: Value| c.put(format!("{base}{path}?{V}")).json(&body).send();
-    let topic = json!({"properties": {"inputSchema": "CloudEventSchemaV1_0"}});
-    assert_eq!(put("/topics/t1", topic).await.unwrap().status(), 200);
-    let sub = json!({"properties": {"destination": {"endpointType": "WebHook",
-        "properties": {"endpointUrl": hook.url("/hook"), "maxEventsPerBatch": 10}},
-        "persistencePolicy": {"isPersisted": true}}});
-    let r = put("/topics/t1/eventSubscriptions/s1", sub).await.unwrap();
-    assert_eq!(r.status(), 200);
-    let publish = |base: String, events: Vec<Value>| {
-        let c = c.clone();
-        async move {
-            let r = c
-                .post(format!("{base}/topics/t1/events?{V}"))
-                .header("content-type", "application/cloudevents-batch+json")
-                .body(serde_json::to_vec(&events).unwrap())
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 200);
-        }
-    };
+    persisted_topic(&c, &base, &hook.url("/hook")).await;
+    let publish = |base: String, events: Vec<Value>| publish_to(c.clone(), base, events);
     let sent: Vec<Value> = (0..3)
         .map(|i| cloud_event("/plant/7", &format!("c{i}")))
         .collect();
@@ -127,27 +132,8 @@ async fn a_delivered_event_resent_after_sigkill_is_suppressed() {
     ];
     let (mut child, base) = start_serving(dir.path(), &env).await;
     let c = reqwest::Client::new();
-    let put = |path: &str, body: Value| c.put(format!("{base}{path}?{V}")).json(&body).send();
-    let topic = json!({"properties": {"inputSchema": "CloudEventSchemaV1_0"}});
-    assert_eq!(put("/topics/t1", topic).await.unwrap().status(), 200);
-    let sub = json!({"properties": {"destination": {"endpointType": "WebHook",
-        "properties": {"endpointUrl": hook.url("/hook"), "maxEventsPerBatch": 10}},
-        "persistencePolicy": {"isPersisted": true}}});
-    let r = put("/topics/t1/eventSubscriptions/s1", sub).await.unwrap();
-    assert_eq!(r.status(), 200);
-    let publish = |base: String, events: Vec<Value>| {
-        let c = c.clone();
-        async move {
-            let r = c
-                .post(format!("{base}/topics/t1/events?{V}"))
-                .header("content-type", "application/cloudevents-batch+json")
-                .body(serde_json::to_vec(&events).unwrap())
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(r.status(), 200);
-        }
-    };
+    persisted_topic(&c, &base, &hook.url("/hook")).await;
+    let publish = |base: String, events: Vec<Value>| publish_to(c.clone(), base, events);
     let pending = |base: String| {
         let c = c.clone();
         async move {
