@@ -719,10 +719,12 @@ async fn bus_429_is_retried_with_the_same_message_ids() {
         200
     );
     t.publish("t", events("r", 3)).await;
-    eventually("an attempt", || async {
-        match bus.state.requests.load(Ordering::SeqCst) {
-            0 => Err("none".to_string()),
-            _ => Ok(()),
+    // Wait for the refusal itself, not the request count: the count rises before the
+    // receiver reads `force`, so lifting it on the count could let the first attempt in.
+    eventually("a refused attempt", || async {
+        match bus.log().iter().any(|l| l.status == 429) {
+            false => Err("none refused yet".to_string()),
+            true => Ok(()),
         }
     })
     .await;

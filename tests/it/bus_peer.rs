@@ -74,7 +74,6 @@ pub struct BusState {
     /// Bodies larger than this are too large (403 for Service Bus, 413 for Event Hubs).
     pub max_body: Arc<AtomicUsize>,
     tx: mpsc::UnboundedSender<(String, Vec<Value>)>,
-    pub requests: Arc<AtomicUsize>,
     pub log: Arc<Mutex<Vec<Logged>>>,
 }
 
@@ -207,7 +206,6 @@ async fn bus_messages(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    s.requests.fetch_add(1, Ordering::SeqCst);
     let parsed = check_body(&body, !entity.starts_with("hub"));
     let (status, response) = answer(&s, &entity, q, &headers, &body, &parsed);
     if let Ok((items, events)) = parsed {
@@ -320,7 +318,6 @@ impl StrictBus {
             force_text: Arc::new(Mutex::new("forced".into())),
             max_body: Arc::new(AtomicUsize::new(1_000_000)),
             tx,
-            requests: Arc::new(AtomicUsize::new(0)),
             log: Arc::new(Mutex::new(Vec::new())),
         };
         let app = Router::new()
