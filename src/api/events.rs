@@ -128,18 +128,18 @@ pub(crate) const MAX_LINKS: usize = 32;
 static TRACEPARENT: axum::http::HeaderName = axum::http::HeaderName::from_static("traceparent");
 static TRACESTATE: axum::http::HeaderName = axum::http::HeaderName::from_static("tracestate");
 
+/// The request's W3C trace context (`traceparent` / `tracestate` headers), if valid.
+pub(super) fn header_trace(headers: &HeaderMap) -> Option<TraceContext> {
+    let tp = headers.get(&TRACEPARENT)?.to_str().ok()?;
+    let state = headers.get(&TRACESTATE).and_then(|v| v.to_str().ok());
+    TraceContext::parse(tp, state)
+}
+
 impl<'a> PublishTrace<'a> {
     fn start(tracer: &'a Tracer, headers: &HeaderMap) -> Self {
-        let header = headers
-            .get(&TRACEPARENT)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|tp| {
-                let state = headers.get(&TRACESTATE).and_then(|v| v.to_str().ok());
-                TraceContext::parse(tp, state)
-            });
         Self {
             tracer,
-            header,
+            header: header_trace(headers),
             parent: None,
             span: None,
             start_ns: if tracer.enabled() { now_ns() } else { 0 },

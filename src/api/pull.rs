@@ -18,6 +18,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
+use std::future::pending;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -150,6 +151,11 @@ async fn subscription_op(
         .pull()
         .ok_or_else(|| ApiError::from(crate::delivery::pull::PullError::NotQueue))?;
     if op == Op::Receive {
+        // The receiver's context, linked from the `receive` span (read only when recorded).
+        let caller = match s.broker.tracer().enabled() {
+            true => super::events::header_trace(&parts.headers),
+            false => None,
+        };
         let max = int_param(query, "maxEvents", 1, 1, MAX_EVENTS)?;
         let wait = int_param(
             query,
@@ -159,7 +165,9 @@ async fn subscription_op(
             MAX_WAIT_SECONDS,
         )?;
         if wait == 0 {
-            let got = puller.receive(max as usize, Duration::ZERO).await?;
+            let got = puller
+                .receive_until(max as usize, Duration::ZERO, pending(), caller.as_ref())
+                .await?;
             return Ok(json_response(StatusCode::OK, receive_body(&got)));
         }
         // A long poll: within its caps, and ended early when the connection table needs the
@@ -171,11 +179,16 @@ async fn subscription_op(
         let ended = async {
             match &conn {
                 Some(c) => c.ended().await,
-                None => std::future::pending().await,
+                None => pending().await,
             }
         };
         let got = puller
-            .receive_until(max as usize, Duration::from_secs(wait), ended)
+            .receive_until(
+                max as usize,
+                Duration::from_secs(wait),
+                ended,
+                caller.as_ref(),
+            )
             .await?;
         let mut r = json_response(StatusCode::OK, receive_body(&got));
         if conn.is_some_and(|c| c.was_ended()) {

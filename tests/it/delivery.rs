@@ -185,7 +185,15 @@ async fn success_means_no_redelivery_and_failure_is_counted_compat_44() {
     // The retry is a minute away (proven on the paused clock in `schedule`); nothing comes sooner.
     ok.nothing_within(Duration::from_millis(300)).await;
     bad.nothing_within(Duration::from_millis(10)).await;
-    let m = t.metrics().await;
+    // Both answers counted (seen by the receivers before gridlet read them: wait for the counts).
+    let m = t
+        .wait_metrics("both attempts counted", |m| {
+            let one = |name: &str, sub: &str| {
+                metric(m, name, &format!("topic=\"t1\",subscription=\"{sub}\"")) == Some(1)
+            };
+            one("DeliverySuccessCounts", "ok") && one("DeliveryFailureCounts", "bad")
+        })
+        .await;
     assert_eq!(
         metric(
             &m,
@@ -286,15 +294,14 @@ async fn failed_batches_are_retried_whole_compat_49() {
     while n < 4 {
         n += rx.next().await.json().as_array().unwrap().len();
     }
-    let m = t.metrics().await;
-    assert_eq!(
-        metric(
-            &m,
+    // The receiver saw the batch before gridlet read its answer: wait for the count itself.
+    let m = t
+        .wait_metric(
             "DeliveryFailureCounts",
-            "topic=\"t1\",subscription=\"s\""
-        ),
-        Some(4)
-    );
+            "topic=\"t1\",subscription=\"s\"",
+            4,
+        )
+        .await;
     assert_eq!(
         metric(
             &m,

@@ -59,13 +59,16 @@ async fn record(
     headers: HeaderMap,
     body: Bytes,
 ) -> StatusCode {
-    s.count.fetch_add(1, Ordering::Relaxed);
+    // The answer is decided before the request can be seen (counted or received): a test that
+    // waits for a request and then changes the status changes only later answers.
+    let status = StatusCode::from_u16(s.status.load(Ordering::SeqCst)).unwrap_or(StatusCode::OK);
+    s.count.fetch_add(1, Ordering::SeqCst);
     let _ = s.tx.send(Received {
         path: uri.path().to_string(),
         headers,
         body,
     });
-    StatusCode::from_u16(s.status.load(Ordering::Relaxed)).unwrap_or(StatusCode::OK)
+    status
 }
 
 type Recording = (
@@ -113,7 +116,7 @@ impl Receiver {
 
     /// Answer every later request with `status`.
     pub fn respond_with(&self, status: u16) {
-        self.status.store(status, Ordering::Relaxed);
+        self.status.store(status, Ordering::SeqCst);
     }
 
     /// Wait for the next request (panics after [`WAIT`]).

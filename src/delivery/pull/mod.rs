@@ -42,6 +42,7 @@ mod bodies;
 mod locks;
 pub use locks::LockSummary;
 pub(super) mod task;
+mod trace;
 
 use super::context::DeliveryContext;
 use super::lock_token::{self as token, TokenId, TokenKey};
@@ -53,6 +54,7 @@ use super::state::SubscriptionState;
 use super::writer::Write;
 use crate::model::queue::QueueSettings;
 use crate::store::{Answer, RetryState, Settled, Settlement, StoreError, Writes};
+use crate::telemetry::TraceContext;
 use bodies::with_bodies;
 use bytes::Bytes;
 use locks::{Lock, Locks, Lost};
@@ -216,11 +218,13 @@ impl Puller<'_> {
     /// # Errors
     /// [`PullError::NotQueue`]; the store failed to record the receive.
     pub async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Received>, PullError> {
-        self.receive_until(max, wait, std::future::pending()).await
+        self.receive_until(max, wait, std::future::pending(), None)
+            .await
     }
 
     /// [`Puller::receive`], whose wait also ends (with no events) when `ended` completes: the
-    /// connection table takes the slot of a waiting receive back to make room.
+    /// connection table takes the slot of a waiting receive back to make room. `caller` is the
+    /// receiver's trace context (its request's `traceparent`), linked from the `receive` span.
     ///
     /// # Errors
     /// As [`Puller::receive`].
@@ -229,7 +233,9 @@ impl Puller<'_> {
         max: usize,
         wait: Duration,
         ended: impl std::future::Future<Output = ()>,
+        caller: Option<&TraceContext>,
     ) -> Result<Vec<Received>, PullError> {
+        let span = trace::ReceiveTrace::begin(&self.ctx.tracer, caller);
         let started = Instant::now();
         let deadline = started + wait;
         tokio::pin!(ended);
@@ -237,9 +243,13 @@ impl Puller<'_> {
             let arrived = self.pull.arrived.notified();
             tokio::pin!(arrived);
             arrived.as_mut().enable();
+            let taken_ns = match self.ctx.tracer.enabled() {
+                true => crate::telemetry::now_ns(),
+                false => 0,
+            };
             let got = self.take(max)?;
             if !got.is_empty() {
-                return self.record(got);
+                return self.record(got, &span, taken_ns);
             }
             // Events on their way into the window (see `READ_BACK_WAIT`) are waited for, when
             // there is room to lock them.
@@ -330,9 +340,23 @@ impl Puller<'_> {
     }
 
     /// Stage the receive of `items` (persisted subscriptions: not waited for, see the module
-    /// docs), then answer it.
-    fn record(&self, items: Vec<Pending>) -> Result<Vec<Received>, PullError> {
+    /// docs), record its span (taken at `taken_ns`), then answer it.
+    fn record(
+        &self,
+        items: Vec<Pending>,
+        span: &trace::ReceiveTrace<'_>,
+        taken_ns: u64,
+    ) -> Result<Vec<Received>, PullError> {
         let (q, _, persisted) = self.settings()?;
+        let lock_ms = q.lock_duration.as_millis() as u64;
+        trace::record(
+            &self.ctx.tracer,
+            self.shared,
+            span,
+            &items,
+            taken_ns,
+            lock_ms,
+        );
         if persisted {
             let due_ms = self.ctx.clock.now_ms() + q.lock_duration.as_millis() as u64;
             self.write_states(

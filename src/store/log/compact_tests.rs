@@ -3,13 +3,14 @@
 //! store does it on its own thread.
 
 use super::engine::{Log, LogOptions};
+use super::format;
 use super::*;
 use crate::store::contract::{sub, topic};
 use crate::store::fs::{Fs, RealFs};
 use crate::store::Settled;
 use bytes::Bytes;
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 fn ev(seq: u64) -> StoredEvent {
     StoredEvent {
@@ -264,4 +265,138 @@ fn a_segment_whose_few_pending_events_hold_most_of_its_bytes_is_left_as_it_is() 
     assert!(!log.compact(None, seq + 3).unwrap());
     let got = log.plan_get(2, &[big_seq]).run().unwrap();
     assert_eq!(got[0].as_ref().map(|e| e.body.len()), Some(50 << 10));
+}
+
+/// The segment files of `dir` by number, with their headers.
+fn headers(dir: &Path) -> Vec<(PathBuf, format::Header)> {
+    let mut out: Vec<(PathBuf, format::Header)> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| format::parse_segment_name(&e.file_name().to_string_lossy()).is_some())
+        .map(|e| {
+            let b = std::fs::read(e.path()).unwrap();
+            (e.path(), format::Header::decode(&b).unwrap())
+        })
+        .collect();
+    out.sort_by_key(|(_, h)| h.no);
+    out
+}
+
+/// The frames of segment file `path`: (offset, payload length, records).
+fn frames(path: &Path) -> Vec<(usize, usize, Vec<format::Record>)> {
+    let b = std::fs::read(path).unwrap();
+    let mut out = Vec::new();
+    let mut at = format::HEADER;
+    while let Some(head) = b.get(at..at + format::FRAME_HEAD) {
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        let payload = b.get(at + format::FRAME_HEAD..at + format::FRAME_HEAD + len);
+        let Some(records) = payload
+            .filter(|_| len > 0)
+            .and_then(|p| format::decode_records(&Bytes::copy_from_slice(p)))
+        else {
+            break;
+        };
+        out.push((at, len, records));
+        at += format::FRAME_HEAD + len;
+    }
+    out
+}
+
+/// The events segment file `path` holds.
+fn events_in(path: &Path) -> Vec<u64> {
+    frames(path)
+        .into_iter()
+        .flat_map(|(_, _, r)| r)
+        .filter_map(|r| match r {
+            format::Record::Event { seq, .. } => Some(seq),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Where the first frame whose records `want` picks out lies: (file, offset, payload length).
+fn frame_where(dir: &Path, want: impl Fn(&format::Record) -> bool) -> (PathBuf, usize, usize) {
+    headers(dir)
+        .into_iter()
+        .find_map(|(path, _)| {
+            let (at, len, _) = frames(&path)
+                .into_iter()
+                .find(|(_, _, r)| r.iter().any(&want))?;
+            Some((path, at, len))
+        })
+        .expect("such a frame")
+}
+
+/// Crashsim damage seeds 16,562 and 56,821, step by step on a real directory: a restatement of
+/// segment 1 (written when segment 2 was deleted), then most of segment 1 settled, then segment
+/// 1 compacted. The settle record is damaged, and the start reads every segment (the checkpoint
+/// names the file the copy replaced). The restatement lists events settled before the copy was
+/// made: they must not be pending again (the copy does not hold them: unreadable, and their
+/// bytes in no count), only what the copy holds.
+#[test]
+fn a_restatement_older_than_a_compaction_lists_nothing_the_copy_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let lo = real_opts(dir.path());
+    let known: HashSet<QueueId> = [2].into_iter().collect();
+    let fs: Arc<dyn Fs> = Arc::new(RealFs);
+    let (mut log, _) = Log::open(fs.clone(), lo.clone(), &known, 1).unwrap();
+    let mut seq = 0;
+    while log.segments() < 4 {
+        seq += 1;
+        log.stage_events(&[(2, ev(seq))], 0).unwrap();
+        round::commit(&mut log, seq).unwrap();
+    }
+    let segs = headers(&lo.dir);
+    let (one, two) = (segs[0].1, segs[1].1);
+    let in_one = events_in(&segs[0].0);
+    let in_two = events_in(&segs[1].0);
+    let later = in_two.last().copied().unwrap() + 1;
+    // Segment 2 delivered: its deletion restates segment 1, all of it pending.
+    log.stage_settle(2, &Settled::all(in_two.iter().copied(), SIZE));
+    round::commit(&mut log, 1_000).unwrap();
+    round::commit(&mut log, 1_001).unwrap();
+    assert!(
+        headers(&lo.dir).iter().all(|(_, h)| h.no != two.no),
+        "segment 2 deleted"
+    );
+    // Then most of segment 1 delivered, and one more event written after that.
+    // The first is kept: the copy starts where the segment did, so the restatement names it.
+    let keep = |s: &u64| *s == in_one[0] || s.is_multiple_of(10);
+    let kept: Vec<u64> = in_one.iter().copied().filter(keep).collect();
+    let done: Vec<u64> = in_one.iter().copied().filter(|s| !keep(s)).collect();
+    log.stage_settle(2, &Settled::all(done.iter().copied(), SIZE));
+    round::commit(&mut log, 1_002).unwrap();
+    seq += 1;
+    log.stage_events(&[(2, ev(seq))], 0).unwrap();
+    round::commit(&mut log, 1_003).unwrap();
+    // Segment 1 compacted: the copy holds the events kept, under a new salt.
+    assert!(log.compact(Some(one.no), 1_004).unwrap());
+    assert_ne!(headers(&lo.dir)[0].1.salt, one.salt, "segment 1 is a copy");
+    // A crash: no checkpoint of the copy. Then the settle record of segment 1's events is
+    // damaged (a flipped byte in its frame).
+    drop(log);
+    let restated = frame_where(
+        &lo.dir,
+        |r| matches!(r, format::Record::State { segment, .. } if *segment == one.no),
+    );
+    let (path, at, len) = frame_where(
+        &lo.dir,
+        |r| matches!(r, format::Record::Settle { seqs, .. } if seqs.contains(&done[0])),
+    );
+    assert!(
+        restated.0 != path || restated.1 < at,
+        "the restatement comes first"
+    );
+    let mut b = std::fs::read(&path).unwrap();
+    b[at + format::FRAME_HEAD + len / 2] ^= 0x40;
+    std::fs::write(&path, b).unwrap();
+
+    let (log, rec) = Log::open(fs, lo, &known, 2_000).unwrap();
+    assert!(!log.damage().losses.is_empty(), "the damage is reported");
+    let want: Vec<u64> = kept.iter().copied().chain(later..=seq).collect();
+    let listed: Vec<u64> = rec[&2].events().iter().map(|(s, _)| *s).collect();
+    assert_eq!(listed, want, "what the copy holds, and the later segments");
+    assert_eq!(log.pending_bytes(2), want.len() as u64 * u64::from(SIZE));
+    let got = log.plan_get(2, &listed).run().unwrap();
+    assert!(got.iter().all(Option::is_some), "every pending event reads");
 }

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 
 mod export;
 mod mqtt;
+mod pull;
 mod restart;
 mod sinks;
 mod spans;

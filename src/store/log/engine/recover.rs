@@ -528,12 +528,15 @@ impl Log {
                 // Everything said of this segment before is replaced, every queue.
                 let old = std::mem::take(&mut seg.live);
                 let no = seg.hdr.no;
-                // A compacted copy may end before events the restatement lists: those were
-                // settled before the copy was made, and the segment no longer holds them.
-                let holds = seg.last_seq.saturating_sub(first_seq) + 1;
+                // A restatement only narrows what the segment owes: an event it lists that the
+                // segment does not owe now was settled since, or is not in the file. A
+                // compacted copy holds only what was pending at its plan, and a restatement
+                // older than the plan may list events settled before it (crashsim damage seeds
+                // 16,562 and 56,821: their settle records lost to damage, such events were
+                // listed pending, unreadable, their bytes counted nowhere).
                 for qs in queues.into_iter().filter(|q| known.contains(&q.queue)) {
                     let mut bits = Bits::from_words(qs.words);
-                    bits.truncate(holds);
+                    bits.and(old.get(&qs.queue));
                     for (s, st) in qs.retries {
                         if s.checked_sub(first_seq).is_some_and(|i| bits.get(i)) {
                             self.retries.insert((qs.queue, s), st);

@@ -55,14 +55,12 @@ impl Bits {
             .get((i / 64) as usize)
             .is_some_and(|w| w & (1 << (i % 64)) != 0)
     }
-    /// Clear every bit from `n` on.
-    pub(super) fn truncate(&mut self, n: u64) {
-        let (w, b) = ((n / 64) as usize, n % 64);
-        if self.words.len() > w {
-            self.words.truncate(w + 1);
-            if let Some(last) = self.words.last_mut() {
-                *last &= (1u64 << b) - 1;
-            }
+    /// Keep only the bits `other` has set too (none when there is no `other`).
+    pub(super) fn and(&mut self, other: Option<&Bits>) {
+        let theirs = other.map_or(&[][..], |o| o.words.as_slice());
+        self.words.truncate(theirs.len());
+        for (w, t) in self.words.iter_mut().zip(theirs) {
+            *w &= t;
         }
         self.ones = self.words.iter().map(|w| u64::from(w.count_ones())).sum();
     }
