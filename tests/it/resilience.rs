@@ -822,8 +822,10 @@ async fn hanging_and_resetting_endpoints_do_not_slow_a_healthy_subscription() {
         rx.next().await;
     }
     let took = started.elapsed();
+    // Starved, the healthy subscription would wait for the hanging ones' 60 s delivery
+    // timeout; half of it tells the two apart without depending on the machine's speed.
     assert!(
-        took < Duration::from_secs(10),
+        took < Duration::from_secs(30),
         "healthy deliveries took {took:?}"
     );
     let m = t.metrics().await;
