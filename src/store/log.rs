@@ -1,9 +1,10 @@
 //! The default store: persisted events and dead letters in gridlet's own append-only logs,
-//! metadata in sled.
+//! metadata in one file.
 //!
 //! ```text
-//! <persistence__metadataPath>/gridlet-v1/meta/        sled: topics, subscriptions, queue ids,
-//!                                                      endpoint health ([`super::sled`])
+//! <persistence__metadataPath>/gridlet-v2/meta.json    topics, subscriptions, queue ids,
+//!                                                      endpoint health, MQTT records
+//!                                                      ([`crate::store::meta::disk`])
 //! <persistence__eventsPath>/gridlet-v2/log/*.seg      the event log ([`engine`], [`format`])
 //! <persistence__eventsPath>/gridlet-v2/dead-letters/*.dlq   dead letters ([`letters`])
 //! ```
@@ -66,7 +67,6 @@ use crate::model::record::{MqttKind, MqttRecord, SubscriptionRecord, TopicRecord
 use crate::store::deadletter::DeadLetterStore;
 use crate::store::fs::{Fs, RealFs};
 use crate::store::meta::MetaStore;
-use crate::store::sled::SledMeta;
 #[cfg(test)]
 use crate::store::RetryState;
 use crate::store::{
@@ -162,7 +162,7 @@ impl LogStore {
     /// As [`LogStore::open`].
     pub fn open_on(fs: Arc<dyn Fs>, opts: &LogStoreOptions) -> Result<Self, StoreError> {
         refuse_old_format(&opts.events_path)?;
-        let meta = SledMeta::open(&opts.metadata_path, opts.flush_every_ms)?;
+        let meta = crate::store::meta::disk::open(&opts.metadata_path)?;
         let store = Self::assemble(
             fs,
             Box::new(meta),

@@ -23,7 +23,7 @@ mod metadata;
 mod open;
 
 use crate::store::StoreError;
-pub use metadata::SledMeta;
+pub use metadata::{Export, SledMeta};
 pub use open::open_db;
 use std::path::Path;
 
