@@ -101,9 +101,10 @@ pub struct LogStoreOptions {
     pub events_path: PathBuf,
     /// `persistence__maxDiskBytes`.
     pub max_disk_bytes: u64,
-    /// `persistence__cacheBytes` (unused since dead letters left sled; kept for the setting).
+    /// `persistence__cacheBytes` (unused since dead letters and metadata left sled; kept for the
+    /// setting).
     pub cache_bytes: u64,
-    /// `persistence__flushEveryMs`: sled's background sync of the metadata (0 = off).
+    /// `persistence__flushEveryMs`: the sync of dead letters nobody waits for (0 = off).
     pub flush_every_ms: u64,
     /// Size at which a segment is closed.
     pub segment_bytes: u64,
@@ -151,7 +152,9 @@ impl LogStore {
     ///
     /// # Errors
     /// [`StoreError::Corrupt`] naming the path when data is damaged, or is of the earlier
-    /// development format (`gridlet-v1/events`), which this build does not read.
+    /// development format (`gridlet-v1/events`), which this build does not read; the metadata's
+    /// errors ([`crate::store::meta::disk::open`]: another process holds it, the file is missing
+    /// although it was initialised, the sled database to migrate is damaged).
     pub fn open(opts: &LogStoreOptions) -> Result<Self, StoreError> {
         Self::open_on(Arc::new(RealFs), opts)
     }
