@@ -179,7 +179,17 @@ fn private_dir(dir: &Path) -> Result<(), StoreError> {
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(err)
+            let mode = std::fs::metadata(dir).map_err(err)?.permissions().mode();
+            if mode & 0o077 != 0 {
+                // Made private again (it was opened up by hand, or made by someone else); a
+                // directory gridlet may not change is used as it is, with a warning.
+                let private = std::fs::Permissions::from_mode(0o700);
+                if let Err(e) = std::fs::set_permissions(dir, private) {
+                    tracing::warn!(dir = %dir.display(), mode = format!("{mode:o}"), error = %e,
+                        "the metadata directory is readable by other users and cannot be made private");
+                }
+            }
+            Ok(())
         }
         Err(e) => Err(err(e)),
     }

@@ -169,8 +169,13 @@ fn a_crash_after_the_file_before_the_marker_or_the_move_aside_starts_on_the_file
     let mut newer = old.clone();
     newer.topics.pop();
     std::fs::write(root.join(FILE), serde_json::to_vec(&newer).unwrap()).unwrap();
+    // And a write cut before its rename, whose file the real disk kept.
+    std::fs::write(root.join("meta.json.new"), b"{\"topi").unwrap();
     let m = disk::open(dir.path()).unwrap();
     assert_eq!(m.contents(), newer, "the file wins");
+    assert!(!root.join("meta.json.new").exists());
+    m.write_topic("t9", &topic("t9")).unwrap();
+    m.remove_topic("t9").unwrap();
     assert!(root.join(MARKER).exists());
     assert!(dir.path().join(MIGRATED).is_dir());
     drop(m);
@@ -196,5 +201,9 @@ fn a_second_open_waits_for_the_lock_then_is_refused_and_the_directory_is_private
     assert!(e.contains("in use by another process"), "{e}");
     assert!(e.contains(&root.display().to_string()), "{e}");
     drop(m);
+    // Opened up by hand: private again at the next open.
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
     disk::open_waiting(dir.path(), std::time::Duration::ZERO).unwrap();
+    let mode = std::fs::metadata(&root).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
 }
