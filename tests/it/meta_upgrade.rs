@@ -206,6 +206,12 @@ async fn a_device_upgraded_from_sled_keeps_everything_and_reuses_no_queue_id() {
     let g = Gridlet::start(dir.path(), 1, &env("info")).await;
     let api = Api::new(&g);
     assert_eq!(api.state().await, before);
+    // The one start that opens sled (its I/O pool stays until the process ends).
+    assert!(
+        g.threads().iter().any(|t| t.starts_with("sled")),
+        "{:?}",
+        g.threads()
+    );
     let log = g.log();
     let line = log
         .lines()
@@ -261,6 +267,14 @@ async fn a_device_upgraded_from_sled_keeps_everything_and_reuses_no_queue_id() {
     assert_eq!(api.get("/topics").await.as_array().unwrap().len(), 2);
     assert_eq!(api.mqtt().await, before["mqtt"]);
     assert!(!g.log().contains("metadata moved"), "{}", g.log());
+    let threads = g.threads();
+    assert!(!threads.is_empty());
+    assert!(
+        !threads
+            .iter()
+            .any(|t| t.starts_with("sled") || t == "log flusher"),
+        "sled is not opened: {threads:?}"
+    );
     g.stop();
     let m = gridlet::store::meta::disk::open(&root).unwrap();
     assert_eq!(m.snapshot().unwrap().1.len(), 3);
