@@ -1,8 +1,8 @@
 //! The metadata file with the real binary (docs/DURABILITY.md, metadata): a device upgraded
 //! from a release that kept its metadata in sled starts with everything it had (topics in
 //! their order, subscriptions with their queued events and dead letters, endpoint health, MQTT
-//! connections), hands out no queue id twice, and keeps the old database aside; a second
-//! gridlet on the same directories is refused.
+//! connections), hands out no queue id twice, and keeps the old database aside, also when it is
+//! SIGKILLed during that first start; a second gridlet on the same directories is refused.
 
 use crate::child::{command, Gridlet};
 use crate::util::*;
@@ -303,4 +303,110 @@ async fn a_second_gridlet_on_the_same_directories_is_refused_naming_them() {
     // The first one is untouched.
     assert_eq!(api.get("/topics").await.as_array().unwrap().len(), 1);
     g.stop();
+}
+
+/// Copy a directory tree (files and directories only).
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&src, &dst);
+        } else {
+            std::fs::copy(&src, &dst).unwrap();
+        }
+    }
+}
+
+/// Whether the migrating start has reached a step, from its files under `metadataDb`.
+type Reached = fn(&Path) -> bool;
+
+/// SIGKILLed during the migrating start, at each step the files show (the lock taken, the
+/// file written, sled moved aside): the next start has everything, whatever the step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkill_during_the_migration_loses_nothing() {
+    let template = tempfile::tempdir().unwrap();
+    let g = Gridlet::start(template.path(), 0, &env("warn")).await;
+    let api = Api::new(&g);
+    api.put("/topics/zeta", json!({})).await;
+    api.put("/topics/alpha", json!({})).await;
+    let hook =
+        json!({"endpointType": "WebHook", "properties": {"endpointUrl": "http://127.0.0.1:9/h"}});
+    for s in ["s1", "s2"] {
+        let path = format!("/topics/alpha/eventSubscriptions/{s}");
+        api.put(&path, json!({"properties": {"destination": hook.clone()}}))
+            .await;
+    }
+    let mqtt = json!({"properties": {"url": format!("mqtt://127.0.0.1:{}", free_port())}});
+    api.put("/mqtt/connections/site", mqtt).await;
+    g.stop();
+    let old = as_an_earlier_release_left_it(template.path());
+    let steps: [(&str, Reached); 3] = [
+        ("the lock taken", |m| {
+            m.join("gridlet-v2/meta.lock").exists()
+        }),
+        ("the file written", |m| {
+            m.join("gridlet-v2/meta.json").exists()
+        }),
+        ("sled moved aside", |m| {
+            m.join("gridlet-v1.migrated").exists()
+        }),
+    ];
+    for (i, (step, reached)) in steps.into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["metadataDb", "eventsDb"] {
+            copy_tree(&template.path().join(d), &dir.path().join(d));
+        }
+        let meta = dir.path().join("metadataDb");
+        let mut child = command(dir.path(), 1, free_port(), &env("warn"))
+            .spawn()
+            .unwrap();
+        // Killed once the step shows (or after it: the promise holds wherever it lands).
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !reached(&meta) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(reached(&meta), "{step}: never reached");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        eprintln!(
+            "killed at {step}: file {}, marker {}, sled moved aside {}",
+            meta.join("gridlet-v2/meta.json").exists(),
+            meta.join("gridlet-v2/meta.format").exists(),
+            meta.join("gridlet-v1.migrated").exists()
+        );
+        let g = Gridlet::start(dir.path(), 2, &env("warn")).await;
+        let api = Api::new(&g);
+        let names: Vec<String> = api
+            .get("/topics")
+            .await
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(names.len(), 2, "killed at {step} ({i})");
+        let subs = api.get("/topics/alpha/eventSubscriptions").await;
+        assert_eq!(
+            subs.as_array().unwrap().len(),
+            2,
+            "killed at {step}: {subs}"
+        );
+        assert_eq!(
+            api.get("/mqtt/connections").await.as_array().unwrap().len(),
+            1,
+            "killed at {step}"
+        );
+        g.stop();
+        assert!(!meta.join("gridlet-v1").exists(), "killed at {step}");
+        assert!(
+            meta.join("gridlet-v1.migrated/meta").is_dir(),
+            "killed at {step}"
+        );
+        let after = read_meta(dir.path());
+        assert_eq!(
+            after, old,
+            "killed at {step}: every record, the queue counter too"
+        );
+    }
 }
