@@ -168,8 +168,8 @@ where
     Ok(migrated)
 }
 
-/// Create `dir` (and its parents), and make it private to this user: the metadata holds
-/// subscriptions' destination secrets.
+/// Create `dir` (and its parents; its own entry synced), and make it private to this user: the
+/// metadata holds subscriptions' destination secrets.
 fn private_dir(dir: &Path) -> Result<(), StoreError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let err = |e: std::io::Error| StoreError::Io(format!("{}: cannot create: {e}", dir.display()));
@@ -177,7 +177,14 @@ fn private_dir(dir: &Path) -> Result<(), StoreError> {
         std::fs::create_dir_all(parent).map_err(err)?;
     }
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => Ok(()),
+        // Its entry durable before anything in it is relied on: else a power cut could take the
+        // directory, with every acknowledged write in it, and the next start would be empty.
+        Ok(()) => match dir.parent() {
+            Some(parent) => std::fs::File::open(parent)
+                .and_then(|d| d.sync_all())
+                .map_err(err),
+            None => Ok(()),
+        },
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             let mode = std::fs::metadata(dir).map_err(err)?.permissions().mode();
             if mode & 0o077 != 0 {
