@@ -316,7 +316,7 @@ impl Gridlet {
     }
 }
 
-/// Where the clock's heartbeat lives: the metadata directory, with the sled store only (the
+/// Where the clock's heartbeat lives: the metadata directory, with the log store only (the
 /// memory store keeps no times across a restart).
 fn heartbeat_dir(cfg: &Config) -> Option<std::path::PathBuf> {
     (cfg.persistence.store == crate::config::StoreKind::Log)

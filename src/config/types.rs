@@ -386,7 +386,7 @@ pub struct ApiLimits {
 /// `persistence__store`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
-    /// The event log on disk (events and dead letters) with sled for metadata.
+    /// The event log on disk (events and dead letters), with the metadata in one file.
     Log,
     /// Maps in memory.
     Memory,
@@ -403,9 +403,9 @@ pub struct Persistence {
     pub store: StoreKind,
     /// Disk bound of the event store.
     pub max_disk_bytes: u64,
-    /// sled page cache of the event store.
+    /// Accepted and ignored (it sized sled's cache).
     pub cache_bytes: u64,
-    /// sled's background fsync period (0 = off).
+    /// Period of the sync of dead letters nobody waits for (0 = off).
     pub flush_every_ms: u64,
     /// Idle time before a pinned segment of the event log is compacted.
     pub compact_after_idle_ms: u64,

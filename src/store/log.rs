@@ -1,9 +1,10 @@
 //! The default store: persisted events and dead letters in gridlet's own append-only logs,
-//! metadata in sled.
+//! metadata in one file.
 //!
 //! ```text
-//! <persistence__metadataPath>/gridlet-v1/meta/        sled: topics, subscriptions, queue ids,
-//!                                                      endpoint health ([`super::sled`])
+//! <persistence__metadataPath>/gridlet-v2/meta.json    topics, subscriptions, queue ids,
+//!                                                      endpoint health, MQTT records
+//!                                                      ([`crate::store::meta::disk`])
 //! <persistence__eventsPath>/gridlet-v2/log/*.seg      the event log ([`engine`], [`format`])
 //! <persistence__eventsPath>/gridlet-v2/dead-letters/*.dlq   dead letters ([`letters`])
 //! ```
@@ -66,7 +67,6 @@ use crate::model::record::{MqttKind, MqttRecord, SubscriptionRecord, TopicRecord
 use crate::store::deadletter::DeadLetterStore;
 use crate::store::fs::{Fs, RealFs};
 use crate::store::meta::MetaStore;
-use crate::store::sled::SledMeta;
 #[cfg(test)]
 use crate::store::RetryState;
 use crate::store::{
@@ -101,9 +101,10 @@ pub struct LogStoreOptions {
     pub events_path: PathBuf,
     /// `persistence__maxDiskBytes`.
     pub max_disk_bytes: u64,
-    /// `persistence__cacheBytes` (unused since dead letters left sled; kept for the setting).
+    /// `persistence__cacheBytes` (unused since dead letters and metadata left sled; kept for the
+    /// setting).
     pub cache_bytes: u64,
-    /// `persistence__flushEveryMs`: sled's background sync of the metadata (0 = off).
+    /// `persistence__flushEveryMs`: the sync of dead letters nobody waits for (0 = off).
     pub flush_every_ms: u64,
     /// Size at which a segment is closed.
     pub segment_bytes: u64,
@@ -151,7 +152,9 @@ impl LogStore {
     ///
     /// # Errors
     /// [`StoreError::Corrupt`] naming the path when data is damaged, or is of the earlier
-    /// development format (`gridlet-v1/events`), which this build does not read.
+    /// development format (`gridlet-v1/events`), which this build does not read; the metadata's
+    /// errors ([`crate::store::meta::disk::open`]: another process holds it, the file is missing
+    /// although it was initialised, the sled database to migrate is damaged).
     pub fn open(opts: &LogStoreOptions) -> Result<Self, StoreError> {
         Self::open_on(Arc::new(RealFs), opts)
     }
@@ -162,7 +165,7 @@ impl LogStore {
     /// As [`LogStore::open`].
     pub fn open_on(fs: Arc<dyn Fs>, opts: &LogStoreOptions) -> Result<Self, StoreError> {
         refuse_old_format(&opts.events_path)?;
-        let meta = SledMeta::open(&opts.metadata_path, opts.flush_every_ms)?;
+        let meta = crate::store::meta::disk::open(&opts.metadata_path)?;
         let store = Self::assemble(
             fs,
             Box::new(meta),

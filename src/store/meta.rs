@@ -1,17 +1,25 @@
 //! The metadata a store keeps beside its events: topics, subscriptions, queue ids, endpoint
-//! health. [`MetaStore`] is what the log store needs of it; `sled` holds it in production
-//! ([`super::sled::SledMeta`]), [`FsMeta`] on the storage seam ([`super::fs`]), so that the
-//! power-cut simulation cuts metadata and log writes in one fault schedule and tests the order
-//! between them (`LogStore::delete_subscription`: the record first).
+//! health, MQTT connections and routes. [`MetaStore`] is what the log store needs of it;
+//! [`FsMeta`] holds it as one JSON file on the storage seam ([`super::fs`]): in production on the
+//! real file system ([`disk`]: `<persistence__metadataPath>/gridlet-v2/meta.json`, locked,
+//! migrated once from the sled database of earlier releases by [`migrate`]), and in the power-cut
+//! simulation on the simulated disk, so that metadata and log writes are cut in one fault
+//! schedule and the order between them is tested (`LogStore::delete_subscription`: the record
+//! first).
 //!
-//! The promise both keep: a write is durable when it returns, whole or not at all.
+//! The promise: a write is durable when it returns, whole or not at all.
+
+pub mod disk;
+#[cfg(test)]
+mod disk_tests;
+pub mod migrate;
 
 use super::fs::Fs;
 use super::{QueueId, StoreError};
-use crate::model::record::{MqttKind, MqttRecord, SubscriptionRecord, TopicRecord};
+use crate::model::record::{MqttKind, MqttRecord, SubscriptionRecord, TopicRecord, RECORD_VERSION};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// Topics in creation order, and subscriptions with their queue ids.
@@ -99,51 +107,111 @@ pub trait MetaStore: Send + Sync + 'static {
     fn flush(&self) {}
 }
 
-/// Everything [`FsMeta`] holds, as one JSON file.
-#[derive(Default, Clone, serde::Serialize, serde::Deserialize)]
-struct Contents {
-    topics: Vec<(String, TopicRecord)>,
-    subs: BTreeMap<QueueId, SubscriptionRecord>,
-    health: BTreeMap<String, Value>,
-    next_queue: QueueId,
-    /// By `{kind}/{name}`, the order sled keeps them in.
+/// Everything [`FsMeta`] holds, as one JSON file (`docs/DURABILITY.md`, metadata).
+#[derive(Default, Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Contents {
+    /// Topics by key, in creation order.
+    pub topics: Vec<(String, TopicRecord)>,
+    /// Subscriptions by queue id.
+    pub subs: BTreeMap<QueueId, SubscriptionRecord>,
+    /// Endpoint-health records by destination URL.
+    pub health: BTreeMap<String, Value>,
+    /// The last queue id handed out: the next is one more, so no id is used twice.
+    pub next_queue: QueueId,
+    /// MQTT connections and routes by `{kind}/{name}`, the order sled kept them in.
     #[serde(default)]
-    mqtt: BTreeMap<String, MqttRecord>,
+    pub mqtt: BTreeMap<String, MqttRecord>,
+}
+
+impl Contents {
+    /// Every record is of the format version this build reads; else why not, naming the record.
+    fn check_versions(&self) -> Result<(), String> {
+        let bad = |what: String, v: u32| {
+            (v != RECORD_VERSION).then(|| {
+                format!(
+                    "{what}: record format version {v} is not one this build reads (version \
+                     {RECORD_VERSION}): it was written by another gridlet release; run that \
+                     release, or move the metadata directory aside to start empty"
+                )
+            })
+        };
+        let topics = self
+            .topics
+            .iter()
+            .map(|(k, t)| bad(format!("topic '{k}'"), t.v));
+        let subs = self
+            .subs
+            .iter()
+            .map(|(q, s)| bad(format!("subscription {q}"), s.v));
+        let mqtt = self.mqtt.iter().map(|(k, m)| bad(format!("MQTT {k}"), m.v));
+        match topics.chain(subs).chain(mqtt).flatten().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Metadata as one small file on an [`Fs`], replaced whole at each write: written to
 /// `meta.json.new`, synced, renamed over `meta.json`, the directory synced. A crash leaves the
-/// old file or the new one. For the simulation (and stores that want no sled): management
-/// writes are rare, so rewriting the whole file is cheap.
+/// old file or the new one. Management writes are rare and the file is small, so rewriting it
+/// whole is cheap.
 pub struct FsMeta {
     fs: Arc<dyn Fs>,
     dir: PathBuf,
     contents: Mutex<Contents>,
+    /// The lock file held while open ([`disk`]); `None` on the simulated disk.
+    _lock: Option<std::fs::File>,
 }
 
-const FILE: &str = "meta.json";
+/// The metadata file.
+pub const FILE: &str = "meta.json";
 const NEW: &str = "meta.json.new";
 
 fn io(what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Io(format!("metadata {what}: {e}"))
 }
 
+/// Write `bytes` as `dir/meta.json` durably: to `meta.json.new`, synced, renamed over
+/// `meta.json`, the directory synced. A crash leaves the old file or the new one (and maybe a
+/// `meta.json.new`, which [`FsMeta::open`] removes).
+fn write_file(fs: &dyn Fs, dir: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    let new = dir.join(NEW);
+    let file = fs.create(&new).map_err(|e| io("create", e))?;
+    let written = file
+        .write_at(bytes, 0)
+        .and_then(|()| file.sync_data())
+        .and_then(|()| fs.rename(&new, &dir.join(FILE)))
+        .and_then(|()| fs.sync_dir(dir));
+    if let Err(e) = written {
+        // Best effort: the next write creates it again.
+        let _ = fs.remove(&new);
+        return Err(io("write", e));
+    }
+    Ok(())
+}
+
+/// Encode and write `contents` ([`write_file`]).
+fn write_contents(fs: &dyn Fs, dir: &Path, contents: &Contents) -> Result<(), StoreError> {
+    let bytes = serde_json::to_vec(contents).map_err(|e| io("encode", e))?;
+    write_file(fs, dir, &bytes)
+}
+
 impl FsMeta {
     /// Open (or create) the metadata in `dir` on `fs`; a leftover `meta.json.new` (a crash
-    /// before its rename) is ignored.
+    /// before its rename) is removed.
     ///
     /// # Errors
-    /// The directory cannot be created, or the file is unreadable ([`StoreError::Corrupt`]).
+    /// The directory cannot be created, or the file is unreadable or holds a record of another
+    /// format version ([`StoreError::Corrupt`] naming the file).
     pub fn open(fs: Arc<dyn Fs>, dir: PathBuf) -> Result<Self, StoreError> {
         fs.create_dir_all(&dir).map_err(|e| io("directory", e))?;
         let names = fs.list(&dir).map_err(|e| io("directory", e))?;
+        if names.iter().any(|n| n == NEW) {
+            fs.remove(&dir.join(NEW))
+                .map_err(|e| io("leftover removal", e))?;
+        }
         let contents = if names.iter().any(|n| n == FILE) {
-            let f = fs.open(&dir.join(FILE)).map_err(|e| io("open", e))?;
-            let mut buf = vec![0u8; f.size().map_err(|e| io("size", e))? as usize];
-            let n = f.read_at(&mut buf, 0).map_err(|e| io("read", e))?;
-            buf.truncate(n);
-            serde_json::from_slice(&buf)
-                .map_err(|e| StoreError::Corrupt(format!("{}: {e}", dir.join(FILE).display())))?
+            read_contents(&*fs, &dir)?
         } else {
             Contents::default()
         };
@@ -151,6 +219,7 @@ impl FsMeta {
             fs,
             dir,
             contents: Mutex::new(contents),
+            _lock: None,
         })
     }
 
@@ -160,17 +229,34 @@ impl FsMeta {
         let mut c = crate::sync::lock(&self.contents);
         let mut next = c.clone();
         f(&mut next);
-        let bytes = serde_json::to_vec(&next).map_err(|e| io("encode", e))?;
-        let new = self.dir.join(NEW);
-        let file = self.fs.create(&new).map_err(|e| io("create", e))?;
-        file.write_at(&bytes, 0)
-            .and_then(|()| file.sync_data())
-            .and_then(|()| self.fs.rename(&new, &self.dir.join(FILE)))
-            .and_then(|()| self.fs.sync_dir(&self.dir))
-            .map_err(|e| io("write", e))?;
+        write_contents(&*self.fs, &self.dir, &next)?;
         *c = next;
         Ok(())
     }
+
+    /// A copy of everything held (tests).
+    pub fn contents(&self) -> Contents {
+        crate::sync::lock(&self.contents).clone()
+    }
+}
+
+/// Read and check `dir/meta.json`.
+fn read_contents(fs: &dyn Fs, dir: &Path) -> Result<Contents, StoreError> {
+    let path = dir.join(FILE);
+    let corrupt = |e: &dyn std::fmt::Display| {
+        StoreError::Corrupt(format!(
+            "{}: {e} (restore the file from a backup, or move the metadata directory aside to \
+             start empty)",
+            path.display()
+        ))
+    };
+    let f = fs.open(&path).map_err(|e| io("open", e))?;
+    let mut buf = vec![0u8; f.size().map_err(|e| io("size", e))? as usize];
+    let n = f.read_at(&mut buf, 0).map_err(|e| io("read", e))?;
+    buf.truncate(n);
+    let contents: Contents = serde_json::from_slice(&buf).map_err(|e| corrupt(&e))?;
+    contents.check_versions().map_err(|e| corrupt(&e))?;
+    Ok(contents)
 }
 
 impl MetaStore for FsMeta {

@@ -20,7 +20,8 @@
 //!
 //! [`log::LogStore`] (the default, `persistence__store=log`) keeps the events of persisted
 //! subscriptions in gridlet's own append-only event log, dead letters in a log of their own, and
-//! metadata (topics, subscriptions, endpoint health) in sled ([`sled`]); non-persisted
+//! metadata (topics, subscriptions, endpoint health, MQTT records) in one file ([`meta`]; the
+//! sled database of earlier releases, [`sled`], is read once to migrate); non-persisted
 //! subscriptions never reach the store, so they stay in memory as in the original module.
 //! [`memory::MemoryStore`] (`persistence__store=memory`) keeps everything in maps, lost on
 //! restart. Every implementation
@@ -43,7 +44,7 @@ use serde_json::Value;
 /// Open the store the configuration names.
 ///
 /// # Errors
-/// The event log or the metadata database cannot be opened or is damaged
+/// The event log or the metadata file cannot be opened or is damaged
 /// ([`StoreError::Corrupt`] names the path).
 pub fn open(cfg: &crate::config::Persistence) -> Result<std::sync::Arc<dyn Store>, StoreError> {
     match cfg.store {

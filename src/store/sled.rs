@@ -1,5 +1,7 @@
-//! The sled (0.34.7) database of the store: metadata ([`SledMeta`]). Persisted events and dead
-//! letters are in gridlet's own logs (`store::log`), not here.
+//! The sled (0.34.7) metadata database of earlier releases ([`SledMeta`]). gridlet keeps its
+//! metadata in one file now (`store::meta`); this database is opened only to move it there once
+//! (`store::meta::migrate`), and its writer stays for the tests that make one as those releases
+//! did. Persisted events and dead letters are in gridlet's own logs (`store::log`).
 //!
 //! # Layout
 //!
@@ -23,7 +25,7 @@ mod metadata;
 mod open;
 
 use crate::store::StoreError;
-pub use metadata::SledMeta;
+pub use metadata::{Export, SledMeta};
 pub use open::open_db;
 use std::path::Path;
 

@@ -77,6 +77,21 @@ impl Gridlet {
         g
     }
 
+    /// The names of the process's threads (`/proc/PID/task/*/comm`).
+    pub fn threads(&self) -> Vec<String> {
+        let dir = format!("/proc/{}/task", self.child.id());
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                    .map(|n| n.trim().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
     /// What the process logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

@@ -29,6 +29,7 @@ mod harness;
 mod health_isolation;
 mod layering;
 mod management;
+mod meta_upgrade;
 mod mosquitto;
 mod mqtt_api;
 mod mqtt_api_limits;

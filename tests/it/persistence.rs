@@ -1,4 +1,4 @@
-//! Durability (issue 3): the default sled store across restarts of a real gridlet.
+//! Durability (issue 3): the default store across restarts of a real gridlet.
 //!
 //! A restart here is `Gridlet::shutdown` and a new `Gridlet::start` on the same directories.
 //! Time is driven with the clock seam: the next gridlet starts "later" in wall time
@@ -116,7 +116,7 @@ async fn metadata_survives_restart() {
         json!(true)
     );
     // Files live in a versioned sub-directory of the configured paths.
-    assert!(dir.path().join("metadataDb/gridlet-v1/meta").is_dir());
+    assert!(dir.path().join("metadataDb/gridlet-v2/meta.json").is_file());
     n.stop().await;
 }
 
@@ -130,7 +130,7 @@ async fn memory_store_keeps_nothing_across_restart() {
     let n = node(dir.path(), &mem, None).await;
     assert_eq!(n.get("/topics").await, json!([]));
     n.stop().await;
-    assert!(!dir.path().join("metadataDb/gridlet-v1").exists());
+    assert!(!dir.path().join("metadataDb/gridlet-v2").exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -419,8 +419,8 @@ async fn deleting_a_subscription_frees_its_events() {
     drop(rx);
 }
 
-fn meta_db(dir: &Path) -> PathBuf {
-    dir.join("metadataDb").join("gridlet-v1").join("meta")
+fn meta_file(dir: &Path) -> PathBuf {
+    dir.join("metadataDb").join("gridlet-v2").join("meta.json")
 }
 
 async fn start_err(dir: &Path) -> String {
@@ -441,27 +441,28 @@ async fn with_one_topic(dir: &Path) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn damaged_metadata_files_are_a_clear_startup_error() {
+async fn a_damaged_metadata_file_is_a_clear_startup_error() {
     let dir = tempfile::tempdir().unwrap();
     with_one_topic(dir.path()).await;
-    let db = meta_db(dir.path()).join("db");
-    let len = std::fs::metadata(&db).unwrap().len() as usize;
-    std::fs::write(&db, vec![0xa5u8; len.max(4096)]).unwrap();
+    let file = meta_file(dir.path());
+    let len = std::fs::metadata(&file).unwrap().len() as usize;
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[len / 2] = 0xa5;
+    std::fs::write(&file, bytes).unwrap();
     let e = start_err(dir.path()).await;
-    eprintln!("start-up error on a damaged metadata db file: {e}");
+    eprintln!("start-up error on a damaged metadata file: {e}");
     assert!(e.contains("corrupt or unreadable"), "{e}");
-    assert!(e.contains("gridlet-v1/meta"), "{e}");
+    assert!(e.contains("gridlet-v2/meta.json"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replaced_metadata_directory_is_a_clear_startup_error() {
+async fn a_vanished_metadata_file_is_a_clear_startup_error() {
     let dir = tempfile::tempdir().unwrap();
     with_one_topic(dir.path()).await;
-    let db = meta_db(dir.path());
-    std::fs::remove_dir_all(&db).unwrap();
-    std::fs::create_dir_all(&db).unwrap();
+    std::fs::remove_file(meta_file(dir.path())).unwrap();
     let e = start_err(dir.path()).await;
-    assert!(e.contains("empty although it was initialised"), "{e}");
+    assert!(e.contains("missing although it was initialised"), "{e}");
+    assert!(e.contains("gridlet-v2/meta.json"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -47,12 +47,9 @@ async fn a_subscription_outlives_a_tightened_setting_unchanged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_of_the_earlier_format_is_one_clear_startup_error() {
     let dir = tempfile::tempdir().unwrap();
-    let n = node(dir.path(), &[], None).await;
-    assert_eq!(n.put("/topics/t1", json!({})).await.0, 200);
-    n.stop().await;
     {
-        // What builds before typed records wrote: the subscription's API JSON. (`open_db` waits
-        // for the stopped gridlet to let go of the files.)
+        // What builds before typed records wrote, in the sled database of earlier releases: the
+        // subscription's API JSON. The start migrates sled's records, and refuses this one.
         let root = dir.path().join("metadataDb").join("gridlet-v1");
         let db = gridlet::store::sled::open_db(&root, "meta", 1 << 20, 0).unwrap();
         let subs = db.open_tree("subs").unwrap();
@@ -62,13 +59,7 @@ async fn metadata_of_the_earlier_format_is_one_clear_startup_error() {
             .unwrap();
         db.flush().unwrap();
     }
-    let e = match try_node(dir.path(), &[], None).await {
-        Ok(n) => {
-            n.stop().await;
-            panic!("started on metadata of the earlier format");
-        }
-        Err(e) => e.to_string(),
-    };
+    let e = start_err(dir.path()).await;
     eprintln!("start-up error: {e}");
     assert!(e.contains("gridlet-v1/meta"), "names the database: {e}");
     assert!(e.contains("subscription 1"), "names the record: {e}");
@@ -77,4 +68,33 @@ async fn metadata_of_the_earlier_format_is_one_clear_startup_error() {
         e.contains("move the metadata directory aside"),
         "says what to do: {e}"
     );
+    assert!(
+        dir.path().join("metadataDb/gridlet-v1/meta").is_dir(),
+        "the database is left where it was"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_of_another_version_in_the_metadata_file_is_one_clear_startup_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path(), &[], None).await;
+    assert_eq!(n.put("/topics/t1", json!({})).await.0, 200);
+    n.stop().await;
+    let file = dir.path().join("metadataDb/gridlet-v2/meta.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    v["topics"][0][1]["v"] = 2.into();
+    std::fs::write(&file, v.to_string()).unwrap();
+    let e = start_err(dir.path()).await;
+    assert!(e.contains("gridlet-v2/meta.json"), "names the file: {e}");
+    assert!(e.contains("topic 't1'") && e.contains("version 2"), "{e}");
+}
+
+async fn start_err(dir: &std::path::Path) -> String {
+    match try_node(dir, &[], None).await {
+        Ok(n) => {
+            n.stop().await;
+            panic!("started on metadata this build does not read");
+        }
+        Err(e) => e.to_string(),
+    }
 }

@@ -18,8 +18,24 @@ use std::sync::Mutex;
 
 const META_CACHE_BYTES: u64 = 1 << 20;
 
-pub use crate::store::meta::MetaSnapshot;
-use crate::store::meta::MetaStore;
+/// Topics in creation order, and subscriptions with their queue ids.
+pub type MetaSnapshot = (Vec<TopicRecord>, Vec<(QueueId, SubscriptionRecord)>);
+
+/// Everything the database holds, for the move to the metadata file
+/// (`crate::store::meta::migrate`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Export {
+    /// Topics by key, in creation order.
+    pub topics: Vec<(String, TopicRecord)>,
+    /// Subscriptions by queue id.
+    pub subs: Vec<(QueueId, SubscriptionRecord)>,
+    /// Endpoint-health records by destination URL.
+    pub health: Vec<(String, Value)>,
+    /// MQTT records by `{kind}/{name}`, in key order.
+    pub mqtt: Vec<(String, MqttRecord)>,
+    /// The last queue id handed out (at least the largest subscription's).
+    pub last_queue: QueueId,
+}
 
 /// A record's bytes (JSON, with its format version).
 fn encode(record: &impl serde::Serialize) -> Result<Vec<u8>, StoreError> {
@@ -113,6 +129,51 @@ impl SledMeta {
             subscriptions.push((q, rec));
         }
         Ok((topics.into_iter().map(|(_, v)| v).collect(), subscriptions))
+    }
+
+    /// Everything held ([`Export`]).
+    ///
+    /// # Errors
+    /// As [`SledMeta::snapshot`]: unreadable data, or a record this build does not read.
+    pub fn export(&self) -> Result<Export, StoreError> {
+        let db = self.path.join(super::SUBDIR).join("meta");
+        let mut topics = Vec::new();
+        for item in self.topics.iter() {
+            let (k, v) = item.map_err(io)?;
+            let key = String::from_utf8(k.to_vec()).map_err(|_| corrupt(&db, "bad topic key"))?;
+            let order = be::<8>(&v, 0)
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| corrupt(&db, format!("topic '{key}': bad record")))?;
+            let rec: TopicRecord = decode(v.get(8..).unwrap_or_default())
+                .map_err(|e| corrupt(&db, format!("topic '{key}': {e}")))?;
+            topics.push((order, key, rec));
+        }
+        topics.sort_by_key(|(o, _, _)| *o);
+        let (_, subs) = self.snapshot()?;
+        let mut mqtt = Vec::new();
+        for item in self.mqtt.iter() {
+            let (k, v) = item.map_err(io)?;
+            let key = String::from_utf8_lossy(&k).into_owned();
+            let rec: MqttRecord =
+                decode(&v).map_err(|e| corrupt(&db, format!("MQTT {key}: {e}")))?;
+            mqtt.push((key, rec));
+        }
+        let counter = match self.meta.get(b"next_queue").map_err(io)? {
+            Some(v) => be::<4>(&v, 0)
+                .map(u32::from_be_bytes)
+                .ok_or_else(|| corrupt(&db, "queue id counter unreadable"))?,
+            None => 0,
+        };
+        // The counter is flushed before an id is used, so it covers every record; the largest
+        // record is taken too, in case.
+        let last_queue = subs.iter().map(|(q, _)| *q).fold(counter, QueueId::max);
+        Ok(Export {
+            topics: topics.into_iter().map(|(_, k, r)| (k, r)).collect(),
+            subs,
+            health: self.health_records()?,
+            mqtt,
+            last_queue,
+        })
     }
 
     /// Create or replace a topic record, keeping its creation order; flushed on return.
@@ -249,54 +310,6 @@ impl SledMeta {
 
     fn flush_meta(&self) -> Result<(), StoreError> {
         self.meta.flush().map(|_| ()).map_err(io)
-    }
-}
-
-impl MetaStore for SledMeta {
-    fn known_queues(&self) -> Result<HashSet<QueueId>, StoreError> {
-        SledMeta::known_queues(self)
-    }
-    fn snapshot(&self) -> Result<MetaSnapshot, StoreError> {
-        SledMeta::snapshot(self)
-    }
-    fn write_topic(&self, key: &str, record: &TopicRecord) -> Result<(), StoreError> {
-        SledMeta::write_topic(self, key, record)
-    }
-    fn remove_topic(&self, key: &str) -> Result<(), StoreError> {
-        SledMeta::remove_topic(self, key)
-    }
-    fn write_subscription(
-        &self,
-        queue: QueueId,
-        record: &SubscriptionRecord,
-    ) -> Result<(), StoreError> {
-        SledMeta::write_subscription(self, queue, record)
-    }
-    fn remove_subscription(&self, queue: QueueId) -> Result<(), StoreError> {
-        SledMeta::remove_subscription(self, queue)
-    }
-    fn new_queue_id(&self) -> Result<QueueId, StoreError> {
-        SledMeta::new_queue_id(self)
-    }
-    fn health_records(&self) -> Result<Vec<(String, Value)>, StoreError> {
-        SledMeta::health_records(self)
-    }
-    fn write_endpoint_health(&self, url: &str, record: Option<&Value>) -> Result<(), StoreError> {
-        SledMeta::write_endpoint_health(self, url, record)
-    }
-    fn mqtt_records(&self) -> Result<Vec<MqttRecord>, StoreError> {
-        SledMeta::mqtt_records(self)
-    }
-    fn write_mqtt_record(
-        &self,
-        kind: MqttKind,
-        name: &str,
-        record: Option<&MqttRecord>,
-    ) -> Result<(), StoreError> {
-        SledMeta::write_mqtt_record(self, kind, name, record)
-    }
-    fn flush(&self) {
-        SledMeta::flush(self);
     }
 }
 
