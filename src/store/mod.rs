@@ -504,8 +504,10 @@ pub trait Store: Send + Sync + 'static {
     /// store that failed earlier.
     fn stage(&self, writes: Writes<'_>, answer: Answer) -> Result<Commit, StoreError>;
 
-    /// Whether [`Store::stage`] of settlements waits on nothing but a short lock (no disk): the
-    /// store writer then stages them on the caller's thread when nothing is queued before them.
+    /// Whether [`Store::stage`] of settlements and dead letters waits on nothing but a short
+    /// lock (no disk; a store whose disk is behind says so with [`Commit::waits`]): the store
+    /// writer then calls it on the async worker that settled the attempt. Otherwise it calls it
+    /// inside `block_in_place`, so the worker's other tasks move on.
     fn stages_in_memory(&self) -> bool {
         false
     }

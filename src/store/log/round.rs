@@ -1,9 +1,9 @@
 //! The committer's round as typed steps, and the one executor that runs them.
 //!
 //! A round is a plan ([`Round::steps`]): put the dead letters handed to it and make them
-//! durable, then stage their events' removal; write what is staged as one frame and sync it, answer the publishes in
-//! it, give back segments with nothing pending, hand a compaction over, take a
-//! checkpoint when one is due, answer whoever waits for the whole round. [`run`] executes a
+//! durable, then stage their events' removal; write what is staged as one frame and sync it,
+//! answer the publishes in it, give back segments with nothing pending, hand a compaction
+//! over, take a checkpoint when one is due, answer whoever waits for the whole round. [`run`] executes a
 //! plan over a [`Host`]: the store's `gridlet-commit` thread runs it on the store's shared
 //! state, the power-cut simulation runs the same store with the round executed in place
 //! (`LogStore::simulated`), and the engine's own tests run it on a bare [`Log`]
