@@ -377,6 +377,38 @@ mod tests {
         submitter.join().unwrap();
     }
 
+    /// On the runtime, the wait for a store behind its disk leaves the worker's other tasks
+    /// running: on one worker thread, the task that answers the commit runs while the
+    /// submitting task waits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn the_wait_for_the_disk_leaves_the_workers_other_tasks_running() {
+        let store = Arc::new(Switched::default());
+        drop(store.submit(vec![(1, stored(1))]).unwrap());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        *crate::sync::lock(&store.behind) = Some(rx);
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
+        let answer = tokio::spawn(async move {
+            let _ = ready_rx.await;
+            tx.send(Ok(())).unwrap();
+        });
+        let w = StoreWriter::new(store.clone(), bound());
+        let submitter = tokio::spawn(async move {
+            ready_tx.send(()).unwrap();
+            w.submit(
+                owner(1),
+                vec![Write::Remove {
+                    events: Settled::all([1], 0),
+                }],
+            );
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(30), submitter)
+            .await
+            .expect("the submitter's wait was answered by the other task")
+            .unwrap();
+        answer.await.unwrap();
+        assert!(pending(store.as_ref()).is_empty());
+    }
+
     /// Log lines written as `log__format=json` writes them, into a buffer.
     #[derive(Clone, Default)]
     struct Lines(Arc<Mutex<Vec<u8>>>);
