@@ -542,10 +542,12 @@ impl Store for LogStore {
                 w.letters.push((queue, l));
             }
             // Backpressure: staging that has run ahead of the disk makes even a write nobody
-            // waits for wait for the next frame.
-            let behind = w.letters.len() > LETTERS_BOUND
+            // waits for wait for the next frame (not once the committer has stopped: no frame
+            // would come).
+            let behind = (w.letters.len() > LETTERS_BOUND
                 || w.letter_bytes > LETTER_BYTES_BOUND
-                || log.staged_bytes() > STAGED_BOUND;
+                || log.staged_bytes() > STAGED_BOUND)
+                && !w.shutdown;
             let answer = match answer {
                 Answer::Nobody if behind => Answer::Frame,
                 a => a,
