@@ -171,7 +171,6 @@ impl Broker {
         }
         // What the settled attempts left to write (removals, retry states, dead letters), made
         // durable before the process ends (not left to the store's drop, which an exit may skip).
-        let _ = tokio::time::timeout_at(deadline, ctx.writer.flush()).await;
         let _ = tokio::time::timeout_at(deadline, ctx.store.commit()).await;
         ctx.drain.running()
     }

@@ -34,13 +34,7 @@ impl Broker {
             per_subscription: cfg.resilience.dead_letter_capacity,
             max_bytes: cfg.resilience.dead_letter_max_bytes,
         };
-        let writer =
-            crate::delivery::writer::StoreWriter::start(crate::delivery::writer::Targets {
-                store: store.clone(),
-                dead_letters: dead_letters.clone(),
-                bound: dead_letter_bound,
-            })
-            .map_err(|e| StoreError::Io(format!("cannot start the store writer: {e}")))?;
+        let writer = crate::delivery::writer::StoreWriter::new(store.clone(), dead_letter_bound);
         let ctx = Arc::new(DeliveryContext {
             clock,
             store: store.clone(),

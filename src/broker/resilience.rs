@@ -8,7 +8,7 @@ use crate::delivery::sink::Sink;
 use crate::delivery::subscription::SubscriptionHandle;
 use crate::model::delivery_options::DeliveryOptions;
 use crate::model::subscription::Subscription;
-use crate::store::QueueId;
+use crate::store::{Answer, QueueId, Writes};
 use std::sync::Arc;
 
 /// Most dead letters one list call returns.
@@ -34,11 +34,14 @@ impl Broker {
         Some(self.inner.sinks.create(&dl))
     }
 
-    /// Wait until the store writes of every delivery settled so far have run (dead letters kept,
-    /// events removed). Blocks: management operations only.
+    /// Wait until the store has done the writes of every delivery settled so far (dead letters
+    /// kept, events removed): a commit answered after the frame of the committer's next round,
+    /// which puts the letters handed over before it. Blocks: management operations only.
     pub(super) fn settled_writes(&self) {
-        let w = &self.inner.ctx.writer;
-        w.wait_for(w.mark());
+        let done = self.inner.ctx.store.stage(Writes::Staged, Answer::Frame);
+        if let Err(e) = done.and_then(crate::store::Commit::wait_blocking) {
+            tracing::warn!(error = %e, "dead letters: the store's writes before this call are not all done");
+        }
     }
 
     pub(super) fn forget_dead_letters(&self, queue: QueueId) {

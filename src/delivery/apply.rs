@@ -1,7 +1,7 @@
 //! The writer does: [`apply`] carries out the [`Effects`] `settle` decided, in their order:
 //! the attempt's slot freed, dead letters counted and logged, the store writes handed to the
-//! store writer as one job (retry states before requeueing, letters before their events'
-//! removal), letters forwarded, retries requeued in memory, settled places given back. (What
+//! store writer, which stages them in order (retry states before requeueing, letters before
+//! their events' removal), letters forwarded, retries requeued in memory, settled places given back. (What
 //! the attempt itself counts and logs, delivered or failed, is the dispatcher's.)
 
 use super::context::DeliveryContext;

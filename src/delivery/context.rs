@@ -40,7 +40,7 @@ pub struct DeliveryContext {
     pub forwarder: Forwarder,
     /// Event payload bytes held in memory (`broker__maxPendingBytes`).
     pub pending_bytes: Arc<super::payload::PendingBytes>,
-    /// Runs the store writes that follow delivery attempts, in order, off the async workers.
+    /// Hands the store writes that follow delivery attempts to the store, in order.
     pub writer: Arc<super::writer::StoreWriter>,
     /// Shutdown drain.
     pub drain: Drain,

@@ -7,9 +7,11 @@
 //!   forwarded), is decided by `settle` (`settle::settle` after an attempt,
 //!   `settle::dead_letter` for expiry and overflow), as data.
 //! * *What* a letter holds is [`letters`], here.
-//! * Counting and logging them is `apply`'s; keeping them, the store writer's
-//!   (`writer::Write::KeepLetters`, the only place letters are written); where a letter is
-//!   kept is the store's (`crate::store::deadletter`, re-exported here).
+//! * Counting and logging them is `apply`'s; handing them to the store, the store writer's
+//!   (`writer::Write::KeepLetters` becomes a `Writes::Letters`); putting them is the store's
+//!   (`crate::store::deadletter::keep`, the only place letters are put: in the log store's
+//!   committer round, or at once in the memory store), and where a letter is kept too
+//!   (`crate::store::deadletter`, re-exported here).
 
 use super::payload::Pending;
 use super::retry::DropReason;

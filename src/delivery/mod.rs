@@ -12,7 +12,7 @@
 //!                                        ▼
 //!   apply: delivered ─► Write::Remove          retried ─► Write::RetryState, then SubQueue.retry
 //!          dead-lettered ─► Write::KeepLetters (kept, then removed), forwarded; metrics, logs
-//!          (writes: one job for the store writer, in order)
+//!          (writes: staged by the store writer, in order, when apply hands them over)
 //! ```
 //!
 //! * [`sink`]: the `Sink` trait and outcome types (the test seam).

@@ -1,7 +1,7 @@
 //! Reading spilled events back: a persisted subscription keeps only a window of its backlog
 //! (first attempts) and of its retries in memory ([`super::queue`]); when a window runs low or
 //! spilled retries fall due, the dispatcher reads their bodies and retry states from the store,
-//! on the blocking pool, after the store writer has run every write submitted before.
+//! on the blocking pool (every write submitted before is staged, and read as staged).
 
 use super::apply::apply;
 use super::context::DeliveryContext;
@@ -83,16 +83,10 @@ pub(super) async fn refill(
     let store = ctx.store.clone();
     let queue = shared.queue_id;
     let asked = seqs.clone();
-    // A retry's state is read back with its body: the update that wrote it must have run.
-    // (Events waiting for their first attempt have no write queued: no wait for those.)
-    let wait = (lane == Lane::Retry).then(|| (ctx.writer.clone(), ctx.writer.mark()));
-    let read = tokio::task::spawn_blocking(move || {
-        if let Some((writer, mark)) = wait {
-            writer.wait_for(mark);
-        }
-        read_window(store.as_ref(), queue, &seqs, room)
-    })
-    .await;
+    // A retry's state is read back with its body: the update that wrote it was staged when
+    // the attempt settled, and the store answers what is staged.
+    let read =
+        tokio::task::spawn_blocking(move || read_window(store.as_ref(), queue, &seqs, room)).await;
     let (events, missing, unread) = match read {
         Ok(Ok(r)) => r,
         failed => {

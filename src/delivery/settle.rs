@@ -14,10 +14,10 @@
 //! stored state unchanged ([`held`]), and endpoint health gates when they are tried again.
 //!
 //! Order, and why: a persisted event's retry state is written before it is requeued (a spilled
-//! retry is read back with its state, after the writer has run it), and its letter is kept
-//! before it is removed from the store (after a crash each event is pending, a dead letter, or
-//! both, never neither): [`Effects::writes`] lists them in that order and the store writer runs
-//! them in it.
+//! retry is read back with its state, staged before), and its letter is kept before it is
+//! removed from the store (after a crash each event is pending, a dead letter, or both, never
+//! neither): [`Effects::writes`] lists them in that order and the store writer stages them in
+//! it.
 
 use super::classify;
 use super::deadletter::{letters, DeadLetter};

@@ -193,13 +193,12 @@ impl SubscriptionHandle {
         self.config().health.as_ref().map(|h| h.snapshot())
     }
 
-    /// The subscription is being deleted: store writes still queued for it keep nothing, and
-    /// this returns once those already running are done, so the caller can delete its stored
-    /// events and dead letters without a late write bringing some back. Blocks: call it off
-    /// the async workers (the broker's management operations run on the blocking pool).
+    /// The subscription is being deleted: its dead letters not yet kept are not kept (the
+    /// store asks [`crate::store::deadletter::LetterReport::wanted`] before it puts them, and
+    /// the log store's letters refuse a deleted queue's), so a late write cannot bring any back
+    /// once the caller has deleted its stored events and letters.
     pub fn retire(&self) {
         self.shared.retired.store(true, Ordering::SeqCst);
-        self.ctx.writer.wait_for(self.ctx.writer.mark());
     }
 
     /// Undo [`SubscriptionHandle::retire`] (the deletion failed; the subscription stays).

@@ -1,46 +1,40 @@
-//! The store writer: the store writes that follow a delivery attempt run on one dedicated
-//! thread, `gridlet-settle`, in the order they were submitted, so no async worker ever waits
-//! on the disk.
-//!
-//! The shortcut: a job of removals and retry states only, submitted while no job waits or
-//! runs, is done in place, on the caller's thread, when the store stages settlements in memory
-//! ([`Store::stages_in_memory`]: the event log, under its lock, and the memory store), as one
-//! [`Store::stage`] nobody waits for. Nothing is reordered by it: a job runs in place only when every job submitted before
-//! it has run, and what it writes is done before `submit` returns. (A job submitted by another
-//! task at the same moment is about other events: one event has one attempt in flight per
-//! subscription.) It saves a thread wake per delivery: in `gridlet-bench` (d) about one
-//! context switch per event of three.
+//! The store writer: the store writes that follow a delivery attempt, done on the caller's
+//! thread, in order, when it submits them. No thread of its own, no queue to wait behind.
 //!
 //! What it writes is data, not code: a [`Write`] says what happens (remove delivered events,
 //! record a retry's state, keep dead letters and then remove their events), decided by
-//! `settle` (`settle::Effects::writes`), and [`write`] is the one place that does it. Order is
-//! what makes this safe. One attempt's writes are one job, run in the order `settle` listed
-//! them, and jobs run one at a time in submission order, so for any event its retry state
-//! comes before its removal, and within
-//! [`Write::KeepLetters`] the letters are kept **before** their events are removed: after a crash
-//! each event is pending, a dead letter, or both, never neither. Readers that must see earlier
-//! writes (reading a spilled retry's state back, listing or replaying dead letters) first wait
-//! for the writer to reach the point at which they asked ([`StoreWriter::mark`] /
-//! [`StoreWriter::wait_for`]), off the async workers too.
+//! `settle` (`settle::Effects::writes`), and [`StoreWriter::submit`] is the one place that
+//! hands them to the store, each as one [`Store::stage`] nobody waits for. Removals and retry
+//! states are one `Writes::Settle`; each job of letters is a `Writes::Letters`, which keeps the
+//! letters **before** the removal of their events can become durable (the log store's
+//! committer puts and syncs them in its round, then stages the removal; the memory store keeps
+//! them in its maps, then removes): after a crash each event is pending, a dead letter, or
+//! both, never neither. For any event its retry state comes before its removal, because one
+//! attempt's writes are staged in the order `settle` listed them and an event has one attempt
+//! in flight at a time.
 //!
-//! Bounds: at most [`QUEUE_BOUND`] jobs wait. A dispatcher that finds the queue full waits for
-//! room (on a multi-threaded runtime through `block_in_place`, so its worker's other tasks move
-//! on): a disk slower than the deliveries slows the deliveries instead of growing memory.
+//! No async worker waits on the disk: the log store and the memory store stage in memory
+//! ([`Store::stages_in_memory`]); a store that writes on the caller's thread (none that ships:
+//! the tests' slow stores) is called inside `block_in_place`, so its worker's other tasks move
+//! on. Readers need nothing to wait for: what was staged is what the store answers (a
+//! spilled retry's state read back, a pull lock's body); dead letters are listed after a
+//! commit (`Broker::settled_writes`), which the round answers after it put the letters handed
+//! over before it.
 //!
-//! Panics: gridlet's release build aborts on panic (`panic = "abort"`), and nothing here has a
-//! panic path; a panic would be a bug, and the process restarts and recovers from the store. So
-//! the writer does not catch them.
+//! Bounds: the store's. When what it has staged or been handed runs ahead of its disk (the log
+//! store's `LETTERS_BOUND`, `STAGED_BOUND`), it answers even a write nobody waits for with a
+//! commit that waits ([`crate::store::Commit::waits`]); the writer then waits for it, off the
+//! async workers: a disk slower than the deliveries slows the deliveries instead of growing
+//! memory.
 
 use crate::metrics::SubscriptionMetrics;
-use crate::store::deadletter::{DeadLetter, DeadLetterBound, DeadLetterStore};
-use crate::store::{Answer, QueueId, RetryState, Settled, Settlement, Store, Writes};
+use crate::store::deadletter::{DeadLetter, DeadLetterBound, LetterReport};
+use crate::store::{
+    Answer, Letters, QueueId, RetryState, Settled, Settlement, Store, StoreError, Writes,
+};
 use crate::telemetry::TraceContext;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Condvar, Mutex};
-
-/// Jobs (one attempt's writes each) that may wait for the writer thread.
-pub const QUEUE_BOUND: usize = 4096;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Whose write it is: for log lines, metrics, and to drop writes of a deleted subscription.
 #[derive(Clone)]
@@ -51,7 +45,7 @@ pub struct Owner {
     pub name: Arc<str>,
     /// The subscription's metrics (dead letters kept and evicted).
     pub metrics: Arc<SubscriptionMetrics>,
-    /// Set when the subscription is deleted: its letters still queued are not kept.
+    /// Set when the subscription is deleted: its letters not yet kept are not kept.
     pub retired: Arc<AtomicBool>,
     /// The trace context of the write's events (the attempt's `deliver` span, or the context
     /// the first of them travels in): error lines name its trace and span.
@@ -64,6 +58,21 @@ impl Owner {
     }
     fn span_id(&self) -> Option<String> {
         self.trace.as_ref().map(TraceContext::span_hex)
+    }
+}
+
+/// The store tells the owner what became of its letters (in the committer's round, for the log
+/// store).
+impl LetterReport for Owner {
+    fn wanted(&self) -> bool {
+        !self.retired.load(Ordering::SeqCst)
+    }
+    fn kept(&self, kept: usize, evicted: usize) {
+        self.metrics.dead_lettered.add(kept as u64);
+        self.metrics.dead_letters_evicted.add(evicted as u64);
+    }
+    fn failed(&self, e: &StoreError) {
+        tracing::error!(subscription = %self.name, error = %e, trace_id = self.trace_id(), span_id = self.span_id(), "could not keep a dead letter; its event stays in the store");
     }
 }
 
@@ -92,237 +101,88 @@ pub enum Write {
     },
 }
 
-/// What the writer thread is handed: one subscription's writes, run in order.
-enum Job {
-    /// Whose, and what.
-    Writes(Owner, Vec<Write>),
-    /// Run a function (tests: gates and order probes).
-    #[cfg(test)]
-    Probe(Box<dyn FnOnce() + Send + 'static>),
-}
-
-/// What the writer writes to.
-#[derive(Clone)]
-pub struct Targets {
-    /// The event store.
-    pub store: Arc<dyn Store>,
-    /// The dead-letter store.
-    pub dead_letters: Arc<dyn DeadLetterStore>,
-    /// The bound letters are kept within.
-    pub bound: DeadLetterBound,
-}
-
-/// Do one job's writes, in order.
-fn execute(job: Job, t: &Targets) {
-    match job {
-        Job::Writes(owner, writes) => {
-            for w in writes {
-                write(&owner, w, t);
-            }
-        }
-        #[cfg(test)]
-        Job::Probe(f) => f(),
-    }
-}
-
-/// Do one write. Failures are logged: the event is then delivered again after a restart (a
-/// removal), retried with an older attempt count (a state), or not kept as a letter.
-pub fn write(owner: &Owner, w: Write, t: &Targets) {
-    match w {
-        Write::Remove { events } => {
-            if let Err(e) = t.store.remove(owner.queue, &events) {
-                tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not remove delivered events from the store; they may be delivered again after a restart");
-            }
-        }
-        Write::RetryState { seqs, state } => {
-            if let Err(e) = t.store.update(owner.queue, &seqs, state) {
-                tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not persist retry state");
-            }
-        }
-        Write::KeepLetters { letters, events } => keep_letters(owner, letters, &events, t),
-    }
-}
-
-/// Keep `letters`, then remove their events: the one place dead letters are written.
-fn keep_letters(owner: &Owner, letters: Vec<DeadLetter>, events: &[Settled], t: &Targets) {
-    if owner.retired.load(Ordering::SeqCst) {
-        return; // the subscription is gone: its letters would outlive it
-    }
-    for l in letters {
-        match t.dead_letters.put(owner.queue, l, t.bound) {
-            Ok(evicted) => {
-                if t.bound.keeps_any() {
-                    owner.metrics.dead_lettered.inc();
-                }
-                owner.metrics.dead_letters_evicted.add(evicted as u64);
-            }
-            Err(e) => {
-                tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not keep a dead letter")
-            }
-        }
-    }
-    if !events.is_empty() {
-        let dropped = [Settlement::Dropped(events)];
-        if let Err(e) = t
-            .store
-            .stage(Writes::Settle(owner.queue, &dropped), Answer::Nobody)
-        {
-            tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not remove dropped events from the store");
-        }
-    }
-}
-
-/// How far the writer thread has got.
-#[derive(Default)]
-struct Progress {
-    done: Mutex<u64>,
-    advanced: Condvar,
-}
-
-/// Handle to the writer thread. The thread ends once the handle is dropped and every write
-/// submitted before has run.
+/// Hands the writes that follow delivery attempts to the store. See the module docs.
 pub struct StoreWriter {
-    tx: SyncSender<Job>,
-    submitted: AtomicU64,
-    progress: Arc<Progress>,
-    targets: Targets,
+    store: Arc<dyn Store>,
+    bound: DeadLetterBound,
 }
 
 impl StoreWriter {
-    /// Start the writer thread.
-    ///
-    /// # Errors
-    /// The OS could not start a thread.
-    pub fn start(targets: Targets) -> std::io::Result<Self> {
-        let (tx, rx) = sync_channel::<Job>(QUEUE_BOUND);
-        let progress = Arc::new(Progress::default());
-        let (p, t) = (progress.clone(), targets.clone());
-        std::thread::Builder::new()
-            .name("gridlet-settle".into())
-            .spawn(move || run(rx, &p, &t))?;
-        Ok(Self {
-            tx,
-            submitted: AtomicU64::new(0),
-            progress,
-            targets,
-        })
+    /// A writer to `store`, keeping dead letters within `bound`.
+    pub fn new(store: Arc<dyn Store>, bound: DeadLetterBound) -> Self {
+        Self { store, bound }
     }
 
-    /// Queue `owner`'s `writes` (run in order) behind every write submitted before them, or
-    /// do them here when nothing is queued and the store only stages them (see the module
-    /// docs). Waits for room when [`QUEUE_BOUND`] jobs are waiting; if the thread is gone,
-    /// writes here.
+    /// Stage `owner`'s `writes`, in order (see the module docs); done when this returns, unless
+    /// the store asks the caller to wait for its disk (then this waits, off the async workers).
     pub fn submit(&self, owner: Owner, writes: Vec<Write>) {
-        if writes.is_empty() || self.settled_in_place(&owner, &writes) {
+        if writes.is_empty() {
             return;
         }
-        self.send(Job::Writes(owner, writes));
+        if self.store.stages_in_memory() {
+            self.write(owner, writes);
+        } else {
+            off_the_workers(|| self.write(owner, writes));
+        }
     }
 
-    /// Do `writes` here if they are removals and retry states only, nothing submitted before
-    /// is still to run, and the store stages them in memory (see the module docs).
-    fn settled_in_place(&self, owner: &Owner, writes: &[Write]) -> bool {
-        if !self.targets.store.stages_in_memory() || !self.idle() {
-            return false;
-        }
-        let settlements: Option<Vec<Settlement<'_>>> = writes
+    fn write(&self, owner: Owner, writes: Vec<Write>) {
+        let (letters, settle): (Vec<Write>, Vec<Write>) = writes
+            .into_iter()
+            .partition(|w| matches!(w, Write::KeepLetters { .. }));
+        let settlements: Vec<Settlement<'_>> = settle
             .iter()
-            .map(|w| match w {
+            .filter_map(|w| match w {
                 Write::Remove { events } => Some(Settlement::Remove(events)),
                 Write::RetryState { seqs, state } => Some(Settlement::Retry(seqs, *state)),
                 Write::KeepLetters { .. } => None,
             })
             .collect();
-        let Some(s) = settlements else {
-            return false;
-        };
-        let staged = self
-            .targets
-            .store
-            .stage(Writes::Settle(owner.queue, &s), Answer::Nobody);
-        if let Err(e) = staged {
-            tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not settle events in the store; they may be delivered again after a restart");
-        }
-        true
-    }
-
-    /// Every job submitted so far has run.
-    fn idle(&self) -> bool {
-        *crate::sync::lock(&self.progress.done) == self.submitted.load(Ordering::SeqCst)
-    }
-
-    fn send(&self, job: Job) {
-        self.submitted.fetch_add(1, Ordering::SeqCst);
-        let job = match self.tx.try_send(job) {
-            Ok(()) => return,
-            Err(TrySendError::Full(j)) => j,
-            Err(TrySendError::Disconnected(j)) => {
-                execute(j, &self.targets);
-                self.advance();
-                return;
+        if !settlements.is_empty() {
+            let w = Writes::Settle(owner.queue, &settlements);
+            if let Err(e) = self.stage(w) {
+                tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not settle events in the store; they may be delivered again after a restart");
             }
-        };
-        let send = || {
-            if let Err(e) = self.tx.send(job) {
-                execute(e.0, &self.targets);
-                self.advance();
+        }
+        let mut report: Option<Arc<Owner>> = None;
+        for w in letters {
+            let Write::KeepLetters { letters, events } = w else {
+                continue;
+            };
+            if !owner.wanted() {
+                return; // the subscription is gone: its letters would outlive it
             }
-        };
-        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(send),
-            _ => send(),
+            let report = report
+                .get_or_insert_with(|| Arc::new(owner.clone()))
+                .clone();
+            let job = Letters {
+                letters,
+                bound: self.bound,
+                events,
+                report,
+            };
+            if let Err(e) = self.stage(Writes::Letters(owner.queue, job)) {
+                tracing::error!(subscription = %owner.name, error = %e, trace_id = owner.trace_id(), span_id = owner.span_id(), "could not keep dead letters; their events stay in the store");
+            }
         }
     }
 
-    /// Run `f` on the writer thread in turn (tests: gates and order probes).
-    #[cfg(test)]
-    fn probe(&self, f: impl FnOnce() + Send + 'static) {
-        self.send(Job::Probe(Box::new(f)));
-    }
-
-    /// Writes submitted so far: pass it to [`StoreWriter::wait_for`].
-    pub fn mark(&self) -> u64 {
-        self.submitted.load(Ordering::SeqCst)
-    }
-
-    /// Block until every write submitted before `mark` has run (blocking threads only).
-    pub fn wait_for(&self, mark: u64) {
-        let mut done = crate::sync::lock(&self.progress.done);
-        while *done < mark {
-            done = self
-                .progress
-                .advanced
-                .wait(done)
-                .unwrap_or_else(|p| p.into_inner());
+    /// Stage `writes` nobody waits for, unless the store says its disk is behind: then wait.
+    fn stage(&self, writes: Writes<'_>) -> Result<(), StoreError> {
+        let commit = self.store.stage(writes, Answer::Nobody)?;
+        if commit.waits() {
+            commit.wait_blocking()?;
         }
-    }
-
-    /// Wait, without blocking the runtime, until every write submitted so far has run. When
-    /// they have (a settlement done in place, nothing queued), it answers at once, without a
-    /// hop to the blocking pool.
-    pub async fn flush(self: &Arc<Self>) {
-        let mark = self.mark();
-        if *crate::sync::lock(&self.progress.done) >= mark {
-            return;
-        }
-        let me = self.clone();
-        let _ = tokio::task::spawn_blocking(move || me.wait_for(mark)).await;
-    }
-
-    fn advance(&self) {
-        advance(&self.progress);
+        Ok(())
     }
 }
 
-fn advance(p: &Progress) {
-    *crate::sync::lock(&p.done) += 1;
-    p.advanced.notify_all();
-}
-
-fn run(rx: Receiver<Job>, progress: &Progress, targets: &Targets) {
-    while let Ok(job) = rx.recv() {
-        execute(job, targets);
-        advance(progress);
+/// Run `f`, which may block on a disk, without holding up the async worker's other tasks.
+fn off_the_workers<R>(f: impl FnOnce() -> R) -> R {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
@@ -331,17 +191,14 @@ mod tests {
     use super::*;
     use crate::store::deadletter::DropReason;
     use crate::store::memory::MemoryStore;
-    use crate::store::{StoreError, StoredEvent};
+    use crate::store::{Commit, StoredEvent};
     use bytes::Bytes;
+    use std::sync::Mutex;
 
-    fn targets() -> Targets {
-        Targets {
-            store: Arc::new(MemoryStore::new()),
-            dead_letters: Arc::new(crate::delivery::deadletter::MemoryDeadLetters::new()),
-            bound: DeadLetterBound {
-                per_subscription: 100,
-                max_bytes: 1 << 20,
-            },
+    fn bound() -> DeadLetterBound {
+        DeadLetterBound {
+            per_subscription: 100,
+            max_bytes: 1 << 20,
         }
     }
 
@@ -353,18 +210,6 @@ mod tests {
             retired: Arc::default(),
             trace: None,
         }
-    }
-
-    #[test]
-    fn writes_run_in_order_and_readers_wait_for_their_mark() {
-        let w = StoreWriter::start(targets()).unwrap();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        for i in 0..1000 {
-            let seen = seen.clone();
-            w.probe(move || crate::sync::lock(&seen).push(i));
-        }
-        w.wait_for(w.mark());
-        assert_eq!(*crate::sync::lock(&seen), (0..1000).collect::<Vec<_>>());
     }
 
     fn stored(seq: u64) -> StoredEvent {
@@ -381,113 +226,11 @@ mod tests {
         }
     }
 
-    fn pending(t: &Targets) -> Vec<u64> {
-        crate::store::contract::pending(t.store.as_ref(), 1)
-            .iter()
-            .map(|e| e.seq)
-            .collect()
-    }
-
-    #[test]
-    fn settlements_are_done_in_place_only_behind_nothing() {
-        let t = targets();
-        // The memory store's commit is done at once.
-        drop(
-            t.store
-                .submit(vec![(1, stored(1)), (1, stored(2)), (1, stored(3))])
-                .unwrap(),
-        );
-        let w = StoreWriter::start(t.clone()).unwrap();
-        // Idle writer: the removal is done before `submit` returns.
-        w.submit(
-            owner(1),
-            vec![Write::Remove {
-                events: Settled::all([1], 0),
-            }],
-        );
-        assert_eq!(pending(&t), [2, 3]);
-        // A job waits on the thread: the next removal queues behind it, in order.
-        let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        w.probe(move || {
-            let _ = gate_rx.recv();
-        });
-        w.submit(
-            owner(1),
-            vec![Write::Remove {
-                events: Settled::all([2], 0),
-            }],
-        );
-        let (t2, s2) = (t.clone(), seen.clone());
-        w.probe(move || crate::sync::lock(&s2).push(pending(&t2)));
-        assert_eq!(
-            pending(&t),
-            [2, 3],
-            "queued behind the gate, not done in place"
-        );
-        gate_tx.send(()).unwrap();
-        w.wait_for(w.mark());
-        assert_eq!(*crate::sync::lock(&seen), [vec![3]]);
-        // A job with a letter in it always goes to the thread (the letters' sync).
-        w.submit(
-            owner(1),
-            vec![
-                Write::Remove { events: vec![] },
-                Write::KeepLetters {
-                    letters: vec![],
-                    events: Settled::all([3], 0),
-                },
-            ],
-        );
-        w.wait_for(w.mark());
-        assert!(pending(&t).is_empty());
-    }
-
-    /// A settlement done in place leaves nothing to wait for: `flush` answers on its first
-    /// poll (no hop to the blocking pool); behind a queued job it waits for that job.
-    #[tokio::test]
-    async fn flush_answers_at_once_when_nothing_is_queued() {
-        use std::future::Future;
-        let t = targets();
-        drop(t.store.submit(vec![(1, stored(1))]).unwrap());
-        let w = Arc::new(StoreWriter::start(t.clone()).unwrap());
-        w.submit(
-            owner(1),
-            vec![Write::Remove {
-                events: Settled::all([1], 0),
-            }],
-        );
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        assert!(Box::pin(w.flush()).as_mut().poll(&mut cx).is_ready());
-        let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
-        w.probe(move || {
-            let _ = gate_rx.recv();
-        });
-        let mut queued = Box::pin(w.flush());
-        assert!(queued.as_mut().poll(&mut cx).is_pending());
-        gate_tx.send(()).unwrap();
-        queued.await;
-    }
-
-    #[test]
-    fn letters_are_kept_before_their_events_leave_the_store() {
-        let t = targets();
-        let ev = StoredEvent {
-            seq: 7,
-            id: "e7".into(),
-            body: Bytes::from_static(b"{}"),
-            state: RetryState {
-                attempts: 3,
-                first_enqueued_ms: 1,
-                due_ms: 0,
-            },
-            trace: None,
-        };
-        drop(t.store.submit(vec![(1, ev)]).unwrap());
-        let letter = DeadLetter {
+    fn letter(seq: u64) -> DeadLetter {
+        DeadLetter {
             id: 0,
-            seq: 7,
-            event_id: "e7".into(),
+            seq,
+            event_id: format!("e{seq}"),
             body: Bytes::from_static(b"{}"),
             reason: DropReason::MaxDeliveryAttemptsExceeded,
             last_status: Some(500),
@@ -495,70 +238,175 @@ mod tests {
             attempts: 3,
             first_enqueued_ms: 1,
             dead_lettered_ms: 2,
-        };
-        let o = owner(1);
-        write(
-            &o,
-            Write::KeepLetters {
-                letters: vec![letter],
-                events: Settled::all([7], 0),
-            },
-            &t,
-        );
-        assert_eq!(t.dead_letters.count(1), 1);
-        assert!(crate::store::contract::pending(t.store.as_ref(), 1).is_empty());
-        assert_eq!(o.metrics.dead_lettered.get(), 1);
-        // A deleted subscription keeps nothing.
-        o.retired.store(true, Ordering::SeqCst);
-        write(
-            &o,
-            Write::KeepLetters {
-                letters: vec![],
-                events: vec![],
-            },
-            &t,
-        );
+        }
     }
 
-    /// A store whose every write fails.
-    struct Broken;
+    fn pending(store: &dyn Store) -> Vec<u64> {
+        crate::store::contract::pending(store, 1)
+            .iter()
+            .map(|e| e.seq)
+            .collect()
+    }
 
-    impl Store for Broken {
+    #[test]
+    fn writes_are_done_when_submit_returns_letters_before_their_events_leave() {
+        let store = Arc::new(MemoryStore::new());
+        let items = (1..=4).map(|s| (1, stored(s))).collect();
+        drop(store.submit(items).unwrap());
+        let w = StoreWriter::new(store.clone(), bound());
+        let o = owner(1);
+        let state = RetryState {
+            attempts: 1,
+            first_enqueued_ms: 1,
+            due_ms: 9,
+        };
+        w.submit(
+            o.clone(),
+            vec![
+                Write::Remove {
+                    events: Settled::all([1], 0),
+                },
+                Write::RetryState {
+                    seqs: vec![2],
+                    state,
+                },
+                Write::KeepLetters {
+                    letters: vec![letter(3)],
+                    events: Settled::all([3], 0),
+                },
+            ],
+        );
+        assert_eq!(pending(store.as_ref()), [2, 4]);
+        assert_eq!(
+            store.get(1, &[2]).unwrap()[0].as_ref().unwrap().state,
+            state
+        );
+        let letters = store.dead_letters().unwrap();
+        assert_eq!(letters.list(1, 0, 10).unwrap()[0].seq, 3);
+        assert_eq!(o.metrics.dead_lettered.get(), 1);
+        // A deleted subscription keeps no letter, and its event stays for the deletion.
+        o.retired.store(true, Ordering::SeqCst);
+        w.submit(
+            o.clone(),
+            vec![Write::KeepLetters {
+                letters: vec![letter(4)],
+                events: Settled::all([4], 0),
+            }],
+        );
+        assert_eq!(letters.count(1), 1);
+        assert_eq!(pending(store.as_ref()), [2, 4]);
+    }
+
+    /// The memory store behind a switch: every write fails, or a write nobody waits for is
+    /// answered with a commit to wait for (a store whose disk is behind).
+    #[derive(Default)]
+    struct Switched {
+        inner: MemoryStore,
+        broken: bool,
+        behind: Mutex<Option<tokio::sync::oneshot::Receiver<Result<(), StoreError>>>>,
+    }
+
+    impl Store for Switched {
         fn load(&self) -> Result<crate::store::Snapshot, StoreError> {
-            Ok(Default::default())
+            self.inner.load()
         }
-        fn pending_runs(&self, _: QueueId) -> Result<crate::store::PendingRuns, StoreError> {
-            Ok(Default::default())
+        fn pending_runs(&self, q: QueueId) -> Result<crate::store::PendingRuns, StoreError> {
+            self.inner.pending_runs(q)
         }
-        fn get(&self, _: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
-            Ok(vec![None; seqs.len()])
+        fn get(&self, q: QueueId, seqs: &[u64]) -> Result<Vec<Option<StoredEvent>>, StoreError> {
+            self.inner.get(q, seqs)
         }
         fn put_topic(
             &self,
-            _: &str,
-            _: &crate::model::record::TopicRecord,
+            k: &str,
+            r: &crate::model::record::TopicRecord,
         ) -> Result<(), StoreError> {
-            Err(StoreError::Io("disk gone".into()))
+            self.inner.put_topic(k, r)
         }
-        fn delete_topic(&self, _: &str) -> Result<(), StoreError> {
-            Err(StoreError::Io("disk gone".into()))
+        fn delete_topic(&self, k: &str) -> Result<(), StoreError> {
+            self.inner.delete_topic(k)
         }
         fn put_subscription(
             &self,
-            _: QueueId,
-            _: &crate::model::record::SubscriptionRecord,
+            q: QueueId,
+            r: &crate::model::record::SubscriptionRecord,
         ) -> Result<(), StoreError> {
-            Err(StoreError::Io("disk gone".into()))
+            self.inner.put_subscription(q, r)
         }
-        fn delete_subscription(&self, _: QueueId) -> Result<(), StoreError> {
-            Err(StoreError::Io("disk gone".into()))
+        fn delete_subscription(&self, q: QueueId) -> Result<(), StoreError> {
+            self.inner.delete_subscription(q)
         }
         fn next_queue_id(&self) -> Result<QueueId, StoreError> {
-            Err(StoreError::Io("disk gone".into()))
+            self.inner.next_queue_id()
         }
-        fn stage(&self, _: Writes<'_>, _: Answer) -> Result<crate::store::Commit, StoreError> {
-            Err(StoreError::Io("disk gone".into()))
+        fn stage(&self, w: Writes<'_>, a: Answer) -> Result<Commit, StoreError> {
+            if self.broken {
+                return Err(StoreError::Io("disk gone".into()));
+            }
+            drop(self.inner.stage(w, a)?);
+            Ok(match crate::sync::lock(&self.behind).take() {
+                Some(rx) => Commit::pending(rx),
+                None => Commit::done(),
+            })
         }
+        fn stages_in_memory(&self) -> bool {
+            true
+        }
+    }
+
+    /// A store whose disk is behind makes the submitter wait for it, not queue more.
+    #[test]
+    fn a_store_behind_its_disk_makes_the_submitter_wait() {
+        let store = Arc::new(Switched::default());
+        drop(store.submit(vec![(1, stored(1))]).unwrap());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        *crate::sync::lock(&store.behind) = Some(rx);
+        let w = Arc::new(StoreWriter::new(store.clone(), bound()));
+        let w2 = w.clone();
+        let submitter = std::thread::spawn(move || {
+            w2.submit(
+                owner(1),
+                vec![Write::Remove {
+                    events: Settled::all([1], 0),
+                }],
+            );
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert!(!submitter.is_finished(), "the submitter waits for the disk");
+        tx.send(Ok(())).unwrap();
+        submitter.join().unwrap();
+    }
+
+    /// On the runtime, the wait for a store behind its disk leaves the worker's other tasks
+    /// running: on one worker thread, the task that answers the commit runs while the
+    /// submitting task waits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn the_wait_for_the_disk_leaves_the_workers_other_tasks_running() {
+        let store = Arc::new(Switched::default());
+        drop(store.submit(vec![(1, stored(1))]).unwrap());
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        *crate::sync::lock(&store.behind) = Some(rx);
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
+        let answer = tokio::spawn(async move {
+            let _ = ready_rx.await;
+            tx.send(Ok(())).unwrap();
+        });
+        let w = StoreWriter::new(store.clone(), bound());
+        let submitter = tokio::spawn(async move {
+            ready_tx.send(()).unwrap();
+            w.submit(
+                owner(1),
+                vec![Write::Remove {
+                    events: Settled::all([1], 0),
+                }],
+            );
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(30), submitter)
+            .await
+            .expect("the submitter's wait was answered by the other task")
+            .unwrap();
+        answer.await.unwrap();
+        assert!(pending(store.as_ref()).is_empty());
     }
 
     /// Log lines written as `log__format=json` writes them, into a buffer.
@@ -584,10 +432,11 @@ mod tests {
             .json()
             .with_writer(move || out.clone())
             .finish();
-        let t = Targets {
-            store: Arc::new(Broken),
-            ..targets()
-        };
+        let store = Arc::new(Switched {
+            broken: true,
+            ..Default::default()
+        });
+        let w = StoreWriter::new(store, bound());
         let ctx = TraceContext::parse(
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             None,
@@ -600,34 +449,28 @@ mod tests {
             due_ms: 2,
         };
         tracing::subscriber::with_default(json, || {
-            execute(
-                Job::Writes(
-                    o.clone(),
-                    vec![
-                        Write::Remove {
-                            events: Settled::all([7], 0),
-                        },
-                        Write::RetryState {
-                            seqs: vec![7],
-                            state,
-                        },
-                        Write::KeepLetters {
-                            letters: vec![],
-                            events: Settled::all([7], 0),
-                        },
-                    ],
-                ),
-                &t,
+            w.submit(
+                o.clone(),
+                vec![
+                    Write::Remove {
+                        events: Settled::all([7], 0),
+                    },
+                    Write::RetryState {
+                        seqs: vec![7],
+                        state,
+                    },
+                    Write::KeepLetters {
+                        letters: vec![],
+                        events: Settled::all([7], 0),
+                    },
+                ],
             );
             // Events that travel in no context: no ids.
-            execute(
-                Job::Writes(
-                    owner(1),
-                    vec![Write::Remove {
-                        events: Settled::all([8], 0),
-                    }],
-                ),
-                &t,
+            w.submit(
+                owner(1),
+                vec![Write::Remove {
+                    events: Settled::all([8], 0),
+                }],
             );
         });
         let text = String::from_utf8(crate::sync::lock(&lines.0).clone()).unwrap();
@@ -635,8 +478,8 @@ mod tests {
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
-        assert_eq!(records.len(), 4, "{text}");
-        for r in &records[..3] {
+        assert_eq!(records.len(), 3, "{text}");
+        for r in &records[..2] {
             assert_eq!(r["level"], "ERROR", "{r}");
             assert_eq!(
                 r["fields"]["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736",
@@ -645,34 +488,9 @@ mod tests {
             assert_eq!(r["fields"]["span_id"], "00f067aa0ba902b7", "{r}");
         }
         assert!(
-            records[3]["fields"].get("trace_id").is_none(),
+            records[2]["fields"].get("trace_id").is_none(),
             "{}",
-            records[3]
+            records[2]
         );
-    }
-
-    #[test]
-    fn a_full_queue_makes_the_submitter_wait_not_grow() {
-        let w = Arc::new(StoreWriter::start(targets()).unwrap());
-        let gate = Arc::new((Mutex::new(false), Condvar::new()));
-        let g = gate.clone();
-        w.probe(move || {
-            let mut open = crate::sync::lock(&g.0);
-            while !*open {
-                open = g.1.wait(open).unwrap_or_else(|p| p.into_inner());
-            }
-        });
-        for _ in 0..QUEUE_BOUND {
-            w.probe(|| {});
-        }
-        let w2 = w.clone();
-        let blocked = std::thread::spawn(move || w2.probe(|| {}));
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(!blocked.is_finished(), "the submitter waits for room");
-        *crate::sync::lock(&gate.0) = true;
-        gate.1.notify_all();
-        blocked.join().unwrap();
-        w.wait_for(w.mark());
-        assert_eq!(*crate::sync::lock(&w.progress.done), QUEUE_BOUND as u64 + 2);
     }
 }

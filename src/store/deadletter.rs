@@ -143,6 +143,55 @@ pub fn rfc3339(ms: WallMs) -> String {
     )
 }
 
+/// What becomes of the letters of one [`super::Letters`], told by the store that keeps them
+/// (delivery counts them and logs failures; the store knows only this trait).
+pub trait LetterReport: Send + Sync {
+    /// Whether the letters are still wanted (no longer once their subscription is deleted).
+    fn wanted(&self) -> bool {
+        true
+    }
+    /// `kept` letters were kept, and `evicted` letters evicted or not kept to make room.
+    fn kept(&self, kept: usize, evicted: usize);
+    /// Keeping a letter failed (it is not kept).
+    fn failed(&self, e: &StoreError);
+}
+
+/// Put `letters` of `queue` into `store` within `bound`, telling `report`: the one place
+/// letters are put (the memory store on the caller's thread, the log store in the committer's
+/// round). `Ok` when every letter was put (kept, or not kept by the bound), so their events may
+/// go; not wanted letters are not put, and their events stay.
+///
+/// # Errors
+/// The first failed put (reported; the letters after it are not tried).
+pub fn keep(
+    store: &dyn DeadLetterStore,
+    queue: QueueId,
+    letters: Vec<DeadLetter>,
+    bound: DeadLetterBound,
+    report: &dyn LetterReport,
+) -> Result<bool, StoreError> {
+    if !report.wanted() {
+        return Ok(false);
+    }
+    let (mut kept, mut evicted) = (0, 0);
+    let mut result = Ok(true);
+    for l in letters {
+        match store.put(queue, l, bound) {
+            Ok(n) => {
+                kept += usize::from(bound.keeps_any());
+                evicted += n;
+            }
+            Err(e) => {
+                report.failed(&e);
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    report.kept(kept, evicted);
+    result
+}
+
 /// Bounded dead-letter storage, by subscription queue.
 pub trait DeadLetterStore: Send + Sync + 'static {
     /// Keep `letter` (its `id` is assigned here) within `bound` (see the module docs); returns
@@ -370,7 +419,8 @@ impl DeadLetterStore for MemoryDeadLetters {
 pub mod contract {
     use super::*;
 
-    fn letter(seq: u64) -> DeadLetter {
+    /// A letter of event `seq`.
+    pub fn letter(seq: u64) -> DeadLetter {
         DeadLetter {
             id: 0,
             seq,

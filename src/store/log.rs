@@ -19,16 +19,20 @@
 //! frame is a `commit` span ([`commit_trace`]).
 //!
 //! Everything goes through [`Store::stage`], with one [`Commit`] type: a publish's events and a
-//! queue's settlements (retry states, removals, removals of dead-lettered events) are staged
-//! under the log's lock, and the commit is answered at the step of the round the caller named
-//! ([`Answer`]: once its frame is synced, after the whole round, or nobody waits). Settlements
+//! queue's settlements (retry states, removals) are staged under the log's lock, dead letters
+//! ([`Writes::Letters`]) are handed to the committer's next round, and the commit is answered
+//! at the step of the round the caller named ([`Answer`]: once its frame is synced, after the
+//! whole round, or nobody waits). Nothing here touches a file on the caller's thread, so a
+//! delivery settles in place, on its async worker, with no thread of its own. Settlements
 //! nobody waits for ride on the next publish's frame, or on a frame of their own within
 //! [`SETTLE_EVERY`]. A crash can therefore repeat a delivery that had just succeeded (at
 //! least once) or resume an event with an attempt count one step old; it never loses an
-//! acknowledged event. The removal of dead-lettered events ([`Settlement::Dropped`]) is handed
-//! to the committer's next round, which syncs the dead letters **before** it writes the frame
-//! removing their events ([`round::Step::SyncLetters`]), so after a crash an event is pending, a
-//! dead letter, or both; never neither.
+//! acknowledged event. The round puts the dead letters into their log and syncs them **before**
+//! it stages the removal of their events ([`round::Step::WriteLetters`]), so after a crash an
+//! event is pending, a dead letter, or both; never neither. Bounded: past [`LETTERS_BOUND`]
+//! letters (or [`LETTER_BYTES_BOUND`]) handed over and not yet taken, or [`STAGED_BOUND`] bytes
+//! staged, even a write nobody waits for gets a commit to wait for ([`Commit::waits`]), so a
+//! disk slower than the deliveries slows them instead of growing memory.
 //!
 //! # Disk bound
 //!
@@ -89,6 +93,14 @@ pub const SUBDIR: &str = "gridlet-v2";
 pub const SETTLE_EVERY: Duration = Duration::from_millis(100);
 /// Longest the idle committer sleeps before it looks for a compaction to do.
 const IDLE_TICK: Duration = Duration::from_secs(1);
+/// Dead letters handed to the committer and not yet taken by a round, past which a delivery
+/// waits for the round (backpressure: a disk slower than the deliveries slows them).
+pub const LETTERS_BOUND: usize = 4096;
+/// The same in bytes of letters ([`crate::store::deadletter::DeadLetter::size`]).
+pub const LETTER_BYTES_BOUND: u64 = 8 << 20;
+/// Bytes staged for the next frame past which a settlement nobody waits for waits for that
+/// frame all the same (backpressure, as [`LETTERS_BOUND`]).
+pub const STAGED_BOUND: usize = 16 << 20;
 /// Default size at which the head segment is closed and a new one started.
 pub const SEGMENT_BYTES: u64 = 16 << 20;
 
@@ -500,18 +512,14 @@ impl Store for LogStore {
     }
 
     fn stage(&self, writes: Writes<'_>, answer: Answer) -> Result<Commit, StoreError> {
-        let waiter = Waiter::new(answer);
-        let (waiter, commit) = match waiter {
-            Some((w, c)) => (Some(w), c),
-            None => (None, Commit::done()),
-        };
         let events = matches!(writes, Writes::Events(_));
         let reserved = if events { self.letters.disk_bytes() } else { 0 };
+        let commit;
         {
             // Staged and queued for an answer under the log's lock: frames keep the staging
             // order, and no frame can be taken between the two.
             let mut log = self.shared.log();
-            let mut dropped = Vec::new();
+            let mut letters = None;
             let mut group = None;
             match writes {
                 Writes::Events(items) => {
@@ -523,20 +531,40 @@ impl Store for LogStore {
                         match *s {
                             Settlement::Remove(seqs) => log.stage_settle(queue, seqs),
                             Settlement::Retry(seqs, state) => log.stage_retry(queue, seqs, state),
-                            // Handed to the next round, which stages it once it has synced the
-                            // letters put before (`round::Step::SyncLetters`): see the module
-                            // docs.
-                            Settlement::Dropped(seqs) if !seqs.is_empty() => {
-                                dropped.push((queue, seqs.to_vec()));
-                            }
-                            Settlement::Dropped(_) => {}
                         }
                     }
                 }
+                // Handed to the next round, which puts and syncs them and only then stages
+                // their events' removal (`round::Step::WriteLetters`): see the module docs.
+                Writes::Letters(queue, l) => letters = Some((queue, l)),
                 Writes::Staged => {}
             }
             let mut w = self.shared.waiting();
-            w.dropped.extend(dropped);
+            if let Some((queue, l)) = letters {
+                w.letter_bytes += l.bytes();
+                w.letters.push((queue, l));
+            }
+            // Backpressure: staging that has run ahead of the disk makes even a write nobody
+            // waits for wait for the next frame (not once the committer has stopped: no frame
+            // would come).
+            let behind = (w.letters.len() > LETTERS_BOUND
+                || w.letter_bytes > LETTER_BYTES_BOUND
+                || log.staged_bytes() > STAGED_BOUND)
+                && !w.shutdown;
+            let answer = match answer {
+                Answer::Nobody if behind => Answer::Frame,
+                a => a,
+            };
+            let waiter = match Waiter::new(answer) {
+                Some((waiter, c)) => {
+                    commit = c;
+                    Some(waiter)
+                }
+                None => {
+                    commit = Commit::done();
+                    None
+                }
+            };
             if let (Some(items), true) = (&group, self.shared.tracer().is_some()) {
                 w.group.add(items);
             }

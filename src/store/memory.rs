@@ -1,12 +1,15 @@
-//! The in-memory store: metadata and events in maps, lost on restart (the original's behaviour).
+//! The in-memory store: metadata, events and dead letters in maps, lost on restart (the
+//! original's behaviour). Every write is done when [`Store::stage`] returns: dead letters are
+//! kept, then their events removed, on the caller's thread.
 
+use super::deadletter::{DeadLetterStore, MemoryDeadLetters};
 use super::{
     Answer, Commit, PendingRuns, QueueId, Settlement, Snapshot, Store, StoreError, StoredEvent,
     Writes,
 };
 use crate::model::record::{MqttKind, MqttRecord, SubscriptionRecord, TopicRecord};
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 #[derive(Default)]
 struct Inner {
@@ -25,6 +28,7 @@ struct Inner {
 #[derive(Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
+    letters: Arc<MemoryDeadLetters>,
 }
 
 impl MemoryStore {
@@ -137,6 +141,20 @@ impl Store for MemoryStore {
 
     fn stage(&self, writes: Writes<'_>, _answer: Answer) -> Result<Commit, StoreError> {
         // Map operations only: done when this returns, nothing to wait for.
+        if let Writes::Letters(queue, l) = writes {
+            let kept = super::deadletter::keep(
+                self.letters.as_ref(),
+                queue,
+                l.letters,
+                l.bound,
+                l.report.as_ref(),
+            );
+            if let Ok(true) = kept {
+                let removal = [Settlement::Remove(&l.events)];
+                return self.stage(Writes::Settle(queue, &removal), Answer::Nobody);
+            }
+            return Ok(Commit::done());
+        }
         let mut g = self.lock();
         match writes {
             Writes::Events(items) => {
@@ -151,7 +169,7 @@ impl Store for MemoryStore {
             Writes::Settle(queue, settlements) => {
                 for s in settlements {
                     match *s {
-                        Settlement::Remove(events) | Settlement::Dropped(events) => {
+                        Settlement::Remove(events) => {
                             for s in events {
                                 // The stored body's size: this store has it.
                                 if let Some(e) = g.events.remove(&(queue, s.seq)) {
@@ -171,7 +189,7 @@ impl Store for MemoryStore {
                     }
                 }
             }
-            Writes::Staged => {}
+            Writes::Staged | Writes::Letters(..) => {}
         }
         Ok(Commit::done())
     }
@@ -214,6 +232,10 @@ impl Store for MemoryStore {
 
     fn stages_in_memory(&self) -> bool {
         true
+    }
+
+    fn dead_letters(&self) -> Option<Arc<dyn DeadLetterStore>> {
+        Some(self.letters.clone())
     }
 }
 

@@ -6,15 +6,18 @@
 //! persisted backlog beyond the in-memory window (the engine keeps only their sequence numbers
 //! and reads them back with [`Store::get`]). The engine's contract with a store:
 //!
-//! 1. one way to write: [`Store::stage`] takes [`Writes`] (a publish's events, or one queue's
-//!    settlements) and answers a [`Commit`] that resolves at the step the caller asked for
+//! 1. one way to write: [`Store::stage`] takes [`Writes`] (a publish's events, one queue's
+//!    settlements, or one attempt's dead letters and their events' removal) and answers a [`Commit`] that resolves at the step the caller asked for
 //!    ([`Answer`]): once the frame holding the writes is synced (a publish, a pull
 //!    acknowledgement: the group-commit point, concurrent callers share one frame and one
 //!    sync), after the whole round (management calls), or not at all (a settlement nobody
 //!    waits for rides the next frame);
 //! 2. the settlements: a retry state when an event's attempts or due time change (a restart
-//!    neither retries early nor resets attempts), a removal when it is settled, and the removal
-//!    of dead-lettered events, which becomes durable only after the letters put before it;
+//!    neither retries early nor resets attempts), a removal when it is settled, and dead
+//!    letters ([`Letters`]), whose events' removal becomes durable only after the letters;
+//!    a store whose staging falls behind its disk answers even an [`Answer::Nobody`] with a
+//!    commit to wait for ([`Commit::waits`]): the caller waits, so a slow disk slows
+//!    deliveries instead of growing memory;
 //! 3. [`Store::submit`], [`Store::commit`], [`Store::update`] and [`Store::remove`] are
 //!    [`Store::stage`] with the usual answer.
 //!
@@ -171,11 +174,38 @@ pub enum Settlement<'a> {
     Remove(&'a [Settled]),
     /// These events' retry state becomes this one.
     Retry(&'a [u64], RetryState),
-    /// These events were just dead-lettered and leave the store; the removal must not become
-    /// durable before the letters put before it: after a crash each event is pending, a dead
-    /// letter, or both, never neither. Stores whose writes become durable in order treat it as
-    /// `Remove`.
-    Dropped(&'a [Settled]),
+}
+
+/// One delivery attempt's dead letters, and their events to remove after them
+/// ([`Writes::Letters`]). The letters are kept (within `bound`) **before** the removal of
+/// their events can become durable: after a crash each event is pending, a dead letter, or
+/// both, never neither.
+pub struct Letters {
+    /// The letters.
+    pub letters: Vec<deadletter::DeadLetter>,
+    /// The bounds they are kept within.
+    pub bound: deadletter::DeadLetterBound,
+    /// Their events in the store, with their body sizes (empty: a subscription not persisted).
+    pub events: Vec<Settled>,
+    /// Told what became of the letters.
+    pub report: std::sync::Arc<dyn deadletter::LetterReport>,
+}
+
+impl std::fmt::Debug for Letters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Letters")
+            .field("letters", &self.letters.len())
+            .field("bound", &self.bound)
+            .field("events", &self.events.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Letters {
+    /// Bytes the letters hold ([`deadletter::DeadLetter::size`]).
+    pub fn bytes(&self) -> u64 {
+        self.letters.iter().map(deadletter::DeadLetter::size).sum()
+    }
 }
 
 /// What [`Store::stage`] writes.
@@ -187,6 +217,8 @@ pub enum Writes<'a> {
     Events(Vec<(QueueId, StoredEvent)>),
     /// Settlements of one queue, in order.
     Settle(QueueId, &'a [Settlement<'a>]),
+    /// Dead letters of one queue, kept, then their events removed.
+    Letters(QueueId, Letters),
     /// Nothing new: the commit answers for what was staged before it.
     Staged,
 }
@@ -341,6 +373,40 @@ impl Commit {
         Self(Some(rx))
     }
 
+    /// Whether there is anything to wait for. A store answers [`Answer::Nobody`] with a commit
+    /// that waits when what it has staged passes its bound (backpressure).
+    pub fn waits(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Wait on this thread (never on an async worker: off the runtime, inside
+    /// `block_in_place`, or on a blocking-pool thread; a current-thread runtime waits on a
+    /// helper thread).
+    ///
+    /// # Errors
+    /// As [`Commit::wait`].
+    pub fn wait_blocking(self) -> Result<(), StoreError> {
+        let Some(rx) = self.0 else {
+            return Ok(());
+        };
+        let stopped = |_| StoreError::Io("the event store stopped before the commit".into());
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        match Handle::try_current().map(|h| h.runtime_flavor()) {
+            Err(_) => rx.blocking_recv().map_err(stopped)?,
+            Ok(RuntimeFlavor::MultiThread) => {
+                tokio::task::block_in_place(|| rx.blocking_recv()).map_err(stopped)?
+            }
+            // A current-thread runtime (tests): its only thread may block, but not inside its
+            // context.
+            Ok(_) => std::thread::scope(|s| {
+                s.spawn(move || rx.blocking_recv())
+                    .join()
+                    .unwrap_or_else(|_| Ok(Err(StoreError::Io("wait failed".into()))))
+            })
+            .map_err(stopped)?,
+        }
+    }
+
     /// The answer, if it has come, without waiting (`None` while the events are not yet
     /// durable). Not a future: polling one inside a runtime spends the task's budget, and a
     /// spent budget reads as "not yet" (the simulation answers its commits this way).
@@ -439,8 +505,10 @@ pub trait Store: Send + Sync + 'static {
     /// store that failed earlier.
     fn stage(&self, writes: Writes<'_>, answer: Answer) -> Result<Commit, StoreError>;
 
-    /// Whether [`Store::stage`] of settlements waits on nothing but a short lock (no disk): the
-    /// store writer then stages them on the caller's thread when nothing is queued before them.
+    /// Whether [`Store::stage`] of settlements and dead letters waits on nothing but a short
+    /// lock (no disk; a store whose disk is behind says so with [`Commit::waits`]): the store
+    /// writer then calls it on the async worker that settled the attempt. Otherwise it calls it
+    /// inside `block_in_place`, so the worker's other tasks move on.
     fn stages_in_memory(&self) -> bool {
         false
     }
@@ -536,8 +604,9 @@ pub trait Store: Send + Sync + 'static {
     /// the log store). Called once at start-up; a tracer that is off records nothing.
     fn trace_commits(&self, _tracer: &crate::telemetry::Tracer) {}
 
-    /// The dead-letter store that lives with this store (sled: a tree of the events database),
-    /// or `None` to keep dead letters in memory.
+    /// The dead letters that [`Writes::Letters`] puts into (the log store's own log, the memory
+    /// store's maps), for listing, replay and purge; `None` from a store that keeps none (the
+    /// broker then lists from an empty memory store).
     fn dead_letters(&self) -> Option<std::sync::Arc<dyn DeadLetterStore>> {
         None
     }
@@ -591,6 +660,27 @@ pub mod contract {
     use crate::model::destination::DestinationRecord;
     use crate::model::record::RECORD_VERSION;
     use crate::model::topic::EventSchema;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Counts the letters kept.
+    #[derive(Default)]
+    pub struct CountKept(AtomicUsize);
+
+    impl CountKept {
+        /// Letters kept so far.
+        pub fn kept(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    impl deadletter::LetterReport for CountKept {
+        fn kept(&self, kept: usize, _evicted: usize) {
+            self.0.fetch_add(kept, Ordering::SeqCst);
+        }
+        fn failed(&self, e: &StoreError) {
+            panic!("a letter was not kept: {e}");
+        }
+    }
 
     /// Topic `name`'s record.
     pub fn topic(name: &str) -> TopicRecord {
@@ -723,18 +813,31 @@ pub mod contract {
         assert_eq!(store.pending_bytes(q), Some(ev(2).body.len() as u64));
         assert_eq!(store.get(q, &[1]).unwrap(), vec![None]);
 
-        // A dead-lettered event's removal, waited for as a pull rejection waits: gone once the
-        // commit answers.
-        let two = Settled::all([2], 0);
-        let dropped = [Settlement::Dropped(&two)];
+        // A dead-lettered event: its letter kept, then its removal, waited for as a pull
+        // rejection waits: the letter there and the event gone once a commit answers.
+        let report = std::sync::Arc::new(CountKept::default());
+        let letters = Letters {
+            letters: vec![deadletter::contract::letter(2)],
+            bound: deadletter::DeadLetterBound {
+                per_subscription: 10,
+                max_bytes: 1 << 20,
+            },
+            events: Settled::all([2], 0),
+            report: report.clone(),
+        };
+        let kept = store.stage(Writes::Letters(q, letters), Answer::Nobody);
+        drop(kept.unwrap());
         store
-            .stage(Writes::Settle(q, &dropped), Answer::Frame)
+            .stage(Writes::Staged, Answer::Frame)
             .unwrap()
             .wait()
             .await
             .unwrap();
         assert!(pending(store, q).is_empty());
         assert_eq!(store.get(q, &[2]).unwrap(), vec![None]);
+        assert_eq!(report.kept(), 1);
+        let letters = store.dead_letters().expect("a store keeps dead letters");
+        assert_eq!(letters.list(q, 0, 10).unwrap().len(), 1);
 
         let snap = store.load().unwrap();
         assert_eq!(snap.topics, vec![topic("t1")]);

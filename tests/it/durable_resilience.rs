@@ -339,6 +339,11 @@ impl gridlet::store::Store for GatedCommits {
     ) -> Result<(), gridlet::store::StoreError> {
         self.inner.put_endpoint_health(url, record)
     }
+    fn dead_letters(
+        &self,
+    ) -> Option<std::sync::Arc<dyn gridlet::store::deadletter::DeadLetterStore>> {
+        self.inner.dead_letters()
+    }
 }
 
 /// A client that gives up while its publish is being committed does not lose the event: the

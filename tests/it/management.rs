@@ -6,7 +6,7 @@
 
 use crate::util::*;
 use gridlet::model::record::{SubscriptionRecord, TopicRecord};
-use gridlet::store::deadletter::{DeadLetter, DeadLetterBound, DeadLetterStore, MemoryDeadLetters};
+use gridlet::store::deadletter::DeadLetterStore;
 use gridlet::store::memory::MemoryStore;
 use gridlet::store::{
     Answer, Commit, PendingRuns, QueueId, Settlement, Snapshot, Store, StoreError, StoredEvent,
@@ -58,15 +58,11 @@ impl Hold {
     }
 }
 
-/// The memory store (and memory dead letters) with one kind of write held.
+/// The memory store (its dead letters included) with one kind of write held, on the caller's
+/// thread: a store that does not stage in memory (the default of
+/// `Store::stages_in_memory`), as a slow disk would be.
 struct SlowStore {
     inner: MemoryStore,
-    letters: Arc<SlowLetters>,
-    hold: Arc<Hold>,
-}
-
-struct SlowLetters {
-    inner: MemoryDeadLetters,
     hold: Arc<Hold>,
 }
 
@@ -92,10 +88,6 @@ impl SlowStore {
         });
         let store = Arc::new(Self {
             inner: MemoryStore::new(),
-            letters: Arc::new(SlowLetters {
-                inner: MemoryDeadLetters::new(),
-                hold: hold.clone(),
-            }),
             hold,
         });
         (store, entered, release)
@@ -143,54 +135,26 @@ impl Store for SlowStore {
         self.inner.next_queue_id()
     }
     fn stage(&self, writes: Writes<'_>, answer: Answer) -> Result<Commit, StoreError> {
-        if let Writes::Settle(_, settlements) = &writes {
-            for s in settlements.iter() {
-                match s {
-                    Settlement::Retry(..) => self.hold.at(Write::RetryState, ""),
-                    Settlement::Remove(_) | Settlement::Dropped(_) => {
-                        self.hold.at(Write::Remove, "")
+        match &writes {
+            Writes::Settle(_, settlements) => {
+                for s in settlements.iter() {
+                    match s {
+                        Settlement::Retry(..) => self.hold.at(Write::RetryState, ""),
+                        Settlement::Remove(_) => self.hold.at(Write::Remove, ""),
                     }
                 }
             }
+            Writes::Letters(..) => self.hold.at(Write::DeadLetter, ""),
+            _ => {}
         }
         self.inner.stage(writes, answer)
     }
     fn dead_letters(&self) -> Option<Arc<dyn DeadLetterStore>> {
-        Some(self.letters.clone())
+        self.inner.dead_letters()
     }
     fn put_endpoint_health(&self, url: &str, record: Option<&Value>) -> Result<(), StoreError> {
         self.hold.at(Write::EndpointHealth, url);
         self.inner.put_endpoint_health(url, record)
-    }
-}
-
-impl DeadLetterStore for SlowLetters {
-    fn put(
-        &self,
-        q: QueueId,
-        letter: DeadLetter,
-        bound: DeadLetterBound,
-    ) -> Result<usize, StoreError> {
-        self.hold.at(Write::DeadLetter, "");
-        self.inner.put(q, letter, bound)
-    }
-    fn list(&self, q: QueueId, after: u64, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
-        self.inner.list(q, after, limit)
-    }
-    fn peek(&self, q: QueueId, ids: Option<&[u64]>) -> Result<Vec<DeadLetter>, StoreError> {
-        self.inner.peek(q, ids)
-    }
-    fn take(&self, q: QueueId, ids: Option<&[u64]>) -> Result<Vec<DeadLetter>, StoreError> {
-        self.inner.take(q, ids)
-    }
-    fn count(&self, q: QueueId) -> usize {
-        self.inner.count(q)
-    }
-    fn bytes(&self) -> u64 {
-        self.inner.bytes()
-    }
-    fn delete_queue(&self, q: QueueId) -> Result<(), StoreError> {
-        self.inner.delete_queue(q)
     }
 }
 

@@ -13,10 +13,11 @@ use crate::pull_clock::{create, publish, receive, NoSinks, T0};
 use gridlet::broker::Broker;
 use gridlet::clock::Clock;
 use gridlet::model::record::{SubscriptionRecord, TopicRecord};
+use gridlet::store::deadletter::DeadLetterStore;
 use gridlet::store::memory::MemoryStore;
 use gridlet::store::{
-    Answer, Commit, PendingRuns, QueueId, RetryState, Settled, Settlement, Snapshot, Store,
-    StoreError, StoredEvent, Writes,
+    Answer, Commit, Letters, PendingRuns, QueueId, RetryState, Settled, Settlement, Snapshot,
+    Store, StoreError, StoredEvent, Writes,
 };
 use gridlet::Config;
 use serde_json::json;
@@ -28,6 +29,8 @@ use std::time::Duration;
 enum Staged {
     Retry(QueueId, Vec<u64>, RetryState),
     Remove(QueueId, Vec<Settled>),
+    /// Dead letters, kept (then their events removed) by the frame.
+    Letters(QueueId, Letters),
 }
 
 /// The memory store as the disk, behind the log store's staging: retry states and removals
@@ -69,6 +72,9 @@ impl PowerCut {
             match s {
                 Staged::Retry(q, seqs, state) => self.disk.update(q, &seqs, state)?,
                 Staged::Remove(q, seqs) => self.disk.remove(q, &seqs)?,
+                Staged::Letters(q, job) => {
+                    drop(self.disk.stage(Writes::Letters(q, job), Answer::Nobody)?);
+                }
             }
         }
         Ok(())
@@ -126,12 +132,11 @@ impl Store for PowerCut {
                 for s in settlements {
                     self.keep(match *s {
                         Settlement::Retry(seqs, state) => Staged::Retry(q, seqs.to_vec(), state),
-                        Settlement::Remove(seqs) | Settlement::Dropped(seqs) => {
-                            Staged::Remove(q, seqs.to_vec())
-                        }
+                        Settlement::Remove(seqs) => Staged::Remove(q, seqs.to_vec()),
                     })?;
                 }
             }
+            Writes::Letters(q, job) => self.keep(Staged::Letters(q, job))?,
             Writes::Staged => {}
         }
         // A commit somebody waits for is a frame.
@@ -139,6 +144,12 @@ impl Store for PowerCut {
             self.frame()?;
         }
         Ok(Commit::done())
+    }
+    fn stages_in_memory(&self) -> bool {
+        true
+    }
+    fn dead_letters(&self) -> Option<Arc<dyn DeadLetterStore>> {
+        self.disk.dead_letters()
     }
 }
 

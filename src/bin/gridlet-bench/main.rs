@@ -32,6 +32,9 @@
 //!   Mosquitto, beside a raw MQTT publisher feeding the same subscriber ([`mqtt`]); then MQTT →
 //!   gridlet's MQTT source → webhook against a raw MQTT → HTTP forwarder, and the QoS 1
 //!   persisted path against the raw durable limit, in alternating slices ([`mqtt_in`]);
+//! * letters (opt-in, not in `all`): the pinned row of `store` run twice, the one-in-50
+//!   subscription's events kept pending (as dead letters kept as records of the event log would
+//!   hold their segments) and dead-lettered into the dead-letter log ([`pinned`]);
 //! * outage (opt-in, not in `all`): persisted events behind an uplink that is down, then
 //!   returns: time to the first and last delivery, drain rate, RSS and disk, duplicates
 //!   ([`outage`]).
@@ -319,6 +322,10 @@ impl Bench {
         // Opt-in: a million events to publish, so `all` leaves it out.
         if o.scenarios.iter().any(|s| s == "pull") {
             self.scenario_pull().await?;
+        }
+        // Opt-in: where dead letters live, measured (two runs of the pinned row).
+        if o.scenarios.iter().any(|s| s == "letters") {
+            self.scenario_letters().await?;
         }
         // Opt-in: needs Azurite, so `all` leaves it out.
         if o.scenarios.iter().any(|s| s == "azure") {

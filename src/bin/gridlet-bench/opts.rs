@@ -70,7 +70,7 @@ pub(super) struct Opts {
 }
 
 const USAGE: &str =
-    "usage: gridlet-bench [--scenario a|b|c|d|e|store|footprint|crashsim|azure|mqtt|outage|pull|all (comma list ok)] [--quick]
+    "usage: gridlet-bench [--scenario a|b|c|d|e|store|footprint|crashsim|azure|mqtt|outage|pull|letters|all (comma list ok)] [--quick]
                      [--duration SECS] [--paced-seconds SECS] [--conns N] [--backlog EVENTS]
                      [--down stall|refuse] [--e-in-memory] [--e-kill] [--max-disk-bytes BYTES]
                      [--gridlet PATH] [--max-seconds SECS]
@@ -325,6 +325,7 @@ pub(super) fn parse_args() -> Result<Opts, String> {
         "mqtt",
         "outage",
         "pull",
+        "letters",
         "all",
     ];
     if let Some(bad) = o.scenarios.iter().find(|s| !known.contains(&s.as_str())) {

@@ -8,6 +8,7 @@
 
 use super::*;
 use crate::child::write_bytes;
+use crate::store_cost::mib;
 
 /// One event in this many goes to the subscription whose endpoint is down.
 const EVERY: u64 = 50;
@@ -18,6 +19,10 @@ const WATCH: Duration = Duration::from_secs(30);
 
 /// What row 7 measured.
 pub struct Pinned {
+    /// `slow`'s events were dead-lettered (at the first failure), not kept pending.
+    pub dead_lettered: bool,
+    /// Bytes written from the start until the drain ended.
+    pub written_to_drain: u64,
     pub events: u64,
     pub pinned_bytes: u64,
     pub drained: u64,
@@ -51,12 +56,34 @@ fn batch(seq: &mut u64, n: u64) -> String {
 }
 
 impl Bench {
-    pub(super) async fn pinned_costs(&self, events: u64) -> Result<Pinned, String> {
+    /// Row 7; with `dead_letter`, `slow` dead-letters each of its events at the first failure
+    /// instead of keeping it pending (`--scenario letters`).
+    pub(super) async fn pinned_costs(
+        &self,
+        events: u64,
+        dead_letter: bool,
+    ) -> Result<Pinned, String> {
         let rx = Receiver::start(self.base)
             .await
             .map_err(|e| format!("receiver: {e}"))?;
         rx.stats.sampling.store(false, Relaxed);
-        let g = Gridlet::start(&self.store_spec("store-pinned", &[])).await?;
+        let name = if dead_letter {
+            "store-letters"
+        } else {
+            "store-pinned"
+        };
+        // Every failure an attempt (no circuit holding them back), so each is dead-lettered.
+        let extra: &[(&str, &str)] = if dead_letter {
+            &[("broker__endpointHealth__enabled", "false")]
+        } else {
+            &[]
+        };
+        let g = Gridlet::start(&self.store_spec(name, extra)).await?;
+        let retry = if dead_letter {
+            serde_json::json!({"maxDeliveryAttempts": 1})
+        } else {
+            serde_json::json!({})
+        };
         let (s, b) = net::request(g.addr, "PUT", &format!("/topics/{TOPIC}?{API}"), "{}").await?;
         if s != 200 {
             return Err(format!("create topic: HTTP {s}: {b}"));
@@ -71,7 +98,7 @@ impl Bench {
                 "slow",
                 serde_json::json!({"destination": {"endpointType": "WebHook",
                     "properties": {"endpointUrl": "http://127.0.0.1:9/down"}},
-                    "filter": {"subjectBeginsWith": "/pinned"}}),
+                    "filter": {"subjectBeginsWith": "/pinned"}, "retryPolicy": retry}),
             ),
         ];
         for (name, props) in subs {
@@ -113,6 +140,20 @@ impl Bench {
         if got < events {
             return Err(format!("pinned: {got} of {events} delivered to `live`"));
         }
+        if dead_letter {
+            let t = Instant::now();
+            while labelled_sum(&g, "gridlet_dead_lettered_events_total")
+                .await
+                .unwrap_or(0)
+                < events / EVERY
+            {
+                if t.elapsed() > Duration::from_secs(60) {
+                    return Err("letters: not every event of `slow` was dead-lettered".into());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let written_to_drain = write_bytes(g.pid).unwrap_or(0);
         let drained = g.du();
         let w0 = write_bytes(g.pid).unwrap_or(0);
         let t = Instant::now();
@@ -126,6 +167,8 @@ impl Bench {
         }
         let written = write_bytes(g.pid).unwrap_or(0).saturating_sub(w0);
         Ok(Pinned {
+            dead_lettered: dead_letter,
+            written_to_drain,
             events,
             pinned_bytes: events / EVERY * SIZE as u64,
             drained,
@@ -133,6 +176,37 @@ impl Bench {
             least_at: least.1,
             written,
         })
+    }
+}
+
+impl Bench {
+    /// `--scenario letters`: where dead letters live, measured. The pinned row twice, on one
+    /// machine, one after the other: `slow`'s events kept pending in the event log (what dead
+    /// letters kept as records of the event log would do to its segments), then dead-lettered
+    /// into the dead-letter log (what gridlet does).
+    pub(super) async fn scenario_letters(&mut self) -> Result<(), String> {
+        let events = if self.opts.quick { 20_000 } else { 100_000 };
+        println!(
+            "\n== letters: {events} × 1 KB, every 50th to a subscription whose endpoint is down =="
+        );
+        for dead_letter in [false, true] {
+            let p = self.pinned_costs(events, dead_letter).await?;
+            let how = if p.dead_lettered {
+                "dead-lettered into the dead-letter log"
+            } else {
+                "kept pending in the event log"
+            };
+            println!(
+                "  {how}: written {:.1} MB to the end of the drain; disk {:.1} MB right after it, least {:.1} MB after {:.1} s; written in the next {} s {:.1} MB",
+                mib(p.written_to_drain),
+                mib(p.drained),
+                mib(p.least),
+                p.least_at,
+                WATCH.as_secs(),
+                mib(p.written),
+            );
+        }
+        Ok(())
     }
 }
 

@@ -121,7 +121,7 @@ fn ratio(bytes: u64, payload: u64) -> f64 {
     bytes as f64 / payload.max(1) as f64
 }
 
-fn mib(b: u64) -> f64 {
+pub(crate) fn mib(b: u64) -> f64 {
     b as f64 / (1024.0 * 1024.0)
 }
 
@@ -158,7 +158,7 @@ impl Bench {
             c.events, c.fanout, c.dead
         );
         let g = self.gridlet_costs(c).await?;
-        let pinned = self.pinned_costs(c.events).await?;
+        let pinned = self.pinned_costs(c.events, false).await?;
         let peer = match self.opts.nats.clone().or_else(nats::find_server) {
             Some(bin) if !self.opts.no_peer => {
                 println!("  peer: {} (JetStream file store)", nats::version(&bin));

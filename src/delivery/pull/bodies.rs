@@ -26,7 +26,7 @@ fn read_failed(
 }
 
 /// The events of `locks` as queue entries: the kept payloads, and the others' read from the
-/// store (on the blocking pool, after the store writer has run what was submitted before).
+/// store (on the blocking pool; what was submitted before is staged, and read as staged).
 /// An event no longer in the store is left out and its place in the queue given back.
 pub(super) async fn with_bodies(
     shared: &Arc<SubscriptionState>,
@@ -45,13 +45,8 @@ pub(super) async fn with_bodies(
         return out;
     }
     let seqs: Vec<u64> = missing.iter().map(|l| l.seq).collect();
-    let (store, queue, writer) = (ctx.store.clone(), shared.queue_id, ctx.writer.clone());
-    let mark = writer.mark();
-    let read = tokio::task::spawn_blocking(move || {
-        writer.wait_for(mark);
-        store.get(queue, &seqs)
-    })
-    .await;
+    let (store, queue) = (ctx.store.clone(), shared.queue_id);
+    let read = tokio::task::spawn_blocking(move || store.get(queue, &seqs)).await;
     let found = match read {
         Ok(Ok(found)) => found,
         Ok(Err(e)) => return read_failed(shared, out, missing, &e),

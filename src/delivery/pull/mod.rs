@@ -404,12 +404,11 @@ impl Puller<'_> {
         }
     }
 
-    /// Stage `settlements` (none: nothing new) behind every store write submitted so far, and
-    /// wait until they are durable: the writes submitted are staged (by the store writer, at
-    /// once when it did them in place), then `settlements` are, with one commit answered once
-    /// their frame is synced ([`Answer::Frame`]).
+    /// Stage `settlements` (none: nothing new) behind every store write submitted so far (all
+    /// staged when they were submitted, dead letters handed to the committer's next round), and
+    /// wait until they are durable: one commit answered once their frame is synced
+    /// ([`Answer::Frame`]), after the letters handed over before it.
     async fn durable(&self, settlements: &[Settlement<'_>]) -> Result<(), StoreError> {
-        self.ctx.writer.flush().await;
         let writes = match settlements {
             [] => Writes::Staged,
             s => Writes::Settle(self.shared.queue_id, s),

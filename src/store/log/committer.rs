@@ -19,10 +19,12 @@ pub(super) struct Waiting {
     /// Who waits for the next round (publishes, pull settlements, commits, management calls),
     /// each answered at its step.
     pub(super) waiters: Vec<Waiter>,
-    /// Removals of events just dead-lettered, for the next round to stage after it synced
-    /// their letters ([`round::Step::SyncLetters`]).
-    pub(super) dropped: Vec<(QueueId, Vec<crate::store::Settled>)>,
-    /// Settlements staged (or dead-lettered events' removals handed over) since the last frame.
+    /// Dead letters handed over, for the next round to put and sync before it stages their
+    /// events' removal ([`round::Step::WriteLetters`]).
+    pub(super) letters: Vec<(QueueId, crate::store::Letters)>,
+    /// Their bytes ([`crate::store::Letters::bytes`]), for the bound.
+    pub(super) letter_bytes: u64,
+    /// Settlements staged (or dead letters handed over) since the last frame.
     pub(super) dirty: bool,
     pub(super) shutdown: bool,
     /// The committer waits on [`Shared::wake`] (set and cleared by it, under this lock): only
@@ -34,12 +36,13 @@ pub(super) struct Waiting {
 }
 
 impl Waiting {
-    /// What the next round is given: everyone waiting, the removals of dead-lettered events.
+    /// What the next round is given: everyone waiting, the dead letters handed over.
     pub(super) fn take_work(&mut self) -> Work {
         self.dirty = false;
+        self.letter_bytes = 0;
         Work {
             waiters: std::mem::take(&mut self.waiters),
-            dropped: std::mem::take(&mut self.dropped),
+            letters: std::mem::take(&mut self.letters),
         }
     }
 }
@@ -69,8 +72,8 @@ pub(super) struct Shared {
     /// Set when the store stops: the scrub ends at once.
     pub(super) scrub_stop: Mutex<bool>,
     pub(super) scrub_wake: Condvar,
-    /// The dead letters, synced by the round before it writes the removal of their events (set
-    /// once the store has opened them).
+    /// The dead letters, put and synced by the round before it stages the removal of their
+    /// events (set once the store has opened them).
     pub(super) letters: std::sync::OnceLock<std::sync::Arc<letters::LogLetters>>,
 }
 
@@ -158,6 +161,12 @@ impl Host for Shared {
     fn take_group(&self) -> Option<(&crate::telemetry::Tracer, Group)> {
         let t = self.tracer()?;
         Some((t, std::mem::take(&mut self.waiting().group)))
+    }
+
+    fn dead_letters(&self) -> Option<&dyn DeadLetterStore> {
+        self.letters
+            .get()
+            .map(|l| l.as_ref() as &dyn DeadLetterStore)
     }
 
     fn sync_letters(&self) -> Result<(), crate::store::StoreError> {

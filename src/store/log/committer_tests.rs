@@ -165,3 +165,59 @@ async fn a_sync_of_staged_settlements_does_not_wait_for_segments_to_be_given_bac
     s.commit().await.unwrap();
     assert!(s.segments() < before);
 }
+
+/// Dead letters handed to the committer and not yet taken by a round are bounded: past
+/// [`LETTERS_BOUND`], even a write nobody waits for gets a commit to wait for, which the next
+/// round answers (a disk slower than the deliveries slows them, not memory).
+#[test]
+fn letters_handed_over_past_the_bound_make_the_caller_wait_for_the_round() {
+    use crate::store::deadletter::{contract::letter, DeadLetterBound};
+    use crate::store::{Answer, Letters, Writes};
+    let fs = crate::store::fs::sim::SimFs::new(1);
+    let shared: Arc<dyn Fs> = Arc::new(fs);
+    let meta = crate::store::meta::FsMeta::open(shared.clone(), "/m".into()).unwrap();
+    let store_opts = LogStoreOptions {
+        metadata_path: "/m".into(),
+        events_path: "/e".into(),
+        max_disk_bytes: 1 << 30,
+        cache_bytes: 0,
+        flush_every_ms: 0,
+        segment_bytes: 1 << 20,
+        compact_idle_ms: 0,
+        refuse_damage: false,
+    };
+    let log = log_options(&store_opts);
+    let (store, driver) = LogStore::simulated(
+        shared,
+        Box::new(meta),
+        &store_opts,
+        log,
+        Arc::new(AtomicU64::new(1)),
+    )
+    .unwrap();
+    let report = Arc::new(crate::store::contract::CountKept::default());
+    let hand = |seq: u64| {
+        let job = Letters {
+            letters: vec![letter(seq)],
+            bound: DeadLetterBound {
+                per_subscription: usize::MAX,
+                max_bytes: u64::MAX,
+            },
+            events: Vec::new(),
+            report: report.clone(),
+        };
+        store
+            .stage(Writes::Letters(1, job), Answer::Nobody)
+            .unwrap()
+    };
+    for seq in 0..LETTERS_BOUND as u64 {
+        assert!(!hand(seq).waits(), "letter {seq} is within the bound");
+    }
+    let mut behind = hand(LETTERS_BOUND as u64);
+    assert!(behind.waits(), "past the bound the caller waits");
+    assert!(behind.ready().is_none());
+    driver.round().unwrap();
+    assert!(matches!(behind.ready(), Some(Ok(()))));
+    assert_eq!(report.kept(), LETTERS_BOUND + 1);
+    assert!(!hand(0).waits(), "the round took them: room again");
+}

@@ -543,6 +543,11 @@ impl Log {
         Record::DropQueue { queue }.encode(&mut self.staged);
     }
 
+    /// Bytes of records staged for the next frame.
+    pub fn staged_bytes(&self) -> usize {
+        self.staged.len()
+    }
+
     /// Whether anything waits for the next frame.
     pub fn has_staged(&self) -> bool {
         !self.staged.is_empty()

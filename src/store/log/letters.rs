@@ -9,11 +9,10 @@
 //! * **Memory**: where each letter is (segment, frame offset, frame length) and its size, per
 //!   queue; bodies stay on disk and are read when listed, peeked or taken.
 //! * **Put** writes one frame: the `Gone` records of the letters the bounds evict, then the new
-//!   letter. It is not synced on its own: the store hands the removal of the
-//!   events the letters replace to the committer's next round, which syncs the letters before
-//!   it writes the frame removing the events (`round::Step::SyncLetters`: one sync per round
-//!   that removes dead-lettered events, however many batches), so after a crash an event is
-//!   pending, a dead letter, or both; never neither. Letters of subscriptions
+//!   letter. The store's committer puts them in its round (`round::Step::WriteLetters`), syncs
+//!   them once for the round (however many batches), and only then stages the removal of the
+//!   events the letters replace, so after a crash an event is pending, a dead letter, or both;
+//!   never neither. Letters of subscriptions
 //!   that are not persisted are synced by the store's committer within
 //!   `persistence__flushEveryMs` (their events were never on disk either). `take` and
 //!   `delete_queue` sync before they return.

@@ -1,9 +1,9 @@
 //! The committer's round as typed steps, and the one executor that runs them.
 //!
-//! A round is a plan ([`Round::steps`]): make the dead letters durable when the round removes
-//! dead-lettered events, write what is staged as one frame and sync it, answer the publishes in
-//! it, give back segments with nothing pending, hand a compaction over, take a
-//! checkpoint when one is due, answer whoever waits for the whole round. [`run`] executes a
+//! A round is a plan ([`Round::steps`]): put the dead letters handed to it and make them
+//! durable, then stage their events' removal; write what is staged as one frame and sync it,
+//! answer the publishes in it, give back segments with nothing pending, hand a compaction
+//! over, take a checkpoint when one is due, answer whoever waits for the whole round. [`run`] executes a
 //! plan over a [`Host`]: the store's `gridlet-commit` thread runs it on the store's shared
 //! state, the power-cut simulation runs the same store with the round executed in place
 //! (`LogStore::simulated`), and the engine's own tests run it on a bare [`Log`]
@@ -14,13 +14,14 @@
 //! 0. [`Step::RecordDamage`]: failing frames met since the last round by reads or the scrub
 //!    (`engine/scrub.rs`) are recorded first: the events they held stop being pending before
 //!    anything else is planned, and a damaged head is closed before a frame goes after it.
-//! 1. [`Step::SyncLetters`]: the round's input ([`Work`]) may hold removals of events that were
-//!    just dead-lettered (`Settlement::Dropped`); they are staged when the round starts, and
-//!    their letters, put before, are synced here, **before** the frame that removes the events
-//!    is written: after a crash an event is pending, a dead letter, or both, never neither.
-//!    Only the round stages such removals, so no frame of this round holds one whose letter
-//!    was put after this sync (the power-cut simulation fails at seed 47 with this step after
-//!    [`Step::WriteFrame`]).
+//! 1. [`Step::WriteLetters`]: the round's input ([`Work`]) may hold dead letters
+//!    (`Writes::Letters`, one delivery attempt's each). They are put into the dead-letter log
+//!    (within their bounds; a subscription deleted meanwhile keeps none) and synced, and only
+//!    then are their events' removals staged, **before** the frame that writes them: after a
+//!    crash an event is pending, a dead letter, or both, never neither. Only this step stages
+//!    such removals, so no frame holds one whose letter is not synced. Letters of subscriptions
+//!    that are not persisted (no events to remove) are put here and synced by the committer
+//!    within `persistence__flushEveryMs`.
 //! 2. [`Step::WriteFrame`]: one frame, `fdatasync`ed. A publish is acknowledged only after it.
 //! 3. [`Step::AnswerPublishes`]: as soon as their frame is durable; nothing after this step
 //!    (another file's write or sync) delays an acknowledgement.
@@ -35,12 +36,14 @@
 //!    they settled or deleted is given back.
 //!
 //! A failed write or sync fails the log (fail-stop): the steps after it do nothing, and every
-//! waiter gets the error. A failed sync of the letters does the same: the removals are staged,
-//! and nothing may write them.
+//! waiter gets the error. A failed put or sync of the letters does the same: their events'
+//! removals are not staged, and nothing more may be written (a frame answering the round
+//! would say that settlements handed to it are durable).
 
 use super::commit_trace::{CommitSpan, Group};
 use super::engine::{Compaction, Log};
-use crate::store::{Answer, QueueId, StoreError};
+use crate::store::deadletter::{keep, DeadLetterStore};
+use crate::store::{Answer, Letters, QueueId, StoreError};
 use std::ops::DerefMut;
 
 /// One step of a round. See the module docs for the order.
@@ -48,8 +51,8 @@ use std::ops::DerefMut;
 pub enum Step {
     /// Record the damage reads and the scrub found (`engine/scrub.rs`).
     RecordDamage,
-    /// Sync the dead letters, when the round stages removals of dead-lettered events.
-    SyncLetters,
+    /// Put the dead letters handed to the round, sync them, then stage their events' removal.
+    WriteLetters,
     /// Write what is staged as one frame and sync it.
     WriteFrame,
     /// Answer the publishes whose events that frame holds.
@@ -86,7 +89,7 @@ impl Round {
         match self {
             Round::Frame => &[
                 RecordDamage,
-                SyncLetters,
+                WriteLetters,
                 WriteFrame,
                 AnswerPublishes,
                 RemoveSegments,
@@ -97,7 +100,7 @@ impl Round {
             Round::Idle => &[RecordDamage, HandOverCompaction],
             Round::Stop => &[
                 RecordDamage,
-                SyncLetters,
+                WriteLetters,
                 WriteFrame,
                 RemoveSegments,
                 Checkpoint,
@@ -153,16 +156,16 @@ impl Waiter {
 pub(super) struct Work {
     /// Who waits, answered at their steps.
     pub(super) waiters: Vec<Waiter>,
-    /// Removals of events just dead-lettered, per queue: staged when the round starts, written
-    /// after [`Step::SyncLetters`] (only rounds whose plan has it are given any).
-    pub(super) dropped: Vec<(QueueId, Vec<crate::store::Settled>)>,
+    /// Dead letters, per queue, put and synced by [`Step::WriteLetters`] before their events'
+    /// removal is staged (only rounds whose plan has it are given any).
+    pub(super) letters: Vec<(QueueId, Letters)>,
 }
 
 impl From<Vec<Waiter>> for Work {
     fn from(waiters: Vec<Waiter>) -> Self {
         Self {
             waiters,
-            dropped: Vec::new(),
+            letters: Vec::new(),
         }
     }
 }
@@ -209,7 +212,12 @@ pub(super) trait Host {
         None
     }
 
-    /// Make the dead letters put so far durable ([`Step::SyncLetters`]).
+    /// Where [`Step::WriteLetters`] puts the letters (none: they are dropped, their events stay).
+    fn dead_letters(&self) -> Option<&dyn DeadLetterStore> {
+        None
+    }
+
+    /// Make the dead letters put so far durable ([`Step::WriteLetters`]).
     ///
     /// # Errors
     /// The letters' sync failed.
@@ -229,23 +237,16 @@ pub(super) trait Host {
     fn did(&self, _step: Step, _n: u64) {}
 }
 
-/// Run `round` on `host` with `work`: its removals of dead-lettered events staged first, its
-/// waiters answered at their steps. Returns the round's result (what the waiters for the whole
+/// Run `round` on `host` with `work`: its dead letters put, synced and their events' removal
+/// staged at [`Step::WriteLetters`], its waiters answered at their steps. Returns the round's result (what the waiters for the whole
 /// round got).
 pub(super) fn run<H: Host>(host: &H, round: Round, work: Work) -> Result<(), StoreError> {
     let mut result = Ok(());
     let Work {
         mut waiters,
-        dropped,
+        mut letters,
     } = work;
     let publishes = waiters.iter().any(|w| matches!(w, Waiter::Frame(_)));
-    let letters = !dropped.is_empty();
-    if letters {
-        let mut log = host.log();
-        for (queue, seqs) in &dropped {
-            log.stage_settle(*queue, seqs);
-        }
-    }
     for &step in round.steps() {
         match step {
             Step::RecordDamage => {
@@ -257,13 +258,8 @@ pub(super) fn run<H: Host>(host: &H, round: Round, work: Work) -> Result<(), Sto
                     Err(e) => result = Err(e),
                 }
             }
-            Step::SyncLetters if letters && result.is_ok() => {
-                result = host.sync_letters();
-                match &result {
-                    Ok(()) => host.did(step, 1),
-                    // The removals are staged: no frame may write them now.
-                    Err(e) => host.log().fail(format!("dead letters: {e}")),
-                }
+            Step::WriteLetters if !letters.is_empty() && result.is_ok() => {
+                result = write_letters(host, std::mem::take(&mut letters));
             }
             Step::WriteFrame if result.is_ok() => {
                 result = write_frame(host, step);
@@ -325,6 +321,51 @@ pub(super) fn run<H: Host>(host: &H, round: Round, work: Work) -> Result<(), Sto
         w.answer(&result);
     }
     result
+}
+
+/// Put `jobs`' letters, sync them, then stage their events' removal (see the module docs). A
+/// failed put or sync fails the event log: nothing is staged, nothing more is written.
+fn write_letters<H: Host>(host: &H, jobs: Vec<(QueueId, Letters)>) -> Result<(), StoreError> {
+    let mut put = 0;
+    let mut removals = Vec::new();
+    let mut failed = None;
+    for (queue, l) in jobs {
+        let n = l.letters.len() as u64;
+        let kept = match (&failed, host.dead_letters()) {
+            (None, Some(store)) => keep(store, queue, l.letters, l.bound, l.report.as_ref()),
+            _ => Ok(false),
+        };
+        match kept {
+            Ok(true) => {
+                put += n;
+                if !l.events.is_empty() {
+                    removals.push((queue, l.events));
+                }
+            }
+            // Not wanted any more (the subscription is being deleted): its events stay.
+            Ok(false) => {}
+            Err(e) => failed = Some(e),
+        }
+    }
+    let synced = match failed {
+        Some(e) => Err(e),
+        None if removals.is_empty() => Ok(()),
+        None => host.sync_letters(),
+    };
+    if let Err(e) = synced {
+        // Letters a crash may lose, or none at all: no frame may remove their events now, and
+        // the removals of the letters before them in this round may not wait for a restart.
+        host.log().fail(format!("dead letters: {e}"));
+        return Err(e);
+    }
+    if put > 0 {
+        host.did(Step::WriteLetters, put);
+    }
+    let mut log = host.log();
+    for (queue, events) in &removals {
+        log.stage_settle(*queue, events);
+    }
+    Ok(())
 }
 
 /// Write what is staged as one frame, outside the log's lock, and sync it; a failure fails the

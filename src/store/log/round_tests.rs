@@ -15,6 +15,7 @@ struct Recording {
     handed: Mutex<Option<Compaction>>,
     /// Whether syncing the letters fails.
     letters_fail: bool,
+    letters: crate::store::deadletter::MemoryDeadLetters,
 }
 
 impl Recording {
@@ -24,6 +25,7 @@ impl Recording {
             did: Mutex::new(Vec::new()),
             handed: Mutex::new(None),
             letters_fail: false,
+            letters: Default::default(),
         }
     }
 
@@ -46,6 +48,9 @@ impl Host for Recording {
     fn hand_over(&self, job: Compaction) -> Option<Compaction> {
         *crate::sync::lock(&self.handed) = Some(job);
         None
+    }
+    fn dead_letters(&self) -> Option<&dyn crate::store::deadletter::DeadLetterStore> {
+        Some(&self.letters)
     }
     fn sync_letters(&self) -> Result<(), crate::store::StoreError> {
         if self.letters_fail {
@@ -142,7 +147,7 @@ fn the_rounds_plans() {
         Round::Frame.steps(),
         [
             RecordDamage,
-            SyncLetters,
+            WriteLetters,
             WriteFrame,
             AnswerPublishes,
             RemoveSegments,
@@ -156,7 +161,7 @@ fn the_rounds_plans() {
         Round::Stop.steps(),
         [
             RecordDamage,
-            SyncLetters,
+            WriteLetters,
             WriteFrame,
             RemoveSegments,
             Checkpoint,
@@ -191,28 +196,44 @@ fn pending(log: &Log) -> Vec<u64> {
         .collect()
 }
 
+/// One attempt's dead letter of event `seq` of queue 1, for a round.
+fn letters(seq: u64) -> (QueueId, crate::store::Letters) {
+    let job = crate::store::Letters {
+        letters: vec![crate::store::deadletter::contract::letter(seq)],
+        bound: crate::store::deadletter::DeadLetterBound {
+            per_subscription: 10,
+            max_bytes: 1 << 20,
+        },
+        events: Settled::all([seq], 0),
+        report: Arc::new(crate::store::contract::CountKept::default()),
+    };
+    (1, job)
+}
+
 #[test]
-fn letters_are_synced_before_the_frame_that_removes_their_events_and_only_then() {
+fn letters_are_put_and_synced_before_the_frame_that_removes_their_events_and_only_then() {
     let dir = tempfile::tempdir().unwrap();
     let host = Recording::new(three_events(dir.path()));
-    // A round with no dead-lettered events: no sync of the letters.
+    // A round with no dead letters: no letters step.
     host.log().stage_settle(1, &Settled::all([1], 0));
     round::run(&host, Round::Frame, Vec::new().into()).unwrap();
     assert!(
-        !host.steps().contains(&Step::SyncLetters),
+        !host.steps().contains(&Step::WriteLetters),
         "{:?}",
         host.steps()
     );
-    // Removals of dead-lettered events handed to the round: staged by it, written after the
-    // letters' sync.
+    // Dead letters handed to the round: put and synced, then their events' removal staged and
+    // written.
     crate::sync::lock(&host.did).clear();
     let work = round::Work {
-        dropped: vec![(1, Settled::all([2], 0))],
+        letters: vec![letters(2)],
         ..Default::default()
     };
     round::run(&host, Round::Frame, work).unwrap();
-    assert_eq!(host.steps()[..2], [Step::SyncLetters, Step::WriteFrame]);
+    assert_eq!(host.steps()[..2], [Step::WriteLetters, Step::WriteFrame]);
     assert_eq!(pending(&host.log()), [3]);
+    use crate::store::deadletter::DeadLetterStore;
+    assert_eq!(host.letters.count(1), 1);
 }
 
 #[test]
@@ -223,7 +244,7 @@ fn a_failed_sync_of_the_letters_writes_no_frame_and_fails_the_log() {
     let (publish, mut published) = tokio::sync::oneshot::channel();
     let work = round::Work {
         waiters: vec![Waiter::Frame(publish)],
-        dropped: vec![(1, Settled::all([2], 0))],
+        letters: vec![letters(2)],
     };
     assert!(round::run(&host, Round::Frame, work).is_err());
     assert!(published.try_recv().unwrap().is_err());

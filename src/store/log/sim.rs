@@ -420,20 +420,27 @@ fn step(
     Ok(())
 }
 
-/// Dead-letter `picked` as delivery does: each event's letter put, then the removal of the
-/// events staged ([`Settlement::Dropped`]: the round makes the letters durable first).
+/// The simulation counts nothing.
+struct Quiet;
+
+impl crate::store::deadletter::LetterReport for Quiet {
+    fn kept(&self, _: usize, _: usize) {}
+    fn failed(&self, _: &crate::store::StoreError) {}
+}
+
+/// Dead-letter `picked` as delivery does: one [`Writes::Letters`] per queue (the round puts the
+/// letters and syncs them, then stages the removal of their events).
 fn dead_letter(
     store: &LogStore,
     m: &mut Model,
     picked: &[(QueueId, u64)],
     now: u64,
 ) -> Result<(), ()> {
-    let letters = store.dead_letters().ok_or(())?;
     let bound = crate::store::deadletter::DeadLetterBound {
         per_subscription: usize::MAX,
         max_bytes: u64::MAX,
     };
-    let mut by_queue: BTreeMap<QueueId, Vec<Settled>> = BTreeMap::new();
+    let mut by_queue: BTreeMap<QueueId, (Vec<_>, Vec<Settled>)> = BTreeMap::new();
     for (q, s) in picked {
         let body = m.published.get(&(*q, *s)).cloned().unwrap_or_default();
         let letter = crate::store::deadletter::DeadLetter {
@@ -449,16 +456,23 @@ fn dead_letter(
             dead_lettered_ms: now,
         };
         let len = letter.body.len();
-        letters.put(*q, letter, bound).map_err(|_| ())?;
-        by_queue.entry(*q).or_default().push(Settled::new(*s, len));
+        let job = by_queue.entry(*q).or_default();
+        job.0.push(letter);
+        job.1.push(Settled::new(*s, len));
     }
-    for (q, events) in by_queue {
-        let dropped = [Settlement::Dropped(&events)];
+    for (q, (letters, events)) in by_queue {
+        let seqs = Settled::seqs(&events);
+        let job = crate::store::Letters {
+            letters,
+            bound,
+            events,
+            report: Arc::new(Quiet),
+        };
         store
-            .stage(Writes::Settle(q, &dropped), Answer::Nobody)
+            .stage(Writes::Letters(q, job), Answer::Nobody)
             .map(drop)
             .map_err(|_| ())?;
-        for s in Settled::seqs(&events) {
+        for s in seqs {
             m.owed.remove(&(q, s));
             m.settling.insert((q, s));
             m.lettered.insert((q, s));
