@@ -122,8 +122,6 @@ struct PublishTrace<'a> {
 
 /// Event ids on a span at most (the attribute is for finding one event, not for bulk).
 const MAX_IDS_ON_SPAN: usize = 100;
-/// Links to other traces on one span at most.
-pub(crate) const MAX_LINKS: usize = 32;
 /// W3C trace context headers, named once (a lookup by `&str` parses the name each time).
 static TRACEPARENT: axum::http::HeaderName = axum::http::HeaderName::from_static("traceparent");
 static TRACESTATE: axum::http::HeaderName = axum::http::HeaderName::from_static("tracestate");
@@ -174,14 +172,7 @@ impl<'a> PublishTrace<'a> {
         for ev in events.iter_mut() {
             match &ev.trace {
                 Some(own) if own.trace_id != span.trace_id => {
-                    if self.links.len() < MAX_LINKS
-                        && !self.links.iter().any(|l| l.trace_id == own.trace_id)
-                    {
-                        self.links.push(Link {
-                            trace_id: own.trace_id,
-                            span_id: own.span_id,
-                        });
-                    }
+                    Link::add(&mut self.links, span.trace_id, own);
                 }
                 _ => ev.trace = Some(shared.clone()),
             }

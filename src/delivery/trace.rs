@@ -12,8 +12,6 @@ use crate::telemetry::{now_ns, Link, SpanData, SpanKind, Status, TraceContext, T
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Links to other traces on one span at most.
-const MAX_LINKS: usize = 32;
 /// Event ids on one span at most.
 const MAX_IDS: usize = 100;
 
@@ -76,12 +74,7 @@ pub(super) fn start(
             .iter()
             .map(|p| match p.event.trace.as_deref() {
                 Some(t) if t.trace_id != ctx.trace_id => {
-                    if links.len() < MAX_LINKS && !links.iter().any(|l| l.trace_id == t.trace_id) {
-                        links.push(Link {
-                            trace_id: t.trace_id,
-                            span_id: t.span_id,
-                        });
-                    }
+                    Link::add(&mut links, ctx.trace_id, t);
                     Some(t.clone())
                 }
                 _ => Some(ctx.clone()),
@@ -299,15 +292,7 @@ pub(super) fn dropped_span(tracer: &Tracer, items: &[Pending], reason: DropReaso
     };
     let mut links: Vec<Link> = Vec::new();
     for t in items.iter().filter_map(|p| p.event.trace.as_deref()) {
-        if t.trace_id != ctx.trace_id
-            && links.len() < MAX_LINKS
-            && !links.iter().any(|l| l.trace_id == t.trace_id)
-        {
-            links.push(Link {
-                trace_id: t.trace_id,
-                span_id: t.span_id,
-            });
-        }
+        Link::add(&mut links, ctx.trace_id, t);
     }
     let now = now_ns();
     let mut d = SpanData {

@@ -22,5 +22,5 @@ mod tracer;
 pub use context::TraceContext;
 pub use export::Transport;
 pub use metrics::{MetricFamily, MetricKind, MetricPoint, PointValue};
-pub use span::{Link, SpanData, SpanKind, Status, Value};
+pub use span::{Link, SpanData, SpanKind, Status, Value, MAX_LINKS};
 pub use tracer::{now_ns, resource, Tracer};

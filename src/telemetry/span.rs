@@ -90,6 +90,25 @@ pub struct Link {
     pub span_id: u64,
 }
 
+/// Links on one span at most: a batch that mixes more traces links the first ones.
+pub const MAX_LINKS: usize = 32;
+
+impl Link {
+    /// Link to `to`'s trace, unless it is the span's own trace (`own`), is linked already, or
+    /// [`MAX_LINKS`] are kept. One link per trace: the first context seen of it.
+    pub fn add(links: &mut Vec<Link>, own: u128, to: &super::TraceContext) {
+        if to.trace_id != own
+            && links.len() < MAX_LINKS
+            && !links.iter().any(|l| l.trace_id == to.trace_id)
+        {
+            links.push(Link {
+                trace_id: to.trace_id,
+                span_id: to.span_id,
+            });
+        }
+    }
+}
+
 /// A finished span.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpanData {

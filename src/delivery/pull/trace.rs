@@ -14,8 +14,6 @@ use super::super::state::SubscriptionState;
 use crate::telemetry::{now_ns, Link, SpanData, SpanKind, Status, TraceContext, Tracer, Value};
 use std::sync::Arc;
 
-/// Links on one span at most (the receiver's first, then other traces).
-const MAX_LINKS: usize = 32;
 /// Event ids on one span at most.
 const MAX_IDS: usize = 100;
 
@@ -57,20 +55,12 @@ pub(super) fn record(
         return;
     }
     let mut links: Vec<Link> = Vec::new();
-    let mut link = |t: &TraceContext| {
-        let known = t.trace_id == ctx.trace_id || links.iter().any(|l| l.trace_id == t.trace_id);
-        if !known && links.len() < MAX_LINKS {
-            links.push(Link {
-                trace_id: t.trace_id,
-                span_id: t.span_id,
-            });
-        }
-    };
+    // The receiver's context first, then the events' other traces.
     if let Some(c) = rt.caller {
-        link(c);
+        Link::add(&mut links, ctx.trace_id, c);
     }
     for t in items.iter().filter_map(|p| p.event.trace.as_deref()) {
-        link(t);
+        Link::add(&mut links, ctx.trace_id, t);
     }
     let mut d = SpanData {
         trace_id: ctx.trace_id,

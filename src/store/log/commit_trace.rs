@@ -9,11 +9,8 @@
 //! gathered then, and the committer checks one `Option` per frame.
 
 use crate::store::{QueueId, StoredEvent};
-use crate::telemetry::{now_ns, Link, SpanData, SpanKind, Status, TraceContext, Tracer};
+use crate::telemetry::{now_ns, Link, SpanData, SpanKind, Status, TraceContext, Tracer, MAX_LINKS};
 use std::time::Duration;
-
-/// Other publishes linked from one `commit` span at most.
-const MAX_LINKS: usize = 32;
 
 /// The publishes staged for the next frame (gathered only while the tracer is on).
 #[derive(Debug, Default)]
