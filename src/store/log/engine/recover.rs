@@ -55,8 +55,12 @@ impl Log {
         }
         let generation = ck.as_ref().map_or(0, |c| c.generation);
         let read_ck = started.elapsed();
+        let files = match &ck {
+            Some(c) => log.open_listed(c, &numbers)?,
+            None => HashMap::new(),
+        };
         let fits = match &ck {
-            Some(c) => match log.checkpoint_fits(c, &numbers) {
+            Some(c) => match log.checkpoint_fits(c, &files) {
                 Ok(()) => true,
                 Err(e) => {
                     tracing::warn!(error = %e, "the event log's checkpoint does not match its segments: reading every segment");
@@ -67,7 +71,7 @@ impl Log {
         };
         let (ck, from_checkpoint) = match ck {
             Some(c) if fits => {
-                log.recover_from(c, &numbers, known)?;
+                log.recover_from(c, &numbers, &files, known)?;
                 (None, true)
             }
             other => (other, false),
@@ -201,13 +205,38 @@ impl Log {
         Ok(())
     }
 
-    /// Whether `ck` describes the segment files there are: a listed file whose header reads
-    /// but differs (a compacted copy has a new salt) makes it unusable. An unreadable header
-    /// is damage, read with the checkpoint's salt.
-    fn checkpoint_fits(&self, ck: &Checkpoint, numbers: &[u64]) -> Result<(), StoreError> {
-        for st in ck.segs.iter().filter(|s| numbers.contains(&s.no)) {
+    /// The segment files `ck` lists that are there, each opened once for the whole open, and
+    /// their headers asked of the disk together ([`FsFile::will_need`]): read one after
+    /// another, the headers of a 100 M-event backlog's 2,000 segments took half a second.
+    fn open_listed(
+        &self,
+        ck: &Checkpoint<'_>,
+        numbers: &[u64],
+    ) -> Result<HashMap<u64, Arc<dyn FsFile>>, StoreError> {
+        let there: HashSet<u64> = numbers.iter().copied().collect();
+        let mut files = HashMap::new();
+        for st in ck.segs.iter().filter(|s| there.contains(&s.no)) {
             let path = self.path(st.no);
             let file = self.fs.open(&path).map_err(|e| io_err(&path, e))?;
+            file.will_need(0, HEADER as u64);
+            files.insert(st.no, file);
+        }
+        Ok(files)
+    }
+
+    /// Whether `ck` describes the segment files there are (`files`, [`Log::open_listed`]): a
+    /// listed file whose header reads but differs (a compacted copy has a new salt) makes it
+    /// unusable. An unreadable header is damage, read with the checkpoint's salt.
+    fn checkpoint_fits(
+        &self,
+        ck: &Checkpoint<'_>,
+        files: &HashMap<u64, Arc<dyn FsFile>>,
+    ) -> Result<(), StoreError> {
+        for st in &ck.segs {
+            let Some(file) = files.get(&st.no) else {
+                continue;
+            };
+            let path = self.path(st.no);
             let mut hb = [0u8; HEADER];
             let read = file.read_at(&mut hb, 0).map_err(|e| io_err(&path, e))?;
             if let Some(h) = hb.get(..read).and_then(Header::decode) {
@@ -227,6 +256,7 @@ impl Log {
         &mut self,
         ck: Checkpoint<'_>,
         numbers: &[u64],
+        files: &HashMap<u64, Arc<dyn FsFile>>,
         known: &HashSet<QueueId>,
     ) -> Result<(), StoreError> {
         self.max_seq = ck.max_seq;
@@ -236,13 +266,13 @@ impl Log {
         let mut listed: HashMap<u64, SegState<'_>> =
             ck.segs.into_iter().map(|s| (s.no, s)).collect();
         let newest = numbers.last().copied();
-        let files: HashSet<u64> = numbers.iter().copied().collect();
+        let there: HashSet<u64> = numbers.iter().copied().collect();
         let all: BTreeSet<u64> = numbers.iter().chain(listed.keys()).copied().collect();
         let mut gone = Vec::new();
         for no in all {
             let newest = Some(no) == newest;
             if let Some(st) = listed.remove(&no) {
-                if !files.contains(&no) {
+                if !there.contains(&no) {
                     let hdr = Header {
                         no,
                         salt: st.salt,
@@ -255,7 +285,10 @@ impl Log {
                     continue;
                 }
                 let path = self.path(no);
-                let file = self.fs.open(&path).map_err(|e| io_err(&path, e))?;
+                let file = match files.get(&no) {
+                    Some(f) => f.clone(),
+                    None => self.fs.open(&path).map_err(|e| io_err(&path, e))?,
+                };
                 let size = file.size().map_err(|e| io_err(&path, e))?;
                 let head =
                     damage::read_range(&*file, 0, HEADER as u64).map_err(|e| io_err(&path, e))?;

@@ -257,3 +257,108 @@ fn a_drain_takes_a_checkpoint_per_several_segments_and_a_publish_frees_them_at_o
     );
     assert!(log.bytes() <= log.opts.max_disk_bytes);
 }
+
+/// The disk, counting the opens of each file and the read-ahead hints.
+#[derive(Clone)]
+struct Counting {
+    inner: SimFs,
+    opens: Arc<std::sync::Mutex<std::collections::HashMap<std::path::PathBuf, u32>>>,
+    hints: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// A file of [`Counting`]: its hints counted, the rest as the simulated disk's.
+struct Hinted(Arc<dyn FsFile>, Arc<std::sync::atomic::AtomicU64>);
+
+use crate::store::fs::{Fs, FsFile};
+use std::io;
+use std::path::PathBuf;
+
+impl FsFile for Hinted {
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.0.write_at(buf, offset)
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        self.0.read_at(buf, offset)
+    }
+    fn size(&self) -> io::Result<u64> {
+        self.0.size()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn disk_bytes(&self) -> u64 {
+        self.0.disk_bytes()
+    }
+    fn will_need(&self, _offset: u64, _len: u64) {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        self.0.allocate(len)
+    }
+}
+
+impl Fs for Counting {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        self.inner.create_dir_all(dir)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn create(&self, path: &Path) -> io::Result<Arc<dyn FsFile>> {
+        self.inner.create(path)
+    }
+    fn open(&self, path: &Path) -> io::Result<Arc<dyn FsFile>> {
+        *crate::sync::lock(&self.opens)
+            .entry(path.to_path_buf())
+            .or_default() += 1;
+        let f = self.inner.open(path)?;
+        Ok(Arc::new(Hinted(f, self.hints.clone())))
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        self.inner.remove(path)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        self.inner.sync_dir(dir)
+    }
+}
+
+/// A start from a checkpoint opens each segment once and asks for every header ahead, so that
+/// the disk reads them together: read one after another, a 100 M-event backlog's 1,978 headers
+/// were 513 ms of a 693 ms restart.
+#[test]
+fn a_start_opens_each_segment_once_and_asks_for_every_header_ahead() {
+    let fs = Counting {
+        inner: SimFs::new(5),
+        opens: Arc::default(),
+        hints: Arc::default(),
+    };
+    {
+        let (mut log, _) = Log::open(Arc::new(fs.clone()), opts(32 << 10), &known(), 1).unwrap();
+        for chunk in (1..=2000u64).collect::<Vec<_>>().chunks(40) {
+            let items: Vec<(QueueId, StoredEvent)> = chunk.iter().map(|&s| (1, ev(s, 5))).collect();
+            log.stage_events(&items, 0).unwrap();
+            round::commit(&mut log, chunk[0]).unwrap();
+        }
+        log.checkpoint().unwrap();
+    }
+    crate::sync::lock(&fs.opens).clear();
+    let (log, recovered) = Log::open(Arc::new(fs.clone()), opts(32 << 10), &known(), 2).unwrap();
+    assert_eq!(recovered[&1].len(), 2000);
+    let segments = log.segs.len();
+    assert!(segments >= 10, "{segments} segments");
+    let opens = crate::sync::lock(&fs.opens).clone();
+    let seg_opens: Vec<(&PathBuf, &u32)> = opens
+        .iter()
+        .filter(|(p, _)| p.extension().is_some_and(|e| e == "seg"))
+        .collect();
+    assert_eq!(seg_opens.len(), segments);
+    assert!(seg_opens.iter().all(|(_, n)| **n == 1), "{seg_opens:?}");
+    let hints = fs.hints.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(hints, segments as u64, "a header hint per segment");
+}
