@@ -17,7 +17,7 @@ use crate::store::StoreError;
 /// Segments the last checkpoint records as owing events, and that owe none now, go once their
 /// bytes are this many times the last checkpoint's: its cost (a checkpoint lists every segment)
 /// stays a sixteenth of the bytes given back, at most, and the space they hold waiting is a
-/// small share of the log's (a checkpoint takes about 2 KB per 16 MiB segment).
+/// small share of the log's (a checkpoint takes 2–3 KB per 16 MiB segment).
 pub const FREED_PER_CHECKPOINT: u64 = 16;
 
 impl Log {
