@@ -55,6 +55,11 @@ pub trait FsFile: Send + Sync + 'static {
     /// Bytes the file occupies on disk (allocated blocks).
     fn disk_bytes(&self) -> u64;
 
+    /// A hint that `len` bytes at `offset` are read soon: the kernel reads them ahead, so that
+    /// hints given for many files are served together rather than one read after another
+    /// (`posix_fadvise(WILLNEED)`). Nothing by default.
+    fn will_need(&self, _offset: u64, _len: u64) {}
+
     /// Granularity of writes that go to the device directly: writes whose offset and length
     /// are multiples of it skip the page cache (1: any write is taken as it is).
     fn direct_align(&self) -> u64 {
@@ -288,6 +293,12 @@ impl FsFile for RealFile {
 
     fn size(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
+    }
+
+    fn will_need(&self, offset: u64, len: u64) {
+        let advice = rustix::fs::Advice::WillNeed;
+        // Only a hint: a file system without it reads when asked.
+        let _ = rustix::fs::fadvise(&self.file, offset, std::num::NonZeroU64::new(len), advice);
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {

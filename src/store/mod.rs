@@ -255,20 +255,31 @@ impl PendingRuns {
             self.retrying.push((seq, st));
             return;
         }
+        self.push_fresh(seq, 1, st.first_enqueued_ms);
+    }
+
+    /// Add `count` events never attempted, `first ..`, first enqueued at `ms` (in sequence
+    /// order): one run, or added to the last one when they continue it.
+    pub fn push_fresh(&mut self, first: u64, count: u64, ms: WallMs) {
+        let (mut first, mut count) = (first, count);
         if let Some(r) = self.fresh.last_mut() {
-            if r.first_enqueued_ms == st.first_enqueued_ms
-                && r.count < u32::MAX
-                && r.first + u64::from(r.count) == seq
-            {
-                r.count += 1;
-                return;
+            if r.first_enqueued_ms == ms && r.first + u64::from(r.count) == first {
+                let room = u64::from(u32::MAX - r.count).min(count);
+                r.count += room as u32;
+                first += room;
+                count -= room;
             }
         }
-        self.fresh.push(FreshRun {
-            first: seq,
-            count: 1,
-            first_enqueued_ms: st.first_enqueued_ms,
-        });
+        while count > 0 {
+            let n = count.min(u64::from(u32::MAX));
+            self.fresh.push(FreshRun {
+                first,
+                count: n as u32,
+                first_enqueued_ms: ms,
+            });
+            first += n;
+            count -= n;
+        }
     }
 
     /// Every event with its state, in sequence order.

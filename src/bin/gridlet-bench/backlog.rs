@@ -216,7 +216,9 @@ impl Bench {
             Mode::Refuse => Duration::from_secs(180),
             _ => Duration::from_secs(5),
         };
-        let (delivered, last_us) = wait_delivered(rx, n, Duration::from_secs(600), idle).await;
+        // 600 s, or the run's own limit (`--max-seconds`) when a larger backlog asks for more.
+        let limit = Duration::from_secs(self.opts.max_seconds.max(600));
+        let (delivered, last_us) = wait_delivered(rx, n, limit, idle).await;
         let after = g.sample();
         let drain_s = (last_us.saturating_sub(t0_us)) as f64 / 1e6;
         let events_per_s = delivered as f64 / drain_s.max(1e-9);
@@ -233,8 +235,8 @@ impl Bench {
         if let Some(c) = metric(g, "gridlet_store_compactions_total").await {
             println!("  segments compacted during the run: {c}");
         }
-        if t0.elapsed() > Duration::from_secs(590) {
-            println!("  (drain stopped at its 600 s deadline)");
+        if t0.elapsed() + Duration::from_secs(10) > limit {
+            println!("  (drain stopped at its {} s deadline)", limit.as_secs());
         }
         Drained {
             before,
@@ -249,7 +251,8 @@ impl Bench {
         let load = Load {
             conns: self.opts.conns,
             batch: 100,
-            duration: Duration::from_secs(300),
+            // 300 s, or the run's own limit (`--max-seconds`): 100 M events take longer.
+            duration: Duration::from_secs(self.opts.max_seconds.max(300)),
             max_events: n,
             rate: None,
             path: publish_path(),

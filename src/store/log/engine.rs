@@ -52,6 +52,8 @@ mod frame;
 mod read;
 mod recover;
 mod replay;
+#[cfg(test)]
+mod restart_tests;
 mod retain;
 mod scrub;
 mod segment;
@@ -178,6 +180,9 @@ pub struct Log {
     ck_files: HashMap<u64, Arc<dyn FsFile>>,
     /// A checkpoint prepared and not yet written: `(generation, written, ck_asap before)`.
     ck_pending: Option<(u64, u64, bool, HashSet<u64>)>,
+    /// Bytes of the last checkpoint prepared: what taking one costs (`collect.rs` weighs the
+    /// segments that wait for one against it).
+    ck_len: u64,
     /// The head segment's bytes from its length rounded down to `opts.align` to its length:
     /// the start of the next frame's write.
     head_block: Vec<u8>,
@@ -418,8 +423,13 @@ impl Log {
             })
             .sum();
         // Segments with nothing pending are deleted by the next collection (right after this
-        // frame): they do not hold the bound.
-        let mut used = (self.bytes() + reserved).saturating_sub(self.reclaimable());
+        // frame): they do not hold the bound. Weighed only near it (a pass over every segment);
+        // those that wait for a checkpoint to go (`collect.rs`) then go with one in this round.
+        let mut used = self.bytes() + reserved;
+        if used + bytes > self.opts.max_disk_bytes {
+            used = used.saturating_sub(self.reclaimable());
+            self.ck_asap |= self.owed_dead();
+        }
         if used + bytes > self.opts.max_disk_bytes && self.spare.is_some() {
             // The spare is a convenience: it goes before a publish is refused.
             self.drop_spare()?;

@@ -36,6 +36,7 @@ use super::segment::{Bits, Seg};
 use super::{io_err, Log};
 use crate::store::fs::FsFile;
 use crate::store::{QueueId, RetryState, StoreError};
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,18 +49,19 @@ const MAX_BODY: u32 = 512 << 20;
 /// holds well under a million events): more is damage. Fits a 32-bit `usize`.
 const MAX_WORDS: usize = 1 << 24;
 
-/// One segment as a checkpoint records it.
+/// One segment as a checkpoint records it: borrowed from the log's segments when one is
+/// written (nothing a segment holds is copied to encode it), owned when one is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct SegState {
+pub(super) struct SegState<'a> {
     pub(super) no: u64,
     pub(super) salt: u64,
     pub(super) len: u64,
     pub(super) events: u64,
     pub(super) first_seq: Option<u64>,
     pub(super) last_seq: u64,
-    pub(super) index: Vec<(u64, u64)>,
-    pub(super) ms_runs: Vec<(u64, u64)>,
-    pub(super) live: Vec<(QueueId, Vec<u64>)>,
+    pub(super) index: Cow<'a, [(u64, u64)]>,
+    pub(super) ms_runs: Cow<'a, [(u64, u64)]>,
+    pub(super) live: Vec<(QueueId, Cow<'a, [u64]>)>,
     /// Body bytes owed per queue (the trailer); `None`: a checkpoint written before bytes
     /// were counted.
     pub(super) bytes: Option<Vec<(QueueId, u64)>>,
@@ -67,12 +69,12 @@ pub(super) struct SegState {
 
 /// A checkpoint's content.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(super) struct Checkpoint {
+pub(super) struct Checkpoint<'a> {
     pub(super) generation: u64,
     pub(super) max_seq: u64,
     pub(super) dropped: Vec<QueueId>,
     pub(super) retries: Vec<((QueueId, u64), RetryState)>,
-    pub(super) segs: Vec<SegState>,
+    pub(super) segs: Vec<SegState<'a>>,
 }
 
 /// A checkpoint prepared under the lock, written outside it.
@@ -170,9 +172,15 @@ fn get_pairs(r: &mut Reader<'_>) -> Option<Vec<(u64, u64)>> {
     (0..n).map(|_| Some((r.u64()?, r.u64()?))).collect()
 }
 
-impl Checkpoint {
+impl Checkpoint<'_> {
+    /// Its bytes: the header, then the body written once into the same buffer, sized ahead
+    /// (a checkpoint of a large backlog is megabytes: no second copy, no doubling growth).
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::new();
+        let mut b = Vec::with_capacity(HEAD + self.size_hint());
+        b.extend_from_slice(MAGIC);
+        b.extend_from_slice(&self.generation.to_le_bytes());
+        // Body length and CRC, filled in below.
+        b.extend_from_slice(&[0; 8]);
         b.extend_from_slice(&self.max_seq.to_le_bytes());
         b.extend_from_slice(&(self.dropped.len() as u32).to_le_bytes());
         for q in &self.dropped {
@@ -203,17 +211,33 @@ impl Checkpoint {
             }
         }
         super::sizes::put_trailer(&mut b, &self.segs);
-        let mut out = Vec::with_capacity(HEAD + b.len());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&self.generation.to_le_bytes());
-        out.extend_from_slice(&(b.len() as u32).to_le_bytes());
-        out.extend_from_slice(&crc32fast::hash(&b).to_le_bytes());
-        out.extend_from_slice(&b);
-        out
+        let body = b.get(HEAD..).unwrap_or_default();
+        let (len, crc) = (
+            (body.len() as u32).to_le_bytes(),
+            crc32fast::hash(body).to_le_bytes(),
+        );
+        for (to, from) in b.iter_mut().skip(16).zip(len.iter().chain(&crc)) {
+            *to = *from;
+        }
+        b
+    }
+
+    /// About the body's length (the words of a queue at their longest, as if none were runs).
+    fn size_hint(&self) -> usize {
+        let retries = self.retries.len() * 36;
+        let segs: usize = self
+            .segs
+            .iter()
+            .map(|s| {
+                let live: usize = s.live.iter().map(|(_, w)| 12 + w.len().min(64) * 9).sum();
+                60 + (s.index.len() + s.ms_runs.len()) * 16 + live + s.live.len() * 20
+            })
+            .sum();
+        16 + self.dropped.len() * 4 + retries + segs + 5
     }
 
     /// Decode a slot's bytes; `None` when they are not a whole, valid checkpoint.
-    pub(super) fn decode(bytes: &[u8]) -> Option<Self> {
+    pub(super) fn decode(bytes: &[u8]) -> Option<Checkpoint<'static>> {
         let mut h = Reader(bytes.get(..HEAD)?);
         if h.take(8)? != MAGIC {
             return None;
@@ -272,7 +296,7 @@ impl Checkpoint {
                 return None;
             }
             let live = (0..nq)
-                .map(|_| Some((r.u32()?, get_words(&mut r)?)))
+                .map(|_| Some((r.u32()?, Cow::Owned(get_words(&mut r)?))))
                 .collect::<Option<Vec<_>>>()?;
             segs.push(SegState {
                 no,
@@ -281,8 +305,8 @@ impl Checkpoint {
                 events,
                 first_seq: (first != 0).then_some(first),
                 last_seq,
-                index,
-                ms_runs,
+                index: Cow::Owned(index),
+                ms_runs: Cow::Owned(ms_runs),
                 live,
                 bytes: None,
             });
@@ -290,7 +314,7 @@ impl Checkpoint {
         if !r.is_empty() {
             super::sizes::get_trailer(&mut r, &mut segs)?;
         }
-        r.is_empty().then_some(Self {
+        r.is_empty().then_some(Checkpoint {
             generation,
             max_seq,
             dropped,
@@ -306,7 +330,7 @@ impl Log {
     }
 
     /// The newest valid checkpoint of the two slots, if any.
-    pub(super) fn load_checkpoint(&self) -> Result<Option<Checkpoint>, StoreError> {
+    pub(super) fn load_checkpoint(&self) -> Result<Option<Checkpoint<'static>>, StoreError> {
         let names = self
             .fs
             .list(&self.opts.dir)
@@ -357,8 +381,9 @@ impl Log {
         self.ck_owed = owed_in(ck);
     }
 
-    /// What the log owes now, as a checkpoint (the caller makes sure no frame is in flight).
-    fn snapshot(&self) -> Checkpoint {
+    /// What the log owes now, as a checkpoint (the caller makes sure no frame is in flight),
+    /// borrowing the segments' bits, index and runs.
+    fn snapshot(&self) -> Checkpoint<'_> {
         let mut dropped: Vec<QueueId> = self.dropped.iter().copied().collect();
         dropped.sort_unstable();
         let mut retries: Vec<((QueueId, u64), RetryState)> =
@@ -373,8 +398,11 @@ impl Log {
                 .segs
                 .iter()
                 .map(|s| {
-                    let mut live: Vec<(QueueId, Vec<u64>)> =
-                        s.live.iter().map(|(q, b)| (*q, b.words.clone())).collect();
+                    let mut live: Vec<(QueueId, Cow<'_, [u64]>)> = s
+                        .live
+                        .iter()
+                        .map(|(q, b)| (*q, Cow::Borrowed(b.words.as_slice())))
+                        .collect();
                     live.sort_unstable_by_key(|(q, _)| *q);
                     let mut bytes: Vec<(QueueId, u64)> =
                         s.live.iter().map(|(q, b)| (*q, b.bytes)).collect();
@@ -386,8 +414,8 @@ impl Log {
                         events: s.events,
                         first_seq: s.first_seq,
                         last_seq: s.last_seq,
-                        index: s.index.clone(),
-                        ms_runs: s.ms_runs.clone(),
+                        index: Cow::Borrowed(s.index.as_slice()),
+                        ms_runs: Cow::Borrowed(s.ms_runs.as_slice()),
                         live,
                         bytes: Some(bytes),
                     }
@@ -416,8 +444,8 @@ impl Log {
     /// # Errors
     /// The slot file could not be created.
     pub fn prepare_checkpoint(&mut self) -> Result<CheckpointWrite, StoreError> {
-        let ck = self.snapshot();
-        let slot = ck.generation % 2;
+        let generation = self.ck_generation + 1;
+        let slot = generation % 2;
         let path = self.slot_path(slot);
         let file = match self.ck_files.get(&slot) {
             Some(f) => f.clone(),
@@ -436,15 +464,15 @@ impl Log {
                 f
             }
         };
+        let (bytes, owed) = {
+            let ck = self.snapshot();
+            (ck.encode(), owed_in(&ck))
+        };
         // Taken back if this checkpoint is not written.
         let asap = std::mem::take(&mut self.ck_asap);
-        let owed = owed_in(&ck);
-        self.ck_pending = Some((ck.generation, self.written, asap, owed));
-        Ok(CheckpointWrite {
-            file,
-            path,
-            bytes: ck.encode(),
-        })
+        self.ck_pending = Some((generation, self.written, asap, owed));
+        self.ck_len = bytes.len() as u64;
+        Ok(CheckpointWrite { file, path, bytes })
     }
 
     /// A checkpoint prepared by [`Log::prepare_checkpoint`] was written (`ok`) or not.
@@ -474,25 +502,26 @@ impl Log {
     /// Restore segment `no` from a checkpoint's record of it (its file open, header read).
     pub(super) fn restore_seg(
         &mut self,
-        st: &SegState,
+        mut st: SegState<'_>,
         hdr: super::Header,
         file: Arc<dyn FsFile>,
         known: &HashSet<QueueId>,
     ) {
-        let mut live: HashMap<QueueId, Bits> = st
-            .live
-            .iter()
+        // The decoded words, index and runs move into the segment (a checkpoint of a large
+        // backlog holds megabytes of them: not copied).
+        let mut live: HashMap<QueueId, Bits> = std::mem::take(&mut st.live)
+            .into_iter()
             .filter(|(q, _)| known.contains(q))
-            .map(|(q, w)| (*q, Bits::from_words(w.clone())))
+            .map(|(q, w)| (q, Bits::from_words(w.into_owned())))
             .collect();
-        self.restore_bytes(st, &mut live);
+        self.restore_bytes(&st, &mut live);
         self.max_seq = self.max_seq.max(hdr.base_seq).max(st.last_seq);
         let mut seg = Seg::new(hdr, file, st.len);
         seg.first_seq = st.first_seq;
         seg.last_seq = st.last_seq;
-        seg.index = st.index.clone();
+        seg.index = std::mem::take(&mut st.index).into_owned();
         seg.live = live;
-        seg.ms_runs = st.ms_runs.clone();
+        seg.ms_runs = std::mem::take(&mut st.ms_runs).into_owned();
         seg.events = st.events;
         self.segs.push(seg);
     }
@@ -502,7 +531,7 @@ impl Log {
 pub type Recorded = HashMap<u64, (u64, u64)>;
 
 /// The segments `ck` records as owing events.
-fn owed_in(ck: &Checkpoint) -> HashSet<u64> {
+fn owed_in(ck: &Checkpoint<'_>) -> HashSet<u64> {
     ck.segs
         .iter()
         .filter(|s| s.live.iter().any(|(_, w)| w.iter().any(|w| *w != 0)))
@@ -538,9 +567,9 @@ mod tests {
                 events: 64_000,
                 first_seq: Some(1),
                 last_seq: 64_067,
-                index: vec![(1, 48), (900, 33_000)],
-                ms_runs: vec![(1, 1000), (500, 2000)],
-                live: vec![(1, words), (2, vec![])],
+                index: vec![(1, 48), (900, 33_000)].into(),
+                ms_runs: vec![(1, 1000), (500, 2000)].into(),
+                live: vec![(1, words.into()), (2, vec![].into())],
                 bytes: Some(vec![(1, 64_123), (2, 0)]),
             }],
         };

@@ -14,6 +14,12 @@ use super::format::{QueueState, Record, HEADER, SPARE};
 use super::Log;
 use crate::store::StoreError;
 
+/// Segments the last checkpoint records as owing events, and that owe none now, go once their
+/// bytes are this many times the last checkpoint's: its cost (a checkpoint lists every segment)
+/// stays a sixteenth of the bytes given back, at most, and the space they hold waiting is a
+/// small share of the log's (a checkpoint takes 2–3 KB per 16 MiB segment).
+pub const FREED_PER_CHECKPOINT: u64 = 16;
+
 impl Log {
     /// Stage what deleting the segments with nothing pending needs, and name them: the
     /// restatement of every older live segment (invariant 5). A segment kept for the retention
@@ -39,16 +45,24 @@ impl Log {
         // A segment the last checkpoint records as owing events waits for a checkpoint that
         // records it owing none: a listed segment found missing while owing events is then
         // damage, never a deletion whose settlements were in a segment deleted too.
+        // They wait until they hold [`FREED_PER_CHECKPOINT`] times what a checkpoint costs
+        // (or a publish needs their space: `stage_events`), so that a long drain, which
+        // empties segments one after another, does not write a checkpoint of every segment
+        // left for each one it empties.
         let owed = dead.len();
+        let mut waiting = 0;
         let dead: Vec<usize> = dead
             .into_iter()
-            .filter(|i| {
-                self.segs
-                    .get(*i)
-                    .is_some_and(|s| !self.ck_owed.contains(&s.hdr.no))
+            .filter(|i| match self.segs.get(*i) {
+                Some(s) if self.ck_owed.contains(&s.hdr.no) => {
+                    waiting += s.len;
+                    false
+                }
+                Some(_) => true,
+                None => false,
             })
             .collect();
-        if dead.len() < owed {
+        if dead.len() < owed && waiting >= FREED_PER_CHECKPOINT * self.ck_len {
             self.ck_asap = true;
         }
         let Some(&newest_dead) = dead.last() else {

@@ -38,6 +38,7 @@ impl Log {
             .filter_map(|n| format::parse_segment_name(n))
             .collect();
         numbers.sort_unstable();
+        let started = std::time::Instant::now();
         let mut log = Log::empty(fs.clone(), opts.clone());
         log.now_ms = now_ms;
         log.remove_leftovers(&names)?;
@@ -53,18 +54,27 @@ impl Log {
             log.note_owed(ck);
         }
         let generation = ck.as_ref().map_or(0, |c| c.generation);
-        let from_checkpoint = match &ck {
-            Some(ck) => match log.checkpoint_fits(ck, &numbers) {
-                Ok(()) => {
-                    log.recover_from(ck, &numbers, known)?;
-                    true
-                }
+        let read_ck = started.elapsed();
+        let files = match &ck {
+            Some(c) => log.open_listed(c, &numbers)?,
+            None => HashMap::new(),
+        };
+        let fits = match &ck {
+            Some(c) => match log.checkpoint_fits(c, &files) {
+                Ok(()) => true,
                 Err(e) => {
                     tracing::warn!(error = %e, "the event log's checkpoint does not match its segments: reading every segment");
                     false
                 }
             },
             None => false,
+        };
+        let (ck, from_checkpoint) = match ck {
+            Some(c) if fits => {
+                log.recover_from(c, &numbers, &files, known)?;
+                (None, true)
+            }
+            other => (other, false),
         };
         if !from_checkpoint {
             // The ends a checkpoint recorded still tell damage from a torn tail where the
@@ -111,7 +121,18 @@ impl Log {
             // the log as recovered goes first, before any frame is written.
             log.checkpoint()?;
         }
+        let segments = started.elapsed();
         let recovered = log.recovered();
+        let events: usize = recovered.values().map(crate::store::PendingRuns::len).sum();
+        tracing::info!(
+            segments = log.segs.len(),
+            from_checkpoint,
+            events,
+            checkpoint_ms = read_ck.as_millis() as u64,
+            segments_ms = (segments - read_ck).as_millis() as u64,
+            pending_ms = (started.elapsed() - segments).as_millis() as u64,
+            "event log opened"
+        );
         Ok((log, recovered))
     }
 
@@ -135,6 +156,7 @@ impl Log {
             ck_written: 0,
             ck_files: HashMap::new(),
             ck_pending: None,
+            ck_len: 0,
             head_block: Vec::new(),
             head_allocated: 0,
             head_written: 0,
@@ -183,13 +205,38 @@ impl Log {
         Ok(())
     }
 
-    /// Whether `ck` describes the segment files there are: a listed file whose header reads
-    /// but differs (a compacted copy has a new salt) makes it unusable. An unreadable header
-    /// is damage, read with the checkpoint's salt.
-    fn checkpoint_fits(&self, ck: &Checkpoint, numbers: &[u64]) -> Result<(), StoreError> {
-        for st in ck.segs.iter().filter(|s| numbers.contains(&s.no)) {
+    /// The segment files `ck` lists that are there, each opened once for the whole open, and
+    /// their headers asked of the disk together ([`FsFile::will_need`]): read one after
+    /// another, the headers of a 100 M-event backlog's 2,000 segments took half a second.
+    fn open_listed(
+        &self,
+        ck: &Checkpoint<'_>,
+        numbers: &[u64],
+    ) -> Result<HashMap<u64, Arc<dyn FsFile>>, StoreError> {
+        let there: HashSet<u64> = numbers.iter().copied().collect();
+        let mut files = HashMap::new();
+        for st in ck.segs.iter().filter(|s| there.contains(&s.no)) {
             let path = self.path(st.no);
             let file = self.fs.open(&path).map_err(|e| io_err(&path, e))?;
+            file.will_need(0, HEADER as u64);
+            files.insert(st.no, file);
+        }
+        Ok(files)
+    }
+
+    /// Whether `ck` describes the segment files there are (`files`, [`Log::open_listed`]): a
+    /// listed file whose header reads but differs (a compacted copy has a new salt) makes it
+    /// unusable. An unreadable header is damage, read with the checkpoint's salt.
+    fn checkpoint_fits(
+        &self,
+        ck: &Checkpoint<'_>,
+        files: &HashMap<u64, Arc<dyn FsFile>>,
+    ) -> Result<(), StoreError> {
+        for st in &ck.segs {
+            let Some(file) = files.get(&st.no) else {
+                continue;
+            };
+            let path = self.path(st.no);
             let mut hb = [0u8; HEADER];
             let read = file.read_at(&mut hb, 0).map_err(|e| io_err(&path, e))?;
             if let Some(h) = hb.get(..read).and_then(Header::decode) {
@@ -207,22 +254,25 @@ impl Log {
     /// events: what it still owes after them is lost.
     fn recover_from(
         &mut self,
-        ck: &Checkpoint,
+        ck: Checkpoint<'_>,
         numbers: &[u64],
+        files: &HashMap<u64, Arc<dyn FsFile>>,
         known: &HashSet<QueueId>,
     ) -> Result<(), StoreError> {
         self.max_seq = ck.max_seq;
         self.dropped = ck.dropped.iter().copied().collect();
         self.retries = ck.retries.iter().copied().collect();
-        let listed: HashMap<u64, &SegState> = ck.segs.iter().map(|s| (s.no, s)).collect();
         let ck_newest = ck.segs.iter().map(|s| s.no).max().unwrap_or(0);
+        let mut listed: HashMap<u64, SegState<'_>> =
+            ck.segs.into_iter().map(|s| (s.no, s)).collect();
         let newest = numbers.last().copied();
+        let there: HashSet<u64> = numbers.iter().copied().collect();
         let all: BTreeSet<u64> = numbers.iter().chain(listed.keys()).copied().collect();
         let mut gone = Vec::new();
         for no in all {
             let newest = Some(no) == newest;
-            if let Some(st) = listed.get(&no) {
-                if !numbers.contains(&no) {
+            if let Some(st) = listed.remove(&no) {
+                if !there.contains(&no) {
                     let hdr = Header {
                         no,
                         salt: st.salt,
@@ -235,7 +285,10 @@ impl Log {
                     continue;
                 }
                 let path = self.path(no);
-                let file = self.fs.open(&path).map_err(|e| io_err(&path, e))?;
+                let file = match files.get(&no) {
+                    Some(f) => f.clone(),
+                    None => self.fs.open(&path).map_err(|e| io_err(&path, e))?,
+                };
                 let size = file.size().map_err(|e| io_err(&path, e))?;
                 let head =
                     damage::read_range(&*file, 0, HEADER as u64).map_err(|e| io_err(&path, e))?;
@@ -260,13 +313,14 @@ impl Log {
                 }
                 let hdr = match decoded {
                     Some(h) => h,
-                    None => self.rewrite_header(&path, &*file, st)?,
+                    None => self.rewrite_header(&path, &*file, &st)?,
                 };
+                let (len, last_seq) = (st.len, st.last_seq);
                 self.restore_seg(st, hdr, file.clone(), known);
                 let expect = Expect {
-                    recorded: st.len,
-                    apply_from: st.len,
-                    last_seq: Some(st.last_seq),
+                    recorded: len,
+                    apply_from: len,
+                    last_seq: Some(last_seq),
                     newest,
                 };
                 let span = Span {
@@ -275,12 +329,12 @@ impl Log {
                 };
                 let at = self.segs.len() - 1;
                 self.replay(at, &path, &*file, &span, hdr.salt, expect, known)?;
-                if !whole && st.len > HEADER as u64 {
+                if !whole && len > HEADER as u64 {
                     self.unverified.push(Unverified {
                         no,
                         salt: hdr.salt,
-                        end: st.len,
-                        last_seq: st.last_seq,
+                        end: len,
+                        last_seq,
                         checked: HEADER as u64,
                     });
                 }
@@ -571,35 +625,68 @@ impl Log {
         self.retries.retain(|(q, _), _| known.contains(q));
     }
 
-    /// Per queue, `(seq, retry state)` of every pending event, in order (a fresh event's state:
-    /// 0 attempts, first enqueued `first_ms` from its record).
-    fn recovered(&mut self) -> Recovered {
+    /// Per queue, every pending event, in order: those that failed with their retry state, the
+    /// others as runs of sequence numbers first enqueued in the same second (from each
+    /// segment's `ms_runs`). Built from runs of set bits, not event by event: a segment owed
+    /// whole costs a few runs, so a start with a large backlog does not grow with it.
+    pub(super) fn recovered(&self) -> Recovered {
+        let mut failed: HashMap<QueueId, Vec<(u64, RetryState)>> = HashMap::new();
+        for (&(q, seq), st) in &self.retries {
+            failed.entry(q).or_default().push((seq, *st));
+        }
+        for v in failed.values_mut() {
+            v.sort_unstable_by_key(|(seq, _)| *seq);
+        }
         let mut out: Recovered = HashMap::new();
-        for s in &mut self.segs {
-            let runs = &s.ms_runs;
+        // Segments come in sequence order, and so do their bits.
+        for s in &self.segs {
             let Some(first) = s.first_seq else { continue };
             for (q, bits) in &s.live {
-                let v = out.entry(*q).or_default();
-                // Segments come in sequence order, and so do their bits.
-                for i in bits.iter() {
-                    let seq = first + i;
-                    let st = self.retries.get(&(*q, seq)).copied().unwrap_or_else(|| {
-                        let run = runs.partition_point(|(f, _)| *f <= seq);
-                        let ms = run
-                            .checked_sub(1)
-                            .and_then(|r| runs.get(r))
-                            .map_or(0, |r| r.1);
-                        RetryState {
-                            attempts: 0,
-                            first_enqueued_ms: ms,
-                            due_ms: 0,
-                        }
-                    });
-                    v.push(seq, st);
+                let pending = out.entry(*q).or_default();
+                let failed = failed.get(q).map_or(&[][..], Vec::as_slice);
+                for (i, n) in bits.runs() {
+                    push_run(pending, first + i, n, &s.ms_runs, failed);
                 }
             }
         }
         out
+    }
+}
+
+/// Add the pending events `from .. from + n` to `out`: those in `failed` (sorted) with their
+/// retry state, the others as fresh runs split where `ms_runs` (`(first seq, ms)`, sorted)
+/// changes their first-enqueue time.
+fn push_run(
+    out: &mut crate::store::PendingRuns,
+    from: u64,
+    n: u64,
+    ms_runs: &[(u64, u64)],
+    failed: &[(u64, RetryState)],
+) {
+    let end = from + n;
+    let mut at = from;
+    let mut next_failed = failed.partition_point(|(seq, _)| *seq < from);
+    while at < end {
+        let (stop, retry) = match failed.get(next_failed) {
+            Some(&(seq, st)) if seq < end => (seq, Some(st)),
+            _ => (end, None),
+        };
+        // Fresh events `at .. stop`, one run per first-enqueue second.
+        while at < stop {
+            let run = ms_runs.partition_point(|(f, _)| *f <= at);
+            let ms = run
+                .checked_sub(1)
+                .and_then(|r| ms_runs.get(r))
+                .map_or(0, |r| r.1);
+            let upto = ms_runs.get(run).map_or(stop, |r| r.0.min(stop));
+            out.push_fresh(at, upto - at, ms);
+            at = upto;
+        }
+        if let Some(st) = retry {
+            out.push(stop, st);
+            at = stop + 1;
+            next_failed += 1;
+        }
     }
 }
 

@@ -72,6 +72,27 @@ impl Bits {
             bytes: 0,
         }
     }
+    /// The set bits as runs `(first bit, how many)`, in order: a word of ones at a time, so a
+    /// segment a stalled subscriber owes whole is one run, whatever its length.
+    pub(super) fn runs(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        for (w, &word) in self.words.iter().enumerate() {
+            let (mut word, mut at) = (word, w as u64 * 64);
+            while word != 0 {
+                let zeros = word.trailing_zeros();
+                word >>= zeros;
+                at += u64::from(zeros);
+                let ones = word.trailing_ones();
+                match out.last_mut() {
+                    Some((first, n)) if *first + *n == at => *n += u64::from(ones),
+                    _ => out.push((at, u64::from(ones))),
+                }
+                at += u64::from(ones);
+                word = word.checked_shr(ones).unwrap_or(0);
+            }
+        }
+        out
+    }
     pub(super) fn iter(&self) -> impl Iterator<Item = u64> + '_ {
         self.words.iter().enumerate().flat_map(|(w, word)| {
             (0..64u64)
