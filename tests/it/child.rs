@@ -5,7 +5,7 @@
 //! log lines go to stdout, start-up errors to stderr), so a failure can show what the process
 //! said.
 
-use crate::util::{eventually_within, free_port};
+use crate::util::free_port;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -56,25 +56,53 @@ impl Drop for Gridlet {
 
 impl Gridlet {
     /// Start run `run` on `dir` (see [`command`]) and wait until `/readyz` answers 200.
+    ///
+    /// A port [`free_port`] picked can be taken by another test before the child binds it: a
+    /// child that exits because it cannot listen is started again on other ports (twice at
+    /// most). A child that exits for another reason fails the test at once, with its log.
     pub async fn start(dir: &Path, run: usize, extra: &[(&str, &str)]) -> Self {
-        let port = free_port();
-        let child = command(dir, run, port, extra).spawn().unwrap();
         gridlet::tls::install_default_provider();
-        let g = Self {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            log: log_path(dir, run),
-        };
-        let client = reqwest::Client::new();
-        let what = format!("gridlet to start (run {run})");
-        eventually_within(START, &what, || async {
-            match client.get(format!("{}/readyz", g.base)).send().await {
-                Ok(r) if r.status().is_success() => Ok(()),
-                _ => Err(g.log()),
+        let mut attempt = 0;
+        loop {
+            let port = free_port();
+            let child = command(dir, run, port, extra).spawn().unwrap();
+            let mut g = Self {
+                child,
+                base: format!("http://127.0.0.1:{port}"),
+                log: log_path(dir, run),
+            };
+            match g.ready(run).await {
+                Ok(()) => return g,
+                Err(_) if attempt < 2 && g.log().contains("cannot listen on") => attempt += 1,
+                Err(status) => panic!(
+                    "gridlet exited during its start (run {run}): {status}\n{}",
+                    g.log()
+                ),
             }
-        })
-        .await;
-        g
+        }
+    }
+
+    /// Wait until `/readyz` answers 200 (within [`START`], else the test fails with the log);
+    /// `Err` if the process exited first.
+    async fn ready(&mut self, run: usize) -> Result<(), std::process::ExitStatus> {
+        let client = reqwest::Client::new();
+        let deadline = std::time::Instant::now() + START;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Err(status);
+            }
+            if let Ok(r) = client.get(format!("{}/readyz", self.base)).send().await {
+                if r.status().is_success() {
+                    return Ok(());
+                }
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out after {START:?} waiting for gridlet to start (run {run}):\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// The names of the process's threads (`/proc/PID/task/*/comm`).
