@@ -1,11 +1,13 @@
 //! Tests of the committer's order: what a publish waits for, and what a `commit` waits for.
 
+use super::open::log_options;
 use super::tests::{ev, opts};
 use super::*;
-use crate::store::fs::{FsFile, RealFs};
+use crate::store::fs::{Fs, FsFile, RealFs};
 use crate::store::Settled;
 use std::future::Future;
 use std::path::Path;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Condvar, Mutex};
 
 /// The real file system, except that removals and renames wait while held: the committer's

@@ -5,6 +5,7 @@ use super::engine::{Log, LogOptions};
 use super::*;
 use crate::store::contract::{sub, topic};
 use crate::store::fs::sim::SimFs;
+use crate::store::fs::{Fs, RealFs};
 use crate::store::Settled;
 use bytes::Bytes;
 use std::collections::HashSet;
