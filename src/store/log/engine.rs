@@ -50,6 +50,7 @@ mod compact;
 mod damage;
 mod frame;
 mod read;
+mod records;
 mod recover;
 mod replay;
 #[cfg(test)]
