@@ -36,6 +36,7 @@
 //!   for metrics and `/readyz`); `persistence__onDamage=refuse` stops the open instead.
 //! * **Fail-stop**: after a failed write or sync, every later write is refused until restart.
 
+mod compact;
 pub mod record;
 mod recover;
 #[cfg(test)]
@@ -45,9 +46,7 @@ mod tests;
 
 use super::engine::{read_frame, Damage};
 use super::format::{self, Header, HEADER, LETTERS_MAGIC};
-use crate::store::deadletter::{
-    largest_holder, not_kept, DeadLetter, DeadLetterBound, DeadLetterStore,
-};
+use crate::store::deadletter::{not_kept, DeadLetter, DeadLetterBound, DeadLetterStore};
 use crate::store::fs::{Fs, FsFile};
 use crate::store::{QueueId, StoreError};
 use record::LetterRecord;
@@ -330,93 +329,6 @@ impl Inner {
         *self.bytes.entry(queue).or_default() += loc.size;
         self.total += loc.size;
         self.next_id = self.next_id.max(id);
-    }
-
-    /// The letters a put of `size` bytes to `queue` evicts (see `store::deadletter`): the
-    /// queue's oldest past its count, then, while the byte bound is passed, the oldest of the
-    /// largest holders.
-    fn victims(
-        &self,
-        queue: QueueId,
-        size: u64,
-        per_subscription: usize,
-        max_bytes: u64,
-    ) -> Vec<(QueueId, u64)> {
-        let mut out = Vec::new();
-        let mut held = self.bytes.clone();
-        let mut total = self.total;
-        let mut cursors: HashMap<QueueId, std::collections::btree_map::Iter<'_, u64, Loc>> =
-            HashMap::new();
-        let mut next = |q: QueueId, held: &mut HashMap<QueueId, u64>| -> Option<(u64, u64)> {
-            let it = cursors
-                .entry(q)
-                .or_insert_with(|| self.letters.get(&q).map(BTreeMap::iter).unwrap_or_default());
-            let (id, loc) = it.next()?;
-            if let Some(b) = held.get_mut(&q) {
-                *b = b.saturating_sub(loc.size);
-            }
-            Some((*id, loc.size))
-        };
-        let mut count = self.letters.get(&queue).map_or(0, BTreeMap::len);
-        while count >= per_subscription {
-            let Some((id, s)) = next(queue, &mut held) else {
-                break;
-            };
-            out.push((queue, id));
-            total = total.saturating_sub(s);
-            count -= 1;
-        }
-        while total + size > max_bytes {
-            let Some(victim) = largest_holder(&held, queue, size) else {
-                break;
-            };
-            let Some((id, s)) = next(victim, &mut held) else {
-                break;
-            };
-            out.push((victim, id));
-            total = total.saturating_sub(s);
-        }
-        out
-    }
-
-    /// Compact oldest segments while the files hold more than twice the live letters plus one
-    /// segment (at most one pass over the segments per call).
-    fn compact(&mut self) -> Result<(), StoreError> {
-        let mut rounds = self.segs.len();
-        while rounds > 0
-            && self.segs.len() > 1
-            && self.file_bytes() > 2 * self.total + self.opts.segment_bytes
-        {
-            rounds -= 1;
-            let Some(&oldest) = self.segs.keys().next() else {
-                break;
-            };
-            for (queue, id, loc) in self.live_in(oldest) {
-                let letter = self.read(queue, id, loc)?;
-                let (seg, at, len) = self.append(&[LetterRecord::Letter { queue, letter }])?;
-                self.insert(
-                    queue,
-                    id,
-                    Loc {
-                        seg,
-                        at,
-                        len,
-                        size: loc.size,
-                    },
-                );
-            }
-            self.sync()?;
-            let path = self.path(oldest);
-            let removed = self
-                .fs
-                .remove(&path)
-                .and_then(|()| self.fs.sync_dir(&self.opts.dir));
-            if let Err(e) = removed {
-                return Err(self.fail(io_err(&path, e)));
-            }
-            self.segs.remove(&oldest);
-        }
-        Ok(())
     }
 }
 
