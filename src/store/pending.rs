@@ -16,7 +16,7 @@ pub struct FreshRun {
     pub first_enqueued_ms: WallMs,
 }
 
-/// A queue's pending events for recovery ([`Store::pending_runs`]), in sequence order within
+/// A queue's pending events for recovery ([`super::Store::pending_runs`]), in sequence order within
 /// each list.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PendingRuns {

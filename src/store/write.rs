@@ -5,7 +5,7 @@
 use super::{deadletter, QueueId, RetryState, StoreError, StoredEvent};
 
 /// An event leaving a queue (delivered, dropped, dead-lettered): its sequence number and the
-/// size of its body, which [`Store::pending_bytes`] counts it for. The caller has the body (it
+/// size of its body, which [`super::Store::pending_bytes`] counts it for. The caller has the body (it
 /// delivered or dead-lettered it), so the store learns the size without reading it back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Settled {
@@ -40,7 +40,7 @@ impl Settled {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settlement<'a> {
     /// These events leave the store (delivered, acknowledged, dropped), each with its body's
-    /// size, for [`Store::pending_bytes`].
+    /// size, for [`super::Store::pending_bytes`].
     Remove(&'a [Settled]),
     /// These events' retry state becomes this one.
     Retry(&'a [u64], RetryState),
@@ -78,7 +78,7 @@ impl Letters {
     }
 }
 
-/// What [`Store::stage`] writes.
+/// What [`super::Store::stage`] writes.
 #[derive(Debug)]
 pub enum Writes<'a> {
     /// One publish's events (one request's copies, the same event once per queue it goes to),
@@ -93,7 +93,7 @@ pub enum Writes<'a> {
     Staged,
 }
 
-/// Which step answers a [`Commit`] of [`Store::stage`] (stores without a committer answer at
+/// Which step answers a [`Commit`] of [`super::Store::stage`] (stores without a committer answer at
 /// once: their writes are done when `stage` returns).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {
@@ -108,7 +108,7 @@ pub enum Answer {
     Round,
 }
 
-/// Staged writes' durability ([`Store::stage`]): resolves once they are durable, at the step
+/// Staged writes' durability ([`super::Store::stage`]): resolves once they are durable, at the step
 /// their [`Answer`] names. Owns no borrow of the store, so it can be awaited in another task.
 #[must_use = "writes are durable only once their commit resolves (drop it when nobody waits)"]
 pub struct Commit(Option<tokio::sync::oneshot::Receiver<Result<(), StoreError>>>);
