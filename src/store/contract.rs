@@ -75,7 +75,8 @@ pub fn sub(name: &str) -> SubscriptionRecord {
     }
 }
 
-fn ev(seq: u64) -> StoredEvent {
+/// Event `seq`: a small JSON body, never attempted.
+pub fn ev(seq: u64) -> StoredEvent {
     StoredEvent {
         seq,
         id: format!("e{seq}"),

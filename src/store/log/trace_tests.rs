@@ -18,15 +18,8 @@ fn ctx(state: Option<&str>) -> Arc<TraceContext> {
 
 fn ev(seq: u64, trace: Option<Arc<TraceContext>>) -> StoredEvent {
     StoredEvent {
-        seq,
-        id: format!("e{seq}"),
-        body: Bytes::from(format!("{{\"n\":{seq}}}")),
-        state: RetryState {
-            attempts: 0,
-            first_enqueued_ms: 1000,
-            due_ms: 0,
-        },
         trace,
+        ..crate::store::contract::ev(seq)
     }
 }
 
