@@ -69,6 +69,7 @@ impl Bench {
             lat: None,
             peak_rss: drained.after.hwm.max(queued.at.hwm),
             cpu_s: drained.after.cpu_s - drained.before.cpu_s,
+            sys_s: drained.after.sys_s - drained.before.sys_s,
             switches: drained
                 .after
                 .switches

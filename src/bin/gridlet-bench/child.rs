@@ -301,6 +301,8 @@ pub struct Footprint {
     pub hwm: u64,
     /// User + system CPU seconds so far.
     pub cpu_s: f64,
+    /// The system (kernel) part of `cpu_s`: system calls, the block layer, page faults.
+    pub sys_s: f64,
     /// Context switches of all its threads so far (voluntary and not): how often a thread
     /// slept and was woken, which costs CPU the closed loop's rate hides.
     pub switches: u64,
@@ -330,6 +332,7 @@ impl Footprint {
             rss: kb("VmRSS:"),
             hwm: kb("VmHWM:"),
             cpu_s: cpu_ticks as f64 / clock_ticks() as f64,
+            sys_s: ticks(12) as f64 / clock_ticks() as f64,
             switches: switches(pid),
         }
     }

@@ -132,6 +132,8 @@ struct Row {
     lat: Option<(u32, u32, u32)>,
     peak_rss: u64,
     cpu_s: f64,
+    /// The kernel's part of `cpu_s` (0 where the scenario does not split it).
+    sys_s: f64,
     /// gridlet's context switches during the run.
     switches: u64,
     disk_per_event: Option<f64>,

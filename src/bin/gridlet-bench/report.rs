@@ -31,9 +31,11 @@ impl Bench {
         if r.peak_rss > 0 {
             println!("  gridlet peak RSS      {}", mb(r.peak_rss));
             println!(
-                "  gridlet CPU           {:.2} s = {:.1} µs per delivered event",
+                "  gridlet CPU           {:.2} s = {:.1} µs per delivered event ({:.1} µs user, {:.1} µs kernel)",
                 r.cpu_s,
-                per_event_us(r.cpu_s, r.delivered)
+                per_event_us(r.cpu_s, r.delivered),
+                per_event_us(r.cpu_s - r.sys_s, r.delivered),
+                per_event_us(r.sys_s, r.delivered)
             );
             println!(
                 "  gridlet wakeups       {:.2} context switches per delivered event",
@@ -155,6 +157,7 @@ impl Bench {
                     "latency_us": r.lat.map(|(p50, p99, max)| serde_json::json!({"p50": p50, "p99": p99, "max": max})),
                     "peak_rss_bytes": r.peak_rss,
                     "cpu_us_per_event": round1(per_event_us(r.cpu_s, r.delivered)),
+                    "cpu_sys_us_per_event": round1(per_event_us(r.sys_s, r.delivered)),
                     "paired_raw": r.paired.as_ref().map(|p| serde_json::json!({
                         "rounds": p.rounds,
                         "ratio": round2(p.raw),

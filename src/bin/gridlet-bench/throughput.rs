@@ -361,6 +361,7 @@ impl Bench {
             lat,
             peak_rss: fp1.hwm,
             cpu_s: fp1.cpu_s - fp0.cpu_s,
+            sys_s: fp1.sys_s - fp0.sys_s,
             switches: fp1.switches.saturating_sub(fp0.switches),
             disk_per_event: (g.is_some() && queued_at_end >= 1000)
                 .then(|| disk as f64 / queued_at_end as f64),
