@@ -166,13 +166,34 @@ async fn a_receive_is_a_span_in_the_received_events_trace_linking_the_others_and
     assert_eq!(two["attributes"]["messaging.batch.message_count"], 2);
 }
 
+/// Persisted (the default for a queue subscription): the locks keep no body, and the contexts
+/// the spans need come from the locks themselves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledge_release_reject_and_renew_are_spans_in_the_settled_events_traces() {
+    settle_spans(true).await;
+}
+
+/// In memory: the locks keep the bodies too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_spans_of_an_in_memory_queue_subscription() {
+    settle_spans(false).await;
+}
+
+async fn settle_spans(persisted: bool) {
     let mut c = Collector::start();
     let t = start_traced(&otel_env(&c)).await;
-    // Persisted (the default for a queue subscription): the locks keep no body, and the
-    // contexts the spans need come from the locks themselves.
-    queue_topic(&t, "q", "s", json!({})).await;
+    let topic = json!({"properties": {"inputSchema": "CloudEventSchemaV1_0"}});
+    assert_eq!(t.put("/topics/q", topic).await.0, 200);
+    let sub = json!({"properties": {
+        "deliveryConfiguration": {"deliveryMode": "Queue", "queue": {}},
+        "persistencePolicy": {"isPersisted": persisted},
+    }});
+    let (s, b) = t.put("/topics/q/eventSubscriptions/s", sub).await;
+    assert_eq!(s, 200, "{b}");
+    assert_eq!(
+        b["properties"]["persistencePolicy"]["isPersisted"],
+        persisted
+    );
     // e1 and e3 in the publisher's trace (the header), e2 and e4 in their own (the CloudEvent's).
     publish(&t, "e1", Some(traceparent()), None).await;
     let own = |trace: &str| Some(format!("00-{trace}-b7ad6b7169203331-01"));
