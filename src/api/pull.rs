@@ -147,15 +147,16 @@ async fn subscription_op(
     let (parts, body) = req.into_parts();
     let query = parts.uri.query().unwrap_or("");
     let handle = s.broker.find_subscription(topic, name)?;
+    // The caller's context, linked from the operation's span (read only when recorded).
+    let caller = match s.broker.tracer().enabled() {
+        true => super::events::header_trace(&parts.headers),
+        false => None,
+    };
     let puller = handle
         .pull()
-        .ok_or_else(|| ApiError::from(crate::delivery::pull::PullError::NotQueue))?;
+        .ok_or_else(|| ApiError::from(crate::delivery::pull::PullError::NotQueue))?
+        .traced_by(caller.as_ref());
     if op == Op::Receive {
-        // The receiver's context, linked from the `receive` span (read only when recorded).
-        let caller = match s.broker.tracer().enabled() {
-            true => super::events::header_trace(&parts.headers),
-            false => None,
-        };
         let max = int_param(query, "maxEvents", 1, 1, MAX_EVENTS)?;
         let wait = int_param(
             query,
@@ -166,7 +167,7 @@ async fn subscription_op(
         )?;
         if wait == 0 {
             let got = puller
-                .receive_until(max as usize, Duration::ZERO, pending(), caller.as_ref())
+                .receive_until(max as usize, Duration::ZERO, pending())
                 .await?;
             return Ok(json_response(StatusCode::OK, receive_body(&got)));
         }
@@ -183,12 +184,7 @@ async fn subscription_op(
             }
         };
         let got = puller
-            .receive_until(
-                max as usize,
-                Duration::from_secs(wait),
-                ended,
-                caller.as_ref(),
-            )
+            .receive_until(max as usize, Duration::from_secs(wait), ended)
             .await?;
         let mut r = json_response(StatusCode::OK, receive_body(&got));
         if conn.is_some_and(|c| c.was_ended()) {

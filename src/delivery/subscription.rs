@@ -121,6 +121,7 @@ impl SubscriptionHandle {
             shared: &self.shared,
             ctx: &self.ctx,
             pull,
+            caller: None,
         })
     }
 

@@ -14,6 +14,7 @@
 //! own copy of every locked body, outside every memory bound).
 
 use super::super::payload::{EventData, Pending};
+use crate::telemetry::TraceContext;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -43,8 +44,20 @@ pub struct Lock {
     pub size: u64,
     /// The payload, kept for an in-memory subscription only.
     pub event: Option<Arc<EventData>>,
+    /// The trace context the event travels in, kept while the tracer is on (for the spans of
+    /// the operations that settle or renew it), whether or not the payload is kept.
+    pub trace: Option<Arc<TraceContext>>,
     /// When the lock expires.
     pub expires: Instant,
+}
+
+/// What a lock keeps of its event besides its sequence number and retry facts.
+#[derive(Debug, Clone, Copy)]
+pub struct Keep {
+    /// The payload (an in-memory subscription: it lives nowhere else).
+    pub bodies: bool,
+    /// The trace context (the tracer is on).
+    pub traces: bool,
 }
 
 impl Lock {
@@ -145,15 +158,9 @@ impl Locks {
         (granted, bytes)
     }
 
-    /// Lock `items` (within a reservation of `granted`), until `expires`, keeping their
-    /// payloads when `keep_bodies`.
-    pub fn insert(
-        &mut self,
-        granted: usize,
-        items: &[Pending],
-        expires: Instant,
-        keep_bodies: bool,
-    ) {
+    /// Lock `items` (within a reservation of `granted`), until `expires`, keeping what `keep`
+    /// says of them.
+    pub fn insert(&mut self, granted: usize, items: &[Pending], expires: Instant, keep: Keep) {
         self.reserved = self.reserved.saturating_sub(granted);
         for p in items {
             let size = p.event.body.len() as u64;
@@ -163,7 +170,11 @@ impl Locks {
                 first_enqueued_ms: p.first_enqueued_ms,
                 enqueued_at: p.enqueued_at,
                 size,
-                event: keep_bodies.then(|| p.event.clone()),
+                event: keep.bodies.then(|| p.event.clone()),
+                trace: match keep.traces {
+                    true => p.event.trace.clone(),
+                    false => None,
+                },
                 expires,
             };
             self.by_expiry.insert((expires, p.seq));
@@ -203,8 +214,8 @@ impl Locks {
         self.remove(seq).ok_or(Lost::Unknown)
     }
 
-    /// Extend the lock of `seq` at `attempt` to `until`; answers the event's retry facts
-    /// (attempts, first enqueue) for the store.
+    /// Extend the lock of `seq` at `attempt` to `until`; answers the lock (its retry facts for
+    /// the store, its trace for the span).
     ///
     /// # Errors
     /// As [`Locks::take`].
@@ -214,13 +225,13 @@ impl Locks {
         attempt: u32,
         now: Instant,
         until: Instant,
-    ) -> Result<(u32, u64), Lost> {
+    ) -> Result<&Lock, Lost> {
         let old = self.check(seq, attempt, now)?.expires;
         self.by_expiry.remove(&(old, seq));
         self.by_expiry.insert((until, seq));
         let lock = self.by_seq.get_mut(&seq).ok_or(Lost::Unknown)?;
         lock.expires = until;
-        Ok((lock.attempts, lock.first_enqueued_ms))
+        Ok(lock)
     }
 
     /// Remove and answer every lock expired at `now`.
@@ -255,13 +266,26 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    const BODIES: Keep = Keep {
+        bodies: true,
+        traces: false,
+    };
+    const BARE: Keep = Keep {
+        bodies: false,
+        traces: false,
+    };
+
     fn p(seq: u64, attempts: u32) -> Pending {
+        traced(seq, attempts, None)
+    }
+
+    fn traced(seq: u64, attempts: u32, trace: Option<Arc<TraceContext>>) -> Pending {
         Pending {
             seq,
             event: Arc::new(EventData::new(
                 Bytes::from_static(b"{}"),
                 "e".into(),
-                None,
+                trace,
                 None,
             )),
             attempts,
@@ -281,13 +305,13 @@ mod tests {
         };
         let (granted, _) = t.reserve(4);
         let items = vec![at(1, 1, 90), at(2, 2, 80), at(3, 1, 7), at(4, 9, 70)];
-        t.insert(granted, &items, now + Duration::from_secs(60), true);
+        t.insert(granted, &items, now + Duration::from_secs(60), BODIES);
         let (granted, _) = t.reserve(1);
         t.insert(
             granted,
             &[at(5, 1, 60)],
             now + Duration::from_secs(30),
-            false,
+            BARE,
         );
         let s = t.summary();
         assert_eq!(s.locked, 5);
@@ -305,8 +329,8 @@ mod tests {
         assert_eq!(l.reserve(5).0, 1, "bounded, reservations counted");
         assert_eq!(l.reserve(1).0, 0);
         assert!(l.full());
-        l.insert(2, &[p(1, 1), p(2, 1)], t0 + min, true);
-        l.insert(1, &[p(3, 2)], t0 + 2 * min, false);
+        l.insert(2, &[p(1, 1), p(2, 1)], t0 + min, BODIES);
+        l.insert(1, &[p(3, 2)], t0 + 2 * min, BARE);
         assert_eq!(l.len(), 3);
         assert_eq!(
             l.take(1, 2, t0).unwrap_err(),
@@ -321,7 +345,8 @@ mod tests {
         );
         assert_eq!(l.bytes(), 4);
         assert_eq!(l.take(1, 1, t0).unwrap_err(), Lost::Unknown, "settled once");
-        assert_eq!(l.renew(2, 1, t0, t0 + 3 * min), Ok((1, 5)));
+        let renewed = l.renew(2, 1, t0, t0 + 3 * min).unwrap();
+        assert_eq!((renewed.attempts, renewed.first_enqueued_ms), (1, 5));
         assert_eq!(l.next_expiry(), Some(t0 + 2 * min));
         assert_eq!(l.take(3, 2, t0 + 2 * min).unwrap_err(), Lost::Expired);
         let gone = l.expired(t0 + 2 * min);
@@ -336,7 +361,7 @@ mod tests {
         let t = Instant::now() + Duration::from_secs(60);
         let mut l = Locks::new(100, 5);
         assert_eq!(l.reserve(10), (10, 5));
-        l.insert(10, &[p(1, 1), p(2, 1), p(3, 1)], t, false);
+        l.insert(10, &[p(1, 1), p(2, 1), p(3, 1)], t, BARE);
         assert_eq!(
             l.bytes(),
             6,
@@ -346,5 +371,31 @@ mod tests {
         assert!(l.full());
         l.take(2, 1, Instant::now()).unwrap();
         assert_eq!(l.reserve(1), (1, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_keeps_its_trace_only_while_the_tracer_is_on_body_or_not() {
+        let t = Instant::now() + Duration::from_secs(60);
+        let ctx = Arc::new(TraceContext {
+            trace_id: 7,
+            span_id: 9,
+            flags: 1,
+            state: None,
+        });
+        let mut l = Locks::new(10, 1 << 20);
+        let on = Keep {
+            bodies: false,
+            traces: true,
+        };
+        l.insert(3, &[traced(1, 1, Some(ctx.clone()))], t, on);
+        l.insert(0, &[traced(2, 1, Some(ctx.clone()))], t, BARE);
+        l.insert(0, &[traced(3, 1, None)], t, on);
+        let now = Instant::now();
+        let one = l.take(1, 1, now).unwrap();
+        assert_eq!(one.trace.as_deref(), Some(&*ctx), "kept without the body");
+        assert!(one.event.is_none());
+        assert_eq!(l.renew(2, 1, now, t).unwrap().trace, None, "tracer off");
+        assert_eq!(l.take(3, 1, now).unwrap().trace, None, "none to keep");
+        assert_eq!(Arc::strong_count(&ctx), 2, "one clone, in the lock taken");
     }
 }

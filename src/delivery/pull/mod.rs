@@ -58,7 +58,7 @@ use crate::store::{RetryState, StoreError};
 use crate::telemetry::TraceContext;
 use bodies::with_bodies;
 use bytes::Bytes;
-use locks::{Lock, Locks, Lost};
+use locks::{Keep, Lock, Locks, Lost};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -185,6 +185,18 @@ pub struct Puller<'a> {
     pub(super) shared: &'a Arc<SubscriptionState>,
     pub(super) ctx: &'a Arc<DeliveryContext>,
     pub(super) pull: &'a PullState,
+    /// The caller's trace context (its request's `traceparent`), linked from the operations'
+    /// spans ([`trace`]).
+    pub(super) caller: Option<&'a TraceContext>,
+}
+
+impl<'a> Puller<'a> {
+    /// These operations on behalf of a caller whose request came in trace context `caller`:
+    /// their spans link it (and are its children when no event carries a context).
+    #[must_use]
+    pub fn traced_by(self, caller: Option<&'a TraceContext>) -> Self {
+        Self { caller, ..self }
+    }
 }
 
 impl Puller<'_> {
@@ -219,13 +231,11 @@ impl Puller<'_> {
     /// # Errors
     /// [`PullError::NotQueue`]; the store failed to record the receive.
     pub async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Received>, PullError> {
-        self.receive_until(max, wait, std::future::pending(), None)
-            .await
+        self.receive_until(max, wait, std::future::pending()).await
     }
 
     /// [`Puller::receive`], whose wait also ends (with no events) when `ended` completes: the
-    /// connection table takes the slot of a waiting receive back to make room. `caller` is the
-    /// receiver's trace context (its request's `traceparent`), linked from the `receive` span.
+    /// connection table takes the slot of a waiting receive back to make room.
     ///
     /// # Errors
     /// As [`Puller::receive`].
@@ -234,9 +244,8 @@ impl Puller<'_> {
         max: usize,
         wait: Duration,
         ended: impl std::future::Future<Output = ()>,
-        caller: Option<&TraceContext>,
     ) -> Result<Vec<Received>, PullError> {
-        let span = trace::ReceiveTrace::begin(&self.ctx.tracer, caller);
+        let span = trace::ReceiveTrace::begin(&self.ctx.tracer, self.caller);
         let started = Instant::now();
         let deadline = started + wait;
         tokio::pin!(ended);
@@ -328,9 +337,11 @@ impl Puller<'_> {
         }
         let n = items.len();
         let expires = now + q.lock_duration;
-        self.pull
-            .locks()
-            .insert(granted, &items, expires, keep_bodies);
+        let keep = Keep {
+            bodies: keep_bodies,
+            traces: self.ctx.tracer.enabled(),
+        };
+        self.pull.locks().insert(granted, &items, expires, keep);
         self.shared.metrics.delivery_attempts_count.add(n as u64);
         self.shared.metrics.received.add(n as u64);
         // The window may want refilling now that events left it.

@@ -1,9 +1,11 @@
 //! What a client does with its lock tokens: acknowledge (the event leaves, answered once the
 //! removal is durable), release (due again, now or after a delay, its count kept), reject (a
 //! dead letter, answered once durable) and renew (the lock's expiry moved). Each token is
-//! checked first; one that names no lock of this subscription that holds fails alone.
+//! checked first; one that names no lock of this subscription that holds fails alone. A request
+//! that settled or renewed some makes a span ([`SettleTrace`]).
 
 use super::locks::{Lock, Locks, Lost};
+use super::trace::{Settle, SettleTrace};
 use super::{
     drop_events, requeue, token, with_bodies, PullError, Puller, TokenFailure, TokenResults,
 };
@@ -26,6 +28,24 @@ impl Puller<'_> {
             s => Writes::Settle(self.shared.queue_id, s),
         };
         self.ctx.store.stage(writes, Answer::Frame)?.wait().await
+    }
+
+    /// The span of a settle request beginning now.
+    fn settle_trace(&self, op: Settle) -> SettleTrace<'_> {
+        SettleTrace::begin(&self.ctx.tracer, op, self.caller)
+    }
+
+    /// Record `span` (its request answered `out`, its durable write `done`), then answer.
+    fn answer(
+        &self,
+        span: SettleTrace<'_>,
+        out: TokenResults,
+        done: Result<(), StoreError>,
+    ) -> Result<TokenResults, PullError> {
+        let failed = done.as_ref().err().map(|e| e as &dyn std::fmt::Display);
+        span.record(&self.ctx.tracer, self.shared, &out, failed);
+        done?;
+        Ok(out)
     }
 
     /// Check each token; for those that name a lock of this subscription that holds, `op`
@@ -64,12 +84,14 @@ impl Puller<'_> {
     /// then be received again after a restart).
     pub async fn acknowledge(&self, tokens: &[String]) -> Result<TokenResults, PullError> {
         let (_, _, persisted) = self.settings()?;
+        let mut span = self.settle_trace(Settle::Acknowledge);
         let (out, items) = self.settle_with(tokens, |l, id, now| {
             l.take(id.seq, id.attempt, now).map(Some)
         });
         if items.is_empty() {
             return Ok(out);
         }
+        span.took(&items);
         let n = items.len();
         let events: Vec<Settled> = items
             .iter()
@@ -82,10 +104,11 @@ impl Puller<'_> {
         drop(items);
         // Places in the lock table came free: a receive waiting at the bound may go on.
         self.pull.arrived.notify_waiters();
-        if persisted {
-            self.durable(&[Settlement::Remove(&events)]).await?;
-        }
-        Ok(out)
+        let done = match persisted {
+            true => self.durable(&[Settlement::Remove(&events)]).await,
+            false => Ok(()),
+        };
+        self.answer(span, out, done)
     }
 
     /// Release: the events are available again now, or after `delay`, with their delivery
@@ -101,12 +124,14 @@ impl Puller<'_> {
         delay: Duration,
     ) -> Result<TokenResults, PullError> {
         let (_, _, persisted) = self.settings()?;
+        let mut span = self.settle_trace(Settle::Release(delay));
         let (out, items) = self.settle_with(tokens, |l, id, now| {
             l.take(id.seq, id.attempt, now).map(Some)
         });
         if items.is_empty() {
             return Ok(out);
         }
+        span.took(&items);
         self.shared.metrics.released.add(items.len() as u64);
         if persisted {
             let due_ms = self.ctx.clock.now_ms() + delay.as_millis() as u64;
@@ -130,7 +155,7 @@ impl Puller<'_> {
         // Waiting receivers look now; the task sets its timer for a delayed release.
         self.pull.arrived.notify_waiters();
         self.shared.notify.notify_one();
-        Ok(out)
+        self.answer(span, out, Ok(()))
     }
 
     /// Reject: the events become dead letters at once (reason `DeliveryRefused`, last error
@@ -141,12 +166,14 @@ impl Puller<'_> {
     /// then be received again after a restart).
     pub async fn reject(&self, tokens: &[String]) -> Result<TokenResults, PullError> {
         let (_, _, persisted) = self.settings()?;
+        let mut span = self.settle_trace(Settle::Reject);
         let (out, locks) = self.settle_with(tokens, |l, id, now| {
             l.take(id.seq, id.attempt, now).map(Some)
         });
         if locks.is_empty() {
             return Ok(out);
         }
+        span.took(&locks);
         self.shared.metrics.rejected.add(locks.len() as u64);
         let items = with_bodies(self.shared, self.ctx, locks).await;
         let why = Outcome::failed(FailureKind::Other("rejected by the receiver".into()));
@@ -158,10 +185,11 @@ impl Puller<'_> {
             Some(&why),
         );
         self.pull.arrived.notify_waiters();
-        if persisted {
-            self.durable(&[]).await?;
-        }
-        Ok(out)
+        let done = match persisted {
+            true => self.durable(&[]).await,
+            false => Ok(()),
+        };
+        self.answer(span, out, done)
     }
 
     /// Renew: each lock holds for another lock duration from now.
@@ -170,10 +198,12 @@ impl Puller<'_> {
     /// [`PullError::NotQueue`].
     pub fn renew(&self, tokens: &[String]) -> Result<TokenResults, PullError> {
         let (q, _, persisted) = self.settings()?;
+        let mut span = self.settle_trace(Settle::RenewLock(q.lock_duration));
         let mut renewed: Vec<(u64, u32, u64)> = Vec::new();
         let (out, _) = self.settle_with(tokens, |l, id, now| {
-            let (attempts, first) = l.renew(id.seq, id.attempt, now, now + q.lock_duration)?;
-            renewed.push((id.seq, attempts, first));
+            let lock = l.renew(id.seq, id.attempt, now, now + q.lock_duration)?;
+            span.settled(lock.trace.as_ref());
+            renewed.push((id.seq, lock.attempts, lock.first_enqueued_ms));
             Ok(None)
         });
         if persisted && !renewed.is_empty() {
@@ -192,6 +222,6 @@ impl Puller<'_> {
                 )
             }
         }
-        Ok(out)
+        self.answer(span, out, Ok(()))
     }
 }
