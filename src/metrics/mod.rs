@@ -11,6 +11,7 @@
 pub mod families;
 pub mod ring;
 pub mod text;
+pub mod views;
 
 pub use families::{
     render, visit, BrokerView, CommitView, EndpointView, EntraStatus, EntraView, Kind,

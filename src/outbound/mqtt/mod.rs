@@ -7,6 +7,7 @@
 //!   become messages) both build their clients from it.
 //! * [`backoff`]: the jittered reconnect back-off (also `connection::Backoff`).
 
+pub mod acks;
 pub mod backoff;
 pub mod connection;
 
