@@ -485,11 +485,12 @@ pub fn scrub(log: &mut Log, now_ms: u64) -> Result<(), StoreError> {
 
 /// Run the scrub's jobs to the end, in place (reads that fail leave their segment unchecked).
 pub(super) fn scrub_all<H: Host>(host: &H) -> Result<(), StoreError> {
+    let mut buf = Vec::new();
     loop {
         let Some(job) = host.log().scrub_job(super::engine::SCRUB_CHUNK) else {
             return Ok(());
         };
-        match job.run() {
+        match job.run(&mut buf) {
             Ok(done) => {
                 host.log().scrub_done(done);
             }
