@@ -163,6 +163,11 @@ pub struct Log {
     /// The events in `staged`, in order: they join the segment their frame goes to when it is
     /// taken ([`Log::take_frame`]), which may be a new head.
     pending_events: Vec<(Cached, Vec<QueueId>)>,
+    /// The segments the records in `staged` speak of: they join the refs of the segment their
+    /// frame goes to ([`segment::Refs`]).
+    staged_refs: segment::Refs,
+    /// Segments restated ([`Record::State`]) since open, before a deletion or a compaction.
+    restated: u64,
     /// The most recently written events, in sequence order, `opts.tail_bytes` of bodies at most.
     tail: std::collections::VecDeque<Cached>,
     tail_bytes: usize,
@@ -461,7 +466,9 @@ impl Log {
         self.head_allocated = reserve.max(size);
         self.head_written = if hdr.recycled { size } else { 0 }.max(first.len() as u64);
         // A head that was pending adopts no more events: its bits stop at its last sequence.
-        self.segs.push(Seg::new(hdr, file, HEADER as u64));
+        let mut head = Seg::new(hdr, file, HEADER as u64);
+        head.refs = segment::Refs::None;
+        self.segs.push(head);
         Ok(())
     }
 

@@ -145,6 +145,8 @@ impl Log {
             dropped: HashSet::new(),
             staged: Vec::new(),
             pending_events: Vec::new(),
+            staged_refs: super::segment::Refs::None,
+            restated: 0,
             tail: std::collections::VecDeque::new(),
             tail_bytes: 0,
             frames: Arc::default(),
