@@ -34,12 +34,13 @@
 //!    segment again from its frames (`engine/sizes.rs`).
 //! 5. **Space back.** A segment with nothing pending is deleted. The oldest one simply goes. A
 //!    younger one may hold settle and retry records about older segments still alive, so those
-//!    are first restated ([`Record::State`], synced) in the head; then the file is removed and
+//!    its records name ([`segment::Refs`]) are first restated ([`Record::State`], synced) in the
+//!    head; then the file is removed and
 //!    its directory synced; one of them may instead be renamed to the spare
 //!    ([`format::SPARE`]), which the next roll renames to the new head's name before writing
 //!    its header (so frames overwrite written blocks: no reserved block converted, no inode
 //!    written, at each sync). A segment pinned by a few events is replaced by a copy of them
-//!    under the same number (`engine/compact.rs`): the older segments are restated first, and
+//!    under the same number (`engine/compact.rs`): the older segments it names are restated first, and
 //!    nothing from it on is deleted while the copy is made.
 //! 6. **Fail-stop.** After a failed write or sync the log refuses every later write: what the
 //!    page cache holds is unknown (as PostgreSQL learned), and a restart recovers from the disk.
