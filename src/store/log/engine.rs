@@ -188,6 +188,8 @@ pub struct Log {
     ck_files: HashMap<u64, Arc<dyn FsFile>>,
     /// A checkpoint prepared and not yet written: `(generation, written, ck_asap before)`.
     ck_pending: Option<(u64, u64, bool, HashSet<u64>)>,
+    /// The last checkpoint's buffer, kept for the next ([`Log::reuse_checkpoint_buffer`]).
+    ck_buf: Vec<u8>,
     /// Bytes of the last checkpoint prepared: what taking one costs (`collect.rs` weighs the
     /// segments that wait for one against it).
     ck_len: u64,

@@ -446,7 +446,11 @@ pub(super) fn hand_over_compaction<H: Host>(host: &H, only: Option<u64>) -> Resu
 /// the previous checkpoint stays valid, and opening the log reads more.
 pub(super) fn checkpoint<H: Host>(host: &H) {
     let prepared = host.log().prepare_checkpoint();
-    let result = prepared.and_then(|w| w.run());
+    let result = prepared.and_then(|w| {
+        let written = w.run();
+        host.log().reuse_checkpoint_buffer(w);
+        written
+    });
     if let Err(e) = &result {
         tracing::warn!(error = %e, "could not write the event log's checkpoint; the next start reads more of the log");
     }

@@ -158,6 +158,7 @@ impl Log {
             ck_written: 0,
             ck_files: HashMap::new(),
             ck_pending: None,
+            ck_buf: Vec::new(),
             ck_len: 0,
             head_block: Vec::new(),
             head_allocated: 0,

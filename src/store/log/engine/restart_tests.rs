@@ -425,3 +425,45 @@ fn deleting_a_settle_only_head_restates_only_the_segments_it_speaks_of() {
     let got: Vec<u64> = recovered[&1].events().iter().map(|(s, _)| *s).collect();
     assert_eq!(got, pending, "from every segment's frames");
 }
+
+/// A checkpoint is encoded into the last one's buffer when it fits (no fresh megabytes
+/// faulted in at each checkpoint of a long drain), and the buffer kept shrinks with the log:
+/// at most twice the last checkpoint written, plus 64 KiB.
+#[test]
+fn a_checkpoint_reuses_the_last_ones_buffer_and_keeps_it_bounded() {
+    let fs: Arc<dyn crate::store::fs::Fs> = Arc::new(SimFs::new(13));
+    let (mut log, _) = Log::open(fs, opts(4 << 10), &known(), 1).unwrap();
+    let n = 40_000u64;
+    // A frame of 20 events (4 KB) a segment: 2,000 segments.
+    for chunk in (1..=n).collect::<Vec<_>>().chunks(20) {
+        let items: Vec<(QueueId, StoredEvent)> = chunk.iter().map(|&s| (1, ev(s, 5))).collect();
+        log.stage_events(&items, 0).unwrap();
+        round::commit(&mut log, chunk[0]).unwrap();
+    }
+    log.checkpoint().unwrap();
+    let (ptr, cap) = log.checkpoint_buffer();
+    let big = log.ck_len as usize;
+    assert!(big > 200 << 10, "a checkpoint of {big} bytes");
+    assert!(
+        cap >= big && cap <= 2 * big + (64 << 10),
+        "{cap} kept for {big}"
+    );
+    // The same log again: encoded into the same buffer.
+    log.checkpoint().unwrap();
+    assert_eq!(log.checkpoint_buffer().0, ptr, "the buffer was reused");
+    // Most of it drained: the checkpoint shrinks, and so does the buffer kept.
+    let settled: Vec<Settled> = (1..=n - 100).map(|s| Settled::new(s, 200)).collect();
+    log.stage_settle(1, &settled);
+    round::commit(&mut log, 2 * n).unwrap();
+    log.checkpoint().unwrap();
+    let small = log.ck_len as usize;
+    assert!(
+        small * 10 < big,
+        "{small} bytes after the drain, {big} before"
+    );
+    let (_, cap) = log.checkpoint_buffer();
+    assert!(
+        cap <= 2 * small + (64 << 10),
+        "{cap} bytes kept for a checkpoint of {small}"
+    );
+}
