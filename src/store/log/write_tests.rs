@@ -249,4 +249,6 @@ fn a_large_frame_is_read_once_by_a_drain_reading_it_in_chunks() {
     let read = fs.bytes_read() - before;
     // Before: 94 reads of the whole frame (about 300 MB).
     assert!(read < frame * 2, "{read} bytes read for a frame of {frame}");
+    // Its last event read, the frame is not held any more.
+    assert_eq!(log.frame_cache_bytes(), 0);
 }

@@ -45,8 +45,15 @@ impl FrameCache {
         self.frames.get(&key).cloned()
     }
 
+    fn remove(&mut self, key: FrameKey) {
+        if let Some(f) = self.frames.remove(&key) {
+            self.bytes -= f.bytes;
+            self.order.retain(|k| *k != key);
+        }
+    }
+
     /// Keep `frame`, the oldest out first. A frame over half the bound is kept alone (every
-    /// other one out), until the next frame put: a frame written while a sync was slow holds
+    /// other one out), until the next frame put or a read of its last event: a frame written while a sync was slow holds
     /// megabytes of events, and a drain reads it 64 events at a time. Not kept, each of those
     /// reads read, checked and decoded it whole again, and each read's copy stayed alive while
     /// its events waited in the window or in a delivery (several copies of one large frame: the
@@ -297,8 +304,18 @@ impl Reads {
         offset: u64,
         last: u64,
     ) -> Result<Option<Arc<Decoded>>, StoreError> {
-        if let Some(f) = crate::sync::lock(&self.frames).get((p.no, p.salt, offset)) {
-            return Ok(Some(f));
+        let key = (p.no, p.salt, offset);
+        {
+            let mut cache = crate::sync::lock(&self.frames);
+            if let Some(f) = cache.get(key) {
+                // A frame kept over the bound goes once a read reaches its last event: held
+                // only while a reader is inside it, never while the log idles.
+                if f.bytes > FRAME_CACHE_BYTES / 2 && f.events.last().is_none_or(|e| e.seq <= last)
+                {
+                    cache.remove(key);
+                }
+                return Ok(Some(f));
+            }
         }
         let frame = read_frame(&*p.file, p.salt, offset, p.end)
             .map_err(|e| StoreError::Io(e.to_string()))?;
