@@ -262,6 +262,7 @@ pub(super) fn compactor(s: &Shared, jobs: &std::sync::mpsc::Receiver<Compaction>
 pub(super) fn scrubber(s: &Shared, bytes_per_sec: u64) {
     let started = std::time::Instant::now();
     let mut read = 0u64;
+    let mut buf = Vec::new();
     loop {
         let Some(job) = s.log().scrub_job(super::engine::SCRUB_CHUNK) else {
             tracing::debug!(
@@ -271,7 +272,7 @@ pub(super) fn scrubber(s: &Shared, bytes_per_sec: u64) {
             );
             return;
         };
-        let found = match job.run() {
+        let found = match job.run(&mut buf) {
             Ok(done) => {
                 read += done.bytes;
                 s.log().scrub_done(done)

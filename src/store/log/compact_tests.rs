@@ -341,9 +341,16 @@ fn a_restatement_older_than_a_compaction_lists_nothing_the_copy_lacks() {
     let fs: Arc<dyn Fs> = Arc::new(RealFs);
     let (mut log, _) = Log::open(fs.clone(), lo.clone(), &known, 1).unwrap();
     let mut seq = 0;
+    let mut early = false;
     while log.segments() < 4 {
         seq += 1;
         log.stage_events(&[(2, ev(seq))], 0).unwrap();
+        if log.segments() == 2 && !early {
+            // Event 3 (of segment 1) settled in a frame of segment 2: segment 2 speaks of
+            // segment 1, so its deletion restates it.
+            log.stage_settle(2, &Settled::all([3], SIZE));
+            early = true;
+        }
         round::commit(&mut log, seq).unwrap();
     }
     let segs = headers(&lo.dir);
@@ -351,7 +358,7 @@ fn a_restatement_older_than_a_compaction_lists_nothing_the_copy_lacks() {
     let in_one = events_in(&segs[0].0);
     let in_two = events_in(&segs[1].0);
     let later = in_two.last().copied().unwrap() + 1;
-    // Segment 2 delivered: its deletion restates segment 1, all of it pending.
+    // Segment 2 delivered: its deletion restates segment 1, all of it pending but event 3.
     log.stage_settle(2, &Settled::all(in_two.iter().copied(), SIZE));
     round::commit(&mut log, 1_000).unwrap();
     round::commit(&mut log, 1_001).unwrap();

@@ -34,12 +34,13 @@
 //!    segment again from its frames (`engine/sizes.rs`).
 //! 5. **Space back.** A segment with nothing pending is deleted. The oldest one simply goes. A
 //!    younger one may hold settle and retry records about older segments still alive, so those
-//!    are first restated ([`Record::State`], synced) in the head; then the file is removed and
+//!    its records name ([`segment::Refs`]) are first restated ([`Record::State`], synced) in the
+//!    head; then the file is removed and
 //!    its directory synced; one of them may instead be renamed to the spare
 //!    ([`format::SPARE`]), which the next roll renames to the new head's name before writing
 //!    its header (so frames overwrite written blocks: no reserved block converted, no inode
 //!    written, at each sync). A segment pinned by a few events is replaced by a copy of them
-//!    under the same number (`engine/compact.rs`): the older segments are restated first, and
+//!    under the same number (`engine/compact.rs`): the older segments it names are restated first, and
 //!    nothing from it on is deleted while the copy is made.
 //! 6. **Fail-stop.** After a failed write or sync the log refuses every later write: what the
 //!    page cache holds is unknown (as PostgreSQL learned), and a restart recovers from the disk.
@@ -163,6 +164,11 @@ pub struct Log {
     /// The events in `staged`, in order: they join the segment their frame goes to when it is
     /// taken ([`Log::take_frame`]), which may be a new head.
     pending_events: Vec<(Cached, Vec<QueueId>)>,
+    /// The segments the records in `staged` speak of: they join the refs of the segment their
+    /// frame goes to ([`segment::Refs`]).
+    staged_refs: segment::Refs,
+    /// Segments restated ([`Record::State`]) since open, before a deletion or a compaction.
+    restated: u64,
     /// The most recently written events, in sequence order, `opts.tail_bytes` of bodies at most.
     tail: std::collections::VecDeque<Cached>,
     tail_bytes: usize,
@@ -182,6 +188,8 @@ pub struct Log {
     ck_files: HashMap<u64, Arc<dyn FsFile>>,
     /// A checkpoint prepared and not yet written: `(generation, written, ck_asap before)`.
     ck_pending: Option<(u64, u64, bool, HashSet<u64>)>,
+    /// The last checkpoint's buffer, kept for the next ([`Log::reuse_checkpoint_buffer`]).
+    ck_buf: Vec<u8>,
     /// Bytes of the last checkpoint prepared: what taking one costs (`collect.rs` weighs the
     /// segments that wait for one against it).
     ck_len: u64,
@@ -461,7 +469,9 @@ impl Log {
         self.head_allocated = reserve.max(size);
         self.head_written = if hdr.recycled { size } else { 0 }.max(first.len() as u64);
         // A head that was pending adopts no more events: its bits stop at its last sequence.
-        self.segs.push(Seg::new(hdr, file, HEADER as u64));
+        let mut head = Seg::new(hdr, file, HEADER as u64);
+        head.refs = segment::Refs::None;
+        self.segs.push(head);
         Ok(())
     }
 

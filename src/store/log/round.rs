@@ -446,7 +446,11 @@ pub(super) fn hand_over_compaction<H: Host>(host: &H, only: Option<u64>) -> Resu
 /// the previous checkpoint stays valid, and opening the log reads more.
 pub(super) fn checkpoint<H: Host>(host: &H) {
     let prepared = host.log().prepare_checkpoint();
-    let result = prepared.and_then(|w| w.run());
+    let result = prepared.and_then(|w| {
+        let written = w.run();
+        host.log().reuse_checkpoint_buffer(w);
+        written
+    });
     if let Err(e) = &result {
         tracing::warn!(error = %e, "could not write the event log's checkpoint; the next start reads more of the log");
     }
@@ -485,11 +489,12 @@ pub fn scrub(log: &mut Log, now_ms: u64) -> Result<(), StoreError> {
 
 /// Run the scrub's jobs to the end, in place (reads that fail leave their segment unchecked).
 pub(super) fn scrub_all<H: Host>(host: &H) -> Result<(), StoreError> {
+    let mut buf = Vec::new();
     loop {
         let Some(job) = host.log().scrub_job(super::engine::SCRUB_CHUNK) else {
             return Ok(());
         };
-        match job.run() {
+        match job.run(&mut buf) {
             Ok(done) => {
                 host.log().scrub_done(done);
             }

@@ -72,8 +72,10 @@ fn opts(dir: &std::path::Path) -> LogOptions {
 }
 
 /// Segments full of events for queues 1 and 2; queue 1 settles everything and queue 2 events
-/// 101 to 200 and all but one in 50 of the others: the segments of 101 to 200 are dead (with
-/// older live ones to restate), the others pinned by a few events (worth compacting).
+/// 101 to 200 and all but one in 50 of the others: the segments of 101 to 200 are dead, the
+/// others pinned by a few events (worth compacting). Event 1 is settled in queue 2 in the
+/// frame of event 150: that dead segment speaks of the first, live one, which its deletion
+/// restates.
 fn prepared(dir: &std::path::Path) -> Log {
     let known: HashSet<QueueId> = [1, 2].into_iter().collect();
     let fs: Arc<dyn Fs> = Arc::new(RealFs);
@@ -81,6 +83,9 @@ fn prepared(dir: &std::path::Path) -> Log {
     for seq in 1..=400u64 {
         log.stage_events(&[(1, ev(seq, 900)), (2, ev(seq, 900))], 0)
             .unwrap();
+        if seq == 150 {
+            log.stage_settle(2, &Settled::all([1], 0));
+        }
         round::commit(&mut log, seq).unwrap();
     }
     let all: Vec<u64> = (1..=400).collect();

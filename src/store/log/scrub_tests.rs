@@ -89,6 +89,55 @@ fn a_start_from_a_checkpoint_reads_none_of_the_frames_it_vouches_for() {
     );
 }
 
+/// The scrub reads a chunk after another into one buffer: its allocation is reused, and a
+/// frame larger than a chunk (read into it whole) does not leave it larger than a chunk.
+#[test]
+fn the_scrub_reuses_one_buffer_of_at_most_a_chunk() {
+    const CHUNK: u64 = 4 << 10;
+    let fs = SimFs::new(6);
+    let (mut log, _) = Log::open(Arc::new(fs.clone()), opts(), &known(), 1).unwrap();
+    for seq in 1..=60u64 {
+        // Every twentieth event's frame is larger than a chunk.
+        let size = if seq % 20 == 0 {
+            3 * CHUNK as usize
+        } else {
+            500
+        };
+        log.stage_events(&[(1, ev(seq, size))], 0).unwrap();
+        round::commit(&mut log, seq).unwrap();
+    }
+    log.checkpoint().unwrap();
+    drop(log);
+    let (mut log, _) = Log::open(Arc::new(fs.clone()), opts(), &known(), 2).unwrap();
+    let left = log.scrub_left();
+    assert!(left > 10 * CHUNK, "{left} bytes to check");
+    let mut buf = Vec::new();
+    let (mut reused, mut big, mut read) = (0, 0, 0);
+    while let Some(job) = log.scrub_job(CHUNK) {
+        let (ptr, held) = (buf.as_ptr(), buf.capacity());
+        let done = job.run(&mut buf).unwrap();
+        read += done.bytes;
+        if done.bytes > CHUNK {
+            big += 1;
+        } else if held > 0 {
+            assert_eq!(buf.as_ptr(), ptr, "a chunk read into the buffer held");
+            reused += 1;
+        }
+        assert!(
+            buf.capacity() as u64 <= CHUNK,
+            "{} bytes kept after a job",
+            buf.capacity()
+        );
+        assert!(!log.scrub_done(done), "nothing damaged");
+    }
+    assert_eq!(log.scrub_left(), 0);
+    assert!(read >= left, "every byte checked: {read} of {left}");
+    assert!(
+        big >= 2 && reused >= 4,
+        "{big} large frames, {reused} reuses"
+    );
+}
+
 #[test]
 fn damage_in_a_checkpointed_segment_is_found_by_the_scrub_and_reported_with_counts() {
     let fs = SimFs::new(2);

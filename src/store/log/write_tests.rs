@@ -216,3 +216,39 @@ fn opts_on(dir: &str) -> LogOptions {
         refuse_damage: false,
     }
 }
+
+/// A frame of megabytes (a sync was slow while publishes kept coming) read 64 events at a time,
+/// as a drain's refills read it: read from the disk once (the frame cache keeps a frame over
+/// its bound alone), not once per 64 events, each read's copy alive while its events wait.
+#[test]
+fn a_large_frame_is_read_once_by_a_drain_reading_it_in_chunks() {
+    let fs = SimFs::new(21);
+    let lo = LogOptions {
+        dir: "/d/log".into(),
+        tail_bytes: 0,
+        ..super::tests::real_opts(std::path::Path::new("/d"), 64 << 10)
+    };
+    let known: HashSet<crate::store::QueueId> = [1].into_iter().collect();
+    let n = 6_000u64;
+    {
+        let (mut log, _) = Log::open(Arc::new(fs.clone()), lo.clone(), &known, 1).unwrap();
+        let items: Vec<_> = (1..=n).map(|s| (1, ev(s, 500))).collect();
+        log.stage_events(&items, 0).unwrap();
+        round::commit(&mut log, 1).unwrap();
+        log.checkpoint().unwrap();
+    }
+    let (log, _) = Log::open(Arc::new(fs.clone()), lo, &known, 2).unwrap();
+    let frame = log.frame_bytes();
+    assert!(frame > 3 << 20, "one frame of {frame} bytes");
+    let before = fs.bytes_read();
+    let seqs: Vec<u64> = (1..=n).collect();
+    for chunk in seqs.chunks(64) {
+        let got = log.plan_get(1, chunk).run().unwrap();
+        assert!(got.iter().all(Option::is_some));
+    }
+    let read = fs.bytes_read() - before;
+    // Before: 94 reads of the whole frame (about 300 MB).
+    assert!(read < frame * 2, "{read} bytes read for a frame of {frame}");
+    // Its last event read, the frame is not held any more.
+    assert_eq!(log.frame_cache_bytes(), 0);
+}

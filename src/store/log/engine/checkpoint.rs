@@ -42,6 +42,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 const MAGIC: &[u8; 8] = b"GRDCKP02";
+/// A checkpoint buffer is kept when its capacity is at most twice the last checkpoint plus this.
+const CK_BUF_SLACK: usize = 64 << 10;
 const HEAD: usize = 24;
 /// Largest checkpoint body read (a longer length is damage).
 const MAX_BODY: u32 = 512 << 20;
@@ -175,8 +177,22 @@ fn get_pairs(r: &mut Reader<'_>) -> Option<Vec<(u64, u64)>> {
 impl Checkpoint<'_> {
     /// Its bytes: the header, then the body written once into the same buffer, sized ahead
     /// (a checkpoint of a large backlog is megabytes: no second copy, no doubling growth).
+    #[cfg(test)]
     pub(super) fn encode(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(HEAD + self.size_hint());
+        let mut b = Vec::new();
+        self.encode_into(&mut b);
+        b
+    }
+
+    /// [`Checkpoint::encode`] into `b`, whose allocation is reused when it holds the size
+    /// foreseen (the log keeps the last checkpoint's buffer: [`Log::reuse_checkpoint_buffer`]).
+    pub(super) fn encode_into(&self, b: &mut Vec<u8>) {
+        let want = HEAD + self.size_hint();
+        b.clear();
+        if b.capacity() < want {
+            // Not `reserve`: a reallocation would copy the old buffer's bytes for nothing.
+            *b = Vec::with_capacity(want);
+        }
         b.extend_from_slice(MAGIC);
         b.extend_from_slice(&self.generation.to_le_bytes());
         // Body length and CRC, filled in below.
@@ -202,15 +218,15 @@ impl Checkpoint<'_> {
             b.extend_from_slice(&s.events.to_le_bytes());
             b.extend_from_slice(&s.first_seq.unwrap_or(0).to_le_bytes());
             b.extend_from_slice(&s.last_seq.to_le_bytes());
-            put_pairs(&mut b, &s.index);
-            put_pairs(&mut b, &s.ms_runs);
+            put_pairs(b, &s.index);
+            put_pairs(b, &s.ms_runs);
             b.extend_from_slice(&(s.live.len() as u32).to_le_bytes());
             for (q, words) in &s.live {
                 b.extend_from_slice(&q.to_le_bytes());
-                put_words(&mut b, words);
+                put_words(b, words);
             }
         }
-        super::sizes::put_trailer(&mut b, &self.segs);
+        super::sizes::put_trailer(b, &self.segs);
         let body = b.get(HEAD..).unwrap_or_default();
         let (len, crc) = (
             (body.len() as u32).to_le_bytes(),
@@ -219,7 +235,6 @@ impl Checkpoint<'_> {
         for (to, from) in b.iter_mut().skip(16).zip(len.iter().chain(&crc)) {
             *to = *from;
         }
-        b
     }
 
     /// About the body's length (the words of a queue at their longest, as if none were runs).
@@ -464,15 +479,37 @@ impl Log {
                 f
             }
         };
-        let (bytes, owed) = {
+        let mut bytes = std::mem::take(&mut self.ck_buf);
+        let owed = {
             let ck = self.snapshot();
-            (ck.encode(), owed_in(&ck))
+            ck.encode_into(&mut bytes);
+            owed_in(&ck)
         };
         // Taken back if this checkpoint is not written.
         let asap = std::mem::take(&mut self.ck_asap);
         self.ck_pending = Some((generation, self.written, asap, owed));
         self.ck_len = bytes.len() as u64;
         Ok(CheckpointWrite { file, path, bytes })
+    }
+
+    /// Keep `w`'s buffer for the next checkpoint, unless it holds more than twice what was
+    /// written in it ([`CK_BUF_SLACK`] aside): a drain takes a checkpoint every few segments
+    /// it empties, each megabytes at 100 M events, and a fresh buffer each time was faulted in
+    /// page by page and given back 10 ms later (a quarter of a 100 M drain's page faults). The
+    /// buffer kept is the last checkpoint's size, at most twice: it shrinks with the log.
+    pub fn reuse_checkpoint_buffer(&mut self, w: CheckpointWrite) {
+        let keep = 2 * w.bytes.len() + CK_BUF_SLACK;
+        if w.bytes.capacity() <= keep {
+            self.ck_buf = w.bytes;
+        } else {
+            self.ck_buf = Vec::new();
+        }
+    }
+
+    /// Capacity of the checkpoint buffer kept (tests).
+    #[cfg(test)]
+    pub(super) fn checkpoint_buffer(&self) -> (*const u8, usize) {
+        (self.ck_buf.as_ptr(), self.ck_buf.capacity())
     }
 
     /// A checkpoint prepared by [`Log::prepare_checkpoint`] was written (`ok`) or not.
@@ -495,6 +532,7 @@ impl Log {
     pub fn checkpoint(&mut self) -> Result<(), StoreError> {
         let w = self.prepare_checkpoint()?;
         let r = w.run();
+        self.reuse_checkpoint_buffer(w);
         self.checkpoint_done(r.is_ok());
         r
     }
@@ -540,57 +578,5 @@ fn owed_in(ck: &Checkpoint<'_>) -> HashSet<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn checkpoints_round_trip_and_damage_is_refused() {
-        let mut words = vec![u64::MAX; 1000];
-        words.push(0b1011);
-        words.extend([0, 0, 0]);
-        let c = Checkpoint {
-            generation: 7,
-            max_seq: 99,
-            dropped: vec![4],
-            retries: vec![(
-                (1, 5),
-                RetryState {
-                    attempts: 2,
-                    first_enqueued_ms: 3,
-                    due_ms: 4,
-                },
-            )],
-            segs: vec![SegState {
-                no: 3,
-                salt: 0x5eed,
-                len: 4096,
-                events: 64_000,
-                first_seq: Some(1),
-                last_seq: 64_067,
-                index: vec![(1, 48), (900, 33_000)].into(),
-                ms_runs: vec![(1, 1000), (500, 2000)].into(),
-                live: vec![(1, words.into()), (2, vec![].into())],
-                bytes: Some(vec![(1, 64_123), (2, 0)]),
-            }],
-        };
-        let b = c.encode();
-        assert!(
-            b.len() < 300,
-            "runs keep a full backlog's bits small: {}",
-            b.len()
-        );
-        assert_eq!(Checkpoint::decode(&b), Some(c.clone()));
-        for cut in [0, 10, HEAD, b.len() - 1] {
-            assert_eq!(Checkpoint::decode(&b[..cut]), None, "cut at {cut}");
-        }
-        let mut flipped = b.clone();
-        flipped[HEAD + 3] ^= 1;
-        assert_eq!(Checkpoint::decode(&flipped), None);
-        // The earlier format (no pending-bytes trailer) still reads, its bytes unknown.
-        let mut old = c.clone();
-        old.segs[0].bytes = None;
-        let short = old.encode();
-        assert_eq!(short.len(), b.len() - (1 + 4 + 2 * 20));
-        assert_eq!(Checkpoint::decode(&short), Some(old));
-    }
-}
+#[path = "checkpoint_tests.rs"]
+mod tests;

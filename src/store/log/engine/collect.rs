@@ -11,6 +11,7 @@
 //! and cut at recovery like a torn tail.
 
 use super::format::{QueueState, Record, HEADER, SPARE};
+use super::segment::Refs;
 use super::Log;
 use crate::store::StoreError;
 
@@ -71,10 +72,12 @@ impl Log {
         // A segment kept for the checkpoint owes nothing, and the settlements that made it so
         // may be in a younger segment deleted now: it is restated too (plain crashsim seed
         // 1,490 at 60 operations: its events came back after a cut).
-        let records = self.restatements(newest_dead, dead.len() < owed);
-        for r in records {
-            r.encode(&mut self.staged);
-        }
+        // Only the live segments that the records of those deleted now speak of.
+        let refs = dead
+            .iter()
+            .filter_map(|i| self.segs.get(*i))
+            .fold(Refs::None, |r, s| r.union(s.refs));
+        self.stage_restatements(newest_dead, dead.len() < owed, refs);
         dead.iter()
             .filter_map(|i| self.segs.get(*i).map(|s| s.hdr.no))
             .collect()
@@ -103,14 +106,28 @@ impl Log {
         head.min(keep_from)
     }
 
+    /// Stage the [`Log::restatements`] of the segments before `upto` that `refs` names, and
+    /// note them in the staged frame's refs (that frame restates them).
+    pub(super) fn stage_restatements(&mut self, upto: usize, all: bool, refs: Refs) {
+        for r in self.restatements(upto, all, refs) {
+            if let Record::State { segment, .. } = &r {
+                self.staged_refs.add(*segment);
+                self.restated += 1;
+            }
+            r.encode(&mut self.staged);
+        }
+    }
+
     /// A [`Record::State`] for every segment before position `upto` that owes anything (or
-    /// every one with events, `all`: those that owe nothing but are still there), so that the
-    /// records about them in the segments from `upto` on are no longer needed.
-    pub(super) fn restatements(&self, upto: usize, all: bool) -> Vec<Record> {
+    /// every one with events, `all`: those that owe nothing but are still there) and that
+    /// `refs` names (the records of the segments about to go speak of it), so that the records
+    /// about them in the segments from `upto` on are no longer needed. A segment they do not
+    /// name owes what its own records and the records of the segments that stay say.
+    pub(super) fn restatements(&self, upto: usize, all: bool, refs: Refs) -> Vec<Record> {
         let mut records = Vec::new();
         for s in self.segs.iter().take(upto) {
             let Some(first) = s.first_seq else { continue };
-            if s.pending() == 0 && !all {
+            if (s.pending() == 0 && !all) || !refs.has(s.hdr.no) {
                 continue;
             }
             let queues = s

@@ -169,12 +169,11 @@ impl Log {
         };
         // Segments that owe nothing too: they are deleted later, and the old file may hold the
         // settlements that made them so.
-        for r in self.restatements(pick, true) {
-            r.encode(&mut self.staged);
-        }
+        let (refs, reserve) = (seg.refs, max_copy.min(seg.len));
+        self.stage_restatements(pick, true, refs);
         self.compacting = Some(InFlight {
             no: job.hdr.no,
-            reserve: max_copy.min(seg.len),
+            reserve,
         });
         Some(job)
     }

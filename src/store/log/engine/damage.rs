@@ -208,8 +208,22 @@ pub(crate) fn read_whole(file: &dyn FsFile, size: u64) -> io::Result<Vec<u8>> {
 
 /// The bytes of `file` from `from` to `to` in memory (fewer where the file ends before).
 pub(crate) fn read_range(file: &dyn FsFile, from: u64, to: u64) -> io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    read_range_into(file, from, to, &mut buf)?;
+    Ok(buf)
+}
+
+/// [`read_range`] into `buf`, whose allocation is reused when it is large enough (the scrub
+/// reads a chunk after another into one buffer).
+pub(crate) fn read_range_into(
+    file: &dyn FsFile,
+    from: u64,
+    to: u64,
+    buf: &mut Vec<u8>,
+) -> io::Result<()> {
     let n = to.saturating_sub(from);
-    let mut buf = vec![0u8; usize::try_from(n).map_err(io::Error::other)?];
+    buf.clear();
+    buf.resize(usize::try_from(n).map_err(io::Error::other)?, 0);
     let mut at = 0usize;
     while at < buf.len() {
         let n = file.read_at(buf.get_mut(at..).unwrap_or_default(), from + at as u64)?;
@@ -219,7 +233,7 @@ pub(crate) fn read_range(file: &dyn FsFile, from: u64, to: u64) -> io::Result<Ve
         }
         at += n;
     }
-    Ok(buf)
+    Ok(())
 }
 
 /// How a damaged file goes to the quarantine folder.

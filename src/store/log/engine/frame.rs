@@ -109,6 +109,10 @@ impl Log {
         let Some(seg) = self.segs.last_mut() else {
             return Err(StoreError::Io("event log has no segment".into()));
         };
+        seg.refs = seg.refs.union(std::mem::replace(
+            &mut self.staged_refs,
+            super::segment::Refs::None,
+        ));
         let align = self.opts.align.max(1);
         let offset = seg.len;
         let start = offset - self.head_block.len() as u64;

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 /// Bytes of frames [`FrameCache`] keeps at most (a frame's payload plus what each of its events
-/// costs besides: its [`Cached`] and its id); a frame over half of it is not kept.
+/// costs besides: its [`Cached`] and its id); a frame over half of it is kept alone.
 pub const FRAME_CACHE_BYTES: usize = 2 << 20;
 /// What the allocator spends on an id besides its bytes (rounding, header).
 const ID_OVERHEAD: usize = 16;
@@ -45,11 +45,26 @@ impl FrameCache {
         self.frames.get(&key).cloned()
     }
 
+    fn remove(&mut self, key: FrameKey) {
+        if let Some(f) = self.frames.remove(&key) {
+            self.bytes -= f.bytes;
+            self.order.retain(|k| *k != key);
+        }
+    }
+
+    /// Keep `frame`, the oldest out first. A frame over half the bound is kept alone (every
+    /// other one out), until the next frame put or a read of its last event: a frame written while a sync was slow holds
+    /// megabytes of events, and a drain reads it 64 events at a time. Not kept, each of those
+    /// reads read, checked and decoded it whole again, and each read's copy stayed alive while
+    /// its events waited in the window or in a delivery (several copies of one large frame: the
+    /// drain's largest transient). Kept, it is read once; its payload is held as long as its
+    /// events are anyway, so the cache adds only the decoded events.
     fn put(&mut self, key: FrameKey, frame: Arc<Decoded>) {
-        if frame.bytes > FRAME_CACHE_BYTES / 2 || self.frames.contains_key(&key) {
+        if self.frames.contains_key(&key) {
             return;
         }
-        while self.bytes + frame.bytes > FRAME_CACHE_BYTES {
+        let limit = FRAME_CACHE_BYTES.max(frame.bytes);
+        while self.bytes + frame.bytes > limit {
             let Some(old) = self.order.pop_front() else {
                 break;
             };
@@ -289,8 +304,18 @@ impl Reads {
         offset: u64,
         last: u64,
     ) -> Result<Option<Arc<Decoded>>, StoreError> {
-        if let Some(f) = crate::sync::lock(&self.frames).get((p.no, p.salt, offset)) {
-            return Ok(Some(f));
+        let key = (p.no, p.salt, offset);
+        {
+            let mut cache = crate::sync::lock(&self.frames);
+            if let Some(f) = cache.get(key) {
+                // A frame kept over the bound goes once a read reaches its last event: held
+                // only while a reader is inside it, never while the log idles.
+                if f.bytes > FRAME_CACHE_BYTES / 2 && f.events.last().is_none_or(|e| e.seq <= last)
+                {
+                    cache.remove(key);
+                }
+                return Ok(Some(f));
+            }
         }
         let frame = read_frame(&*p.file, p.salt, offset, p.end)
             .map_err(|e| StoreError::Io(e.to_string()))?;
@@ -366,8 +391,16 @@ mod tests {
     #[test]
     fn the_frame_cache_keeps_its_bound_oldest_out_first() {
         let mut c = FrameCache::default();
-        c.put((1, 1, 0), frame(FRAME_CACHE_BYTES / 2 + 1));
-        assert_eq!(c.bytes(), 0, "a frame over half the bound is not kept");
+        c.put((1, 1, 100), frame(FRAME_CACHE_BYTES / 4));
+        c.put((1, 1, 0), frame(3 * FRAME_CACHE_BYTES));
+        assert_eq!(
+            c.bytes(),
+            3 * FRAME_CACHE_BYTES,
+            "a frame over the bound is kept alone"
+        );
+        assert!(c.get((1, 1, 0)).is_some() && c.get((1, 1, 100)).is_none());
+        c.put((3, 1, 1), frame(FRAME_CACHE_BYTES / 4));
+        assert_eq!(c.bytes(), FRAME_CACHE_BYTES / 4, "until the next frame");
         for i in 0..10u64 {
             c.put((1, 1, i), frame(FRAME_CACHE_BYTES / 4));
             assert!(c.bytes() <= FRAME_CACHE_BYTES);

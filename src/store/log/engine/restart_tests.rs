@@ -362,3 +362,108 @@ fn a_start_opens_each_segment_once_and_asks_for_every_header_ahead() {
     let hints = fs.hints.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(hints, segments as u64, "a header hint per segment");
 }
+
+/// A drain after a restart writes its settle records into new heads that hold no events; each
+/// such head goes once it fills a quarter of a segment. Deleting it restates only the live
+/// segments its records speak of (the few being drained), not every segment behind them: at
+/// 100 M events (2,000 segments) restating the whole backlog wrote 12 MB per deleted head, a
+/// head of only restatements, deleted at once and restated again, and the committer's round
+/// grew with the backlog (`engine/collect.rs`).
+#[test]
+fn deleting_a_settle_only_head_restates_only_the_segments_it_speaks_of() {
+    let fs: Arc<dyn crate::store::fs::Fs> = Arc::new(SimFs::new(12));
+    let seg = 32 << 10;
+    let n = 24_000u64;
+    {
+        let (mut log, _) = Log::open(fs.clone(), opts(seg), &known(), 1).unwrap();
+        for chunk in (1..=n).collect::<Vec<_>>().chunks(40) {
+            let items: Vec<(QueueId, StoredEvent)> = chunk.iter().map(|&s| (1, ev(s, 5))).collect();
+            log.stage_events(&items, 0).unwrap();
+            round::commit(&mut log, chunk[0]).unwrap();
+        }
+        log.checkpoint().unwrap();
+    }
+    let (mut log, recovered) = Log::open(fs.clone(), opts(seg), &known(), 2).unwrap();
+    assert_eq!(recovered[&1].len() as u64, n);
+    let segments = log.segs.len();
+    assert!(segments > 100, "{segments} segments");
+    let first_new = log.segs.last().map_or(0, |s| s.hdr.no) + 1;
+    // Drain the first tenth, 20 events a round: settle records only, into new heads.
+    let drained = n / 10;
+    for chunk in (1..=drained).collect::<Vec<_>>().chunks(20) {
+        let settled: Vec<Settled> = chunk.iter().map(|&s| Settled::new(s, 200)).collect();
+        log.stage_settle(1, &settled);
+        round::commit(&mut log, n + chunk[0]).unwrap();
+    }
+    let gone_new = first_new..log.segs.iter().map(|s| s.hdr.no).max().unwrap_or(0);
+    let deleted_new = gone_new
+        .filter(|no| !log.segs.iter().any(|s| s.hdr.no == *no))
+        .count();
+    assert!(
+        deleted_new >= 2,
+        "settle-only heads were deleted: {deleted_new}"
+    );
+    // Each deletion restates the segment being drained and those emptied that wait for a
+    // checkpoint; before, every segment with events (over 100 here) each time.
+    assert!(
+        log.restated <= 8 * deleted_new as u64,
+        "{} segments restated for {deleted_new} heads deleted ({segments} segments)",
+        log.restated
+    );
+    // What was restated (and what was not) comes back the same after a crash: the frames
+    // since the checkpoint, without it too.
+    let pending: Vec<u64> = (drained + 1..=n).collect();
+    drop(log);
+    let (log, recovered) = Log::open(fs.clone(), opts(seg), &known(), 3).unwrap();
+    let got: Vec<u64> = recovered[&1].events().iter().map(|(s, _)| *s).collect();
+    assert_eq!(got, pending);
+    drop(log);
+    for slot in 0..2 {
+        let _ = fs.remove(&Path::new("/d/log").join(format!("checkpoint.{slot}")));
+    }
+    let (_, recovered) = Log::open(fs, opts(seg), &known(), 4).unwrap();
+    let got: Vec<u64> = recovered[&1].events().iter().map(|(s, _)| *s).collect();
+    assert_eq!(got, pending, "from every segment's frames");
+}
+
+/// A checkpoint is encoded into the last one's buffer when it fits (no fresh megabytes
+/// faulted in at each checkpoint of a long drain), and the buffer kept shrinks with the log:
+/// at most twice the last checkpoint written, plus 64 KiB.
+#[test]
+fn a_checkpoint_reuses_the_last_ones_buffer_and_keeps_it_bounded() {
+    let fs: Arc<dyn crate::store::fs::Fs> = Arc::new(SimFs::new(13));
+    let (mut log, _) = Log::open(fs, opts(4 << 10), &known(), 1).unwrap();
+    let n = 40_000u64;
+    // A frame of 20 events (4 KB) a segment: 2,000 segments.
+    for chunk in (1..=n).collect::<Vec<_>>().chunks(20) {
+        let items: Vec<(QueueId, StoredEvent)> = chunk.iter().map(|&s| (1, ev(s, 5))).collect();
+        log.stage_events(&items, 0).unwrap();
+        round::commit(&mut log, chunk[0]).unwrap();
+    }
+    log.checkpoint().unwrap();
+    let (ptr, cap) = log.checkpoint_buffer();
+    let big = log.ck_len as usize;
+    assert!(big > 200 << 10, "a checkpoint of {big} bytes");
+    assert!(
+        cap >= big && cap <= 2 * big + (64 << 10),
+        "{cap} kept for {big}"
+    );
+    // The same log again: encoded into the same buffer.
+    log.checkpoint().unwrap();
+    assert_eq!(log.checkpoint_buffer().0, ptr, "the buffer was reused");
+    // Most of it drained: the checkpoint shrinks, and so does the buffer kept.
+    let settled: Vec<Settled> = (1..=n - 100).map(|s| Settled::new(s, 200)).collect();
+    log.stage_settle(1, &settled);
+    round::commit(&mut log, 2 * n).unwrap();
+    log.checkpoint().unwrap();
+    let small = log.ck_len as usize;
+    assert!(
+        small * 10 < big,
+        "{small} bytes after the drain, {big} before"
+    );
+    let (_, cap) = log.checkpoint_buffer();
+    assert!(
+        cap <= 2 * small + (64 << 10),
+        "{cap} bytes kept for a checkpoint of {small}"
+    );
+}

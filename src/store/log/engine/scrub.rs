@@ -91,15 +91,29 @@ pub struct Scrubbed {
 }
 
 impl ScrubJob {
-    /// Read one chunk (at least one whole frame) from the job's offset and check its frames.
+    /// Read one chunk (at least one whole frame) from the job's offset into `buf` and check
+    /// its frames. `buf` is the caller's, reused from one job to the next: a pass reads about
+    /// 32 chunks a second, and a fresh 1 MiB buffer for each was zeroed into pages the
+    /// allocator had just given back (page faults, and RSS while they waited to go back). A
+    /// frame larger than a chunk is read into it whole, and the buffer is then dropped, so that
+    /// it keeps at most a chunk's capacity between jobs ([`ScrubJob::run`] never holds more
+    /// than one frame or one chunk).
     ///
     /// # Errors
     /// The read failed.
-    pub fn run(&self) -> io::Result<Scrubbed> {
+    pub fn run(&self, buf: &mut Vec<u8>) -> io::Result<Scrubbed> {
+        let done = self.check(buf);
+        if buf.capacity() as u64 > self.chunk.max(FRAME_HEAD as u64) {
+            *buf = Vec::new();
+        }
+        done
+    }
+
+    fn check(&self, buf: &mut Vec<u8>) -> io::Result<Scrubbed> {
         let mut at = self.from;
         let mut bytes = 0;
         let want = (self.end - at).min(self.chunk.max(FRAME_HEAD as u64));
-        let mut buf = damage::read_range(&*self.file, at, at + want)?;
+        damage::read_range_into(&*self.file, at, at + want, buf)?;
         bytes += buf.len() as u64;
         let mut rel = 0usize;
         let damaged = loop {
@@ -124,14 +138,14 @@ impl ScrubJob {
                     break None;
                 }
                 // A frame larger than a chunk: read it whole.
-                buf = damage::read_range(&*self.file, offset, next)?;
+                damage::read_range_into(&*self.file, offset, next, buf)?;
                 bytes += buf.len() as u64;
                 at = offset;
                 if buf.len() as u64 != next - offset {
                     break Some(offset);
                 }
             }
-            match damage::frame_at(&buf, self.salt, rel as u64) {
+            match damage::frame_at(buf, self.salt, rel as u64) {
                 Some((_, end)) => rel = end as usize,
                 None => break Some(offset),
             }

@@ -102,6 +102,46 @@ impl Bits {
     }
 }
 
+/// The segments that a segment's settle, retry and state records speak of (by number): a
+/// range that holds them all, or every segment when that is not known (a segment that was
+/// there when the log opened, or a compacted copy). Deleting a segment restates only the live
+/// segments its records name ([`super::Log::restatements`]): a drain's settle-only heads name
+/// the few segments being drained, not the whole backlog behind them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refs {
+    /// No such record.
+    None,
+    /// Every segment named is numbered within `first..=last`.
+    Range(u64, u64),
+    /// Not known: any segment.
+    All,
+}
+
+impl Refs {
+    /// Note segment `no`.
+    pub(super) fn add(&mut self, no: u64) {
+        *self = self.union(Refs::Range(no, no));
+    }
+
+    /// What either names.
+    pub(super) fn union(self, other: Refs) -> Refs {
+        match (self, other) {
+            (Refs::All, _) | (_, Refs::All) => Refs::All,
+            (Refs::None, r) | (r, Refs::None) => r,
+            (Refs::Range(a, b), Refs::Range(c, d)) => Refs::Range(a.min(c), b.max(d)),
+        }
+    }
+
+    /// Whether segment `no` may be named.
+    pub(super) fn has(self, no: u64) -> bool {
+        match self {
+            Refs::None => false,
+            Refs::Range(a, b) => a <= no && no <= b,
+            Refs::All => true,
+        }
+    }
+}
+
 /// One segment file and what it still owes.
 pub(super) struct Seg {
     pub(super) hdr: Header,
@@ -129,6 +169,8 @@ pub(super) struct Seg {
     /// Damaged spans found when the log opened, `(start, next frame)` in order: reads and
     /// compaction step over them (`engine/damage.rs`).
     pub(super) holes: Vec<(u64, u64)>,
+    /// The segments its records speak of (settlements, retry states, restatements): [`Refs`].
+    pub(super) refs: Refs,
 }
 
 impl Seg {
@@ -147,6 +189,7 @@ impl Seg {
             settled_ms: 0,
             skip_floor: 0,
             holes: Vec::new(),
+            refs: Refs::All,
         }
     }
 

@@ -134,13 +134,22 @@ impl Log {
 
     /// The settle record of one segment's run of settled events.
     fn stage_settled(&mut self, queue: QueueId, run: Option<(usize, Vec<u64>, u64)>) {
-        if let Some((_, seqs, bytes)) = run {
+        if let Some((i, seqs, bytes)) = run {
+            self.stage_ref(Some(i));
             Record::Settle {
                 queue,
                 seqs,
                 bytes: Some(bytes),
             }
             .encode(&mut self.staged);
+        }
+    }
+
+    /// Note that the records staged speak of the segment at `seg` (any, when not known).
+    fn stage_ref(&mut self, seg: Option<usize>) {
+        match seg.and_then(|i| self.segs.get(i)) {
+            Some(s) => self.staged_refs.add(s.hdr.no),
+            None => self.staged_refs = super::segment::Refs::All,
         }
     }
 
@@ -153,6 +162,7 @@ impl Log {
             .collect();
         for s in &live {
             self.retries.insert((queue, *s), state);
+            self.stage_ref(self.seg_of(*s));
         }
         if !live.is_empty() {
             Record::Retry {
@@ -169,6 +179,7 @@ impl Log {
     pub fn stage_drop_queue(&mut self, queue: QueueId) {
         self.dropped.insert(queue);
         self.drop_queue_state(queue);
+        self.staged_refs = super::segment::Refs::All;
         Record::DropQueue { queue }.encode(&mut self.staged);
     }
 
