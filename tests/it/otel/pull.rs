@@ -80,6 +80,16 @@ async fn settle(t: &TestGridlet, op: &str, tokens: &[&str], caller: Option<Strin
     r.json().await.unwrap()
 }
 
+/// The span id of the `nth` publish span (in start order) of trace `trace`.
+fn publish_span(spans: &[Value], trace: &str, nth: usize) -> String {
+    let mut of: Vec<&Value> = named(spans, "publish")
+        .into_iter()
+        .filter(|s| s["trace_id"] == trace)
+        .collect();
+    of.sort_by_key(|s| s["start"].as_u64());
+    of[nth]["span_id"].as_str().unwrap().to_string()
+}
+
 /// The span named `name`, the only one.
 fn the<'a>(spans: &'a [Value], name: &str) -> &'a Value {
     let of = named(spans, name);
@@ -105,14 +115,7 @@ async fn a_receive_is_a_span_in_the_received_events_trace_linking_the_others_and
     let spans = c
         .until("three publish spans", |s| count(s, "publish") == 3)
         .await;
-    let publish_of = |trace: &str, nth: usize| -> String {
-        let mut of: Vec<&Value> = named(&spans, "publish")
-            .into_iter()
-            .filter(|s| s["trace_id"] == trace)
-            .collect();
-        of.sort_by_key(|s| s["start"].as_u64());
-        of[nth]["span_id"].as_str().unwrap().to_string()
-    };
+    let publish_of = |trace: &str, nth: usize| publish_span(&spans, trace, nth);
     let (p1, p2, p3) = (
         publish_of(TRACE, 0),
         publish_of(OTHER, 0),
@@ -203,14 +206,7 @@ async fn settle_spans(persisted: bool) {
     let spans = c
         .until("four publish spans", |s| count(s, "publish") == 4)
         .await;
-    let publish_of = |trace: &str, nth: usize| -> String {
-        let mut of: Vec<&Value> = named(&spans, "publish")
-            .into_iter()
-            .filter(|s| s["trace_id"] == trace)
-            .collect();
-        of.sort_by_key(|s| s["start"].as_u64());
-        of[nth]["span_id"].as_str().unwrap().to_string()
-    };
+    let publish_of = |trace: &str, nth: usize| publish_span(&spans, trace, nth);
     let (p1, p2, p3, p4) = (
         publish_of(TRACE, 0),
         publish_of(OTHER, 0),
