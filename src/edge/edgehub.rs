@@ -11,21 +11,18 @@
 //!   QoS 1; success is edgeHub's PUBACK (it acknowledges once the message is stored).
 //!
 //! ## Matching PUBACKs to publishes
-//! rumqttc assigns packet ids inside its event loop, so a caller cannot know its id. But the loop
-//! takes requests from its channel strictly in order and reports each with
-//! `Outgoing::Publish(pkid)` (or `Outgoing::AwaitAck(pkid)` on an id collision, followed later by
-//! one more `Outgoing::Publish(pkid)` for the same message). So callers enqueue under the
-//! `Tracker` lock (a waiter is pushed in the same order as the request), the owner task pops
-//! the oldest waiter on each outgoing report and files it under its packet id, and a PUBACK
-//! resolves the oldest waiter filed under that id. When the connection fails, the owner takes the
+//! As for the MQTT destination: callers queue a waiter under the tracker's lock with their
+//! request, the owner task files it under its packet id and a PUBACK answers it
+//! ([`crate::outbound::mqtt::acks`] says how). When the connection fails, the owner takes the
 //! lock, drains rumqttc's channel and pending list (a clean session would drop them anyway) and
-//! fails every waiter, so order and waiters stay in step. Failed deliveries follow the normal
-//! retry rules; a message whose PUBACK was lost may arrive twice (at least once).
+//! fails every waiter. Failed deliveries follow the normal retry rules; a message whose PUBACK
+//! was lost may arrive twice (at least once).
 
 use super::sas::{self, SasToken};
 use super::workload::{encode, WorkloadClient};
 use crate::clock::Clock;
 use crate::delivery::sink::{DeliveryRequest, FailureKind, Outcome, Sink};
+use crate::outbound::mqtt::acks::{PubackWaiter, Tracker};
 use crate::outbound::sinks::edgehub::ModuleOutputs;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -33,7 +30,6 @@ use rumqttc::{
     AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, Outgoing, Packet, QoS,
     TlsConfiguration, Transport,
 };
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -62,65 +58,15 @@ pub enum PublishError {
     Closed,
 }
 
+/// A publish's waiter: `None` for a request nobody waits for (a QoS 0 twin request).
 type Waiter = Option<oneshot::Sender<Result<(), PublishError>>>;
 
-/// Publish waiters in rumqttc's request order, and by packet id once sent.
-#[derive(Default)]
-struct Tracker {
-    unsent: VecDeque<Waiter>,
-    awaiting: HashMap<u16, VecDeque<Waiter>>,
-    collided: Option<u16>,
-}
-
-impl Tracker {
-    /// `Outgoing::Publish(pkid)`: the oldest unsent request went out.
-    fn sent(&mut self, pkid: u16) {
-        if self.collided == Some(pkid) {
-            // The re-send of a collided publish: its waiter is already filed.
-            self.collided = None;
-            return;
+impl PubackWaiter for Waiter {
+    type Error = PublishError;
+    fn answer(self, outcome: Result<(), PublishError>) {
+        if let Some(tx) = self {
+            let _ = tx.send(outcome);
         }
-        let Some(w) = self.unsent.pop_front() else {
-            return;
-        };
-        if pkid == 0 {
-            // QoS 0: nothing to wait for.
-            if let Some(tx) = w {
-                let _ = tx.send(Ok(()));
-            }
-        } else {
-            self.awaiting.entry(pkid).or_default().push_back(w);
-        }
-    }
-
-    /// `Outgoing::AwaitAck(pkid)`: the oldest request collided with an unacknowledged id; it is
-    /// sent (and reported once more) after that id's PUBACK.
-    fn collision(&mut self, pkid: u16) {
-        if let Some(w) = self.unsent.pop_front() {
-            self.awaiting.entry(pkid).or_default().push_back(w);
-            self.collided = Some(pkid);
-        }
-    }
-
-    fn acked(&mut self, pkid: u16) {
-        let w = self.awaiting.get_mut(&pkid).and_then(VecDeque::pop_front);
-        if self.awaiting.get(&pkid).is_some_and(VecDeque::is_empty) {
-            self.awaiting.remove(&pkid);
-        }
-        if let Some(Some(tx)) = w {
-            let _ = tx.send(Ok(()));
-        }
-    }
-
-    fn fail_all(&mut self, e: &PublishError) {
-        let waiters = self
-            .unsent
-            .drain(..)
-            .chain(self.awaiting.drain().flat_map(|(_, q)| q));
-        for tx in waiters.flatten() {
-            let _ = tx.send(Err(e.clone()));
-        }
-        self.collided = None;
     }
 }
 
@@ -183,7 +129,7 @@ pub fn output_topic(device_id: &str, module_id: &str, output: &str) -> String {
 
 struct Shared {
     client: AsyncClient,
-    tracker: Mutex<Tracker>,
+    tracker: Mutex<Tracker<Waiter>>,
     connected: AtomicBool,
     device_id: String,
     module_id: String,
@@ -249,7 +195,7 @@ impl EdgeHub {
         self.shared.connected.load(Ordering::Relaxed)
     }
 
-    fn tracker(&self) -> std::sync::MutexGuard<'_, Tracker> {
+    fn tracker(&self) -> std::sync::MutexGuard<'_, Tracker<Waiter>> {
         self.shared
             .tracker
             .lock()
@@ -290,7 +236,7 @@ impl EdgeHub {
         let mut t = self.tracker();
         match self.shared.client.try_publish(topic, qos, false, payload) {
             Ok(()) => {
-                t.unsent.push_back(waiter);
+                t.queued(waiter);
                 Ok(())
             }
             Err(rumqttc::ClientError::TryRequest(_)) => Err(PublishError::QueueFull),
@@ -370,7 +316,7 @@ impl HubConnection {
                 }
                 self.notify_twin(HubMessage::Connected);
             }
-            Event::Incoming(Packet::PubAck(ack)) => self.lock().acked(ack.pkid),
+            Event::Incoming(Packet::PubAck(ack)) => self.lock().acked(ack.pkid, Ok(())),
             Event::Incoming(Packet::Publish(p)) => {
                 let topic = p.topic.clone();
                 self.notify_twin(HubMessage::Publish {
@@ -378,13 +324,15 @@ impl HubConnection {
                     payload: p.payload,
                 });
             }
-            Event::Outgoing(Outgoing::Publish(pkid)) => self.lock().sent(pkid),
+            Event::Outgoing(Outgoing::Publish(pkid)) => {
+                self.lock().sent(pkid);
+            }
             Event::Outgoing(Outgoing::AwaitAck(pkid)) => self.lock().collision(pkid),
             _ => {}
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Tracker> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tracker<Waiter>> {
         self.shared
             .tracker
             .lock()
@@ -483,9 +431,9 @@ impl Sink for EdgeHubSink {
 mod tests {
     use super::*;
 
-    fn waiter(t: &mut Tracker) -> oneshot::Receiver<Result<(), PublishError>> {
+    fn waiter(t: &mut Tracker<Waiter>) -> oneshot::Receiver<Result<(), PublishError>> {
         let (tx, rx) = oneshot::channel();
-        t.unsent.push_back(Some(tx));
+        t.queued(Some(tx));
         rx
     }
 
@@ -500,19 +448,19 @@ mod tests {
 
     #[test]
     fn pubacks_resolve_the_publish_they_belong_to() {
-        let mut t = Tracker::default();
+        let mut t = Tracker::<Waiter>::default();
         let mut a = waiter(&mut t);
         let mut b = waiter(&mut t);
-        t.unsent.push_back(None); // a QoS 0 twin request in between
+        t.queued(None); // a QoS 0 twin request in between
         let mut c = waiter(&mut t);
         t.sent(1);
         t.sent(2);
         t.sent(0);
         t.sent(3);
-        t.acked(2);
+        t.acked(2, Ok(()));
         assert_eq!(b.try_recv(), Ok(Ok(())));
         assert!(a.try_recv().is_err());
-        t.acked(1);
+        t.acked(1, Ok(()));
         assert_eq!(a.try_recv(), Ok(Ok(())));
         t.fail_all(&PublishError::Disconnected);
         assert_eq!(c.try_recv(), Ok(Err(PublishError::Disconnected)));
@@ -520,19 +468,19 @@ mod tests {
 
     #[test]
     fn a_collided_publish_is_matched_once() {
-        let mut t = Tracker::default();
+        let mut t = Tracker::<Waiter>::default();
         let mut old = waiter(&mut t);
         t.sent(5);
         let mut new = waiter(&mut t);
         let mut next = waiter(&mut t);
         t.collision(5); // `new` got id 5 while `old` still waits for its PUBACK
-        t.acked(5);
+        t.acked(5, Ok(()));
         assert_eq!(old.try_recv(), Ok(Ok(())));
         t.sent(5); // the re-send of `new`
         t.sent(6); // `next`
-        t.acked(5);
+        t.acked(5, Ok(()));
         assert_eq!(new.try_recv(), Ok(Ok(())));
-        t.acked(6);
+        t.acked(6, Ok(()));
         assert_eq!(next.try_recv(), Ok(Ok(())));
     }
 }

@@ -1,5 +1,6 @@
 //! A publishing connection's acknowledgements: why a publish failed ([`PublishError`], the
-//! PUBACK reason codes), and which publish each PUBACK answers ([`Tracker`]).
+//! PUBACK reason codes), and which publish each PUBACK answers ([`Tracker`], for the MQTT
+//! destination's connections and edgeHub's alike).
 //!
 //! ## Matching PUBACKs to publishes
 //! rumqttc assigns packet ids inside its event loop, so a caller cannot know its id. The loop
@@ -67,31 +68,65 @@ pub fn reason_text(r: PubAckReason) -> &'static str {
 
 pub(super) type Ack = Result<(), PublishError>;
 
-/// A publish waiting for its acknowledgement, holding one of the connection's request slots
-/// until it is answered.
+/// What the outcome of a PUBACK with `reason` is for its publish (0x80 and above: refused).
+pub fn outcome(reason: PubAckReason) -> Ack {
+    match reason_code(reason) {
+        c if c < 0x80 => Ok(()),
+        _ => Err(PublishError::Refused(reason)),
+    }
+}
+
+/// Whoever waits for a publish's acknowledgement: answered once, with `Ok` or the error.
+pub trait PubackWaiter {
+    /// What a failed publish is answered with.
+    type Error: Clone;
+    /// Answer the publish.
+    fn answer(self, outcome: Result<(), Self::Error>);
+}
+
+/// A publish of the MQTT destination, holding one of the connection's request slots until it
+/// is answered.
 pub(super) struct Waiter {
     pub(super) tx: oneshot::Sender<Ack>,
     pub(super) _slot: Option<OwnedSemaphorePermit>,
 }
 
-impl Waiter {
+impl PubackWaiter for Waiter {
+    type Error = PublishError;
     fn answer(self, a: Ack) {
         let _ = self.tx.send(a);
     }
 }
 
-/// Publish waiters in rumqttc's request order, and by packet id once sent.
-#[derive(Default)]
-pub(super) struct Tracker {
-    pub(super) unsent: VecDeque<Waiter>,
-    awaiting: HashMap<u16, VecDeque<Waiter>>,
+/// Publish waiters in rumqttc's request order, and by packet id once sent (the module
+/// documentation says how). The same for rumqttc's MQTT 5 client (the MQTT destination) and its
+/// MQTT 3.1.1 client (edgeHub).
+pub struct Tracker<W> {
+    unsent: VecDeque<W>,
+    awaiting: HashMap<u16, VecDeque<W>>,
     collided: Option<u16>,
 }
 
-impl Tracker {
+impl<W> Default for Tracker<W> {
+    fn default() -> Self {
+        Self {
+            unsent: VecDeque::new(),
+            awaiting: HashMap::new(),
+            collided: None,
+        }
+    }
+}
+
+impl<W: PubackWaiter> Tracker<W> {
+    /// A request was put in rumqttc's channel: its waiter, in the same order, under the lock
+    /// held while the request was queued.
+    pub fn queued(&mut self, w: W) {
+        self.unsent.push_back(w);
+    }
+
     /// `Outgoing::Publish(pkid)`: the oldest unsent request went out. `true`: it was the
     /// re-send of a collided publish (already counted).
-    pub(super) fn sent(&mut self, pkid: u16) -> bool {
+    pub fn sent(&mut self, pkid: u16) -> bool {
         if self.collided == Some(pkid) {
             // The re-send of a collided publish: its waiter is already filed.
             self.collided = None;
@@ -109,29 +144,28 @@ impl Tracker {
         false
     }
 
-    /// `Outgoing::AwaitAck(pkid)`: the oldest request collided with an unacknowledged id.
-    pub(super) fn collision(&mut self, pkid: u16) {
+    /// `Outgoing::AwaitAck(pkid)`: the oldest request collided with an unacknowledged id; it is
+    /// sent (and reported once more) after that id's PUBACK.
+    pub fn collision(&mut self, pkid: u16) {
         if let Some(w) = self.unsent.pop_front() {
             self.awaiting.entry(pkid).or_default().push_back(w);
             self.collided = Some(pkid);
         }
     }
 
-    /// A PUBACK for `pkid` with `reason`.
-    pub(super) fn acked(&mut self, pkid: u16, reason: PubAckReason) {
+    /// A PUBACK for `pkid`: the oldest publish filed under it gets `outcome`.
+    pub fn acked(&mut self, pkid: u16, outcome: Result<(), W::Error>) {
         let w = self.awaiting.get_mut(&pkid).and_then(VecDeque::pop_front);
         if self.awaiting.get(&pkid).is_some_and(VecDeque::is_empty) {
             self.awaiting.remove(&pkid);
         }
         if let Some(w) = w {
-            w.answer(match reason_code(reason) {
-                c if c < 0x80 => Ok(()),
-                _ => Err(PublishError::Refused(reason)),
-            });
+            w.answer(outcome);
         }
     }
 
-    pub(super) fn fail_all(&mut self, e: &PublishError) {
+    /// The connection failed: every waiter gets `e`.
+    pub fn fail_all(&mut self, e: &W::Error) {
         let waiters = self
             .unsent
             .drain(..)
@@ -147,15 +181,15 @@ impl Tracker {
 mod tests {
     use super::*;
 
-    fn waiter(t: &mut Tracker) -> oneshot::Receiver<Ack> {
+    fn waiter(t: &mut Tracker<Waiter>) -> oneshot::Receiver<Ack> {
         let (tx, rx) = oneshot::channel();
-        t.unsent.push_back(Waiter { tx, _slot: None });
+        t.queued(Waiter { tx, _slot: None });
         rx
     }
 
     #[test]
     fn pubacks_resolve_their_publish_with_its_reason() {
-        let mut t = Tracker::default();
+        let mut t = Tracker::<Waiter>::default();
         let mut a = waiter(&mut t);
         let mut b = waiter(&mut t);
         let mut zero = waiter(&mut t);
@@ -165,13 +199,13 @@ mod tests {
         t.sent(0);
         assert_eq!(zero.try_recv(), Ok(Ok(())), "QoS 0 is done once written");
         t.sent(3);
-        t.acked(2, PubAckReason::NotAuthorized);
+        t.acked(2, outcome(PubAckReason::NotAuthorized));
         assert_eq!(
             b.try_recv(),
             Ok(Err(PublishError::Refused(PubAckReason::NotAuthorized)))
         );
         assert!(a.try_recv().is_err());
-        t.acked(1, PubAckReason::NoMatchingSubscribers);
+        t.acked(1, outcome(PubAckReason::NoMatchingSubscribers));
         assert_eq!(a.try_recv(), Ok(Ok(())), "0x10 is a success");
         t.fail_all(&PublishError::Disconnected);
         assert_eq!(c.try_recv(), Ok(Err(PublishError::Disconnected)));
@@ -179,19 +213,19 @@ mod tests {
 
     #[test]
     fn a_collided_publish_is_matched_once() {
-        let mut t = Tracker::default();
+        let mut t = Tracker::<Waiter>::default();
         let mut old = waiter(&mut t);
         t.sent(5);
         let mut new = waiter(&mut t);
         let mut next = waiter(&mut t);
         t.collision(5);
-        t.acked(5, PubAckReason::Success);
+        t.acked(5, outcome(PubAckReason::Success));
         assert_eq!(old.try_recv(), Ok(Ok(())));
         assert!(t.sent(5), "the collided publish's re-send, counted once");
         t.sent(6);
-        t.acked(5, PubAckReason::Success);
+        t.acked(5, outcome(PubAckReason::Success));
         assert_eq!(new.try_recv(), Ok(Ok(())));
-        t.acked(6, PubAckReason::QuotaExceeded);
+        t.acked(6, outcome(PubAckReason::QuotaExceeded));
         assert_eq!(
             next.try_recv(),
             Ok(Err(PublishError::Refused(PubAckReason::QuotaExceeded)))

@@ -13,8 +13,8 @@
 //!
 //! Publishes are matched to their PUBACKs in `acks.rs`.
 
+use super::acks::{outcome, Ack, Tracker, Waiter};
 pub use super::acks::{reason_code, PublishError};
-use super::acks::{Ack, Tracker, Waiter};
 use super::connection::{Backoff, ConnectionSpec, EdgeTls, Scheme};
 use crate::config::IpRange;
 use crate::metrics::MqttDestinationMetrics;
@@ -39,7 +39,7 @@ const DOWN: u8 = 2;
 
 struct Shared {
     client: AsyncClient,
-    tracker: Mutex<Tracker>,
+    tracker: Mutex<Tracker<Waiter>>,
     state: AtomicU8,
     /// One per request in rumqttc's channel or awaiting its PUBACK: at most
     /// [`REQUEST_CAPACITY`], so the channel never overflows.
@@ -197,7 +197,7 @@ impl Publisher {
             m.properties,
         ) {
             Ok(()) => {
-                t.unsent.push_back(Waiter {
+                t.queued(Waiter {
                     tx,
                     _slot: Some(slot),
                 });
@@ -263,7 +263,7 @@ async fn run(mut el: EventLoop, d: Driver) {
                         .status
                         .set_error(PublishError::Refused(ack.reason).to_string());
                 }
-                lock(&shared.tracker).acked(ack.pkid, ack.reason);
+                lock(&shared.tracker).acked(ack.pkid, outcome(ack.reason));
             }
             Ok(Event::Outgoing(Outgoing::Publish(pkid))) => {
                 if !lock(&shared.tracker).sent(pkid) {
