@@ -15,6 +15,25 @@ use std::time::Duration;
 /// Event ids on one span at most.
 const MAX_IDS: usize = 100;
 
+/// The ids of `items` for a span (`telemetry__eventIdsOnSpans`), at most [`MAX_IDS`].
+pub(super) fn event_ids(items: &[Pending]) -> Vec<Arc<str>> {
+    items
+        .iter()
+        .take(MAX_IDS)
+        .map(|p| Arc::from(&*p.event.id))
+        .collect()
+}
+
+/// The ids of `items` as a span attribute: `messaging.message.id` for one event,
+/// `gridlet.event_ids` for more.
+pub(super) fn ids_attribute(items: &[Pending]) -> (&'static str, Value) {
+    let ids = event_ids(items);
+    if let [one] = ids.as_slice() {
+        return ("messaging.message.id", one.clone().into());
+    }
+    ("gridlet.event_ids", Value::StrList(ids))
+}
+
 /// A `deliver` span in progress.
 pub(super) struct DeliverSpan {
     pub ctx: TraceContext,
@@ -114,16 +133,7 @@ pub(super) fn start(
     ));
     attributes.push(("gridlet.retry_lane", batch.retry.into()));
     if tracer.event_ids() {
-        let ids: Vec<Arc<str>> = batch
-            .items
-            .iter()
-            .take(MAX_IDS)
-            .map(|p| Arc::from(&*p.event.id))
-            .collect();
-        match ids.len() {
-            1 => attributes.push(("messaging.message.id", ids[0].clone().into())),
-            _ => attributes.push(("gridlet.event_ids", Value::StrList(ids))),
-        }
+        attributes.push(ids_attribute(&batch.items));
     }
     let span = DeliverSpan {
         parent_span_id: first.map_or(0, |f| f.span_id),
@@ -315,12 +325,7 @@ pub(super) fn dropped_span(tracer: &Tracer, items: &[Pending], reason: DropReaso
         Value::StrList(vec![Arc::from(reason.as_str())]),
     );
     if tracer.event_ids() {
-        let ids: Vec<Arc<str>> = items
-            .iter()
-            .take(MAX_IDS)
-            .map(|p| Arc::from(&*p.event.id))
-            .collect();
-        d.attr("gridlet.event_ids", Value::StrList(ids));
+        d.attr("gridlet.event_ids", Value::StrList(event_ids(items)));
     }
     tracer.record(d, ctx.sampled());
 }

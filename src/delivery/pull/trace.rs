@@ -23,9 +23,6 @@ use crate::telemetry::{
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Event ids on one span at most.
-const MAX_IDS: usize = 100;
-
 /// What a receive knows of its trace before it takes events.
 pub(super) struct ReceiveTrace<'a> {
     /// The receiver's context: its request's `traceparent` / `tracestate`.
@@ -120,15 +117,8 @@ pub(super) fn record(
         taken_ns.saturating_sub(rt.started_ns) / 1_000_000,
     );
     if tracer.event_ids() {
-        let ids: Vec<Arc<str>> = items
-            .iter()
-            .take(MAX_IDS)
-            .map(|p| Arc::from(&*p.event.id))
-            .collect();
-        match ids.len() {
-            1 => d.attr("messaging.message.id", ids[0].clone()),
-            _ => d.attr("gridlet.event_ids", Value::StrList(ids)),
-        }
+        let (key, ids) = super::super::trace::ids_attribute(items);
+        d.attr(key, ids);
     }
     tracer.record(d, true);
 }
